@@ -1,0 +1,37 @@
+// Internal: the few CUDA-runtime services core needs, implemented in src/core/cuda/runtime.cpp
+// when the CUDA backend is built and by src/core/cuda_bridge_stub.cpp (which throws) otherwise.
+// This is the only seam between core and the CUDA runtime.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include "megadlm/core/device.h"
+#include "megadlm/core/dtype.h"
+
+namespace megadlm::detail {
+
+struct CudaStreamResources;
+
+std::shared_ptr<CudaStreamResources> cuda_create_stream(int device);
+void* cuda_stream_native(const CudaStreamResources* res);
+void cuda_stream_synchronize(const CudaStreamResources* res);
+
+/// Allocates from the device's stream-ordered pool; the returned releaser frees on the same
+/// stream (and keeps the stream alive until then).
+void* cuda_malloc_async(size_t bytes, const std::shared_ptr<CudaStreamResources>& res,
+                        std::shared_ptr<void>* releaser);
+/// Raw byte copy between any two of host/device, ordered on `res` (synchronous to host when the
+/// destination is host memory).
+void cuda_copy_bytes(const void* src, Device src_device, void* dst, Device dst_device, size_t bytes,
+                     const CudaStreamResources* res);
+/// Element conversion between floating/integer dtypes on the device.
+void cuda_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                  const CudaStreamResources* res);
+void cuda_memset_zero(void* ptr, size_t bytes, const CudaStreamResources* res);
+
+int cuda_device_count_impl();
+size_t cuda_peak_memory(int device);
+size_t cuda_used_memory(int device);
+void cuda_reset_peak(int device);
+
+}  // namespace megadlm::detail

@@ -1,0 +1,59 @@
+// Dispatch for the attention family (see include/megadlm/ops/attention.h).
+#include "megadlm/ops/attention.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/dispatch.h"
+#if MEGADLM_WITH_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+namespace megadlm::ops {
+
+namespace {
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const AttentionArgs& a) {
+  MDLM_CHECK(a.batch > 0 && a.seq > 0 && a.num_heads > 0 && a.num_kv_heads > 0 && a.head_dim > 0,
+             op, ": batch, seq, heads and head_dim must be positive");
+  MDLM_CHECK(a.num_heads % a.num_kv_heads == 0, op, ": num_heads ", a.num_heads,
+             " is not a multiple of num_kv_heads ", a.num_kv_heads);
+  MDLM_CHECK(a.softmax_scale > 0, op, ": softmax_scale must be positive");
+  detail::check_float_activation(op, q, "q");
+  detail::check_numel(op, q, a.batch * a.seq * a.num_heads * a.head_dim, "q");
+  detail::check_numel(op, k, a.batch * a.seq * a.num_kv_heads * a.head_dim, "k");
+  detail::check_numel(op, v, a.batch * a.seq * a.num_kv_heads * a.head_dim, "v");
+  MDLM_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), op, ": q, k, v dtypes differ");
+  if (q.is_cuda()) {
+    MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());
+    MDLM_CHECK(a.head_dim == 64 || a.head_dim == 128, op, ": CUDA attention supports head_dim 64 "
+               "and 128, got ", a.head_dim, " (--kv-channels)");
+  }
+}
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const AttentionArgs& args, const Stream& stream) {
+  detail::check_device("attention_forward", stream, {&q, &k, &v, &out, &lse});
+  check_attention("attention_forward", q, k, v, args);
+  detail::check_numel("attention_forward", out, q.numel(), "out");
+  detail::check_numel("attention_forward", lse, args.batch * args.num_heads * args.seq, "lse");
+  detail::check_dtype("attention_forward", lse, DType::F32, "lse");
+  if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
+  else cpu::attention_forward(q, k, v, out, lse, args, stream);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionArgs& args, const Stream& stream) {
+  detail::check_device("attention_backward", stream, {&dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv});
+  check_attention("attention_backward", q, k, v, args);
+  detail::check_numel("attention_backward", dout, q.numel(), "dout");
+  detail::check_numel("attention_backward", out, q.numel(), "out");
+  detail::check_numel("attention_backward", dq, q.numel(), "dq");
+  detail::check_numel("attention_backward", dk, k.numel(), "dk");
+  detail::check_numel("attention_backward", dv, v.numel(), "dv");
+  if (stream.is_cuda())
+    MDLM_CUDA_BACKEND(
+        cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream));
+  else cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+}
+
+}  // namespace megadlm::ops

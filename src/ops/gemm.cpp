@@ -1,0 +1,34 @@
+// Dispatch for the gemm family (see include/megadlm/ops/gemm.h).
+#include "megadlm/ops/gemm.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/dispatch.h"
+#if MEGADLM_WITH_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+namespace megadlm::ops {
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, const Stream& stream) {
+  detail::check_device("gemm", stream, {&a, &b, &c, args.bias});
+  MDLM_CHECK(a.dtype() == b.dtype(), "gemm: A ", a.str(), " and B ", b.str(), " dtypes differ");
+  const int64_t m = args.trans_a ? a.cols() : a.rows();
+  const int64_t k = args.trans_a ? a.rows() : a.cols();
+  const int64_t kb = args.trans_b ? b.cols() : b.rows();
+  const int64_t n = args.trans_b ? b.rows() : b.cols();
+  MDLM_CHECK(k == kb, "gemm: inner dimensions differ: op(A) ", a.str(), " trans_a=", args.trans_a,
+             ", op(B) ", b.str(), " trans_b=", args.trans_b);
+  MDLM_CHECK(c.rows() == m && c.cols() == n, "gemm: C ", c.str(), " must be [", m, ", ", n, "]");
+  MDLM_CHECK(c.dtype() == a.dtype() || c.dtype() == DType::F32, "gemm: C ", c.str(),
+             " must have A's dtype or f32");
+  if (args.bias) {
+    detail::check_numel("gemm", *args.bias, n, "bias");
+    detail::check_dtype("gemm", *args.bias, c.dtype(), "bias");
+  }
+  if (stream.is_cuda()) {
+    MDLM_CUDA_BACKEND(cuda::gemm(a, b, c, args, stream));
+  } else {
+    cpu::gemm(a, b, c, args, stream);
+  }
+}
+
+}  // namespace megadlm::ops

@@ -1,0 +1,23 @@
+// Tolerances used across the test suites, one reason per line (style.md 9.7).
+#pragma once
+
+namespace megadlm::test {
+
+// Finite differences in f64 with step h = 1e-6 have truncation error O(h^2) ~ 1e-12 and rounding
+// error ~ eps64 / h ~ 1e-10 relative to the function value: 1e-6 relative leaves a wide margin.
+inline constexpr double kFiniteDiffRelTolF64 = 1e-6;
+
+// The same check in f32 (h = 1e-2 on O(1) inputs): rounding error ~ eps32 / h ~ 1e-5 per term,
+// accumulated over sums of up to a few hundred terms.
+inline constexpr double kFiniteDiffRelTolF32 = 2e-2;
+
+// CUDA bf16 op vs CPU f32 op on the same bf16-rounded inputs: the CUDA output is rounded to bf16
+// (relative 2^-9 ~ 2e-3 per element) and fp32 accumulation order differs; relative L2 error of
+// the whole output below 1e-2 is the bound of reliability-tests.md B1.
+inline constexpr double kBf16ParityRelL2 = 1e-2;
+
+// f32 outputs of CUDA kernels that read bf16 inputs but accumulate and store in fp32 (norm
+// statistics, losses, weight gradients): only summation order differs.
+inline constexpr double kF32AccumRelL2 = 1e-4;
+
+}  // namespace megadlm::test
