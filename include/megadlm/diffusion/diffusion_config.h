@@ -1,0 +1,29 @@
+// How training examples are noised and scored (diffusion-lm.md; megatron-compat.md §7).
+#pragma once
+#include <cstdint>
+
+namespace megadlm {
+
+enum class RunningMode {
+  DiffLMNoShift,  ///< --model-running-mode difflm-noshift: masked diffusion (default)
+  Vanilla,        ///< --model-running-mode vanilla: autoregressive next-token training
+};
+
+/// Per-token loss weight of a masked token (diffusion-lm.md §8).
+enum class DlmLossWeight {
+  ExactRatio,  ///< 1 / (n_masked / L): MegaDLMs (default)
+  InvT,        ///< 1 / t
+  InvTEps,     ///< 1 / ((1 - eps) t + eps), eps = 1e-3: LLaDA
+};
+
+struct DiffusionConfig {
+  RunningMode mode = RunningMode::DiffLMNoShift;
+  int64_t mask_token = 151656;       ///< --mask-token (MegaDLMs default: Qwen2.5 <|video_pad|>)
+  float varilen_prob = 0.01f;        ///< --difflm-varilen-prob
+  DlmLossWeight loss_weight = DlmLossWeight::ExactRatio;
+  int min_masked = 1;                ///< --dlm-min-masked: at least this many masks per sequence
+};
+
+const char* running_mode_name(RunningMode m);
+
+}  // namespace megadlm

@@ -1,0 +1,51 @@
+// Architecture of the transformer language model, resolved from Megatron's flags
+// (megatron-compat.md §2.2): every derived value (ffn size, kv channels, padded vocab) is
+// already filled in, so model code never re-derives defaults.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace megadlm {
+
+enum class PositionEmbeddingType { LearnedAbsolute, Rope, None };
+enum class NormType { LayerNorm, RMSNorm };
+enum class MlpActivation { Gelu, SwiGLU };
+enum class AttentionMaskType { NoMask, Causal };
+
+struct TransformerConfig {
+  int num_layers = 0;
+  int hidden_size = 0;
+  int ffn_hidden_size = 0;          ///< resolved: 4H, or floor(4H*2/3 / 64)*64 with --swiglu
+  int num_attention_heads = 0;
+  int num_query_groups = 0;         ///< resolved: = heads unless --group-query-attention
+  int kv_channels = 0;              ///< head dim; resolved: H / heads
+  int seq_length = 0;               ///< tokens per sample seen by the model (S)
+  int max_position_embeddings = 0;
+  PositionEmbeddingType position_embedding_type = PositionEmbeddingType::LearnedAbsolute;
+  float rotary_base = 10000.0f;
+  float rotary_percent = 1.0f;
+  NormType normalization = NormType::LayerNorm;
+  float norm_epsilon = 1e-5f;
+  MlpActivation activation = MlpActivation::Gelu;
+  bool qk_layernorm = false;
+  bool add_bias_linear = true;      ///< false with --disable-bias-linear
+  bool add_qkv_bias = true;         ///< resolved: true whenever add_bias_linear
+  bool untie_embeddings_and_output_weights = false;
+  int64_t vocab_size = 0;           ///< the tokenizer's vocabulary (before padding)
+  int64_t padded_vocab_size = 0;    ///< rounded up to --make-vocab-size-divisible-by * tp
+  float init_method_std = 0.02f;
+  float attention_dropout = 0.1f;
+  float hidden_dropout = 0.1f;
+  AttentionMaskType attention_mask = AttentionMaskType::NoMask;
+
+  int rotary_dim() const {
+    return static_cast<int>(static_cast<float>(kv_channels) * rotary_percent) / 2 * 2;
+  }
+  int query_projection_size() const { return kv_channels * num_attention_heads; }
+  int kv_projection_size() const { return kv_channels * num_query_groups; }
+};
+
+const char* position_embedding_type_name(PositionEmbeddingType t);
+const char* norm_type_name(NormType t);
+
+}  // namespace megadlm

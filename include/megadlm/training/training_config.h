@@ -1,0 +1,76 @@
+// Typed, validated configuration of a training run by concern (style.md 9.9). Library APIs
+// take these, never the raw flag values; training/arguments builds them from Megatron flags.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+#include "megadlm/diffusion/diffusion_config.h"
+#include "megadlm/model/transformer_config.h"
+#include "megadlm/parallel/parallel_config.h"
+
+namespace megadlm {
+
+enum class LrDecayStyle { Constant, Linear, Cosine, InverseSquareRoot, WSD };
+enum class WsdDecayStyle { Exponential, Linear, Cosine };
+
+struct OptimizerConfig {
+  float lr = 0.0f;              ///< --lr (max LR)
+  float min_lr = 0.0f;
+  float lr_warmup_init = 0.0f;
+  LrDecayStyle decay_style = LrDecayStyle::Linear;
+  WsdDecayStyle wsd_decay_style = WsdDecayStyle::Exponential;
+  int64_t lr_warmup_iters = 0;  ///< resolved (from --lr-warmup-iters or --lr-warmup-fraction)
+  int64_t lr_decay_iters = 0;   ///< resolved: defaults to train_iters
+  int64_t lr_wsd_decay_iters = 0;
+  float weight_decay = 0.01f;
+  float adam_beta1 = 0.9f;
+  float adam_beta2 = 0.999f;
+  float adam_eps = 1e-8f;
+  float clip_grad = 1.0f;       ///< 0 disables clipping
+};
+
+enum class DeviceKind { Cpu, Cuda };
+
+struct TrainingConfig {
+  int micro_batch_size = 1;
+  int global_batch_size = 1;     ///< resolved: mbs * dp when unset
+  int64_t train_iters = 0;
+  uint64_t seed = 1234;
+  bool bf16 = false;
+  DeviceKind device = DeviceKind::Cpu;  ///< resolved: cuda when a GPU is visible, unless --device
+  int log_interval = 100;
+  std::string metrics_jsonl;     ///< --metrics-jsonl PATH ("" = off)
+  int eval_interval = 1000;
+  int eval_iters = 100;
+  std::optional<int64_t> exit_interval;
+  bool check_for_nan_in_loss_and_grad = true;
+
+  int num_micro_batches(int data_parallel_size) const {
+    return global_batch_size / (micro_batch_size * data_parallel_size);
+  }
+};
+
+struct DataConfig {
+  bool mock_data = false;
+  std::vector<std::string> data_path;  ///< Megatron blend: prefix, or weight prefix pairs
+  std::string split = "969, 30, 1";
+  std::string data_cache_path;
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
+  std::string tokenizer_type;
+  std::string tokenizer_model;
+};
+
+/// Everything pretrain_difflm needs, after validation.
+struct RunConfig {
+  ParallelConfig parallel;
+  TransformerConfig model;
+  DiffusionConfig diffusion;
+  OptimizerConfig optimizer;
+  TrainingConfig training;
+  DataConfig data;
+};
+
+}  // namespace megadlm
