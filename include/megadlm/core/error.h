@@ -29,7 +29,7 @@ std::string concat(Args&&... args) {
 /// MDLM_CHECK(cond, parts...): throws megadlm::Error("file:line: parts...") when cond is false.
 #define MDLM_CHECK(cond, ...)                                                           \
   do {                                                                                  \
-    if (!(cond)) [[unlikely]]                                                           \
+    if (__builtin_expect(!(cond), 0))                                                           \
       ::megadlm::throw_error(__FILE__, __LINE__,                                        \
                              ::megadlm::detail::concat("check failed: " #cond ": ", __VA_ARGS__)); \
   } while (0)

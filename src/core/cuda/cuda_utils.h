@@ -40,7 +40,7 @@ inline unsigned grid_for(int64_t n, int block) {
 #define MDLM_CUDA_CHECK(call)                                                                   \
   do {                                                                                          \
     cudaError_t err_ = (call);                                                                  \
-    if (err_ != cudaSuccess) [[unlikely]]                                                       \
+    if (__builtin_expect(err_ != cudaSuccess, 0))                                                       \
       ::megadlm::detail::throw_cuda_error(#call, static_cast<int>(err_), cudaGetErrorName(err_), \
                                           cudaGetErrorString(err_), __FILE__, __LINE__);        \
   } while (0)
@@ -51,7 +51,7 @@ inline unsigned grid_for(int64_t n, int block) {
 #define MDLM_CUBLAS_CHECK(call)                                                                 \
   do {                                                                                          \
     cublasStatus_t st_ = (call);                                                                \
-    if (st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                              \
+    if (__builtin_expect(st_ != CUBLAS_STATUS_SUCCESS, 0))                                              \
       ::megadlm::detail::throw_cuda_error(#call, static_cast<int>(st_), "cublasStatus",         \
                                           cublasLtGetStatusString(st_), __FILE__, __LINE__);    \
   } while (0)

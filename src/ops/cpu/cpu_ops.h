@@ -12,6 +12,7 @@
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/norm.h"
 #include "megadlm/ops/optimizer.h"
+#include "megadlm/ops/random.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/ops/rope.h"
 
@@ -70,5 +71,7 @@ void dot(const Tensor& a, const Tensor& b, Tensor& out, const Stream& stream);
 void dropout_add_forward(const Tensor& x, const Tensor& residual, Tensor& out,
                          const DropoutArgs& args, const Stream& stream);
 void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutArgs& args, const Stream& stream);
+
+void fill_normal(Tensor& x, const NormalInitArgs& args, const Stream& stream);
 
 }  // namespace megadlm::ops::cpu

@@ -1,0 +1,18 @@
+// Where training samples come from: anything that returns the S+1 tokens of the sample at a
+// global index (dataset order). Mock data now; Megatron indexed datasets implement the same.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace megadlm {
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  /// The seq_length + 1 tokens of sample `index` (Megatron's GPT sample).
+  virtual std::vector<int32_t> sample(int64_t index) const = 0;
+  /// End-of-document token id (for --eod-mask-loss), or -1.
+  virtual int32_t eod_token() const = 0;
+};
+
+}  // namespace megadlm

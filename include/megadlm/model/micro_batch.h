@@ -1,0 +1,33 @@
+// One micro-batch as the model consumes it: token ids already noised (diffusion) or shifted
+// (autoregressive), the clean targets, per-token loss weights, positions. Built by
+// diffusion/forward_process (or the AR path) on the host, then uploaded.
+#pragma once
+#include <cstdint>
+#include <vector>
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+
+namespace megadlm {
+
+struct HostMicroBatch {
+  int64_t batch = 0;         ///< B samples
+  int64_t seq = 0;           ///< S tokens per sample (after any varilen truncation)
+  int64_t first_sample = 0;  ///< global index (dataset order) of sample 0
+  std::vector<int32_t> input_ids;     ///< [B*S] model input (mask token where noised)
+  std::vector<int32_t> labels;        ///< [B*S] targets (the clean tokens)
+  std::vector<float> loss_weights;    ///< [B*S] weight of each token's CE in the loss sum
+  std::vector<int32_t> positions;     ///< [B*S] position ids (RoPE / learned embeddings)
+  std::vector<uint8_t> noise_mask;    ///< [B*S] 1 where the input was replaced by the mask token
+  double loss_tokens = 0;             ///< sum of the Megatron loss mask: the normaliser's share
+};
+
+struct MicroBatch {
+  int64_t batch = 0, seq = 0, first_sample = 0;
+  Tensor input_ids, labels, loss_weights, positions;  ///< on the model's device
+  double loss_tokens = 0;
+  int64_t tokens() const { return batch * seq; }
+
+  static MicroBatch upload(const HostMicroBatch& h, const Stream& stream);
+};
+
+}  // namespace megadlm

@@ -1,0 +1,33 @@
+// A RMSNorm or LayerNorm with its parameters in the store (weight, and bias for LayerNorm).
+#pragma once
+#include <string>
+#include "megadlm/model/parameter_store.h"
+#include "megadlm/model/transformer_config.h"
+
+namespace megadlm {
+
+struct NormRecord {
+  Tensor x, mean, rstd;  ///< input and statistics saved for backward
+};
+
+class NormLayer {
+ public:
+  NormLayer() = default;
+  /// Registers `prefix`.weight (ones) and, for LayerNorm, `prefix`.bias (zeros); `width` is the
+  /// normalised dimension.
+  NormLayer(NormType type, float eps, const std::string& prefix, int64_t width,
+            ParameterStore& store);
+
+  /// x [R, width] -> y, saving x and statistics into rec.
+  Tensor forward(const Tensor& x, NormRecord& rec, const Stream& stream) const;
+  /// dy -> dx; adds weight (and bias) gradients; clears rec.
+  Tensor backward(const Tensor& dy, NormRecord& rec, const Stream& stream) const;
+
+ private:
+  NormType type_ = NormType::RMSNorm;
+  float eps_ = 1e-5f;
+  ParameterStore* store_ = nullptr;
+  ParameterStore::Handle weight_ = -1, bias_ = -1;
+};
+
+}  // namespace megadlm

@@ -1,0 +1,25 @@
+#include "megadlm/model/micro_batch.h"
+
+namespace megadlm {
+
+MicroBatch MicroBatch::upload(const HostMicroBatch& h, const Stream& stream) {
+  const int64_t t = h.batch * h.seq;
+  MDLM_CHECK(static_cast<int64_t>(h.input_ids.size()) == t &&
+                 static_cast<int64_t>(h.labels.size()) == t &&
+                 static_cast<int64_t>(h.loss_weights.size()) == t &&
+                 static_cast<int64_t>(h.positions.size()) == t,
+             "micro-batch arrays must have batch*seq = ", t, " entries");
+  MicroBatch mb;
+  mb.batch = h.batch;
+  mb.seq = h.seq;
+  mb.first_sample = h.first_sample;
+  mb.loss_tokens = h.loss_tokens;
+  const Device dev = stream.device();
+  mb.input_ids = Tensor::from_ints(h.input_ids, {t}).to(dev, stream);
+  mb.labels = Tensor::from_ints(h.labels, {t}).to(dev, stream);
+  mb.positions = Tensor::from_ints(h.positions, {t}).to(dev, stream);
+  mb.loss_weights = Tensor::from_floats(h.loss_weights, {t}).to(dev, stream);
+  return mb;
+}
+
+}  // namespace megadlm

@@ -1,0 +1,42 @@
+#include "megadlm/model/norm_layer.h"
+#include "megadlm/ops/norm.h"
+
+namespace megadlm {
+
+NormLayer::NormLayer(NormType type, float eps, const std::string& prefix, int64_t width,
+                     ParameterStore& store)
+    : type_(type), eps_(eps), store_(&store) {
+  weight_ = store.add(prefix + ".weight", {width}, {InitKind::Ones, 0.0f}, /*weight_decay=*/false);
+  if (type == NormType::LayerNorm)
+    bias_ = store.add(prefix + ".bias", {width}, {InitKind::Zeros, 0.0f}, /*weight_decay=*/false);
+}
+
+Tensor NormLayer::forward(const Tensor& x, NormRecord& rec, const Stream& stream) const {
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), stream);
+  rec.x = x;
+  rec.rstd = Tensor::empty({x.rows()}, DType::F32, stream);
+  if (type_ == NormType::RMSNorm) {
+    ops::rms_norm_forward(x, store_->param(weight_), y, rec.rstd, eps_, stream);
+  } else {
+    rec.mean = Tensor::empty({x.rows()}, DType::F32, stream);
+    ops::layer_norm_forward(x, store_->param(weight_), store_->param(bias_), y, rec.mean, rec.rstd,
+                            eps_, stream);
+  }
+  return y;
+}
+
+Tensor NormLayer::backward(const Tensor& dy, NormRecord& rec, const Stream& stream) const {
+  Tensor dx = Tensor::empty(rec.x.shape(), rec.x.dtype(), stream);
+  Tensor dw = store_->grad(weight_);
+  if (type_ == NormType::RMSNorm) {
+    ops::rms_norm_backward(dy, rec.x, store_->param(weight_), rec.rstd, dx, dw, stream);
+  } else {
+    Tensor db = store_->grad(bias_);
+    ops::layer_norm_backward(dy, rec.x, store_->param(weight_), rec.mean, rec.rstd, dx, dw, db,
+                             stream);
+  }
+  rec = NormRecord{};
+  return dx;
+}
+
+}  // namespace megadlm

@@ -1,0 +1,15 @@
+#include "megadlm/training/flops.h"
+
+namespace megadlm {
+
+double megatron_flops_per_iteration(const TransformerConfig& m, int64_t global_batch_size) {
+  const double b = static_cast<double>(global_batch_size), s = m.seq_length, l = m.num_layers,
+               h = m.hidden_size, n = m.num_attention_heads, g = m.num_query_groups,
+               f = m.ffn_hidden_size, v = static_cast<double>(m.padded_vocab_size);
+  const double q_ratio = static_cast<double>(m.query_projection_size()) / h;
+  const double gated = m.activation == MlpActivation::SwiGLU ? 1.5 : 1.0;
+  return 12.0 * b * s * l * h * h *
+         ((1.0 + g / n + s / h) * q_ratio + (f / h) * gated + v / (2.0 * l * h));
+}
+
+}  // namespace megadlm
