@@ -59,7 +59,7 @@ void GptModel::forward(const MicroBatch& mb, ModelRecord& rec, Tensor& loss_sum,
   x = Tensor();
   Tensor logits = Tensor::empty({t, cfg_.padded_vocab_size}, rt.dtype, s);
   ops::gemm(rec.final_out, store_.param(output_layer_), logits, {.trans_b = true}, s);
-  rec.losses = Tensor::empty({t}, DType::F32, s);
+  rec.losses = Tensor::empty({t}, rt.stat_dtype(), s);
   if (grad_scale > 0) {
     ops::cross_entropy_forward_backward(logits, mb.labels, mb.loss_weights, rec.losses, grad_scale,
                                         s);

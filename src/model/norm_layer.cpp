@@ -14,11 +14,13 @@ NormLayer::NormLayer(NormType type, float eps, const std::string& prefix, int64_
 Tensor NormLayer::forward(const Tensor& x, NormRecord& rec, const Stream& stream) const {
   Tensor y = Tensor::empty(x.shape(), x.dtype(), stream);
   rec.x = x;
-  rec.rstd = Tensor::empty({x.rows()}, DType::F32, stream);
+  // f64 statistics only for an f64 model (CPU gradient checks).
+  const DType stat = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  rec.rstd = Tensor::empty({x.rows()}, stat, stream);
   if (type_ == NormType::RMSNorm) {
     ops::rms_norm_forward(x, store_->param(weight_), y, rec.rstd, eps_, stream);
   } else {
-    rec.mean = Tensor::empty({x.rows()}, DType::F32, stream);
+    rec.mean = Tensor::empty({x.rows()}, stat, stream);
     ops::layer_norm_forward(x, store_->param(weight_), store_->param(bias_), y, rec.mean, rec.rstd,
                             eps_, stream);
   }

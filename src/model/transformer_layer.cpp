@@ -147,7 +147,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   rec.v = v;
   const ops::AttentionArgs aa = attention_args(cfg_, mb);
   rec.attn_out = Tensor::empty({t, nh * hd}, x.dtype(), s);
-  rec.lse = Tensor::empty({mb.batch * nh * mb.seq}, DType::F32, s);
+  rec.lse = Tensor::empty({mb.batch * nh * mb.seq}, rt.stat_dtype(), s);
   ops::attention_forward(q, k, v, rec.attn_out, rec.lse, aa, s);
   Tensor proj = linear_forward(proj_, rec.attn_out, cfg_.hidden_size, rt);
   rec.x_mid = Tensor::empty(x.shape(), x.dtype(), s);

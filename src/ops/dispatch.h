@@ -50,4 +50,13 @@ inline void check_float_activation(const char* op, const Tensor& t, const char* 
   }
 }
 
+/// Statistics, losses, loss weights and reduction results: f32, or f64 on the CPU when the
+/// activation `like` is f64 (end-to-end f64 gradient checks).
+inline void check_stat_dtype(const char* op, const Tensor& t, const Tensor& like, const char* what) {
+  const bool ok = t.dtype() == DType::F32 || (t.is_cpu() && t.dtype() == DType::F64 &&
+                                              like.dtype() == DType::F64);
+  MDLM_CHECK(ok, op, ": ", what, " must be f32 (f64 allowed on the CPU with f64 inputs), got ",
+             t.str());
+}
+
 }  // namespace megadlm::ops::detail

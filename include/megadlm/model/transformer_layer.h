@@ -29,6 +29,10 @@ struct ModelRuntime {
   DType dtype = DType::F32;  ///< activations and model weights: f32 on CPU, bf16 on CUDA
   uint64_t seed = 1234;
   bool training = true;      ///< dropout only while training
+
+  /// Dtype of statistics, losses and loss weights: f32, or f64 when the whole model runs in f64
+  /// (CPU gradient checks).
+  DType stat_dtype() const { return dtype == DType::F64 ? DType::F64 : DType::F32; }
 };
 
 struct LayerRecord {
