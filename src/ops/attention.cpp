@@ -35,7 +35,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   check_attention("attention_forward", q, k, v, args);
   detail::check_numel("attention_forward", out, q.numel(), "out");
   detail::check_numel("attention_forward", lse, args.batch * args.num_heads * args.seq, "lse");
-  detail::check_stat_dtype("attention_forward", lse, q, "lse");
+  detail::check_aux_float("attention_forward", lse, q, "lse");
   if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
   else cpu::attention_forward(q, k, v, out, lse, args, stream);
 }

@@ -39,6 +39,14 @@ inline void check_dtype(const char* op, const Tensor& t, DType d, const char* wh
   MDLM_CHECK(t.dtype() == d, op, ": ", what, " must be ", dtype_name(d), ", got ", t.str());
 }
 
+/// Auxiliary floats next to an activation (norm statistics, losses, loss weights): f32, and on
+/// CPU also the activation's own dtype, so that f64 gradient checks stay f64 end to end.
+inline void check_aux_float(const char* op, const Tensor& t, const Tensor& activation,
+                            const char* what) {
+  if (t.is_cpu() && t.dtype() == activation.dtype()) return;
+  check_dtype(op, t, DType::F32, what);
+}
+
 /// The activation dtype of a backend: f32 or f64 on CPU, bf16 (or f32) on CUDA.
 inline void check_float_activation(const char* op, const Tensor& t, const char* what) {
   if (t.is_cpu()) {
@@ -48,15 +56,6 @@ inline void check_float_activation(const char* op, const Tensor& t, const char* 
     MDLM_CHECK(t.dtype() == DType::BF16 || t.dtype() == DType::F32, op, ": CUDA ", what,
                " must be bf16 or f32, got ", t.str());
   }
-}
-
-/// Statistics, losses, loss weights and reduction results: f32, or f64 on the CPU when the
-/// activation `like` is f64 (end-to-end f64 gradient checks).
-inline void check_stat_dtype(const char* op, const Tensor& t, const Tensor& like, const char* what) {
-  const bool ok = t.dtype() == DType::F32 || (t.is_cpu() && t.dtype() == DType::F64 &&
-                                              like.dtype() == DType::F64);
-  MDLM_CHECK(ok, op, ": ", what, " must be f32 (f64 allowed on the CPU with f64 inputs), got ",
-             t.str());
 }
 
 }  // namespace megadlm::ops::detail

@@ -11,7 +11,7 @@ namespace megadlm::ops {
 void sum_squares(const Tensor& x, Tensor& out, const Stream& stream) {
   detail::check_device("sum_squares", stream, {&x, &out});
   detail::check_numel("sum_squares", out, 1, "out");
-  detail::check_stat_dtype("sum_squares", out, x, "out");
+  detail::check_aux_float("sum_squares", out, x, "out");
   if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::sum_squares(x, out, stream));
   else cpu::sum_squares(x, out, stream);
 }
@@ -27,7 +27,7 @@ void sum_rows(const Tensor& x, Tensor& out, const Stream& stream) {
 void dot(const Tensor& a, const Tensor& b, Tensor& out, const Stream& stream) {
   detail::check_device("dot", stream, {&a, &b, &out});
   detail::check_numel("dot", b, a.numel(), "b");
-  detail::check_stat_dtype("dot", a, a, "a");
+  detail::check_aux_float("dot", a, a, "a");
   detail::check_dtype("dot", b, a.dtype(), "b");
   detail::check_numel("dot", out, 1, "out");
   detail::check_dtype("dot", out, a.dtype(), "out");
