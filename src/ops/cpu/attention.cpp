@@ -1,0 +1,171 @@
+// CPU reference of the attention family: direct loops over (batch, query head, query row), the
+// executable specification of include/megadlm/ops/attention.h. Clarity over speed; the fast path
+// is src/ops/cuda/attention*.cu. The backward formulas are derived in docs/kernels/attention.md.
+// Templated on the element type: f32 (the CPU backend) and f64 (gradient checks).
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <vector>
+#include "ops/cpu/cpu_ops.h"
+
+namespace megadlm::ops::cpu {
+namespace {
+
+// Index arithmetic for q/out/dq [B, S, Hq, D], k/v/dk/dv [B, S, Hkv, D] and lse [B, Hq, S].
+struct Layout {
+  int64_t batch, seq, heads, kv_heads, dim, group;
+  bool causal;
+
+  explicit Layout(const AttentionArgs& a)
+      : batch(a.batch), seq(a.seq), heads(a.num_heads), kv_heads(a.num_kv_heads), dim(a.head_dim),
+        group(a.num_heads / a.num_kv_heads), causal(a.mask == AttentionMask::Causal) {}
+  int64_t q_at(int64_t b, int64_t s, int64_t h) const { return ((b * seq + s) * heads + h) * dim; }
+  int64_t kv_at(int64_t b, int64_t s, int64_t kh) const {
+    return ((b * seq + s) * kv_heads + kh) * dim;
+  }
+  int64_t lse_at(int64_t b, int64_t h, int64_t s) const { return (b * heads + h) * seq + s; }
+  /// Query row i sees keys [0, visible_keys(i)).
+  int64_t visible_keys(int64_t i) const { return causal ? i + 1 : seq; }
+};
+
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+void check_same_dtype(const char* op, DType t, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* x : tensors) {
+    MDLM_CHECK(x->dtype() == t, op, ": CPU attention expects every activation in ", dtype_name(t),
+               ", got ", x->str());
+  }
+}
+
+// lse may be f32 (the public contract) or the activation dtype (f64 gradient checks keep the
+// statistic exact so finite differences are not limited by its rounding).
+void check_lse_dtype(const char* op, const Tensor& lse, DType t) {
+  MDLM_CHECK(lse.dtype() == DType::F32 || lse.dtype() == t, op, ": lse must be f32 or ",
+             dtype_name(t), ", got ", lse.str());
+}
+
+double read_lse(const Tensor& lse, int64_t i) {
+  return lse.dtype() == DType::F64 ? lse.data<double>()[i] : lse.data<float>()[i];
+}
+
+void write_lse(Tensor& lse, int64_t i, double value) {
+  if (lse.dtype() == DType::F64) lse.data<double>()[i] = value;
+  else lse.data<float>()[i] = static_cast<float>(value);
+}
+
+template <typename T>
+void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                  const AttentionArgs& args) {
+  const Layout L(args);
+  const T* Q = q.data<T>();
+  const T* K = k.data<T>();
+  const T* V = v.data<T>();
+  T* O = out.data<T>();
+  const T scale = static_cast<T>(args.softmax_scale);
+  std::vector<T> p(static_cast<size_t>(L.seq));
+  for (int64_t b = 0; b < L.batch; ++b) {
+    for (int64_t h = 0; h < L.heads; ++h) {
+      const int64_t kh = h / L.group;
+      for (int64_t i = 0; i < L.seq; ++i) {
+        const T* qi = Q + L.q_at(b, i, h);
+        const int64_t n = L.visible_keys(i);
+        // Max-subtracted softmax: exp never overflows, the largest term is exactly 1.
+        T row_max = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = scale * dot(qi, K + L.kv_at(b, j, kh), L.dim);
+          row_max = std::max(row_max, p[j]);
+        }
+        T sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          p[j] = std::exp(p[j] - row_max);
+          sum += p[j];
+        }
+        T* oi = O + L.q_at(b, i, h);
+        for (int64_t d = 0; d < L.dim; ++d) oi[d] = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          const T w = p[j] / sum;
+          const T* vj = V + L.kv_at(b, j, kh);
+          for (int64_t d = 0; d < L.dim; ++d) oi[d] += w * vj[d];
+        }
+        write_lse(lse, L.lse_at(b, h, i), static_cast<double>(row_max + std::log(sum)));
+      }
+    }
+  }
+}
+
+// With s_ij = scale * q_i.k_j, P = exp(s - lse), O = P V and a scalar loss with dO = dL/dO:
+//   dV = P^T dO,  dP = dO V^T,  D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij,
+//   dS = P * (dP - D)  (softmax backward),  dQ = scale * dS K,  dK = scale * dS^T Q,
+// with dK, dV of a KV head summed over the query heads of its group.
+template <typename T>
+void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                   const AttentionArgs& args) {
+  const Layout L(args);
+  const T* dO = dout.data<T>();
+  const T* Q = q.data<T>();
+  const T* K = k.data<T>();
+  const T* V = v.data<T>();
+  const T* O = out.data<T>();
+  T* dQ = dq.data<T>();
+  T* dK = dk.data<T>();
+  T* dV = dv.data<T>();
+  const T scale = static_cast<T>(args.softmax_scale);
+  for (int64_t i = 0; i < dk.numel(); ++i) dK[i] = 0;
+  for (int64_t i = 0; i < dv.numel(); ++i) dV[i] = 0;
+  for (int64_t b = 0; b < L.batch; ++b) {
+    for (int64_t h = 0; h < L.heads; ++h) {
+      const int64_t kh = h / L.group;
+      for (int64_t i = 0; i < L.seq; ++i) {
+        const T* qi = Q + L.q_at(b, i, h);
+        const T* doi = dO + L.q_at(b, i, h);
+        const T lse_i = static_cast<T>(read_lse(lse, L.lse_at(b, h, i)));
+        const T delta_i = dot(doi, O + L.q_at(b, i, h), L.dim);
+        T* dqi = dQ + L.q_at(b, i, h);
+        for (int64_t d = 0; d < L.dim; ++d) dqi[d] = 0;
+        for (int64_t j = 0; j < L.visible_keys(i); ++j) {
+          const T* kj = K + L.kv_at(b, j, kh);
+          const T* vj = V + L.kv_at(b, j, kh);
+          const T p = std::exp(scale * dot(qi, kj, L.dim) - lse_i);
+          const T ds = p * (dot(doi, vj, L.dim) - delta_i);
+          T* dkj = dK + L.kv_at(b, j, kh);
+          T* dvj = dV + L.kv_at(b, j, kh);
+          for (int64_t d = 0; d < L.dim; ++d) {
+            dvj[d] += p * doi[d];
+            dqi[d] += ds * kj[d];
+            dkj[d] += ds * qi[d];
+          }
+        }
+        for (int64_t d = 0; d < L.dim; ++d) dqi[d] *= scale;
+      }
+    }
+  }
+  for (int64_t i = 0; i < dk.numel(); ++i) dK[i] *= scale;
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const AttentionArgs& args, const Stream& stream) {
+  check_same_dtype("attention_forward", q.dtype(), {&k, &v, &out});
+  check_lse_dtype("attention_forward", lse, q.dtype());
+  if (q.dtype() == DType::F64) forward_impl<double>(q, k, v, out, lse, args);
+  else forward_impl<float>(q, k, v, out, lse, args);
+}
+
+void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const AttentionArgs& args, const Stream& stream) {
+  check_same_dtype("attention_backward", q.dtype(), {&dout, &k, &v, &out, &dq, &dk, &dv});
+  check_lse_dtype("attention_backward", lse, q.dtype());
+  if (q.dtype() == DType::F64) backward_impl<double>(dout, q, k, v, out, lse, dq, dk, dv, args);
+  else backward_impl<float>(dout, q, k, v, out, lse, dq, dk, dv, args);
+}
+
+}  // namespace megadlm::ops::cpu
