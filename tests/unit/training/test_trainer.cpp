@@ -1,6 +1,7 @@
 // The training loop on the CPU: a tiny diffusion LM on mock data learns, runs are reproducible,
 // and gradient accumulation does not change the step (global loss normalisation).
 #include <gtest/gtest.h>
+#include <cmath>
 #include <sstream>
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/trainer.h"
