@@ -13,7 +13,8 @@ namespace megadlm::ops::cuda::attn {
 namespace {
 
 // 8 warps own 16 keys each of a 128-key tile; a query tile is 64 rows. Per thread: dK and dV
-// accumulators (2 * D/2 fp32), S^T and dP^T of one query tile (2 * 32 fp32). The transposed
+// accumulators (2 * D/2 fp32), P^T of the query tile (32 fp32) and dP^T of half of it (16; the
+// halves bound the live registers at D = 128). The transposed
 // products (S^T = K Q^T, dP^T = V dO^T) leave P^T and dS^T in the accumulator layout that is
 // exactly the A operand of dV += P^T dO and dK += dS^T Q, so only dS goes through shared memory
 // (for dQ = dS K, whose rows are queries).
@@ -42,8 +43,9 @@ struct BackwardConfig {
   static_assert(kBlockN == 16 * kWarps && kBlockM == 64, "warp layout assumes these tiles");
 };
 
-// D = 128: 32 + 32 (K, V) + 32 + 32 (Q, dO double-buffered) + 16 (dS) + 1 KB = 145 KB, one
-// block of 8 warps per SM. D = 64: 81 KB.
+// Shared (rows padded by 16 bytes): D = 128: K, V 34 KB each, Q and dO double-buffered 34 KB
+// each, dS^T 18 KB, LSE/delta 1 KB = 155 KB, one block of 8 warps per SM (255 registers).
+// D = 64: 91 KB, 175 registers (one block per SM by registers).
 using Bwd128 = BackwardConfig<128>;
 using Bwd64 = BackwardConfig<64>;
 

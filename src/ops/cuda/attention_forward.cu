@@ -32,10 +32,12 @@ struct ForwardConfig {
   static_assert(kBlockN % 16 == 0 && kDim % 64 == 0, "tile shapes");
 };
 
-// D = 128: 128x64 tiles, 4 warps of 32 rows. Registers: O 128 + S 64 fp32 per thread; smem
-// 32 KB (Q) + 64 KB (K, V double-buffered) = 96 KB, so two blocks (8 warps) per SM.
+// D = 128: 128x32 tiles, 4 warps of 32 rows (Q re-read from shared memory). Per thread: O 128 +
+// S 32 fp32 accumulators; with 64-key tiles (S 64) ptxas spills ~100 bytes, with 32 it reports
+// 250 registers and no spill (docs/kernels/attention.md). Shared: Q 34 KB + K, V double-buffered
+// 4 x 8.5 KB = 68 KB; the 250 registers allow two blocks (8 warps) per SM.
 using Fwd128 = ForwardConfig<128, 128, 32, 4, false>;
-// D = 64: same tiles; Q fits in registers (32) next to O 64 + S 64; smem 48 KB.
+// D = 64: 128x64 tiles; Q stays in registers (32) next to O 64 + S 64. Shared 54 KB.
 using Fwd64 = ForwardConfig<64, 128, 64, 4, true>;
 
 template <class C, bool kCausal>
