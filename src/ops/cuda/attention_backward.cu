@@ -1,0 +1,399 @@
+// Flash-attention backward (FlashAttention-2 algorithm) for head_dim 64 and 128, in three
+// kernels: (1) delta = rowsum(dO * O) per query row, zeroing the fp32 dQ accumulator; (2) one
+// block per (key tile, KV head, batch) that loops over every query head of the KV group and every
+// query tile, recomputes P from Q, K and the forward's LSE, keeps dK and dV in fp32 registers and
+// adds each tile's dQ into the accumulator with vector atomics; (3) dQ fp32 -> bf16 with the
+// softmax scale. Layout, budgets and the reasons: docs/kernels/attention.md.
+#include <algorithm>
+#include <cmath>
+#include "core/cuda/cuda_utils.h"
+#include "ops/cuda/attention_common.cuh"
+
+namespace megadlm::ops::cuda::attn {
+namespace {
+
+// 8 warps own 16 keys each of a 128-key tile; a query tile is 64 rows. Per thread: dK and dV
+// accumulators (2 * D/2 fp32), P^T of the query tile (32 fp32) and dP^T of half of it (16; the
+// halves bound the live registers at D = 128). The transposed
+// products (S^T = K Q^T, dP^T = V dO^T) leave P^T and dS^T in the accumulator layout that is
+// exactly the A operand of dV += P^T dO and dK += dS^T Q, so only dS goes through shared memory
+// (for dQ = dS K, whose rows are queries).
+template <int kDim_>
+struct BackwardConfig {
+  static constexpr int kDim = kDim_;
+  static constexpr int kBlockN = 128, kBlockM = 64, kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kQTiles = kBlockM / 8;   // n8 tiles of S^T / dP^T (queries)
+  static constexpr int kDTiles = kDim / 8;      // n8 tiles of dK / dV
+  static constexpr int kKSteps = kDim / 16;     // k16 steps over d (S^T, dP^T)
+  // dQ = dS K: 4 warps over the 64 query rows (16 each) x 2 warps over the d halves.
+  static constexpr int kDqDTiles = kDim / 16;   // n8 tiles per warp
+  static constexpr int kRowBytes = kPaddedRowBytes<kDim>;      // shared row strides (padded)
+  static constexpr int kDsRowBytes = kPaddedRowBytes<kBlockM>;  // dS^T rows: one key, 64 queries
+  static constexpr int kKVBytes = kBlockN * kRowBytes;
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kSmemK = 0;
+  static constexpr int kSmemV = kSmemK + kKVBytes;
+  static constexpr int kSmemQ = kSmemV + kKVBytes;     // 2 stages
+  static constexpr int kSmemDo = kSmemQ + 2 * kQBytes;  // 2 stages
+  static constexpr int kSmemDs = kSmemDo + 2 * kQBytes;
+  static constexpr int kSmemLse = kSmemDs + kBlockN * kDsRowBytes;  // 2 stages of kBlockM f32
+  static constexpr int kSmemDelta = kSmemLse + 2 * kBlockM * 4;     // 2 stages
+  static constexpr int kSmemBytes = kSmemDelta + 2 * kBlockM * 4;
+  static_assert(kBlockN == 16 * kWarps && kBlockM == 64, "warp layout assumes these tiles");
+};
+
+// Shared (rows padded by 16 bytes): D = 128: K, V 34 KB each, Q and dO double-buffered 34 KB
+// each, dS^T 18 KB, LSE/delta 1 KB = 155 KB, one block of 8 warps per SM (255 registers).
+// D = 64: 91 KB, 175 registers (one block per SM by registers).
+using Bwd128 = BackwardConfig<128>;
+using Bwd64 = BackwardConfig<64>;
+
+// One warp per (b, s, h) row of dO/O: delta[b, h, s] = sum_d dO * O in fp32 (from the bf16 values
+// the forward wrote), and the row of the fp32 dQ accumulator zeroed. Any D (the simple path uses
+// it too); bf16 pairs when D is even.
+__global__ void attention_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ out,
+                                       float* __restrict__ delta, float* __restrict__ dq_accum,
+                                       int64_t rows, int seq, int heads, int dim) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const bf16* a = dout + row * dim;
+  const bf16* o = out + row * dim;
+  float sum = 0.0f;
+  if (dim % 2 == 0) {
+    for (int d = 2 * lane; d < dim; d += 64) {
+      const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(a + d));
+      const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(o + d));
+      sum += x.x * y.x + x.y * y.y;
+    }
+  } else {
+    for (int d = lane; d < dim; d += 32) sum += __bfloat162float(a[d]) * __bfloat162float(o[d]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const int64_t h = row % heads, bs = row / heads;  // row = (b * seq + s) * heads + h
+  const int64_t b = bs / seq, s = bs % seq;
+  if (lane == 0) delta[(b * heads + h) * seq + s] = sum;
+  if (dq_accum != nullptr) {
+    for (int d = lane; d < dim; d += 32) dq_accum[row * dim + d] = 0.0f;
+  }
+}
+
+template <class C, bool kCausal>
+__global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtrs p, Shape s) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
+  constexpr int kQTiles = C::kQTiles, kDTiles = C::kDTiles, kRowBytes = C::kRowBytes;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int seq = static_cast<int>(s.seq);
+  const int heads = static_cast<int>(s.heads);
+  const int group = static_cast<int>(s.heads / s.kv_heads);
+  const int n0 = blockIdx.x * kBlockN;
+  const int kvh = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int q_stride = heads * kDim;
+  const int kv_stride = static_cast<int>(s.kv_heads) * kDim;
+  const float scale_log2 = s.scale * kLog2e;
+
+  const uint32_t base = smem_addr(smem);
+  const uint32_t sK = base + C::kSmemK, sV = base + C::kSmemV, sQ = base + C::kSmemQ;
+  const uint32_t sDo = base + C::kSmemDo, sDs = base + C::kSmemDs;
+  const uint32_t sLse = base + C::kSmemLse, sDelta = base + C::kSmemDelta;
+  const float* lse_smem = reinterpret_cast<const float*>(smem + C::kSmemLse);
+  const float* delta_smem = reinterpret_cast<const float*>(smem + C::kSmemDelta);
+
+  // Causal: query tiles that end before this key tile starts see none of its keys.
+  const int q_tile_first = kCausal ? n0 / kBlockM : 0;
+  const int q_tiles = (seq + kBlockM - 1) / kBlockM - q_tile_first;  // >= 1 since n0 < seq
+  const int iters = group * q_tiles;  // (query head of the group, query tile) pairs
+
+  // Q, dO tiles and the LSE/delta rows of iteration `it` into `stage`.
+  auto load_query_tile = [&](int it, int stage) {
+    const int h = kvh * group + it / q_tiles;
+    const int q0 = (q_tile_first + it % q_tiles) * kBlockM;
+    const int64_t offset = ((b * seq + q0) * heads + h) * kDim;
+    load_tile_async<kBlockM, kDim, C::kThreads>(sQ + stage * C::kQBytes, p.q + offset, q_stride,
+                                                seq - q0, tid);
+    load_tile_async<kBlockM, kDim, C::kThreads>(sDo + stage * C::kQBytes, p.dout + offset,
+                                                q_stride, seq - q0, tid);
+    const int64_t stat = (b * heads + h) * seq + q0;
+    if (tid < kBlockM) {
+      const bool valid = q0 + tid < seq;
+      cp_async_4(sLse + (stage * kBlockM + tid) * 4, p.lse + (valid ? stat + tid : 0), valid);
+    } else if (tid < 2 * kBlockM) {
+      const int r = tid - kBlockM;
+      const bool valid = q0 + r < seq;
+      cp_async_4(sDelta + (stage * kBlockM + r) * 4, p.delta + (valid ? stat + r : 0), valid);
+    }
+  };
+
+  const int64_t kv_offset = ((b * seq + n0) * s.kv_heads + kvh) * kDim;
+  load_tile_async<kBlockN, kDim, C::kThreads>(sK, p.k + kv_offset, kv_stride, seq - n0, tid);
+  load_tile_async<kBlockN, kDim, C::kThreads>(sV, p.v + kv_offset, kv_stride, seq - n0, tid);
+  load_query_tile(0, 0);
+  cp_async_commit();
+
+  // Per-lane ldmatrix bases (fragment layouts as in attention_forward.cu); k steps, tiles and
+  // stages only add compile-time or per-iteration offsets.
+  // "rows" pattern: lanes 0-15 rows 0-15 at columns 0-7, lanes 16-31 rows 0-15 at columns 8-15:
+  // A operands (K, V) and .trans B operands ([k][n] storage: Q, dO, K for dQ).
+  const uint32_t rows_lane = (lane & 15) * kRowBytes + (lane >> 4) * 16;
+  // "pairs" pattern: rows (lane & 7) + 8 (lane >> 4), columns 8 ((lane >> 3) & 1): B operands
+  // from [n][k] storage (Q, dO in S^T, dP^T) and the .trans A operand of dS.
+  const int pair_row = (lane & 7) + ((lane >> 4) << 3);
+  const int pair_col = ((lane >> 3) & 1) * 16;
+  const uint32_t pairs_lane = pair_row * kRowBytes + pair_col;
+  const uint32_t k_warp = sK + warp * 16 * kRowBytes + rows_lane;
+  const uint32_t v_warp = sV + warp * 16 * kRowBytes + rows_lane;
+  // dQ warp tile: query rows 16 wq.., d columns [wd * D/2, (wd + 1) * D/2).
+  const int wq = warp % 4, wd = warp / 4;
+  const uint32_t ds_a = sDs + pair_row * C::kDsRowBytes + pair_col + wq * 32;
+  const uint32_t k_b = sK + rows_lane + wd * kDim;  // wd * D/2 bf16 columns = wd * D bytes
+
+  float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
+#pragma unroll
+  for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.0f;
+
+  const int key0 = n0 + warp * 16;  // first key of this warp
+
+  for (int it = 0; it < iters; ++it) {
+    const int stage = it & 1;
+    // The other stage was last read before the second barrier of iteration it-1, which every
+    // thread has passed: refill it now so the copy overlaps this whole iteration.
+    if (it + 1 < iters) load_query_tile(it + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();  // tile `it` (and K, V) visible to all warps
+
+    const int h = kvh * group + it / q_tiles;
+    const int q0 = (q_tile_first + it % q_tiles) * kBlockM;
+    const uint32_t sQs = sQ + stage * C::kQBytes, sDos = sDo + stage * C::kQBytes;
+
+    // ---- S^T = K Q^T for this warp's 16 keys x 64 queries ----
+    float acc_s[kQTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nt][e] = 0.0f;
+#pragma unroll 1
+    for (int ks = 0; ks < C::kKSteps; ++ks) {
+      uint32_t ka[4];
+      ldmatrix_x4(ka, k_warp + ks * 32);
+#pragma unroll
+      for (int np = 0; np < kQTiles / 2; ++np) {
+        uint32_t qb[4];
+        ldmatrix_x4(qb, sQs + pairs_lane + np * 16 * kRowBytes + ks * 32);
+        mma_bf16_16816(acc_s[2 * np], ka, qb[0], qb[1]);
+        mma_bf16_16816(acc_s[2 * np + 1], ka, qb[2], qb[3]);
+      }
+    }
+
+    // ---- P^T = exp(scale * S^T - lse), masked entries 0 ----
+    // Element (nt, e) is key key0 + g + 8 (e / 2), query q0 + 8 nt + 2t + e % 2.
+    const bool needs_mask =
+        q0 + kBlockM > seq || key0 + 16 > seq || (kCausal && key0 + 15 > q0);
+#pragma unroll
+    for (int nt = 0; nt < kQTiles; ++nt) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int ql = nt * 8 + 2 * t + c;
+        const float lse_log2 = lse_smem[stage * kBlockM + ql] * kLog2e;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int e = 2 * r + c;
+          float pv = exp2f(fmaf(acc_s[nt][e], scale_log2, -lse_log2));
+          if (needs_mask) {
+            const int key = key0 + g + 8 * r, q = q0 + ql;
+            if (key >= seq || q >= seq || (kCausal && key > q)) pv = 0.0f;
+          }
+          acc_s[nt][e] = pv;
+        }
+      }
+    }
+
+    // ---- per half of the query tile (32 queries, to bound live registers): dP^T = V dO^T,
+    // dS^T = P^T (dP^T - delta), then dV += P^T dO and dK += dS^T Q. Accumulator tiles
+    // (2kk, 2kk+1) form the A fragment of k16 step kk; dO and Q are [query][d] in shared
+    // memory, read as B via .trans. dS^T also goes to shared memory (bf16) for dQ. ----
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      constexpr int kHalfTiles = kQTiles / 2;
+      float acc_dp[kHalfTiles][4];
+#pragma unroll
+      for (int nt = 0; nt < kHalfTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_dp[nt][e] = 0.0f;
+#pragma unroll 1
+      for (int ks = 0; ks < C::kKSteps; ++ks) {
+        uint32_t va[4];
+        ldmatrix_x4(va, v_warp + ks * 32);
+#pragma unroll
+        for (int np = 0; np < kHalfTiles / 2; ++np) {
+          uint32_t dob[4];
+          ldmatrix_x4(dob, sDos + pairs_lane + (half * kHalfTiles / 2 + np) * 16 * kRowBytes +
+                               ks * 32);
+          mma_bf16_16816(acc_dp[2 * np], va, dob[0], dob[1]);
+          mma_bf16_16816(acc_dp[2 * np + 1], va, dob[2], dob[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kHalfTiles; ++nt) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const float dlt = delta_smem[stage * kBlockM + (half * kHalfTiles + nt) * 8 + 2 * t + c];
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            acc_dp[nt][2 * r + c] = acc_s[half * kHalfTiles + nt][2 * r + c] *
+                                    (acc_dp[nt][2 * r + c] - dlt);
+        }
+      }
+#pragma unroll
+      for (int kh = 0; kh < kHalfTiles / 2; ++kh) {
+        const int kk = half * kHalfTiles / 2 + kh;  // k16 step over the 64 queries
+        uint32_t pa[4], da[4];
+        pa[0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+        pa[1] = pack_bf16(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+        pa[2] = pack_bf16(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+        pa[3] = pack_bf16(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+        da[0] = pack_bf16(acc_dp[2 * kh][0], acc_dp[2 * kh][1]);
+        da[1] = pack_bf16(acc_dp[2 * kh][2], acc_dp[2 * kh][3]);
+        da[2] = pack_bf16(acc_dp[2 * kh + 1][0], acc_dp[2 * kh + 1][1]);
+        da[3] = pack_bf16(acc_dp[2 * kh + 1][2], acc_dp[2 * kh + 1][3]);
+        // dS^T rows key (warp * 16 + g, +8), columns query (n8 tiles 2kk, 2kk+1).
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const uint32_t addr =
+                sDs + (warp * 16 + g + 8 * r) * C::kDsRowBytes + (2 * kk + hi) * 16 + 4 * t;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(da[2 * hi + r]) : "memory");
+          }
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          const uint32_t off = rows_lane + kk * 16 * kRowBytes + dp * 32;
+          uint32_t dob[4], qb[4];
+          ldmatrix_x4_trans(dob, sDos + off);
+          ldmatrix_x4_trans(qb, sQs + off);
+          mma_bf16_16816(acc_dv[2 * dp], pa, dob[0], dob[1]);
+          mma_bf16_16816(acc_dv[2 * dp + 1], pa, dob[2], dob[3]);
+          mma_bf16_16816(acc_dk[2 * dp], da, qb[0], qb[1]);
+          mma_bf16_16816(acc_dk[2 * dp + 1], da, qb[2], qb[3]);
+        }
+      }
+    }
+    __syncthreads();  // dS^T of all 8 warps in shared memory
+
+    // ---- dQ[q0 + 16 wq .., wd * D/2 ..] += dS K over the 128 keys; fp32 vector atomics ----
+    float acc_dq[C::kDqDTiles][4];
+#pragma unroll
+    for (int dt = 0; dt < C::kDqDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_dq[dt][e] = 0.0f;
+#pragma unroll 1
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // A = dS (query x key) read from dS^T [key][query] with .trans: matrices (keys 0-7,
+      // queries 0-7), (keys 0-7, queries 8-15), (keys 8-15, q 0-7), (keys 8-15, q 8-15).
+      uint32_t dsa[4];
+      ldmatrix_x4_trans(dsa, ds_a + kk * 16 * C::kDsRowBytes);
+#pragma unroll
+      for (int dp = 0; dp < C::kDqDTiles / 2; ++dp) {
+        uint32_t kb[4];
+        ldmatrix_x4_trans(kb, k_b + kk * 16 * kRowBytes + dp * 32);
+        mma_bf16_16816(acc_dq[2 * dp], dsa, kb[0], kb[1]);
+        mma_bf16_16816(acc_dq[2 * dp + 1], dsa, kb[2], kb[3]);
+      }
+    }
+    // Quad neighbours t, t^1 swap halves so each thread holds 4 consecutive columns of one row:
+    // even t keeps row g, cols 2t..2t+3; odd t keeps row g+8, cols 2t-2..2t+1. One 16-byte
+    // atomic (sm_90 float4 atomicAdd) instead of two 8-byte ones.
+    const bool odd = t & 1;
+    const int q_row = q0 + wq * 16 + g + (odd ? 8 : 0);
+    float* dq_row = p.dq_accum + ((b * seq + q_row) * heads + h) * kDim + wd * (kDim / 2) +
+                    2 * (t & ~1);
+#pragma unroll
+    for (int dt = 0; dt < C::kDqDTiles; ++dt) {
+      const float send0 = odd ? acc_dq[dt][0] : acc_dq[dt][2];
+      const float send1 = odd ? acc_dq[dt][1] : acc_dq[dt][3];
+      const float recv0 = __shfl_xor_sync(0xffffffffu, send0, 1);
+      const float recv1 = __shfl_xor_sync(0xffffffffu, send1, 1);
+      const float4 val = odd ? make_float4(recv0, recv1, acc_dq[dt][2], acc_dq[dt][3])
+                             : make_float4(acc_dq[dt][0], acc_dq[dt][1], recv0, recv1);
+      if (q_row < seq) atomicAdd(reinterpret_cast<float4*>(dq_row + dt * 8), val);
+    }
+    // No barrier here: the next writes of dS^T come after the next iteration's first barrier,
+    // which no warp passes before every warp has finished these reads.
+  }
+
+  // ---- dK = scale * sum dS^T Q, dV = sum P^T dO (over the group's heads), bf16 ----
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = key0 + g + 8 * r;
+    if (key >= seq) continue;
+    const int64_t offset = ((b * seq + key) * s.kv_heads + kvh) * kDim + 2 * t;
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt) {
+      *reinterpret_cast<uint32_t*>(p.dk + offset + dt * 8) =
+          pack_bf16(acc_dk[dt][2 * r] * s.scale, acc_dk[dt][2 * r + 1] * s.scale);
+      *reinterpret_cast<uint32_t*>(p.dv + offset + dt * 8) =
+          pack_bf16(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]);
+    }
+  }
+}
+
+// dq = bf16(scale * dq_accum), 4 elements per thread (numel is a multiple of 64 here).
+__global__ void attention_dq_convert_kernel(const float4* __restrict__ acc, uint2* __restrict__ dq,
+                                            int64_t n4, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 v = acc[i];
+    dq[i] = make_uint2(pack_bf16(v.x * scale, v.y * scale), pack_bf16(v.z * scale, v.w * scale));
+  }
+}
+
+template <class C, bool kCausal>
+void launch_backward_main(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  auto kernel = flash_backward_kernel<C, kCausal>;
+  if (C::kSmemBytes > 48 * 1024)
+    MDLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         C::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>((s.seq + C::kBlockN - 1) / C::kBlockN),
+                  static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(s.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, s);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+template <class C>
+void launch_backward_mask(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  if (s.causal) launch_backward_main<C, true>(s, p, stream);
+  else launch_backward_main<C, false>(s, p, stream);
+}
+
+}  // namespace
+
+void launch_attention_delta(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  const int64_t rows = s.batch * s.seq * s.heads;
+  constexpr int kWarpsPerBlock = 8;
+  attention_delta_kernel<<<detail::grid_for(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
+      p.dout, p.out, p.delta, p.dq_accum, rows, static_cast<int>(s.seq),
+      static_cast<int>(s.heads), s.dim);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+void flash_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  launch_attention_delta(s, p, stream);
+  if (s.dim == 128) launch_backward_mask<Bwd128>(s, p, stream);
+  else launch_backward_mask<Bwd64>(s, p, stream);
+  const int64_t n4 = s.batch * s.seq * s.heads * s.dim / 4;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 8192));
+  attention_dq_convert_kernel<<<blocks, 256, 0, stream>>>(
+      reinterpret_cast<const float4*>(p.dq_accum), reinterpret_cast<uint2*>(p.dq), n4, s.scale);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megadlm::ops::cuda::attn

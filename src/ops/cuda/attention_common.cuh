@@ -1,0 +1,148 @@
+// Internal to the attention family: the launcher interface shared by attention.cu (entries) and
+// the kernel files, plus the device primitives of the flash kernels (cp.async, ldmatrix,
+// mma.sync m16n8k16 bf16, the padded shared-memory layout). See docs/kernels/attention.md.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace megadlm::ops::cuda::attn {
+
+using bf16 = __nv_bfloat16;
+
+/// Problem sizes (contiguous q [B, S, Hq, D]; k, v [B, S, Hkv, D]; lse [B, Hq, S]).
+struct Shape {
+  int64_t batch, seq, heads, kv_heads;
+  int dim;
+  bool causal;
+  float scale;  ///< softmax scale (applied to q.k)
+};
+
+struct ForwardPtrs {
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  bf16* out;
+  float* lse;
+};
+
+struct BackwardPtrs {
+  const bf16* dout;
+  const bf16* q;
+  const bf16* k;
+  const bf16* v;
+  const bf16* out;
+  const float* lse;
+  bf16* dq;
+  bf16* dk;
+  bf16* dv;
+  float* delta;     ///< scratch [B, Hq, S]: rowsum(dout * out)
+  float* dq_accum;  ///< scratch [B, S, Hq, D] fp32 (flash only; null for the simple kernels)
+};
+
+// Launchers (each checks its launches; the stream comes from the entry).
+void flash_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream);
+void flash_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream);
+void simple_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream);
+void simple_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream);
+/// delta = rowsum(dout * out) for every query row, and dq_accum zeroed when not null (any D).
+void launch_attention_delta(const Shape& s, const BackwardPtrs& p, cudaStream_t stream);
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- device primitives of the flash kernels ------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/// 16-byte global -> shared copy that bypasses L1; when !valid nothing is read and the 16 bytes
+/// are zero-filled (src-size 0), which is how rows past the sequence end become zeros.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+/// 4-byte variant (for per-row statistics), zero-filled when !valid.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/// Waits until at most `kPending` of this thread's most recent commit groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+/// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and lane l receives
+/// elements (row l/4, cols 2(l%4), 2(l%4)+1) of each matrix in r[i].
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// Transposed: lane l receives elements (rows 2(l%4), 2(l%4)+1; col l/4) of each matrix.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// d += a * b for one m16n8k16 tile: a is 16x16 bf16 (row-major fragment, 4 regs), b 16x8 bf16
+/// (column fragment, 2 regs), d 16x8 fp32. Fragment layouts (g = lane/4, t = lane%4):
+/// a: {(g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}, b: {(k 2t..2t+1, n g),
+/// (k 2t+8.., n g)}, d: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// Two floats as a bf16x2 register, `lo` in the low half (the lower column of a fragment pair).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+/// Shared-memory tiles keep rows of kDim bf16 padded by 16 bytes. A row stride of
+/// 2 * kDim + 16 bytes is 4 banks past a multiple of 32 banks, so the 8 rows an ldmatrix 8x8
+/// matrix reads (8 consecutive rows, same 16-byte column) fall in 8 disjoint groups of 4 banks:
+/// conflict-free ldmatrix (plain and .trans) and cp.async stores. Unlike an XOR swizzle, every
+/// fragment address is then a per-lane base plus a compile-time offset, which the ldmatrix
+/// immediate absorbs, so no address registers are held per k step.
+template <int kDim>
+inline constexpr int kPaddedRowBytes = kDim * 2 + 16;
+
+/// Copies a [kRows, kDim] bf16 tile (global rows `stride` elements apart) into a padded
+/// shared tile; rows >= `valid_rows` are zero-filled. All kThreads threads of the block call it.
+/// Offsets inside a tile are 32-bit (kRows * stride stays far below 2^31 for any real head count),
+/// which keeps the per-thread copy addresses in single registers.
+template <int kRows, int kDim, int kThreads>
+__device__ __forceinline__ void load_tile_async(uint32_t smem, const bf16* gmem, int stride,
+                                                int valid_rows, int tid) {
+  constexpr int kChunksPerRow = kDim / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  static_assert(kChunks % kThreads == 0, "tile copy must split evenly over the block");
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int row = idx / kChunksPerRow;
+    const int chunk = idx % kChunksPerRow;
+    const bool valid = row < valid_rows;
+    // An invalid row still needs a mapped source address: use the tile's first row.
+    const bf16* src = gmem + (valid ? row * stride + chunk * 8 : 0);
+    cp_async_16(smem + row * kPaddedRowBytes<kDim> + chunk * 16, src, valid);
+  }
+}
+
+}  // namespace megadlm::ops::cuda::attn

@@ -1,0 +1,325 @@
+// Flash-attention forward (FlashAttention-2 algorithm) for head_dim 64 and 128: one block per
+// (query tile, head, batch), K/V tiles streamed through double-buffered shared memory with
+// cp.async, S = Q K^T and O += P V on tensor cores (mma.sync m16n8k16 bf16 -> fp32), online
+// softmax in fp32 registers. Tiling, register and shared-memory budgets: docs/kernels/attention.md.
+#include <cmath>
+#include "core/cuda/cuda_utils.h"
+#include "ops/cuda/attention_common.cuh"
+
+namespace megadlm::ops::cuda::attn {
+namespace {
+
+// kWarps warps split kBlockM query rows (16 or 32 rows each: 1 or 2 m16 tiles). With 32 rows a
+// warp reuses every K/V fragment it loads from shared memory for two mma tiles, which halves the
+// shared-memory traffic per flop; Q is then re-read from shared memory at each K tile because
+// keeping it in registers (64 more) would not fit next to the 128 O accumulators at D = 128.
+template <int kDim_, int kBlockM_, int kBlockN_, int kWarps_, bool kQInRegs_>
+struct ForwardConfig {
+  static constexpr int kDim = kDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kWarps = kWarps_;
+  static constexpr bool kQInRegs = kQInRegs_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kWarps;
+  static constexpr int kMTiles = kRowsPerWarp / 16;  // m16 tiles per warp
+  static constexpr int kNTiles = kBlockN / 8;        // n8 tiles of S per m tile
+  static constexpr int kDTiles = kDim / 8;           // n8 tiles of O per m tile
+  static constexpr int kKSteps = kDim / 16;          // k16 steps of Q K^T
+  static constexpr int kPSteps = kBlockN / 16;       // k16 steps of P V
+  static constexpr int kRowBytes = kPaddedRowBytes<kDim>;  // shared row stride (padded)
+  static constexpr int kQBytes = kBlockM * kRowBytes;
+  static constexpr int kKVBytes = kBlockN * kRowBytes;
+  static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q, 2 stages of K, 2 of V
+  static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "a warp owns one or two m16 tiles");
+  static_assert(kBlockN % 16 == 0 && kDim % 64 == 0, "tile shapes");
+};
+
+// D = 128: 128x32 tiles, 4 warps of 32 rows (Q re-read from shared memory). Per thread: O 128 +
+// S 32 fp32 accumulators; with 64-key tiles (S 64) ptxas spills ~100 bytes, with 32 it reports
+// 250 registers and no spill (docs/kernels/attention.md). Shared: Q 34 KB + K, V double-buffered
+// 4 x 8.5 KB = 68 KB; the 250 registers allow two blocks (8 warps) per SM.
+using Fwd128 = ForwardConfig<128, 128, 32, 4, false>;
+// D = 64: 128x64 tiles; Q stays in registers (32) next to O 64 + S 64. Shared 54 KB.
+using Fwd64 = ForwardConfig<64, 128, 64, 4, true>;
+
+template <class C, bool kCausal>
+__global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs p, Shape s) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
+  constexpr int kMTiles = C::kMTiles, kNTiles = C::kNTiles, kDTiles = C::kDTiles;
+  constexpr int kRowBytes = C::kRowBytes;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (row group, thread in group)
+  const int seq = static_cast<int>(s.seq);
+  // Causal: the last query tiles have the most key tiles; launch them first for better balance.
+  const int m_block = kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : blockIdx.x;
+  const int m0 = m_block * kBlockM;
+  const int h = blockIdx.y;
+  const int64_t b = blockIdx.z;
+  const int64_t kvh = h / (s.heads / s.kv_heads);
+  const int q_stride = static_cast<int>(s.heads) * kDim;
+  const int kv_stride = static_cast<int>(s.kv_heads) * kDim;
+  const bf16* q = p.q + ((b * seq + m0) * s.heads + h) * kDim;
+  const bf16* k = p.k + (b * seq * s.kv_heads + kvh) * kDim;
+  const bf16* v = p.v + (b * seq * s.kv_heads + kvh) * kDim;
+
+  const uint32_t sQ = smem_addr(smem);
+  const uint32_t sK = sQ + C::kQBytes;
+  const uint32_t sV = sK + 2 * C::kKVBytes;
+
+  // Per-lane ldmatrix bases; a k step, n tile or m tile only adds a compile-time offset.
+  // Q as the A operand: lanes 0-15 address rows 0-15 at the k step's first 8 columns, lanes
+  // 16-31 the same rows at its last 8 columns (matrices a0..a3 of the m16k16 fragment).
+  const uint32_t q_lane = sQ + (warp * C::kRowsPerWarp + (lane & 15)) * kRowBytes + (lane >> 4) * 16;
+  // K as the B operand (K is [key][d], i.e. B^T): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15),
+  // (keys 8-15, d 0-7), (keys 8-15, d 8-15) = b0, b1 of two n8 tiles.
+  const uint32_t k_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes + ((lane >> 3) & 1) * 16;
+  // V as the B operand via .trans (V is [key][d] = [k][n]): matrices (keys 0-7, d 0-7),
+  // (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15) = b0, b1 of two n8 tiles.
+  const uint32_t v_lane = (lane & 15) * kRowBytes + (lane >> 4) * 16;
+
+  const int n_end = kCausal ? min(seq, m0 + kBlockM) : seq;
+  const int n_tiles = (n_end + kBlockN - 1) / kBlockN;
+  const int warp_row0 = m0 + warp * C::kRowsPerWarp;  // first query row of this warp
+  const float scale_log2 = s.scale * kLog2e;          // exp(scale*x) = exp2(scale_log2*x)
+
+  // Commit groups: {Q, K0}, {V0}, then {K_j+1}, {V_j+1} per iteration (empty at the end), so
+  // "all but the newest 1" means K_j landed and "all but the newest 2" means V_j landed.
+  load_tile_async<kBlockM, kDim, C::kThreads>(sQ, q, q_stride, seq - m0, tid);
+  load_tile_async<kBlockN, kDim, C::kThreads>(sK, k, kv_stride, seq, tid);
+  cp_async_commit();
+  load_tile_async<kBlockN, kDim, C::kThreads>(sV, v, kv_stride, seq, tid);
+  cp_async_commit();
+
+  float acc_o[kMTiles][kDTiles][4];
+  float row_max[kMTiles][2], row_sum[kMTiles][2];  // per row half (g, g+8); sums are partial
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.0f;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      row_max[mt][hf] = -INFINITY;
+      row_sum[mt][hf] = 0.0f;
+    }
+  }
+  uint32_t q_frag[C::kQInRegs ? kMTiles : 1][C::kQInRegs ? C::kKSteps : 1][4];
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int n0 = j * kBlockN;
+    const uint32_t sKj = sK + (j & 1) * C::kKVBytes;
+    const uint32_t sVj = sV + (j & 1) * C::kKVBytes;
+    cp_async_wait<1>();
+    // K_j is visible to every warp, and every warp has finished tile j-1, so the other stage
+    // (read at j-1) may be refilled.
+    __syncthreads();
+    if (j + 1 < n_tiles) {
+      const int64_t next = static_cast<int64_t>(n0 + kBlockN) * kv_stride;
+      load_tile_async<kBlockN, kDim, C::kThreads>(sK + ((j + 1) & 1) * C::kKVBytes, k + next,
+                                                  kv_stride, seq - n0 - kBlockN, tid);
+      cp_async_commit();
+      load_tile_async<kBlockN, kDim, C::kThreads>(sV + ((j + 1) & 1) * C::kKVBytes, v + next,
+                                                  kv_stride, seq - n0 - kBlockN, tid);
+      cp_async_commit();
+    } else {
+      cp_async_commit();
+      cp_async_commit();
+    }
+    if constexpr (C::kQInRegs) {
+      if (j == 0) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int ks = 0; ks < C::kKSteps; ++ks)
+            ldmatrix_x4(q_frag[mt][ks], q_lane + mt * 16 * kRowBytes + ks * 32);
+      }
+    }
+
+    // Causal: a tile entirely above the diagonal for this warp's rows contributes nothing
+    // (p = 0, the softmax state is unchanged), so the warp skips it; barriers stay uniform.
+    const bool warp_active = !kCausal || n0 <= warp_row0 + C::kRowsPerWarp - 1;
+    float acc_s[kMTiles][kNTiles][4];
+    if (warp_active) {
+      // ---- S = Q K^T (raw scores, fp32) ----
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[mt][nt][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < C::kKSteps; ++ks) {
+        uint32_t qa[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          if constexpr (C::kQInRegs) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) qa[mt][r] = q_frag[mt][ks][r];
+          } else {
+            ldmatrix_x4(qa[mt], q_lane + mt * 16 * kRowBytes + ks * 32);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, sKj + k_lane + np * 16 * kRowBytes + ks * 32);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16_16816(acc_s[mt][2 * np], qa[mt], kb[0], kb[1]);
+            mma_bf16_16816(acc_s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
+        }
+      }
+
+      // ---- mask: keys past the sequence end, and keys after the query when causal ----
+      const bool needs_mask =
+          n0 + kBlockN > seq || (kCausal && n0 + kBlockN - 1 > warp_row0);
+      if (needs_mask) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
+              const int col = n0 + nt * 8 + 2 * t + (e & 1);
+              if (col >= seq || (kCausal && col > row)) acc_s[mt][nt][e] = -INFINITY;
+            }
+      }
+
+      // ---- online softmax: new row max, rescale O and the running sum, P = exp(S - max) ----
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          float mx = row_max[mt][hf];
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+            mx = fmaxf(mx, fmaxf(acc_s[mt][nt][2 * hf], acc_s[mt][nt][2 * hf + 1]));
+          // The 4 threads of a quad hold the same rows.
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          // A row with no visible key yet keeps max -inf; subtract 0 so -inf - -inf never
+          // makes a NaN (its p and alpha are then exp2(-inf) = 0).
+          const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+          const float alpha = exp2f(row_max[mt][hf] * scale_log2 - m_scaled);
+          row_max[mt][hf] = mx;
+          float sum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float pv = exp2f(fmaf(acc_s[mt][nt][2 * hf + c], scale_log2, -m_scaled));
+              acc_s[mt][nt][2 * hf + c] = pv;
+              sum += pv;
+            }
+          row_sum[mt][hf] = row_sum[mt][hf] * alpha + sum;
+#pragma unroll
+          for (int dt = 0; dt < kDTiles; ++dt) {
+            acc_o[mt][dt][2 * hf] *= alpha;
+            acc_o[mt][dt][2 * hf + 1] *= alpha;
+          }
+        }
+      }
+    }
+
+    cp_async_wait<2>();
+    __syncthreads();  // V_j visible to every warp
+
+    if (warp_active) {
+      // ---- O += P V: the S accumulators of n8 tiles 2kk, 2kk+1 are exactly the A fragment
+      // of k16 step kk (rows g/g+8, cols 2t.. and 2t+8..), so P never leaves registers ----
+#pragma unroll
+      for (int kk = 0; kk < C::kPSteps; ++kk) {
+        uint32_t pa[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          pa[mt][0] = pack_bf16(acc_s[mt][2 * kk][0], acc_s[mt][2 * kk][1]);
+          pa[mt][1] = pack_bf16(acc_s[mt][2 * kk][2], acc_s[mt][2 * kk][3]);
+          pa[mt][2] = pack_bf16(acc_s[mt][2 * kk + 1][0], acc_s[mt][2 * kk + 1][1]);
+          pa[mt][3] = pack_bf16(acc_s[mt][2 * kk + 1][2], acc_s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < kDTiles / 2; ++dp) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, sVj + v_lane + kk * 16 * kRowBytes + dp * 32);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16_16816(acc_o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+            mma_bf16_16816(acc_o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: O / l as bf16 through this warp's own rows of sQ (no other warp reads them any
+  // more), then 16-byte coalesced stores; lse = max * scale + ln(l) ----
+  __syncwarp();
+  const int64_t lse_base = (b * s.heads + h) * seq;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float l = row_sum[mt][hf];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int local_row = warp * C::kRowsPerWarp + mt * 16 + g + hf * 8;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const uint32_t packed =
+            pack_bf16(acc_o[mt][dt][2 * hf] * inv, acc_o[mt][dt][2 * hf + 1] * inv);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + local_row * kRowBytes + dt * 16 + 4 * t),
+                     "r"(packed)
+                     : "memory");
+      }
+      const int row = m0 + local_row;
+      if (t == 0 && row < seq)
+        p.lse[lse_base + row] = row_max[mt][hf] * s.scale + logf(l);
+    }
+  }
+  __syncwarp();
+  constexpr int kChunksPerRow = kDim / 8;
+#pragma unroll
+  for (int i = 0; i < C::kRowsPerWarp * kChunksPerRow / 32; ++i) {
+    const int idx = i * 32 + lane;
+    const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
+    const int row = warp_row0 + r;
+    uint4 val;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                 : "r"(sQ + (warp * C::kRowsPerWarp + r) * kRowBytes + c * 16)
+                 : "memory");
+    if (row < seq)
+      *reinterpret_cast<uint4*>(p.out + ((b * seq + row) * s.heads + h) * kDim + c * 8) = val;
+  }
+}
+
+template <class C, bool kCausal>
+void launch_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  auto kernel = flash_forward_kernel<C, kCausal>;
+  if (C::kSmemBytes > 48 * 1024)
+    MDLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         C::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>((s.seq + C::kBlockM - 1) / C::kBlockM),
+                  static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, s);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+template <class C>
+void launch_forward_mask(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  if (s.causal) launch_forward<C, true>(s, p, stream);
+  else launch_forward<C, false>(s, p, stream);
+}
+
+}  // namespace
+
+void flash_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  if (s.dim == 128) launch_forward_mask<Fwd128>(s, p, stream);
+  else launch_forward_mask<Fwd64>(s, p, stream);
+}
+
+}  // namespace megadlm::ops::cuda::attn

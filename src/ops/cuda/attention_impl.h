@@ -1,0 +1,31 @@
+// Internal: the two CUDA implementations of the attention family, selectable by name so the GPU
+// parity test can run both on one shape. Plain C++ (no CUDA headers) so tests can include it.
+// cuda::attention_forward/backward (cuda_ops.h) pick AttentionKernel::Flash for head_dim 64 and
+// 128 and AttentionKernel::Simple otherwise. See docs/kernels/attention.md.
+#pragma once
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/ops/attention.h"
+
+namespace megadlm::ops::cuda {
+
+enum class AttentionKernel : uint8_t {
+  Flash,   ///< tensor-core flash attention (bf16 mma.sync, fp32 softmax); head_dim 64 or 128
+  Simple,  ///< one warp per query (forward, dq) or key row (dk, dv), fp32 on CUDA cores; D <= 256
+};
+
+/// The kernel cuda::attention_forward/backward use for these arguments.
+AttentionKernel default_attention_kernel(const AttentionArgs& args);
+
+/// Same contract as ops::attention_forward (bf16 q, k, v, out; f32 lse) with a chosen kernel.
+void attention_forward_with(AttentionKernel kernel, const Tensor& q, const Tensor& k,
+                            const Tensor& v, Tensor& out, Tensor& lse, const AttentionArgs& args,
+                            const Stream& stream);
+
+/// Same contract as ops::attention_backward (bf16 tensors, f32 lse) with a chosen kernel.
+void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
+                             const Stream& stream);
+
+}  // namespace megadlm::ops::cuda

@@ -1,0 +1,301 @@
+// GPU parity of the attention family: the CUDA kernels (flash for head_dim 64/128, and the simple
+// warp-per-row path as a second opinion) against the CPU f32 reference on the same bf16-rounded
+// inputs, for out, lse, dq, dk, dv; plus a throughput report. Every test skips without a GPU.
+// The largest errors per case are printed for the project notes (docs/kernels/attention.md).
+#include <gtest/gtest.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+#include "megadlm/ops/attention.h"
+#include "support/op_testing.h"
+#include "support/tolerances.h"
+// The one place this suite touches the CUDA backend directly: selecting the simple kernel by
+// name and timing with CUDA events. Every test using it starts with MDLM_REQUIRE_GPU().
+#if MEGADLM_WITH_CUDA
+#include <cuda_runtime.h>
+#include "ops/cuda/attention_impl.h"
+#endif
+
+using namespace megadlm;
+using megadlm::ops::AttentionArgs;
+using megadlm::ops::AttentionMask;
+
+namespace {
+
+// lse is fp32 computed from exactly the bf16 inputs the CPU sees; it differs from the CPU value
+// only by fp32 summation order and the exp2 approximation (expected ~1e-5 absolute). It is a
+// log, so relative error is meaningless near 0; 1e-2 absolute is a 1% error in the softmax
+// normaliser of a row, the same order as the bf16 output bound, and catches any wrong row or
+// missing block of keys (those move lse by O(0.1) or more).
+constexpr double kLseMaxAbs = 1e-2;
+
+// dq and dk are identically zero when S = 1 (one key: dS = dP - delta = 0 exactly); the CPU
+// reference is then exactly 0 while the GPU computes dP and delta in different orders (~1e-7).
+// Relative errors are taken against max(||ref||, kAbsFloor * sqrt(n)): unchanged for every
+// nonzero reference here (gradients are O(1e-2..1) per element), an absolute per-element bound
+// of kAbsFloor * kBf16ParityRelL2 for a zero one.
+constexpr double kAbsFloor = 1e-3;
+
+double rel_l2_floored(const std::vector<double>& a, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size() && i < ref.size(); ++i) {
+    if (std::isnan(a[i]) != std::isnan(ref[i])) return INFINITY;
+    num += (a[i] - ref[i]) * (a[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  EXPECT_EQ(a.size(), ref.size());
+  const double floor = kAbsFloor * std::sqrt(static_cast<double>(ref.size()));
+  return std::sqrt(num) / std::max(std::sqrt(den), floor);
+}
+
+struct Case {
+  int64_t batch, seq, heads, kv_heads, dim;
+  AttentionMask mask;
+};
+
+std::string name_of(const Case& c) {
+  return "B=" + std::to_string(c.batch) + " S=" + std::to_string(c.seq) + " Hq=" +
+         std::to_string(c.heads) + " Hkv=" + std::to_string(c.kv_heads) + " D=" +
+         std::to_string(c.dim) + (c.mask == AttentionMask::Causal ? " causal" : " no-mask");
+}
+
+AttentionArgs args_of(const Case& c) {
+  return {.batch = c.batch,
+          .seq = c.seq,
+          .num_heads = c.heads,
+          .num_kv_heads = c.kv_heads,
+          .head_dim = c.dim,
+          .mask = c.mask,
+          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim)))};
+}
+
+Shape q_shape(const Case& c) { return {c.batch, c.seq, c.heads, c.dim}; }
+Shape kv_shape(const Case& c) { return {c.batch, c.seq, c.kv_heads, c.dim}; }
+Shape lse_shape(const Case& c) { return {c.batch, c.heads, c.seq}; }
+
+/// A device buffer full of NaN: any element a kernel does not write fails the comparison.
+Tensor poisoned(const Shape& shape, DType dtype, const Stream& cuda) {
+  return Tensor::from_floats(std::vector<float>(static_cast<size_t>(shape_numel(shape)),
+                                                std::numeric_limits<float>::quiet_NaN()),
+                             shape, dtype)
+      .to(Device::cuda(0), cuda);
+}
+
+enum class Kernel { Default, Simple };
+
+const char* kernel_name(Kernel k, const Case& c) {
+  if (k == Kernel::Simple) return "simple";
+  return c.dim == 64 || c.dim == 128 ? "flash" : "simple";
+}
+
+struct Errors {
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+  void keep_max(const Errors& e) {
+    out = std::max(out, e.out);
+    lse = std::max(lse, e.lse);
+    dq = std::max(dq, e.dq);
+    dk = std::max(dk, e.dk);
+    dv = std::max(dv, e.dv);
+  }
+};
+
+// Inputs fresh per case (seeded by the case), bf16-rounded once on the host so the CPU f32
+// reference and the CUDA kernels see identical numbers. q, k in [-2, 2): scores of std ~1.3, so
+// softmax rows are peaked enough that a wrong key or a missed mask shows.
+class AttentionCase {
+ public:
+  AttentionCase(const Case& c, uint64_t seed, const Stream& cuda) : c_(c), cuda_(cuda) {
+    const Tensor q = test::random_tensor(q_shape(c), seed, DType::BF16, -2.0f, 2.0f);
+    const Tensor k = test::random_tensor(kv_shape(c), seed + 1, DType::BF16, -2.0f, 2.0f);
+    const Tensor v = test::random_tensor(kv_shape(c), seed + 2, DType::BF16);
+    const Tensor dout = test::random_tensor(q_shape(c), seed + 3, DType::BF16);
+    const Stream cpu = Stream::cpu();
+    q32_ = q.to(Device::cpu(), DType::F32, cpu);
+    k32_ = k.to(Device::cpu(), DType::F32, cpu);
+    v32_ = v.to(Device::cpu(), DType::F32, cpu);
+    dout32_ = dout.to(Device::cpu(), DType::F32, cpu);
+    qd_ = q.to(Device::cuda(0), cuda);
+    kd_ = k.to(Device::cuda(0), cuda);
+    vd_ = v.to(Device::cuda(0), cuda);
+    doutd_ = dout.to(Device::cuda(0), cuda);
+    // CPU f32 reference.
+    const AttentionArgs a = args_of(c);
+    Tensor out = Tensor::empty(q_shape(c), DType::F32, cpu);
+    Tensor lse = Tensor::empty(lse_shape(c), DType::F32, cpu);
+    ops::attention_forward(q32_, k32_, v32_, out, lse, a, cpu);
+    Tensor dq = Tensor::empty(q_shape(c), DType::F32, cpu);
+    Tensor dk = Tensor::empty(kv_shape(c), DType::F32, cpu);
+    Tensor dv = Tensor::empty(kv_shape(c), DType::F32, cpu);
+    ops::attention_backward(dout32_, q32_, k32_, v32_, out, lse, dq, dk, dv, a, cpu);
+    ref_out_ = test::to_doubles(out);
+    ref_lse_ = test::to_doubles(lse);
+    ref_dq_ = test::to_doubles(dq);
+    ref_dk_ = test::to_doubles(dk);
+    ref_dv_ = test::to_doubles(dv);
+  }
+
+  Errors run(Kernel kernel) const {
+    const AttentionArgs a = args_of(c_);
+    Tensor out = poisoned(q_shape(c_), DType::BF16, cuda_);
+    Tensor lse = poisoned(lse_shape(c_), DType::F32, cuda_);
+    Tensor dq = poisoned(q_shape(c_), DType::BF16, cuda_);
+    Tensor dk = poisoned(kv_shape(c_), DType::BF16, cuda_);
+    Tensor dv = poisoned(kv_shape(c_), DType::BF16, cuda_);
+    if (kernel == Kernel::Default) {
+      ops::attention_forward(qd_, kd_, vd_, out, lse, a, cuda_);
+      ops::attention_backward(doutd_, qd_, kd_, vd_, out, lse, dq, dk, dv, a, cuda_);
+    } else {
+#if MEGADLM_WITH_CUDA
+      using ops::cuda::AttentionKernel;
+      ops::cuda::attention_forward_with(AttentionKernel::Simple, qd_, kd_, vd_, out, lse, a, cuda_);
+      ops::cuda::attention_backward_with(AttentionKernel::Simple, doutd_, qd_, kd_, vd_, out, lse,
+                                         dq, dk, dv, a, cuda_);
+#endif
+    }
+    Errors e;
+    e.out = test::rel_l2(test::to_doubles(out, cuda_), ref_out_);
+    const std::vector<double> l = test::to_doubles(lse, cuda_);
+    for (size_t i = 0; i < l.size(); ++i) {
+      e.lse = std::max(e.lse, std::isnan(l[i]) ? INFINITY : std::fabs(l[i] - ref_lse_[i]));
+    }
+    e.dq = rel_l2_floored(test::to_doubles(dq, cuda_), ref_dq_);
+    e.dk = rel_l2_floored(test::to_doubles(dk, cuda_), ref_dk_);
+    e.dv = rel_l2_floored(test::to_doubles(dv, cuda_), ref_dv_);
+    return e;
+  }
+
+ private:
+  Case c_;
+  Stream cuda_;
+  Tensor q32_, k32_, v32_, dout32_, qd_, kd_, vd_, doutd_;
+  std::vector<double> ref_out_, ref_lse_, ref_dq_, ref_dk_, ref_dv_;
+};
+
+void check_cases(const std::vector<Case>& cases, const std::vector<Kernel>& kernels,
+                 uint64_t seed) {
+  const Stream cuda = Stream::create(Device::cuda(0));
+  Errors worst;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const AttentionCase ac(c, seed += 10, cuda);
+    for (Kernel k : kernels) {
+      SCOPED_TRACE(kernel_name(k, c));
+      const Errors e = ac.run(k);
+      std::printf("[attention parity] %-36s %-6s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                  name_of(c).c_str(), kernel_name(k, c), e.out, e.lse, e.dq, e.dk, e.dv);
+      worst.keep_max(e);
+      // bf16 outputs: relative L2 bound of tolerances.h (bf16 rounding of each output plus of
+      // P and dS before the tensor-core products; fp32 accumulation in another order).
+      EXPECT_LT(e.out, test::kBf16ParityRelL2);
+      EXPECT_LT(e.lse, kLseMaxAbs);
+      EXPECT_LT(e.dq, test::kBf16ParityRelL2);
+      EXPECT_LT(e.dk, test::kBf16ParityRelL2);
+      EXPECT_LT(e.dv, test::kBf16ParityRelL2);
+    }
+  }
+  std::printf("[attention parity] worst over %zu cases: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+              cases.size(), worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
+}
+
+}  // namespace
+
+TEST(AttentionParity, FlashAndSimpleMatchCpuOnShortSequences) {
+  MDLM_REQUIRE_GPU();
+  // S = 1, 17, 64, 141: a single row, partial tiles, exactly one forward K tile pair, and more
+  // than one query/key tile with a ragged end (141 = 128 + 13).
+  std::vector<Case> cases;
+  for (int64_t dim : {64, 128})
+    for (int64_t seq : {1, 17, 64, 141})
+      for (int64_t batch : {1, 2})
+        for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{2, 2}, {6, 2}})
+          for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal})
+            cases.push_back({batch, seq, heads, kv_heads, dim, mask});
+  check_cases(cases, {Kernel::Default, Kernel::Simple}, 1000);
+}
+
+TEST(AttentionParity, FlashAndSimpleMatchCpuOnLongSequences) {
+  MDLM_REQUIRE_GPU();
+  // Many tiles: exact multiples (2048), ragged ends (300, 2047), GQA and MHA. Few heads so the
+  // CPU reference stays within seconds.
+  const std::vector<Case> cases = {
+      {1, 2048, 1, 1, 64, AttentionMask::None},  {1, 2048, 1, 1, 64, AttentionMask::Causal},
+      {1, 2048, 2, 1, 128, AttentionMask::None}, {1, 2048, 2, 1, 128, AttentionMask::Causal},
+      {1, 2047, 2, 2, 128, AttentionMask::Causal}, {1, 2047, 2, 1, 64, AttentionMask::None},
+      {2, 300, 4, 2, 128, AttentionMask::None},  {2, 300, 4, 2, 128, AttentionMask::Causal},
+  };
+  check_cases(cases, {Kernel::Default, Kernel::Simple}, 2000);
+}
+
+TEST(AttentionParity, SimplePathMatchesCpuForOtherHeadDims) {
+  MDLM_REQUIRE_GPU();
+  // Head dims the flash kernels do not take go through the simple path (public op); 256 is the
+  // largest it supports, 8 and 80 leave lanes idle, 33 is odd.
+  std::vector<Case> cases;
+  for (int64_t dim : {8, 33, 80, 96, 256})
+    for (int64_t seq : {17, 141})
+      for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal})
+        cases.push_back({2, seq, 4, 2, dim, mask});
+  check_cases(cases, {Kernel::Default}, 3000);
+}
+
+TEST(AttentionPerf, ReportsForwardAndBackwardThroughput) {
+  MDLM_REQUIRE_GPU();
+#if MEGADLM_WITH_CUDA
+  // Information for the engineer running the suite (no assertion on speed). FLOPs: forward
+  // 4 B H S^2 D (two matmuls), halved for causal; backward 2.5x the forward (five matmuls).
+  const Stream cuda = Stream::create(Device::cuda(0));
+  const cudaStream_t st = static_cast<cudaStream_t>(cuda.native());
+  for (int64_t dim : {128, 64}) {
+    for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal}) {
+      const Case c{4, 2048, 16, 16, dim, mask};
+      const AttentionArgs a = args_of(c);
+      auto upload = [&](const Shape& s, uint64_t seed, float lo, float hi) {
+        return test::random_tensor(s, seed, DType::BF16, lo, hi).to(Device::cuda(0), cuda);
+      };
+      const Tensor q = upload(q_shape(c), 11, -2.0f, 2.0f), k = upload(kv_shape(c), 12, -2.0f, 2.0f);
+      const Tensor v = upload(kv_shape(c), 13, -1.0f, 1.0f), dout = upload(q_shape(c), 14, -1.0f, 1.0f);
+      Tensor out = Tensor::empty(q_shape(c), DType::BF16, cuda);
+      Tensor lse = Tensor::empty(lse_shape(c), DType::F32, cuda);
+      Tensor dq = Tensor::empty(q_shape(c), DType::BF16, cuda);
+      Tensor dk = Tensor::empty(kv_shape(c), DType::BF16, cuda);
+      Tensor dv = Tensor::empty(kv_shape(c), DType::BF16, cuda);
+      auto fwd = [&] { ops::attention_forward(q, k, v, out, lse, a, cuda); };
+      auto bwd = [&] { ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, a, cuda); };
+      auto median_ms = [&](const std::function<void()>& f) {
+        for (int i = 0; i < 3; ++i) f();  // warm-up: module load, pool growth, clocks
+        constexpr int kIters = 20;
+        std::vector<float> ms(kIters);
+        cudaEvent_t start, stop;
+        EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
+        EXPECT_EQ(cudaEventCreate(&stop), cudaSuccess);
+        for (int i = 0; i < kIters; ++i) {
+          cudaEventRecord(start, st);
+          f();
+          cudaEventRecord(stop, st);
+          EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+          cudaEventElapsedTime(&ms[static_cast<size_t>(i)], start, stop);
+        }
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
+        std::sort(ms.begin(), ms.end());
+        return static_cast<double>(ms[kIters / 2]);
+      };
+      const double fwd_ms = median_ms(fwd);
+      const double bwd_ms = median_ms(bwd);
+      const double causal = mask == AttentionMask::Causal ? 0.5 : 1.0;
+      const double fwd_flops = 4.0 * c.batch * c.heads * c.seq * c.seq * c.dim * causal;
+      std::printf("[attention perf] %-36s forward %.3f ms %.1f TFLOP/s | backward %.3f ms %.1f "
+                  "TFLOP/s\n",
+                  name_of(c).c_str(), fwd_ms, fwd_flops / fwd_ms / 1e9, bwd_ms,
+                  2.5 * fwd_flops / bwd_ms / 1e9);
+      // The timed outputs are real results: spot-check that they are finite.
+      const std::vector<float> o = dq.to_floats(cuda);
+      EXPECT_TRUE(std::all_of(o.begin(), o.end(), [](float x) { return std::isfinite(x); }));
+    }
+  }
+#endif
+}
