@@ -5,7 +5,8 @@
 //
 // Shapes (contiguous): q [B, S, Hq, D]; k, v [B, S, Hkv, D]; out [B, S, Hq, D];
 // lse f32 [B, Hq, S] (natural log of sum_j exp(scale * q.k_j)). Query head h uses key/value
-// head h / (Hq / Hkv). D in {64, 128} on CUDA; any D on CPU.
+// head h / (Hq / Hkv). CUDA: D <= 256 (tensor-core flash kernels for D = 64 and 128, a simple
+// fp32 kernel otherwise); CPU: any D.
 // Accumulation: every output (out, lse, dq, dk, dv) is written.
 #pragma once
 #include "megadlm/core/stream.h"
