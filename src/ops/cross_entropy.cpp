@@ -14,7 +14,7 @@ void check_ce(const char* op, const Tensor& logits, const Tensor& targets, const
   detail::check_dtype(op, targets, DType::I32, "targets");
   detail::check_numel(op, targets, logits.rows(), "targets");
   detail::check_numel(op, losses, logits.rows(), "losses");
-  detail::check_dtype(op, losses, DType::F32, "losses");
+  detail::check_aux_float(op, losses, logits, "losses");
 }
 }  // namespace
 
@@ -31,7 +31,7 @@ void cross_entropy_forward_backward(Tensor& logits, const Tensor& targets, const
   detail::check_device("cross_entropy_forward_backward", stream, {&logits, &targets, &weights, &losses});
   check_ce("cross_entropy_forward_backward", logits, targets, losses);
   detail::check_numel("cross_entropy_forward_backward", weights, logits.rows(), "weights");
-  detail::check_dtype("cross_entropy_forward_backward", weights, DType::F32, "weights");
+  detail::check_aux_float("cross_entropy_forward_backward", weights, logits, "weights");
   if (stream.is_cuda())
     MDLM_CUDA_BACKEND(cuda::cross_entropy_forward_backward(logits, targets, weights, losses,
                                                            grad_scale, stream));

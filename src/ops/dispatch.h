@@ -39,6 +39,14 @@ inline void check_dtype(const char* op, const Tensor& t, DType d, const char* wh
   MDLM_CHECK(t.dtype() == d, op, ": ", what, " must be ", dtype_name(d), ", got ", t.str());
 }
 
+/// Auxiliary floats next to an activation (norm statistics, losses, loss weights): f32, and on
+/// CPU also the activation's own dtype, so that f64 gradient checks stay f64 end to end.
+inline void check_aux_float(const char* op, const Tensor& t, const Tensor& activation,
+                            const char* what) {
+  if (t.is_cpu() && t.dtype() == activation.dtype()) return;
+  check_dtype(op, t, DType::F32, what);
+}
+
 /// The activation dtype of a backend: f32 or f64 on CPU, bf16 (or f32) on CUDA.
 inline void check_float_activation(const char* op, const Tensor& t, const char* what) {
   if (t.is_cpu()) {

@@ -18,7 +18,7 @@ void check_common(const char* op, const Tensor& x, const Tensor& weight, const T
   MDLM_CHECK(other.numel() == x.numel() && other.dtype() == x.dtype(), op, ": ", other.str(),
              " must match x ", x.str());
   detail::check_numel(op, rstd, x.rows(), "rstd");
-  detail::check_dtype(op, rstd, DType::F32, "rstd");
+  detail::check_aux_float(op, rstd, x, "rstd");
 }
 }  // namespace
 

@@ -1,0 +1,148 @@
+// GEMM against a naive triple loop in double (all transposes, beta, bias, mixed output dtype), and
+// the linear-layer gradients that the model computes with GEMM against finite differences.
+#include <gtest/gtest.h>
+#include <cmath>
+#include "megadlm/ops/gemm.h"
+#include "megadlm/ops/reduce.h"
+#include "support/op_testing.h"
+#include "support/tolerances.h"
+
+using namespace megadlm;
+
+namespace {
+
+/// alpha * op(A) op(B) + beta * C0 + bias, with A/B stored as the gemm call sees them.
+std::vector<double> naive_gemm(const std::vector<double>& a, const std::vector<double>& b,
+                               const std::vector<double>& c0, const std::vector<double>* bias,
+                               int64_t m, int64_t n, int64_t k, bool ta, bool tb, double alpha,
+                               double beta) {
+  std::vector<double> c(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const double aik = ta ? a[static_cast<size_t>(kk * m + i)] : a[static_cast<size_t>(i * k + kk)];
+        const double bkj = tb ? b[static_cast<size_t>(j * k + kk)] : b[static_cast<size_t>(kk * n + j)];
+        s += aik * bkj;
+      }
+      double v = alpha * s + beta * c0[static_cast<size_t>(i * n + j)];
+      if (bias != nullptr) v += (*bias)[static_cast<size_t>(j)];
+      c[static_cast<size_t>(i * n + j)] = v;
+    }
+  }
+  return c;
+}
+
+/// Checks every (trans_a, trans_b, beta, bias) combination for one size and dtype against the
+/// naive loop.
+void check_all_combinations(int64_t m, int64_t n, int64_t k, DType dtype) {
+  Stream s = Stream::cpu();
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      for (float beta : {0.0f, 1.0f}) {
+        for (int with_bias = 0; with_bias < 2; ++with_bias) {
+          Tensor a = test::random_tensor(ta ? Shape{k, m} : Shape{m, k}, 11, dtype);
+          Tensor b = test::random_tensor(tb ? Shape{n, k} : Shape{k, n}, 12, dtype);
+          Tensor c = test::random_tensor({m, n}, 13, dtype);
+          Tensor bias = test::random_tensor({n}, 14, dtype);
+          const std::vector<double> c0 = test::to_doubles(c), bias_v = test::to_doubles(bias);
+          ops::GemmArgs args{.trans_a = ta == 1, .trans_b = tb == 1, .alpha = 0.75f, .beta = beta,
+                             .bias = with_bias ? &bias : nullptr};
+          ops::gemm(a, b, c, args, s);
+          const std::vector<double> expected =
+              naive_gemm(test::to_doubles(a), test::to_doubles(b), c0, with_bias ? &bias_v : nullptr,
+                         m, n, k, ta == 1, tb == 1, 0.75, beta);
+          EXPECT_LT(test::rel_l2(test::to_doubles(c), expected), dtype == DType::F64 ? 1e-14 : 1e-6)
+              << "trans_a=" << ta << " trans_b=" << tb << " beta=" << beta << " bias=" << with_bias;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(Gemm, AllTransposeCombinationsMatchANaiveTripleLoopInF64) {
+  check_all_combinations(5, 7, 9, DType::F64);
+  check_all_combinations(13, 3, 1, DType::F64);  // K = 1 and a row count that is not a multiple of the block
+}
+
+TEST(Gemm, AllTransposeCombinationsMatchANaiveTripleLoopInF32) {
+  // f32 inputs, double accumulation, one rounding at the store: ~6e-8 relative per element.
+  check_all_combinations(6, 10, 33, DType::F32);
+}
+
+TEST(Gemm, BetaZeroWritesCWithoutReadingIt) {
+  Stream s = Stream::cpu();
+  Tensor a = Tensor::from_floats({1, 2, 3, 4}, {2, 2});
+  Tensor b = Tensor::from_floats({1, 0, 0, 1}, {2, 2});
+  Tensor c = Tensor::from_floats({NAN, INFINITY, NAN, -INFINITY}, {2, 2});
+  ops::gemm(a, b, c, {}, s);
+  EXPECT_EQ(c.to_floats(s), (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST(Gemm, BetaOneAccumulatesIntoC) {
+  Stream s = Stream::cpu();
+  Tensor a = Tensor::from_floats({1, 2, 3, 4}, {2, 2});
+  Tensor b = Tensor::from_floats({1, 1, 1, 1}, {2, 2});
+  Tensor c = Tensor::from_floats({10, 20, 30, 40}, {2, 2});
+  ops::gemm(a, b, c, {.beta = 1.0f}, s);
+  EXPECT_EQ(c.to_floats(s), (std::vector<float>{13, 23, 37, 47}));
+  ops::gemm(a, b, c, {.beta = 1.0f}, s);
+  EXPECT_EQ(c.to_floats(s), (std::vector<float>{16, 26, 44, 54}));
+}
+
+TEST(Gemm, F64OperandsCanWriteAnF32Output) {
+  Stream s = Stream::cpu();
+  Tensor a = test::random_tensor({4, 6}, 1, DType::F64);
+  Tensor b = test::random_tensor({6, 3}, 2, DType::F64);
+  Tensor c32 = Tensor::zeros({4, 3}, DType::F32, s);
+  Tensor c64 = Tensor::zeros({4, 3}, DType::F64, s);
+  ops::gemm(a, b, c32, {}, s);
+  ops::gemm(a, b, c64, {}, s);
+  const std::vector<double> r32 = test::to_doubles(c32), r64 = test::to_doubles(c64);
+  for (size_t i = 0; i < r64.size(); ++i) EXPECT_EQ(r32[i], static_cast<double>(static_cast<float>(r64[i])));
+}
+
+TEST(Gemm, ALargerProductMatchesTheNaiveLoop) {
+  // Sizes of the hidden-256 test model's projections, f32 as in training.
+  Stream s = Stream::cpu();
+  const int64_t m = 37, n = 96, k = 64;
+  Tensor a = test::random_tensor({m, k}, 3);
+  Tensor b = test::random_tensor({n, k}, 4);
+  Tensor c = Tensor::empty({m, n}, DType::F32, s);
+  ops::gemm(a, b, c, {.trans_b = true}, s);
+  const std::vector<double> zeros(static_cast<size_t>(m * n), 0.0);
+  EXPECT_LT(test::rel_l2(test::to_doubles(c), naive_gemm(test::to_doubles(a), test::to_doubles(b),
+                                                          zeros, nullptr, m, n, k, false, true, 1, 0)),
+            1e-6);
+}
+
+// Y = X W^T + b (weight [out, in] as Megatron stores it); the backward a linear layer runs is
+// dX = dY W, dW += dY^T X, db += sum_rows(dY): three GEMM/reduce calls whose transposes must agree
+// with finite differences of L = <dY, Y>.
+TEST(Gemm, LinearLayerGradientsMatchFiniteDifferences) {
+  Stream s = Stream::cpu();
+  const int64_t tokens = 5, in = 4, out = 3;
+  Tensor x = test::random_tensor({tokens, in}, 21, DType::F64);
+  Tensor w = test::random_tensor({out, in}, 22, DType::F64);
+  Tensor bias = test::random_tensor({out}, 23, DType::F64);
+  Tensor dy = test::random_tensor({tokens, out}, 24, DType::F64);
+  Tensor y = Tensor::empty({tokens, out}, DType::F64, s);
+  auto loss = [&] {
+    ops::gemm(x, w, y, {.trans_b = true, .bias = &bias}, s);
+    return test::inner(dy, y);
+  };
+  Tensor dx = Tensor::empty({tokens, in}, DType::F64, s);
+  Tensor dw = Tensor::zeros({out, in}, DType::F64, s);
+  Tensor db = Tensor::zeros({out}, DType::F64, s);
+  ops::gemm(dy, w, dx, {}, s);
+  ops::gemm(dy, x, dw, {.trans_a = true, .beta = 1.0f}, s);
+  ops::sum_rows(dy, db, s);
+  EXPECT_LT(test::rel_l2(test::to_doubles(dx), test::finite_difference(x, loss)),
+            test::kFiniteDiffRelTolF64);
+  EXPECT_LT(test::rel_l2(test::to_doubles(dw), test::finite_difference(w, loss)),
+            test::kFiniteDiffRelTolF64);
+  EXPECT_LT(test::rel_l2(test::to_doubles(db), test::finite_difference(bias, loss)),
+            test::kFiniteDiffRelTolF64);
+}
