@@ -55,16 +55,41 @@ __global__ void embedding_keys_kernel(const int32_t* __restrict__ ids, uint32_t*
   positions[t] = static_cast<int32_t>(t);
 }
 
+// N consecutive floats at p, as float4 accesses when N is a multiple of 4 (the caller then
+// guarantees 16-byte alignment: hidden % 4 == 0 and 16-byte-aligned bases).
+template <int N>
+__device__ __forceinline__ void load_floats(const float* p, float (&v)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < N; k += 4) {
+      const float4 q = *reinterpret_cast<const float4*>(p + k);
+      v[k] = q.x, v[k + 1] = q.y, v[k + 2] = q.z, v[k + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = p[k];
+  }
+}
+
 template <int N>
 __device__ __forceinline__ void store_floats(float* p, const float (&v)[N]) {
+  if constexpr (N % 4 == 0) {
 #pragma unroll
-  for (int k = 0; k < N; ++k) p[k] = v[k];
+    for (int k = 0; k < N; k += 4)
+      *reinterpret_cast<float4*>(p + k) = make_float4(v[k], v[k + 1], v[k + 2], v[k + 3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) p[k] = v[k];
+  }
 }
 
 template <int N>
 __device__ __forceinline__ void add_floats(float* p, const float (&v)[N]) {
+  float old[N];
+  load_floats(p, old);
 #pragma unroll
-  for (int k = 0; k < N; ++k) p[k] += v[k];
+  for (int k = 0; k < N; ++k) old[k] += v[k];
+  store_floats(p, old);
 }
 
 /// Step 2 (see the file header). grid.x: chunks, grid.y: column stripes of kThreads * kVec.
@@ -136,12 +161,12 @@ embedding_backward_merge_kernel(const uint32_t* __restrict__ keys, const float* 
   if (key >= vocab) return;
   if (e == n || keys[e] != key) return;                  // the last run ends in this chunk
   if (s > 0 && keys[s] == key && keys[s - 1] == key) return;  // ...or started in an earlier one
-  float acc[kVec];
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) acc[k] = tail[c * hidden + j + k];
+  float acc[kVec], piece[kVec];
+  load_floats(tail + c * hidden + j, acc);
   for (int64_t d = c + 1;; ++d) {
+    load_floats(lead + d * hidden + j, piece);
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) acc[k] += lead[d * hidden + j + k];
+    for (int k = 0; k < kVec; ++k) acc[k] += piece[k];
     const int64_t end_d = (d + 1) * kChunk < n ? (d + 1) * kChunk : n;
     if (end_d == n || keys[end_d] != key) break;
   }

@@ -3,8 +3,9 @@
 // One thread owns kVec consecutive rotary pairs (i, i + rotary_dim/2) of one token for a group of
 // kHeadsPerThread heads: it computes inv_freq, theta = position * inv_freq and sincosf once and
 // applies them to every head of its group, so the transcendental work is shared by the heads.
-// Angles are fp32 as in rope.h: inv_freq = powf(base, -2i / rotary_dim), theta = p * inv_freq
-// (fp32 product), then full-range sincosf (no fast-math intrinsics: theta reaches thousands).
+// Angles are fp32 as in rope.h and the CPU reference: inv_freq = 1 / powf(base, 2i / rotary_dim),
+// theta = p * inv_freq (fp32 product), then full-range sincosf (no fast-math intrinsics: theta
+// reaches thousands of radians).
 // Elements past rotary_dim are left untouched. Backward rotates by -theta.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -37,7 +38,7 @@ rope_kernel(T* __restrict__ x, const int32_t* __restrict__ positions, int64_t to
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const float inv_freq =
-        powf(base, -static_cast<float>(2 * (i0 + k)) / static_cast<float>(rotary_dim));
+        1.0f / powf(base, static_cast<float>(2 * (i0 + k)) / static_cast<float>(rotary_dim));
     sincosf(p * inv_freq, &sn[k], &cs[k]);
     if (kBackward) sn[k] = -sn[k];
   }
