@@ -30,7 +30,7 @@ struct MaxSum {
 
 __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return MaxSum{m, 0.0f};  // both empty (or all -inf)
+  if (m == -INFINITY) return MaxSum{m, a.s + b.s};  // both empty: 0, or NaN carried along
   return MaxSum{m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
 }
 
@@ -43,7 +43,10 @@ __device__ __forceinline__ void accumulate(MaxSum& acc, const float (&v)[N]) {
     acc.s *= __expf(acc.m - pm);
     acc.m = pm;
   }
-  if (acc.m == -INFINITY) return;  // every value so far is -inf: nothing to add
+  if (acc.m == -INFINITY) {  // nothing finite yet: nothing to add, but a NaN must reach the loss
+    if (pm != pm) acc.s = NAN;
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < N; ++k) acc.s += __expf(v[k] - acc.m);
 }
