@@ -1,0 +1,783 @@
+// megadlm_bench: op benchmarks on one CUDA device, through the public ops:: API only.
+//
+//   megadlm_bench ops [--op NAME] [--out FILE]
+//
+// For every op (or the ones whose name contains NAME): first a small case run on CUDA and on the
+// CPU reference with the same bf16-rounded inputs (PASS/FAIL with the relative L2 error), then the
+// big case of the 1.7B model (T = 8192 tokens, hidden 2048, SwiGLU FFN 6144, vocabulary 50304,
+// 16 heads of 128; attention at B=4, H=16, S=2048, D=128) timed with CUDA events: warm-up, then
+// kReps repetitions each preceded (outside the timed region) by a write of a 256 MiB buffer so
+// that no input is served from L2, median reported. Matrix ops report TFLOP/s against the
+// measured bf16 GEMM ceiling, memory-bound ops GB/s (bytes each input is read once + each output
+// written once) against the measured copy bandwidth. A JSON line per op goes to --out; a table is
+// printed last. Exit codes: 0 all checks passed, 1 a check failed, 2 no device or bad usage.
+//
+// The one exception to "CUDA headers only under src/": this program times with cudaEvent_t, the
+// only way to time single launches of a few microseconds; nothing else here touches the runtime.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+#include <nlohmann/json.hpp>
+#include "megadlm/core/philox.h"
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/ops/activation.h"
+#include "megadlm/ops/attention.h"
+#include "megadlm/ops/cross_entropy.h"
+#include "megadlm/ops/dropout.h"
+#include "megadlm/ops/elementwise.h"
+#include "megadlm/ops/embedding.h"
+#include "megadlm/ops/gemm.h"
+#include "megadlm/ops/norm.h"
+#include "megadlm/ops/optimizer.h"
+#include "megadlm/ops/reduce.h"
+#include "megadlm/ops/rope.h"
+#if MEGADLM_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using namespace megadlm;
+
+// Ceilings measured on the benchmark H200 (see the task notes): cuBLASLt bf16 GEMM and a large
+// device-to-device copy counting bytes read plus bytes written.
+constexpr double kCeilingBf16Tflops = 811.0;
+constexpr double kCeilingCopyGBps = 4300.0;
+
+constexpr int kWarmup = 5;
+constexpr int kReps = 25;
+constexpr int64_t kFlushBytes = int64_t{256} << 20;  // > 50 MiB of L2, several times over
+
+// The 1.7B model.
+constexpr int64_t kTokens = 8192, kHidden = 2048, kFfn = 6144, kVocab = 50304;
+constexpr int64_t kHeads = 16, kHeadDim = 128;
+constexpr int64_t kParamsPerRank = 1'700'000'000 / 28;  // AdamW over one 28th of the parameters
+
+// ---- timing ---------------------------------------------------------------------------------
+
+#if MEGADLM_WITH_CUDA
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) MDLM_FAIL("megadlm_bench: ", what, ": ", cudaGetErrorString(e));
+}
+
+/// Median device time of fn over kReps launches, each bracketed by events on the op's stream.
+double median_ms(const Stream& stream, Tensor& flush, const std::function<void()>& fn) {
+  auto cs = static_cast<cudaStream_t>(stream.native());
+  cudaEvent_t start, stop;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  for (int i = 0; i < kWarmup; ++i) fn();
+  std::vector<double> times;
+  for (int i = 0; i < kReps; ++i) {
+    ops::fill(flush, static_cast<float>(i + 1), stream);  // evicts the inputs from L2
+    check_cuda(cudaEventRecord(start, cs), "cudaEventRecord");
+    fn();
+    check_cuda(cudaEventRecord(stop, cs), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+#else
+double median_ms(const Stream&, Tensor&, const std::function<void()>&) {
+  MDLM_FAIL("megadlm_bench: built without CUDA");
+}
+#endif
+
+// ---- data -----------------------------------------------------------------------------------
+
+uint64_t g_seed = 0;
+
+std::vector<float> bf16_values(int64_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::vector<float> v = std::vector<float>(static_cast<size_t>(n));
+  const PhiloxKey key = PhiloxKey::make(++g_seed, RngPurpose::MockData);
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = uniform_from_u32(philox(key, static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0, 0).w[0]);
+    v[static_cast<size_t>(i)] = round_to_bf16(lo + (hi - lo) * u);
+  }
+  return v;
+}
+
+/// A device tensor of random values in [lo, hi): 4 Mi host-drawn values uploaded once and
+/// tiled (drawing hundreds of millions on the host would dominate the run).
+Tensor random_device(const Shape& shape, DType dtype, const Stream& s, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::empty(shape, dtype, s);
+  const int64_t n = t.numel();
+  const int64_t block = std::min<int64_t>(n, int64_t{1} << 22);
+  if (n == 0) return t;
+  Tensor src = Tensor::from_floats(bf16_values(block, lo, hi), {block}, dtype).to(s.device(), s);
+  Tensor flat = t.view({n});
+  for (int64_t off = 0; off < n; off += block) {
+    const int64_t len = std::min(block, n - off);
+    Tensor dst = flat.slice_flat(off, {len});
+    copy_tensor(src.slice_flat(0, {len}), dst, s);
+  }
+  return t;
+}
+
+Tensor device_ints(const std::vector<int32_t>& v, const Stream& s) {
+  return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}).to(s.device(), s);
+}
+
+std::vector<int32_t> random_ints(int64_t n, int32_t bound) {
+  std::mt19937 rng(static_cast<uint32_t>(++g_seed));
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(bound));
+  return v;
+}
+
+/// Same values on both sides: a host f32 tensor for the CPU op, a device tensor in `dtype`.
+struct Pair {
+  Tensor host, dev;
+};
+
+Pair make_pair(const Shape& shape, DType dtype, const Stream& s, float lo = -1.0f, float hi = 1.0f) {
+  std::vector<float> v = bf16_values(shape_numel(shape), lo, hi);
+  Tensor host = Tensor::from_floats(v, shape);
+  return {host, Tensor::from_floats(v, shape, dtype).to(s.device(), s)};
+}
+
+/// Relative L2 error of a device result against a host f32 reference (inf on any NaN).
+double rel_err(const Tensor& dev, const Tensor& host, const Stream& s) {
+  const std::vector<float> a = dev.to_floats(s), b = host.to_floats(Stream::cpu());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// ---- the op table ---------------------------------------------------------------------------
+
+constexpr double kTolBf16 = 1e-2;  // bf16 outputs vs the f32 CPU reference (tests/support/tolerances.h)
+constexpr double kTolF32 = 1e-4;   // fp32 outputs (statistics, losses, weight gradients)
+
+struct Check {
+  double err = INFINITY;  ///< worst of the outputs' err / tol ratios, reported as err of that output
+  double tol = 0;
+  void add(double e, double t) {
+    if (tol == 0 || e / t > err / tol) {
+      err = e;
+      tol = t;
+    }
+  }
+  bool pass() const { return tol > 0 && err <= tol; }
+};
+
+struct OpBench {
+  std::string name;
+  std::string shape;  ///< the timed case, for the table
+  double flops = 0;   ///< per call, matrix ops
+  double bytes = 0;   ///< per call, memory-bound ops
+  std::function<Check(const Stream&)> check;
+  /// Allocates the big case and returns the call to time.
+  std::function<std::function<void()>(const Stream&)> setup;
+};
+
+struct GemmShape {
+  const char* name;
+  int64_t m, n, k;
+  bool ta, tb;
+  DType c;
+  float beta;
+};
+
+OpBench gemm_bench(const GemmShape& g) {
+  OpBench b;
+  b.name = std::string("gemm_") + g.name;
+  b.shape = detail::concat(g.m, "x", g.n, "x", g.k, g.ta ? " A^T" : "", g.tb ? " B^T" : "", " bf16->",
+                           dtype_name(g.c), g.beta != 0 ? " +=" : "");
+  b.flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  b.check = [g](const Stream& s) {
+    const int64_t m = 192, n = 320, k = 256;
+    Pair a = make_pair(g.ta ? Shape{k, m} : Shape{m, k}, DType::BF16, s);
+    Pair bb = make_pair(g.tb ? Shape{n, k} : Shape{k, n}, DType::BF16, s);
+    Pair c = make_pair({m, n}, g.c, s);
+    const ops::GemmArgs args{.trans_a = g.ta, .trans_b = g.tb, .beta = g.beta};
+    ops::gemm(a.dev, bb.dev, c.dev, args, s);
+    ops::gemm(a.host, bb.host, c.host, args, Stream::cpu());
+    Check r;
+    r.add(rel_err(c.dev, c.host, s), g.c == DType::BF16 ? kTolBf16 : kTolF32);
+    return r;
+  };
+  b.setup = [g](const Stream& s) -> std::function<void()> {
+    Tensor a = random_device(g.ta ? Shape{g.k, g.m} : Shape{g.m, g.k}, DType::BF16, s);
+    Tensor bb = random_device(g.tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, DType::BF16, s);
+    Tensor c = random_device({g.m, g.n}, g.c, s, -1e-3f, 1e-3f);
+    const ops::GemmArgs args{.trans_a = g.ta, .trans_b = g.tb, .beta = g.beta};
+    return [a, bb, c, args, &s]() mutable { ops::gemm(a, bb, c, args, s); };
+  };
+  return b;
+}
+
+std::vector<OpBench> gemm_benches() {
+  const int64_t T = kTokens, H = kHidden, QKV = 3 * kHidden, F1 = 2 * kFfn, F2 = kFfn, V = kVocab;
+  // Weights are stored [out, in] (Megatron): forward Y = X W^T, dgrad dX = dY W, wgrad dW += dY^T X.
+  const GemmShape shapes[] = {
+      {"qkv_fwd", T, QKV, H, false, true, DType::BF16, 0},  {"qkv_dgrad", T, H, QKV, false, false, DType::BF16, 0},
+      {"qkv_wgrad", QKV, H, T, true, false, DType::F32, 1},  {"proj_fwd", T, H, H, false, true, DType::BF16, 0},
+      {"proj_dgrad", T, H, H, false, false, DType::BF16, 0}, {"proj_wgrad", H, H, T, true, false, DType::F32, 1},
+      {"fc1_fwd", T, F1, H, false, true, DType::BF16, 0},    {"fc1_dgrad", T, H, F1, false, false, DType::BF16, 0},
+      {"fc1_wgrad", F1, H, T, true, false, DType::F32, 1},   {"fc2_fwd", T, H, F2, false, true, DType::BF16, 0},
+      {"fc2_dgrad", T, F2, H, false, false, DType::BF16, 0}, {"fc2_wgrad", H, F2, T, true, false, DType::F32, 1},
+      {"logits_fwd", T, V, H, false, true, DType::BF16, 0},  {"logits_dgrad", T, H, V, false, false, DType::BF16, 0},
+      {"logits_wgrad", V, H, T, true, false, DType::F32, 1},
+      {"square_4096", 4096, 4096, 4096, false, false, DType::BF16, 0}};
+  std::vector<OpBench> out;
+  for (const GemmShape& g : shapes) out.push_back(gemm_bench(g));
+  return out;
+}
+
+std::vector<OpBench> norm_benches() {
+  const int64_t T = kTokens, H = kHidden;
+  const double act = static_cast<double>(T * H) * 2;  // one bf16 [T, H] tensor
+  std::vector<OpBench> out;
+  const float eps = 1e-5f;
+  for (bool layer : {false, true}) {
+    const std::string fam = layer ? "layer_norm" : "rms_norm";
+    OpBench f;
+    f.name = fam + "_fwd";
+    f.shape = "[8192, 2048] bf16";
+    f.bytes = 2 * act + (layer ? 4.0 : 2.0) * H + (layer ? 8.0 : 4.0) * T;
+    f.check = [layer, eps](const Stream& s) {
+      const int64_t r = 301, c = 2048;
+      Pair x = make_pair({r, c}, DType::BF16, s), w = make_pair({c}, DType::BF16, s, 0.5f, 1.5f);
+      Pair b = make_pair({c}, DType::BF16, s), y = make_pair({r, c}, DType::BF16, s);
+      Pair mean = make_pair({r}, DType::F32, s), rstd = make_pair({r}, DType::F32, s);
+      if (layer) {
+        ops::layer_norm_forward(x.dev, w.dev, b.dev, y.dev, mean.dev, rstd.dev, eps, s);
+        ops::layer_norm_forward(x.host, w.host, b.host, y.host, mean.host, rstd.host, eps, Stream::cpu());
+      } else {
+        ops::rms_norm_forward(x.dev, w.dev, y.dev, rstd.dev, eps, s);
+        ops::rms_norm_forward(x.host, w.host, y.host, rstd.host, eps, Stream::cpu());
+      }
+      Check k;
+      k.add(rel_err(y.dev, y.host, s), kTolBf16);
+      k.add(rel_err(rstd.dev, rstd.host, s), kTolF32);
+      return k;
+    };
+    f.setup = [layer, eps, T, H](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({T, H}, DType::BF16, s), w = random_device({H}, DType::BF16, s);
+      Tensor b = random_device({H}, DType::BF16, s), y = Tensor::empty({T, H}, DType::BF16, s);
+      Tensor mean = Tensor::empty({T}, DType::F32, s), rstd = Tensor::empty({T}, DType::F32, s);
+      return [=, &s]() mutable {
+        if (layer) ops::layer_norm_forward(x, w, b, y, mean, rstd, eps, s);
+        else ops::rms_norm_forward(x, w, y, rstd, eps, s);
+      };
+    };
+    out.push_back(f);
+
+    OpBench g;
+    g.name = fam + "_bwd";
+    g.shape = "[8192, 2048] bf16";
+    g.bytes = 3 * act + 2.0 * H + (layer ? 8.0 : 4.0) * T + (layer ? 16.0 : 8.0) * H;
+    g.check = [layer](const Stream& s) {
+      const int64_t r = 301, c = 2048;
+      Pair x = make_pair({r, c}, DType::BF16, s), w = make_pair({c}, DType::BF16, s, 0.5f, 1.5f);
+      Pair dy = make_pair({r, c}, DType::BF16, s), dx = make_pair({r, c}, DType::BF16, s);
+      Pair mean = make_pair({r}, DType::F32, s, -0.1f, 0.1f), rstd = make_pair({r}, DType::F32, s, 0.5f, 2.0f);
+      Pair dw = make_pair({c}, DType::F32, s), db = make_pair({c}, DType::F32, s);
+      if (layer) {
+        ops::layer_norm_backward(dy.dev, x.dev, w.dev, mean.dev, rstd.dev, dx.dev, dw.dev, db.dev, s);
+        ops::layer_norm_backward(dy.host, x.host, w.host, mean.host, rstd.host, dx.host, dw.host,
+                                 db.host, Stream::cpu());
+      } else {
+        ops::rms_norm_backward(dy.dev, x.dev, w.dev, rstd.dev, dx.dev, dw.dev, s);
+        ops::rms_norm_backward(dy.host, x.host, w.host, rstd.host, dx.host, dw.host, Stream::cpu());
+      }
+      Check k;
+      k.add(rel_err(dx.dev, dx.host, s), kTolBf16);
+      k.add(rel_err(dw.dev, dw.host, s), kTolF32);
+      if (layer) k.add(rel_err(db.dev, db.host, s), kTolF32);
+      return k;
+    };
+    g.setup = [layer, T, H](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({T, H}, DType::BF16, s), w = random_device({H}, DType::BF16, s);
+      Tensor dy = random_device({T, H}, DType::BF16, s), dx = Tensor::empty({T, H}, DType::BF16, s);
+      Tensor mean = random_device({T}, DType::F32, s, -0.1f, 0.1f);
+      Tensor rstd = random_device({T}, DType::F32, s, 0.5f, 2.0f);
+      Tensor dw = Tensor::zeros({H}, DType::F32, s), db = Tensor::zeros({H}, DType::F32, s);
+      return [=, &s]() mutable {
+        if (layer) ops::layer_norm_backward(dy, x, w, mean, rstd, dx, dw, db, s);
+        else ops::rms_norm_backward(dy, x, w, rstd, dx, dw, s);
+      };
+    };
+    out.push_back(g);
+  }
+  return out;
+}
+
+std::vector<OpBench> rope_benches() {
+  std::vector<OpBench> out;
+  const ops::RopeArgs args{.heads = kHeads, .head_dim = kHeadDim, .rotary_dim = kHeadDim};
+  for (bool backward : {false, true}) {
+    OpBench b;
+    b.name = backward ? "rope_bwd" : "rope_fwd";
+    b.shape = "q [8192, 16, 128] bf16, in place";
+    b.bytes = 2.0 * kTokens * kHeads * kHeadDim * 2 + 4.0 * kTokens;
+    b.check = [args, backward](const Stream& s) {
+      const int64_t t = 97;
+      Pair x = make_pair({t, kHeads, kHeadDim}, DType::BF16, s);
+      const std::vector<int32_t> pos = random_ints(t, 8192);
+      Tensor ph = Tensor::from_ints(pos, {t}), pd = device_ints(pos, s);
+      if (backward) {
+        ops::rope_backward(x.dev, pd, args, s);
+        ops::rope_backward(x.host, ph, args, Stream::cpu());
+      } else {
+        ops::rope_forward(x.dev, pd, args, s);
+        ops::rope_forward(x.host, ph, args, Stream::cpu());
+      }
+      Check k;
+      k.add(rel_err(x.dev, x.host, s), kTolBf16);
+      return k;
+    };
+    b.setup = [args, backward](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({kTokens, kHeads, kHeadDim}, DType::BF16, s);
+      std::vector<int32_t> pos(static_cast<size_t>(kTokens));
+      for (int64_t t = 0; t < kTokens; ++t) pos[static_cast<size_t>(t)] = static_cast<int32_t>(t % 2048);
+      Tensor p = device_ints(pos, s);
+      return [=, &s]() mutable {
+        if (backward) ops::rope_backward(x, p, args, s);
+        else ops::rope_forward(x, p, args, s);
+      };
+    };
+    out.push_back(b);
+  }
+  return out;
+}
+
+std::vector<OpBench> activation_benches() {
+  std::vector<OpBench> out;
+  const int64_t T = kTokens, F = kFfn;
+  for (bool backward : {false, true}) {
+    OpBench b;
+    b.name = backward ? "swiglu_bwd" : "swiglu_fwd";
+    b.shape = "[8192, 12288] -> [8192, 6144] bf16";
+    b.bytes = backward ? 2.0 * (T * F + 2 * T * 2 * F) : 2.0 * (T * 2 * F + T * F);
+    b.check = [backward](const Stream& s) {
+      const int64_t r = 77, f = 1536;
+      Pair x = make_pair({r, 2 * f}, DType::BF16, s, -4, 4);
+      Check k;
+      if (backward) {
+        Pair dy = make_pair({r, f}, DType::BF16, s), dx = make_pair({r, 2 * f}, DType::BF16, s);
+        ops::swiglu_backward(dy.dev, x.dev, dx.dev, s);
+        ops::swiglu_backward(dy.host, x.host, dx.host, Stream::cpu());
+        k.add(rel_err(dx.dev, dx.host, s), kTolBf16);
+      } else {
+        Pair y = make_pair({r, f}, DType::BF16, s);
+        ops::swiglu_forward(x.dev, y.dev, s);
+        ops::swiglu_forward(x.host, y.host, Stream::cpu());
+        k.add(rel_err(y.dev, y.host, s), kTolBf16);
+      }
+      return k;
+    };
+    b.setup = [backward, T, F](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({T, 2 * F}, DType::BF16, s, -4, 4);
+      Tensor y = Tensor::empty({T, F}, DType::BF16, s);
+      Tensor dy = random_device({T, F}, DType::BF16, s), dx = Tensor::empty({T, 2 * F}, DType::BF16, s);
+      return [=, &s]() mutable {
+        if (backward) ops::swiglu_backward(dy, x, dx, s);
+        else ops::swiglu_forward(x, y, s);
+      };
+    };
+    out.push_back(b);
+  }
+  return out;
+}
+
+std::vector<OpBench> cross_entropy_benches() {
+  std::vector<OpBench> out;
+  const int64_t T = kTokens, V = kVocab;
+  for (bool backward : {false, true}) {
+    OpBench b;
+    b.name = backward ? "cross_entropy_fwd_bwd" : "cross_entropy_fwd";
+    b.shape = "[8192, 50304] bf16";
+    b.bytes = (backward ? 4.0 : 2.0) * T * V + 12.0 * T;
+    b.check = [backward](const Stream& s) {
+      const int64_t t = 33, v = 50304;
+      Pair logits = make_pair({t, v}, DType::BF16, s, -8, 8);
+      const std::vector<int32_t> tg = random_ints(t, static_cast<int32_t>(v));
+      Tensor th = Tensor::from_ints(tg, {t}), td = device_ints(tg, s);
+      Pair losses = make_pair({t}, DType::F32, s), w = make_pair({t}, DType::F32, s, 0, 1);
+      Check k;
+      if (backward) {
+        ops::cross_entropy_forward_backward(logits.dev, td, w.dev, losses.dev, 0.5f, s);
+        ops::cross_entropy_forward_backward(logits.host, th, w.host, losses.host, 0.5f, Stream::cpu());
+        k.add(rel_err(logits.dev, logits.host, s), kTolBf16);
+      } else {
+        ops::cross_entropy_forward(logits.dev, td, losses.dev, s);
+        ops::cross_entropy_forward(logits.host, th, losses.host, Stream::cpu());
+      }
+      k.add(rel_err(losses.dev, losses.host, s), kTolF32);
+      return k;
+    };
+    b.setup = [backward, T, V](const Stream& s) -> std::function<void()> {
+      Tensor logits = random_device({T, V}, DType::BF16, s, -8, 8);
+      Tensor targets = device_ints(random_ints(T, static_cast<int32_t>(V)), s);
+      Tensor w = random_device({T}, DType::F32, s, 0, 1), losses = Tensor::empty({T}, DType::F32, s);
+      return [=, &s]() mutable {
+        if (backward) ops::cross_entropy_forward_backward(logits, targets, w, losses, 1.0f / T, s);
+        else ops::cross_entropy_forward(logits, targets, losses, s);
+      };
+    };
+    out.push_back(b);
+  }
+  return out;
+}
+
+std::vector<OpBench> optimizer_benches() {
+  OpBench b;
+  b.name = "adamw";
+  b.shape = "1.7e9/28 f32 + bf16 param";
+  b.bytes = static_cast<double>(kParamsPerRank) * (4 * 4 + 3 * 4 + 2);
+  const ops::AdamWArgs args{.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .weight_decay = 0.1f, .step = 10};
+  b.check = [args](const Stream& s) {
+    const int64_t n = 100003;
+    Pair p = make_pair({n}, DType::F32, s), g = make_pair({n}, DType::F32, s, -1e-2f, 1e-2f);
+    Pair m = make_pair({n}, DType::F32, s, -1e-3f, 1e-3f), v = make_pair({n}, DType::F32, s, 0, 1e-5f);
+    Pair param = make_pair({n}, DType::BF16, s);
+    ops::adamw_step(p.dev, g.dev, m.dev, v.dev, param.dev, args, s);
+    ops::adamw_step(p.host, g.host, m.host, v.host, param.host, args, Stream::cpu());
+    Check k;
+    k.add(rel_err(p.dev, p.host, s), 1e-6);
+    k.add(rel_err(v.dev, v.host, s), 1e-6);
+    k.add(rel_err(param.dev, param.host, s), kTolBf16);
+    return k;
+  };
+  b.setup = [args](const Stream& s) -> std::function<void()> {
+    const int64_t n = kParamsPerRank;
+    Tensor p = random_device({n}, DType::F32, s), g = random_device({n}, DType::F32, s, -1e-2f, 1e-2f);
+    Tensor m = random_device({n}, DType::F32, s, -1e-3f, 1e-3f), v = random_device({n}, DType::F32, s, 0, 1e-5f);
+    Tensor param = Tensor::empty({n}, DType::BF16, s);
+    return [=, &s]() mutable { ops::adamw_step(p, g, m, v, param, args, s); };
+  };
+  return {b};
+}
+
+std::vector<OpBench> embedding_benches() {
+  std::vector<OpBench> out;
+  const int64_t T = kTokens, H = kHidden, V = kVocab;
+  const std::vector<int32_t> ids = random_ints(T, static_cast<int32_t>(V));
+  const double unique = static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size());
+  for (bool backward : {false, true}) {
+    OpBench b;
+    b.name = backward ? "embedding_bwd" : "embedding_fwd";
+    b.shape = "ids [8192] x [50304, 2048] bf16";
+    b.bytes = backward ? 2.0 * T * H + 8.0 * unique * H + 4.0 * T : 4.0 * T * H + 4.0 * T;
+    b.check = [backward](const Stream& s) {
+      const int64_t t = 2000, v = 500, h = 256;
+      const std::vector<int32_t> small = random_ints(t, static_cast<int32_t>(v));
+      Tensor ih = Tensor::from_ints(small, {t}), id = device_ints(small, s);
+      Check k;
+      if (backward) {
+        Pair dout = make_pair({t, h}, DType::BF16, s), dw = make_pair({v, h}, DType::F32, s);
+        ops::embedding_backward(id, dout.dev, dw.dev, 0, s);
+        ops::embedding_backward(ih, dout.host, dw.host, 0, Stream::cpu());
+        k.add(rel_err(dw.dev, dw.host, s), kTolF32);
+      } else {
+        Pair w = make_pair({v, h}, DType::BF16, s), o = make_pair({t, h}, DType::BF16, s);
+        ops::embedding_forward(w.dev, id, o.dev, 0, s);
+        ops::embedding_forward(w.host, ih, o.host, 0, Stream::cpu());
+        k.add(rel_err(o.dev, o.host, s), kTolBf16);
+      }
+      return k;
+    };
+    b.setup = [backward, ids, T, H, V](const Stream& s) -> std::function<void()> {
+      Tensor id = device_ints(ids, s);
+      if (backward) {
+        Tensor dout = random_device({T, H}, DType::BF16, s), dw = Tensor::zeros({V, H}, DType::F32, s);
+        return [=, &s]() mutable { ops::embedding_backward(id, dout, dw, 0, s); };
+      }
+      Tensor w = random_device({V, H}, DType::BF16, s), o = Tensor::empty({T, H}, DType::BF16, s);
+      return [=, &s]() mutable { ops::embedding_forward(w, id, o, 0, s); };
+    };
+    out.push_back(b);
+  }
+  return out;
+}
+
+std::vector<OpBench> elementwise_benches() {
+  std::vector<OpBench> out;
+  const int64_t T = kTokens, H = kHidden;
+  const double act = 2.0 * T * H;
+  {
+    OpBench b;
+    b.name = "dropout_add_fwd";
+    b.shape = "[8192, 2048] bf16 p=0.1";
+    b.bytes = 3 * act;
+    const ops::DropoutArgs args{.p = 0.1f, .seed = 5, .site = 1, .seq_len = 2048};
+    b.check = [args](const Stream& s) {
+      Pair x = make_pair({300, 2048}, DType::BF16, s), r = make_pair({300, 2048}, DType::BF16, s);
+      Pair o = make_pair({300, 2048}, DType::BF16, s);
+      ops::dropout_add_forward(x.dev, r.dev, o.dev, args, s);
+      ops::dropout_add_forward(x.host, r.host, o.host, args, Stream::cpu());
+      Check k;
+      k.add(rel_err(o.dev, o.host, s), kTolBf16);
+      return k;
+    };
+    b.setup = [args, T, H](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({T, H}, DType::BF16, s), r = random_device({T, H}, DType::BF16, s);
+      Tensor o = Tensor::empty({T, H}, DType::BF16, s);
+      return [=, &s]() mutable { ops::dropout_add_forward(x, r, o, args, s); };
+    };
+    out.push_back(b);
+  }
+  {
+    OpBench b;
+    b.name = "add";
+    b.shape = "[8192, 2048] bf16";
+    b.bytes = 3 * act;
+    b.check = [](const Stream& s) {
+      Pair x = make_pair({1000, 333}, DType::BF16, s), y = make_pair({1000, 333}, DType::BF16, s);
+      Pair o = make_pair({1000, 333}, DType::BF16, s);
+      ops::add(x.dev, y.dev, o.dev, s);
+      ops::add(x.host, y.host, o.host, Stream::cpu());
+      Check k;
+      k.add(rel_err(o.dev, o.host, s), kTolBf16);
+      return k;
+    };
+    b.setup = [T, H](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({T, H}, DType::BF16, s), y = random_device({T, H}, DType::BF16, s);
+      Tensor o = Tensor::empty({T, H}, DType::BF16, s);
+      return [=, &s]() mutable { ops::add(x, y, o, s); };
+    };
+    out.push_back(b);
+  }
+  {
+    OpBench b;
+    b.name = "sum_squares";
+    b.shape = "1.7e9/28 f32 (grad norm)";
+    b.bytes = 4.0 * kParamsPerRank;
+    b.check = [](const Stream& s) {
+      Pair x = make_pair({1000003}, DType::F32, s), o = make_pair({1}, DType::F32, s);
+      ops::sum_squares(x.dev, o.dev, s);
+      ops::sum_squares(x.host, o.host, Stream::cpu());
+      Check k;
+      k.add(rel_err(o.dev, o.host, s), kTolF32);
+      return k;
+    };
+    b.setup = [](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({kParamsPerRank}, DType::F32, s), o = Tensor::zeros({1}, DType::F32, s);
+      return [=, &s]() mutable { ops::sum_squares(x, o, s); };
+    };
+    out.push_back(b);
+  }
+  {
+    OpBench b;
+    b.name = "copy_f32_to_bf16";
+    b.shape = "1.7e9/28 (master -> param)";
+    b.bytes = 6.0 * kParamsPerRank;
+    b.check = [](const Stream& s) {
+      Pair x = make_pair({100003}, DType::F32, s), o = make_pair({100003}, DType::BF16, s);
+      ops::copy(x.dev, o.dev, s);
+      Check k;
+      k.add(rel_err(o.dev, x.host, s), kTolBf16);
+      return k;
+    };
+    b.setup = [](const Stream& s) -> std::function<void()> {
+      Tensor x = random_device({kParamsPerRank}, DType::F32, s);
+      Tensor o = Tensor::empty({kParamsPerRank}, DType::BF16, s);
+      return [=, &s]() mutable { ops::copy(x, o, s); };
+    };
+    out.push_back(b);
+  }
+  return out;
+}
+
+std::vector<OpBench> attention_benches() {
+  std::vector<OpBench> out;
+  const int64_t B = 4, H = 16, S = 2048, D = 128;
+  for (ops::AttentionMask mask : {ops::AttentionMask::None, ops::AttentionMask::Causal}) {
+    const bool causal = mask == ops::AttentionMask::Causal;
+    // Two matrix products of 2*S*S*D flops per head forward, five backward (2.5x); causal halves.
+    const double fwd_flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+    for (bool backward : {false, true}) {
+      OpBench b;
+      b.name = detail::concat("attention_", backward ? "bwd" : "fwd", causal ? "_causal" : "");
+      b.shape = "B=4 H=16 S=2048 D=128 bf16";
+      b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
+      b.check = [mask, backward](const Stream& s) {
+        const int64_t bs = 1, hs = 2, ss = 128, ds = 128;
+        const ops::AttentionArgs a{.batch = bs, .seq = ss, .num_heads = hs, .num_kv_heads = hs,
+                                   .head_dim = ds, .mask = mask,
+                                   .softmax_scale = 1.0f / std::sqrt(static_cast<float>(ds))};
+        const Shape qs{bs, ss, hs, ds};
+        Pair q = make_pair(qs, DType::BF16, s), k = make_pair(qs, DType::BF16, s), v = make_pair(qs, DType::BF16, s);
+        Pair o = make_pair(qs, DType::BF16, s), lse = make_pair({bs, hs, ss}, DType::F32, s);
+        ops::attention_forward(q.dev, k.dev, v.dev, o.dev, lse.dev, a, s);
+        ops::attention_forward(q.host, k.host, v.host, o.host, lse.host, a, Stream::cpu());
+        Check c;
+        c.add(rel_err(o.dev, o.host, s), kTolBf16);
+        c.add(rel_err(lse.dev, lse.host, s), kTolF32);
+        if (backward) {
+          Pair dout = make_pair(qs, DType::BF16, s);
+          Pair dq = make_pair(qs, DType::BF16, s), dk = make_pair(qs, DType::BF16, s), dv = make_pair(qs, DType::BF16, s);
+          // Both backwards from the CPU forward's out and lse, so that only the backward differs.
+          Tensor o_dev = o.host.to(s.device(), DType::BF16, s), lse_dev = lse.host.to(s.device(), s);
+          ops::attention_backward(dout.dev, q.dev, k.dev, v.dev, o_dev, lse_dev, dq.dev, dk.dev, dv.dev, a, s);
+          ops::attention_backward(dout.host, q.host, k.host, v.host, o.host, lse.host, dq.host, dk.host,
+                                  dv.host, a, Stream::cpu());
+          c.add(rel_err(dq.dev, dq.host, s), kTolBf16);
+          c.add(rel_err(dk.dev, dk.host, s), kTolBf16);
+          c.add(rel_err(dv.dev, dv.host, s), kTolBf16);
+        }
+        return c;
+      };
+      b.setup = [mask, backward](const Stream& s) -> std::function<void()> {
+        const ops::AttentionArgs a{.batch = B, .seq = S, .num_heads = H, .num_kv_heads = H,
+                                   .head_dim = D, .mask = mask,
+                                   .softmax_scale = 1.0f / std::sqrt(static_cast<float>(D))};
+        const Shape qs{B, S, H, D};
+        Tensor q = random_device(qs, DType::BF16, s), k = random_device(qs, DType::BF16, s);
+        Tensor v = random_device(qs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
+        Tensor lse = Tensor::empty({B, H, S}, DType::F32, s);
+        ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
+        Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
+        Tensor dk = Tensor::empty(qs, DType::BF16, s), dv = Tensor::empty(qs, DType::BF16, s);
+        return [=, &s]() mutable {
+          if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
+          else ops::attention_forward(q, k, v, o, lse, a, s);
+        };
+      };
+      out.push_back(b);
+    }
+  }
+  return out;
+}
+
+std::vector<OpBench> all_benches() {
+  std::vector<OpBench> all;
+  for (auto&& group : {gemm_benches(), norm_benches(), rope_benches(), activation_benches(),
+                       cross_entropy_benches(), optimizer_benches(), embedding_benches(),
+                       elementwise_benches(), attention_benches()})
+    all.insert(all.end(), group.begin(), group.end());
+  return all;
+}
+
+// ---- driver ---------------------------------------------------------------------------------
+
+struct Result {
+  std::string name, shape, check = "ERROR", note;
+  double err = NAN, tol = NAN, ms = NAN, rate = NAN, pct = NAN;
+  bool matrix = false;
+};
+
+int usage(const char* argv0) {
+  std::fprintf(stderr, "usage: %s ops [--op NAME] [--out FILE]\n"
+                       "  --op NAME  only the ops whose name contains NAME (e.g. gemm, rms_norm_bwd)\n"
+                       "  --out FILE append one JSON line per op to FILE\n", argv0);
+  return 2;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "ops") != 0) return usage(argv[0]);
+  std::string filter, out_path;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--op") == 0 && i + 1 < argc) filter = argv[++i];
+    else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
+    else return usage(argv[0]);
+  }
+  if (cuda_device_count() == 0) {
+    std::fprintf(stderr, "megadlm_bench: no CUDA device visible\n");
+    return 2;
+  }
+  g_seed = std::random_device{}();
+  std::printf("megadlm_bench ops: seed %llu, %d warm-up + %d timed runs (median), L2 flushed before each\n",
+              static_cast<unsigned long long>(g_seed), kWarmup, kReps);
+  Stream stream = Stream::create(Device::cuda(0));
+  Tensor flush = Tensor::empty({kFlushBytes / 4}, DType::F32, stream);
+  std::ofstream out_file;
+  if (!out_path.empty()) {
+    out_file.open(out_path, std::ios::app);
+    MDLM_CHECK(out_file.good(), "megadlm_bench: cannot open --out ", out_path);
+  }
+
+  std::vector<Result> results;
+  bool all_pass = true;
+  for (const OpBench& op : all_benches()) {
+    if (!filter.empty() && op.name.find(filter) == std::string::npos) continue;
+    Result r;
+    r.name = op.name;
+    r.shape = op.shape;
+    r.matrix = op.flops > 0;
+    try {
+      const Check c = op.check(stream);
+      r.err = c.err;
+      r.tol = c.tol;
+      r.check = c.pass() ? "PASS" : "FAIL";
+    } catch (const std::exception& e) {
+      r.note = e.what();
+    }
+    if (r.check != "PASS") all_pass = false;
+    try {
+      std::function<void()> fn = op.setup(stream);
+      r.ms = median_ms(stream, flush, fn);
+      if (r.matrix) {
+        r.rate = op.flops / (r.ms * 1e-3) / 1e12;
+        r.pct = 100.0 * r.rate / kCeilingBf16Tflops;
+      } else {
+        r.rate = op.bytes / (r.ms * 1e-3) / 1e9;
+        r.pct = 100.0 * r.rate / kCeilingCopyGBps;
+      }
+    } catch (const std::exception& e) {
+      if (!r.note.empty()) r.note += "; ";
+      r.note += std::string("timing: ") + e.what();
+    }
+    stream.synchronize();
+    std::printf("%-24s %-5s err %.2e (tol %.0e)  %9.4f ms  %8.1f %s  %5.1f%%  %s\n", r.name.c_str(),
+                r.check.c_str(), r.err, r.tol, r.ms, r.rate, r.matrix ? "TFLOP/s" : "GB/s   ", r.pct,
+                r.note.c_str());
+    std::fflush(stdout);
+    if (out_file.is_open()) {
+      nlohmann::json j = {{"op", r.name},          {"shape", r.shape},   {"check", r.check},
+                          {"check_rel_err", r.err}, {"check_tol", r.tol}, {"median_ms", r.ms},
+                          {"reps", kReps},          {"pct_of_ceiling", r.pct}};
+      if (r.matrix) {
+        j["tflops"] = r.rate;
+        j["ceiling_tflops"] = kCeilingBf16Tflops;
+      } else {
+        j["gbps"] = r.rate;
+        j["ceiling_gbps"] = kCeilingCopyGBps;
+      }
+      if (!r.note.empty()) j["note"] = r.note;
+      out_file << j.dump() << "\n";
+    }
+    results.push_back(r);
+  }
+
+  std::printf("\n%-24s %-36s %-5s %9s %10s %12s %7s\n", "op", "timed case", "check", "rel_err",
+              "median ms", "rate", "%ceil");
+  for (const Result& r : results) {
+    std::printf("%-24s %-36s %-5s %9.2e %10.4f %8.1f %-7s %5.1f%%\n", r.name.c_str(), r.shape.c_str(),
+                r.check.c_str(), r.err, r.ms, r.rate, r.matrix ? "TFLOP/s" : "GB/s", r.pct);
+  }
+  std::printf("ceilings: %.0f TFLOP/s bf16 GEMM, %.0f GB/s copy (measured on the H200)\n",
+              kCeilingBf16Tflops, kCeilingCopyGBps);
+  return all_pass ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "megadlm_bench: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,247 @@
+// Matrix products on CUDA through cuBLASLt (host code only; kernels it needs live elsewhere).
+//
+// Row-major to column-major: a row-major X[r, c] is, byte for byte, the column-major X^T[c, r].
+// So C[M,N] = op(A)[M,K] op(B)[K,N] is computed as the column-major product
+//   C^T[N,M] = op(B)^T[N,K] * op(A)^T[K,M]
+// i.e. cuBLASLt's "A" is our B and its "B" is our A, each described as the column-major matrix
+// its bytes already are, and its D (column-major N x M, ld N) is our row-major C.
+//
+// Precision: bf16 x bf16 -> bf16 or f32 C, and f32 x f32 -> f32, all with CUBLAS_COMPUTE_32F
+// (fp32 accumulation; for f32 inputs this also keeps TF32 off). alpha/beta are f32 scalars on
+// the host. Bias: cuBLASLt's bias epilogue (bias of C's dtype); if no algorithm supports it for
+// a combination, the product runs without it and launch_add_row_bias adds the bias after.
+//
+// Heuristic results are cached per (device, shape, transposes, dtypes, pointer alignments, bias)
+// in a file-local map guarded by a mutex: the one piece of global state in the CUDA backend.
+#include <cublasLt.h>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include "core/cuda/cuda_utils.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/internal.h"
+
+namespace megadlm::ops::cuda {
+namespace {
+
+// ---- RAII for the cuBLASLt descriptors (released even when a check throws) ----------------
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  MatmulDesc() { MDLM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)); }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+  template <typename V>
+  void set(cublasLtMatmulDescAttributes_t attr, const V& value) {
+    MDLM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+  }
+};
+
+struct Layout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  Layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+    MDLM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), ld));
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(layout); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  Preference() { MDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref)); }
+  ~Preference() { cublasLtMatmulPreferenceDestroy(pref); }
+  Preference(const Preference&) = delete;
+  Preference& operator=(const Preference&) = delete;
+  template <typename V>
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
+    MDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+  }
+};
+
+// ---- heuristic cache ----------------------------------------------------------------------
+
+/// Alignment cuBLASLt may assume for a pointer: its largest power-of-two divisor, capped at 256
+/// (the heuristic's default assumption; views made by narrow/slice_flat can be less aligned).
+uint32_t pointer_alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  if (v == 0) return 256;
+  const uintptr_t low = v & (~v + 1);
+  return static_cast<uint32_t>(low < 256 ? low : 256);
+}
+
+struct AlgoKey {
+  int device;
+  int64_t m, n, k;
+  bool trans_a, trans_b, has_bias;
+  DType ab, c;
+  uint32_t align_a, align_b, align_c, align_bias;
+  bool operator==(const AlgoKey& o) const {
+    return device == o.device && m == o.m && n == o.n && k == o.k && trans_a == o.trans_a &&
+           trans_b == o.trans_b && has_bias == o.has_bias && ab == o.ab && c == o.c &&
+           align_a == o.align_a && align_b == o.align_b && align_c == o.align_c &&
+           align_bias == o.align_bias;
+  }
+};
+
+struct AlgoKeyHash {
+  size_t operator()(const AlgoKey& key) const {
+    size_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(key.device));
+    mix(static_cast<uint64_t>(key.m));
+    mix(static_cast<uint64_t>(key.n));
+    mix(static_cast<uint64_t>(key.k));
+    mix((key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.has_bias ? 4u : 0u));
+    mix(static_cast<uint64_t>(key.ab) << 8 | static_cast<uint64_t>(key.c));
+    mix(static_cast<uint64_t>(key.align_a) << 32 | key.align_b);
+    mix(static_cast<uint64_t>(key.align_c) << 32 | key.align_bias);
+    return h;
+  }
+};
+
+struct CachedAlgo {
+  cublasLtMatmulAlgo_t algo;
+  bool bias_in_epilogue;  ///< false: the bias is added by launch_add_row_bias after the product
+};
+
+/// Shapes seen in one training run are few (one per distinct linear layer and direction), so the
+/// map stays small; it lives for the process.
+std::mutex g_algo_cache_mutex;
+std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> g_algo_cache;
+
+cudaDataType_t lt_type(DType d) {
+  switch (d) {
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F32: return CUDA_R_32F;
+    default: MDLM_FAIL("gemm: CUDA gemm takes bf16 or f32 operands, got ", dtype_name(d));
+  }
+}
+
+/// Everything one cublasLtMatmul call needs, built from the row-major problem.
+struct LtProblem {
+  MatmulDesc desc;
+  Layout lt_a;  // our B
+  Layout lt_b;  // our A
+  Layout lt_c;  // our C (also D)
+  LtProblem(cudaDataType_t ab, cudaDataType_t c, int64_t m, int64_t n, int64_t k, bool trans_a,
+            bool trans_b)
+      : lt_a(ab, trans_b ? k : n, trans_b ? n : k, trans_b ? k : n),
+        lt_b(ab, trans_a ? m : k, trans_a ? k : m, trans_a ? m : k),
+        lt_c(c, n, m, n) {
+    const int32_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int32_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    desc.set(CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+    desc.set(CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  }
+  void set_bias(const void* bias) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(bias ? CUBLASLT_EPILOGUE_BIAS
+                                                                       : CUBLASLT_EPILOGUE_DEFAULT));
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  }
+  /// Asks cuBLASLt's heuristic for its best algorithm; returns its status (NOT_SUPPORTED when
+  /// it proposes none).
+  cublasStatus_t heuristic(cublasLtHandle_t handle, const AlgoKey& key, size_t workspace_bytes,
+                           cublasLtMatmulAlgo_t* algo) {
+    Preference pref;
+    pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes));
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);  // cuBLASLt's A is our B
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
+    pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+    cublasLtMatmulHeuristicResult_t result;
+    std::memset(&result, 0, sizeof(result));
+    int returned = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(handle, desc.desc, lt_a.layout, lt_b.layout, lt_c.layout,
+                                       lt_c.layout, pref.pref, 1, &result, &returned);
+    if (st != CUBLAS_STATUS_SUCCESS) return st;
+    if (returned == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *algo = result.algo;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+};
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, const Stream& stream) {
+  NvtxRange range("gemm");
+  const int64_t m = args.trans_a ? a.cols() : a.rows();
+  const int64_t k = args.trans_a ? a.rows() : a.cols();
+  const int64_t n = args.trans_b ? b.rows() : b.cols();
+  const cudaDataType_t ab_type = lt_type(a.dtype());
+  const cudaDataType_t c_type = lt_type(c.dtype());
+  MDLM_CHECK(a.dtype() == DType::BF16 || c.dtype() == DType::F32, "gemm: f32 operands need an f32 C, got ",
+             c.str());
+  if (m == 0 || n == 0) return;
+  auto* res = stream.cuda_resources().get();
+  cudaStream_t s = megadlm::detail::native_stream(stream);
+  if (k == 0) {  // empty product: C = beta * C (+ bias); beta == 0 ignores C's old contents
+    if (args.beta == 0.0f) fill(c, 0.0f, stream);
+    else if (args.beta != 1.0f) scale_inplace(c, args.beta, stream);
+    if (args.bias) launch_add_row_bias(c, *args.bias, s);
+    return;
+  }
+
+  const void* bias_ptr = args.bias ? args.bias->data_ptr() : nullptr;
+  const AlgoKey key{res->device,
+                    m,
+                    n,
+                    k,
+                    args.trans_a,
+                    args.trans_b,
+                    args.bias != nullptr,
+                    a.dtype(),
+                    c.dtype(),
+                    pointer_alignment(a.data_ptr()),
+                    pointer_alignment(b.data_ptr()),
+                    pointer_alignment(c.data_ptr()),
+                    pointer_alignment(bias_ptr)};
+
+  LtProblem problem(ab_type, c_type, m, n, k, args.trans_a, args.trans_b);
+  CachedAlgo chosen{};
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+    auto it = g_algo_cache.find(key);
+    if (it != g_algo_cache.end()) {
+      chosen = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    chosen.bias_in_epilogue = false;
+    if (bias_ptr) {
+      // Any refusal of the epilogue (no algorithm, or an unsupported type combination) falls
+      // back to the plain product plus a bias kernel.
+      problem.set_bias(bias_ptr);
+      chosen.bias_in_epilogue =
+          problem.heuristic(res->cublaslt, key, res->workspace_bytes, &chosen.algo) ==
+          CUBLAS_STATUS_SUCCESS;
+      if (!chosen.bias_in_epilogue) problem.set_bias(nullptr);
+    }
+    if (!chosen.bias_in_epilogue) {
+      const cublasStatus_t st = problem.heuristic(res->cublaslt, key, res->workspace_bytes, &chosen.algo);
+      MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "gemm: cuBLASLt has no algorithm for C[", m, ", ", n,
+                 "] = op(A) op(B) with K = ", k, ", A ", a.str(), " trans_a=", args.trans_a, ", B ",
+                 b.str(), " trans_b=", args.trans_b, ", C ", c.str(), " (",
+                 cublasLtGetStatusString(st), ")");
+    }
+    std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+    g_algo_cache.emplace(key, chosen);
+  } else if (chosen.bias_in_epilogue) {
+    problem.set_bias(bias_ptr);  // the pointer differs per call; its alignment is in the key
+  }
+
+  const float alpha = args.alpha, beta = args.beta;
+  MDLM_CUBLAS_CHECK(cublasLtMatmul(res->cublaslt, problem.desc.desc, &alpha, b.data_ptr(),
+                                   problem.lt_a.layout, a.data_ptr(), problem.lt_b.layout, &beta,
+                                   c.data_ptr(), problem.lt_c.layout, c.data_ptr(),
+                                   problem.lt_c.layout, &chosen.algo, res->workspace,
+                                   res->workspace_bytes, s));
+  if (args.bias && !chosen.bias_in_epilogue) launch_add_row_bias(c, *args.bias, s);
+}
+
+}  // namespace megadlm::ops::cuda

@@ -1,0 +1,157 @@
+// GEMM parity: cuBLASLt (bf16 x bf16 -> bf16/f32, f32 x f32 -> f32) against the CPU reference on
+// the same bf16-rounded inputs, for every transpose combination, beta 0/1 into f32 C, alpha != 1,
+// bias, odd and misaligned shapes, and a 4096^3 product checked entry by entry on a sample.
+#include <gtest/gtest.h>
+#include <cmath>
+#include "megadlm/ops/gemm.h"
+#include "parity.h"
+
+using namespace megadlm;
+using namespace megadlm::test::parity;
+
+namespace {
+
+struct GemmCase {
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+  DType ab, c;
+  float alpha, beta;
+  bool bias;
+};
+
+std::string name_of(const GemmCase& g) {
+  return detail::concat("gemm ", g.m, "x", g.n, "x", g.k, " ta=", g.trans_a, " tb=", g.trans_b, " ",
+                        dtype_name(g.ab), "->", dtype_name(g.c), " a=", g.alpha, " b=", g.beta,
+                        g.bias ? " bias" : "");
+}
+
+/// Runs one case on both backends. Tolerance by output dtype:
+///  - bf16 C: rounding of the output to bf16 dominates -> kBf16ParityRelL2;
+///  - f32 C: fp32 accumulation (cuBLASLt) vs double (CPU) over K terms -> kF32AccumRelL2; a TF32
+///    product would miss it by ~5x (10-bit mantissa operands), which is what this also checks.
+void run_case(const GemmCase& g) {
+  Stream gpu = gpu_stream();
+  const Shape sa = g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k};
+  const Shape sb = g.trans_b ? Shape{g.n, g.k} : Shape{g.k, g.n};
+  Input a = make_input(sa, g.ab, gpu);
+  Input b = make_input(sb, g.ab, gpu);
+  Input bias = make_input({g.n}, g.c, gpu);
+  // beta != 0: C starts from random values (accumulation); beta == 0: C starts as NaN, which
+  // must not leak into the result (BLAS semantics: C is not read).
+  Input c0 = make_input({g.m, g.n}, g.c, gpu);
+  Tensor c_dev = g.beta != 0.0f ? c0.device : poisoned({g.m, g.n}, g.c, gpu);
+  Tensor c_host = g.beta != 0.0f ? c0.host : poisoned_host({g.m, g.n});
+  ops::GemmArgs dev_args{.trans_a = g.trans_a, .trans_b = g.trans_b, .alpha = g.alpha,
+                         .beta = g.beta, .bias = g.bias ? &bias.device : nullptr};
+  ops::GemmArgs host_args = dev_args;
+  host_args.bias = g.bias ? &bias.host : nullptr;
+  ops::gemm(a.device, b.device, c_dev, dev_args, gpu);
+  ops::gemm(a.host, b.host, c_host, host_args, Stream::cpu());
+  expect_close(name_of(g), download(c_dev, gpu), test::to_doubles(c_host),
+               g.c == DType::BF16 ? test::kBf16ParityRelL2 : test::kF32AccumRelL2);
+}
+
+}  // namespace
+
+TEST(GemmParity, Bf16MatchesCpuForEveryTransposeCombination) {
+  MDLM_REQUIRE_GPU();
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      run_case({128, 256, 64, ta == 1, tb == 1, DType::BF16, DType::BF16, 1.0f, 0.0f, false});
+      run_case({67, 133, 96, ta == 1, tb == 1, DType::BF16, DType::BF16, 1.0f, 0.0f, false});
+      run_case({33, 17, 1001, ta == 1, tb == 1, DType::BF16, DType::BF16, 1.0f, 0.0f, false});
+    }
+}
+
+TEST(GemmParity, Bf16IntoF32WritesWithBetaZeroAndAccumulatesWithBetaOne) {
+  MDLM_REQUIRE_GPU();
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (float beta : {0.0f, 1.0f}) {
+        run_case({96, 160, 256, ta == 1, tb == 1, DType::BF16, DType::F32, 1.0f, beta, false});
+        run_case({65, 31, 77, ta == 1, tb == 1, DType::BF16, DType::F32, 0.5f, beta, false});
+      }
+  // The weight-gradient shape: dW[out, in] += dY^T X over many tokens.
+  run_case({384, 256, 4096, true, false, DType::BF16, DType::F32, 1.0f, 1.0f, false});
+}
+
+TEST(GemmParity, F32MatchesCpuWithoutTf32) {
+  MDLM_REQUIRE_GPU();
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      run_case({64, 96, 512, ta == 1, tb == 1, DType::F32, DType::F32, 1.0f, 0.0f, false});
+      run_case({31, 45, 67, ta == 1, tb == 1, DType::F32, DType::F32, 0.75f, 1.0f, false});
+    }
+}
+
+TEST(GemmParity, BiasIsAddedOnceToEveryRowAndNotScaledByAlpha) {
+  MDLM_REQUIRE_GPU();
+  for (int tb = 0; tb < 2; ++tb) {
+    run_case({128, 192, 64, false, tb == 1, DType::BF16, DType::BF16, 0.5f, 0.0f, true});
+    run_case({37, 61, 40, false, tb == 1, DType::BF16, DType::BF16, 1.0f, 0.0f, true});
+    run_case({128, 192, 64, false, tb == 1, DType::BF16, DType::F32, 0.5f, 0.0f, true});
+    run_case({128, 192, 64, false, tb == 1, DType::BF16, DType::F32, 1.0f, 1.0f, true});
+    run_case({50, 70, 30, false, tb == 1, DType::F32, DType::F32, 0.5f, 1.0f, true});
+  }
+}
+
+TEST(GemmParity, EmptyInnerDimensionScalesCAndAddsBias) {
+  MDLM_REQUIRE_GPU();
+  // A is [K, M] = [0, 8] and B [K, N] = [0, 24]: a row-major [8, 0] would have rows() = 0 / 0.
+  run_case({8, 24, 0, true, false, DType::BF16, DType::F32, 1.0f, 0.0f, false});
+  run_case({8, 24, 0, true, false, DType::BF16, DType::F32, 1.0f, 1.0f, true});
+}
+
+TEST(GemmParity, MisalignedViewsUseAlgorithmsThatAcceptThem) {
+  MDLM_REQUIRE_GPU();
+  // Row 1 of an [M+1, K] buffer starts K * 2 bytes in: with K = 77 that is 154 bytes, 2-byte
+  // aligned only. The heuristic cache keys on alignment, so the aligned case above must not
+  // hand its algorithm to this one.
+  Stream gpu = gpu_stream();
+  const int64_t m = 64, n = 96, k = 77;
+  Input a_full = make_input({m + 1, k}, DType::BF16, gpu);
+  Input b = make_input({k, n}, DType::BF16, gpu);
+  Tensor a_dev = a_full.device.narrow(1, m);
+  Tensor a_host = a_full.host.narrow(1, m);
+  Tensor c_dev = poisoned({m, n}, DType::F32, gpu);
+  Tensor c_host = poisoned_host({m, n});
+  ops::gemm(a_dev, b.device, c_dev, {}, gpu);
+  ops::gemm(a_host, b.host, c_host, {}, Stream::cpu());
+  expect_close("gemm misaligned A view 64x96x77 bf16->f32", download(c_dev, gpu), test::to_doubles(c_host),
+               test::kF32AccumRelL2);
+}
+
+TEST(GemmParity, Large4096CubedMatchesFloat64OnSampledEntries) {
+  MDLM_REQUIRE_GPU();
+  // A CPU reference of the full product would take minutes; 1000 random entries, each an exact
+  // f64 dot product of the bf16 operands, test every region of C that the tiles cover.
+  Stream gpu = gpu_stream();
+  const int64_t m = 4096, n = 4096, k = 4096;
+  for (bool trans_b : {false, true}) {
+    Input a = make_input({m, k}, DType::BF16, gpu);
+    Input b = make_input(trans_b ? Shape{n, k} : Shape{k, n}, DType::BF16, gpu);
+    for (DType cd : {DType::BF16, DType::F32}) {
+      Tensor c = poisoned({m, n}, cd, gpu);
+      ops::gemm(a.device, b.device, c, {.trans_b = trans_b}, gpu);
+      const std::vector<double> got_all = download(c, gpu);
+      std::mt19937_64 rng(fresh_seed());
+      std::vector<double> got, want;
+      for (int s = 0; s < 1000; ++s) {
+        const int64_t i = static_cast<int64_t>(rng() % m), j = static_cast<int64_t>(rng() % n);
+        double acc = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const double bv = trans_b ? b.values[static_cast<size_t>(j * k + kk)]
+                                    : b.values[static_cast<size_t>(kk * n + j)];
+          acc += static_cast<double>(a.values[static_cast<size_t>(i * k + kk)]) * bv;
+        }
+        got.push_back(got_all[static_cast<size_t>(i * n + j)]);
+        want.push_back(acc);
+      }
+      size_t nan = 0;
+      for (double v : got_all) nan += std::isnan(v);
+      EXPECT_EQ(nan, 0u) << "unwritten elements of C";
+      expect_close(detail::concat("gemm 4096^3 tb=", trans_b, " bf16->", dtype_name(cd), " (1000 entries vs f64)"),
+                   got, want, cd == DType::BF16 ? test::kBf16ParityRelL2 : test::kF32AccumRelL2);
+    }
+  }
+}
