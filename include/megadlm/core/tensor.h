@@ -65,7 +65,11 @@ class Tensor {
   int64_t numel() const { return numel_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * dtype_size(dtype_); }
   /// Product of all dimensions but the last (the "rows" of a 2-D view).
-  int64_t rows() const { return dim() == 0 ? 1 : numel_ / shape_.back(); }
+  int64_t rows() const {
+    int64_t r = 1;
+    for (int d = 0; d + 1 < dim(); ++d) r *= shape_[static_cast<size_t>(d)];
+    return r;
+  }
   int64_t cols() const { return dim() == 0 ? 1 : shape_.back(); }
 
   void* data_ptr() const;
