@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the GPU ring on a machine with a GPU, from a carried build folder (no compiling there):
+# the CUDA-vs-CPU parity suite, the ops benchmark and, when pretrain_difflm is present, a CUDA
+# smoke run of the tiny model and the 1.7B training benchmark. Results go to OUT_DIR.
+#   scripts/device_check.sh BUILD_DIR OUT_DIR [parity|bench|train|all]...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:?build dir}; out=${2:?out dir}; shift 2
+what=${*:-all}
+mkdir -p "$out"
+export LD_LIBRARY_PATH="$PWD/$build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv > "$out/gpu.txt" 2>&1
+has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
+if has parity; then
+  "$build/bin/gpu_parity" --gtest_output=xml:"$out/gpu_parity.xml" > "$out/gpu_parity.log" 2>&1
+  echo "gpu_parity exit $?"; grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/gpu_parity.log" | head -40
+fi
+if has bench; then
+  "$build/bin/megadlm_bench" ops --out "$out/bench_ops.jsonl" > "$out/bench_ops.log" 2>&1
+  echo "megadlm_bench exit $?"; tail -40 "$out/bench_ops.log"
+fi
+if has train && [ -x "$build/bin/pretrain_difflm" ]; then
+  "$build/bin/pretrain_difflm" @configs/tiny_dlm.args --device cuda --train-iters 50 \
+    --metrics-jsonl "$out/tiny_cuda.jsonl" > "$out/tiny_cuda.log" 2>&1
+  echo "tiny cuda exit $?"; tail -3 "$out/tiny_cuda.log"
+  MEGADLM_BIN="$build/bin" bash scripts/bench_train.sh "$out/train" 10 64 > "$out/bench_train.log" 2>&1
+  echo "bench_train exit $?"; tail -8 "$out/bench_train.log"
+fi
