@@ -25,5 +25,6 @@ struct DiffusionConfig {
 };
 
 const char* running_mode_name(RunningMode m);
+const char* dlm_loss_weight_name(DlmLossWeight w);
 
 }  // namespace megadlm

@@ -47,5 +47,6 @@ struct TransformerConfig {
 
 const char* position_embedding_type_name(PositionEmbeddingType t);
 const char* norm_type_name(NormType t);
+const char* attention_mask_type_name(AttentionMaskType t);
 
 }  // namespace megadlm

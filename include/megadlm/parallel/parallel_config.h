@@ -1,7 +1,7 @@
 // The validated parallel layout of a job: sizes of every dimension and the options that shape
 // communication. A value, not a global: tests hold several layouts at once.
-// Built from flags by training/arguments (apps never construct it by hand); validated by
-// validate_parallel_config, which collects every violated rule (megatron-compat.md §3).
+// Built and validated from flags by training/arguments, which reports every violated rule of
+// megatron-compat.md §3 with flag names; parallel/rank_layout turns it into process groups.
 #pragma once
 #include <optional>
 #include <string>
@@ -30,6 +30,13 @@ struct ParallelConfig {
   bool account_for_loss_in_pipeline_split = false;
   bool sequence_parallel = false;
   bool use_tp_pp_dp_mapping = false;     ///< rank order tp-pp-dp instead of tp-cp-ep-dp-pp
+  /// Overlap pipeline p2p with compute; resolved: forced false without virtual stages (V-20).
+  /// batch_p2p_comm is its negation.
+  bool overlap_p2p_comm = false;
+  /// All pipeline stages launch parameter all-gathers / gradient reductions at the same
+  /// schedule points; align_param_gather is forced false without virtual stages (V-20).
+  bool align_param_gather = false;
+  bool align_grad_reduce = true;
   std::vector<std::string> cp_comm_type{"p2p"};
   std::vector<int> hierarchical_context_parallel_sizes;
 
@@ -38,6 +45,7 @@ struct ParallelConfig {
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
   long long ddp_bucket_size = 0;         ///< elements; 0 = Megatron's automatic size
+  bool ddp_average_in_collective = false; ///< AVG collective instead of pre-scaling by 1/(dp·cp)
   bool use_custom_fsdp = false;          ///< --use-custom-fsdp / --use-megatron-fsdp
   ShardingStrategy data_parallel_sharding_strategy = ShardingStrategy::OptimGradsParams;
   bool tp_comm_overlap = false;

@@ -1,0 +1,714 @@
+// Resolution and validation of parsed flags (megatron-compat.md §3) and the typed RunConfig
+// built from them; the parallel-layout and batch rules are in parallel_rules.cpp. Every rule
+// reports into Diagnostics with its id, nothing stops at the first problem. Ids: V-* validate_args,
+// B-* micro-batch calculator, C-* config dataclasses, G-* process groups, R-* runtime pre-checks,
+// D-* DiffLM, and megadlm's own:
+//   M-1 --world-size only with --dry-run          M-9  --lr required
+//   M-2 sizes and hyper-parameters in range        M-10 a data source required
+//   M-3 --device cuda needs --bf16 (not yet)       M-11 --vocab-size required
+//   M-4 --device cuda needs a visible GPU          M-12 --dlm-min-masked within [0, seq-length]
+//   M-5 --seq-length required                      M-13 query groups divide the heads
+//   M-6 --attention-dropout > 0 (not yet)          M-14 --rotary-percent within (0, 1]
+//   M-7 --bf16 on the CPU warns (fp32 compute)     M-15 dropout probabilities within [0, 1)
+//   M-8 --train-iters required unless --dry-run
+// Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
+// not-yet precision flags), the GPU half of V-40 and the NCCL_ALGO half of V-54 (the library
+// neither probes devices nor reads the environment), V-46 (documented only, per the spec), C-1
+// (V-44 turns SP off first), C-3 (the pipeline dtype is always the params dtype), C-20
+// (variable_seq_lengths is never on in pre-training), C-22 (init std belongs to model init), G-6
+// (V-53 plus RankGenerator's own checks), R-2 (batch_p2p_comm is !overlap_p2p_comm by
+// construction), R-9…R-14 and D-8 (MoE and checkpoint features not supported yet), and D-5 on
+// purpose (see check_diffusion).
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include "training/rules_common.h"
+
+namespace megadlm::training::detail {
+
+namespace {
+
+// ------------------------------------------------------------------ flag status (V-8, V-12)
+
+void check_removed_and_ignored(ArgState& a, Diagnostics& d) {
+  for (const FlagSpec* f : a.given_flags()) {
+    const std::string name = backticked(f->name);
+    if (f->status == FlagStatus::Removed)
+      d.error(f->name == "--pipeline-model-parallel-split-rank" ? "V-8" : "V-12",
+              name + " is no longer a valid flag: " + std::string(f->hint));
+    if (f->status == FlagStatus::Ignored)
+      d.warn(name + " has no effect in megadlm" +
+             (f->hint.empty() ? std::string() : " (" + std::string(f->hint) + ")"));
+  }
+}
+
+// Runs after resolution, so that values Megatron normalises back to the default (--num-experts 0,
+// a negative capacity factor) are not reported.
+void check_not_yet(const ArgState& a, Diagnostics& d) {
+  for (const FlagSpec* f : a.given_flags()) {
+    const std::string dest = flag_dest(*f);
+    if (f->status == FlagStatus::NotYet &&
+        python_repr(a.value(dest)) != python_repr(default_flag_value(*f)))
+      d.unsupported(a.flag_value(dest) + " is not supported yet by megadlm (see docs/flags.md)");
+    if (f->not_yet.empty()) continue;
+    std::vector<std::string> chosen = a.strings(dest);
+    if (std::holds_alternative<std::string>(a.value(dest))) chosen.push_back(a.s(dest));
+    for (const std::string& v : chosen) {
+      if (!word_in(f->not_yet, v)) continue;
+      std::string supported;
+      for (const std::string& c : split_words(f->choices))
+        if (!word_in(f->not_yet, c)) supported += (supported.empty() ? "" : ", ") + c;
+      d.unsupported(backticked(std::string(f->name) + " " + v) +
+                    " is not supported yet by megadlm (see docs/flags.md); supported: " + supported);
+    }
+  }
+}
+
+// ------------------------------------------------------------- model shape (V-31…V-36, M-2)
+
+void resolve_model_shape(ArgState& a, Ctx& c, Diagnostics& d) {
+  // V-31: exactly one of --num-layers / --encoder-num-layers.
+  if (a.is_set("num_layers") && a.is_set("encoder_num_layers")) {
+    d.error("V-31", "give only one of " + a.flag_value("num_layers") + " and " +
+                        a.flag_value("encoder_num_layers"));
+  } else if (!a.is_set("num_layers") && a.is_set("encoder_num_layers")) {
+    a.set("num_layers", a.value("encoder_num_layers"));
+  }
+  // V-36: exactly one of --seq-length / --encoder-seq-length.
+  if (a.is_set("seq_length") && a.is_set("encoder_seq_length")) {
+    d.error("V-36", "give only one of " + a.flag_value("seq_length") + " and " +
+                        a.flag_value("encoder_seq_length"));
+  } else if (!a.is_set("seq_length") && a.is_set("encoder_seq_length")) {
+    a.set("seq_length", a.value("encoder_seq_length"));
+  }
+  // V-32 / M-5: required model flags.
+  for (const char* dest : {"num_layers", "hidden_size", "num_attention_heads",
+                           "max_position_embeddings", "seq_length"}) {
+    if (a.is_set(dest)) continue;
+    c.model_ok = false;
+    d.error(std::string(dest) == "seq_length" ? "M-5" : "V-32",
+            a.flag(dest) + " is required");
+  }
+  // M-2: sizes are positive and fit the int fields of TransformerConfig.
+  for (const char* dest : {"num_layers", "hidden_size", "num_attention_heads",
+                           "max_position_embeddings", "seq_length", "ffn_hidden_size",
+                           "kv_channels", "num_query_groups", "make_vocab_size_divisible_by",
+                           "vocab_size"}) {
+    if (!a.is_set(dest)) continue;
+    const int64_t v = a.i(dest);
+    if (v >= 1 && v <= INT_MAX) continue;
+    d.error("M-2", a.flag_value(dest) + " must be between 1 and " + num(int64_t{INT_MAX}));
+    const std::string s(dest);
+    if (s == "num_layers" || s == "hidden_size" || s == "num_attention_heads" || s == "seq_length")
+      c.model_ok = false;
+    a.set(dest, FlagValue());  // keep later rules from dividing by it
+  }
+  c.num_layers = a.i("num_layers");
+  c.hidden = a.i("hidden_size");
+  c.heads = a.i("num_attention_heads");
+  c.seq = a.i("seq_length");
+  // V-36: positions cover the sequence.
+  const int64_t max_pos = a.i("max_position_embeddings");
+  if (max_pos > 0 && c.seq > 0 && max_pos < c.seq)
+    d.error("V-36", a.flag_value("max_position_embeddings") + " is smaller than " +
+                        a.flag_value("seq_length") + "; valid: at least " + num(c.seq));
+  if (max_pos > 0 && a.is_set("decoder_seq_length") && max_pos < a.i("decoder_seq_length"))
+    d.error("V-36", a.flag_value("max_position_embeddings") + " is smaller than " +
+                        a.flag_value("decoder_seq_length") + "; valid: at least " +
+                        num(a.i("decoder_seq_length")));
+
+  // V-33: ffn width.
+  if (!a.is_set("ffn_hidden_size") && c.hidden > 0) {
+    const int64_t ffn = a.b("swiglu") ? static_cast<int64_t>((4.0 * static_cast<double>(c.hidden) * 2.0 / 3.0) / 64.0) * 64
+                                      : 4 * c.hidden;
+    a.set("ffn_hidden_size", ffn);
+  }
+  c.ffn = a.i("ffn_hidden_size");
+  // V-34: head dimension.
+  if (!a.is_set("kv_channels") && c.hidden > 0 && c.heads > 0) {
+    if (c.hidden % c.heads != 0)
+      d.error("V-34", a.flag_value("num_attention_heads") + " does not divide " +
+                          a.flag_value("hidden_size") + " (needed for the default " +
+                          a.flag("kv_channels") + "); valid: " + divisors_text(c.hidden) +
+                          ", or give " + a.flag("kv_channels"));
+    else
+      a.set("kv_channels", c.hidden / c.heads);
+  }
+  c.kv = a.i("kv_channels");
+  // C-10 derived: query groups = heads unless GQA.
+  if (!a.b("group_query_attention")) {
+    if (c.heads > 0) a.set("num_query_groups", c.heads);
+  } else if (a.is_set("num_query_groups") && c.heads > 0) {
+    const int64_t g = a.i("num_query_groups");
+    if (g > c.heads || c.heads % g != 0)
+      d.error("M-13", a.flag_value("num_query_groups") + " must divide " +
+                          a.flag_value("num_attention_heads") + " (heads share key/value groups "
+                          "evenly); valid: " + divisors_text(c.heads));
+  }
+  c.query_groups = a.i("num_query_groups");
+}
+
+// -------------------------------------------------------- precision (V-26, V-27, V-39, V-40, C-8)
+
+void check_precision(ArgState& a, Diagnostics& d) {
+  const bool fp16 = a.b("fp16"), bf16 = a.b("bf16");
+  if (fp16 && bf16) d.error("V-26, C-8", "`--fp16` and `--bf16` are mutually exclusive");
+  if (fp16 && !a.is_set("loss_scale") && a.b("check_for_nan_in_loss_and_grad")) {
+    d.warn("`--fp16` with dynamic loss scaling: NaN checks turned off (overflow is the scaler's "
+           "signal)");
+    a.set("check_for_nan_in_loss_and_grad", false);
+  }
+  if (bf16 && a.b("accumulate_allreduce_grads_in_fp32") && a.s("main_grads_dtype") != "fp32")
+    d.error("V-27", "`--accumulate-allreduce-grads-in-fp32` needs `--main-grads-dtype fp32` (got " +
+                        a.flag_value("main_grads_dtype") + ")");
+  if (bf16 && a.s("main_grads_dtype") == "fp32") a.set("accumulate_allreduce_grads_in_fp32", true);
+  a.set("params_dtype", std::string(bf16 ? "torch.bfloat16" : fp16 ? "torch.float16" : "torch.float32"));
+  if (a.b("fp16_lm_cross_entropy") && !fp16)
+    d.error("V-39", "`--fp16-lm-cross-entropy` needs `--fp16`");
+  if (a.b("fp32_residual_connection") && !fp16 && !bf16)
+    d.error("V-39", "`--fp32-residual-connection` needs `--fp16` or `--bf16`");
+  if (a.b("moe_grouped_gemm") && !bf16)
+    d.error("V-40", "`--moe-grouped-gemm` needs `--bf16`");
+}
+
+// ------------------------------------------ schedule lengths and LR (V-29, V-30, V-37, V-41, V-60, M-8, M-9)
+
+void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
+  const bool iters = a.is_set("train_iters"), samples = a.is_set("train_samples");
+  if (iters) {
+    if (samples) d.error("V-29", "give only one of " + a.flag_value("train_iters") + " and " + a.flag_value("train_samples"));
+    if (a.is_set("lr_decay_samples"))
+      d.error("V-29", "iteration-based training (`--train-iters`) takes `--lr-decay-iters`, not " +
+                          a.flag_value("lr_decay_samples"));
+    if (a.i("lr_warmup_samples") != 0)
+      d.error("V-29", "iteration-based training (`--train-iters`) takes `--lr-warmup-iters`, not " +
+                          a.flag_value("lr_warmup_samples"));
+    if (a.is_set("rampup_batch_size"))
+      d.error("V-29", "`--rampup-batch-size` needs sample-based training (`--train-samples`)");
+    if (a.is_set("lr_warmup_fraction") && a.i("lr_warmup_iters") != 0)
+      d.error("V-29", "give only one of " + a.flag_value("lr_warmup_fraction") + " and " +
+                          a.flag_value("lr_warmup_iters"));
+    if (a.i("train_iters") < 1) d.error("M-2", a.flag_value("train_iters") + " must be >= 1");
+  } else if (samples) {
+    if (a.is_set("lr_decay_iters"))
+      d.error("V-30", "sample-based training (`--train-samples`) takes `--lr-decay-samples`, not " +
+                          a.flag_value("lr_decay_iters"));
+    if (a.i("lr_warmup_iters") != 0)
+      d.error("V-30", "sample-based training (`--train-samples`) takes `--lr-warmup-samples`, not " +
+                          a.flag_value("lr_warmup_iters"));
+    if (a.is_set("lr_warmup_fraction") && a.i("lr_warmup_samples") != 0)
+      d.error("V-30", "give only one of " + a.flag_value("lr_warmup_fraction") + " and " +
+                          a.flag_value("lr_warmup_samples"));
+  } else if (!c.dry_run) {
+    d.error("M-8", "`--train-iters` is required (only `--dry-run` can do without it)");
+  }
+  // M-9 / V-37 / V-60: learning rate and its schedule.
+  if (!a.is_set("lr")) {
+    d.error("M-9", "`--lr` is required");
+  } else {
+    const double lr = a.f("lr"), min_lr = a.f("min_lr"), init = a.f("lr_warmup_init");
+    if (lr < 0) d.error("V-60", a.flag_value("lr") + " must be >= 0");
+    if (min_lr < 0) d.error("V-60", a.flag_value("min_lr") + " must be >= 0");
+    if (min_lr > lr)
+      d.error("V-37", a.flag_value("min_lr") + " exceeds " + a.flag_value("lr") +
+                          "; valid: 0 to " + num(lr));
+    if (init < 0 || init > lr)
+      d.error("V-60", a.flag_value("lr_warmup_init") + " must lie in [0, " + a.flag_value("lr") + "]");
+  }
+  if (iters) {
+    if (!a.is_set("lr_decay_iters")) a.set("lr_decay_iters", a.value("train_iters"));
+    const int64_t decay = a.i("lr_decay_iters");
+    if (decay < 1) d.error("V-60", a.flag_value("lr_decay_iters") + " must be >= 1");
+    if (a.is_set("lr_warmup_fraction")) {
+      const double frac = a.f("lr_warmup_fraction");
+      if (frac < 0 || frac >= 1)
+        d.error("V-60", a.flag_value("lr_warmup_fraction") + " must lie in [0, 1)");
+      // Megatron keeps the fractional sample count; iterations are whole here (rounds down).
+      else
+        a.set("lr_warmup_iters", static_cast<int64_t>(frac * static_cast<double>(decay)));
+    }
+    const int64_t warmup = a.i("lr_warmup_iters");
+    if (warmup < 0) d.error("V-60", a.flag_value("lr_warmup_iters") + " must be >= 0");
+    if (decay >= 1 && warmup >= decay)
+      d.error("V-60", "warm-up (" + num(warmup) + " iterations) must be shorter than the decay "
+                      "horizon " + a.flag_value("lr_decay_iters") + " (which includes warm-up)");
+    if (a.s("lr_decay_style") == "WSD") {
+      if (!a.is_set("lr_wsd_decay_iters"))
+        d.error("V-60", "`--lr-decay-style WSD` needs `--lr-wsd-decay-iters`");
+      else if (a.i("lr_wsd_decay_iters") < 1 || a.i("lr_wsd_decay_iters") > decay)
+        d.error("V-60", a.flag_value("lr_wsd_decay_iters") + " must lie in [1, " +
+                            a.flag_value("lr_decay_iters") + "]");
+    }
+  }
+  // V-41: weight-decay schedule.
+  const std::string incr = a.s("weight_decay_incr_style");
+  const bool start = a.is_set("start_weight_decay"), end = a.is_set("end_weight_decay");
+  if (incr == "constant") {
+    if (start || end)
+      d.error("V-41", "`--start-weight-decay`/`--end-weight-decay` need a non-constant "
+                      "`--weight-decay-incr-style`");
+    a.set("start_weight_decay", a.value("weight_decay"));
+    a.set("end_weight_decay", a.value("weight_decay"));
+  } else if (!start || !end) {
+    d.error("V-41", a.flag_value("weight_decay_incr_style") +
+                        " needs both `--start-weight-decay` and `--end-weight-decay`");
+  }
+  const double swd = a.f("start_weight_decay"), ewd = a.f("end_weight_decay");
+  if (swd < 0 || ewd < swd)
+    d.error("V-60", "weight decay must satisfy 0 <= start (" + num(swd) + ") <= end (" + num(ewd) + ")");
+  // M-2: optimizer hyper-parameters.
+  if (a.f("adam_beta1") < 0 || a.f("adam_beta1") >= 1)
+    d.error("M-2", a.flag_value("adam_beta1") + " must lie in [0, 1)");
+  if (a.f("adam_beta2") < 0 || a.f("adam_beta2") >= 1)
+    d.error("M-2", a.flag_value("adam_beta2") + " must lie in [0, 1)");
+  if (a.f("adam_eps") <= 0) d.error("M-2", a.flag_value("adam_eps") + " must be > 0");
+  if (a.f("clip_grad") < 0) d.error("M-2", a.flag_value("clip_grad") + " must be >= 0 (0 disables)");
+  if (a.f("weight_decay") < 0) d.error("M-2", a.flag_value("weight_decay") + " must be >= 0");
+  for (const char* dest : {"log_interval", "eval_interval"})
+    if (a.i(dest) < 1) d.error("M-2", a.flag_value(dest) + " must be >= 1");
+  if (a.i("eval_iters") < 0) d.error("M-2", a.flag_value("eval_iters") + " must be >= 0");
+  if (a.is_set("exit_interval") && a.i("exit_interval") < 1)
+    d.error("M-2", a.flag_value("exit_interval") + " must be >= 1");
+  if (a.i("seed") < 0) d.error("M-2", a.flag_value("seed") + " must be >= 0");
+  // Values that land in the int fields of the typed configs.
+  for (const char* dest : {"log_interval", "eval_interval", "eval_iters", "dlm_min_masked",
+                           "distributed_timeout_minutes", "microbatch_group_size_per_vp_stage",
+                           "num_distributed_optimizer_instances"})
+    if (a.i(dest) > INT_MAX)
+      d.error("M-2", a.flag_value(dest) + " must be at most " + num(int64_t{INT_MAX}));
+}
+
+// -------------------------------------------------- checkpoints (V-1, V-38, V-57, V-58)
+
+void check_checkpoint(ArgState& a, Diagnostics& d) {
+  if (a.is_set("non_persistent_ckpt_type") && a.s("non_persistent_ckpt_type") != "global")
+    d.error("V-1", a.flag_value("non_persistent_ckpt_type") + ": only global rolling checkpoints "
+                   "exist; valid: global");
+  if (a.is_set("save") && !a.is_set("save_interval"))
+    d.error("V-38", a.flag_value("save") + " needs `--save-interval`");
+  if (a.b("moe_use_upcycling") && !a.is_set("save"))
+    d.error("V-57", "`--moe-use-upcycling` needs `--save`");
+  if (a.b("use_checkpoint_args") && !a.is_set("load"))
+    d.error("V-58", "`--use-checkpoint-args` needs `--load`");
+  if (a.is_set("ckpt_convert_format") && (!a.is_set("ckpt_convert_save") || !a.is_set("load")))
+    d.error("V-58", a.flag_value("ckpt_convert_format") + " needs `--ckpt-convert-save` and `--load`");
+}
+
+// ----------------------------------------------- layer options (V-6, V-47, V-48, V-54, V-55, C-16, C-17)
+
+void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
+  // V-6
+  const std::vector<std::string> spec = a.strings("spec");
+  if (a.s("attention_backend") == "local" && (spec.empty() || spec[0] != "local"))
+    d.error("V-6", "`--attention-backend local` needs `--spec local`");
+  // V-47
+  if (!a.b("add_bias_linear")) a.set("bias_gelu_fusion", false);
+  if (a.b("add_bias_linear")) a.set("add_qkv_bias", true);
+  // V-48
+  if (a.b("use_rotary_position_embeddings")) a.set("position_embedding_type", std::string("rope"));
+  if (a.b("rotary_interleaved") && a.b("apply_rope_fusion"))
+    d.error("V-48, C-17", "`--rotary-interleaved` does not work with fused RoPE; add `--no-rope-fusion`");
+  if (a.s("position_embedding_type") != "rope") a.set("apply_rope_fusion", false);
+  if (!a.b("add_position_embedding") && a.s("position_embedding_type") != "rope")
+    d.error("V-48", "`--no-position-embedding` needs `--position-embedding-type rope` (got " +
+                        a.flag_value("position_embedding_type") + ")");
+  if (a.b("multi_latent_attention") && a.b("rotary_interleaved"))
+    d.error("C-17", "`--multi-latent-attention` does not support `--rotary-interleaved`");
+  // V-55
+  if (a.b("apply_query_key_layer_scaling")) a.set("attention_softmax_in_fp32", true);
+  // C-16: fused bias + activation exists for GeLU and SiLU only.
+  const bool swiglu = a.b("swiglu");
+  const bool fusion = swiglu ? a.b("bias_swiglu_fusion") : a.b("bias_gelu_fusion");
+  if (fusion && (a.b("squared_relu") || a.b("openai_gelu")))
+    d.error("C-16", std::string(a.b("squared_relu") ? "`--squared-relu`" : "`--openai-gelu`") +
+                        " has no fused bias-activation kernel; add `--no-bias-gelu-fusion` or "
+                        "`--disable-bias-linear`");
+  if (swiglu && a.b("squared_relu"))
+    d.error("C-16", "`--swiglu` and `--squared-relu` are mutually exclusive");
+  // V-54
+  if (a.b("deterministic_mode") && (a.b("use_flash_attn") || a.b("cross_entropy_loss_fusion")))
+    d.error("V-54", "`--deterministic-mode` cannot be combined with `--use-flash-attn` or "
+                    "`--cross-entropy-loss-fusion`");
+  // V-56
+  if (a.i("inference_batch_times_seqlen_threshold") > -1 && c.pp <= 1)
+    d.error("V-56", a.flag_value("inference_batch_times_seqlen_threshold") + " needs " +
+                        a.flag_value("pipeline_model_parallel_size") + " > 1");
+  // M-14 and friends: values the model code relies on.
+  const double rp = a.f("rotary_percent");
+  if (rp <= 0 || rp > 1) d.error("M-14", a.flag_value("rotary_percent") + " must lie in (0, 1]");
+  if (a.i("rotary_base") < 1) d.error("M-2", a.flag_value("rotary_base") + " must be >= 1");
+  if (a.f("norm_epsilon") < 0) d.error("M-2", a.flag_value("norm_epsilon") + " must be >= 0");
+  if (a.f("init_method_std") < 0) d.error("M-2", a.flag_value("init_method_std") + " must be >= 0");
+  for (const char* dest : {"attention_dropout", "hidden_dropout"}) {
+    const double p = a.f(dest);
+    if (p < 0 || p >= 1) d.error("M-15", a.flag_value(dest) + " must lie in [0, 1)");
+  }
+  // M-6: attention dropout is not implemented (Megatron's default is 0.1).
+  if (a.f("attention_dropout") > 0)
+    d.unsupported(a.flag_value("attention_dropout") +
+                  ": attention dropout is not supported yet by megadlm (Megatron's default is "
+                  "0.1); pass `--attention-dropout 0`");
+}
+
+// --------------------------------------------------------- MoE (V-49, V-51, C-5, C-11…C-19, R-4, R-8)
+
+void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
+  if (a.is_set("num_experts") && a.i("num_experts") == 0) a.set("num_experts", FlagValue());
+  const bool moe = a.is_set("num_experts");
+  if (moe && a.i("num_experts") < 0)
+    d.error("C-11", a.flag_value("num_experts") + " must be > 0");
+  if (moe && !a.strings("spec").empty())
+    d.error("V-49", "`--spec` cannot be combined with " + a.flag_value("num_experts"));
+  if (!a.is_set("moe_ffn_hidden_size") && c.ffn > 0) a.set("moe_ffn_hidden_size", c.ffn);
+  if (a.is_set("moe_expert_capacity_factor") && a.f("moe_expert_capacity_factor") < 0)
+    a.set("moe_expert_capacity_factor", FlagValue());
+  if (!c.sizes_ok) return;
+  // V-51 / C-11
+  if (c.ep > 1) {
+    if (!moe)
+      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") + " needs `--num-experts`");
+    else if (a.i("num_experts") % c.ep != 0)
+      d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not divide " +
+                          a.flag_value("num_experts") + "; valid: " +
+                          divisors_text(a.i("num_experts")));
+    if (a.b("fp16")) d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not support `--fp16`");
+  }
+  // C-5 / R-8: tokens enter the MoE layer sequence-parallel when TP > 1.
+  if (c.tp > 1 && !a.b("sequence_parallel") && (c.ep > 1 || moe))
+    d.error(c.ep > 1 ? "C-5" : "R-8",
+            std::string(c.ep > 1 ? a.flag_value("expert_model_parallel_size") : a.flag_value("num_experts")) +
+                " with " + a.flag_value("tensor_model_parallel_size") +
+                " needs `--sequence-parallel`");
+  const std::string dispatcher = a.s("moe_token_dispatcher_type");
+  // C-12
+  if (a.is_set("moe_shared_expert_intermediate_size") && a.i("moe_shared_expert_intermediate_size") <= 0)
+    d.error("C-12", a.flag_value("moe_shared_expert_intermediate_size") + " must be > 0");
+  if (a.b("moe_shared_expert_overlap") && dispatcher != "alltoall")
+    d.error("C-12", "`--moe-shared-expert-overlap` needs `--moe-token-dispatcher-type alltoall`");
+  // C-13 / C-14
+  if (a.is_set("moe_expert_capacity_factor")) {
+    if (dispatcher != "alltoall" && dispatcher != "alltoall_seq")
+      d.error("C-13", a.flag_value("moe_expert_capacity_factor") + " (token dropping) needs "
+                      "`--moe-token-dispatcher-type alltoall` or `alltoall_seq`");
+    const std::string lb = a.s("moe_router_load_balancing_type");
+    if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none")
+      d.error("C-13", a.flag_value("moe_expert_capacity_factor") + " needs load balancing "
+                      "aux_loss, seq_aux_loss or none (got " +
+                      a.flag_value("moe_router_load_balancing_type") + ")");
+  } else if (a.b("moe_pad_expert_input_to_capacity")) {
+    d.error("C-14", "`--moe-pad-expert-input-to-capacity` needs `--moe-expert-capacity-factor`");
+  }
+  // C-18
+  if (dispatcher == "alltoall_seq" && c.tp != c.etp)
+    d.error("C-18", "`--moe-token-dispatcher-type alltoall_seq` needs " +
+                        a.flag_value("expert_tensor_parallel_size") + " equal to " +
+                        a.flag_value("tensor_model_parallel_size"));
+  // C-19
+  if (a.is_set("moe_router_topk_limited_devices") && a.i("moe_router_topk_limited_devices") > c.ep)
+    d.error("C-19", a.flag_value("moe_router_topk_limited_devices") + " exceeds " +
+                        a.flag_value("expert_model_parallel_size") + "; valid: 1 to " + num(c.ep));
+  // expert MLP width split over expert TP.
+  if (moe && a.i("moe_ffn_hidden_size") > 0 && a.i("moe_ffn_hidden_size") % c.etp != 0)
+    d.error("R-4", a.flag_value("expert_tensor_parallel_size") + " does not divide " +
+                       (a.was_given("moe_ffn_hidden_size") ? a.flag_value("moe_ffn_hidden_size")
+                                                           : "the expert MLP width " + num(a.i("moe_ffn_hidden_size"))) +
+                       "; valid: " + divisors_text(a.i("moe_ffn_hidden_size")));
+}
+
+// ------------------------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11)
+
+void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
+  const bool mock = a.b("mock_data");
+  const bool data_path = a.is_set("data_path");
+  const bool per_split =
+      a.is_set("train_data_path") || a.is_set("valid_data_path") || a.is_set("test_data_path");
+  // V-52
+  if (static_cast<int>(mock) + static_cast<int>(data_path) + static_cast<int>(per_split) > 1)
+    d.error("V-52", "give one data source: `--mock-data`, `--data-path`, or the per-split "
+                    "`--train/valid/test-data-path`");
+  // V-16
+  if (data_path && a.is_set("data_args_path"))
+    d.error("V-16", "give only one of `--data-path` and `--data-args-path`");
+  if (per_split && a.is_set("per_split_data_args_path"))
+    d.error("V-16", "give only one of the per-split `--*-data-path` flags and "
+                    "`--per-split-data-args-path`");
+  // M-10
+  if (!mock && !data_path && !per_split && !a.is_set("data_args_path") &&
+      !a.is_set("per_split_data_args_path"))
+    d.error("M-10", "no training data: pass `--mock-data` or `--data-path`");
+  // V-15
+  if (data_path && !a.is_set("split")) {
+    a.set("split", std::string("969, 30, 1"));
+    d.warn("`--split` not given with `--data-path`: using Megatron's legacy default \"969, 30, 1\"");
+  }
+  // V-28
+  if (!a.is_set("dataloader_type")) a.set("dataloader_type", std::string("single"));
+  if (a.i("num_dataset_builder_threads") < 1)
+    d.error("V-28", a.flag_value("num_dataset_builder_threads") + " must be > 0");
+  // V-59: tokenizer files.
+  const std::string tok = a.s("tokenizer_type");
+  if (tok == "GPT2BPETokenizer" && (!a.is_set("vocab_file") || !a.is_set("merge_file")))
+    d.error("V-59", "`--tokenizer-type GPT2BPETokenizer` needs `--vocab-file` and `--merge-file`");
+  if ((tok == "SentencePieceTokenizer" || tok == "GPTSentencePieceTokenizer" ||
+       tok == "Llama2Tokenizer" || tok == "TikTokenizer" || tok == "HuggingFaceTokenizer") &&
+      !a.is_set("tokenizer_model"))
+    d.error("V-59", a.flag_value("tokenizer_type") + " needs `--tokenizer-model`");
+  if ((tok == "BertWordPieceLowerCase" || tok == "BertWordPieceCase") && !a.is_set("vocab_file"))
+    d.error("V-59", a.flag_value("tokenizer_type") + " needs `--vocab-file`");
+  // M-11 (V-59 for NullTokenizer): without a tokenizer the vocabulary comes from --vocab-size.
+  if (!a.is_set("vocab_size")) {
+    d.error(tok == "NullTokenizer" ? "V-59" : "M-11",
+            "`--vocab-size` is required (megadlm takes the vocabulary size from it; tokenizer "
+            "files are not supported yet)");
+    return;
+  }
+  // Padded vocabulary (§2.2). Megatron's NullTokenizer reserves one more id for EOD and pads
+  // vocab_size + 1; megadlm takes --vocab-size as the full vocabulary (the EOD id included),
+  // which is what the MegaDLMs 1.7B example means by --vocab-size 50289 with its HF tokenizer.
+  const int64_t vocab = a.i("vocab_size");
+  const int64_t multiple = a.i("make_vocab_size_divisible_by") * (c.sizes_ok ? c.tp : 1);
+  if (multiple > 0) a.set("padded_vocab_size", (vocab + multiple - 1) / multiple * multiple);
+}
+
+// ------------------------------------------------------------- diffusion (D-2, D-3, D-4, D-6, D-7, M-12)
+
+void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
+  const std::string mode = a.s("model_running_mode");
+  const bool difflm = mode == "difflm-noshift";
+  // Mask default: MegaDLMs' causal_bottom_right crashes with difflm-noshift (§8.7).
+  if (!a.is_set("attention_mask_type"))
+    a.set("attention_mask_type", std::string(mode == "vanilla" ? "causal" : "no_mask"));
+  const std::string mask = a.s("attention_mask_type");
+  // D-2
+  if (difflm && mask != "no_mask")
+    d.error("D-2", "`--model-running-mode difflm-noshift` needs `--attention-mask-type no_mask` (got " +
+                       a.flag_value("attention_mask_type") + "); valid: no_mask");
+  if (mode == "vanilla" && mask != "causal" && mask != "causal_bottom_right")
+    d.warn("`--model-running-mode vanilla` always trains with causal attention (as MegaDLMs "
+           "does); " + a.flag_value("attention_mask_type") + " is not used");
+  // D-3
+  if (mask == "block_causal" && a.s("core_attn_implementation") != "FlexAttention")
+    d.error("D-3", "`--attention-mask-type block_causal` needs `--core-attn-implementation "
+                   "FlexAttention` in MegaDLMs");
+  if (difflm && a.s("transformer_impl") == "local")
+    d.error("D-3", "`--transformer-impl local` silently builds causal attention in MegaDLMs, "
+                   "which breaks `--model-running-mode difflm-noshift`; remove it");
+  // D-4
+  if (a.is_set("padded_vocab_size")) {
+    const int64_t padded = a.i("padded_vocab_size");
+    const int64_t m = a.i("mask_token");
+    if (m < 0 || m >= padded)
+      d.error("D-4", a.flag_value("mask_token") + " is outside the padded vocabulary of " +
+                         num(padded) + " (" + a.flag_value("vocab_size") + " padded to a multiple of " +
+                         a.flag_value("make_vocab_size_divisible_by") + " × TP); valid: 0 to " +
+                         num(padded - 1));
+  }
+  // D-5 (difflm-noshift ⇒ pp = cp = 1 and no SP) is deliberately not enforced: megadlm keeps the
+  // fixed length S for difflm-noshift (ARCHITECTURE.md, compatibility decisions), so pipeline,
+  // context and sequence splits stay divisible.
+  // D-6: packed (THD) batches.
+  if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {
+    if (!a.b("cut_off_varlen_to_seqlen"))
+      d.error("D-6", "packed batches (`--reset-position-ids --reset-attention-mask`) with "
+                     "difflm-noshift need `--cut-off-varlen-to-seqlen`");
+    if (c.cp > 1)
+      d.error("D-6", "packed batches cannot be combined with " + a.flag_value("context_parallel_size"));
+  }
+  // D-7
+  const double p = a.f("difflm_varilen_prob");
+  if (p < 0 || p > 1) d.error("D-7", a.flag_value("difflm_varilen_prob") + " must lie in [0, 1]");
+  // M-12
+  const int64_t min_masked = a.i("dlm_min_masked");
+  if (min_masked < 0 || (c.seq > 0 && min_masked > c.seq))
+    d.error("M-12", a.flag_value("dlm_min_masked") + " must lie in [0, " +
+                        (c.seq > 0 ? a.flag_value("seq_length") : std::string("seq-length")) + "]");
+}
+
+// ------------------------------------------------------------- device (M-3, M-4, M-7)
+
+void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
+  const bool given = a.is_set("device");
+  if (!given) a.set("device", std::string(a.launch().visible_gpus > 0 ? "cuda" : "cpu"));
+  const std::string device_text =
+      given ? a.flag_value("device") : "`--device cuda` (the default when a GPU is visible)";
+  if (a.s("device") == "cuda") {
+    if (!a.b("bf16"))
+      d.unsupported(device_text + " without `--bf16`: fp32 training on CUDA is not supported yet "
+                    "by megadlm; add `--bf16` (or use `--device cpu`)");
+    if (a.launch().visible_gpus == 0 && !c.dry_run)
+      d.error("M-4", device_text + " but no GPU is visible; use `--device cpu`");
+  } else if (a.b("bf16")) {
+    d.warn("`--bf16` with `--device cpu`: the CPU backend computes in fp32");
+  }
+}
+
+}  // namespace
+
+void resolve_and_validate(ArgState& a, bool dry_run, Diagnostics& d) {
+  Ctx c;
+  c.dry_run = dry_run;
+  check_removed_and_ignored(a, d);
+  resolve_world(a, c, d);
+  resolve_model_shape(a, c, d);
+  check_tensor_parallel(a, c, d);
+  check_pipeline(a, c, d);
+  check_context_parallel(a, c, d);
+  check_batch(a, c, d);
+  check_recompute(a, c, d);
+  check_data_parallel(a, c, d);
+  check_precision(a, d);
+  check_schedule(a, c, d);
+  check_checkpoint(a, d);
+  check_layer_options(a, c, d);
+  check_moe(a, c, d);
+  check_data(a, c, d);
+  check_diffusion(a, c, d);
+  check_device(a, c, d);
+  check_not_yet(a, d);
+  check_support(a, c, d);
+}
+
+// --------------------------------------------------------------------------- typed configs
+
+RunConfig build_run_config(const ArgState& a) {
+  RunConfig r;
+  auto as_int = [&](const char* dest) { return static_cast<int>(a.i(dest)); };
+
+  ParallelConfig& p = r.parallel;
+  p.world_size = as_int("world_size");
+  p.tensor_model_parallel_size = as_int("tensor_model_parallel_size");
+  p.pipeline_model_parallel_size = as_int("pipeline_model_parallel_size");
+  p.context_parallel_size = as_int("context_parallel_size");
+  p.expert_model_parallel_size = as_int("expert_model_parallel_size");
+  p.expert_tensor_parallel_size = as_int("expert_tensor_parallel_size");
+  p.data_parallel_size = as_int("data_parallel_size");
+  p.expert_data_parallel_size = as_int("expert_data_parallel_size");
+  p.virtual_pipeline_model_parallel_size = as_int("virtual_pipeline_model_parallel_size");
+  p.microbatch_group_size_per_vp_stage = as_int("microbatch_group_size_per_vp_stage");
+  if (a.is_set("decoder_first_pipeline_num_layers"))
+    p.decoder_first_pipeline_num_layers = as_int("decoder_first_pipeline_num_layers");
+  if (a.is_set("decoder_last_pipeline_num_layers"))
+    p.decoder_last_pipeline_num_layers = as_int("decoder_last_pipeline_num_layers");
+  p.account_for_embedding_in_pipeline_split = a.b("account_for_embedding_in_pipeline_split");
+  p.account_for_loss_in_pipeline_split = a.b("account_for_loss_in_pipeline_split");
+  p.sequence_parallel = a.b("sequence_parallel");
+  p.use_tp_pp_dp_mapping = a.b("use_tp_pp_dp_mapping");
+  p.overlap_p2p_comm = a.b("overlap_p2p_comm");
+  p.align_param_gather = a.b("align_param_gather");
+  p.align_grad_reduce = a.b("align_grad_reduce");
+  p.cp_comm_type = a.strings("cp_comm_type");
+  p.hierarchical_context_parallel_sizes.clear();
+  for (int64_t h : a.ints("hierarchical_context_parallel_sizes"))
+    p.hierarchical_context_parallel_sizes.push_back(static_cast<int>(h));
+  p.use_distributed_optimizer = a.b("use_distributed_optimizer");
+  p.num_distributed_optimizer_instances = as_int("num_distributed_optimizer_instances");
+  p.overlap_grad_reduce = a.b("overlap_grad_reduce");
+  p.overlap_param_gather = a.b("overlap_param_gather");
+  p.ddp_bucket_size = a.i("ddp_bucket_size");
+  p.ddp_average_in_collective = a.b("ddp_average_in_collective");
+  p.use_custom_fsdp = a.b("use_custom_fsdp");
+  const std::string strategy = a.s("data_parallel_sharding_strategy");
+  p.data_parallel_sharding_strategy =
+      strategy == "no_shard" ? ShardingStrategy::NoShard
+      : strategy == "optim"  ? ShardingStrategy::Optim
+      : strategy == "optim_grads" ? ShardingStrategy::OptimGrads
+                                  : ShardingStrategy::OptimGradsParams;
+  p.tp_comm_overlap = a.b("tp_comm_overlap");
+  p.distributed_timeout_minutes = as_int("distributed_timeout_minutes");
+
+  TransformerConfig& m = r.model;
+  m.num_layers = as_int("num_layers");
+  m.hidden_size = as_int("hidden_size");
+  m.ffn_hidden_size = as_int("ffn_hidden_size");
+  m.num_attention_heads = as_int("num_attention_heads");
+  m.num_query_groups = as_int("num_query_groups");
+  m.kv_channels = as_int("kv_channels");
+  m.seq_length = as_int("seq_length");
+  m.max_position_embeddings = as_int("max_position_embeddings");
+  const std::string pos = a.s("position_embedding_type");
+  m.position_embedding_type = pos == "rope"   ? PositionEmbeddingType::Rope
+                              : pos == "none" ? PositionEmbeddingType::None
+                                              : PositionEmbeddingType::LearnedAbsolute;
+  m.rotary_base = static_cast<float>(a.i("rotary_base"));
+  m.rotary_percent = static_cast<float>(a.f("rotary_percent"));
+  m.normalization = a.s("normalization") == "RMSNorm" ? NormType::RMSNorm : NormType::LayerNorm;
+  m.norm_epsilon = static_cast<float>(a.f("norm_epsilon"));
+  m.activation = a.b("swiglu") ? MlpActivation::SwiGLU : MlpActivation::Gelu;
+  m.qk_layernorm = a.b("qk_layernorm");
+  m.add_bias_linear = a.b("add_bias_linear");
+  m.add_qkv_bias = a.b("add_qkv_bias");
+  m.untie_embeddings_and_output_weights = a.b("untie_embeddings_and_output_weights");
+  m.vocab_size = a.i("vocab_size");
+  m.padded_vocab_size = a.i("padded_vocab_size");
+  m.init_method_std = static_cast<float>(a.f("init_method_std"));
+  m.attention_dropout = static_cast<float>(a.f("attention_dropout"));
+  m.hidden_dropout = static_cast<float>(a.f("hidden_dropout"));
+  // vanilla mode always trains causally (MegaDLMs forces it per layer); causal_bottom_right is
+  // the same mask when queries and keys have equal length.
+  const std::string mask = a.s("attention_mask_type");
+  m.attention_mask = (a.s("model_running_mode") == "vanilla" || mask == "causal" ||
+                      mask == "causal_bottom_right")
+                         ? AttentionMaskType::Causal
+                         : AttentionMaskType::NoMask;
+
+  DiffusionConfig& df = r.diffusion;
+  df.mode = a.s("model_running_mode") == "vanilla" ? RunningMode::Vanilla : RunningMode::DiffLMNoShift;
+  df.mask_token = a.i("mask_token");
+  df.varilen_prob = static_cast<float>(a.f("difflm_varilen_prob"));
+  const std::string w = a.s("dlm_loss_weight");
+  df.loss_weight = w == "inv_t" ? DlmLossWeight::InvT
+                   : w == "inv_t_eps" ? DlmLossWeight::InvTEps
+                                      : DlmLossWeight::ExactRatio;
+  df.min_masked = as_int("dlm_min_masked");
+
+  OptimizerConfig& o = r.optimizer;
+  o.lr = static_cast<float>(a.f("lr"));
+  o.min_lr = static_cast<float>(a.f("min_lr"));
+  o.lr_warmup_init = static_cast<float>(a.f("lr_warmup_init"));
+  const std::string style = a.s("lr_decay_style");
+  o.decay_style = style == "constant"              ? LrDecayStyle::Constant
+                  : style == "cosine"              ? LrDecayStyle::Cosine
+                  : style == "inverse-square-root" ? LrDecayStyle::InverseSquareRoot
+                  : style == "WSD"                 ? LrDecayStyle::WSD
+                                                   : LrDecayStyle::Linear;
+  const std::string wsd = a.s("lr_wsd_decay_style");
+  o.wsd_decay_style = wsd == "linear"   ? WsdDecayStyle::Linear
+                      : wsd == "cosine" ? WsdDecayStyle::Cosine
+                                        : WsdDecayStyle::Exponential;
+  o.lr_warmup_iters = a.i("lr_warmup_iters");
+  o.lr_decay_iters = a.i("lr_decay_iters");
+  o.lr_wsd_decay_iters = a.i("lr_wsd_decay_iters");
+  o.weight_decay = static_cast<float>(a.f("weight_decay"));
+  o.adam_beta1 = static_cast<float>(a.f("adam_beta1"));
+  o.adam_beta2 = static_cast<float>(a.f("adam_beta2"));
+  o.adam_eps = static_cast<float>(a.f("adam_eps"));
+  o.clip_grad = static_cast<float>(a.f("clip_grad"));
+
+  TrainingConfig& t = r.training;
+  t.micro_batch_size = as_int("micro_batch_size");
+  t.global_batch_size = as_int("global_batch_size");
+  t.train_iters = a.i("train_iters");
+  t.seed = static_cast<uint64_t>(a.i("seed"));
+  t.bf16 = a.b("bf16");
+  t.device = a.s("device") == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
+  t.log_interval = as_int("log_interval");
+  t.metrics_jsonl = a.s("metrics_jsonl");
+  t.eval_interval = as_int("eval_interval");
+  t.eval_iters = as_int("eval_iters");
+  if (a.is_set("exit_interval")) t.exit_interval = a.i("exit_interval");
+  t.check_for_nan_in_loss_and_grad = a.b("check_for_nan_in_loss_and_grad");
+
+  DataConfig& dc = r.data;
+  dc.mock_data = a.b("mock_data");
+  dc.data_path = a.strings("data_path");
+  if (a.is_set("split")) dc.split = a.s("split");
+  dc.data_cache_path = a.s("data_cache_path");
+  dc.reset_position_ids = a.b("reset_position_ids");
+  dc.reset_attention_mask = a.b("reset_attention_mask");
+  dc.eod_mask_loss = a.b("eod_mask_loss");
+  dc.tokenizer_type = a.s("tokenizer_type");
+  dc.tokenizer_model = a.s("tokenizer_model");
+  return r;
+}
+
+}  // namespace megadlm::training::detail

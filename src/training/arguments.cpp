@@ -1,0 +1,319 @@
+// Command-line parsing (argparse semantics plus @file expansion), the argument state, and the
+// start-up / dry-run reports. The rules that combine flags live in argument_rules.cpp.
+#include "megadlm/training/arguments.h"
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include "megadlm/parallel/rank_layout.h"
+#include "megadlm/training/flags.h"
+#include "training/argument_state.h"
+
+namespace megadlm {
+
+namespace {
+
+std::string config_error_message(const std::vector<std::string>& errors,
+                                 const std::vector<std::string>& not_supported) {
+  std::string msg;
+  if (!errors.empty()) {
+    msg += "invalid command line (" + std::to_string(errors.size()) +
+           (errors.size() == 1 ? " problem):\n" : " problems):\n");
+    for (const std::string& e : errors) msg += "  " + e + "\n";
+  }
+  if (!not_supported.empty()) {
+    msg += "not supported yet by megadlm (" + std::to_string(not_supported.size()) +
+           (not_supported.size() == 1 ? " item):\n" : " items):\n");
+    for (const std::string& e : not_supported) msg += "  " + e + "\n";
+  }
+  if (!msg.empty()) msg.pop_back();
+  return msg;
+}
+
+}  // namespace
+
+// User errors: the message is for the person who typed the command line, so it carries no
+// source location (unlike MDLM_CHECK's programmer errors).
+ConfigError::ConfigError(std::vector<std::string> errors, std::vector<std::string> not_supported)
+    : Error(config_error_message(errors, not_supported)),
+      errors_(std::move(errors)),
+      not_supported_(std::move(not_supported)) {}
+
+}  // namespace megadlm
+
+namespace megadlm::training {
+
+namespace detail {
+
+// ---------------------------------------------------------------------------------- ArgState
+
+ArgState::ArgState(const LaunchInfo& launch) : launch_(launch) {
+  for (const FlagSpec& f : flag_table()) {
+    const std::string dest = flag_dest(f);
+    if (primary_.emplace(dest, &f).second) values_[dest] = default_flag_value(f);
+  }
+}
+
+void ArgState::set_given(const FlagSpec& flag, FlagValue value) {
+  const std::string dest = flag_dest(flag);
+  bool seen = false;
+  for (const FlagSpec* g : given_order_) seen = seen || g == &flag;
+  if (!seen) given_order_.push_back(&flag);
+  given_[dest] = &flag;
+  values_[dest] = std::move(value);
+}
+
+bool ArgState::is_set(const std::string& dest) const {
+  return !std::holds_alternative<std::monostate>(value(dest));
+}
+
+const FlagValue& ArgState::value(const std::string& dest) const {
+  static const FlagValue kNone;
+  auto it = values_.find(dest);
+  return it == values_.end() ? kNone : it->second;
+}
+
+int64_t ArgState::i(const std::string& dest) const { return oi(dest).value_or(0); }
+
+std::optional<int64_t> ArgState::oi(const std::string& dest) const {
+  if (auto* v = std::get_if<int64_t>(&value(dest))) return *v;
+  return std::nullopt;
+}
+
+double ArgState::f(const std::string& dest) const { return of(dest).value_or(0.0); }
+
+std::optional<double> ArgState::of(const std::string& dest) const {
+  if (auto* v = std::get_if<double>(&value(dest))) return *v;
+  if (auto* v = std::get_if<int64_t>(&value(dest))) return static_cast<double>(*v);
+  return std::nullopt;
+}
+
+bool ArgState::b(const std::string& dest) const {
+  auto* v = std::get_if<bool>(&value(dest));
+  return v != nullptr && *v;
+}
+
+std::string ArgState::s(const std::string& dest) const {
+  auto* v = std::get_if<std::string>(&value(dest));
+  return v == nullptr ? std::string() : *v;
+}
+
+std::vector<int64_t> ArgState::ints(const std::string& dest) const {
+  auto* v = std::get_if<std::vector<int64_t>>(&value(dest));
+  return v == nullptr ? std::vector<int64_t>{} : *v;
+}
+
+std::vector<std::string> ArgState::strings(const std::string& dest) const {
+  auto* v = std::get_if<std::vector<std::string>>(&value(dest));
+  return v == nullptr ? std::vector<std::string>{} : *v;
+}
+
+std::string ArgState::flag(const std::string& dest) const {
+  auto it = given_.find(dest);
+  if (it != given_.end()) return backticked(it->second->name);
+  auto p = primary_.find(dest);
+  if (p != primary_.end()) return backticked(p->second->name);
+  return backticked(dest);
+}
+
+std::string ArgState::flag_value(const std::string& dest) const {
+  const FlagValue& v = value(dest);
+  if (std::holds_alternative<bool>(v)) return flag(dest);
+  const std::string text = command_line_text(v);
+  const std::string f = flag(dest);
+  if (text.empty()) return f;  // an empty list
+  return f.substr(0, f.size() - 1) + " " + text + "`";
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::ArgState;
+using detail::FlagValue;
+
+constexpr int kMaxFileDepth = 16;
+
+// Whitespace-separated words of an @file; '#' at the start of a word comments out the rest of
+// the line; "..." and '...' group words that contain spaces (e.g. --split "969, 30, 1").
+bool read_flag_file(const std::filesystem::path& path, std::vector<std::string>& out,
+                    std::string& error) {
+  std::ifstream in(path);
+  if (!in) {
+    error = "cannot read flag file `@" + path.string() + "` (does it exist?)";
+    return false;
+  }
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    size_t i = 0;
+    while (i < line.size()) {
+      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
+      if (i >= line.size() || line[i] == '#') break;
+      std::string word;
+      while (i < line.size() && !std::isspace(static_cast<unsigned char>(line[i]))) {
+        const char c = line[i];
+        if (c == '"' || c == '\'') {
+          const size_t close = line.find(c, i + 1);
+          if (close == std::string::npos) {
+            error = "flag file `@" + path.string() + "` line " + std::to_string(line_no) +
+                    ": unterminated quote";
+            return false;
+          }
+          word += line.substr(i + 1, close - i - 1);
+          i = close + 1;
+        } else {
+          word += c;
+          ++i;
+        }
+      }
+      out.push_back(word);
+    }
+  }
+  return true;
+}
+
+// Expands @file tokens (anywhere, as argparse's fromfile_prefix_chars does). Nested @files
+// resolve relative paths against the directory of the file that names them.
+void expand(const std::vector<std::string>& in, const std::filesystem::path& base, int depth,
+            std::vector<std::string>& out, std::vector<std::string>& errors) {
+  for (const std::string& tok : in) {
+    if (tok.size() < 2 || tok[0] != '@') {
+      out.push_back(tok);
+      continue;
+    }
+    if (depth >= kMaxFileDepth) {
+      errors.push_back("`" + tok + "`: @file nesting deeper than " +
+                       std::to_string(kMaxFileDepth) + " levels (does a file include itself?)");
+      continue;
+    }
+    std::filesystem::path p(tok.substr(1));
+    if (p.is_relative() && !base.empty()) p = base / p;
+    std::vector<std::string> words;
+    std::string error;
+    if (!read_flag_file(p, words, error)) {
+      errors.push_back(error);
+      continue;
+    }
+    expand(words, p.parent_path(), depth + 1, out, errors);
+  }
+}
+
+bool looks_like_number(const std::string& t) {
+  if (t.size() < 2 || t[0] != '-') return false;
+  const char c = t[1];
+  return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || t == "-inf" || t == "-nan";
+}
+
+// argparse treats "--x", "-h" and any "-x" that is not a negative number as an option string.
+bool looks_like_flag(const std::string& t) {
+  return t.size() >= 2 && t[0] == '-' && !looks_like_number(t);
+}
+
+}  // namespace
+
+ParsedArguments parse_arguments(const std::vector<std::string>& argv, const LaunchInfo& launch) {
+  std::vector<std::string> errors;
+  std::vector<std::string> tokens;
+  expand(argv, {}, 0, tokens, errors);
+
+  ArgState state(launch);
+  bool help = false, help_markdown = false;
+  for (size_t i = 0; i < tokens.size();) {
+    const std::string tok = tokens[i++];
+    if (tok == "-h" || tok == "--help") {
+      help = true;
+      continue;
+    }
+    if (tok.rfind("--", 0) != 0 || tok.size() == 2) {
+      errors.push_back("unexpected argument `" + tok + "`: values must follow a flag");
+      continue;
+    }
+    const size_t eq = tok.find('=');
+    const std::string name = tok.substr(0, eq);
+    std::vector<std::string> values;
+    if (eq != std::string::npos) values.push_back(tok.substr(eq + 1));
+    const FlagSpec* spec = find_flag(name);
+    if (spec == nullptr) {
+      std::string msg = "unknown flag `" + name + "`";
+      const std::string near = nearest_flag(name);
+      if (!near.empty()) msg += "; did you mean `" + near + "`?";
+      errors.push_back(msg);
+      while (i < tokens.size() && !looks_like_flag(tokens[i])) ++i;  // skip its values
+      continue;
+    }
+    if (spec->name == "--help-markdown") help_markdown = true;
+    const bool is_list = spec->kind == FlagKind::IntList || spec->kind == FlagKind::FloatList ||
+                         spec->kind == FlagKind::StringList;
+    if (eq == std::string::npos && flag_takes_value(*spec)) {
+      if (is_list) {
+        while (i < tokens.size() && !looks_like_flag(tokens[i])) values.push_back(tokens[i++]);
+      } else if (i < tokens.size() && !looks_like_flag(tokens[i])) {
+        values.push_back(tokens[i++]);
+      } else {
+        errors.push_back("`" + name + "` expects a value");
+        continue;
+      }
+    }
+    FlagValue v;
+    std::string error;
+    if (!detail::parse_flag_value(*spec, values, v, error)) {
+      errors.push_back(error);
+      continue;
+    }
+    state.set_given(*spec, std::move(v));
+  }
+
+  ParsedArguments out;
+  out.rank = launch.rank;
+  if (help || help_markdown) {
+    out.help = help;
+    out.help_markdown = help_markdown;
+    return out;
+  }
+  if (!errors.empty()) throw ConfigError(std::move(errors), {});
+
+  const bool dry_run = state.b("dry_run");
+  detail::Diagnostics diag;
+  detail::resolve_and_validate(state, dry_run, diag);
+  if (!diag.errors.empty() || (!dry_run && !diag.not_supported.empty()))
+    throw ConfigError(std::move(diag.errors), std::move(diag.not_supported));
+
+  out.config = detail::build_run_config(state);
+  out.dry_run = dry_run;
+  out.warnings = std::move(diag.warnings);
+  out.not_supported = std::move(diag.not_supported);
+  for (const auto& [dest, value] : state.values()) {
+    if (dest == "help" || dest == "help_markdown") continue;
+    out.values[dest] = detail::python_repr(value);
+  }
+  return out;
+}
+
+std::string format_arguments(const ParsedArguments& parsed) {
+  std::ostringstream os;
+  os << "------------------------ arguments ------------------------\n";
+  for (const auto& [name, value] : parsed.values) {
+    const size_t dots = name.size() < 48 ? 48 - name.size() : 0;
+    os << "  " << name << " " << std::string(dots, '.') << " " << value << "\n";
+  }
+  os << "-------------------- end of arguments ---------------------\n";
+  return os.str();
+}
+
+std::string format_dry_run_report(const ParsedArguments& parsed, int rank) {
+  std::ostringstream os;
+  os << format_arguments(parsed);
+  for (const std::string& w : parsed.warnings) os << "warning: " << w << "\n";
+  if (parsed.not_supported.empty()) {
+    os << "megadlm supports everything this configuration needs.\n";
+  } else {
+    os << "valid configuration; not supported yet by megadlm (" << parsed.not_supported.size()
+       << (parsed.not_supported.size() == 1 ? " item):\n" : " items):\n");
+    for (const std::string& n : parsed.not_supported) os << "  " << n << "\n";
+  }
+  os << parallel::format_layout(parsed.config.parallel, rank);
+  return os.str();
+}
+
+}  // namespace megadlm::training

@@ -1,0 +1,542 @@
+// Rules on the parallel layout and batch sizes (megatron-compat.md §3: V-2…V-23, B-*, C-4…C-7,
+// C-9, C-10, C-15, C-21, G-*, R-1, R-3…R-7), and the list of parallel features this
+// single-process build cannot run yet. Each block reports into Diagnostics with its rule id.
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include "training/rules_common.h"
+
+namespace megadlm::training::detail {
+
+std::string divisors_text(int64_t n) {
+  if (n <= 0) return "none";
+  if (n > (int64_t{1} << 40)) return "the divisors of " + std::to_string(n);  // keep it O(sqrt)
+  std::vector<int64_t> small, large;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    small.push_back(d);
+    if (d != n / d) large.push_back(n / d);
+  }
+  small.insert(small.end(), large.rbegin(), large.rend());
+  std::string out;
+  for (int64_t d : small) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return out;
+}
+
+// ------------------------------------------------------- world and parallel sizes (V-2…V-11, G-*)
+
+void resolve_world(ArgState& a, Ctx& c, Diagnostics& d) {
+  const LaunchInfo& launch = a.launch();
+  if (c.dry_run && a.is_set("world_size")) {
+    c.world = a.i("world_size");
+    c.world_source = a.flag_value("world_size");
+  } else {
+    c.world = launch.world_size;
+    c.world_source = "from the launcher";
+  }
+  if (!c.dry_run && a.is_set("world_size")) {
+    if (a.i("world_size") != launch.world_size)
+      d.error("M-1", a.flag_value("world_size") +
+                         " is only used with `--dry-run`; a real launch takes the world size from "
+                         "the launcher (here " + num(static_cast<int64_t>(launch.world_size)) + ")");
+    else
+      d.warn(a.flag_value("world_size") + " has no effect without `--dry-run`");
+  }
+  c.tp = a.i("tensor_model_parallel_size");
+  c.pp = a.i("pipeline_model_parallel_size");
+  c.cp = a.i("context_parallel_size");
+  c.ep = a.i("expert_model_parallel_size");
+  // V-11 / C-2: expert TP defaults to TP.
+  if (!a.is_set("expert_tensor_parallel_size")) a.set("expert_tensor_parallel_size", c.tp);
+  c.etp = a.i("expert_tensor_parallel_size");
+
+  auto positive = [&](const std::string& what, const std::string& text, int64_t v) {
+    if (v >= 1 && v <= kMaxParallelSize) return true;
+    d.error("M-2", text + ": " + what + " must be between 1 and " + num(kMaxParallelSize));
+    return false;
+  };
+  c.sizes_ok = positive("the world size", c.world_text(), c.world);
+  for (const char* dest : {"tensor_model_parallel_size", "pipeline_model_parallel_size",
+                           "context_parallel_size", "expert_model_parallel_size",
+                           "expert_tensor_parallel_size"})
+    c.sizes_ok = positive("a parallel size", a.flag_value(dest), a.i(dest)) && c.sizes_ok;
+
+  // Encoder sizes (encoder-decoder models are out of scope; their flags are "not yet").
+  int64_t enc_tp = a.i("encoder_tensor_model_parallel_size");
+  const int64_t enc_pp = a.i("encoder_pipeline_model_parallel_size");
+  if (enc_tp < 0 || enc_pp < 0 || enc_tp > kMaxParallelSize || enc_pp > kMaxParallelSize) {
+    c.sizes_ok = false;
+    d.error("M-2", "encoder parallel sizes must lie in [0, " + num(kMaxParallelSize) + "] (" +
+                       a.flag_value("encoder_tensor_model_parallel_size") + ", " +
+                       a.flag_value("encoder_pipeline_model_parallel_size") + ")");
+  }
+  if (enc_tp > 0 && c.sizes_ok) {
+    const int64_t heads = a.i("num_attention_heads");
+    if (heads > 0 && heads % enc_tp != 0)
+      d.error("V-3", a.flag_value("encoder_tensor_model_parallel_size") + " does not divide " +
+                         a.flag_value("num_attention_heads") + "; valid: " + divisors_text(heads));
+    if (enc_tp > c.tp)
+      d.error("V-3", a.flag_value("encoder_tensor_model_parallel_size") + " exceeds " +
+                         a.flag_value("tensor_model_parallel_size") + "; valid: 1 to " + num(c.tp));
+    // V-2 as Megatron states it also fires for an unset (0) encoder TP when --num-experts 0 is
+    // given; we only check a TP the user actually set.
+    if (enc_pp == 0 && enc_tp != c.tp)
+      d.error("V-2", a.flag_value("encoder_tensor_model_parallel_size") +
+                         " must equal " + a.flag_value("tensor_model_parallel_size") +
+                         " when the encoder shares the first pipeline stage "
+                         "(`--encoder-pipeline-model-parallel-size 0`)");
+  }
+  if (enc_pp > 0 && enc_tp == 0) enc_tp = c.tp;  // V-4
+  if (!c.sizes_ok) return;
+
+  // V-5 / G-1: the model-parallel size tiles the world.
+  const int64_t model_size = c.tp * c.pp * c.cp + std::max<int64_t>(enc_tp, 0) * std::max<int64_t>(enc_pp, 0) * c.cp;
+  if (c.world % model_size != 0) {
+    d.error("V-5", c.world_text() + " is not divisible by tp·pp·cp = " + num(model_size) + " (" +
+                       a.flag_value("tensor_model_parallel_size") + ", " +
+                       a.flag_value("pipeline_model_parallel_size") + ", " +
+                       a.flag_value("context_parallel_size") + "); valid world sizes: multiples of " +
+                       num(model_size));
+  } else {
+    c.dense_ok = true;
+    c.dp = c.world / model_size;
+  }
+  // G-3: the expert layout tiles the same world (reported on its own only when it is not the
+  // V-5 failure again through the default etp = tp).
+  const int64_t expert_size = c.etp * c.ep * c.pp;
+  const bool expert_flags = a.was_given("expert_tensor_parallel_size") || c.ep > 1;
+  if (c.world % expert_size != 0 && (c.dense_ok || expert_flags)) {
+    d.error("G-3", c.world_text() + " is not divisible by etp·ep·pp = " + num(expert_size) + " (" +
+                       a.flag_value("expert_tensor_parallel_size") + ", " +
+                       a.flag_value("expert_model_parallel_size") + ", " +
+                       a.flag_value("pipeline_model_parallel_size") +
+                       "); valid world sizes: multiples of " + num(expert_size));
+  } else if (c.world % expert_size == 0) {
+    c.expert_ok = true;
+    c.edp = c.world / expert_size;
+  }
+  // V-53 / G-6: the tp-pp-dp order has no slot for cp or ep.
+  if (a.b("use_tp_pp_dp_mapping") && c.cp * c.ep > 1)
+    d.error("V-53", "`--use-tp-pp-dp-mapping` orders ranks tp-pp-dp, which has no slot for context "
+                    "or expert parallelism: " + a.flag_value("context_parallel_size") + " and " +
+                    a.flag_value("expert_model_parallel_size") + " must both be 1");
+  // G-4: dense and expert pipeline groups coincide. With the default order pp is the slowest
+  // dimension of both generators; with tp-pp-dp its stride is tp (dense) and etp (expert).
+  if (a.b("use_tp_pp_dp_mapping") && c.pp > 1 && c.etp != c.tp)
+    d.error("G-4", "with `--use-tp-pp-dp-mapping` and " +
+                       a.flag_value("pipeline_model_parallel_size") + ", " +
+                       a.flag_value("expert_tensor_parallel_size") + " must equal " +
+                       a.flag_value("tensor_model_parallel_size") +
+                       " so that dense and expert pipeline groups coincide; valid: " + num(c.tp));
+  a.set("world_size", c.world);
+  a.set("rank", static_cast<int64_t>(a.launch().rank));
+  a.set("data_parallel_size", c.dense_ok ? FlagValue(c.dp) : FlagValue());
+  a.set("expert_data_parallel_size", c.expert_ok ? FlagValue(c.edp) : FlagValue());
+}
+
+// --------------------------------------------------------- tensor-parallel splits (C-9, C-10, R-4)
+
+void check_tensor_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
+  if (!c.sizes_ok) return;
+  if (c.heads > 0 && c.heads % c.tp != 0)
+    d.error("C-9", a.flag_value("tensor_model_parallel_size") + " does not divide " +
+                       a.flag_value("num_attention_heads") + "; valid: " + divisors_text(c.heads));
+  if (a.b("group_query_attention") && c.query_groups > 0 && c.query_groups % c.tp != 0)
+    d.error("C-10", a.flag_value("tensor_model_parallel_size") + " does not divide " +
+                        a.flag_value("num_query_groups") + "; valid: " +
+                        divisors_text(c.query_groups));
+  if (c.ffn > 0 && c.ffn % c.tp != 0)
+    d.error("R-4", a.flag_value("tensor_model_parallel_size") + " does not divide the MLP width " +
+                       (a.was_given("ffn_hidden_size")
+                            ? a.flag_value("ffn_hidden_size")
+                            : num(c.ffn) + " (the default " + a.flag("ffn_hidden_size") + ")") +
+                       "; valid: " + divisors_text(c.ffn));
+  // V-44: sequence parallelism is meaningless without TP.
+  if (a.b("sequence_parallel") && c.tp == 1) {
+    d.warn("`--sequence-parallel` has no effect with `--tensor-model-parallel-size 1`; turned off");
+    a.set("sequence_parallel", false);
+  }
+  // V-45
+  if (a.b("tp_comm_overlap") && !a.b("sequence_parallel"))
+    d.error("V-45", "`--tp-comm-overlap` requires `--sequence-parallel` (and TP > 1)");
+  // the SP scatter splits the local sequence over TP.
+  if (a.b("sequence_parallel") && c.seq > 0 && c.cp >= 1 && (c.seq / c.cp) % c.tp != 0)
+    d.error("R-5", "`--sequence-parallel` splits the local sequence " + a.flag_value("seq_length") +
+                       " / " + a.flag_value("context_parallel_size") + " = " + num(c.seq / c.cp) +
+                       " over " + a.flag_value("tensor_model_parallel_size") +
+                       ", which does not divide it; valid TP sizes: " + divisors_text(c.seq / c.cp));
+}
+
+// ------------------------------------------------------------- context parallelism (V-9, V-10, V-35, …)
+
+void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
+  std::vector<std::string> types = a.strings("cp_comm_type");
+  for (std::string& t : types)
+    if (t == "allgather") t = "all_gather";  // the help text's spelling; TE's token is all_gather
+  a.set("cp_comm_type", types);
+  const std::vector<int64_t> hier = a.ints("hierarchical_context_parallel_sizes");
+  // V-9
+  if (!hier.empty()) {
+    int64_t product = 1;
+    bool in_range = true;
+    for (int64_t h : hier) {
+      in_range = in_range && h >= 1 && h <= kMaxParallelSize;
+      if (in_range) product = std::min(product * h, kMaxParallelSize + 1);  // no overflow
+    }
+    if (!in_range)
+      d.error("M-2", a.flag_value("hierarchical_context_parallel_sizes") +
+                         ": sizes must lie in [1, " + num(kMaxParallelSize) + "]");
+    else if (c.sizes_ok && product != c.cp)
+      d.error("V-9", a.flag_value("hierarchical_context_parallel_sizes") + " multiply to " +
+                         (product > kMaxParallelSize ? "more than " + num(kMaxParallelSize)
+                                                     : num(product)) + ", not to " + a.flag_value("context_parallel_size") +
+                         "; valid: sizes whose product is " + num(c.cp));
+  }
+  const bool a2a_p2p = std::find(types.begin(), types.end(), "a2a+p2p") != types.end();
+  // V-10
+  if (a2a_p2p && hier.empty())
+    d.error("V-10", a.flag_value("cp_comm_type") + " needs `--hierarchical-context-parallel-sizes` "
+                    "(level sizes whose product is the CP size)");
+  // C-21: one type for all layers, or one per layer.
+  if (types.size() > 1 && c.num_layers > 0 && static_cast<int64_t>(types.size()) != c.num_layers)
+    d.error("C-21", a.flag_value("cp_comm_type") + " gives " + num(static_cast<int64_t>(types.size())) +
+                        " values; valid: one value, or one per layer (" +
+                        a.flag_value("num_layers") + ")");
+  if (!c.sizes_ok || c.cp == 1) return;
+  // V-35: load-balanced CP cuts the sequence into 2·cp chunks.
+  if (c.seq > 0 && c.seq % (2 * c.cp) != 0)
+    d.error("V-35", a.flag_value("seq_length") + " is not divisible by 2 × " +
+                        a.flag_value("context_parallel_size") + " = " + num(2 * c.cp) +
+                        " (CP splits the sequence into 2·cp chunks); valid: multiples of " +
+                        num(2 * c.cp));
+  // V-50
+  if (a.b("use_legacy_models"))
+    d.error("V-50", a.flag_value("context_parallel_size") + " is not available with "
+                    "`--use-legacy-models`");
+  // Ulysses (a2a) splits each rank's heads over its all-to-all group.
+  const bool a2a = std::find(types.begin(), types.end(), "a2a") != types.end();
+  if ((a2a || (a2a_p2p && !hier.empty())) && c.heads > 0 && c.heads % c.tp == 0) {
+    const int64_t group = a2a ? c.cp : hier[0];
+    const std::string group_text = a2a ? a.flag_value("context_parallel_size")
+                                       : "the first hierarchical CP level (" + num(group) + ")";
+    const int64_t local_heads = c.heads / c.tp;
+    if (group > 0 && local_heads % group != 0)
+      d.error("R-6", a.flag_value("cp_comm_type") + " splits the " + num(local_heads) +
+                         " heads per TP rank (" + a.flag_value("num_attention_heads") + " / " +
+                         a.flag_value("tensor_model_parallel_size") + ") over " + group_text +
+                         ", which does not divide them; valid all-to-all sizes: " +
+                         divisors_text(local_heads));
+    if (group > 0 && c.query_groups > 0 && c.query_groups % c.tp == 0 &&
+        (c.query_groups / c.tp) % group != 0)
+      d.error("R-6", a.flag_value("cp_comm_type") + " splits the " + num(c.query_groups / c.tp) +
+                         " key/value groups per TP rank over " + group_text +
+                         ", which does not divide them; valid all-to-all sizes: " +
+                         divisors_text(c.query_groups / c.tp));
+  }
+  // no TE backend implements a bottom-right causal mask under CP.
+  if (a.s("attention_mask_type") == "causal_bottom_right")
+    d.error("R-7", "`--attention-mask-type causal_bottom_right` cannot be used with " +
+                       a.flag_value("context_parallel_size") +
+                       "; valid: causal (the same mask for training) or no_mask");
+}
+
+// ------------------------------------------------------------ pipeline (V-18…V-20, G-2, R-1, R-3)
+
+void check_pipeline(ArgState& a, Ctx& c, Diagnostics& d) {
+  if (!c.sizes_ok) return;
+  const bool standalone = a.b("standalone_embedding_stage");
+  c.transformer_pp = standalone ? c.pp - 1 : c.pp;
+  if (c.transformer_pp < 1) {
+    d.error("V-7", "`--standalone-embedding-stage` needs " +
+                       a.flag_value("pipeline_model_parallel_size") + " > 1");
+    c.transformer_pp = 1;
+  }
+  a.set("transformer_pipeline_model_parallel_size", c.transformer_pp);
+  const bool first = a.is_set("decoder_first_pipeline_num_layers");
+  const bool last = a.is_set("decoder_last_pipeline_num_layers");
+  // Upstream's account-for flags count the embedding / loss as one layer each.
+  const int64_t extra = (a.b("account_for_embedding_in_pipeline_split") ? 1 : 0) +
+                        (a.b("account_for_loss_in_pipeline_split") ? 1 : 0);
+  const int64_t L = c.num_layers + extra;
+  const std::string layers_text =
+      extra == 0 ? a.flag_value("num_layers")
+                 : a.flag_value("num_layers") + " + " + num(extra) + " (account-for flags)";
+  if (!first && !last) {
+    // V-18
+    if (c.num_layers > 0 && L % c.transformer_pp != 0)
+      d.error("V-18", layers_text + " is not divisible by " +
+                          a.flag_value("pipeline_model_parallel_size") +
+                          (standalone ? " − 1 (standalone embedding stage)" : "") +
+                          "; valid pipeline sizes: " + divisors_text(L) +
+                          (standalone ? " (plus one)" : ""));
+  } else if (c.num_layers > 0) {
+    // uneven split.
+    const int64_t f = a.i("decoder_first_pipeline_num_layers");
+    const int64_t l = a.i("decoder_last_pipeline_num_layers");
+    if ((first && f < 1) || (last && l < 1))
+      d.error("R-3", "the first/last pipeline stage must hold at least one layer (" +
+                         (first ? a.flag_value("decoder_first_pipeline_num_layers") : "") +
+                         (first && last ? ", " : "") +
+                         (last ? a.flag_value("decoder_last_pipeline_num_layers") : "") + ")");
+    if (c.pp < 2) {
+      d.error("R-3", "uneven pipeline splits need " + a.flag_value("pipeline_model_parallel_size") +
+                         " >= 2");
+    } else {
+      const int64_t rest_layers = L - (first ? f : 0) - (last ? l : 0);
+      const int64_t rest_stages = c.pp - (first ? 1 : 0) - (last ? 1 : 0);
+      if (rest_layers < 0 || (rest_stages == 0 && rest_layers != 0) ||
+          (rest_stages > 0 && rest_layers % rest_stages != 0))
+        d.error("R-3", "uneven pipeline split: " + layers_text + " minus the first/last stage "
+                       "layers leaves " + num(rest_layers) + " layers for the " + num(rest_stages) +
+                       " middle stages of " + a.flag_value("pipeline_model_parallel_size") +
+                       "; they must divide evenly");
+    }
+  }
+  // V-19 / G-2: interleaved schedule.
+  const bool overlap_p2p = a.b("overlap_p2p_comm");
+  if (a.is_set("num_layers_per_virtual_pipeline_stage")) {
+    const int64_t n = a.i("num_layers_per_virtual_pipeline_stage");
+    const std::string nv = a.flag_value("num_layers_per_virtual_pipeline_stage");
+    if (overlap_p2p && c.pp <= 1)
+      d.error("V-19, G-2", nv + " needs " + a.flag_value("pipeline_model_parallel_size") + " > 1");
+    if (!overlap_p2p && c.pp <= 2)
+      d.error("V-19", nv + " with `--no-overlap-p2p-communication` needs " +
+                          a.flag_value("pipeline_model_parallel_size") + " > 2");
+    if (first || last)
+      d.error("R-3", nv + " cannot be combined with an uneven pipeline split "
+                     "(`--decoder-first/last-pipeline-num-layers`)");
+    if (n < 1) {
+      d.error("M-2", nv + " must be >= 1");
+    } else if (c.num_layers > 0 && L % c.transformer_pp == 0) {
+      const int64_t per_stage = L / c.transformer_pp;
+      if (per_stage % n != 0)
+        d.error("V-19", nv + " does not divide the " + num(per_stage) + " layers per pipeline stage (" +
+                            layers_text + " / " + a.flag_value("pipeline_model_parallel_size") +
+                            "); valid: " + divisors_text(per_stage));
+      else
+        c.vpp = per_stage / n;
+    }
+  } else {
+    // V-20: without virtual stages there is nothing to overlap or align.
+    a.set("overlap_p2p_comm", false);
+    a.set("align_param_gather", false);
+  }
+  a.set("virtual_pipeline_model_parallel_size", c.vpp > 0 ? FlagValue(c.vpp) : FlagValue());
+  a.set("batch_p2p_comm", !a.b("overlap_p2p_comm"));
+  // C-6
+  if (!a.is_set("microbatch_group_size_per_vp_stage")) a.set("microbatch_group_size_per_vp_stage", c.pp);
+  if (a.i("microbatch_group_size_per_vp_stage") < 1)
+    d.error("M-2", a.flag_value("microbatch_group_size_per_vp_stage") + " must be >= 1");
+  // C-7
+  if (a.b("overlap_p2p_communication_warmup_flush") &&
+      !(a.b("overlap_p2p_comm") && !a.b("batch_p2p_comm")))
+    d.error("C-7", "`--overlap-p2p-communication-warmup-flush` needs overlapped pipeline p2p "
+                   "(virtual pipeline stages without `--no-overlap-p2p-communication`)");
+}
+
+// --------------------------------------------------------------- batch sizes (V-17, B-1…B-3, R-1)
+
+void check_batch(ArgState& a, Ctx& c, Diagnostics& d) {
+  // V-17
+  if (!a.is_set("micro_batch_size")) {
+    d.error("V-17", "`--micro-batch-size` is required");
+    return;
+  }
+  const int64_t mbs = a.i("micro_batch_size");
+  if (mbs < 1) {
+    d.error("V-17", a.flag_value("micro_batch_size") + " must be > 0");
+    return;
+  }
+  if (mbs > INT_MAX) {
+    d.error("M-2", a.flag_value("micro_batch_size") + " must be at most " + num(int64_t{INT_MAX}));
+    return;
+  }
+  if (!c.dense_ok) return;
+  const int64_t per_step = mbs * c.dp;
+  if (!a.is_set("global_batch_size")) a.set("global_batch_size", per_step);
+  int64_t gbs = a.i("global_batch_size");
+  if (gbs < 1) {
+    d.error("V-17", a.flag_value("global_batch_size") + " must be > 0");
+    return;
+  }
+  if (gbs > INT_MAX) {
+    d.error("M-2", a.flag_value("global_batch_size") + " must be at most " + num(int64_t{INT_MAX}));
+    return;
+  }
+  // B-2 / B-3: batch-size ramp-up.
+  if (a.is_set("rampup_batch_size")) {
+    const std::vector<std::string> r = a.strings("rampup_batch_size");
+    int64_t v[3] = {0, 0, 0};
+    bool ok = r.size() == 3;
+    for (size_t i = 0; ok && i < 3; ++i) {
+      char* end = nullptr;
+      v[i] = std::strtoll(r[i].c_str(), &end, 10);
+      ok = !r[i].empty() && *end == '\0';
+    }
+    const std::string rv = a.flag_value("rampup_batch_size");
+    if (!ok) {
+      d.error("B-2", rv + ": expected three integers: start-batch-size batch-size-increment "
+                          "ramp-up-samples");
+    } else if (v[0] <= 0 || v[1] <= 0 || v[2] < 0 || gbs < v[0] || (gbs - v[0]) % v[1] != 0) {
+      d.error("B-2", rv + ": need start > 0, increment > 0, ramp-up samples >= 0, start <= " +
+                          a.flag_value("global_batch_size") + " and (global − start) divisible by "
+                          "the increment");
+    } else {
+      // The ramp visits start, start + increment, …, global; the first one that is not a whole
+      // number of micro-batches per rank is the start or the first increment.
+      const int64_t bad = v[0] % per_step != 0                             ? v[0]
+                          : (v[1] % per_step != 0 && gbs - v[0] >= v[1]) ? v[0] + v[1]
+                                                                         : 0;
+      if (bad != 0)
+        d.error("B-3", rv + " reaches a global batch of " + num(bad) + ", not divisible by " +
+                           a.flag_value("micro_batch_size") + " × data-parallel size " + num(c.dp) +
+                           " = " + num(per_step));
+    }
+  }
+  // B-1: whole micro-batches on every data-parallel rank.
+  if (gbs % per_step != 0) {
+    if (a.b("decrease_batch_size_if_needed") && gbs >= per_step) {
+      gbs = gbs / per_step * per_step;
+      d.warn(a.flag_value("global_batch_size") + " rounded down to " + num(gbs) +
+             " (`--decrease-batch-size-if-needed`)");
+      a.set("global_batch_size", gbs);
+    } else {
+      d.error("B-1", a.flag_value("global_batch_size") + " is not divisible by " +
+                         a.flag_value("micro_batch_size") + " × data-parallel size " + num(c.dp) +
+                         " = " + num(per_step) + "; valid: multiples of " + num(per_step) +
+                         (a.b("decrease_batch_size_if_needed")
+                              ? ""
+                              : ", or pass `--decrease-batch-size-if-needed` to round down"));
+      return;
+    }
+  }
+  c.num_micro = gbs / per_step;
+  a.set("num_micro_batches", c.num_micro);
+  // interleaved schedule needs pp <= N <= M and M % N == 0 or M % N >= pp.
+  if (c.vpp > 0) {
+    const int64_t N = a.i("microbatch_group_size_per_vp_stage");
+    const int64_t M = c.num_micro;
+    if (N >= 1 && !(c.pp <= N && N <= M && (M % N == 0 || M % N >= c.pp)))
+      d.error("R-1", "the interleaved pipeline schedule runs M = " + num(M) +
+                         " micro-batches (global batch " + num(gbs) + " / (" +
+                         a.flag_value("micro_batch_size") + " × dp " + num(c.dp) +
+                         ")) in groups of N = " + num(N) +
+                         " (`--microbatch-group-size-per-virtual-pipeline-stage`, default pp); it "
+                         "needs pp (" + num(c.pp) + ") <= N <= M and M % N == 0 or M % N >= pp; "
+                         "valid global batches for N = pp: multiples of " + num(per_step * c.pp));
+  }
+}
+
+// ---------------------------------------------------- recompute (V-13, V-42, V-43, C-15)
+
+void check_recompute(ArgState& a, Ctx& c, Diagnostics& d) {
+  if (a.b("recompute_activations")) a.set("recompute_granularity", std::string("selective"));
+  const std::string gran = a.s("recompute_granularity");
+  const std::string method = a.s("recompute_method");
+  if (gran == "full" && (method.empty() || !a.is_set("recompute_num_layers")))
+    d.error("C-15", "`--recompute-granularity full` needs `--recompute-method` (uniform or block) "
+                    "and `--recompute-num-layers`");
+  if (gran == "selective" && a.is_set("recompute_num_layers"))
+    d.error("C-15", "selective recomputation takes no " + a.flag_value("recompute_num_layers"));
+  if (gran == "selective" && !method.empty())
+    d.error("V-43", "selective recomputation takes no " + a.flag_value("recompute_method"));
+  if (a.b("distribute_saved_activations")) {
+    if (a.b("sequence_parallel"))
+      d.error("C-15", "`--distribute-saved-activations` cannot be combined with `--sequence-parallel`");
+    if (c.tp <= 1 || gran != "full" || method.empty())
+      d.error("V-42", "`--distribute-saved-activations` needs " +
+                          a.flag_value("tensor_model_parallel_size") + " > 1, "
+                          "`--recompute-granularity full` and `--recompute-method`");
+  }
+  if (!gran.empty() && c.vpp > 0 && c.num_layers > 0 && c.num_layers % c.vpp != 0)
+    d.error("C-15", a.flag_value("num_layers") + " is not divisible by the " + num(c.vpp) +
+                        " virtual pipeline stages");
+}
+
+// --------------------------------------------------- data parallel and optimizer (V-21…V-23, G-*)
+
+void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
+  const bool dist_opt = a.b("use_distributed_optimizer");
+  // V-21
+  if (a.b("overlap_param_gather") && (!dist_opt || !a.b("overlap_grad_reduce")))
+    d.error("V-21", "`--overlap-param-gather` needs `--use-distributed-optimizer` and "
+                    "`--overlap-grad-reduce`");
+  if (a.b("overlap_param_gather") && a.b("use_legacy_models"))
+    d.error("V-21", "`--overlap-param-gather` is not available with `--use-legacy-models`");
+  // V-22
+  if (a.b("use_torch_fsdp2")) {
+    std::vector<std::string> bad;
+    if (c.pp != 1) bad.push_back(a.flag_value("pipeline_model_parallel_size"));
+    if (c.ep != 1) bad.push_back(a.flag_value("expert_model_parallel_size"));
+    if (dist_opt) bad.push_back("`--use-distributed-optimizer`");
+    if (a.b("gradient_accumulation_fusion")) bad.push_back("gradient accumulation fusion (pass "
+                                                           "`--no-gradient-accumulation-fusion`)");
+    if (a.s("ckpt_format") != "torch_dist") bad.push_back(a.flag_value("ckpt_format"));
+    if (!a.b("untie_embeddings_and_output_weights"))
+      bad.push_back("tied embeddings (pass `--untie-embeddings-and-output-weights`)");
+    if (a.b("fp16")) bad.push_back("`--fp16`");
+    for (const std::string& b : bad) d.error("V-22", "`--use-torch-fsdp2` cannot be used with " + b);
+  }
+  // V-23
+  if (a.b("overlap_param_gather_with_optimizer_step") &&
+      (!dist_opt || !a.b("overlap_param_gather") || c.vpp == 0 || a.s("ckpt_format") != "torch"))
+    d.error("V-23", "`--overlap-param-gather-with-optimizer-step` needs "
+                    "`--use-distributed-optimizer`, `--overlap-param-gather`, virtual pipeline "
+                    "stages and `--ckpt-format torch`");
+  // V-25
+  if (a.b("fp8_param_gather") && !dist_opt)
+    d.error("V-25", "`--fp8-param-gather` needs `--use-distributed-optimizer`");
+  // G-5, G-7, G-8: distributed-optimizer instances (§1.6, with the upstream dp·cp fix).
+  const int64_t inst = a.i("num_distributed_optimizer_instances");
+  if (inst < 1) {
+    d.error("M-2", a.flag_value("num_distributed_optimizer_instances") + " must be >= 1");
+  } else {
+    if (c.dense_ok && (c.dp * c.cp) % inst != 0)
+      d.error("G-5", a.flag_value("num_distributed_optimizer_instances") + " does not divide "
+                         "dp·cp = " + num(c.dp) + "·" + num(c.cp) + " = " + num(c.dp * c.cp) +
+                         "; valid: " + divisors_text(c.dp * c.cp));
+    if (inst > 1 && !dist_opt)
+      d.error("G-7", a.flag_value("num_distributed_optimizer_instances") +
+                         " needs `--use-distributed-optimizer`");
+  }
+  if (dist_opt && a.s("optimizer") != "adam")
+    d.error("G-8", "`--use-distributed-optimizer` needs `--optimizer adam` (got " +
+                       a.flag_value("optimizer") + ")");
+  if (a.is_set("ddp_bucket_size") && a.i("ddp_bucket_size") < 1)
+    d.error("M-2", a.flag_value("ddp_bucket_size") + " must be >= 1");
+  if (a.i("distributed_timeout_minutes") < 1)
+    d.error("M-2", a.flag_value("distributed_timeout_minutes") + " must be >= 1");
+  // C-4
+  if (a.b("defer_embedding_wgrad_compute") &&
+      (c.pp <= 1 || !a.b("gradient_accumulation_fusion") || a.i("wgrad_deferral_limit") < 0))
+    d.error("C-4", "`--defer-embedding-wgrad-compute` needs " +
+                       a.flag_value("pipeline_model_parallel_size") + " > 1, gradient "
+                       "accumulation fusion and `--wgrad-deferral-limit` >= 0");
+}
+
+// ------------------------------------- what this single-process build cannot run (not supported yet)
+
+void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
+  if (!c.sizes_ok) return;
+  const char* suffix = " is not supported yet by megadlm (this build runs one process; see "
+                       "docs/roadmap.md)";
+  const std::pair<const char*, const char*> dims[] = {
+      {"tensor_model_parallel_size", "tensor parallelism"},
+      {"pipeline_model_parallel_size", "pipeline parallelism"},
+      {"context_parallel_size", "context parallelism"},
+      {"expert_model_parallel_size", "expert parallelism"},
+      {"expert_tensor_parallel_size", "expert tensor parallelism"}};
+  for (const auto& [dest, what] : dims) {
+    if (a.i(dest) <= 1) continue;
+    if (std::string(dest) == "expert_tensor_parallel_size" && c.etp == c.tp) continue;
+    d.unsupported(a.flag_value(dest) + ": " + what + suffix);
+  }
+  if (c.world > 1) {
+    if (c.dense_ok && c.dp > 1)
+      d.unsupported(c.world_text() + ": data parallelism (data-parallel size " + num(c.dp) + ")" + suffix);
+    else
+      d.unsupported(c.world_text() + ": running more than one process" + suffix);
+  }
+}
+
+}  // namespace megadlm::training::detail

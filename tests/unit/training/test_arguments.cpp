@@ -1,0 +1,726 @@
+// Flag parsing and validation, table-driven: each row is a command line and its outcome —
+// accepted (with the resolved values it must produce), rejected (with the substrings the message
+// must contain: flag names, values, what is valid, the rule id), or valid-but-not-supported-yet.
+// At least one row per rule of megatron-compat.md §3 that megadlm implements (the row's id).
+#include <gtest/gtest.h>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <unistd.h>
+#include "megadlm/training/arguments.h"
+#include "megadlm/training/flags.h"
+
+using namespace megadlm;
+using namespace megadlm::training;
+
+namespace {
+
+using Argv = std::vector<std::string>;
+
+// A small valid command line: everything the rules require, nothing else.
+const std::vector<std::pair<std::string, std::string>> kBase = {
+    {"--num-layers", "2"},        {"--hidden-size", "64"},   {"--num-attention-heads", "4"},
+    {"--seq-length", "32"},       {"--max-position-embeddings", "32"},
+    {"--micro-batch-size", "2"},  {"--vocab-size", "100"},   {"--mask-token", "99"},
+    {"--lr", "1e-3"},             {"--train-iters", "10"},   {"--mock-data", ""},
+    {"--attention-dropout", "0"},
+};
+
+/// kBase without the flags in `drop`, followed by `extra`.
+Argv cmd(const Argv& extra = {}, const Argv& drop = {}) {
+  Argv out;
+  for (const auto& [flag, value] : kBase) {
+    if (std::find(drop.begin(), drop.end(), flag) != drop.end()) continue;
+    out.push_back(flag);
+    if (!value.empty()) out.push_back(value);
+  }
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
+
+/// cmd(extra) validated with --dry-run for `world` ranks.
+Argv dry(int world, Argv extra = {}, const Argv& drop = {}) {
+  extra.insert(extra.end(), {"--dry-run", "--world-size", std::to_string(world)});
+  return cmd(extra, drop);
+}
+
+// The MegaDLMs 1.7B example (examples/dlm_training/dlm_pretrain_1.7b.sh, DP only).
+const Argv k1p7b = {
+    "--num-layers", "28", "--hidden-size", "2048", "--num-attention-heads", "16",
+    "--ffn-hidden-size", "6144", "--swiglu", "--normalization", "RMSNorm", "--norm-epsilon",
+    "1e-6", "--qk-layernorm", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+    "--position-embedding-type", "rope", "--rotary-base", "10000", "--vocab-size", "50289",
+    "--mask-token", "50277", "--seq-length", "2048", "--max-position-embeddings", "2048",
+    "--micro-batch-size", "4", "--global-batch-size", "256", "--bf16", "--lr", "2e-4",
+    "--min-lr", "2e-5", "--lr-decay-style", "WSD", "--lr-wsd-decay-style", "exponential",
+    "--lr-wsd-decay-iters", "1000", "--lr-warmup-iters", "2000", "--weight-decay", "0.1",
+    "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--clip-grad", "1.0", "--init-method-std",
+    "0.02", "--attention-dropout", "0", "--hidden-dropout", "0", "--train-iters", "10000",
+    "--mock-data", "--model-running-mode", "difflm-noshift", "--attention-mask-type", "no_mask",
+    "--base-model", "vanilla"};
+
+enum class Outcome {
+  Accepted,      ///< parse_arguments returns; `expect` must appear in warnings or not_supported
+  Rejected,      ///< ConfigError with rule errors; `expect` must appear in its message
+  NotSupported,  ///< ConfigError with only not-supported-yet items containing `expect`
+};
+
+struct Row {
+  std::string id;  ///< the rule (or parser feature) the row exercises
+  Argv argv;
+  Outcome outcome;
+  std::vector<std::string> expect;
+  std::function<void(const ParsedArguments&)> check = nullptr;
+  LaunchInfo launch = {};
+};
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const std::string& s : v) out += s + "\n";
+  return out;
+}
+
+std::vector<Row> rows() {
+  using O = Outcome;
+  return {
+      // ------------------------------------------------------------------ parsing
+      {"parse-base-is-valid", cmd(), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.num_layers, 2);
+         EXPECT_EQ(p.config.model.ffn_hidden_size, 256);  // 4H
+         EXPECT_EQ(p.config.model.kv_channels, 16);       // H / heads
+         EXPECT_EQ(p.config.model.num_query_groups, 4);   // = heads without GQA
+         EXPECT_EQ(p.config.model.padded_vocab_size, 128);
+         EXPECT_EQ(p.config.training.global_batch_size, 2);  // mbs · dp
+         EXPECT_EQ(p.config.optimizer.lr_decay_iters, 10);   // = train iters
+         EXPECT_EQ(p.config.model.attention_mask, AttentionMaskType::NoMask);
+         EXPECT_EQ(p.config.diffusion.mode, RunningMode::DiffLMNoShift);
+         EXPECT_EQ(p.config.training.device, DeviceKind::Cpu);
+         EXPECT_TRUE(p.config.model.add_bias_linear);
+         EXPECT_TRUE(p.config.model.add_qkv_bias);  // V-47: forced on with linear biases
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);
+         EXPECT_FALSE(p.dry_run);
+       }},
+      {"parse-unknown-flag-suggests-nearest", cmd({"--tensor-parallel-size", "2"}), O::Rejected,
+       {"unknown flag `--tensor-parallel-size`; did you mean `--tensor-model-parallel-size`?"}},
+      {"parse-unknown-flag-suggests-nearest", cmd({"--seq-len", "32"}), O::Rejected,
+       {"unknown flag `--seq-len`; did you mean `--seq-length`?"}},
+      {"parse-no-prefix-abbreviation", cmd({"--micro-batch", "2"}), O::Rejected,
+       {"unknown flag `--micro-batch`; did you mean `--micro-batch-size`?"}},
+      {"parse-bad-int", cmd({"--num-layers", "two"}), O::Rejected,
+       {"`--num-layers two`: invalid value; valid: an integer"}},
+      {"parse-bad-float", cmd({"--lr", "fast"}), O::Rejected, {"`--lr fast`", "a number"}},
+      {"parse-bad-choice", cmd({"--normalization", "BatchNorm"}), O::Rejected,
+       {"`--normalization BatchNorm`: invalid value; valid: LayerNorm, RMSNorm"}},
+      {"parse-missing-value", cmd({"--seed"}), O::Rejected, {"`--seed` expects a value"}},
+      {"parse-flag-takes-no-value", cmd({"--swiglu=yes"}), O::Rejected,
+       {"`--swiglu` takes no value"}},
+      {"parse-stray-value", cmd({"stray"}), O::Rejected, {"unexpected argument `stray`"}},
+      {"parse-equals-form", cmd({"--num-layers=4", "--lr=0.5"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.num_layers, 4);
+         EXPECT_FLOAT_EQ(p.config.optimizer.lr, 0.5f);
+       }},
+      {"parse-duplicate-last-wins", cmd({"--num-layers", "3", "--num-layers", "6"}), O::Accepted,
+       {}, [](const ParsedArguments& p) { EXPECT_EQ(p.config.model.num_layers, 6); }},
+      {"parse-negative-number-is-a-value",
+       cmd({"--inference-batch-times-seqlen-threshold", "-1"}), O::Accepted,
+       {"`--inference-batch-times-seqlen-threshold` has no effect in megadlm"}},
+      {"V-47/parse-no-X-flag", cmd({"--disable-bias-linear", "--no-check-for-nan-in-loss-and-grad"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_FALSE(p.config.model.add_bias_linear);
+         EXPECT_FALSE(p.config.model.add_qkv_bias);
+         EXPECT_FALSE(p.config.training.check_for_nan_in_loss_and_grad);
+         EXPECT_EQ(p.values.at("add_bias_linear"), "False");
+       }},
+      {"parse-int-list", dry(16, {"--context-parallel-size", "8", "--hierarchical-context-parallel-sizes", "2", "4", "--cp-comm-type", "a2a+p2p"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.hierarchical_context_parallel_sizes, (std::vector<int>{2, 4}));
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"a2a+p2p"}));
+         EXPECT_EQ(p.values.at("hierarchical_context_parallel_sizes"), "[2, 4]");
+       }},
+      {"parse-string-list-choices", cmd({"--cp-comm-type", "p2p", "ring"}), O::Rejected,
+       {"`--cp-comm-type ring`: invalid value; valid: p2p, all_gather, allgather, a2a, a2a+p2p"}},
+      {"parse-empty-star-list", dry(1, {"--spec"}), O::Accepted, {"`--spec` is not supported yet"},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.values.at("spec"), "[]"); }},
+      {"D-1", cmd({"--base-model", "Qwen_2"}), O::Rejected,
+       {"`--base-model Qwen_2`: invalid value; valid: vanilla"}},
+
+      // ------------------------------------------------------------------ flag status
+      {"V-12", cmd({"--batch-size", "8"}), O::Rejected,
+       {"`--batch-size` is no longer a valid flag: use `--micro-batch-size` instead [V-12]"}},
+      {"V-12", cmd({"--checkpoint-activations"}), O::Rejected,
+       {"`--checkpoint-activations`", "`--recompute-activations`", "[V-12]"}},
+      {"V-12", cmd({"--warmup", "10"}), O::Rejected, {"`--lr-warmup-fraction`", "[V-12]"}},
+      {"V-12", cmd({"--model-parallel-size", "2"}), O::Rejected,
+       {"`--tensor-model-parallel-size`", "[V-12]"}},
+      {"V-8", cmd({"--pipeline-model-parallel-split-rank", "1"}), O::Rejected, {"[V-8]"}},
+      {"not-yet-flag", cmd({"--exit-duration-in-mins", "5"}), O::NotSupported,
+       {"`--exit-duration-in-mins 5` is not supported yet by megadlm (see docs/flags.md)"}},
+      {"not-yet-flag-at-default", cmd({"--encoder-tensor-model-parallel-size", "0"}), O::Accepted, {}},
+      {"not-yet-value", cmd({"--dlm-t-sampling", "stratified"}), O::NotSupported,
+       {"`--dlm-t-sampling stratified` is not supported yet by megadlm (see docs/flags.md); "
+        "supported: iid"}},
+      {"not-yet-value", cmd({"--dlm-shift", "right"}), O::NotSupported, {"supported: none"}},
+      {"not-yet-in-dry-run", dry(1, {"--fp16"}), O::Accepted,
+       {"`--fp16` is not supported yet by megadlm"}},
+      {"ignored-flag-warns", cmd({"--wandb-project", "x"}), O::Accepted,
+       {"`--wandb-project` has no effect in megadlm"}},
+      {"dlm-flags", cmd({"--dlm-loss-weight", "inv_t_eps", "--dlm-min-masked", "3"}), O::Accepted,
+       {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.diffusion.loss_weight, DlmLossWeight::InvTEps);
+         EXPECT_EQ(p.config.diffusion.min_masked, 3);
+       }},
+
+      // ------------------------------------------------------------------ world and sizes
+      {"M-1", cmd({"--world-size", "4"}), O::Rejected,
+       {"`--world-size 4` is only used with `--dry-run`", "[M-1]"}},
+      {"M-2", dry(1, {"--tensor-model-parallel-size", "0"}), O::Rejected,
+       {"`--tensor-model-parallel-size 0`: a parallel size must be between 1 and", "[M-2]"}},
+      {"M-2", cmd({"--num-layers", "-1"}), O::Rejected, {"`--num-layers -1` must be between 1 and"}},
+      {"V-5", dry(12, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--context-parallel-size", "2"}),
+       O::Rejected,
+       {"world size 12 (`--world-size 12`) is not divisible by tp·pp·cp = 8",
+        "`--tensor-model-parallel-size 2`", "valid world sizes: multiples of 8 [V-5]"}},
+      {"G-3", dry(8, {"--expert-model-parallel-size", "16", "--expert-tensor-parallel-size", "1", "--num-experts", "16"}),
+       O::Rejected, {"is not divisible by etp·ep·pp = 16", "[G-3]"}},
+      {"V-11/C-2", dry(4, {"--tensor-model-parallel-size", "2"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.expert_tensor_parallel_size, 2);  // defaults to tp
+         EXPECT_EQ(p.config.parallel.expert_data_parallel_size, 2);
+       }},
+      {"V-53", dry(8, {"--use-tp-pp-dp-mapping", "--context-parallel-size", "2"}), O::Rejected,
+       {"`--context-parallel-size 2`", "[V-53]"}},
+      {"G-4", dry(8, {"--use-tp-pp-dp-mapping", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"}),
+       O::Rejected, {"`--expert-tensor-parallel-size 1` must equal `--tensor-model-parallel-size 2`", "[G-4]"}},
+      {"V-3", dry(4, {"--tensor-model-parallel-size", "4", "--encoder-tensor-model-parallel-size", "3", "--encoder-pipeline-model-parallel-size", "1"}),
+       O::Rejected, {"`--encoder-tensor-model-parallel-size 3` does not divide `--num-attention-heads 4`; valid: 1, 2, 4 [V-3]"}},
+      {"V-2", dry(4, {"--tensor-model-parallel-size", "4", "--encoder-tensor-model-parallel-size", "2"}),
+       O::Rejected, {"`--encoder-tensor-model-parallel-size 2` must equal `--tensor-model-parallel-size 4`", "[V-2]"}},
+
+      // ------------------------------------------------------------------ model shape
+      {"V-31", cmd({"--encoder-num-layers", "2"}), O::Rejected, {"give only one of `--num-layers 2` and `--encoder-num-layers 2` [V-31]"}},
+      {"V-31", cmd({"--encoder-num-layers", "3"}, {"--num-layers"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.model.num_layers, 3); }},
+      {"V-32", cmd({}, {"--hidden-size"}), O::Rejected, {"`--hidden-size` is required [V-32]"}},
+      {"V-32", cmd({}, {"--max-position-embeddings"}), O::Rejected,
+       {"`--max-position-embeddings` is required [V-32]"}},
+      {"M-5", cmd({}, {"--seq-length"}), O::Rejected, {"`--seq-length` is required [M-5]"}},
+      {"V-36", cmd({"--encoder-seq-length", "32"}), O::Rejected, {"give only one of", "[V-36]"}},
+      {"V-36", cmd({"--max-position-embeddings", "16"}), O::Rejected,
+       {"`--max-position-embeddings 16` is smaller than `--seq-length 32`; valid: at least 32 [V-36]"}},
+      {"V-33", cmd({"--hidden-size", "2048", "--num-attention-heads", "16", "--swiglu", "--max-position-embeddings", "32"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.ffn_hidden_size, 5440);  // int((4·2048·2/3)/64)·64
+         EXPECT_EQ(p.config.model.kv_channels, 128);
+         EXPECT_EQ(p.config.model.activation, MlpActivation::SwiGLU);
+       }},
+      {"V-34", cmd({"--hidden-size", "66"}), O::Rejected,
+       {"`--num-attention-heads 4` does not divide `--hidden-size 66`", "[V-34]"}},
+      {"V-34", cmd({"--hidden-size", "66", "--kv-channels", "16"}), O::Accepted, {}},
+      {"M-13", cmd({"--group-query-attention", "--num-query-groups", "3"}), O::Rejected,
+       {"`--num-query-groups 3` must divide `--num-attention-heads 4`", "valid: 1, 2, 4 [M-13]"}},
+      {"C-10-derived", cmd({"--group-query-attention", "--num-query-groups", "2"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.model.num_query_groups, 2); }},
+
+      // ------------------------------------------------------------------ tensor parallel
+      {"C-9", dry(3, {"--num-attention-heads", "16", "--tensor-model-parallel-size", "3"}), O::Rejected,
+       {"`--tensor-model-parallel-size 3` does not divide `--num-attention-heads 16`; valid: 1, 2, 4, 8, 16 [C-9]"}},
+      {"C-10", dry(4, {"--num-attention-heads", "8", "--group-query-attention", "--num-query-groups", "2", "--tensor-model-parallel-size", "4"}),
+       O::Rejected, {"`--tensor-model-parallel-size 4` does not divide `--num-query-groups 2`; valid: 1, 2 [C-10]"}},
+      {"R-4", dry(4, {"--tensor-model-parallel-size", "4", "--ffn-hidden-size", "130"}), O::Rejected,
+       {"`--tensor-model-parallel-size 4` does not divide the MLP width `--ffn-hidden-size 130`", "[R-4]"}},
+      {"V-44", cmd({"--sequence-parallel"}), O::Accepted,
+       {"`--sequence-parallel` has no effect with `--tensor-model-parallel-size 1`; turned off"},
+       [](const ParsedArguments& p) { EXPECT_FALSE(p.config.parallel.sequence_parallel); }},
+      {"V-45", cmd({"--tp-comm-overlap"}), O::Rejected, {"`--tp-comm-overlap` requires `--sequence-parallel`", "[V-45]"}},
+      {"R-5", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length", "30"}),
+       O::Rejected, {"splits the local sequence `--seq-length 30`", "[R-5]"}},
+      {"R-5-ok", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel"}), O::Accepted,
+       {"`--tensor-model-parallel-size 4`: tensor parallelism is not supported yet"},
+       [](const ParsedArguments& p) { EXPECT_TRUE(p.config.parallel.sequence_parallel); }},
+
+      // ------------------------------------------------------------------ context parallel
+      {"V-35", dry(4, {"--context-parallel-size", "4", "--seq-length", "36", "--max-position-embeddings", "64"}),
+       O::Rejected, {"`--seq-length 36` is not divisible by 2 × `--context-parallel-size 4` = 8", "valid: multiples of 8 [V-35]"}},
+      {"V-9", dry(8, {"--context-parallel-size", "8", "--hierarchical-context-parallel-sizes", "2", "2"}),
+       O::Rejected, {"`--hierarchical-context-parallel-sizes 2 2` multiply to 4, not to `--context-parallel-size 8`", "[V-9]"}},
+      {"V-10", dry(2, {"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}), O::Rejected,
+       {"`--cp-comm-type a2a+p2p` needs `--hierarchical-context-parallel-sizes`", "[V-10]"}},
+      {"C-21", cmd({"--cp-comm-type", "p2p", "a2a", "p2p"}), O::Rejected,
+       {"`--cp-comm-type p2p a2a p2p` gives 3 values; valid: one value, or one per layer (`--num-layers 2`) [C-21]"}},
+      {"R-6", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a"}), O::Rejected,
+       {"splits the 4 heads per TP rank", "`--context-parallel-size 8`", "valid all-to-all sizes: 1, 2, 4 [R-6]"}},
+      {"R-7", dry(2, {"--context-parallel-size", "2", "--model-running-mode", "vanilla", "--attention-mask-type", "causal_bottom_right"}),
+       O::Rejected, {"`--attention-mask-type causal_bottom_right` cannot be used with `--context-parallel-size 2`", "[R-7]"}},
+      {"V-50", dry(2, {"--context-parallel-size", "2", "--use-legacy-models"}), O::Rejected, {"[V-50]"}},
+      {"cp-comm-type-allgather", dry(2, {"--context-parallel-size", "2", "--cp-comm-type", "allgather"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"all_gather"}));
+       }},
+
+      // ------------------------------------------------------------------ pipeline
+      {"V-18", dry(4, {"--num-layers", "30", "--pipeline-model-parallel-size", "4"}), O::Rejected,
+       {"`--num-layers 30` is not divisible by `--pipeline-model-parallel-size 4`; valid pipeline sizes: 1, 2, 3, 5, 6, 10, 15, 30 [V-18]"}},
+      {"V-7", cmd({"--standalone-embedding-stage"}), O::Rejected, {"[V-7]"}},
+      {"R-3", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "10", "--decoder-first-pipeline-num-layers", "3"}),
+       O::Rejected, {"leaves 7 layers for the 3 middle stages", "[R-3]"}},
+      {"R-3-ok", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "10", "--decoder-first-pipeline-num-layers", "4"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.decoder_first_pipeline_num_layers, 4);
+       }},
+      {"V-19/G-2", cmd({"--num-layers-per-virtual-pipeline-stage", "1"}), O::Rejected,
+       {"`--num-layers-per-virtual-pipeline-stage 1` needs `--pipeline-model-parallel-size 1` > 1 [V-19, G-2]"}},
+      {"V-19", dry(2, {"--pipeline-model-parallel-size", "2", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "3", "--global-batch-size", "4"}),
+       O::Rejected, {"does not divide the 4 layers per pipeline stage", "valid: 1, 2, 4 [V-19]"}},
+      {"V-19", dry(2, {"--pipeline-model-parallel-size", "2", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "2", "--no-overlap-p2p-communication", "--global-batch-size", "4"}),
+       O::Rejected, {"needs `--pipeline-model-parallel-size 2` > 2 [V-19]"}},
+      {"V-19-ok/C-6", dry(2, {"--pipeline-model-parallel-size", "2", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "2", "--global-batch-size", "4"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.virtual_pipeline_model_parallel_size, 2);
+         EXPECT_TRUE(p.config.parallel.overlap_p2p_comm);
+         EXPECT_EQ(p.config.parallel.microbatch_group_size_per_vp_stage, 2);  // C-6: = pp
+       }},
+      {"V-20", dry(2, {"--pipeline-model-parallel-size", "2"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_FALSE(p.config.parallel.overlap_p2p_comm);
+         EXPECT_FALSE(p.config.parallel.align_param_gather);
+         EXPECT_EQ(p.values.at("virtual_pipeline_model_parallel_size"), "None");
+       }},
+      {"R-1", dry(2, {"--pipeline-model-parallel-size", "2", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "2"}),
+       O::Rejected, {"runs M = 1 micro-batches", "needs pp (2) <= N <= M", "[R-1]"}},
+      {"C-7", cmd({"--overlap-p2p-communication-warmup-flush"}), O::Rejected, {"[C-7]"}},
+
+      // ------------------------------------------------------------------ batch sizes
+      {"V-17", cmd({}, {"--micro-batch-size"}), O::Rejected, {"`--micro-batch-size` is required [V-17]"}},
+      {"V-17", cmd({"--micro-batch-size", "0"}), O::Rejected, {"`--micro-batch-size 0` must be > 0 [V-17]"}},
+      {"V-17-derived", dry(8), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.training.global_batch_size, 16);  // mbs 2 × dp 8
+         EXPECT_EQ(p.config.parallel.data_parallel_size, 8);
+       }},
+      {"B-1", dry(8, {"--global-batch-size", "20"}), O::Rejected,
+       {"`--global-batch-size 20` is not divisible by `--micro-batch-size 2` × data-parallel size 8 = 16; valid: multiples of 16", "[B-1]"}},
+      {"B-1-decrease", dry(8, {"--global-batch-size", "20", "--decrease-batch-size-if-needed"}),
+       O::Accepted, {"`--global-batch-size 20` rounded down to 16"},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.training.global_batch_size, 16); }},
+      {"B-2", cmd({"--global-batch-size", "8", "--rampup-batch-size", "4", "3", "100"}), O::Rejected,
+       {"`--rampup-batch-size 4 3 100`", "[B-2]"}},
+      {"B-2", cmd({"--rampup-batch-size", "4", "3"}), O::Rejected, {"expected three integers", "[B-2]"}},
+      {"B-3", cmd({"--global-batch-size", "8", "--micro-batch-size", "4", "--rampup-batch-size", "2", "2", "100"}),
+       O::Rejected, {"reaches a global batch of 2, not divisible by `--micro-batch-size 4`", "[B-3]"}},
+
+      // ------------------------------------------------------------------ recompute
+      {"V-13", dry(1, {"--recompute-activations"}), O::Accepted,
+       {"`--recompute-activations` is not supported yet"}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.values.at("recompute_granularity"), "selective");
+       }},
+      {"C-15", cmd({"--recompute-activations", "--recompute-num-layers", "2"}), O::Rejected,
+       {"selective recomputation takes no `--recompute-num-layers 2` [C-15]"}},
+      {"C-15", cmd({"--recompute-granularity", "full"}), O::Rejected,
+       {"`--recompute-granularity full` needs `--recompute-method`", "[C-15]"}},
+      {"V-43", cmd({"--recompute-granularity", "selective", "--recompute-method", "uniform"}),
+       O::Rejected, {"selective recomputation takes no `--recompute-method uniform` [V-43]"}},
+      {"V-42", cmd({"--distribute-saved-activations"}), O::Rejected, {"[V-42]"}},
+
+      // ------------------------------------------------------------------ data parallel / optimizer
+      {"V-21", cmd({"--overlap-param-gather"}), O::Rejected,
+       {"`--overlap-param-gather` needs `--use-distributed-optimizer` and `--overlap-grad-reduce` [V-21]"}},
+      {"V-21-ok", dry(4, {"--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce"}),
+       O::Accepted, {}},
+      {"V-22", cmd({"--use-torch-fsdp2"}), O::Rejected, {"`--use-torch-fsdp2` cannot be used with tied embeddings", "[V-22]"}},
+      {"V-23", cmd({"--overlap-param-gather-with-optimizer-step"}), O::Rejected, {"[V-23]"}},
+      {"V-25", cmd({"--fp8-param-gather"}), O::Rejected, {"`--fp8-param-gather` needs `--use-distributed-optimizer` [V-25]"}},
+      {"G-5", dry(6, {"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "4"}),
+       O::Rejected, {"`--num-distributed-optimizer-instances 4` does not divide dp·cp = 6·1 = 6; valid: 1, 2, 3, 6 [G-5]"}},
+      {"G-7", dry(2, {"--num-distributed-optimizer-instances", "2"}), O::Rejected,
+       {"`--num-distributed-optimizer-instances 2` needs `--use-distributed-optimizer` [G-7]"}},
+      {"G-8", cmd({"--use-distributed-optimizer", "--optimizer", "sgd"}), O::Rejected,
+       {"`--use-distributed-optimizer` needs `--optimizer adam` (got `--optimizer sgd`) [G-8]"}},
+      {"C-4", cmd({"--defer-embedding-wgrad-compute"}), O::Rejected, {"[C-4]"}},
+
+      // ------------------------------------------------------------------ precision
+      {"V-26/C-8", cmd({"--fp16", "--bf16"}), O::Rejected, {"`--fp16` and `--bf16` are mutually exclusive [V-26, C-8]"}},
+      {"V-26-derived", dry(1, {"--fp16"}), O::Accepted, {"NaN checks turned off"},
+       [](const ParsedArguments& p) { EXPECT_FALSE(p.config.training.check_for_nan_in_loss_and_grad); }},
+      {"V-27", cmd({"--bf16", "--accumulate-allreduce-grads-in-fp32", "--main-grads-dtype", "bf16"}),
+       O::Rejected, {"[V-27]"}},
+      {"V-27-derived", cmd({"--bf16"}), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.values.at("accumulate_allreduce_grads_in_fp32"), "True");
+         EXPECT_EQ(p.values.at("params_dtype"), "torch.bfloat16");
+       }},
+      {"V-39", cmd({"--fp16-lm-cross-entropy"}), O::Rejected, {"`--fp16-lm-cross-entropy` needs `--fp16` [V-39]"}},
+      {"V-39", cmd({"--fp32-residual-connection"}), O::Rejected, {"needs `--fp16` or `--bf16` [V-39]"}},
+      {"V-40", cmd({"--moe-grouped-gemm"}), O::Rejected, {"`--moe-grouped-gemm` needs `--bf16` [V-40]"}},
+
+      // ------------------------------------------------------------------ schedule and LR
+      {"V-29", cmd({"--train-samples", "100"}), O::Rejected, {"give only one of `--train-iters 10` and `--train-samples 100` [V-29]"}},
+      {"V-29", cmd({"--lr-warmup-fraction", "0.1", "--lr-warmup-iters", "2"}), O::Rejected,
+       {"give only one of `--lr-warmup-fraction 0.1` and `--lr-warmup-iters 2` [V-29]"}},
+      {"V-30", cmd({"--train-samples", "100", "--lr-decay-iters", "5"}, {"--train-iters"}), O::Rejected,
+       {"takes `--lr-decay-samples`, not `--lr-decay-iters 5` [V-30]"}},
+      {"M-8", cmd({}, {"--train-iters"}), O::Rejected, {"`--train-iters` is required", "[M-8]"}},
+      {"M-8-dry-run", dry(1, {}, {"--train-iters"}), O::Accepted, {}},
+      {"M-9", cmd({}, {"--lr"}), O::Rejected, {"`--lr` is required [M-9]"}},
+      {"V-37", cmd({"--min-lr", "1"}), O::Rejected, {"`--min-lr 1.0` exceeds `--lr 0.001`; valid: 0 to 0.001 [V-37]"}},
+      {"V-60", cmd({"--lr-decay-style", "WSD"}), O::Rejected, {"`--lr-decay-style WSD` needs `--lr-wsd-decay-iters` [V-60]"}},
+      {"V-60", cmd({"--lr-warmup-iters", "10"}), O::Rejected,
+       {"warm-up (10 iterations) must be shorter than the decay horizon `--lr-decay-iters 10`", "[V-60]"}},
+      {"V-60", cmd({"--lr-warmup-init", "1"}), O::Rejected, {"`--lr-warmup-init 1.0` must lie in [0, `--lr 0.001`] [V-60]"}},
+      {"V-60", cmd({"--min-lr", "-1"}), O::Rejected, {"`--min-lr -1.0` must be >= 0 [V-60]"}},
+      {"warmup-fraction", cmd({"--train-iters", "100", "--lr-warmup-fraction", "0.25", "--lr-decay-style", "cosine"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.optimizer.lr_warmup_iters, 25);
+         EXPECT_EQ(p.config.optimizer.lr_decay_iters, 100);
+         EXPECT_EQ(p.config.optimizer.decay_style, LrDecayStyle::Cosine);
+       }},
+      {"V-41", cmd({"--start-weight-decay", "0.1"}), O::Rejected, {"[V-41]"}},
+      {"V-41", cmd({"--weight-decay-incr-style", "linear"}), O::Rejected,
+       {"`--weight-decay-incr-style linear` needs both `--start-weight-decay` and `--end-weight-decay` [V-41]"}},
+      {"M-2", cmd({"--adam-beta2", "1.0"}), O::Rejected, {"`--adam-beta2 1.0` must lie in [0, 1) [M-2]"}},
+
+      // ------------------------------------------------------------------ checkpoints
+      {"V-38", cmd({"--save", "/tmp/ckpt"}), O::Rejected, {"`--save /tmp/ckpt` needs `--save-interval` [V-38]"}},
+      {"V-1", cmd({"--non-persistent-ckpt-type", "local"}), O::Rejected, {"valid: global [V-1]"}},
+      {"V-57", cmd({"--moe-use-upcycling"}), O::Rejected, {"`--moe-use-upcycling` needs `--save` [V-57]"}},
+      {"V-58", cmd({"--use-checkpoint-args"}), O::Rejected, {"`--use-checkpoint-args` needs `--load` [V-58]"}},
+      {"V-58", cmd({"--ckpt-convert-format", "torch"}), O::Rejected, {"[V-58]"}},
+
+      // ------------------------------------------------------------------ layer options
+      {"V-6", cmd({"--attention-backend", "local"}), O::Rejected, {"`--attention-backend local` needs `--spec local` [V-6]"}},
+      {"V-48", cmd({"--rotary-interleaved"}), O::Rejected, {"add `--no-rope-fusion` [V-48, C-17]"}},
+      {"V-48", cmd({"--no-position-embedding"}), O::Rejected,
+       {"`--no-position-embedding` needs `--position-embedding-type rope` (got `--position-embedding-type learned_absolute`) [V-48]"}},
+      {"V-48-derived", cmd({"--use-rotary-position-embeddings"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.position_embedding_type, PositionEmbeddingType::Rope);
+       }},
+      {"C-16", cmd({"--squared-relu"}), O::Rejected, {"`--squared-relu` has no fused bias-activation kernel", "[C-16]"}},
+      {"C-17", cmd({"--multi-latent-attention", "--rotary-interleaved", "--no-rope-fusion"}), O::Rejected, {"[C-17]"}},
+      {"V-54", cmd({"--deterministic-mode", "--use-flash-attn"}), O::Rejected, {"[V-54]"}},
+      {"V-55", cmd({"--apply-query-key-layer-scaling"}), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.values.at("attention_softmax_in_fp32"), "True");
+       }},
+      {"V-56", cmd({"--inference-batch-times-seqlen-threshold", "16"}), O::Rejected, {"[V-56]"}},
+      {"M-14", cmd({"--rotary-percent", "0"}), O::Rejected, {"`--rotary-percent 0.0` must lie in (0, 1] [M-14]"}},
+      {"M-15", cmd({"--hidden-dropout", "1.5"}), O::Rejected, {"`--hidden-dropout 1.5` must lie in [0, 1) [M-15]"}},
+      {"M-6", cmd({}, {"--attention-dropout"}), O::NotSupported,
+       {"`--attention-dropout 0.1`: attention dropout is not supported yet by megadlm", "pass `--attention-dropout 0`"}},
+
+      // ------------------------------------------------------------------ MoE
+      {"V-49", cmd({"--num-experts", "4", "--spec", "x"}), O::Rejected, {"[V-49]"}},
+      {"V-49-derived", cmd({"--num-experts", "0"}), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.values.at("num_experts"), "None");
+       }},
+      {"V-51", dry(4, {"--expert-model-parallel-size", "4", "--num-experts", "6"}), O::Rejected,
+       {"`--expert-model-parallel-size 4` does not divide `--num-experts 6`; valid: 1, 2, 3, 6 [V-51]"}},
+      {"V-51/C-11", dry(4, {"--expert-model-parallel-size", "4"}), O::Rejected,
+       {"`--expert-model-parallel-size 4` needs `--num-experts` [V-51, C-11]"}},
+      {"C-11", cmd({"--num-experts", "-2"}), O::Rejected, {"`--num-experts -2` must be > 0 [C-11]"}},
+      {"C-5", dry(4, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "4"}),
+       O::Rejected, {"`--expert-model-parallel-size 2` with `--tensor-model-parallel-size 2` needs `--sequence-parallel` [C-5]"}},
+      {"R-8", dry(2, {"--tensor-model-parallel-size", "2", "--num-experts", "4"}), O::Rejected,
+       {"`--num-experts 4` with `--tensor-model-parallel-size 2` needs `--sequence-parallel` [R-8]"}},
+      {"C-12", cmd({"--moe-shared-expert-intermediate-size", "0"}), O::Rejected, {"[C-12]"}},
+      {"C-12", cmd({"--moe-shared-expert-overlap"}), O::Rejected,
+       {"`--moe-shared-expert-overlap` needs `--moe-token-dispatcher-type alltoall` [C-12]"}},
+      {"C-13", cmd({"--moe-expert-capacity-factor", "1.0"}), O::Rejected, {"[C-13]"}},
+      {"C-14", cmd({"--moe-pad-expert-input-to-capacity"}), O::Rejected, {"[C-14]"}},
+      {"C-18", dry(2, {"--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1", "--moe-token-dispatcher-type", "alltoall_seq"}),
+       O::Rejected, {"[C-18]"}},
+      {"C-19", cmd({"--moe-router-topk-limited-devices", "2"}), O::Rejected,
+       {"`--moe-router-topk-limited-devices 2` exceeds `--expert-model-parallel-size 1`; valid: 1 to 1 [C-19]"}},
+      {"R-4-experts", dry(2, {"--expert-tensor-parallel-size", "2", "--num-experts", "2", "--moe-ffn-hidden-size", "33"}),
+       O::Rejected, {"`--expert-tensor-parallel-size 2` does not divide `--moe-ffn-hidden-size 33`", "[R-4]"}},
+
+      // ------------------------------------------------------------------ data
+      {"V-52", cmd({"--data-path", "corpus"}), O::Rejected, {"give one data source", "[V-52]"}},
+      {"V-16", cmd({"--data-path", "a", "--data-args-path", "b"}, {"--mock-data"}), O::Rejected,
+       {"give only one of `--data-path` and `--data-args-path` [V-16]"}},
+      {"M-10", cmd({}, {"--mock-data"}), O::Rejected, {"no training data: pass `--mock-data` or `--data-path` [M-10]"}},
+      {"V-15", dry(1, {"--data-path", "corpus_text_document"}, {"--mock-data"}), O::Accepted,
+       {"using Megatron's legacy default \"969, 30, 1\"", "`--data-path corpus_text_document` is not supported yet"},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.data.split, "969, 30, 1");
+         EXPECT_EQ(p.config.data.data_path, (std::vector<std::string>{"corpus_text_document"}));
+       }},
+      {"V-28", cmd({"--num-dataset-builder-threads", "0"}), O::Rejected, {"[V-28]"}},
+      {"V-59", cmd({"--tokenizer-type", "GPT2BPETokenizer"}), O::Rejected,
+       {"`--tokenizer-type GPT2BPETokenizer` needs `--vocab-file` and `--merge-file` [V-59]"}},
+      {"M-11", cmd({}, {"--vocab-size"}), O::Rejected, {"`--vocab-size` is required", "[M-11]"}},
+      {"padded-vocab", dry(2, {"--vocab-size", "50277", "--tensor-model-parallel-size", "2", "--mask-token", "50277"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.vocab_size, 50277);
+         EXPECT_EQ(p.config.model.padded_vocab_size, 50432);  // ceil(50277 / 256) · 256
+       }},
+
+      // ------------------------------------------------------------------ diffusion
+      {"D-2", cmd({"--attention-mask-type", "causal"}), O::Rejected,
+       {"`--model-running-mode difflm-noshift` needs `--attention-mask-type no_mask` (got `--attention-mask-type causal`); valid: no_mask [D-2]"}},
+      {"D-3", cmd({"--model-running-mode", "vanilla", "--attention-mask-type", "block_causal"}), O::Rejected,
+       {"`--attention-mask-type block_causal` needs `--core-attn-implementation FlexAttention`", "[D-3]"}},
+      {"D-3", cmd({"--transformer-impl", "local"}), O::Rejected, {"`--transformer-impl local`", "[D-3]"}},
+      {"D-4", cmd({"--mask-token", "128"}), O::Rejected,
+       {"`--mask-token 128` is outside the padded vocabulary of 128", "valid: 0 to 127 [D-4]"}},
+      {"D-4", cmd({}, {"--mask-token"}), O::Rejected, {"`--mask-token 151656` is outside", "[D-4]"}},
+      {"D-6", cmd({"--reset-position-ids", "--reset-attention-mask"}), O::Rejected,
+       {"need `--cut-off-varlen-to-seqlen` [D-6]"}},
+      {"D-7", cmd({"--difflm-varilen-prob", "1.5"}), O::Rejected, {"`--difflm-varilen-prob 1.5` must lie in [0, 1] [D-7]"}},
+      {"M-12", cmd({"--dlm-min-masked", "40"}), O::Rejected, {"`--dlm-min-masked 40` must lie in [0, `--seq-length 32`] [M-12]"}},
+      {"vanilla-mask-default", cmd({"--model-running-mode", "vanilla"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.diffusion.mode, RunningMode::Vanilla);
+         EXPECT_EQ(p.config.model.attention_mask, AttentionMaskType::Causal);
+         EXPECT_EQ(p.values.at("attention_mask_type"), "causal");
+       }},
+      {"vanilla-causal-bottom-right", cmd({"--model-running-mode", "vanilla", "--attention-mask-type", "causal_bottom_right"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.attention_mask, AttentionMaskType::Causal);
+       }},
+      {"vanilla-no-mask-warns", cmd({"--model-running-mode", "vanilla", "--attention-mask-type", "no_mask"}),
+       O::Accepted, {"always trains with causal attention"}},
+      {"test-forward-not-yet", cmd({"--model-running-mode", "test-forward"}), O::NotSupported,
+       {"`--model-running-mode test-forward` is not supported yet"}},
+
+      // ------------------------------------------------------------------ device
+      {"M-3", cmd({"--device", "cuda"}), O::NotSupported,
+       {"`--device cuda` without `--bf16`: fp32 training on CUDA is not supported yet"},
+       nullptr, LaunchInfo{.world_size = 1, .rank = 0, .visible_gpus = 1}},
+      {"M-3-default-device", cmd(), O::NotSupported, {"`--device cuda` (the default when a GPU is visible) without `--bf16`"},
+       nullptr, LaunchInfo{.world_size = 1, .rank = 0, .visible_gpus = 1}},
+      {"M-4", cmd({"--device", "cuda", "--bf16"}), O::Rejected,
+       {"`--device cuda` but no GPU is visible; use `--device cpu` [M-4]"}},
+      {"M-4-dry-run", dry(1, {"--device", "cuda", "--bf16"}), O::Accepted, {}},
+      {"M-7", cmd({"--bf16"}), O::Accepted, {"`--bf16` with `--device cpu`: the CPU backend computes in fp32"}},
+      {"device-default-cuda", cmd({"--bf16"}), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.training.device, DeviceKind::Cuda);
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);
+       }, LaunchInfo{.world_size = 1, .rank = 0, .visible_gpus = 2}},
+
+      // ------------------------------------------------------------------ single-process build
+      {"tp-real-run", cmd({"--tensor-model-parallel-size", "2"}), O::NotSupported,
+       {"`--tensor-model-parallel-size 2`: tensor parallelism is not supported yet by megadlm (this build runs one process; see docs/roadmap.md)",
+        "world size 2 (from the launcher): running more than one process is not supported yet"},
+       nullptr, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      {"dp-real-run", cmd(), O::NotSupported,
+       {"world size 4 (from the launcher): data parallelism (data-parallel size 4) is not supported yet by megadlm"},
+       nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
+      {"pp-cp-ep-real-run", cmd({"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "2"}),
+       O::NotSupported, {"`--pipeline-model-parallel-size 2`: pipeline parallelism", "`--context-parallel-size 2`: context parallelism",
+        "`--expert-model-parallel-size 2`: expert parallelism"},
+       nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
+      {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2"}), O::Accepted,
+       {"`--tensor-model-parallel-size 2`: tensor parallelism is not supported yet by megadlm",
+        "world size 16 (`--world-size 16`): data parallelism (data-parallel size 8)"},
+       [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.dry_run);
+         EXPECT_EQ(p.config.parallel.world_size, 16);
+         EXPECT_EQ(p.config.parallel.data_parallel_size, 8);
+         const std::string report = format_dry_run_report(p, 3);
+         EXPECT_NE(report.find("valid configuration; not supported yet by megadlm (2 items):"), std::string::npos) << report;
+         EXPECT_NE(report.find("  tp .......................... [2, 3]"), std::string::npos) << report;
+         EXPECT_NE(report.find("  dp .......................... [1, 3, 5, 7, 9, 11, 13, 15]"), std::string::npos);
+       }},
+      {"megadlms-1.7b-example", [] {
+         Argv a = k1p7b;
+         a.insert(a.end(), {"--dry-run", "--world-size", "64", "--use-distributed-optimizer"});
+         return a;
+       }(), O::Accepted, {"world size 64 (`--world-size 64`): data parallelism (data-parallel size 64)"},
+       [](const ParsedArguments& p) {
+         const RunConfig& c = p.config;
+         EXPECT_EQ(c.parallel.data_parallel_size, 64);
+         EXPECT_TRUE(c.parallel.use_distributed_optimizer);
+         EXPECT_EQ(c.training.global_batch_size, 256);
+         EXPECT_EQ(c.training.num_micro_batches(64), 1);
+         EXPECT_EQ(c.model.ffn_hidden_size, 6144);
+         EXPECT_EQ(c.model.kv_channels, 128);
+         EXPECT_EQ(c.model.padded_vocab_size, 50304);
+         EXPECT_EQ(c.model.normalization, NormType::RMSNorm);
+         EXPECT_FLOAT_EQ(c.model.norm_epsilon, 1e-6f);
+         EXPECT_TRUE(c.model.qk_layernorm);
+         EXPECT_FALSE(c.model.add_bias_linear);
+         EXPECT_TRUE(c.model.untie_embeddings_and_output_weights);
+         EXPECT_EQ(c.model.position_embedding_type, PositionEmbeddingType::Rope);
+         EXPECT_EQ(c.diffusion.mask_token, 50277);
+         EXPECT_EQ(c.optimizer.decay_style, LrDecayStyle::WSD);
+         EXPECT_EQ(c.optimizer.wsd_decay_style, WsdDecayStyle::Exponential);
+         EXPECT_EQ(c.optimizer.lr_wsd_decay_iters, 1000);
+         EXPECT_EQ(c.optimizer.lr_warmup_iters, 2000);
+         EXPECT_EQ(c.optimizer.lr_decay_iters, 10000);
+         EXPECT_FLOAT_EQ(c.optimizer.adam_beta2, 0.95f);
+         EXPECT_TRUE(c.training.bf16);
+         EXPECT_EQ(p.not_supported.size(), 1u) << joined(p.not_supported);
+       }},
+      {"megadlms-1.7b-example-one-process", k1p7b, O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.training.num_micro_batches(1), 64);
+       }},
+  };
+}
+
+// Every rule id parse_arguments implements (derived rules included); each needs a row.
+const char* const kImplementedRules[] = {
+    "V-1",  "V-2",  "V-3",  "V-5",  "V-7",  "V-8",  "V-9",  "V-10", "V-11", "V-12", "V-13",
+    "V-15", "V-16", "V-17", "V-18", "V-19", "V-20", "V-21", "V-22", "V-23", "V-25", "V-26",
+    "V-27", "V-28", "V-29", "V-30", "V-31", "V-32", "V-33", "V-34", "V-35", "V-36", "V-37",
+    "V-38", "V-39", "V-40", "V-41", "V-42", "V-43", "V-44", "V-45", "V-47", "V-48", "V-49",
+    "V-50", "V-51", "V-52", "V-53", "V-54", "V-55", "V-56", "V-57", "V-58", "V-59", "V-60",
+    "B-1",  "B-2",  "B-3",  "C-2",  "C-4",  "C-5",  "C-6",  "C-7",  "C-8",  "C-9",  "C-10",
+    "C-11", "C-12", "C-13", "C-14", "C-15", "C-16", "C-17", "C-18", "C-19", "C-21", "G-2",
+    "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
+    "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
+    "M-5",  "M-6",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15"};
+
+TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
+  const std::vector<Row> table = rows();
+  for (const std::string rule : kImplementedRules) {
+    bool covered = false;
+    for (const Row& row : table) {
+      // A row covers a rule when one of its '/'-separated id parts is the rule or starts with
+      // "<rule>-" (e.g. "R-5-ok").
+      size_t start = 0;
+      while (start <= row.id.size() && !covered) {
+        size_t end = row.id.find('/', start);
+        if (end == std::string::npos) end = row.id.size();
+        const std::string part = row.id.substr(start, end - start);
+        covered = part == rule || part.rfind(rule + "-", 0) == 0;
+        start = end + 1;
+      }
+      if (covered) break;
+    }
+    EXPECT_TRUE(covered) << "no row for rule " << rule;
+  }
+}
+
+class ArgumentRows : public ::testing::TestWithParam<Row> {};
+
+TEST_P(ArgumentRows, ProduceTheExpectedOutcome) {
+  const Row& row = GetParam();
+  std::string command;
+  for (const std::string& a : row.argv) command += a + " ";
+  SCOPED_TRACE("row " + row.id + ": " + command);
+  try {
+    const ParsedArguments p = parse_arguments(row.argv, row.launch);
+    ASSERT_EQ(row.outcome, Outcome::Accepted) << "accepted, but expected a ConfigError";
+    const std::string notes = joined(p.warnings) + joined(p.not_supported);
+    for (const std::string& e : row.expect)
+      EXPECT_NE(notes.find(e), std::string::npos) << "missing: " << e << "\nin:\n" << notes;
+    if (!p.dry_run) {
+      EXPECT_TRUE(p.not_supported.empty());
+    }
+    if (row.check) row.check(p);
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    ASSERT_NE(row.outcome, Outcome::Accepted) << "rejected:\n" << what;
+    if (row.outcome == Outcome::Rejected)
+      EXPECT_FALSE(e.errors().empty()) << what;
+    else
+      EXPECT_TRUE(e.errors().empty()) << "expected only not-supported items:\n" << what;
+    const std::string where = row.outcome == Outcome::Rejected ? what : joined(e.not_supported());
+    for (const std::string& x : row.expect)
+      EXPECT_NE(where.find(x), std::string::npos) << "missing: " << x << "\nin:\n" << what;
+  }
+}
+
+std::string row_name(const ::testing::TestParamInfo<Row>& info) {
+  std::string name = std::to_string(info.index) + "_";
+  for (char c : info.param.id) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, ArgumentRows, ::testing::ValuesIn(rows()), row_name);
+
+// ---------------------------------------------------------------------- beyond the table
+
+TEST(Arguments, ReportsEveryViolationAtOnce) {
+  // Three independent problems: TP vs heads (C-9), min-lr above lr (V-37), a probability > 1 (D-7).
+  try {
+    parse_arguments(dry(3, {"--num-attention-heads", "16", "--tensor-model-parallel-size", "3",
+                            "--ffn-hidden-size", "192",
+                            "--min-lr", "0.5", "--difflm-varilen-prob", "2"}),
+                    {});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("invalid command line (3 problems):"), std::string::npos) << what;
+    EXPECT_NE(what.find("[C-9]"), std::string::npos) << what;
+    EXPECT_NE(what.find("[V-37]"), std::string::npos) << what;
+    EXPECT_NE(what.find("[D-7]"), std::string::npos) << what;
+    EXPECT_EQ(e.errors().size(), 3u) << what;
+  }
+}
+
+TEST(Arguments, ReportsEveryParseErrorAtOnce) {
+  try {
+    parse_arguments(cmd({"--tensor-parallel-size", "2", "--num-layers", "x", "--swiglu=1"}), {});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.errors().size(), 3u) << e.what();
+  }
+}
+
+TEST(Arguments, HelpSkipsValidation) {
+  const ParsedArguments p = parse_arguments({"--tensor-model-parallel-size", "0", "--help"}, {});
+  EXPECT_TRUE(p.help);
+  EXPECT_TRUE(parse_arguments({"-h"}, {}).help);
+  EXPECT_TRUE(parse_arguments({"--help-markdown"}, {}).help_markdown);
+}
+
+// "@path" (appended: GCC 12's -Wrestrict misfires on "literal" + std::string).
+std::string at_file(const std::filesystem::path& p) { return std::string(1, '@').append(p.string()); }
+
+TEST(Arguments, ExpandsFlagFiles) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("megadlm_args_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "sub");
+  {
+    std::ofstream base(dir / "base.args");
+    base << "# a tiny model\n--num-layers 2 --hidden-size 64   # width\n"
+            "--num-attention-heads 4\n--seq-length 32 --max-position-embeddings 32\n"
+            "@sub/train.args\n";
+    std::ofstream train(dir / "sub" / "train.args");
+    train << "--micro-batch-size 2 --vocab-size 100 --mask-token 99\n"
+             "--lr 1e-3 --train-iters 10 --mock-data --attention-dropout 0\n"
+             "--metrics-jsonl 'my metrics.jsonl'\n";
+    std::ofstream loop(dir / "loop.args");
+    loop << "@loop.args\n";
+  }
+  const ParsedArguments p =
+      parse_arguments({at_file(dir / "base.args"), "--num-layers", "4"}, {});
+  EXPECT_EQ(p.config.model.num_layers, 4);  // the command line after @file wins
+  EXPECT_EQ(p.config.model.hidden_size, 64);
+  EXPECT_EQ(p.config.training.micro_batch_size, 2);
+  EXPECT_TRUE(p.config.data.mock_data);
+  EXPECT_EQ(p.config.training.metrics_jsonl, "my metrics.jsonl");
+  try {
+    parse_arguments({at_file(dir / "missing.args")}, {});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot read flag file"), std::string::npos) << e.what();
+  }
+  try {
+    parse_arguments({at_file(dir / "loop.args")}, {});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("nesting deeper than"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Arguments, FormatsMegatronsArgumentDump) {
+  const ParsedArguments p = parse_arguments(cmd({"--cp-comm-type", "p2p"}), {});
+  const std::string dump = format_arguments(p);
+  EXPECT_EQ(dump.rfind("------------------------ arguments ------------------------\n", 0), 0u);
+  EXPECT_NE(dump.find("\n-------------------- end of arguments ---------------------\n"),
+            std::string::npos);
+  // '.' × (48 − len(name)), as Megatron prints it.
+  EXPECT_NE(dump.find("\n  num_layers " + std::string(38, '.') + " 2\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("\n  adam_eps " + std::string(40, '.') + " 1e-08\n"), std::string::npos);
+  EXPECT_NE(dump.find("\n  cp_comm_type " + std::string(36, '.') + " ['p2p']\n"), std::string::npos);
+  EXPECT_NE(dump.find("\n  padded_vocab_size " + std::string(31, '.') + " 128\n"), std::string::npos);
+  EXPECT_NE(dump.find("\n  load " + std::string(44, '.') + " None\n"), std::string::npos);
+  EXPECT_NE(dump.find("\n  swiglu " + std::string(42, '.') + " False\n"), std::string::npos);
+  EXPECT_EQ(dump.find("help"), std::string::npos);
+  // Sorted by name.
+  EXPECT_LT(dump.find("  adam_beta1 "), dump.find("  adam_beta2 "));
+  EXPECT_LT(dump.find("  world_size "), dump.find("  yaml_cfg "));
+}
+
+}  // namespace
