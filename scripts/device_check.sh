@@ -27,3 +27,11 @@ if has train && [ -x "$build/bin/pretrain_difflm" ]; then
   MEGADLM_BIN="$build/bin" bash scripts/bench_train.sh "$out/train" 10 64 > "$out/bench_train.log" 2>&1
   echo "bench_train exit $?"; tail -8 "$out/bench_train.log"
 fi
+if has converge && [ -x "$build/bin/pretrain_difflm" ]; then
+  # The 1.7B model learning mock data: short warm-up so 40 iterations show the loss falling.
+  "$build/bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda \
+    --global-batch-size 16 --train-iters 40 --lr-warmup-iters 5 --lr-decay-style cosine \
+    --lr-decay-iters 40 --log-interval 5 --metrics-jsonl "$out/converge_1.7b.jsonl" \
+    > "$out/converge_1.7b.log" 2>&1
+  echo "converge exit $?"; grep -o 'iteration .*lm loss: [^|]*' "$out/converge_1.7b.log" | cut -c1-60,150-
+fi
