@@ -2,7 +2,7 @@
 # Runs the GPU ring on a machine with a GPU, from a carried build folder (no compiling there):
 # the CUDA-vs-CPU parity suite, the ops benchmark and, when pretrain_difflm is present, a CUDA
 # smoke run of the tiny model and the 1.7B training benchmark. Results go to OUT_DIR.
-#   scripts/device_check.sh BUILD_DIR OUT_DIR [parity|bench|train|all]...
+#   scripts/device_check.sh BUILD_DIR OUT_DIR [parity|bench|train|bench_train|converge|all]...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?build dir}; out=${2:?out dir}; shift 2
@@ -24,8 +24,12 @@ if has train && [ -x "$build/bin/pretrain_difflm" ]; then
   "$build/bin/pretrain_difflm" @configs/tiny_dlm.args --device cuda --train-iters 50 \
     --metrics-jsonl "$out/tiny_cuda.jsonl" > "$out/tiny_cuda.log" 2>&1
   echo "tiny cuda exit $?"; tail -3 "$out/tiny_cuda.log"
-  MEGADLM_BIN="$build/bin" bash scripts/bench_train.sh "$out/train" 10 64 > "$out/bench_train.log" 2>&1
-  echo "bench_train exit $?"; tail -8 "$out/bench_train.log"
+fi
+if has bench_train && [ -x "$build/bin/pretrain_difflm" ]; then
+  MEGADLM_BIN="$build/bin" bash scripts/bench_train.sh "$out/train_gbs64" 10 64 > "$out/bench_train_gbs64.log" 2>&1
+  echo "bench_train gbs 64 exit $?"; tail -4 "$out/bench_train_gbs64.log"
+  MEGADLM_BIN="$build/bin" bash scripts/bench_train.sh "$out/train_gbs256" 4 256 > "$out/bench_train_gbs256.log" 2>&1
+  echo "bench_train gbs 256 exit $?"; tail -4 "$out/bench_train_gbs256.log"
 fi
 if has converge && [ -x "$build/bin/pretrain_difflm" ]; then
   # The 1.7B model learning mock data: short warm-up so 40 iterations show the loss falling.
