@@ -1,0 +1,85 @@
+// One group of ranks that talk to each other, with one interface for both transports:
+// NCCL for CUDA tensors (stream-ordered, asynchronous with respect to the host) and MPI for CPU
+// tensors (blocking from the caller's point of view, built on non-blocking MPI calls so that a
+// deadline can be enforced). Created by comm/bootstrap (the world) and Communicator::split.
+//
+// Contract for every collective: all ranks of the group call it in the same order with the same
+// element counts and dtypes; tensors are contiguous and on the communicator's device; element
+// counts and the wire dtype come from the tensors (no byte counts anywhere). A collective that
+// does not complete within the group's timeout raises CommTimeoutError naming the group, the
+// operation, its sequence number and the rank (MPI: from the call; NCCL: from synchronize()).
+#pragma once
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+#include "megadlm/core/error.h"
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+
+namespace megadlm::comm {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+
+/// A collective or transfer that did not finish within --distributed-timeout-minutes.
+class CommTimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// One side of a point-to-point transfer in batch_p2p.
+struct P2POp {
+  enum class Kind { Send, Recv };
+  Kind kind = Kind::Send;
+  Tensor tensor;  ///< sent from, or received into (shares storage with the caller's tensor)
+  int peer = 0;   ///< rank in this communicator
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  /// Group name used in messages: "world", "tp", "dp", "dp-cp", ...
+  virtual const std::string& name() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// Global (world) rank of member `group_rank` of this group.
+  virtual int global_rank(int group_rank) const = 0;
+  /// Cpu for MPI communicators, Cuda(local device) for NCCL ones.
+  virtual Device device() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  /// In place: t = op over all ranks of t.
+  virtual void all_reduce(Tensor& t, ReduceOp op, const Stream& stream) = 0;
+  /// in [size * n] -> out [n]: rank r receives op over ranks of in[r*n, (r+1)*n).
+  virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, const Stream& stream) = 0;
+  /// in [n] -> out [size * n], rank r's `in` at out[r*n, (r+1)*n). `in` may alias its slot of out.
+  virtual void all_gather(const Tensor& in, Tensor& out, const Stream& stream) = 0;
+  /// t on every rank = t of `root` (group rank).
+  virtual void broadcast(Tensor& t, int root, const Stream& stream) = 0;
+  /// Uneven all-to-all over the flat elements: rank r sends in[send_offset(p) .. + send_counts[p])
+  /// to each peer p and receives recv_counts[p] elements from p, packed in rank order into out.
+  virtual void all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                          const std::vector<int64_t>& recv_counts, const Stream& stream) = 0;
+  virtual void send(const Tensor& t, int peer, const Stream& stream) = 0;
+  virtual void recv(Tensor& t, int peer, const Stream& stream) = 0;
+  /// All sends and receives issued together (no ordering deadlock between them).
+  virtual void batch_p2p(const std::vector<P2POp>& ops, const Stream& stream) = 0;
+  virtual void barrier(const Stream& stream) = 0;
+
+  /// Blocks the host until every operation this communicator queued on `stream` has finished,
+  /// raising CommTimeoutError (naming the oldest unfinished operation) after the timeout. The one
+  /// way host code waits on communication; no-op for MPI communicators.
+  virtual void synchronize(const Stream& stream) = 0;
+
+  /// Collective over this group: ranks with equal `color` form a new group, ordered by `key`.
+  /// `color` < 0: this rank joins no group (returns nullptr).
+  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  /// Tears the group down after a failure so that no rank stays blocked in it (ncclCommAbort).
+  virtual void abort() noexcept = 0;
+};
+
+const char* reduce_op_name(ReduceOp op);
+
+}  // namespace megadlm::comm
