@@ -602,59 +602,66 @@ std::vector<OpBench> elementwise_benches() {
 std::vector<OpBench> attention_benches() {
   std::vector<OpBench> out;
   const int64_t B = 4, H = 16, S = 2048, D = 128;
-  for (ops::AttentionMask mask : {ops::AttentionMask::None, ops::AttentionMask::Causal}) {
-    const bool causal = mask == ops::AttentionMask::Causal;
-    // Two matrix products of 2*S*S*D flops per head forward, five backward (2.5x); causal halves.
-    const double fwd_flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
-    for (bool backward : {false, true}) {
-      OpBench b;
-      b.name = detail::concat("attention_", backward ? "bwd" : "fwd", causal ? "_causal" : "");
-      b.shape = "B=4 H=16 S=2048 D=128 bf16";
-      b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
-      b.check = [mask, backward](const Stream& s) {
-        const int64_t bs = 1, hs = 2, ss = 128, ds = 128;
-        const ops::AttentionArgs a{.batch = bs, .seq = ss, .num_heads = hs, .num_kv_heads = hs,
-                                   .head_dim = ds, .mask = mask,
-                                   .softmax_scale = 1.0f / std::sqrt(static_cast<float>(ds))};
-        const Shape qs{bs, ss, hs, ds};
-        Pair q = make_pair(qs, DType::BF16, s), k = make_pair(qs, DType::BF16, s), v = make_pair(qs, DType::BF16, s);
-        Pair o = make_pair(qs, DType::BF16, s), lse = make_pair({bs, hs, ss}, DType::F32, s);
-        ops::attention_forward(q.dev, k.dev, v.dev, o.dev, lse.dev, a, s);
-        ops::attention_forward(q.host, k.host, v.host, o.host, lse.host, a, Stream::cpu());
-        Check c;
-        c.add(rel_err(o.dev, o.host, s), kTolBf16);
-        c.add(rel_err(lse.dev, lse.host, s), kTolF32);
-        if (backward) {
-          Pair dout = make_pair(qs, DType::BF16, s);
-          Pair dq = make_pair(qs, DType::BF16, s), dk = make_pair(qs, DType::BF16, s), dv = make_pair(qs, DType::BF16, s);
-          // Both backwards from the CPU forward's out and lse, so that only the backward differs.
-          Tensor o_dev = o.host.to(s.device(), DType::BF16, s), lse_dev = lse.host.to(s.device(), s);
-          ops::attention_backward(dout.dev, q.dev, k.dev, v.dev, o_dev, lse_dev, dq.dev, dk.dev, dv.dev, a, s);
-          ops::attention_backward(dout.host, q.host, k.host, v.host, o.host, lse.host, dq.host, dk.host,
-                                  dv.host, a, Stream::cpu());
-          c.add(rel_err(dq.dev, dq.host, s), kTolBf16);
-          c.add(rel_err(dk.dev, dk.host, s), kTolBf16);
-          c.add(rel_err(dv.dev, dv.host, s), kTolBf16);
-        }
-        return c;
-      };
-      b.setup = [mask, backward](const Stream& s) -> std::function<void()> {
-        const ops::AttentionArgs a{.batch = B, .seq = S, .num_heads = H, .num_kv_heads = H,
-                                   .head_dim = D, .mask = mask,
-                                   .softmax_scale = 1.0f / std::sqrt(static_cast<float>(D))};
-        const Shape qs{B, S, H, D};
-        Tensor q = random_device(qs, DType::BF16, s), k = random_device(qs, DType::BF16, s);
-        Tensor v = random_device(qs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
-        Tensor lse = Tensor::empty({B, H, S}, DType::F32, s);
-        ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
-        Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
-        Tensor dk = Tensor::empty(qs, DType::BF16, s), dv = Tensor::empty(qs, DType::BF16, s);
-        return [=, &s]() mutable {
-          if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
-          else ops::attention_forward(q, k, v, o, lse, a, s);
+  // Attention dropout (Megatron's default p = 0.1) as separate rows: same flops, the difference in
+  // time is the cost of drawing the mask (forward) and redrawing it (backward).
+  for (float dropout : {0.0f, 0.1f}) {
+    for (ops::AttentionMask mask : {ops::AttentionMask::None, ops::AttentionMask::Causal}) {
+      const bool causal = mask == ops::AttentionMask::Causal;
+      // Two matrix products of 2*S*S*D flops per head forward, five backward (2.5x); causal halves.
+      const double fwd_flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
+      for (bool backward : {false, true}) {
+        OpBench b;
+        b.name = detail::concat("attention_", backward ? "bwd" : "fwd", causal ? "_causal" : "",
+                                dropout > 0 ? "_dropout" : "");
+        b.shape = dropout > 0 ? "B=4 H=16 S=2048 D=128 bf16 p=0.1" : "B=4 H=16 S=2048 D=128 bf16";
+        b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
+        b.check = [mask, backward, dropout](const Stream& s) {
+          const int64_t bs = 1, hs = 2, ss = 128, ds = 128;
+          const ops::AttentionArgs a{.batch = bs, .seq = ss, .num_heads = hs, .num_kv_heads = hs,
+                                     .head_dim = ds, .mask = mask,
+                                     .softmax_scale = 1.0f / std::sqrt(static_cast<float>(ds)),
+                                     .dropout_p = dropout, .dropout_seed = 9, .dropout_site = 1};
+          const Shape qs{bs, ss, hs, ds};
+          Pair q = make_pair(qs, DType::BF16, s), k = make_pair(qs, DType::BF16, s), v = make_pair(qs, DType::BF16, s);
+          Pair o = make_pair(qs, DType::BF16, s), lse = make_pair({bs, hs, ss}, DType::F32, s);
+          ops::attention_forward(q.dev, k.dev, v.dev, o.dev, lse.dev, a, s);
+          ops::attention_forward(q.host, k.host, v.host, o.host, lse.host, a, Stream::cpu());
+          Check c;
+          c.add(rel_err(o.dev, o.host, s), kTolBf16);
+          c.add(rel_err(lse.dev, lse.host, s), kTolF32);
+          if (backward) {
+            Pair dout = make_pair(qs, DType::BF16, s);
+            Pair dq = make_pair(qs, DType::BF16, s), dk = make_pair(qs, DType::BF16, s), dv = make_pair(qs, DType::BF16, s);
+            // Both backwards from the CPU forward's out and lse, so that only the backward differs.
+            Tensor o_dev = o.host.to(s.device(), DType::BF16, s), lse_dev = lse.host.to(s.device(), s);
+            ops::attention_backward(dout.dev, q.dev, k.dev, v.dev, o_dev, lse_dev, dq.dev, dk.dev, dv.dev, a, s);
+            ops::attention_backward(dout.host, q.host, k.host, v.host, o.host, lse.host, dq.host, dk.host,
+                                    dv.host, a, Stream::cpu());
+            c.add(rel_err(dq.dev, dq.host, s), kTolBf16);
+            c.add(rel_err(dk.dev, dk.host, s), kTolBf16);
+            c.add(rel_err(dv.dev, dv.host, s), kTolBf16);
+          }
+          return c;
         };
-      };
-      out.push_back(b);
+        b.setup = [mask, backward, dropout](const Stream& s) -> std::function<void()> {
+          const ops::AttentionArgs a{.batch = B, .seq = S, .num_heads = H, .num_kv_heads = H,
+                                     .head_dim = D, .mask = mask,
+                                     .softmax_scale = 1.0f / std::sqrt(static_cast<float>(D)),
+                                     .dropout_p = dropout, .dropout_seed = 9, .dropout_site = 1};
+          const Shape qs{B, S, H, D};
+          Tensor q = random_device(qs, DType::BF16, s), k = random_device(qs, DType::BF16, s);
+          Tensor v = random_device(qs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
+          Tensor lse = Tensor::empty({B, H, S}, DType::F32, s);
+          ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
+          Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
+          Tensor dk = Tensor::empty(qs, DType::BF16, s), dv = Tensor::empty(qs, DType::BF16, s);
+          return [=, &s]() mutable {
+            if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
+            else ops::attention_forward(q, k, v, o, lse, a, s);
+          };
+        };
+        out.push_back(b);
+      }
     }
   }
   return out;

@@ -14,7 +14,8 @@ namespace {
 
 std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(layer) + "."; }
 
-ops::AttentionArgs attention_args(const TransformerConfig& c, const MicroBatch& mb) {
+ops::AttentionArgs attention_args(const TransformerConfig& c, const MicroBatch& mb,
+                                  const ModelRuntime& rt, int layer) {
   ops::AttentionArgs a;
   a.batch = mb.batch;
   a.seq = mb.seq;
@@ -24,6 +25,12 @@ ops::AttentionArgs attention_args(const TransformerConfig& c, const MicroBatch& 
   a.mask = c.attention_mask == AttentionMaskType::Causal ? ops::AttentionMask::Causal
                                                           : ops::AttentionMask::None;
   a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
+  // Attention dropout keyed by (seed, layer, global sample, head, query, key): backward
+  // regenerates the same mask. All heads and positions are local for now (offsets 0).
+  a.dropout_p = rt.training ? c.attention_dropout : 0.0f;
+  a.dropout_seed = rt.seed;
+  a.dropout_site = static_cast<uint32_t>(layer);
+  a.sample_offset = mb.first_sample;
   return a;
 }
 
@@ -145,7 +152,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   rec.q = q;
   rec.k = k;
   rec.v = v;
-  const ops::AttentionArgs aa = attention_args(cfg_, mb);
+  const ops::AttentionArgs aa = attention_args(cfg_, mb, rt, layer_);
   rec.attn_out = Tensor::empty({t, nh * hd}, x.dtype(), s);
   rec.lse = Tensor::empty({mb.batch * nh * mb.seq}, rt.stat_dtype(), s);
   ops::attention_forward(q, k, v, rec.attn_out, rec.lse, aa, s);
@@ -212,7 +219,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   Tensor dk = Tensor::empty(rec.k.shape(), dy.dtype(), s);
   Tensor dv = Tensor::empty(rec.v.shape(), dy.dtype(), s);
   ops::attention_backward(dattn, rec.q, rec.k, rec.v, rec.attn_out, rec.lse, dq, dk, dv,
-                          attention_args(cfg_, mb), s);
+                          attention_args(cfg_, mb, rt, layer_), s);
   rec.q = rec.k = rec.v = rec.attn_out = rec.lse = Tensor();
   if (cfg_.position_embedding_type == PositionEmbeddingType::Rope) {
     ops::rope_backward(dq, mb.positions, {nh, hd, cfg_.rotary_dim(), cfg_.rotary_base}, s);

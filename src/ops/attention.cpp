@@ -16,6 +16,17 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   MDLM_CHECK(a.num_heads % a.num_kv_heads == 0, op, ": num_heads ", a.num_heads,
              " is not a multiple of num_kv_heads ", a.num_kv_heads);
   MDLM_CHECK(a.softmax_scale > 0, op, ": softmax_scale must be positive");
+  MDLM_CHECK(a.dropout_p >= 0.0f && a.dropout_p < 1.0f, op, ": dropout_p ", a.dropout_p,
+             " must be in [0, 1) (--attention-dropout)");
+  if (a.dropout_p > 0) {
+    // The counter packs (site << 16) | global head into one 32-bit word.
+    MDLM_CHECK(a.sample_offset >= 0 && a.head_offset >= 0 && a.query_offset >= 0 &&
+                   a.key_offset >= 0,
+               op, ": dropout offsets must be non-negative");
+    MDLM_CHECK(a.head_offset + a.num_heads <= 65536 && a.dropout_site <= 65535, op,
+               ": attention dropout needs global heads and dropout_site below 65536, got heads up "
+               "to ", a.head_offset + a.num_heads - 1, " and site ", a.dropout_site);
+  }
   detail::check_float_activation(op, q, "q");
   detail::check_numel(op, q, a.batch * a.seq * a.num_heads * a.head_dim, "q");
   detail::check_numel(op, k, a.batch * a.seq * a.num_kv_heads * a.head_dim, "k");

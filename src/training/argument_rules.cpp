@@ -8,7 +8,7 @@
 //   M-3 --device cuda needs --bf16 (not yet)       M-11 --vocab-size required
 //   M-4 --device cuda needs a visible GPU          M-12 --dlm-min-masked within [0, seq-length]
 //   M-5 --seq-length required                      M-13 query groups divide the heads
-//   M-6 --attention-dropout > 0 (not yet)          M-14 --rotary-percent within (0, 1]
+//   M-6 (retired: attention dropout is supported)  M-14 --rotary-percent within (0, 1]
 //   M-7 --bf16 on the CPU warns (fp32 compute)     M-15 dropout probabilities within [0, 1)
 //   M-8 --train-iters required unless --dry-run
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
@@ -339,15 +339,11 @@ void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
   if (a.i("rotary_base") < 1) d.error("M-2", a.flag_value("rotary_base") + " must be >= 1");
   if (a.f("norm_epsilon") < 0) d.error("M-2", a.flag_value("norm_epsilon") + " must be >= 0");
   if (a.f("init_method_std") < 0) d.error("M-2", a.flag_value("init_method_std") + " must be >= 0");
+  // M-15: drop probabilities (1 would drop everything).
   for (const char* dest : {"attention_dropout", "hidden_dropout"}) {
     const double p = a.f(dest);
     if (p < 0 || p >= 1) d.error("M-15", a.flag_value(dest) + " must lie in [0, 1)");
   }
-  // M-6: attention dropout is not implemented (Megatron's default is 0.1).
-  if (a.f("attention_dropout") > 0)
-    d.unsupported(a.flag_value("attention_dropout") +
-                  ": attention dropout is not supported yet by megadlm (Megatron's default is "
-                  "0.1); pass `--attention-dropout 0`");
 }
 
 // --------------------------------------------------------- MoE (V-49, V-51, C-5, C-11…C-19, R-4, R-8)

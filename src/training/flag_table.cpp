@@ -236,7 +236,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--init-method-xavier-uniform", .kind = K::StoreTrue, .group = G::Model,
      .status = S::NotYet, .help = "Xavier-uniform weight init."},
     {.name = "--attention-dropout", .kind = K::Float, .group = G::Model, .default_value = "0.1",
-     .help = "Dropout on attention probabilities (megadlm: only 0 is supported yet)."},
+     .help = "Dropout probability on the attention probabilities, in [0, 1) (0 disables)."},
     {.name = "--hidden-dropout", .kind = K::Float, .group = G::Model, .default_value = "0.1",
      .help = "Dropout on residual branches."},
     {.name = "--attention-backend", .kind = K::String, .group = G::Model, .status = S::Ignored,

@@ -2,6 +2,8 @@
 // warp-per-row path as a second opinion) against the CPU f32 reference on the same bf16-rounded
 // inputs, for out, lse, dq, dk, dv; plus a throughput report. Every test skips without a GPU.
 // The largest errors per case are printed for the project notes (docs/kernels/attention.md).
+// Attention dropout: the same comparison with p = 0.1 and nonzero global offsets, and an exact
+// check of which elements each kernel drops (one-hot V and dO expose P * Z element by element).
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "ops/attention_dropout_mask.h"
 #include "support/op_testing.h"
 #include "support/tolerances.h"
 // The one place this suite touches the CUDA backend directly: selecting the simple kernel by
@@ -63,14 +66,27 @@ std::string name_of(const Case& c) {
          std::to_string(c.dim) + (c.mask == AttentionMask::Causal ? " causal" : " no-mask");
 }
 
-AttentionArgs args_of(const Case& c) {
+/// Attention dropout of a case (p = 0: none). key_offset stays a multiple of 4 (flash kernels).
+struct Dropout {
+  float p = 0.0f;
+  int64_t sample_offset = 0, head_offset = 0, query_offset = 0, key_offset = 0;
+};
+
+AttentionArgs args_of(const Case& c, const Dropout& d = {}) {
   return {.batch = c.batch,
           .seq = c.seq,
           .num_heads = c.heads,
           .num_kv_heads = c.kv_heads,
           .head_dim = c.dim,
           .mask = c.mask,
-          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim)))};
+          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim))),
+          .dropout_p = d.p,
+          .dropout_seed = 0x0123456789abcdefull,
+          .dropout_site = 5,
+          .sample_offset = d.sample_offset,
+          .head_offset = d.head_offset,
+          .query_offset = d.query_offset,
+          .key_offset = d.key_offset};
 }
 
 Shape q_shape(const Case& c) { return {c.batch, c.seq, c.heads, c.dim}; }
@@ -108,7 +124,8 @@ struct Errors {
 // softmax rows are peaked enough that a wrong key or a missed mask shows.
 class AttentionCase {
  public:
-  AttentionCase(const Case& c, uint64_t seed, const Stream& cuda) : c_(c), cuda_(cuda) {
+  AttentionCase(const Case& c, uint64_t seed, const Stream& cuda, const Dropout& drop = {})
+      : c_(c), drop_(drop), cuda_(cuda) {
     const Tensor q = test::random_tensor(q_shape(c), seed, DType::BF16, -2.0f, 2.0f);
     const Tensor k = test::random_tensor(kv_shape(c), seed + 1, DType::BF16, -2.0f, 2.0f);
     const Tensor v = test::random_tensor(kv_shape(c), seed + 2, DType::BF16);
@@ -123,7 +140,7 @@ class AttentionCase {
     vd_ = v.to(Device::cuda(0), cuda);
     doutd_ = dout.to(Device::cuda(0), cuda);
     // CPU f32 reference.
-    const AttentionArgs a = args_of(c);
+    const AttentionArgs a = args_of(c, drop);
     Tensor out = Tensor::empty(q_shape(c), DType::F32, cpu);
     Tensor lse = Tensor::empty(lse_shape(c), DType::F32, cpu);
     ops::attention_forward(q32_, k32_, v32_, out, lse, a, cpu);
@@ -139,7 +156,7 @@ class AttentionCase {
   }
 
   Errors run(Kernel kernel) const {
-    const AttentionArgs a = args_of(c_);
+    const AttentionArgs a = args_of(c_, drop_);
     Tensor out = poisoned(q_shape(c_), DType::BF16, cuda_);
     Tensor lse = poisoned(lse_shape(c_), DType::F32, cuda_);
     Tensor dq = poisoned(q_shape(c_), DType::BF16, cuda_);
@@ -170,23 +187,25 @@ class AttentionCase {
 
  private:
   Case c_;
+  Dropout drop_;
   Stream cuda_;
   Tensor q32_, k32_, v32_, dout32_, qd_, kd_, vd_, doutd_;
   std::vector<double> ref_out_, ref_lse_, ref_dq_, ref_dk_, ref_dv_;
 };
 
 void check_cases(const std::vector<Case>& cases, const std::vector<Kernel>& kernels,
-                 uint64_t seed) {
+                 uint64_t seed, const Dropout& drop = {}) {
   const Stream cuda = Stream::create(Device::cuda(0));
   Errors worst;
   for (const Case& c : cases) {
-    SCOPED_TRACE(name_of(c));
-    const AttentionCase ac(c, seed += 10, cuda);
+    SCOPED_TRACE(name_of(c) + (drop.p > 0 ? " dropout " + std::to_string(drop.p) : ""));
+    const AttentionCase ac(c, seed += 10, cuda, drop);
     for (Kernel k : kernels) {
       SCOPED_TRACE(kernel_name(k, c));
       const Errors e = ac.run(k);
-      std::printf("[attention parity] %-36s %-6s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
-                  name_of(c).c_str(), kernel_name(k, c), e.out, e.lse, e.dq, e.dk, e.dv);
+      std::printf("[attention parity] %-36s %-6s%s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                  name_of(c).c_str(), kernel_name(k, c), drop.p > 0 ? " drop" : "", e.out, e.lse,
+                  e.dq, e.dk, e.dv);
       worst.keep_max(e);
       // bf16 outputs: relative L2 bound of tolerances.h (bf16 rounding of each output plus of
       // P and dS before the tensor-core products; fp32 accumulation in another order).
@@ -240,4 +259,104 @@ TEST(AttentionParity, SimplePathMatchesCpuForOtherHeadDims) {
       for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal})
         cases.push_back({2, seq, 4, 2, dim, mask});
   check_cases(cases, {Kernel::Default}, 3000);
+}
+
+TEST(AttentionParity, FlashAndSimpleMatchCpuWithDropout) {
+  MDLM_REQUIRE_GPU();
+  // p = 0.1 with every offset nonzero (the kernels must use global coordinates), GQA and MHA,
+  // both masks, S = 17 (one partial tile), 141 (ragged multi-tile) and 2048 (many tiles).
+  const Dropout drop{.p = 0.1f, .sample_offset = 5, .head_offset = 2, .query_offset = 3,
+                     .key_offset = 8};
+  std::vector<Case> cases;
+  for (int64_t dim : {64, 128}) {
+    for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal}) {
+      for (int64_t seq : {17, 141}) {
+        cases.push_back({2, seq, 6, 2, dim, mask});
+        cases.push_back({1, seq, 2, 2, dim, mask});
+      }
+      cases.push_back({1, 2048, 2, 1, dim, mask});
+    }
+  }
+  check_cases(cases, {Kernel::Default, Kernel::Simple}, 4000, drop);
+}
+
+TEST(AttentionParity, SimplePathMatchesCpuWithDropoutForOtherHeadDims) {
+  MDLM_REQUIRE_GPU();
+  const Dropout drop{.p = 0.1f, .sample_offset = 1, .head_offset = 1, .query_offset = 2,
+                     .key_offset = 3};  // any key offset on the simple path
+  std::vector<Case> cases;
+  for (int64_t dim : {33, 96})
+    for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal})
+      cases.push_back({2, 141, 4, 2, dim, mask});
+  check_cases(cases, {Kernel::Default}, 5000, drop);
+}
+
+TEST(AttentionParity, DropoutDropsExactlyTheElementsOfTheSharedMapping) {
+  MDLM_REQUIRE_GPU();
+  // With v_j = e_j (S <= D) the output is out[i, d = j] = P_ij Z_ij / (1-p), and with dO_i = e_i
+  // and one query head per KV head, dv[j, d = i] = P_ij Z_ij / (1-p). P > 0 for every visible key,
+  // so an element of out / dv is zero exactly when it is dropped or masked: the zero patterns of
+  // both kernels must equal the CPU mapping (forward and backward masks, bit for bit).
+  const Stream cuda = Stream::create(Device::cuda(0));
+  const Dropout drop{.p = 0.5f, .sample_offset = 11, .head_offset = 3, .query_offset = 6,
+                     .key_offset = 12};
+  const std::vector<Case> cases = {
+      {2, 64, 2, 2, 64, AttentionMask::None},    {2, 64, 2, 2, 64, AttentionMask::Causal},
+      {2, 61, 2, 2, 64, AttentionMask::None},    {2, 128, 2, 2, 128, AttentionMask::None},
+      {2, 128, 2, 2, 128, AttentionMask::Causal}, {1, 100, 3, 3, 128, AttentionMask::None},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const AttentionArgs a = args_of(c, drop);
+    const auto mask = ops::detail::AttentionDropoutMask::from_args(a);
+    const int64_t S = c.seq, H = c.heads, D = c.dim;
+    std::vector<float> onehot(static_cast<size_t>(c.batch * S * H * D), 0.0f);
+    for (int64_t bs = 0; bs < c.batch * S; ++bs)
+      for (int64_t h = 0; h < H; ++h) onehot[static_cast<size_t>((bs * H + h) * D + bs % S)] = 1.0f;
+    const Tensor q = test::random_tensor(q_shape(c), 6000, DType::BF16, -1.0f, 1.0f)
+                         .to(Device::cuda(0), cuda);
+    const Tensor k = test::random_tensor(kv_shape(c), 6001, DType::BF16, -1.0f, 1.0f)
+                         .to(Device::cuda(0), cuda);
+    const Tensor v =
+        Tensor::from_floats(onehot, kv_shape(c), DType::BF16).to(Device::cuda(0), cuda);
+    const Tensor dout =
+        Tensor::from_floats(onehot, q_shape(c), DType::BF16).to(Device::cuda(0), cuda);
+    for (Kernel kernel : {Kernel::Default, Kernel::Simple}) {
+      SCOPED_TRACE(kernel_name(kernel, c));
+      Tensor out = poisoned(q_shape(c), DType::BF16, cuda);
+      Tensor lse = poisoned(lse_shape(c), DType::F32, cuda);
+      Tensor dq = poisoned(q_shape(c), DType::BF16, cuda);
+      Tensor dk = poisoned(kv_shape(c), DType::BF16, cuda);
+      Tensor dv = poisoned(kv_shape(c), DType::BF16, cuda);
+#if MEGADLM_WITH_CUDA
+      const auto which = kernel == Kernel::Simple ? ops::cuda::AttentionKernel::Simple
+                                                  : ops::cuda::default_attention_kernel(a);
+      ops::cuda::attention_forward_with(which, q, k, v, out, lse, a, cuda);
+      ops::cuda::attention_backward_with(which, dout, q, k, v, out, lse, dq, dk, dv, a, cuda);
+#endif
+      const std::vector<double> o = test::to_doubles(out, cuda), g = test::to_doubles(dv, cuda);
+      int64_t wrong_fwd = 0, wrong_bwd = 0, dropped = 0, visible = 0;
+      for (int64_t b = 0; b < c.batch; ++b)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t i = 0; i < S; ++i)
+            for (int64_t j = 0; j < S; ++j) {
+              const bool seen = c.mask == AttentionMask::None || j <= i;
+              const bool kept = seen && mask.keep(b, h, i, j);
+              visible += seen;
+              dropped += seen && !kept;
+              const double fo = o[static_cast<size_t>(((b * S + i) * H + h) * D + j)];
+              const double bo = g[static_cast<size_t>(((b * S + j) * H + h) * D + i)];
+              wrong_fwd += std::isnan(fo) || (fo != 0.0) != kept;
+              wrong_bwd += std::isnan(bo) || (bo != 0.0) != kept;
+            }
+      std::printf("[attention dropout mask] %-36s %-6s dropped %lld of %lld, wrong fwd %lld "
+                  "bwd %lld\n",
+                  name_of(c).c_str(), kernel_name(kernel, c), static_cast<long long>(dropped),
+                  static_cast<long long>(visible), static_cast<long long>(wrong_fwd),
+                  static_cast<long long>(wrong_bwd));
+      EXPECT_EQ(wrong_fwd, 0);
+      EXPECT_EQ(wrong_bwd, 0);
+      EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(visible), drop.p, 0.05);
+    }
+  }
 }

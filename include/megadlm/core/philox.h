@@ -11,6 +11,8 @@
 //   * diffusion t:   c0 = 0,        c1 = 0, c2..c3 = global sample index
 //   * token masks:   c0 = position, c1 = 0, c2..c3 = global sample index
 //   * dropout:       c0 = hidden element / 4, c1 = position, c2 = sample low bits, c3 = layer site
+//   * attn dropout:  c0 = key position / 4, c1 = query position, c2 = sample low bits,
+//                    c3 = (layer site << 16) | query head
 // Each call returns 4 independent 32-bit words; callers that need fewer use word 0.
 #pragma once
 #include <cstdint>

@@ -1,6 +1,6 @@
 // One pre-norm transformer layer (Megatron's GPT layer) with explicit forward and backward.
 //
-//   x ─ norm1 ─ QKV ─ [q/k norm] ─ [RoPE] ─ attention ─ proj ─ dropout ─ + ─ x2
+//   x ─ norm1 ─ QKV ─ [q/k norm] ─ [RoPE] ─ attention (dropout on P) ─ proj ─ dropout ─ + ─ x2
 //   x2 ─ norm2 ─ fc1 ─ SwiGLU|GELU ─ fc2 ─ dropout ─ + ─ out
 //
 // forward() saves what backward() needs into a LayerRecord (one per in-flight micro-batch);

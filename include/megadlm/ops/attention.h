@@ -8,7 +8,21 @@
 // head h / (Hq / Hkv). CUDA: D <= 256 (tensor-core flash kernels for D = 64 and 128, a simple
 // fp32 kernel otherwise); CPU: any D.
 // Accumulation: every output (out, lse, dq, dk, dv) is written.
+//
+// Attention dropout (Megatron's --attention-dropout), keyed by global coordinates so that
+// backward regenerates the mask and every backend and parallel layout drops the same elements.
+// Element (b, h, i, j) of the probability matrix P has global sample sample_offset + b, head
+// head_offset + h, query query_offset + i and key key_offset + j (gs, gh, gi, gj); it is kept iff
+//   uniform_from_u32(philox(key(dropout_seed, AttentionDropout),
+//                           {gj / 4, gi, gs mod 2^32, (dropout_site << 16) | gh}).w[gj % 4]) >= p
+// (mapping in src/ops/attention_dropout_mask.h). With Z the keep mask:
+//   out = (P * Z / (1-p)) V, lse unchanged (log-sum-exp of the undropped scores);
+//   dV = (P * Z / (1-p))^T dO, dP = (dO V^T) * Z / (1-p), dS = P * (dP - rowsum(dO * out)).
+// dropout_p = 0 runs exactly the path without dropout (no random numbers, identical results).
+// Limits: global heads and dropout_site below 2^16; the CUDA flash kernels need
+// key_offset % 4 == 0.
 #pragma once
+#include <cstdint>
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
 
@@ -23,6 +37,14 @@ struct AttentionArgs {
   int64_t batch = 0, seq = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
   AttentionMask mask = AttentionMask::None;
   float softmax_scale = 0.0f;  ///< usually 1/sqrt(head_dim)
+  // Dropout on P (see the top of this file); everything below is ignored when dropout_p == 0.
+  float dropout_p = 0.0f;      ///< drop probability, in [0, 1)
+  uint64_t dropout_seed = 0;
+  uint32_t dropout_site = 0;   ///< which attention of the model (the global layer number)
+  int64_t sample_offset = 0;   ///< global index of batch row 0
+  int64_t head_offset = 0;     ///< global index of query head 0 (tensor-parallel head shards)
+  int64_t query_offset = 0;    ///< global position of query row 0 (context-parallel shards)
+  int64_t key_offset = 0;      ///< global position of key row 0 (context-parallel shards)
 };
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

@@ -1,12 +1,16 @@
 // CPU reference of the attention family: direct loops over (batch, query head, query row), the
 // executable specification of include/megadlm/ops/attention.h. Clarity over speed; the fast path
 // is src/ops/cuda/attention*.cu. The backward formulas are derived in docs/kernels/attention.md.
-// Templated on the element type: f32 (the CPU backend) and f64 (gradient checks).
+// Templated on the element type: f32 (the CPU backend) and f64 (gradient checks). Attention
+// dropout draws each element's keep bit from ops/attention_dropout_mask.h, the mapping shared with
+// the CUDA kernels; dropout_p == 0 draws nothing and multiplies by nothing.
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 #include <vector>
+#include "ops/attention_dropout_mask.h"
 #include "ops/cpu/cpu_ops.h"
 
 namespace megadlm::ops::cpu {
@@ -50,6 +54,14 @@ void check_lse_dtype(const char* op, const Tensor& lse, DType t) {
              dtype_name(t), ", got ", lse.str());
 }
 
+/// 1 / (1 - p): the fp32 factor the CUDA kernels use for f32, exact in double for f64 (as in
+/// cpu/dropout.cpp).
+template <typename T>
+T keep_scale(const detail::AttentionDropoutMask& mask) {
+  if constexpr (std::is_same_v<T, float>) return mask.scale;
+  else return 1.0 / (1.0 - static_cast<double>(mask.p));
+}
+
 double read_lse(const Tensor& lse, int64_t i) {
   return lse.dtype() == DType::F64 ? lse.data<double>()[i] : lse.data<float>()[i];
 }
@@ -68,6 +80,9 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out
   const T* V = v.data<T>();
   T* O = out.data<T>();
   const T scale = static_cast<T>(args.softmax_scale);
+  const bool dropout = args.dropout_p > 0.0f;
+  const auto mask = detail::AttentionDropoutMask::from_args(args);
+  const T keep = keep_scale<T>(mask);
   std::vector<T> p(static_cast<size_t>(L.seq));
   for (int64_t b = 0; b < L.batch; ++b) {
     for (int64_t h = 0; h < L.heads; ++h) {
@@ -89,7 +104,9 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out
         T* oi = O + L.q_at(b, i, h);
         for (int64_t d = 0; d < L.dim; ++d) oi[d] = 0;
         for (int64_t j = 0; j < n; ++j) {
-          const T w = p[j] / sum;
+          T w = p[j] / sum;
+          // The normaliser (and lse) stay those of the undropped row.
+          if (dropout) w = mask.keep(b, h, i, j) ? w * keep : T(0);
           const T* vj = V + L.kv_at(b, j, kh);
           for (int64_t d = 0; d < L.dim; ++d) oi[d] += w * vj[d];
         }
@@ -102,7 +119,9 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out
 // With s_ij = scale * q_i.k_j, P = exp(s - lse), O = P V and a scalar loss with dO = dL/dO:
 //   dV = P^T dO,  dP = dO V^T,  D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij,
 //   dS = P * (dP - D)  (softmax backward),  dQ = scale * dS K,  dK = scale * dS^T Q,
-// with dK, dV of a KV head summed over the query heads of its group.
+// with dK, dV of a KV head summed over the query heads of its group. With dropout (keep mask Z,
+// factor c = 1/(1-p)), O = (P * Z c) V, so dV = (P * Z c)^T dO and dP = (dO V^T) * Z c; D_i is
+// still sum_j P_ij dP_ij = dO_i . O_i, and dS, dQ, dK keep their form.
 template <typename T>
 void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
@@ -117,6 +136,9 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   T* dK = dk.data<T>();
   T* dV = dv.data<T>();
   const T scale = static_cast<T>(args.softmax_scale);
+  const bool dropout = args.dropout_p > 0.0f;
+  const auto mask = detail::AttentionDropoutMask::from_args(args);
+  const T keep = keep_scale<T>(mask);
   for (int64_t i = 0; i < dk.numel(); ++i) dK[i] = 0;
   for (int64_t i = 0; i < dv.numel(); ++i) dV[i] = 0;
   for (int64_t b = 0; b < L.batch; ++b) {
@@ -133,11 +155,18 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
           const T* kj = K + L.kv_at(b, j, kh);
           const T* vj = V + L.kv_at(b, j, kh);
           const T p = std::exp(scale * dot(qi, kj, L.dim) - lse_i);
-          const T ds = p * (dot(doi, vj, L.dim) - delta_i);
+          T dp = dot(doi, vj, L.dim);
+          T pz = p;  // the probability O used: P * Z / (1-p)
+          if (dropout) {
+            const T z = mask.keep(b, h, i, j) ? keep : T(0);
+            dp *= z;
+            pz *= z;
+          }
+          const T ds = p * (dp - delta_i);
           T* dkj = dK + L.kv_at(b, j, kh);
           T* dvj = dV + L.kv_at(b, j, kh);
           for (int64_t d = 0; d < L.dim; ++d) {
-            dvj[d] += p * doi[d];
+            dvj[d] += pz * doi[d];
             dqi[d] += ds * kj[d];
             dkj[d] += ds * qi[d];
           }

@@ -19,7 +19,8 @@ attn::Shape shape_of(const AttentionArgs& a) {
           a.num_kv_heads,
           static_cast<int>(a.head_dim),
           a.mask == AttentionMask::Causal,
-          a.softmax_scale};
+          a.softmax_scale,
+          ops::detail::AttentionDropoutMask::from_args(a)};
 }
 
 void check_tensor(const char* op, const Tensor& t, DType dtype, int64_t numel, const char* what) {
@@ -38,9 +39,15 @@ void check_args(const char* op, AttentionKernel kernel, const AttentionArgs& a) 
              " too large for the CUDA kernels");
   MDLM_CHECK(a.batch <= 65535 && a.num_heads <= 65535, op, ": batch ", a.batch, " and heads ",
              a.num_heads, " must be <= 65535 (grid dimensions)");
+  MDLM_CHECK(a.dropout_p >= 0.0f && a.dropout_p < 1.0f, op, ": dropout_p ", a.dropout_p,
+             " must be in [0, 1)");
   if (kernel == AttentionKernel::Flash) {
     MDLM_CHECK(a.head_dim == 64 || a.head_dim == 128, op,
                ": the flash kernels support head_dim 64 and 128, got ", a.head_dim);
+    // A thread's Philox call covers four consecutive keys from a tile start (attention_common.cuh).
+    MDLM_CHECK(a.dropout_p == 0.0f || a.key_offset % 4 == 0, op,
+               ": attention dropout in the flash kernels needs key_offset % 4 == 0, got ",
+               a.key_offset);
   } else {
     MDLM_CHECK(a.head_dim <= kSimpleMaxHeadDim, op, ": CUDA attention supports head_dim <= ",
                kSimpleMaxHeadDim, ", got ", a.head_dim, " (--kv-channels)");
@@ -79,7 +86,7 @@ void attention_forward_with(AttentionKernel kernel, const Tensor& q, const Tenso
   check_tensor(op, v, DType::BF16, kv_numel, "v");
   check_tensor(op, out, DType::BF16, q_numel, "out");
   check_tensor(op, lse, DType::F32, args.batch * args.num_heads * args.seq, "lse");
-  const cudaStream_t st = detail::native_stream(stream);
+  const cudaStream_t st = megadlm::detail::native_stream(stream);
   const attn::ForwardPtrs p{ptr<const attn::bf16>(q), ptr<const attn::bf16>(k),
                             ptr<const attn::bf16>(v), ptr<attn::bf16>(out), ptr<float>(lse)};
   if (kernel == AttentionKernel::Flash) {
@@ -107,7 +114,7 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
   check_tensor(op, dq, DType::BF16, q_numel, "dq");
   check_tensor(op, dk, DType::BF16, kv_numel, "dk");
   check_tensor(op, dv, DType::BF16, kv_numel, "dv");
-  const cudaStream_t st = detail::native_stream(stream);
+  const cudaStream_t st = megadlm::detail::native_stream(stream);
   // Scratch from the stream-ordered pool; freed (stream-ordered) when these go out of scope,
   // after the kernels queued below.
   Tensor delta = Tensor::empty({args.batch, args.num_heads, args.seq}, DType::F32, stream);

@@ -80,7 +80,12 @@ __global__ void attention_delta_kernel(const bf16* __restrict__ dout, const bf16
   }
 }
 
-template <class C, bool kCausal>
+// kDropout: with the keep mask Z of s.dropout and c = 1/(1-p), dV += (P^T * Z) dO (times c at
+// the end) and dS^T = P^T * (dP^T * Z c - delta). K and V rows are read in the bwd_dropout_key
+// order (attention_common.cuh), so a thread's keys are 2g, 2g+1 and the pair of threads g, g^1
+// (lanes l, l^4) shares one Philox call per query: each computes one of the two queries of its
+// columns and they swap the keep bits through one shuffle per query tile.
+template <class C, bool kCausal, bool kDropout>
 __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtrs p, Shape s) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
@@ -141,17 +146,22 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   // "rows" pattern: lanes 0-15 rows 0-15 at columns 0-7, lanes 16-31 rows 0-15 at columns 8-15:
   // A operands (K, V) and .trans B operands ([k][n] storage: Q, dO, K for dQ).
   const uint32_t rows_lane = (lane & 15) * kRowBytes + (lane >> 4) * 16;
+  // The same pattern for K and V as the A operands (key = row) and as the .trans B operand of
+  // dQ = dS K (key = k index): in the dropout key order when kDropout. dS^T is stored by
+  // accumulator row, so its rows are in that order too and dQ pairs them with the same K rows.
+  const uint32_t key_rows_lane =
+      (kDropout ? bwd_dropout_key(lane & 15) : (lane & 15)) * kRowBytes + (lane >> 4) * 16;
   // "pairs" pattern: rows (lane & 7) + 8 (lane >> 4), columns 8 ((lane >> 3) & 1): B operands
   // from [n][k] storage (Q, dO in S^T, dP^T) and the .trans A operand of dS.
   const int pair_row = (lane & 7) + ((lane >> 4) << 3);
   const int pair_col = ((lane >> 3) & 1) * 16;
   const uint32_t pairs_lane = pair_row * kRowBytes + pair_col;
-  const uint32_t k_warp = sK + warp * 16 * kRowBytes + rows_lane;
-  const uint32_t v_warp = sV + warp * 16 * kRowBytes + rows_lane;
+  const uint32_t k_warp = sK + warp * 16 * kRowBytes + key_rows_lane;
+  const uint32_t v_warp = sV + warp * 16 * kRowBytes + key_rows_lane;
   // dQ warp tile: query rows 16 wq.., d columns [wd * D/2, (wd + 1) * D/2).
   const int wq = warp % 4, wd = warp / 4;
   const uint32_t ds_a = sDs + pair_row * C::kDsRowBytes + pair_col + wq * 32;
-  const uint32_t k_b = sK + rows_lane + wd * kDim;  // wd * D/2 bf16 columns = wd * D bytes
+  const uint32_t k_b = sK + key_rows_lane + wd * kDim;  // wd * D/2 bf16 columns = wd * D bytes
 
   float acc_dk[kDTiles][4], acc_dv[kDTiles][4];
 #pragma unroll
@@ -160,6 +170,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     for (int e = 0; e < 4; ++e) acc_dk[dt][e] = acc_dv[dt][e] = 0.0f;
 
   const int key0 = n0 + warp * 16;  // first key of this warp
+  // Accumulator row half r of this thread holds key key0 + key_of_row(r).
+  auto key_of_row = [&](int r) { return kDropout ? 2 * g + r : g + 8 * r; };
 
   for (int it = 0; it < iters; ++it) {
     const int stage = it & 1;
@@ -167,6 +179,38 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     // thread has passed: refill it now so the copy overlaps this whole iteration.
     if (it + 1 < iters) load_query_tile(it + 1, stage ^ 1);
     cp_async_commit();
+
+    // ---- dropout keep bits of this tile, drawn before the wait so the integer work overlaps
+    // the copies. Thread (g, t) draws, for each n8 tile nt, query q0 + 8 nt + 2t + (g & 1) and
+    // keys key0 + 4 (g >> 1) .. + 3 (its own two keys and its partner's), bits 4 nt + word.
+    // After the swap with lane ^ 4, bit 4 nt + r of keep_col[c] is the element of row half r
+    // (key key0 + 2g + r) and column 2t + c of n8 tile nt ----
+    [[maybe_unused]] uint32_t keep_col[2] = {0u, 0u};
+    if constexpr (kDropout) {
+      const int h = kvh * group + it / q_tiles;  // as below
+      const int q0 = (q_tile_first + it % q_tiles) * kBlockM;
+      const uint32_t key_group =
+          static_cast<uint32_t>((s.dropout.key_offset + key0) / 4) + (g >> 1);
+      uint32_t mine = 0;
+#pragma unroll
+      for (int nt = 0; nt < kQTiles; ++nt) {
+        const PhiloxWords w =
+            s.dropout.group_words(b, h, q0 + nt * 8 + 2 * t + (g & 1), key_group);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) mine |= uint32_t(s.dropout.keeps(w.w[k])) << (4 * nt + k);
+      }
+      uint32_t theirs = __shfl_xor_sync(0xffffffffu, mine, 4);
+      // Both calls cover keys 4 (g >> 1) + 0..3; this thread's are words 2 (g & 1) + r.
+      mine >>= 2 * (g & 1);
+      theirs >>= 2 * (g & 1);
+      keep_col[0] = (g & 1) ? theirs : mine;
+      keep_col[1] = (g & 1) ? mine : theirs;
+    }
+    // Element (nt, e): row half e / 2, column e % 2.
+    [[maybe_unused]] auto kept = [&](int nt, int e) {
+      return (keep_col[e & 1] >> (4 * nt + (e >> 1))) & 1u;
+    };
+
     cp_async_wait<1>();
     __syncthreads();  // tile `it` (and K, V) visible to all warps
 
@@ -194,7 +238,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     }
 
     // ---- P^T = exp(scale * S^T - lse), masked entries 0 ----
-    // Element (nt, e) is key key0 + g + 8 (e / 2), query q0 + 8 nt + 2t + e % 2.
+    // Element (nt, e) is key key0 + key_of_row(e / 2), query q0 + 8 nt + 2t + e % 2.
     const bool needs_mask =
         q0 + kBlockM > seq || key0 + 16 > seq || (kCausal && key0 + 15 > q0);
 #pragma unroll
@@ -208,7 +252,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
           const int e = 2 * r + c;
           float pv = exp2f(fmaf(acc_s[nt][e], scale_log2, -lse_log2));
           if (needs_mask) {
-            const int key = key0 + g + 8 * r, q = q0 + ql;
+            const int key = key0 + key_of_row(r), q = q0 + ql;
             if (key >= seq || q >= seq || (kCausal && key > q)) pv = 0.0f;
           }
           acc_s[nt][e] = pv;
@@ -247,24 +291,33 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
         for (int c = 0; c < 2; ++c) {
           const float dlt = delta_smem[stage * kBlockM + (half * kHalfTiles + nt) * 8 + 2 * t + c];
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            acc_dp[nt][2 * r + c] = acc_s[half * kHalfTiles + nt][2 * r + c] *
-                                    (acc_dp[nt][2 * r + c] - dlt);
+          for (int r = 0; r < 2; ++r) {
+            float dpv = acc_dp[nt][2 * r + c];
+            if constexpr (kDropout)
+              dpv = kept(half * kHalfTiles + nt, 2 * r + c) ? dpv * s.dropout.scale : 0.0f;
+            acc_dp[nt][2 * r + c] = acc_s[half * kHalfTiles + nt][2 * r + c] * (dpv - dlt);
+          }
         }
       }
 #pragma unroll
       for (int kh = 0; kh < kHalfTiles / 2; ++kh) {
         const int kk = half * kHalfTiles / 2 + kh;  // k16 step over the 64 queries
+        // dV takes the dropped P^T (without 1/(1-p), applied to dV at the end).
+        auto p_dropped = [&](int nt, int e) {
+          if constexpr (kDropout) return kept(nt, e) ? acc_s[nt][e] : 0.0f;
+          else return acc_s[nt][e];
+        };
         uint32_t pa[4], da[4];
-        pa[0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-        pa[1] = pack_bf16(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-        pa[2] = pack_bf16(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-        pa[3] = pack_bf16(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+        pa[0] = pack_bf16(p_dropped(2 * kk, 0), p_dropped(2 * kk, 1));
+        pa[1] = pack_bf16(p_dropped(2 * kk, 2), p_dropped(2 * kk, 3));
+        pa[2] = pack_bf16(p_dropped(2 * kk + 1, 0), p_dropped(2 * kk + 1, 1));
+        pa[3] = pack_bf16(p_dropped(2 * kk + 1, 2), p_dropped(2 * kk + 1, 3));
         da[0] = pack_bf16(acc_dp[2 * kh][0], acc_dp[2 * kh][1]);
         da[1] = pack_bf16(acc_dp[2 * kh][2], acc_dp[2 * kh][3]);
         da[2] = pack_bf16(acc_dp[2 * kh + 1][0], acc_dp[2 * kh + 1][1]);
         da[3] = pack_bf16(acc_dp[2 * kh + 1][2], acc_dp[2 * kh + 1][3]);
-        // dS^T rows key (warp * 16 + g, +8), columns query (n8 tiles 2kk, 2kk+1).
+        // dS^T rows (warp * 16 + g, +8) = accumulator rows (keys key_of_row), columns query
+        // (n8 tiles 2kk, 2kk+1).
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -331,17 +384,22 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   }
 
   // ---- dK = scale * sum dS^T Q, dV = sum P^T dO (over the group's heads), bf16 ----
+  const float dv_scale = kDropout ? s.dropout.scale : 1.0f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int key = key0 + g + 8 * r;
+    const int key = key0 + key_of_row(r);
     if (key >= seq) continue;
     const int64_t offset = ((b * seq + key) * s.kv_heads + kvh) * kDim + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       *reinterpret_cast<uint32_t*>(p.dk + offset + dt * 8) =
           pack_bf16(acc_dk[dt][2 * r] * s.scale, acc_dk[dt][2 * r + 1] * s.scale);
-      *reinterpret_cast<uint32_t*>(p.dv + offset + dt * 8) =
-          pack_bf16(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]);
+      if constexpr (kDropout)
+        *reinterpret_cast<uint32_t*>(p.dv + offset + dt * 8) =
+            pack_bf16(acc_dv[dt][2 * r] * dv_scale, acc_dv[dt][2 * r + 1] * dv_scale);
+      else
+        *reinterpret_cast<uint32_t*>(p.dv + offset + dt * 8) =
+            pack_bf16(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]);
     }
   }
 }
@@ -356,9 +414,9 @@ __global__ void attention_dq_convert_kernel(const float4* __restrict__ acc, uint
   }
 }
 
-template <class C, bool kCausal>
+template <class C, bool kCausal, bool kDropout>
 void launch_backward_main(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_backward_kernel<C, kCausal>;
+  auto kernel = flash_backward_kernel<C, kCausal, kDropout>;
   if (C::kSmemBytes > 48 * 1024)
     MDLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          C::kSmemBytes));
@@ -370,8 +428,14 @@ void launch_backward_main(const Shape& s, const BackwardPtrs& p, cudaStream_t st
 
 template <class C>
 void launch_backward_mask(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
-  if (s.causal) launch_backward_main<C, true>(s, p, stream);
-  else launch_backward_main<C, false>(s, p, stream);
+  const bool dropout = s.dropout.p > 0.0f;
+  if (s.causal) {
+    if (dropout) launch_backward_main<C, true, true>(s, p, stream);
+    else launch_backward_main<C, true, false>(s, p, stream);
+  } else {
+    if (dropout) launch_backward_main<C, false, true>(s, p, stream);
+    else launch_backward_main<C, false, false>(s, p, stream);
+  }
 }
 
 }  // namespace
@@ -379,7 +443,8 @@ void launch_backward_mask(const Shape& s, const BackwardPtrs& p, cudaStream_t st
 void launch_attention_delta(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
   const int64_t rows = s.batch * s.seq * s.heads;
   constexpr int kWarpsPerBlock = 8;
-  attention_delta_kernel<<<detail::grid_for(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(
+  attention_delta_kernel<<<megadlm::detail::grid_for(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0,
+                           stream>>>(
       p.dout, p.out, p.delta, p.dq_accum, rows, static_cast<int>(s.seq),
       static_cast<int>(s.heads), s.dim);
   MDLM_CUDA_CHECK_LAUNCH();

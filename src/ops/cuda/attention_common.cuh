@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdint>
+#include "ops/attention_dropout_mask.h"
 
 namespace megadlm::ops::cuda::attn {
 
@@ -16,6 +17,8 @@ struct Shape {
   int dim;
   bool causal;
   float scale;  ///< softmax scale (applied to q.k)
+  /// Attention dropout; read only by the kernels instantiated with kDropout (dropout.p > 0).
+  ops::detail::AttentionDropoutMask dropout;
 };
 
 struct ForwardPtrs {
@@ -49,6 +52,36 @@ void simple_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream)
 void launch_attention_delta(const Shape& s, const BackwardPtrs& p, cudaStream_t stream);
 
 inline constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- key order of the flash kernels with dropout ---------------------------------------------
+// One Philox call gives the keep words of four consecutive keys of one query row. The mma
+// fragments give a thread two adjacent columns per n8 tile, so with keys in natural order two
+// threads would each compute the same call and use half of it. With dropout the kernels instead
+// load K and V rows through a permutation inside each 16-key block (only the per-lane ldmatrix row
+// address changes; S = Q K^T and P V stay consistent because K and V are permuted alike):
+
+/// Forward: column c of a k16 step of S / P holds key fwd_dropout_key(c), so the columns
+/// 2t, 2t+1, 2t+8, 2t+9 of thread t (its A fragment of P V) are the keys 4t .. 4t+3.
+__host__ __device__ constexpr int fwd_dropout_key(int c) {
+  return 4 * ((c & 7) >> 1) + 2 * (c >> 3) + (c & 1);
+}
+
+/// Backward: row m of a warp's 16-key block of S^T / dP^T holds key bwd_dropout_key(m), so the
+/// rows g, g+8 of a thread are the keys 2g, 2g+1, and threads g, g^1 share one call per query.
+__host__ __device__ constexpr int bwd_dropout_key(int m) { return 2 * (m & 7) + (m >> 3); }
+
+/// Both maps must be permutations of 0..15 (checked at compile time).
+constexpr bool is_permutation16(int (*f)(int)) {
+  unsigned seen = 0;
+  for (int c = 0; c < 16; ++c) {
+    const int k = f(c);
+    if (k < 0 || k > 15 || (seen >> k & 1u)) return false;
+    seen |= 1u << k;
+  }
+  return true;
+}
+static_assert(is_permutation16(fwd_dropout_key) && is_permutation16(bwd_dropout_key),
+              "dropout key orders must permute a 16-key block");
 
 // ---- device primitives of the flash kernels ------------------------------------------------
 

@@ -40,7 +40,10 @@ using Fwd128 = ForwardConfig<128, 128, 32, 4, false>;
 // D = 64: 128x64 tiles; Q stays in registers (32) next to O 64 + S 64. Shared 54 KB.
 using Fwd64 = ForwardConfig<64, 128, 64, 4, true>;
 
-template <class C, bool kCausal>
+// kDropout: P is multiplied by the keep mask of s.dropout (the row sum and lse stay undropped)
+// and O by 1/(1-p) at the end; K and V are read in the fwd_dropout_key order so that each thread
+// consumes whole Philox calls (attention_common.cuh).
+template <class C, bool kCausal, bool kDropout>
 __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs p, Shape s) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
@@ -72,15 +75,21 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   const uint32_t q_lane = sQ + (warp * C::kRowsPerWarp + (lane & 15)) * kRowBytes + (lane >> 4) * 16;
   // K as the B operand (K is [key][d], i.e. B^T): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15),
   // (keys 8-15, d 0-7), (keys 8-15, d 8-15) = b0, b1 of two n8 tiles.
-  const uint32_t k_lane = ((lane & 7) + ((lane >> 4) << 3)) * kRowBytes + ((lane >> 3) & 1) * 16;
+  const int k_col = (lane & 7) + ((lane >> 4) << 3);  // the S column this lane's row feeds
+  const uint32_t k_lane =
+      (kDropout ? fwd_dropout_key(k_col) : k_col) * kRowBytes + ((lane >> 3) & 1) * 16;
   // V as the B operand via .trans (V is [key][d] = [k][n]): matrices (keys 0-7, d 0-7),
   // (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15) = b0, b1 of two n8 tiles.
-  const uint32_t v_lane = (lane & 15) * kRowBytes + (lane >> 4) * 16;
+  const uint32_t v_lane =
+      (kDropout ? fwd_dropout_key(lane & 15) : (lane & 15)) * kRowBytes + (lane >> 4) * 16;
 
   const int n_end = kCausal ? min(seq, m0 + kBlockM) : seq;
   const int n_tiles = (n_end + kBlockN - 1) / kBlockN;
   const int warp_row0 = m0 + warp * C::kRowsPerWarp;  // first query row of this warp
   const float scale_log2 = s.scale * kLog2e;          // exp(scale*x) = exp2(scale_log2*x)
+  // Dropout keep bits per tile: 4 per (m tile, k16 step, row half).
+  constexpr int kKeepWords = (kMTiles * C::kPSteps * 8 + 31) / 32;
+  auto keep_bit = [](int mt, int kk, int hf) { return ((mt * C::kPSteps + kk) * 2 + hf) * 4; };
 
   // Commit groups: {Q, K0}, {V0}, then {K_j+1}, {V_j+1} per iteration (empty at the end), so
   // "all but the newest 1" means K_j landed and "all but the newest 2" means V_j landed.
@@ -110,6 +119,33 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
     const int n0 = j * kBlockN;
     const uint32_t sKj = sK + (j & 1) * C::kKVBytes;
     const uint32_t sVj = sV + (j & 1) * C::kKVBytes;
+    // ---- dropout keep bits of this tile, drawn before the wait so the integer work overlaps the
+    // copies and no Philox temporaries are live next to the S accumulators. One call per (m tile,
+    // k16 step kk, row half) covers this thread's keys 4t..4t+3 of the step (fwd_dropout_key):
+    // words 0, 1 are columns 2t, 2t+1 of n8 tile 2kk, words 2, 3 those of tile 2kk+1; the word w
+    // goes to bit keep_bit(mt, kk, hf) + w ----
+    [[maybe_unused]] uint32_t keep_bits[kDropout ? kKeepWords : 1];
+    if constexpr (kDropout) {
+      if (!kCausal || n0 <= warp_row0 + C::kRowsPerWarp - 1) {  // warp_active, below
+        const uint32_t key_group0 = static_cast<uint32_t>((s.dropout.key_offset + n0) / 4) + t;
+#pragma unroll
+        for (int i = 0; i < kKeepWords; ++i) keep_bits[i] = 0u;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < C::kPSteps; ++kk)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int row = warp_row0 + mt * 16 + g + 8 * hf;
+              const PhiloxWords w = s.dropout.group_words(b, h, row, key_group0 + 4 * kk);
+              const int bit = keep_bit(mt, kk, hf);
+#pragma unroll
+              for (int k = 0; k < 4; ++k)
+                keep_bits[bit / 32] |= uint32_t(s.dropout.keeps(w.w[k])) << (bit % 32 + k);
+            }
+      }
+    }
+
     cp_async_wait<1>();
     // K_j is visible to every warp, and every warp has finished tile j-1, so the other stage
     // (read at j-1) may be refilled.
@@ -183,7 +219,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
               const int row = warp_row0 + mt * 16 + g + (e >> 1) * 8;
-              const int col = n0 + nt * 8 + 2 * t + (e & 1);
+              const int col = kDropout
+                                  ? n0 + (nt >> 1) * 16 + 4 * t + 2 * (nt & 1) + (e & 1)
+                                  : n0 + nt * 8 + 2 * t + (e & 1);
               if (col >= seq || (kCausal && col > row)) acc_s[mt][nt][e] = -INFINITY;
             }
       }
@@ -221,6 +259,24 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
             acc_o[mt][dt][2 * hf + 1] *= alpha;
           }
         }
+      }
+
+      // ---- dropout: zero the dropped P entries (after the row sum: lse stays undropped) ----
+      if constexpr (kDropout) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < C::kPSteps; ++kk)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int bit = keep_bit(mt, kk, hf);
+              const uint32_t word = keep_bits[bit / 32] >> (bit % 32);
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                if (!((word >> c) & 1u)) acc_s[mt][2 * kk][2 * hf + c] = 0.0f;
+                if (!((word >> (2 + c)) & 1u)) acc_s[mt][2 * kk + 1][2 * hf + c] = 0.0f;
+              }
+            }
       }
     }
 
@@ -265,7 +321,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
       float l = row_sum[mt][hf];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      // With dropout the kept probabilities carry 1/(1-p); applied once here.
+      const float inv = l > 0.0f ? (kDropout ? s.dropout.scale / l : 1.0f / l) : 0.0f;
       const int local_row = warp * C::kRowsPerWarp + mt * 16 + g + hf * 8;
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt) {
@@ -297,9 +354,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   }
 }
 
-template <class C, bool kCausal>
+template <class C, bool kCausal, bool kDropout>
 void launch_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_forward_kernel<C, kCausal>;
+  auto kernel = flash_forward_kernel<C, kCausal, kDropout>;
   if (C::kSmemBytes > 48 * 1024)
     MDLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          C::kSmemBytes));
@@ -311,8 +368,14 @@ void launch_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
 
 template <class C>
 void launch_forward_mask(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
-  if (s.causal) launch_forward<C, true>(s, p, stream);
-  else launch_forward<C, false>(s, p, stream);
+  const bool dropout = s.dropout.p > 0.0f;
+  if (s.causal) {
+    if (dropout) launch_forward<C, true, true>(s, p, stream);
+    else launch_forward<C, true, false>(s, p, stream);
+  } else {
+    if (dropout) launch_forward<C, false, true>(s, p, stream);
+    else launch_forward<C, false, false>(s, p, stream);
+  }
 }
 
 }  // namespace

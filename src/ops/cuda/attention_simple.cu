@@ -2,6 +2,8 @@
 // fp32 arithmetic on CUDA cores, head_dim up to 256, same contract as the flash kernels. Used for
 // head dims the flash kernels do not cover and as a second opinion in the GPU parity test; it
 // favours being obviously right over speed (each q.k dot product is a warp reduction).
+// Dropout (kDropout): lane l draws the keep bit of the l-th next key (or query) from the shared
+// mapping (ops/attention_dropout_mask.h) and one ballot hands 32 bits to the whole warp.
 #include <cmath>
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/attention_common.cuh"
@@ -48,7 +50,9 @@ __device__ __forceinline__ void store_row(bf16* row, const float (&r)[kMaxPerLan
   }
 }
 
-// Row index r = (b * Hq + h) * S + i (the lse order); single-pass online softmax.
+// Row index r = (b * Hq + h) * S + i (the lse order); single-pass online softmax. With dropout
+// the row sum stays undropped (lse unchanged) and only the P V terms are masked.
+template <bool kDropout>
 __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
@@ -61,26 +65,34 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s) {
   for (int r = 0; r < kMaxPerLane; ++r) acc[r] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const int64_t n = s.causal ? i + 1 : s.seq;
+  [[maybe_unused]] uint32_t keep_bits = 0;
   for (int64_t j = 0; j < n; ++j) {
+    if constexpr (kDropout) {
+      if ((j & 31) == 0) keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+    }
     const int64_t kv = ((b * s.seq + j) * s.kv_heads + kh) * s.dim;
     const float x = s.scale * warp_dot(q, p.k + kv, s.dim, lane);
     const float m_new = fmaxf(m, x);
     const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
     const float pj = expf(x - m_new);
     l = l * corr + pj;
+    float pv = pj;
+    if constexpr (kDropout) pv = (keep_bits >> (j & 31)) & 1u ? pj : 0.0f;
 #pragma unroll
     for (int r = 0; r < kMaxPerLane; ++r) {
       const int d = lane + 32 * r;
       const float vd = d < s.dim ? __bfloat162float(p.v[kv + d]) : 0.0f;
-      acc[r] = acc[r] * corr + pj * vd;
+      acc[r] = acc[r] * corr + pv * vd;
     }
     m = m_new;
   }
-  store_row(p.out + ((b * s.seq + i) * s.heads + h) * s.dim, acc, 1.0f / l, s.dim, lane);
+  store_row(p.out + ((b * s.seq + i) * s.heads + h) * s.dim, acc,
+            kDropout ? s.dropout.scale / l : 1.0f / l, s.dim, lane);
   if (lane == 0) p.lse[row] = m + logf(l);
 }
 
 // dq of one query row (same row order as the forward), delta already computed.
+template <bool kDropout>
 __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
@@ -95,10 +107,16 @@ __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s) {
   for (int r = 0; r < kMaxPerLane; ++r) dq[r] = 0.0f;
   const float lse = p.lse[row], delta = p.delta[row];
   const int64_t n = s.causal ? i + 1 : s.seq;
+  [[maybe_unused]] uint32_t keep_bits = 0;
   for (int64_t j = 0; j < n; ++j) {
+    if constexpr (kDropout) {
+      if ((j & 31) == 0) keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+    }
     const int64_t kv = ((b * s.seq + j) * s.kv_heads + kh) * s.dim;
     const float pij = expf(s.scale * warp_dot(q, p.k + kv, s.dim, lane) - lse);
-    const float ds = pij * (warp_dot(dout, p.v + kv, s.dim, lane) - delta);
+    float dp = warp_dot(dout, p.v + kv, s.dim, lane);
+    if constexpr (kDropout) dp = (keep_bits >> (j & 31)) & 1u ? dp * s.dropout.scale : 0.0f;
+    const float ds = pij * (dp - delta);
 #pragma unroll
     for (int r = 0; r < kMaxPerLane; ++r) {
       const int d = lane + 32 * r;
@@ -109,6 +127,7 @@ __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s) {
 }
 
 // dk, dv of one key row r = (b * Hkv + kh) * S + j, summed over the query heads of the group.
+template <bool kDropout>
 __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
@@ -121,45 +140,71 @@ __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s) {
   load_row(v, p.v + kv, s.dim, lane);
 #pragma unroll
   for (int r = 0; r < kMaxPerLane; ++r) dk[r] = dv[r] = 0.0f;
+  [[maybe_unused]] uint32_t keep_bits = 0;
   for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
     for (int64_t i = s.causal ? j : 0; i < s.seq; ++i) {
+      [[maybe_unused]] const int64_t i_step = i - (s.causal ? j : 0);
+      if constexpr (kDropout) {
+        // Here the lanes draw the next 32 queries of this key.
+        if ((i_step & 31) == 0)
+          keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i + lane, j));
+      }
       const int64_t qi = ((b * s.seq + i) * s.heads + h) * s.dim;
       const int64_t stat = (b * s.heads + h) * s.seq + i;
       const float pij = expf(s.scale * warp_dot(k, p.q + qi, s.dim, lane) - p.lse[stat]);
-      const float ds = pij * (warp_dot(v, p.dout + qi, s.dim, lane) - p.delta[stat]);
+      float dp = warp_dot(v, p.dout + qi, s.dim, lane);
+      float pz = pij;  // P * Z; the 1/(1-p) of dv is applied once at the store
+      if constexpr (kDropout) {
+        const bool kept = (keep_bits >> (i_step & 31)) & 1u;
+        dp = kept ? dp * s.dropout.scale : 0.0f;
+        pz = kept ? pij : 0.0f;
+      }
+      const float ds = pij * (dp - p.delta[stat]);
 #pragma unroll
       for (int r = 0; r < kMaxPerLane; ++r) {
         const int d = lane + 32 * r;
         if (d < s.dim) {
-          dv[r] += pij * __bfloat162float(p.dout[qi + d]);
+          dv[r] += pz * __bfloat162float(p.dout[qi + d]);
           dk[r] += ds * __bfloat162float(p.q[qi + d]);
         }
       }
     }
   }
   store_row(p.dk + kv, dk, s.scale, s.dim, lane);
-  store_row(p.dv + kv, dv, 1.0f, s.dim, lane);
+  store_row(p.dv + kv, dv, kDropout ? s.dropout.scale : 1.0f, s.dim, lane);
+}
+
+template <bool kDropout>
+void launch_simple_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  const int64_t rows = s.batch * s.heads * s.seq;
+  attention_forward_warp_per_row_kernel<kDropout><<<megadlm::detail::grid_for(rows, kWarpsPerBlock),
+                                                    kWarpsPerBlock * 32, 0, stream>>>(p, s);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+template <bool kDropout>
+void launch_simple_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  const int64_t q_rows = s.batch * s.heads * s.seq;
+  attention_dq_warp_per_row_kernel<kDropout><<<megadlm::detail::grid_for(q_rows, kWarpsPerBlock),
+                                               kWarpsPerBlock * 32, 0, stream>>>(p, s);
+  MDLM_CUDA_CHECK_LAUNCH();
+  const int64_t kv_rows = s.batch * s.kv_heads * s.seq;
+  attention_dkdv_warp_per_row_kernel<kDropout><<<megadlm::detail::grid_for(kv_rows, kWarpsPerBlock),
+                                                 kWarpsPerBlock * 32, 0, stream>>>(p, s);
+  MDLM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void simple_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
-  const int64_t rows = s.batch * s.heads * s.seq;
-  attention_forward_warp_per_row_kernel<<<detail::grid_for(rows, kWarpsPerBlock),
-                                          kWarpsPerBlock * 32, 0, stream>>>(p, s);
-  MDLM_CUDA_CHECK_LAUNCH();
+  if (s.dropout.p > 0.0f) launch_simple_forward<true>(s, p, stream);
+  else launch_simple_forward<false>(s, p, stream);
 }
 
 void simple_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
   launch_attention_delta(s, p, stream);
-  const int64_t q_rows = s.batch * s.heads * s.seq;
-  attention_dq_warp_per_row_kernel<<<detail::grid_for(q_rows, kWarpsPerBlock),
-                                     kWarpsPerBlock * 32, 0, stream>>>(p, s);
-  MDLM_CUDA_CHECK_LAUNCH();
-  const int64_t kv_rows = s.batch * s.kv_heads * s.seq;
-  attention_dkdv_warp_per_row_kernel<<<detail::grid_for(kv_rows, kWarpsPerBlock),
-                                       kWarpsPerBlock * 32, 0, stream>>>(p, s);
-  MDLM_CUDA_CHECK_LAUNCH();
+  if (s.dropout.p > 0.0f) launch_simple_backward<true>(s, p, stream);
+  else launch_simple_backward<false>(s, p, stream);
 }
 
 }  // namespace megadlm::ops::cuda::attn

@@ -121,6 +121,7 @@ TEST(GptModel, DiffusionModelGradientsMatchFiniteDifferences) {
   c.untie_embeddings_and_output_weights = true;
   c.attention_mask = AttentionMaskType::NoMask;
   c.hidden_dropout = 0.25f;  // masks are keyed by coordinates, so finite differences still apply
+  c.attention_dropout = 0.2f;
   DiffusionConfig d;
   d.mask_token = 29;
   check_model_gradients(c, d);

@@ -1,11 +1,15 @@
 // Unit tests of the CPU attention reference (src/ops/cpu/attention.cpp): the forward against the
 // textbook softmax(Q K^T * scale) V and a direct log-sum-exp, causal and bidirectional sanity, the
-// GQA head mapping, and the backward against central finite differences in f64.
+// GQA head mapping, and the backward against central finite differences in f64. Attention dropout:
+// the mapping of ops/attention_dropout_mask.h (worked example, threshold, keep rate, offsets), the
+// op against the masked textbook formula, finite differences with a fixed mask, invariance to
+// batch and head slicing, and p = 0 being exactly the path without dropout.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <limits>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "ops/attention_dropout_mask.h"
 #include "ops/cpu/cpu_ops.h"
 #include "support/op_testing.h"
 #include "support/tolerances.h"
@@ -27,14 +31,27 @@ std::string name_of(const Case& c) {
          std::to_string(c.dim) + (c.mask == AttentionMask::Causal ? " causal" : " no-mask");
 }
 
-AttentionArgs args_of(const Case& c) {
+/// Attention dropout of a test; p = 0 is no dropout.
+struct Dropout {
+  float p = 0.0f;
+  int64_t sample_offset = 0, head_offset = 0, query_offset = 0, key_offset = 0;
+};
+
+AttentionArgs args_of(const Case& c, const Dropout& d = {}) {
   return {.batch = c.batch,
           .seq = c.seq,
           .num_heads = c.heads,
           .num_kv_heads = c.kv_heads,
           .head_dim = c.dim,
           .mask = c.mask,
-          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim)))};
+          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim))),
+          .dropout_p = d.p,
+          .dropout_seed = 0x5eed0123456789ull,
+          .dropout_site = 3,
+          .sample_offset = d.sample_offset,
+          .head_offset = d.head_offset,
+          .query_offset = d.query_offset,
+          .key_offset = d.key_offset};
 }
 
 Shape q_shape(const Case& c) { return {c.batch, c.seq, c.heads, c.dim}; }
@@ -66,17 +83,17 @@ struct Outputs {
 };
 
 /// Through the public op (lse f32 as the contract requires).
-Outputs forward(const Inputs& in, const Case& c, DType dtype = DType::F64) {
+Outputs forward(const Inputs& in, const Case& c, DType dtype = DType::F64, const Dropout& d = {}) {
   Outputs o{poisoned(q_shape(c), dtype), poisoned(lse_shape(c), DType::F32)};
-  ops::attention_forward(in.q, in.k, in.v, o.out, o.lse, args_of(c), Stream::cpu());
+  ops::attention_forward(in.q, in.k, in.v, o.out, o.lse, args_of(c, d), Stream::cpu());
   return o;
 }
 
 /// Through the CPU backend with an f64 lse, so the backward of a gradient check is not limited by
 /// the f32 rounding of the statistic (the CPU backend accepts lse in the activation dtype).
-Outputs forward_f64(const Inputs& in, const Case& c) {
+Outputs forward_f64(const Inputs& in, const Case& c, const Dropout& d = {}) {
   Outputs o{poisoned(q_shape(c), DType::F64), poisoned(lse_shape(c), DType::F64)};
-  ops::cpu::attention_forward(in.q, in.k, in.v, o.out, o.lse, args_of(c), Stream::cpu());
+  ops::cpu::attention_forward(in.q, in.k, in.v, o.out, o.lse, args_of(c, d), Stream::cpu());
   return o;
 }
 
@@ -85,18 +102,20 @@ struct Grads {
 };
 
 Grads backward(const Tensor& dout, const Inputs& in, const Outputs& o, const Case& c,
-               DType dtype = DType::F64) {
+               DType dtype = DType::F64, const Dropout& d = {}) {
   Grads g{poisoned(q_shape(c), dtype), poisoned(kv_shape(c), dtype), poisoned(kv_shape(c), dtype)};
-  ops::attention_backward(dout, in.q, in.k, in.v, o.out, o.lse, g.dq, g.dk, g.dv, args_of(c),
+  ops::attention_backward(dout, in.q, in.k, in.v, o.out, o.lse, g.dq, g.dk, g.dv, args_of(c, d),
                           Stream::cpu());
   return g;
 }
 
 // The textbook formula, written independently of the op: materialise the [S, S] score matrix
 // (masked entries -inf), softmax as exp(s) / sum exp(s) without max subtraction (the scores here
-// are O(1), so no overflow), then P V. Returns out [B, S, Hq, D] and lse [B, Hq, S].
+// are O(1), so no overflow), then P V. Returns out [B, S, Hq, D] and lse [B, Hq, S]. With dropout,
+// P is multiplied by the keep mask of the shared mapping and by 1 / (1 - p) before P V.
 void naive_attention(const Inputs& in, const Case& c, std::vector<double>& out,
-                     std::vector<double>& lse) {
+                     std::vector<double>& lse, const Dropout& drop = {}) {
+  const auto mask = ops::detail::AttentionDropoutMask::from_args(args_of(c, drop));
   const std::vector<double> q = test::to_doubles(in.q), k = test::to_doubles(in.k),
                             v = test::to_doubles(in.v);
   const double scale = args_of(c).softmax_scale;
@@ -121,7 +140,8 @@ void naive_attention(const Inputs& in, const Case& c, std::vector<double>& out,
         for (int64_t j = 0; j < S; ++j) z += std::exp(scores[i * S + j]);
         lse[(b * c.heads + h) * S + i] = std::log(z);
         for (int64_t j = 0; j < S; ++j) {
-          const double p = std::exp(scores[i * S + j]) / z;
+          double p = std::exp(scores[i * S + j]) / z;
+          if (drop.p > 0) p = mask.keep(b, h, i, j) ? p / (1.0 - drop.p) : 0.0;
           for (int64_t d = 0; d < D; ++d)
             out[((b * S + i) * c.heads + h) * D + d] += p * v[((b * S + j) * c.kv_heads + kh) * D + d];
         }
@@ -295,4 +315,265 @@ TEST(Attention, RejectsHeadsThatDoNotGroup) {
   const Inputs in = make_inputs(c, 900);
   Tensor out = poisoned(q_shape(c), DType::F64), lse = poisoned(lse_shape(c), DType::F32);
   EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, out, lse, args_of(c), Stream::cpu()), Error);
+}
+
+// ---------------------------------------------------------------------------- attention dropout
+
+namespace {
+
+using ops::detail::AttentionDropoutMask;
+
+AttentionDropoutMask mask_of(const Case& c, const Dropout& d) {
+  return AttentionDropoutMask::from_args(args_of(c, d));
+}
+
+}  // namespace
+
+TEST(AttentionDropout, MappingFollowsTheDocumentedWorkedExample) {
+  // ops/attention_dropout_mask.h: sample_offset 3, head_offset 4, key_offset 8, site 2: element
+  // (1, 1, 5, 6) has counter {3, 5, 4, 0x20005} and uses word 2.
+  AttentionArgs a = args_of({2, 8, 2, 2, 8, AttentionMask::None},
+                            {.p = 0.5f, .sample_offset = 3, .head_offset = 4, .key_offset = 8});
+  a.dropout_site = 2;
+  const AttentionDropoutMask m = AttentionDropoutMask::from_args(a);
+  const PhiloxWords w =
+      philox(PhiloxKey::make(a.dropout_seed, RngPurpose::AttentionDropout), 3, 5, 4, 0x20005u);
+  EXPECT_EQ(m.keep(1, 1, 5, 6), uniform_from_u32(w.w[2]) >= 0.5f);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(m.words(1, 1, 5, 14).w[k], w.w[k]);
+}
+
+TEST(AttentionDropout, IntegerThresholdEqualsTheUniformComparison) {
+  // keeps(word) is an integer compare; the contract is uniform_from_u32(word) >= p. Check the
+  // words around the threshold and a spread of others for probabilities of every magnitude.
+  for (float p : {1e-9f, 1e-7f, 0.0999f, 0.1f, 0.2f, 0.3f, 1.0f / 3.0f, 0.5f, 0.9f, 0.99999994f}) {
+    SCOPED_TRACE(p);
+    AttentionArgs a = args_of({1, 1, 1, 1, 8, AttentionMask::None});
+    a.dropout_p = p;
+    const AttentionDropoutMask m = AttentionDropoutMask::from_args(a);
+    std::vector<uint32_t> words = {0u, 255u, 256u, 0xFFFFFFFFu, 0xFFFFFF00u};
+    for (int64_t d = -600; d <= 600; ++d) {
+      const int64_t w = static_cast<int64_t>(m.threshold) + d;
+      if (w >= 0 && w <= 0xFFFFFFFFll) words.push_back(static_cast<uint32_t>(w));
+    }
+    for (uint32_t i = 0; i < 4096; ++i) words.push_back(i * 1048573u);
+    for (uint32_t w : words) ASSERT_EQ(m.keeps(w), uniform_from_u32(w) >= p) << "word " << w;
+  }
+}
+
+TEST(AttentionDropout, KeepRateIsOneMinusP) {
+  const Case c{4, 64, 8, 8, 8, AttentionMask::None};
+  for (float p : {0.1f, 0.3f, 0.5f}) {
+    SCOPED_TRACE(p);
+    const AttentionDropoutMask m = mask_of(c, {.p = p});
+    int64_t kept = 0, n = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t h = 0; h < c.heads; ++h)
+        for (int64_t i = 0; i < 64 * 8; ++i)
+          for (int64_t j = 0; j < 64; ++j, ++n) kept += m.keep(b, h, i, j);
+    // n = 1M Bernoulli(1-p) draws: standard deviation of the rate <= 5e-4; allow 5 of them.
+    EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(n), 1.0 - p, 2.5e-3);
+  }
+}
+
+TEST(AttentionDropout, MaskDependsOnlyOnGlobalCoordinates) {
+  // A shard that starts at (sample, head, query, key) offsets sees the same bits as the whole
+  // problem at the shifted indices: batch, tensor-parallel and context-parallel layouts agree.
+  const Case c{4, 16, 8, 8, 8, AttentionMask::None};
+  const AttentionDropoutMask whole = mask_of(c, {.p = 0.3f});
+  const AttentionDropoutMask shard = mask_of(
+      c, {.p = 0.3f, .sample_offset = 2, .head_offset = 3, .query_offset = 5, .key_offset = 7});
+  int64_t differ = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 5; ++h)
+      for (int64_t i = 0; i < 11; ++i)
+        for (int64_t j = 0; j < 9; ++j) {
+          EXPECT_EQ(shard.keep(b, h, i, j), whole.keep(b + 2, h + 3, i + 5, j + 7));
+          differ += shard.keep(b, h, i, j) != whole.keep(b, h, i, j);
+        }
+  EXPECT_GT(differ, 0) << "the offsets must move the mask";
+  // Different sites (layers) and seeds draw different masks.
+  AttentionArgs other_site = args_of(c, {.p = 0.3f});
+  other_site.dropout_site = 4;
+  AttentionArgs other_seed = args_of(c, {.p = 0.3f});
+  other_seed.dropout_seed += 1;
+  const AttentionDropoutMask ms = AttentionDropoutMask::from_args(other_site);
+  const AttentionDropoutMask md = AttentionDropoutMask::from_args(other_seed);
+  int64_t differ_site = 0, differ_seed = 0;
+  for (int64_t i = 0; i < 16; ++i)
+    for (int64_t j = 0; j < 16; ++j) {
+      differ_site += ms.keep(0, 0, i, j) != whole.keep(0, 0, i, j);
+      differ_seed += md.keep(0, 0, i, j) != whole.keep(0, 0, i, j);
+    }
+  EXPECT_GT(differ_site, 0);
+  EXPECT_GT(differ_seed, 0);
+}
+
+TEST(AttentionDropout, ForwardMatchesMaskedTextbookFormula) {
+  uint64_t seed = 1100;
+  const Dropout drop{.p = 0.3f, .sample_offset = 5, .head_offset = 1, .query_offset = 2,
+                     .key_offset = 6};
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name_of(c));
+    const Inputs in = make_inputs(c, seed += 10);
+    const Outputs o = forward(in, c, DType::F64, drop);
+    std::vector<double> out, lse, out_plain, lse_plain;
+    naive_attention(in, c, out, lse, drop);
+    naive_attention(in, c, out_plain, lse_plain);
+    EXPECT_LT(test::max_abs_diff(test::to_doubles(o.out), out), 1e-12);
+    // lse is that of the undropped scores.
+    EXPECT_LT(test::max_abs_diff(test::to_doubles(o.lse), lse_plain), 1e-6);
+    if (c.seq > 1) {
+      EXPECT_GT(test::max_abs_diff(out, out_plain), 1e-3) << "nothing was dropped";
+    }
+  }
+}
+
+TEST(AttentionDropout, BackwardMatchesFiniteDifferences) {
+  // The mask is a function of the coordinates only, so the dropped attention is a smooth function
+  // of q, k, v and central differences apply. MHA and GQA, both masks, odd S, offsets.
+  uint64_t seed = 1200;
+  const Dropout drop{.p = 0.3f, .sample_offset = 7, .head_offset = 2, .query_offset = 1,
+                     .key_offset = 3};
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(name_of(c));
+    Inputs in = make_inputs(c, seed += 10);
+    const Tensor dout = test::random_tensor(q_shape(c), seed + 5, DType::F64);
+    const Grads g = backward(dout, in, forward_f64(in, c, drop), c, DType::F64, drop);
+    auto loss = [&] { return test::inner(dout, forward_f64(in, c, drop).out); };
+    const std::vector<double> fd_q = test::finite_difference(in.q, loss);
+    const std::vector<double> fd_k = test::finite_difference(in.k, loss);
+    const std::vector<double> fd_v = test::finite_difference(in.v, loss);
+    if (c.seq == 1) {
+      // One key: out = z v does not depend on q, k, so dq = dk = 0 exactly, while the backward
+      // forms dP and D = dO.out in different orders (rounding ~1e-16, not relative to zero).
+      EXPECT_LT(test::max_abs_diff(test::to_doubles(g.dq), fd_q), 1e-12);
+      EXPECT_LT(test::max_abs_diff(test::to_doubles(g.dk), fd_k), 1e-12);
+    } else {
+      EXPECT_LT(test::rel_l2(test::to_doubles(g.dq), fd_q), test::kFiniteDiffRelTolF64);
+      EXPECT_LT(test::rel_l2(test::to_doubles(g.dk), fd_k), test::kFiniteDiffRelTolF64);
+    }
+    EXPECT_LT(test::rel_l2(test::to_doubles(g.dv), fd_v), test::kFiniteDiffRelTolF64);
+  }
+}
+
+TEST(AttentionDropout, BatchAndHeadSlicesDropTheSameElements) {
+  // The whole batch (global samples 10..13) against the slice holding samples 12..13, and all 4
+  // query heads against the slice holding heads 2..3 (KV head 1 of group 2): every output and
+  // gradient of the slice equals the corresponding part of the whole, bit for bit.
+  for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal}) {
+    const Case whole{4, 7, 4, 2, 8, mask};
+    SCOPED_TRACE(name_of(whole));
+    const Dropout dw{.p = 0.3f, .sample_offset = 10};
+    const Inputs in = make_inputs(whole, 1300);
+    const Tensor dout = test::random_tensor(q_shape(whole), 1305, DType::F64);
+    const Outputs ow = forward(in, whole, DType::F64, dw);
+    const Grads gw = backward(dout, in, ow, whole, DType::F64, dw);
+    const int64_t S = whole.seq, D = whole.dim;
+
+    // Batch rows 2..3 are the trailing half of every tensor.
+    const Case bcase{2, S, 4, 2, D, mask};
+    const Dropout db{.p = 0.3f, .sample_offset = 12};
+    auto tail = [](const Tensor& t) {
+      const std::vector<double> v = test::to_doubles(t);
+      return std::vector<double>(v.begin() + static_cast<long>(v.size() / 2), v.end());
+    };
+    auto tensor_of = [](const std::vector<double>& v, const Shape& shape) {
+      Tensor t = Tensor::zeros(shape, DType::F64, Stream::cpu());
+      std::copy(v.begin(), v.end(), t.data<double>());
+      return t;
+    };
+    const Inputs bin{tensor_of(tail(in.q), q_shape(bcase)), tensor_of(tail(in.k), kv_shape(bcase)),
+                     tensor_of(tail(in.v), kv_shape(bcase))};
+    const Outputs ob = forward(bin, bcase, DType::F64, db);
+    const Grads gb =
+        backward(tensor_of(tail(dout), q_shape(bcase)), bin, ob, bcase, DType::F64, db);
+    EXPECT_EQ(test::to_doubles(ob.out), tail(ow.out));
+    EXPECT_EQ(test::to_doubles(ob.lse), tail(ow.lse));
+    EXPECT_EQ(test::to_doubles(gb.dq), tail(gw.dq));
+    EXPECT_EQ(test::to_doubles(gb.dk), tail(gw.dk));
+    EXPECT_EQ(test::to_doubles(gb.dv), tail(gw.dv));
+
+    // Query heads 2..3 with KV head 1: gather [B, S, 2, D] and [B, S, 1, D] slices.
+    const Case hcase{4, S, 2, 1, D, mask};
+    const Dropout dh{.p = 0.3f, .sample_offset = 10, .head_offset = 2};
+    auto heads = [&](const Tensor& t, int64_t nh, int64_t first, int64_t count) {
+      const std::vector<double> v = test::to_doubles(t);
+      std::vector<double> r;
+      for (int64_t bs = 0; bs < whole.batch * S; ++bs)
+        for (int64_t h = first; h < first + count; ++h)
+          for (int64_t d = 0; d < D; ++d)
+            r.push_back(v[static_cast<size_t>((bs * nh + h) * D + d)]);
+      return r;
+    };
+    const Inputs hin{tensor_of(heads(in.q, 4, 2, 2), q_shape(hcase)),
+                     tensor_of(heads(in.k, 2, 1, 1), kv_shape(hcase)),
+                     tensor_of(heads(in.v, 2, 1, 1), kv_shape(hcase))};
+    const Outputs oh = forward(hin, hcase, DType::F64, dh);
+    const Grads gh = backward(tensor_of(heads(dout, 4, 2, 2), q_shape(hcase)), hin, oh, hcase,
+                              DType::F64, dh);
+    EXPECT_EQ(test::to_doubles(oh.out), heads(ow.out, 4, 2, 2));
+    EXPECT_EQ(test::to_doubles(gh.dq), heads(gw.dq, 4, 2, 2));
+    EXPECT_EQ(test::to_doubles(gh.dk), heads(gw.dk, 2, 1, 1));
+    EXPECT_EQ(test::to_doubles(gh.dv), heads(gw.dv, 2, 1, 1));
+  }
+}
+
+TEST(AttentionDropout, ZeroProbabilityIsExactlyThePathWithoutDropout) {
+  // p = 0 with every other dropout field set: identical bits to the default arguments.
+  const Dropout zero{.p = 0.0f, .sample_offset = 9, .head_offset = 4, .query_offset = 3,
+                     .key_offset = 5};
+  for (DType dtype : {DType::F32, DType::F64}) {
+    for (const Case& c : kCases) {
+      SCOPED_TRACE(name_of(c));
+      const Inputs in = make_inputs(c, 1400, dtype);
+      const Tensor dout = test::random_tensor(q_shape(c), 1405, dtype);
+      const Outputs a = forward(in, c, dtype), b = forward(in, c, dtype, zero);
+      const Grads ga = backward(dout, in, a, c, dtype), gb = backward(dout, in, b, c, dtype, zero);
+      EXPECT_EQ(test::to_doubles(a.out), test::to_doubles(b.out));
+      EXPECT_EQ(test::to_doubles(a.lse), test::to_doubles(b.lse));
+      EXPECT_EQ(test::to_doubles(ga.dq), test::to_doubles(gb.dq));
+      EXPECT_EQ(test::to_doubles(ga.dk), test::to_doubles(gb.dk));
+      EXPECT_EQ(test::to_doubles(ga.dv), test::to_doubles(gb.dv));
+    }
+  }
+}
+
+TEST(AttentionDropout, F32PathMatchesF64) {
+  const Case c{2, 7, 4, 2, 8, AttentionMask::Causal};
+  const Dropout drop{.p = 0.2f, .sample_offset = 1};
+  const Inputs in64 = make_inputs(c, 1500, DType::F64);
+  const Inputs in32 = make_inputs(c, 1500, DType::F32);
+  const Tensor dout64 = test::random_tensor(q_shape(c), 1501, DType::F64);
+  const Tensor dout32 = test::random_tensor(q_shape(c), 1501, DType::F32);
+  const Outputs o64 = forward(in64, c, DType::F64, drop), o32 = forward(in32, c, DType::F32, drop);
+  const Grads g64 = backward(dout64, in64, o64, c, DType::F64, drop);
+  const Grads g32 = backward(dout32, in32, o32, c, DType::F32, drop);
+  // Same mask in both; f32 rounding only (the fp32 1/(1-p) differs from the f64 one by 2^-24).
+  EXPECT_LT(test::rel_l2(test::to_doubles(o32.out), test::to_doubles(o64.out)), 1e-5);
+  EXPECT_LT(test::rel_l2(test::to_doubles(g32.dq), test::to_doubles(g64.dq)), 1e-5);
+  EXPECT_LT(test::rel_l2(test::to_doubles(g32.dk), test::to_doubles(g64.dk)), 1e-5);
+  EXPECT_LT(test::rel_l2(test::to_doubles(g32.dv), test::to_doubles(g64.dv)), 1e-5);
+}
+
+TEST(AttentionDropout, RejectsInvalidArguments) {
+  const Case c{1, 3, 2, 2, 8, AttentionMask::None};
+  const Inputs in = make_inputs(c, 1600);
+  Tensor out = poisoned(q_shape(c), DType::F64), lse = poisoned(lse_shape(c), DType::F32);
+  for (float p : {-0.1f, 1.0f, 1.5f}) {
+    EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, out, lse, args_of(c, {.p = p}),
+                                        Stream::cpu()),
+                 Error)
+        << p;
+  }
+  // The counter holds 16 bits of global head.
+  EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, out, lse,
+                                      args_of(c, {.p = 0.1f, .head_offset = 65535}), Stream::cpu()),
+               Error);
+  EXPECT_THROW(ops::attention_forward(in.q, in.k, in.v, out, lse,
+                                      args_of(c, {.p = 0.1f, .sample_offset = -1}), Stream::cpu()),
+               Error);
+  // A head offset only matters with dropout.
+  EXPECT_NO_THROW(ops::attention_forward(in.q, in.k, in.v, out, lse,
+                                         args_of(c, {.p = 0.0f, .head_offset = 65535}),
+                                         Stream::cpu()));
 }

@@ -23,7 +23,6 @@ const std::vector<std::pair<std::string, std::string>> kBase = {
     {"--seq-length", "32"},       {"--max-position-embeddings", "32"},
     {"--micro-batch-size", "2"},  {"--vocab-size", "100"},   {"--mask-token", "99"},
     {"--lr", "1e-3"},             {"--train-iters", "10"},   {"--mock-data", ""},
-    {"--attention-dropout", "0"},
 };
 
 /// kBase without the flags in `drop`, followed by `extra`.
@@ -402,8 +401,10 @@ std::vector<Row> rows() {
       {"V-56", cmd({"--inference-batch-times-seqlen-threshold", "16"}), O::Rejected, {"[V-56]"}},
       {"M-14", cmd({"--rotary-percent", "0"}), O::Rejected, {"`--rotary-percent 0.0` must lie in (0, 1] [M-14]"}},
       {"M-15", cmd({"--hidden-dropout", "1.5"}), O::Rejected, {"`--hidden-dropout 1.5` must lie in [0, 1) [M-15]"}},
-      {"M-6", cmd({}, {"--attention-dropout"}), O::NotSupported,
-       {"`--attention-dropout 0.1`: attention dropout is not supported yet by megadlm", "pass `--attention-dropout 0`"}},
+      {"M-15-attention", cmd({"--attention-dropout", "1"}), O::Rejected, {"`--attention-dropout 1.0` must lie in [0, 1) [M-15]"}},
+      {"attention-dropout-default", cmd(), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_FLOAT_EQ(p.config.model.attention_dropout, 0.1f);  // Megatron's default, now supported
+       }},
 
       // ------------------------------------------------------------------ MoE
       {"V-49", cmd({"--num-experts", "4", "--spec", "x"}), O::Rejected, {"[V-49]"}},
@@ -566,7 +567,7 @@ const char* const kImplementedRules[] = {
     "C-11", "C-12", "C-13", "C-14", "C-15", "C-16", "C-17", "C-18", "C-19", "C-21", "G-2",
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
-    "M-5",  "M-6",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15"};
+    "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
