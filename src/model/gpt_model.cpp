@@ -22,8 +22,11 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store)
     position_embeddings_ = store.add("embedding.position_embeddings.weight",
                                      {config.max_position_embeddings, config.hidden_size}, init, true);
   }
+  for (int h = word_embeddings_; h < static_cast<int>(store.descs().size()); ++h)
+    embedding_handles_.push_back(h);
   layers_.reserve(static_cast<size_t>(config.num_layers));
   for (int i = 0; i < config.num_layers; ++i) layers_.emplace_back(cfg_, i, store);
+  const int head_first = static_cast<int>(store.descs().size());
   final_norm_ = NormLayer(config.normalization, config.norm_epsilon, "decoder.final_layernorm",
                           config.hidden_size, store);
   if (config.untie_embeddings_and_output_weights) {
@@ -32,12 +35,15 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store)
   } else {
     output_layer_ = word_embeddings_;  // tied: logits = h * E^T, both gradients land in E
   }
+  // A tied embedding's gradient is final only after the embedding's own backward.
+  for (int h = head_first; h < static_cast<int>(store.descs().size()); ++h) head_handles_.push_back(h);
 }
 
 void GptModel::forward(const MicroBatch& mb, ModelRecord& rec, Tensor& loss_sum, float grad_scale,
                        const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
+  if (rt.hooks) rt.hooks->params_needed(embedding_handles_);
   Tensor x = Tensor::empty({t, cfg_.hidden_size}, rt.dtype, s);
   ops::embedding_forward(store_.param(word_embeddings_), mb.input_ids, x, 0, s);
   if (position_embeddings_ >= 0) {
@@ -55,6 +61,7 @@ void GptModel::forward(const MicroBatch& mb, ModelRecord& rec, Tensor& loss_sum,
   rec.layers.assign(layers_.size(), LayerRecord{});
   for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(x, mb, rec.layers[i], rt);
 
+  if (rt.hooks) rt.hooks->params_needed(head_handles_);
   rec.final_out = final_norm_.forward(x, rec.final_norm, s);
   x = Tensor();
   Tensor logits = Tensor::empty({t, cfg_.padded_vocab_size}, rt.dtype, s);
@@ -82,6 +89,7 @@ void GptModel::backward(const MicroBatch& mb, ModelRecord& rec, const ModelRunti
 
   Tensor dx = final_norm_.backward(dh, rec.final_norm, s);
   dh = Tensor();
+  if (rt.hooks) rt.hooks->grads_ready(head_handles_);
   for (size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(dx, mb, rec.layers[i], rt);
 
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
@@ -95,6 +103,7 @@ void GptModel::backward(const MicroBatch& mb, ModelRecord& rec, const ModelRunti
     Tensor dpe = store_.grad(position_embeddings_);
     ops::embedding_backward(mb.positions, dx, dpe, 0, s);
   }
+  if (rt.hooks) rt.hooks->grads_ready(embedding_handles_);
   rec = ModelRecord{};
 }
 

@@ -1,4 +1,6 @@
 #include "megadlm/model/parameter_store.h"
+#include <algorithm>
+#include <numeric>
 #include "megadlm/core/philox.h"
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/random.h"
@@ -7,7 +9,7 @@ namespace megadlm {
 
 namespace {
 constexpr int64_t kAlign = 64;  // elements; keeps 16-byte vector loads aligned for any dtype
-int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape& shape,
@@ -18,10 +20,10 @@ ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape&
   if (fuse_with_previous) {
     MDLM_CHECK(!descs_.empty(), "parameter ", name, " fused with nothing");
     const ParamDesc& prev = descs_.back();
-    MDLM_CHECK(prev.weight_decay == weight_decay && prev.shape.size() == shape.size() &&
+    MDLM_CHECK(prev.shape.size() == shape.size() &&
                    shape_numel(prev.shape) / prev.shape[0] == shape_numel(shape) / shape[0],
                "parameter ", name, " cannot be fused with ", prev.name,
-               ": rows must have the same width and decay setting");
+               ": rows must have the same width");
   }
   descs_.push_back(ParamDesc{name, shape, init, weight_decay, fuse_with_previous, 0});
   return static_cast<Handle>(descs_.size() - 1);
@@ -29,52 +31,108 @@ ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape&
 
 int64_t ParameterStore::num_parameters() const {
   int64_t n = 0;
-  for (const ParamDesc& d : descs_) n += shape_numel(d.shape);
+  for (const ParamDesc& d : descs_) n += d.numel();
   return n;
 }
 
-void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream& stream) {
+void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream& stream,
+                                 const BufferLayout& layout) {
   MDLM_CHECK(!materialized(), "materialize() called twice");
-  // Offsets: decayed parameters first, then the rest; fused members follow without padding.
-  int64_t offset = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    const bool decay = pass == 0;
-    for (ParamDesc& d : descs_) {
-      if (d.weight_decay != decay) continue;
-      if (!d.fuse_with_previous) offset = align_up(offset);
-      d.offset = offset;
-      offset += shape_numel(d.shape);
-    }
-    if (decay) decay_size_ = offset = align_up(offset);
+  MDLM_CHECK(layout.bucket_multiple > 0 && layout.bucket_size >= 0, "bad buffer layout");
+  seed_ = seed;
+  // Fused groups in reverse registration order, members in registration order.
+  std::vector<std::vector<Handle>> groups;
+  for (Handle h = 0; h < static_cast<Handle>(descs_.size()); ++h) {
+    if (descs_[static_cast<size_t>(h)].fuse_with_previous) groups.back().push_back(h);
+    else groups.push_back({h});
   }
-  flat_size_ = align_up(offset);
+  std::reverse(groups.begin(), groups.end());
 
-  master_is_param_ = param_dtype == DType::F32 || param_dtype == DType::F64;
-  const DType state = param_dtype == DType::F64 ? DType::F64 : DType::F32;
-  master_ = Tensor::zeros({flat_size_}, state, stream);
-  params_ = master_is_param_ ? master_ : Tensor::zeros({flat_size_}, param_dtype, stream);
-  grads_ = Tensor::zeros({flat_size_}, state, stream);
-  exp_avg_ = Tensor::zeros({flat_size_}, state, stream);
-  exp_avg_sq_ = Tensor::zeros({flat_size_}, state, stream);
+  bucket_of_.assign(descs_.size(), -1);
+  int64_t offset = 0;
+  GradBucket current;
+  auto close_bucket = [&] {
+    if (current.params.empty()) return;
+    offset = align_up(offset, std::lcm(kAlign, layout.bucket_multiple));
+    current.end = offset;
+    buckets_.push_back(current);
+    current = GradBucket{};
+    current.begin = offset;
+  };
+  for (const auto& g : groups) {
+    offset = align_up(offset, kAlign);
+    for (Handle h : g) {
+      ParamDesc& d = descs_[static_cast<size_t>(h)];
+      d.offset = offset;
+      offset += d.numel();
+      current.params.push_back(h);
+      bucket_of_[static_cast<size_t>(h)] = static_cast<int>(buckets_.size());
+    }
+    if (layout.bucket_size > 0 && offset - current.begin >= layout.bucket_size) close_bucket();
+  }
+  close_bucket();
+  flat_size_ = offset;
 
+  params_ = Tensor::zeros({std::max<int64_t>(flat_size_, 1)}, param_dtype, stream).slice_flat(0, {flat_size_});
+  grads_ = Tensor::zeros({std::max<int64_t>(flat_size_, 1)}, param_dtype == DType::F64 ? DType::F64 : DType::F32,
+                         stream).slice_flat(0, {flat_size_});
   for (size_t i = 0; i < descs_.size(); ++i) {
     const ParamDesc& d = descs_[i];
-    Tensor m = master(static_cast<Handle>(i));
-    switch (d.init.kind) {
-      case InitKind::Normal: {
-        ops::NormalInitArgs a;
-        a.seed = seed;
-        a.param_id = stable_name_id(d.name.c_str());
-        a.std = d.init.std;
-        Tensor m2 = m.view({m.rows(), m.cols()});
-        ops::fill_normal(m2, a, stream);
-        break;
-      }
-      case InitKind::Ones: ops::fill(m, 1.0f, stream); break;
-      case InitKind::Zeros: break;  // already zero
-    }
+    Tensor p = params_.slice_flat(d.offset, {d.numel()});
+    fill_param_range(p, 0, d, 0, d.numel(), stream);
   }
-  if (!master_is_param_) ops::copy(master_, params_, stream);
+}
+
+void ParameterStore::fill_param_range(Tensor& out, int64_t out_offset, const ParamDesc& d,
+                                      int64_t start, int64_t count, const Stream& stream) const {
+  if (count <= 0) return;
+  switch (d.init.kind) {
+    case InitKind::Ones: {
+      Tensor t = out.slice_flat(out_offset, {count});
+      ops::fill(t, 1.0f, stream);
+      return;
+    }
+    case InitKind::Zeros: {
+      Tensor t = out.slice_flat(out_offset, {count});
+      ops::fill(t, 0.0f, stream);
+      return;
+    }
+    case InitKind::Normal: break;
+  }
+  // A flat range of a [rows, cols] parameter is a partial row, whole rows, a partial row; each
+  // piece is a rectangle for fill_normal, which keys every element by its global index.
+  const int64_t cols = d.shape.size() >= 2 ? d.numel() / d.shape[0] : d.numel();
+  ops::NormalInitArgs a;
+  a.seed = seed_;
+  a.param_id = stable_name_id(d.name.c_str());
+  a.std = d.init.std;
+  a.global_cols = cols;
+  int64_t pos = start, done = 0;
+  while (done < count) {
+    const int64_t row = pos / cols, col = pos % cols;
+    int64_t rows = 1, width = std::min(cols - col, count - done);
+    if (col == 0 && count - done >= cols) {
+      rows = (count - done) / cols;
+      width = cols;
+    }
+    a.row_offset = row;
+    a.col_offset = col;
+    Tensor piece = out.slice_flat(out_offset + done, {rows, width});
+    ops::fill_normal(piece, a, stream);
+    pos += rows * width;
+    done += rows * width;
+  }
+}
+
+void ParameterStore::fill_initial_values(Tensor& out, int64_t begin, const Stream& stream) const {
+  const int64_t end = begin + out.numel();
+  MDLM_CHECK(begin >= 0 && end <= flat_size_, "fill_initial_values: range [", begin, ", ", end,
+             ") outside the flat buffer of ", flat_size_);
+  ops::fill(out, 0.0f, stream);
+  for (const ParamDesc& d : descs_) {
+    const int64_t s = std::max(begin, d.offset), e = std::min(end, d.offset + d.numel());
+    if (s < e) fill_param_range(out, s - begin, d, s - d.offset, e - s, stream);
+  }
 }
 
 Tensor ParameterStore::view(const Tensor& flat, Handle first, Handle last) const {

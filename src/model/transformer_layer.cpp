@@ -49,6 +49,7 @@ ops::DropoutArgs dropout_args(const MicroBatch& mb, const ModelRuntime& rt, floa
 TransformerLayer::TransformerLayer(const TransformerConfig& config, int layer_number,
                                    ParameterStore& store)
     : cfg_(config), store_(store), layer_(layer_number) {
+  const int first_handle = static_cast<int>(store.descs().size());
   const std::string p = layer_prefix(layer_number);
   const int64_t h = config.hidden_size;
   const int64_t qsize = config.query_projection_size();
@@ -96,6 +97,7 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int layer_nu
   fc2_.w_first = fc2_.w_last = store.add(p + "mlp.linear_fc2.weight", {h, ffn}, out_init, true);
   if (config.add_bias_linear)
     fc2_.b_first = fc2_.b_last = store.add(p + "mlp.linear_fc2.bias", {h}, zero, false);
+  for (int i = first_handle; i < static_cast<int>(store.descs().size()); ++i) handles_.push_back(i);
 }
 
 Tensor TransformerLayer::linear_forward(const Linear& l, const Tensor& x, int64_t out_features,
@@ -129,6 +131,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   const Stream& s = rt.stream;
   const int64_t t = x.rows();
   const int64_t nh = cfg_.num_attention_heads, ng = cfg_.num_query_groups, hd = cfg_.kv_channels;
+  if (rt.hooks) rt.hooks->params_needed(handles_);
   rec.x_in = x;
 
   // --- attention block ---
@@ -237,6 +240,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   Tensor dx = norm1_.backward(dnorm1, rec.norm1, s);
   ops::add(dx, dx_mid, dx, s);
   rec = LayerRecord{};
+  if (rt.hooks) rt.hooks->grads_ready(handles_);
   return dx;
 }
 

@@ -596,7 +596,10 @@ RunConfig build_run_config(const ArgState& a) {
   p.hierarchical_context_parallel_sizes.clear();
   for (int64_t h : a.ints("hierarchical_context_parallel_sizes"))
     p.hierarchical_context_parallel_sizes.push_back(static_cast<int>(h));
-  p.use_distributed_optimizer = a.b("use_distributed_optimizer");
+  p.use_distributed_optimizer =
+      a.b("use_distributed_optimizer") ||
+      (a.b("use_custom_fsdp") && (a.s("data_parallel_sharding_strategy") == "optim" ||
+                                  a.s("data_parallel_sharding_strategy") == "optim_grads"));
   p.num_distributed_optimizer_instances = as_int("num_distributed_optimizer_instances");
   p.overlap_grad_reduce = a.b("overlap_grad_reduce");
   p.overlap_param_gather = a.b("overlap_param_gather");

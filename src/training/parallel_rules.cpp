@@ -456,7 +456,21 @@ void check_recompute(ArgState& a, Ctx& c, Diagnostics& d) {
 // --------------------------------------------------- data parallel and optimizer (V-21…V-23, G-*)
 
 void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
-  const bool dist_opt = a.b("use_distributed_optimizer");
+  // Megatron-FSDP's sharding strategies map onto what megadlm runs: no_shard = DDP, optim and
+  // optim_grads = the distributed optimizer (gradients reduce-scattered, optimizer state sharded;
+  // the fp32 accumulation buffer stays full size), optim_grads_params = FSDP (not yet).
+  const std::string strategy = a.s("data_parallel_sharding_strategy");
+  const bool fsdp = a.b("use_custom_fsdp");
+  if (fsdp && strategy == "optim_grads_params")
+    d.unsupported(a.flag_value("data_parallel_sharding_strategy") +
+                  " with `--use-custom-fsdp`: sharding the parameters (FSDP) is not supported yet "
+                  "by megadlm; use `optim` or `optim_grads` (see docs/roadmap.md)");
+  if (!fsdp && a.was_given("data_parallel_sharding_strategy"))
+    d.warn(a.flag_value("data_parallel_sharding_strategy") +
+              " has effect only with `--use-custom-fsdp` (`--use-megatron-fsdp`); without it use "
+              "`--use-distributed-optimizer`");
+  const bool dist_opt = a.b("use_distributed_optimizer") ||
+                        (fsdp && (strategy == "optim" || strategy == "optim_grads"));
   // V-21
   if (a.b("overlap_param_gather") && (!dist_opt || !a.b("overlap_grad_reduce")))
     d.error("V-21", "`--overlap-param-gather` needs `--use-distributed-optimizer` and "
@@ -518,8 +532,7 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
 
 void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
   if (!c.sizes_ok) return;
-  const char* suffix = " is not supported yet by megadlm (this build runs one process; see "
-                       "docs/roadmap.md)";
+  const char* suffix = " is not supported yet by megadlm (data parallelism is; see docs/roadmap.md)";
   const std::pair<const char*, const char*> dims[] = {
       {"tensor_model_parallel_size", "tensor parallelism"},
       {"pipeline_model_parallel_size", "pipeline parallelism"},
@@ -530,12 +543,6 @@ void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
     if (a.i(dest) <= 1) continue;
     if (std::string(dest) == "expert_tensor_parallel_size" && c.etp == c.tp) continue;
     d.unsupported(a.flag_value(dest) + ": " + what + suffix);
-  }
-  if (c.world > 1) {
-    if (c.dense_ok && c.dp > 1)
-      d.unsupported(c.world_text() + ": data parallelism (data-parallel size " + num(c.dp) + ")" + suffix);
-    else
-      d.unsupported(c.world_text() + ": running more than one process" + suffix);
   }
 }
 

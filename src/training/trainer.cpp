@@ -42,27 +42,65 @@ std::string sci(double v) {  // Megatron's {:.6E}
 
 }  // namespace
 
-Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> data, std::ostream& log)
+Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> data,
+                 std::ostream& log, const comm::ProcessGroups* groups)
     : cfg_(config), data_(std::move(data)), log_(log) {
   MDLM_CHECK(data_ != nullptr, "Trainer needs a sample source");
   const bool cuda = cfg_.training.device == DeviceKind::Cuda;
-  rt_.stream = Stream::for_device(cuda ? Device::cuda(0) : Device::cpu());
+  if (groups != nullptr) {
+    dp_group_ = groups->dp_cp;
+    rank_ = groups->world ? groups->world->rank() : 0;
+    MDLM_CHECK(!dp_group_ || dp_group_->size() == cfg_.parallel.data_parallel_size *
+                                                      cfg_.parallel.context_parallel_size,
+               "the dp-cp group has ", dp_group_->size(), " ranks but the configuration says dp ",
+               cfg_.parallel.data_parallel_size, " x cp ", cfg_.parallel.context_parallel_size);
+  }
+  const int dp_size = dp_group_ ? dp_group_->size() : 1;
+  rt_.stream = Stream::for_device(cuda ? (dp_group_ ? dp_group_->device() : Device::cuda(0))
+                                       : Device::cpu());
   rt_.dtype = cuda ? DType::BF16 : DType::F32;
   rt_.seed = cfg_.training.seed;
   rt_.training = true;
   model_ = std::make_unique<GptModel>(cfg_.model, store_);
-  store_.materialize(rt_.dtype, cfg_.training.seed, rt_.stream);
+
+  DataParallelOptions dpo;
+  dpo.overlap_grad_reduce = cfg_.parallel.overlap_grad_reduce;
+  dpo.distributed_optimizer = cfg_.parallel.use_distributed_optimizer;
+  dpo.overlap_param_gather = cfg_.parallel.overlap_param_gather;
+  dpo.bucket_size = cfg_.parallel.ddp_bucket_size;
+  store_.materialize(rt_.dtype, cfg_.training.seed, rt_.stream,
+                     DataParallel::buffer_layout(dpo, dp_size));
+  dp_ = std::make_unique<DataParallel>(store_, dp_group_, dpo, rt_.stream);
+  optimizer_ = std::make_unique<AdamWOptimizer>(store_, dp_->owned_ranges(), cfg_.optimizer, rt_.stream);
+  rt_.hooks = dp_.get();
   rt_.stream.synchronize();
   flops_per_iteration_ = megatron_flops_per_iteration(cfg_.model, cfg_.training.global_batch_size);
-  log_ << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
-       << store_.num_parameters() << "\n"
-       << " > device: " << rt_.stream.device().str() << ", model dtype "
-       << dtype_name(rt_.dtype) << ", fp32 master weights and gradients\n";
-  if (!cfg_.training.metrics_jsonl.empty()) {
+  if (logging_rank()) {
+    log_ << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
+         << store_.num_parameters() << "\n"
+         << " > device: " << rt_.stream.device().str() << ", model dtype " << dtype_name(rt_.dtype)
+         << ", fp32 master weights and gradients; data-parallel size " << dp_size
+         << (dpo.distributed_optimizer ? ", distributed optimizer" : "")
+         << (dpo.overlap_grad_reduce ? ", overlapped gradient reduction" : "") << ", "
+         << store_.buckets().size() << " gradient bucket(s)\n";
+  }
+  if (!cfg_.training.metrics_jsonl.empty() && logging_rank()) {
     std::ofstream probe(cfg_.training.metrics_jsonl, std::ios::app);
     MDLM_CHECK(probe.good(), "--metrics-jsonl ", cfg_.training.metrics_jsonl,
                ": cannot open the file for appending");
   }
+}
+
+double Trainer::dp_sum(double local) {
+  if (!dp_group_ || dp_group_->size() == 1) return local;
+  const Stream& s = rt_.stream;
+  Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
+  t.data<double>()[0] = local;
+  if (!s.device().is_cpu()) t = t.to(s.device(), s);
+  dp_group_->all_reduce(t, comm::ReduceOp::Sum, s);
+  dp_group_->synchronize(s);
+  Tensor host = t.to(Device::cpu(), s);
+  return host.data<double>()[0];
 }
 
 Trainer::~Trainer() = default;
@@ -72,10 +110,11 @@ IterationMetrics Trainer::step() {
   const Stream& s = rt_.stream;
   const TrainingConfig& tc = cfg_.training;
   const int64_t mbs = tc.micro_batch_size;
-  const int64_t num_mb = tc.num_micro_batches(cfg_.parallel.data_parallel_size);
+  const int64_t dp = dp_->size();
+  const int64_t num_mb = tc.num_micro_batches(static_cast<int>(dp));
   const int64_t first = consumed_samples_;
 
-  // 1. Host micro-batches of the whole global batch and the global normaliser.
+  // 1. This rank's host micro-batches and the global normaliser.
   BatchContext ctx;
   ctx.seed = tc.seed;
   ctx.micro_batch_size = mbs;
@@ -84,36 +123,36 @@ IterationMetrics Trainer::step() {
   ctx.eod_token = data_->eod_token();
   ctx.eod_mask_loss = cfg_.data.eod_mask_loss;
   std::vector<HostMicroBatch> host(static_cast<size_t>(num_mb));
-  double loss_tokens = 0;
+  double local_tokens = 0;
   for (int64_t m = 0; m < num_mb; ++m) {
     std::vector<std::vector<int32_t>> samples;
     samples.reserve(static_cast<size_t>(mbs));
-    const int64_t mb_first = first + m * mbs;
+    const int64_t mb_first = first + m * mbs * dp + dp_->rank() * mbs;
     for (int64_t b = 0; b < mbs; ++b) samples.push_back(data_->sample(mb_first + b));
     host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
-    loss_tokens += host[static_cast<size_t>(m)].loss_tokens;
+    local_tokens += host[static_cast<size_t>(m)].loss_tokens;
   }
+  const double loss_tokens = dp_sum(local_tokens);
   MDLM_CHECK(loss_tokens > 0, "iteration ", iteration_ + 1,
              ": the global batch has no token to train on (every loss-mask entry is 0)");
 
-  // 2. Forward and backward of every micro-batch; gradients accumulate.
+  // 2. Forward and backward of every micro-batch; gradients accumulate, buckets reduce.
   store_.zero_grads(s);
   Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
   const float grad_scale = static_cast<float>(1.0 / loss_tokens);
-  for (const HostMicroBatch& h : host) {
-    MicroBatch mb = MicroBatch::upload(h, s);
+  for (int64_t m = 0; m < num_mb; ++m) {
+    MicroBatch mb = MicroBatch::upload(host[static_cast<size_t>(m)], s);
     ModelRecord rec;
     model_->forward(mb, rec, loss_sum, grad_scale, rt_);
+    dp_->begin_micro_batch(m == num_mb - 1);
     model_->backward(mb, rec, rt_);
   }
+  dp_->finish_grad_sync();
 
-  // 3-4. Loss and gradient norm (one host sync each).
+  // 3-4. Loss and gradient norm (global).
   IterationMetrics out;
-  out.lm_loss = static_cast<double>(loss_sum.to_floats(s)[0]) / loss_tokens;
-  Tensor sq = Tensor::zeros({1}, DType::F32, s);
-  Tensor grads = store_.flat_grads();
-  ops::sum_squares(grads, sq, s);
-  out.grad_norm = std::sqrt(static_cast<double>(sq.to_floats(s)[0]));
+  out.lm_loss = dp_sum(static_cast<double>(loss_sum.to_floats(s)[0])) / loss_tokens;
+  out.grad_norm = std::sqrt(dp_->grad_sq_norm());
   const bool finite = std::isfinite(out.grad_norm) && std::isfinite(out.lm_loss);
   if (!finite) {
     out.nan = true;
@@ -125,34 +164,15 @@ IterationMetrics Trainer::step() {
                "); the update was not applied. Lower --lr or disable the check with "
                "--no-check-for-nan-in-loss-and-grad");
   } else {
-    // 5. Clip, then AdamW on the decayed and non-decayed regions of the flat buffers.
+    // 5. Clip, AdamW on this rank's masters, refresh (and gather) the model weights.
+    Tensor grads = dp_->optimizer_grads();
     const double clip = cfg_.optimizer.clip_grad;
     if (clip > 0) {
       const double coeff = clip / (out.grad_norm + 1e-6);
       if (coeff < 1.0) ops::scale_inplace(grads, static_cast<float>(coeff), s);
     }
-    ++adam_steps_;
-    const double lr = learning_rate(cfg_.optimizer, iteration_);
-    const int64_t split = store_.decay_size();
-    const int64_t total = store_.flat_size();
-    for (int region = 0; region < 2; ++region) {
-      const int64_t off = region == 0 ? 0 : split;
-      const int64_t len = region == 0 ? split : total - split;
-      if (len == 0) continue;
-      ops::AdamWArgs a;
-      a.lr = static_cast<float>(lr);
-      a.beta1 = cfg_.optimizer.adam_beta1;
-      a.beta2 = cfg_.optimizer.adam_beta2;
-      a.eps = cfg_.optimizer.adam_eps;
-      a.weight_decay = region == 0 ? cfg_.optimizer.weight_decay : 0.0f;
-      a.step = adam_steps_;
-      Tensor master = store_.flat_master().slice_flat(off, {len});
-      Tensor g = grads.slice_flat(off, {len});
-      Tensor m = store_.flat_exp_avg().slice_flat(off, {len});
-      Tensor v = store_.flat_exp_avg_sq().slice_flat(off, {len});
-      Tensor model = store_.master_is_param() ? Tensor() : store_.flat_params().slice_flat(off, {len});
-      ops::adamw_step(master, g, m, v, model, a, s);
-    }
+    optimizer_->step(grads, learning_rate(cfg_.optimizer, iteration_), s);
+    dp_->start_param_gather();
   }
   s.synchronize();
   ++iteration_;
@@ -166,7 +186,7 @@ IterationMetrics Trainer::step() {
 }
 
 void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
-  if (window.empty()) return;
+  if (window.empty() || !logging_rank()) return;
   const IterationMetrics& last = window.back();
   double loss = 0, ms = 0;
   int counted = 0;
@@ -234,10 +254,12 @@ std::vector<IterationMetrics> Trainer::train() {
       window.clear();
     }
     if (cfg_.training.exit_interval && iteration_ % *cfg_.training.exit_interval == 0) {
-      log_ << " exiting program at iteration " << iteration_ << " (--exit-interval)" << std::endl;
+      if (logging_rank())
+        log_ << " exiting program at iteration " << iteration_ << " (--exit-interval)" << std::endl;
       break;
     }
   }
+  dp_->finish_param_gather();
   return all;
 }
 

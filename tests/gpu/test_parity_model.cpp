@@ -58,8 +58,8 @@ void compare_backends(bool swiglu_rope) {
   Trainer gpu(parity_run(DeviceKind::Cuda, iters, swiglu_rope), data, log);
 
   // Initial weights: the same Philox values, the CUDA ones rounded to bf16.
-  auto w_cpu = test::to_doubles(cpu.parameters().flat_master(), cpu.runtime().stream);
-  auto w_gpu = test::to_doubles(gpu.parameters().flat_master(), gpu.runtime().stream);
+  auto w_cpu = test::to_doubles(cpu.optimizer().master(), cpu.runtime().stream);
+  auto w_gpu = test::to_doubles(gpu.optimizer().master(), gpu.runtime().stream);
   EXPECT_LT(test::rel_l2(w_gpu, w_cpu), 1e-6) << "fp32 masters must be initialised identically";
 
   for (int64_t i = 0; i < iters; ++i) {

@@ -43,6 +43,8 @@ class GptModel {
   ParameterStore::Handle word_embeddings_ = -1, position_embeddings_ = -1, output_layer_ = -1;
   std::vector<TransformerLayer> layers_;
   NormLayer final_norm_;
+  std::vector<int> embedding_handles_;  // word (and position) embeddings
+  std::vector<int> head_handles_;       // final norm and the untied output layer
 };
 
 }  // namespace megadlm

@@ -1,13 +1,17 @@
-// Parameters of a model in contiguous flat buffers (the layout DDP buckets and the optimizer
-// need): model weights in the model dtype, fp32 main gradients, fp32 master weights and Adam
-// moments. Each parameter is a view into these buffers.
+// Parameters of a model in contiguous flat buffers (the layout data-parallel buckets need):
+// model weights in the model dtype and fp32 main gradients. Each parameter is a view into them.
+// Optimizer state (fp32 masters, Adam moments) lives with the optimizer (training/optimizer.h),
+// which may own only a shard of the flat range (distributed optimizer).
 //
-// Layout: all weight-decayed parameters first, then the others (norm weights, biases), each in
-// registration order, starts padded to 64 elements, except a parameter registered with
-// `fuse_with_previous`, which follows the previous one directly so that the two (or more) form
-// one matrix (q, k, v -> one QKV GEMM; gate, up -> one fc1 GEMM).
-// Initialisation: every element by its global index (ops/random.h), so any slice of a
-// parameter equals the slice of the unsplit parameter.
+// Layout: parameters in *reverse* registration order (≈ the order backward finishes them, so a
+// bucket at the front of the buffer is ready first), each start padded to 64 elements, except
+// that parameters registered with `fuse_with_previous` stay right after their predecessor, in
+// registration order, so they form one matrix (q, k, v -> one QKV GEMM; gate, up -> one fc1 GEMM).
+// The buffer is cut into buckets of about `bucket_size` elements at parameter boundaries; each
+// bucket's length is padded to a multiple of `bucket_multiple` (data-parallel size x 64 under the
+// distributed optimizer, so that every rank's shard is whole and aligned).
+// Initialisation: every element by its global index (ops/random.h), so any slice of a parameter
+// equals the slice of the unsplit parameter, and fill_initial_values() can regenerate any range.
 #pragma once
 #include <string>
 #include <vector>
@@ -30,6 +34,17 @@ struct ParamDesc {
   bool weight_decay = true;
   bool fuse_with_previous = false;
   int64_t offset = 0;  ///< element offset in the flat buffers (set by materialize)
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+struct BufferLayout {
+  int64_t bucket_size = 0;      ///< elements per bucket; 0: one bucket for everything
+  int64_t bucket_multiple = 64; ///< each bucket's length is a multiple of this
+};
+
+struct GradBucket {
+  int64_t begin = 0, end = 0;  ///< flat element range (end - begin is a multiple of bucket_multiple)
+  std::vector<int> params;     ///< handles of the parameters inside
 };
 
 class ParameterStore {
@@ -39,44 +54,47 @@ class ParameterStore {
   Handle add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay,
              bool fuse_with_previous = false);
 
-  /// Allocates every buffer on `stream`'s device, zeroes gradients and Adam moments and
-  /// initialises the weights from `seed`. `param_dtype` is the model dtype (f32 on CPU, bf16 on
-  /// CUDA); when it is f32 the master weights are the model weights themselves.
-  void materialize(DType param_dtype, uint64_t seed, const Stream& stream);
+  /// Lays out and allocates the buffers on `stream`'s device, zeroes the gradients and
+  /// initialises the weights from `seed` in `param_dtype` (f32 on CPU, bf16 on CUDA).
+  void materialize(DType param_dtype, uint64_t seed, const Stream& stream,
+                   const BufferLayout& layout = {});
 
   bool materialized() const { return params_.defined(); }
   DType param_dtype() const { return params_.dtype(); }
+  uint64_t seed() const { return seed_; }
   const std::vector<ParamDesc>& descs() const { return descs_; }
+  const ParamDesc& desc(Handle h) const { return descs_[static_cast<size_t>(h)]; }
   int64_t num_parameters() const;  ///< real elements (without padding)
   int64_t flat_size() const { return flat_size_; }
+  const std::vector<GradBucket>& buckets() const { return buckets_; }
+  int bucket_of(Handle h) const { return bucket_of_[static_cast<size_t>(h)]; }
 
   Tensor param(Handle h) const { return view(params_, h, h); }
   Tensor grad(Handle h) const { return view(grads_, h, h); }
-  Tensor master(Handle h) const { return view(master_, h, h); }
   /// One tensor over parameters first..last, which must have been fused; its shape is
   /// [sum of rows, cols] of the members.
   Tensor param_span(Handle first, Handle last) const { return view(params_, first, last); }
   Tensor grad_span(Handle first, Handle last) const { return view(grads_, first, last); }
-
-  /// Flat buffers for the optimizer: [0, decay_size) holds every weight-decayed element.
   Tensor flat_params() const { return params_; }
-  Tensor flat_master() const { return master_; }
   Tensor flat_grads() const { return grads_; }
-  Tensor flat_exp_avg() const { return exp_avg_; }
-  Tensor flat_exp_avg_sq() const { return exp_avg_sq_; }
-  int64_t decay_size() const { return decay_size_; }
-  bool master_is_param() const { return master_is_param_; }
+
+  /// out (f32 or f64, [end - begin]) = the initial values of flat elements [begin, end), exactly
+  /// as Philox defines them (padding elements are 0). For optimizer master weights.
+  void fill_initial_values(Tensor& out, int64_t begin, const Stream& stream) const;
 
   void zero_grads(const Stream& stream);
 
  private:
   Tensor view(const Tensor& flat, Handle first, Handle last) const;
+  void fill_param_range(Tensor& out, int64_t out_offset, const ParamDesc& d, int64_t start,
+                        int64_t count, const Stream& stream) const;
 
   std::vector<ParamDesc> descs_;
-  Tensor params_, grads_, master_, exp_avg_, exp_avg_sq_;
+  std::vector<GradBucket> buckets_;
+  std::vector<int> bucket_of_;
+  Tensor params_, grads_;
   int64_t flat_size_ = 0;
-  int64_t decay_size_ = 0;
-  bool master_is_param_ = false;
+  uint64_t seed_ = 0;
 };
 
 }  // namespace megadlm

@@ -18,6 +18,7 @@
 #include <string>
 #include "megadlm/model/micro_batch.h"
 #include "megadlm/model/norm_layer.h"
+#include "megadlm/model/param_hooks.h"
 #include "megadlm/model/parameter_store.h"
 #include "megadlm/model/transformer_config.h"
 
@@ -29,6 +30,7 @@ struct ModelRuntime {
   DType dtype = DType::F32;  ///< activations and model weights: f32 on CPU, bf16 on CUDA
   uint64_t seed = 1234;
   bool training = true;      ///< dropout only while training
+  ParamHooks* hooks = nullptr;  ///< data-parallel wrapper to notify (none: single process)
 
   /// Dtype of statistics, losses and loss weights: f32, or f64 when the whole model runs in f64
   /// (CPU gradient checks).
@@ -53,6 +55,9 @@ class TransformerLayer {
   Tensor backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,
                   const ModelRuntime& rt) const;
 
+  /// Handles of every parameter of this layer.
+  const std::vector<int>& param_handles() const { return handles_; }
+
  private:
   struct Linear {
     ParameterStore::Handle w_first = -1, w_last = -1;  // fused span of weights
@@ -69,6 +74,7 @@ class TransformerLayer {
   int layer_;
   NormLayer norm1_, norm2_, q_norm_, k_norm_;
   Linear qkv_, proj_, fc1_, fc2_;
+  std::vector<int> handles_;
 };
 
 }  // namespace megadlm

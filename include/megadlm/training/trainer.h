@@ -2,26 +2,31 @@
 // gradient accumulation, global loss normalisation, clipping, AdamW with Megatron's LR schedule,
 // and Megatron-style logging plus JSON-lines metrics.
 //
-// One iteration (global batch of G samples = M micro-batches of B samples):
-//   1. build all M host micro-batches (noise is a pure function of the global sample index);
-//      N = loss tokens of the whole global batch
+// One iteration (global batch of G samples; each of the D data-parallel ranks runs
+// M = G / (B * D) micro-batches of B samples, rank r taking samples [r*B, (r+1)*B) of every
+// block of B*D consecutive samples, as Megatron's sampler does):
+//   1. build this rank's M host micro-batches (noise is a pure function of the global sample
+//      index); N = loss tokens of the whole global batch (all-reduced over DP)
 //   2. for each micro-batch: forward through the fused loss with grad_scale = 1/N, backward
-//      (weight gradients accumulate in fp32 main grads)
-//   3. lm loss = sum of weighted CE / N (the same number the gradient is of)
-//   4. grad norm over all main grads; non-finite -> the step is skipped (and with
-//      --check-for-nan-in-loss-and-grad, the run stops with an error naming the iteration)
+//      (weight gradients accumulate in fp32 main grads; DP buckets reduce as they finish)
+//   3. lm loss = sum over all ranks of weighted CE / N (the same number the gradient is of)
+//   4. grad norm over all main grads, each element once; non-finite -> the step is skipped (and
+//      with --check-for-nan-in-loss-and-grad, the run stops with an error naming the iteration)
 //   5. clip (clip_grad / (norm + 1e-6) when < 1), AdamW on fp32 masters with lr(iteration-1),
-//      model weights refreshed from the masters
+//      model weights refreshed from the masters (all-gathered under the distributed optimizer)
 #pragma once
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
+#include "megadlm/comm/process_groups.h"
 #include "megadlm/data/sample_source.h"
 #include "megadlm/diffusion/forward_process.h"
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/model/parameter_store.h"
+#include "megadlm/parallel/data_parallel/data_parallel.h"
+#include "megadlm/training/optimizer.h"
 #include "megadlm/training/training_config.h"
 
 namespace megadlm {
@@ -39,8 +44,10 @@ struct IterationMetrics {
 
 class Trainer {
  public:
-  /// `log` receives the start-up summary and the iteration lines (rank 0's job).
-  Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> data, std::ostream& log);
+  /// `log` receives the start-up summary and the iteration lines (written by rank 0 only).
+  /// `groups`: the process groups of a multi-process run (null: a single process).
+  Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> data, std::ostream& log,
+          const comm::ProcessGroups* groups = nullptr);
   ~Trainer();
 
   /// Runs one iteration.
@@ -50,11 +57,15 @@ class Trainer {
 
   int64_t iteration() const { return iteration_; }
   const ParameterStore& parameters() const { return store_; }
+  const AdamWOptimizer& optimizer() const { return *optimizer_; }
   const RunConfig& config() const { return cfg_; }
   const ModelRuntime& runtime() const { return rt_; }
 
  private:
   void log_interval(const std::vector<IterationMetrics>& window);
+  /// Sum over the data-parallel group of a host value (identity on one rank).
+  double dp_sum(double local);
+  bool logging_rank() const { return rank_ == 0; }
 
   RunConfig cfg_;
   std::shared_ptr<const SampleSource> data_;
@@ -62,6 +73,10 @@ class Trainer {
   ModelRuntime rt_;
   ParameterStore store_;
   std::unique_ptr<GptModel> model_;
+  std::shared_ptr<comm::Communicator> dp_group_;
+  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<AdamWOptimizer> optimizer_;
+  int rank_ = 0;
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   int64_t adam_steps_ = 0;

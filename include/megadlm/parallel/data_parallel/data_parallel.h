@@ -1,0 +1,83 @@
+// Data parallelism over the flat gradient buffer (megatron-compat.md §4.5).
+//
+// Gradients accumulate over a step's micro-batches in the fp32 buffer of the ParameterStore,
+// which is cut into buckets in backward order. On the last micro-batch, each bucket's collective
+// is launched as soon as the model reports all its gradients final (--overlap-grad-reduce, on a
+// communication stream overlapping the rest of backward) or all at once at the end:
+//   * plain DDP: all-reduce (SUM) of the bucket; every rank then holds the full gradient
+//   * distributed optimizer: reduce-scatter (SUM); rank r keeps shard r of every bucket, in a
+//     compact buffer that is exactly the optimizer's layout (training/optimizer.h); after the
+//     step, each bucket's parameters are all-gathered from the shards (--overlap-param-gather:
+//     asynchronously, each block waiting for its bucket just before its forward).
+// Gradients are SUMmed, not averaged: the loss is normalised by the global token count up front
+// (ARCHITECTURE.md promise 1), so the sum over ranks is already the gradient of the global loss.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+#include "megadlm/comm/communicator.h"
+#include "megadlm/core/event.h"
+#include "megadlm/model/param_hooks.h"
+#include "megadlm/model/parameter_store.h"
+#include "megadlm/training/optimizer.h"
+
+namespace megadlm {
+
+struct DataParallelOptions {
+  bool overlap_grad_reduce = false;
+  bool distributed_optimizer = false;
+  bool overlap_param_gather = false;
+  int64_t bucket_size = 0;  ///< --ddp-bucket-size; 0: Megatron's max(4e7, 1e6 * dp) with overlap
+};
+
+class DataParallel final : public ParamHooks {
+ public:
+  /// The layout the store must be materialised with for these options and `dp_size` ranks.
+  static BufferLayout buffer_layout(const DataParallelOptions& options, int dp_size);
+
+  /// `group`: the gradient-reduction group (dp-cp); null means a single rank.
+  /// `compute`: the stream the model runs on.
+  DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
+               DataParallelOptions options, const Stream& compute);
+
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  /// What this rank's optimizer owns: its shard of every bucket, or the whole buffer.
+  const std::vector<OwnedRange>& owned_ranges() const { return owned_; }
+  /// The reduced gradients in the optimizer's compact layout (valid after finish_grad_sync).
+  Tensor optimizer_grads() const;
+
+  /// Call before each micro-batch's backward; `last`: the step's final micro-batch.
+  void begin_micro_batch(bool last);
+  void params_needed(const std::vector<int>& handles) override;
+  void grads_ready(const std::vector<int>& handles) override;
+  /// After the last backward: launches what is left and waits for every reduction.
+  void finish_grad_sync();
+  /// Sum of squares of the reduced gradients, over the whole model (each element counted once).
+  double grad_sq_norm();
+  /// After the optimizer step (distributed optimizer): all-gathers the updated parameters.
+  void start_param_gather();
+  /// Waits for every outstanding parameter all-gather.
+  void finish_param_gather();
+
+ private:
+  void launch_bucket(size_t b);
+  const Stream& comm_stream() const { return overlap_ ? comm_ : compute_; }
+
+  ParameterStore& store_;
+  std::shared_ptr<comm::Communicator> group_;
+  DataParallelOptions opt_;
+  Stream compute_, comm_;
+  bool overlap_ = false;  // a separate communication stream is in use
+  int size_ = 1, rank_ = 0;
+  std::vector<OwnedRange> owned_;
+  Tensor grad_shards_;                // distributed optimizer: compact reduced gradients
+  std::vector<int> pending_;          // per bucket: parameters whose gradients are not final yet
+  std::vector<bool> launched_;
+  std::vector<bool> param_ready_;     // per bucket: gathered parameters are usable
+  std::vector<Event> done_;           // per bucket: its collective finished (comm stream)
+  bool last_micro_batch_ = false;
+  bool gather_in_flight_ = false;
+};
+
+}  // namespace megadlm

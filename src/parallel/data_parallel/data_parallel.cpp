@@ -1,0 +1,172 @@
+#include "megadlm/parallel/data_parallel/data_parallel.h"
+#include <algorithm>
+#include "megadlm/ops/reduce.h"
+
+namespace megadlm {
+
+BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_size) {
+  BufferLayout l;
+  if (o.overlap_grad_reduce) {
+    l.bucket_size = o.bucket_size > 0 ? o.bucket_size
+                                      : std::max<int64_t>(40'000'000, 1'000'000LL * dp_size);
+  } else {
+    l.bucket_size = o.bucket_size;  // 0: one bucket
+  }
+  // Under the distributed optimizer every bucket splits into dp equal, 64-aligned shards.
+  l.bucket_multiple = o.distributed_optimizer ? 64LL * dp_size : 64;
+  return l;
+}
+
+DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
+                           DataParallelOptions options, const Stream& compute)
+    : store_(store), group_(std::move(group)), opt_(options), compute_(compute) {
+  MDLM_CHECK(store.materialized(), "DataParallel needs a materialised parameter store");
+  size_ = group_ ? group_->size() : 1;
+  rank_ = group_ ? group_->rank() : 0;
+  // A second stream only where it buys overlap: CUDA with more than one rank.
+  overlap_ = compute.is_cuda() && size_ > 1 && (opt_.overlap_grad_reduce || opt_.overlap_param_gather);
+  comm_ = overlap_ ? Stream::create(compute.device()) : compute;
+  const auto& buckets = store.buckets();
+  if (opt_.distributed_optimizer) {
+    int64_t compact = 0;
+    for (const GradBucket& b : buckets) {
+      const int64_t len = b.end - b.begin;
+      MDLM_CHECK(len % size_ == 0, "bucket of ", len, " elements does not split into ", size_,
+                 " shards (materialise the store with DataParallel::buffer_layout)");
+      const int64_t shard = len / size_;
+      owned_.push_back({b.begin + rank_ * shard, b.begin + (rank_ + 1) * shard, compact});
+      compact += shard;
+    }
+    grad_shards_ = Tensor::zeros({std::max<int64_t>(compact, 1)}, store.flat_grads().dtype(), compute);
+  } else {
+    owned_.push_back({0, store.flat_size(), 0});
+  }
+  pending_.assign(buckets.size(), 0);
+  launched_.assign(buckets.size(), false);
+  param_ready_.assign(buckets.size(), true);
+  for (size_t i = 0; i < buckets.size(); ++i) done_.push_back(Event::create(compute.device()));
+}
+
+Tensor DataParallel::optimizer_grads() const {
+  return opt_.distributed_optimizer ? grad_shards_ : store_.flat_grads();
+}
+
+void DataParallel::begin_micro_batch(bool last) {
+  last_micro_batch_ = last;
+  if (!last) return;
+  const auto& buckets = store_.buckets();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    pending_[b] = static_cast<int>(buckets[b].params.size());
+    launched_[b] = false;
+  }
+}
+
+void DataParallel::grads_ready(const std::vector<int>& handles) {
+  if (!last_micro_batch_ || !opt_.overlap_grad_reduce) return;  // Megatron's no_sync otherwise
+  for (int h : handles) {
+    const auto b = static_cast<size_t>(store_.bucket_of(h));
+    if (--pending_[b] == 0) launch_bucket(b);
+  }
+}
+
+void DataParallel::launch_bucket(size_t b) {
+  MDLM_CHECK(!launched_[b], "bucket ", b, " reduced twice in one step");
+  launched_[b] = true;
+  if (size_ == 1) return;
+  const GradBucket& bucket = store_.buckets()[b];
+  Tensor grads = store_.flat_grads().slice_flat(bucket.begin, {bucket.end - bucket.begin});
+  const Stream& s = comm_stream();
+  if (overlap_) {
+    Event ready = Event::create(compute_.device());
+    ready.record(compute_);
+    ready.wait_on(s);
+  }
+  if (opt_.distributed_optimizer) {
+    const OwnedRange& r = owned_[b];
+    Tensor shard = grad_shards_.slice_flat(r.compact_offset, {r.end - r.begin});
+    group_->reduce_scatter(grads, shard, comm::ReduceOp::Sum, s);
+  } else {
+    group_->all_reduce(grads, comm::ReduceOp::Sum, s);
+  }
+  done_[b].record(s);
+}
+
+void DataParallel::finish_grad_sync() {
+  finish_param_gather();  // every block has waited for its bucket by now; settle the bookkeeping
+  for (size_t b = 0; b < launched_.size(); ++b)
+    if (!launched_[b]) launch_bucket(b);
+  if (size_ == 1) {
+    if (opt_.distributed_optimizer) {  // one rank owns everything: the "shard" is the buffer
+      Tensor all = store_.flat_grads();
+      for (size_t b = 0; b < owned_.size(); ++b) {
+        const OwnedRange& r = owned_[b];
+        Tensor dst = grad_shards_.slice_flat(r.compact_offset, {r.end - r.begin});
+        copy_tensor(all.slice_flat(r.begin, {r.end - r.begin}), dst, compute_);
+      }
+    }
+    return;
+  }
+  if (overlap_) {
+    group_->synchronize(comm_);  // the timeout names a hung bucket collective
+    for (Event& e : done_) e.wait_on(compute_);
+  }
+}
+
+double DataParallel::grad_sq_norm() {
+  Tensor g = optimizer_grads();
+  const bool cpu = compute_.device().is_cpu();
+  Tensor sq = Tensor::zeros({1}, cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32, compute_);
+  ops::sum_squares(g, sq, compute_);
+  // Shards are disjoint: the global norm needs their sum; full replicas are already global.
+  if (opt_.distributed_optimizer && size_ > 1) {
+    group_->all_reduce(sq, comm::ReduceOp::Sum, compute_);
+    group_->synchronize(compute_);
+  }
+  return static_cast<double>(sq.to_floats(compute_)[0]);
+}
+
+void DataParallel::start_param_gather() {
+  if (!opt_.distributed_optimizer || size_ == 1) return;
+  const Stream& s = opt_.overlap_param_gather && overlap_ ? comm_ : compute_;
+  if (&s != &compute_) {
+    Event stepped = Event::create(compute_.device());
+    stepped.record(compute_);
+    stepped.wait_on(s);
+  }
+  const auto& buckets = store_.buckets();
+  Tensor params = store_.flat_params();
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const OwnedRange& r = owned_[b];
+    Tensor full = params.slice_flat(buckets[b].begin, {buckets[b].end - buckets[b].begin});
+    Tensor mine = params.slice_flat(r.begin, {r.end - r.begin});
+    group_->all_gather(mine, full, s);
+    done_[b].record(s);
+    param_ready_[b] = false;
+  }
+  gather_in_flight_ = true;
+  if (&s == &compute_) finish_param_gather();
+}
+
+void DataParallel::params_needed(const std::vector<int>& handles) {
+  if (!gather_in_flight_) return;
+  for (int h : handles) {
+    const auto b = static_cast<size_t>(store_.bucket_of(h));
+    if (!param_ready_[b]) {
+      done_[b].wait_on(compute_);
+      param_ready_[b] = true;
+    }
+  }
+}
+
+void DataParallel::finish_param_gather() {
+  if (!gather_in_flight_) return;
+  const Stream& s = opt_.overlap_param_gather && overlap_ ? comm_ : compute_;
+  group_->synchronize(s);
+  for (size_t b = 0; b < param_ready_.size(); ++b) {
+    if (!param_ready_[b]) done_[b].wait_on(compute_);
+    param_ready_[b] = true;
+  }
+  gather_in_flight_ = false;
+}
+
+}  // namespace megadlm
