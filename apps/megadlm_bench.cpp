@@ -1,6 +1,8 @@
-// megadlm_bench: op benchmarks on one CUDA device, through the public ops:: API only.
+// megadlm_bench: op benchmarks on one CUDA device, through the public ops:: API only, and
+// collective bandwidth over NCCL through comm::Communicator.
 //
 //   megadlm_bench ops [--op NAME] [--out FILE]
+//   mpirun -np 2 megadlm_bench comm [--op NAME] [--out FILE]
 //
 // For every op (or the ones whose name contains NAME): first a small case run on CUDA and on the
 // CPU reference with the same bf16-rounded inputs (PASS/FAIL with the relative L2 error), then the
@@ -11,6 +13,15 @@
 // measured bf16 GEMM ceiling, memory-bound ops GB/s (bytes each input is read once + each output
 // written once) against the measured copy bandwidth. A JSON line per op goes to --out; a table is
 // printed last. Exit codes: 0 all checks passed, 1 a check failed, 2 no device or bad usage.
+//
+// comm: all_reduce, reduce_scatter and all_gather of 1 GiB in bf16 and f32 over the world of
+// the launch (one rank per GPU), each timed with CUDA events around single calls: kCommWarmup
+// calls, then kCommReps timed calls each preceded by a barrier; per call the slowest rank's time
+// counts, and the median of those is reported with nccl-tests' bandwidths (docs/benchmarks.md):
+// algbw = S / t, where S is the full buffer (all_reduce: the tensor; reduce_scatter: the input of
+// size·n elements; all_gather: the output), and busbw = algbw · 2(n−1)/n for all_reduce,
+// algbw · (n−1)/n for the other two: the rate each link must sustain, comparable across n.
+// Before timing, an exact check (rank-tagged integers) must pass. Rank 0 prints and writes.
 //
 // The one exception to "CUDA headers only under src/": this program times with cudaEvent_t, the
 // only way to time single launches of a few microseconds; nothing else here touches the runtime.
@@ -25,6 +36,7 @@
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
+#include "megadlm/comm/bootstrap.h"
 #include "megadlm/core/philox.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
@@ -686,12 +698,17 @@ struct Result {
 
 int usage(const char* argv0) {
   std::fprintf(stderr, "usage: %s ops [--op NAME] [--out FILE]\n"
-                       "  --op NAME  only the ops whose name contains NAME (e.g. gemm, rms_norm_bwd)\n"
-                       "  --out FILE append one JSON line per op to FILE\n", argv0);
+                       "       mpirun -np N %s comm [--op NAME] [--out FILE]\n"
+                       "  --op NAME  only the ops (or collectives) whose name contains NAME\n"
+                       "             (e.g. gemm, rms_norm_bwd, all_reduce)\n"
+                       "  --out FILE append one JSON line per op or collective to FILE\n", argv0, argv0);
   return 2;
 }
 
+int run_comm(int argc, char** argv);
+
 int run(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "comm") == 0) return run_comm(argc, argv);
   if (argc < 2 || std::strcmp(argv[1], "ops") != 0) return usage(argv[0]);
   std::string filter, out_path;
   for (int i = 2; i < argc; ++i) {
@@ -775,6 +792,159 @@ int run(int argc, char** argv) {
   }
   std::printf("ceilings: %.0f TFLOP/s bf16 GEMM, %.0f GB/s copy (measured on the H200)\n",
               kCeilingBf16Tflops, kCeilingCopyGBps);
+  return all_pass ? 0 : 1;
+}
+
+// ---- comm mode ------------------------------------------------------------------------------
+
+constexpr int kCommWarmup = 5;
+constexpr int kCommReps = 25;
+constexpr int64_t kCommBytes = int64_t{1} << 30;
+
+struct CommBench {
+  std::string name;    ///< "all_reduce_bf16"
+  const char* op;      ///< "all_reduce"
+  DType dtype;
+  double bus_factor;   ///< busbw / algbw for n ranks
+};
+
+/// Median over kCommReps calls of the slowest rank's time for one call, in ms.
+double comm_median_ms(comm::Communicator& world, const Stream& stream, const std::function<void()>& fn) {
+#if MEGADLM_WITH_CUDA
+  auto cs = static_cast<cudaStream_t>(stream.native());
+  cudaEvent_t start, stop;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  for (int i = 0; i < kCommWarmup; ++i) fn();
+  world.synchronize(stream);
+  std::vector<float> ms(kCommReps);
+  for (int i = 0; i < kCommReps; ++i) {
+    world.barrier(stream);  // every rank starts the timed call together
+    check_cuda(cudaEventRecord(start, cs), "cudaEventRecord");
+    fn();
+    check_cuda(cudaEventRecord(stop, cs), "cudaEventRecord");
+    world.synchronize(stream);
+    check_cuda(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], start, stop), "cudaEventElapsedTime");
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  Tensor t = Tensor::from_floats(ms, {kCommReps}).to(stream.device(), stream);
+  world.all_reduce(t, comm::ReduceOp::Max, stream);
+  std::vector<float> slowest = t.to_floats(stream);
+  std::sort(slowest.begin(), slowest.end());
+  return slowest[slowest.size() / 2];
+#else
+  (void)world;
+  (void)stream;
+  (void)fn;
+  MDLM_FAIL("megadlm_bench: built without CUDA");
+#endif
+}
+
+/// Rank-tagged exact check of one collective on a small buffer (1 Mi elements).
+bool comm_check(comm::Communicator& world, const Stream& s, const CommBench& b) {
+  const int n = world.size(), r = world.rank();
+  const int64_t m = int64_t{1} << 20;
+  const float tag = static_cast<float>(r + 1), sum = static_cast<float>(n * (n + 1) / 2);
+  std::vector<float> got, want;
+  if (std::strcmp(b.op, "all_reduce") == 0) {
+    Tensor t = Tensor::empty({m}, b.dtype, s);
+    ops::fill(t, tag, s);
+    world.all_reduce(t, comm::ReduceOp::Sum, s);
+    got = t.to_floats(s);
+    want.assign(static_cast<size_t>(m), sum);
+  } else if (std::strcmp(b.op, "reduce_scatter") == 0) {
+    Tensor in = Tensor::empty({m * n}, b.dtype, s), out = Tensor::empty({m}, b.dtype, s);
+    ops::fill(in, tag, s);
+    world.reduce_scatter(in, out, comm::ReduceOp::Sum, s);
+    got = out.to_floats(s);
+    want.assign(static_cast<size_t>(m), sum);
+  } else {
+    Tensor in = Tensor::empty({m}, b.dtype, s), out = Tensor::empty({m * n}, b.dtype, s);
+    ops::fill(in, tag, s);
+    world.all_gather(in, out, s);
+    got = out.to_floats(s);
+    for (int p = 0; p < n; ++p) want.insert(want.end(), static_cast<size_t>(m), static_cast<float>(p + 1));
+  }
+  world.synchronize(s);
+  return got == want;
+}
+
+int run_comm(int argc, char** argv) {
+  std::string filter, out_path;
+  for (int i = 2; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--op") == 0 && i + 1 < argc) filter = argv[++i];
+    else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
+    else return usage(argv[0]);
+  }
+  const comm::LaunchEnvironment env = comm::detect_launch_environment();
+  if (env.world_size < 2 || !comm::nccl_compiled() || cuda_device_count() == 0) {
+    std::fprintf(stderr, "megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks "
+                         "(mpirun -np 2 %s comm); world size %d, NCCL %s, %d GPU(s) visible\n",
+                 argv[0], env.world_size, comm::nccl_compiled() ? "built" : "not built",
+                 cuda_device_count());
+    return 2;
+  }
+  comm::DistributedRuntime runtime(env, comm::Transport::Nccl, std::chrono::minutes(10));
+  comm::Communicator& world = runtime.world();
+  const int n = world.size();
+  const bool lead = world.rank() == 0;
+  const Stream stream = Stream::create(runtime.device());
+  std::ofstream out_file;
+  if (lead && !out_path.empty()) {
+    out_file.open(out_path, std::ios::app);
+    MDLM_CHECK(out_file.good(), "megadlm_bench: cannot open --out ", out_path);
+  }
+  if (lead)
+    std::printf("megadlm_bench comm: %d ranks, NCCL %s, %d warm-up + %d timed calls (median of "
+                "the slowest rank), %lld MiB buffers\n", n, comm::nccl_version().c_str(),
+                kCommWarmup, kCommReps, static_cast<long long>(kCommBytes >> 20));
+  const double ring = static_cast<double>(n - 1) / n;
+  const std::vector<CommBench> benches = {
+      {"all_reduce_bf16", "all_reduce", DType::BF16, 2 * ring},
+      {"all_reduce_f32", "all_reduce", DType::F32, 2 * ring},
+      {"reduce_scatter_bf16", "reduce_scatter", DType::BF16, ring},
+      {"reduce_scatter_f32", "reduce_scatter", DType::F32, ring},
+      {"all_gather_bf16", "all_gather", DType::BF16, ring},
+      {"all_gather_f32", "all_gather", DType::F32, ring},
+  };
+  bool all_pass = true;
+  for (const CommBench& b : benches) {
+    if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
+    const bool pass = comm_check(world, stream, b);
+    all_pass = all_pass && pass;
+    // S elements in the full buffer; per-rank pieces are S / n.
+    const int64_t total = kCommBytes / static_cast<int64_t>(dtype_size(b.dtype));
+    const int64_t piece = total / n;
+    Tensor full = Tensor::empty({piece * n}, b.dtype, stream);
+    Tensor part = Tensor::empty({piece}, b.dtype, stream);
+    ops::fill(full, 1.0f, stream);
+    ops::fill(part, 1.0f, stream);
+    std::function<void()> call;
+    if (std::strcmp(b.op, "all_reduce") == 0)
+      call = [&] { world.all_reduce(full, comm::ReduceOp::Sum, stream); };
+    else if (std::strcmp(b.op, "reduce_scatter") == 0)
+      call = [&] { world.reduce_scatter(full, part, comm::ReduceOp::Sum, stream); };
+    else
+      call = [&] { world.all_gather(part, full, stream); };
+    const double ms = comm_median_ms(world, stream, call);
+    const double bytes = static_cast<double>(full.nbytes());
+    const double algbw = bytes / (ms * 1e-3) / 1e9, busbw = algbw * b.bus_factor;
+    if (lead) {
+      std::printf("%-20s %-5s %8.0f MiB  %9.3f ms  algbw %7.1f GB/s  busbw %7.1f GB/s\n",
+                  b.name.c_str(), pass ? "PASS" : "FAIL", bytes / (1 << 20), ms, algbw, busbw);
+      std::fflush(stdout);
+      if (out_file.is_open()) {
+        const nlohmann::json j = {{"collective", b.op},     {"dtype", dtype_name(b.dtype)},
+                                  {"ranks", n},             {"bytes", full.nbytes()},
+                                  {"check", pass ? "PASS" : "FAIL"},
+                                  {"median_ms", ms},        {"reps", kCommReps},
+                                  {"algbw_gbps", algbw},    {"busbw_gbps", busbw},
+                                  {"nccl", comm::nccl_version()}};
+        out_file << j.dump() << "\n";
+      }
+    }
+  }
   return all_pass ? 0 : 1;
 }
 

@@ -2,7 +2,8 @@
 # Runs the GPU ring on a machine with a GPU, from a carried build folder (no compiling there):
 # the CUDA-vs-CPU parity suite, the ops benchmark and, when pretrain_difflm is present, a CUDA
 # smoke run of the tiny model and the 1.7B training benchmark. Results go to OUT_DIR.
-#   scripts/device_check.sh BUILD_DIR OUT_DIR [parity|bench|train|bench_train|converge|all]...
+#   scripts/device_check.sh BUILD_DIR OUT_DIR [parity|bench|comm|train|bench_train|converge|all]...
+# `comm` needs 2 GPUs and mpirun: the NCCL suite (gpu_nccl) and the collective bandwidth benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?build dir}; out=${2:?out dir}; shift 2
@@ -19,6 +20,16 @@ fi
 if has bench; then
   "$build/bin/megadlm_bench" ops --out "$out/bench_ops.jsonl" > "$out/bench_ops.log" 2>&1
   echo "megadlm_bench exit $?"; tail -40 "$out/bench_ops.log"
+fi
+if has comm; then
+  mpirun_flags=()
+  [ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)
+  mpirun -np 2 "${mpirun_flags[@]}" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE "$build/bin/gpu_nccl" \
+    --gtest_output=xml:"$out/gpu_nccl.xml" > "$out/gpu_nccl.log" 2>&1
+  echo "gpu_nccl exit $?"; grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[spmd\]' "$out/gpu_nccl.log" | head -40
+  mpirun -np 2 "${mpirun_flags[@]}" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE "$build/bin/megadlm_bench" comm \
+    --out "$out/bench_comm.jsonl" > "$out/bench_comm.log" 2>&1
+  echo "megadlm_bench comm exit $?"; tail -10 "$out/bench_comm.log"
 fi
 if has train && [ -x "$build/bin/pretrain_difflm" ]; then
   "$build/bin/pretrain_difflm" @configs/tiny_dlm.args --device cuda --train-iters 50 \

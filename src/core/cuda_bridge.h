@@ -11,6 +11,7 @@
 namespace megadlm::detail {
 
 struct CudaStreamResources;
+struct CudaEventHandle;  // a cudaEvent_t and its device (src/core/cuda/cuda_utils.h)
 
 std::shared_ptr<CudaStreamResources> cuda_create_stream(int device);
 void* cuda_stream_native(const CudaStreamResources* res);
@@ -28,6 +29,17 @@ void cuda_copy_bytes(const void* src, Device src_device, void* dst, Device dst_d
 void cuda_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                   const CudaStreamResources* res);
 void cuda_memset_zero(void* ptr, size_t bytes, const CudaStreamResources* res);
+
+/// Makes `device` current for the calling thread (cudaSetDevice).
+void cuda_set_device(int device);
+
+/// Events (core/event.h): created without timing, destroyed with the last handle.
+std::shared_ptr<CudaEventHandle> cuda_event_create(int device);
+void cuda_event_record(CudaEventHandle* ev, const CudaStreamResources* res);
+void cuda_event_wait(const CudaEventHandle* ev, const CudaStreamResources* res);
+/// True when the recorded work is done; throws on a CUDA error other than "not ready".
+bool cuda_event_query(const CudaEventHandle* ev);
+void cuda_event_synchronize(const CudaEventHandle* ev);
 
 int cuda_device_count_impl();
 size_t cuda_peak_memory(int device);

@@ -24,6 +24,14 @@ void cuda_convert(const void*, DType, void*, DType, int64_t, const CudaStreamRes
   no_cuda("converting CUDA tensors");
 }
 void cuda_memset_zero(void*, size_t, const CudaStreamResources*) { no_cuda("zeroing CUDA memory"); }
+void cuda_set_device(int) { no_cuda("selecting a CUDA device"); }
+std::shared_ptr<CudaEventHandle> cuda_event_create(int) { no_cuda("creating a CUDA event"); }
+void cuda_event_record(CudaEventHandle*, const CudaStreamResources*) { no_cuda("recording a CUDA event"); }
+void cuda_event_wait(const CudaEventHandle*, const CudaStreamResources*) {
+  no_cuda("waiting on a CUDA event");
+}
+bool cuda_event_query(const CudaEventHandle*) { no_cuda("querying a CUDA event"); }
+void cuda_event_synchronize(const CudaEventHandle*) { no_cuda("synchronizing a CUDA event"); }
 int cuda_device_count_impl() { return 0; }
 size_t cuda_peak_memory(int) { return 0; }
 size_t cuda_used_memory(int) { return 0; }

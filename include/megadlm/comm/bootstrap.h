@@ -7,9 +7,13 @@
 // CPU runs use MPI (they need mpirun or an MPI-enabled srun). CUDA runs use NCCL; its unique id
 // travels over MPI when MPI is initialised, otherwise over a TCP rendezvous at
 // MASTER_ADDR:MASTER_PORT (rank 0 listens). Each process binds the GPU of its local rank.
+// A world of one process needs neither: it gets a SelfCommunicator (local copies, no MPI, no NCCL).
+// docs/launching.md has the launch recipes, how the NCCL id travels and the timeout behaviour.
 #pragma once
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include "megadlm/comm/communicator.h"
 
@@ -28,17 +32,42 @@ struct LaunchEnvironment {
   int master_port = 0;
 };
 
-/// Reads the launcher variables above; throws with the offending variable on inconsistency.
+/// Value of an environment variable, or nullopt when it is unset.
+using EnvLookup = std::function<std::optional<std::string>(const char* name)>;
+
+/// Reads the launcher variables above (through getenv); throws with the offending variable on
+/// inconsistency.
 LaunchEnvironment detect_launch_environment();
+/// The same from any variable source (tests pass a fake environment).
+/// Precedence, most specific first: OpenMPI's OMPI_COMM_WORLD_* (set per process by mpirun, even
+/// inside a Slurm allocation); torchrun's RANK / WORLD_SIZE (set per worker, even when torchrun
+/// itself runs under srun); a Slurm task (SLURM_PROCID inside an srun step, i.e. with
+/// SLURM_STEP_ID; a batch script alone is not a launch); otherwise a single process.
+/// Slurm's tasks on this node come from SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE or
+/// SLURM_TASKS_PER_NODE (first set wins; "2(x3),1" lists are read at SLURM_NODEID).
+LaunchEnvironment detect_launch_environment(const EnvLookup& lookup);
+
+/// True when this libmegadlm carries the MPI communicator (MEGADLM_WITH_MPI).
+bool mpi_compiled();
+/// True when this libmegadlm carries the NCCL communicator (MEGADLM_WITH_NCCL).
+bool nccl_compiled();
+/// Version of the NCCL library loaded at run time ("2.28.3"), "none" without NCCL.
+std::string nccl_version();
 
 enum class Transport { Mpi, Nccl };
+
+namespace detail {
+class CommRegistry;  // the communicators a runtime created, for abort_job (src/comm/comm_common.h)
+}
 
 /// The process's view of the job: environment, bound device and the world communicator.
 /// Owns MPI initialisation/finalisation when it started MPI. One per process; not a global:
 /// programs create it in main and pass it down.
 class DistributedRuntime {
  public:
-  /// CUDA device = local rank when transport is Nccl. `timeout` bounds every collective.
+  /// CUDA device = local rank when transport is Nccl (device 0 when the launcher made exactly
+  /// one GPU visible to each process). `timeout` bounds every collective and the bootstrap.
+  /// World size 1 → a SelfCommunicator on the device, whatever the transport.
   DistributedRuntime(const LaunchEnvironment& env, Transport transport,
                      std::chrono::milliseconds timeout);
   ~DistributedRuntime();
@@ -53,6 +82,8 @@ class DistributedRuntime {
 
   /// After a fatal error: abort every communicator and the MPI job so no rank hangs.
   /// (The one place a distributed program ends other processes; called by apps, not the library.)
+  /// Aborts every communicator created from this runtime's world (splits included), then
+  /// MPI_Abort when MPI is up, else std::_Exit(exit_code).
   [[noreturn]] void abort_job(int exit_code) noexcept;
 
  private:
@@ -60,6 +91,7 @@ class DistributedRuntime {
   Transport transport_;
   Device device_;
   bool mpi_started_here_ = false;
+  std::shared_ptr<detail::CommRegistry> registry_;
   std::shared_ptr<Communicator> world_;
 };
 

@@ -8,6 +8,13 @@
 // counts and the wire dtype come from the tensors (no byte counts anywhere). A collective that
 // does not complete within the group's timeout raises CommTimeoutError naming the group, the
 // operation, its sequence number and the rank (MPI: from the call; NCCL: from synchronize()).
+// After a timeout the group is unusable (a collective is half done on some ranks): the program
+// ends the job with DistributedRuntime::abort_job.
+//
+// Dtypes: NCCL moves and reduces bf16, f16, f32, f64, i32, i64. MPI moves every dtype (bf16/f16
+// as raw 16-bit words) but reduces only f32, f64, i32, i64: the CPU backend computes in f32, so
+// a bf16 reduction on the CPU is an error, not a silent conversion. Avg needs a floating dtype
+// (MPI: sum, then divide by size; NCCL: ncclAvg).
 #pragma once
 #include <chrono>
 #include <memory>
@@ -48,23 +55,35 @@ class Communicator {
   /// Cpu for MPI communicators, Cuda(local device) for NCCL ones.
   virtual Device device() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
+  /// Bounds this group's later operations (a checkpoint barrier may need longer than a step's
+  /// collectives; tests use seconds). Groups split from this one afterwards inherit it.
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
 
   /// In place: t = op over all ranks of t.
   virtual void all_reduce(Tensor& t, ReduceOp op, const Stream& stream) = 0;
   /// in [size * n] -> out [n]: rank r receives op over ranks of in[r*n, (r+1)*n).
+  /// `out` may alias its slot of `in` (in[r*n, (r+1)*n)); no other overlap is allowed.
   virtual void reduce_scatter(const Tensor& in, Tensor& out, ReduceOp op, const Stream& stream) = 0;
   /// in [n] -> out [size * n], rank r's `in` at out[r*n, (r+1)*n). `in` may alias its slot of out.
+  /// (The only overlap allowed.)
   virtual void all_gather(const Tensor& in, Tensor& out, const Stream& stream) = 0;
   /// t on every rank = t of `root` (group rank).
   virtual void broadcast(Tensor& t, int root, const Stream& stream) = 0;
   /// Uneven all-to-all over the flat elements: rank r sends in[send_offset(p) .. + send_counts[p])
   /// to each peer p and receives recv_counts[p] elements from p, packed in rank order into out.
+  /// send_counts/recv_counts have size() entries each and sum to in.numel() / out.numel();
+  /// send_counts[p] on rank r must equal recv_counts[r] on rank p (zero counts are allowed).
   virtual void all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
                           const std::vector<int64_t>& recv_counts, const Stream& stream) = 0;
+  /// Point-to-point with another member (peer != rank(): a rank talks to itself only inside
+  /// batch_p2p). The receiving tensor has the sender's element count and dtype.
   virtual void send(const Tensor& t, int peer, const Stream& stream) = 0;
   virtual void recv(Tensor& t, int peer, const Stream& stream) = 0;
-  /// All sends and receives issued together (no ordering deadlock between them).
+  /// All sends and receives issued together (no ordering deadlock between them). Several
+  /// transfers between the same pair match in the order they appear in `ops`.
   virtual void batch_p2p(const std::vector<P2POp>& ops, const Stream& stream) = 0;
+  /// MPI: returns when every member has arrived. NCCL: stream-ordered like every other op (the
+  /// host waits with synchronize()).
   virtual void barrier(const Stream& stream) = 0;
 
   /// Blocks the host until every operation this communicator queued on `stream` has finished,
@@ -72,11 +91,14 @@ class Communicator {
   /// way host code waits on communication; no-op for MPI communicators.
   virtual void synchronize(const Stream& stream) = 0;
 
-  /// Collective over this group: ranks with equal `color` form a new group, ordered by `key`.
-  /// `color` < 0: this rank joins no group (returns nullptr).
+  /// Collective over this group: ranks with equal `color` form a new group, ordered by `key`
+  /// (ties by rank in this group). `color` < 0: this rank joins no group (returns nullptr).
+  /// The new group has this group's timeout and device; `name` appears in its messages.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
 
   /// Tears the group down after a failure so that no rank stays blocked in it (ncclCommAbort).
+  /// Every later call on it throws. MPI: marks the group dead; ending the other processes is
+  /// MPI_Abort's job (DistributedRuntime::abort_job), since MPI cannot cancel a collective.
   virtual void abort() noexcept = 0;
 };
 

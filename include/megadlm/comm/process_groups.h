@@ -8,6 +8,11 @@
 
 namespace megadlm::comm {
 
+/// A field is null on a rank that belongs to no group of its kind (embedding on middle pipeline
+/// stages; dist_opt_inter with one instance). Groups whose member lists coincide across the whole
+/// layout share one communicator, named after all of them ("dp=dp-cp"); one-rank groups are
+/// local (no MPI/NCCL communicator behind them). Rank order in every group is the member order
+/// of parallel/rank_layout.
 struct ProcessGroups {
   std::shared_ptr<Communicator> world;
   std::shared_ptr<Communicator> tp, cp, dp, dp_cp, pp, model_parallel, tp_cp, embedding;

@@ -17,6 +17,7 @@ class Event {
   /// Marks the current end of `stream`'s queue.
   void record(const Stream& stream);
   /// Makes `stream` wait (on the device, not the host) until the recorded point is reached.
+  /// For the CPU stream, whose work runs on the host, this blocks the host instead.
   void wait_on(const Stream& stream) const;
   /// True when the recorded work has completed (always true on the CPU).
   bool query() const;

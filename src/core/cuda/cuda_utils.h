@@ -22,6 +22,13 @@ struct CudaStreamResources {
   ~CudaStreamResources();
 };
 
+/// One cudaEvent_t (timing disabled), owned by core/event's Event through a shared handle.
+struct CudaEventHandle {
+  int device = 0;
+  cudaEvent_t event = nullptr;
+  ~CudaEventHandle();
+};
+
 [[noreturn]] void throw_cuda_error(const char* call, int code, const char* name, const char* msg,
                                    const char* file, int line);
 

@@ -92,6 +92,42 @@ void cuda_memset_zero(void* ptr, size_t bytes, const CudaStreamResources* res) {
   MDLM_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, res->stream));
 }
 
+void cuda_set_device(int device) { MDLM_CUDA_CHECK(cudaSetDevice(device)); }
+
+CudaEventHandle::~CudaEventHandle() {
+  if (event) cudaEventDestroy(event);  // destructors must not throw
+}
+
+std::shared_ptr<CudaEventHandle> cuda_event_create(int device) {
+  int count = cuda_device_count_impl();
+  MDLM_CHECK(device >= 0 && device < count, "CUDA event for device ", device, " requested but ",
+             count, " device(s) are visible");
+  MDLM_CUDA_CHECK(cudaSetDevice(device));
+  auto ev = std::make_shared<CudaEventHandle>();
+  ev->device = device;
+  MDLM_CUDA_CHECK(cudaEventCreateWithFlags(&ev->event, cudaEventDisableTiming));
+  return ev;
+}
+
+void cuda_event_record(CudaEventHandle* ev, const CudaStreamResources* res) {
+  MDLM_CUDA_CHECK(cudaEventRecord(ev->event, res->stream));
+}
+
+void cuda_event_wait(const CudaEventHandle* ev, const CudaStreamResources* res) {
+  MDLM_CUDA_CHECK(cudaStreamWaitEvent(res->stream, ev->event, 0));
+}
+
+bool cuda_event_query(const CudaEventHandle* ev) {
+  const cudaError_t err = cudaEventQuery(ev->event);
+  if (err == cudaErrorNotReady) return false;
+  MDLM_CUDA_CHECK(err);
+  return true;
+}
+
+void cuda_event_synchronize(const CudaEventHandle* ev) {
+  MDLM_CUDA_CHECK(cudaEventSynchronize(ev->event));
+}
+
 int cuda_device_count_impl() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# A rank that skips a collective must not hang the job: under mpirun -np 2, rank 1 skips an
+# all_reduce (tests/e2e/comm_timeout_probe.cpp); with a 3 s timeout set through the API, rank 0
+# raises CommTimeoutError naming the group, the operation and its rank, and abort_job ends the
+# job. Pass: non-zero exit in under 30 s with that message on stderr. Exit 77 (skipped) when the
+# build or the machine has no MPI.
+set -uo pipefail
+bin=$1
+probe=$bin/comm_timeout_probe
+[ -x "$probe" ] || { echo "SKIP: $probe was not built"; exit 77; }
+"$probe" --mpi-compiled || { echo "SKIP: this build has no MPI"; exit 77; }
+command -v mpirun >/dev/null || { echo "SKIP: no mpirun on PATH"; exit 77; }
+flags=()
+version=$(mpirun --version 2>&1 || true)  # captured first: `| grep -q` can SIGPIPE under pipefail
+if grep -q "Open MPI" <<< "$version"; then
+  flags+=(--oversubscribe)
+  [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+start=$(date +%s%N)
+# The outer timeout only guards CI against a regression that hangs; the test demands < 30 s.
+timeout 120 mpirun -np 2 "${flags[@]}" "$probe" 3 > "$tmp/out" 2> "$tmp/err"
+rc=$?
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "mpirun -np 2 ${flags[*]} comm_timeout_probe 3: exit $rc after ${elapsed_ms} ms"
+fail() { echo "FAIL: $*"; echo "--- stderr ---"; cat "$tmp/err"; echo "--- stdout ---"; cat "$tmp/out"; exit 1; }
+[ "$rc" -ne 0 ] || fail "the job exited 0"
+[ "$rc" -ne 124 ] || fail "the job hung until the outer 120 s guard"
+[ "$elapsed_ms" -lt 30000 ] || fail "the job took ${elapsed_ms} ms (limit 30000)"
+[ "$elapsed_ms" -ge 3000 ] || fail "the job ended after ${elapsed_ms} ms, before the 3 s timeout"
+for want in "CommTimeoutError" "group 'world'" "all_reduce #2" "rank 0 of 2" "3000 ms"; do
+  grep -qF "$want" "$tmp/err" || fail "stderr does not mention \"$want\""
+done
+! grep -q "still alive after 60 s" "$tmp/err" || fail "rank 1 outlived abort_job"
+grep -F "CommTimeoutError" "$tmp/err" | head -1
+echo "PASS: the skipped all_reduce ended the job in ${elapsed_ms} ms with the group, operation and rank named"

@@ -1,0 +1,29 @@
+// Multi-rank test support (style.md 9.7, "multi-rank tests as SPMD programs"): one GoogleTest
+// binary started on every rank by mpirun. Every rank runs every test in the same order; the
+// runtime (and with it the world communicator) is created by the first test that asks for it.
+// spmd_main.cpp is the main(): rank 0 prints gtest's report, other ranks print only their
+// failures prefixed "[rank r]", each test ends with the ranks agreeing on who failed (rank 0
+// prints "[spmd] <test> FAILED on ranks ..."), and every process exits non-zero when any rank
+// failed. A communication timeout inside a test ends the job at once (the groups are unusable).
+//
+// Test code only: the runtime lives in a static of spmd_main.cpp, like gtest's own registry.
+#pragma once
+#include <chrono>
+#include <string>
+#include "megadlm/comm/bootstrap.h"
+
+namespace megadlm::test::spmd {
+
+/// Bounds every collective of the suites: generous for 4 ranks sharing 2 CI cores, short
+/// enough that a desynchronised test ends the job in about a minute instead of hanging CI.
+inline constexpr std::chrono::milliseconds kTimeout{60'000};
+
+/// This process's runtime for `transport`, created on first use with kTimeout. Returns nullptr
+/// and sets `why_not` when it cannot exist here (the NCCL suite without 2 GPUs, ...); every rank
+/// reaches the same answer. One transport per process.
+comm::DistributedRuntime* runtime(comm::Transport transport, std::string* why_not);
+
+/// The launcher's rank of this process (0 without a launcher), usable before any runtime exists.
+int launch_rank();
+
+}  // namespace megadlm::test::spmd
