@@ -1,14 +1,20 @@
 // pretrain_difflm: Megatron-style flags -> validated configs -> masked-diffusion training.
-// Thin by design: everything it does is a library call (training/arguments, training/trainer).
+// Thin by design: everything it does is a library call (comm/bootstrap, training/arguments,
+// training/trainer). Launch it like Megatron's pretrain scripts:
 //
-//   pretrain_difflm @configs/tiny_dlm.args --train-iters 100
-//   pretrain_difflm @configs/megadlms_1.7b.args --mock-data --train-iters 10 (continued:)
-//       --dry-run --world-size 1024 --tensor-model-parallel-size 8
+//   pretrain_difflm @configs/tiny_dlm.args --train-iters 100            (one process)
+//   mpirun -np 8 pretrain_difflm @configs/megadlms_1.7b.args --mock-data --use-distributed-optimizer
+//   scripts/launch.sh ...                                               (Slurm, several nodes)
+//   pretrain_difflm ... --dry-run --world-size 1024 ...                 (check a layout, no GPU)
 // Exit codes: 0 success; 2 invalid configuration or a reported error; 3 unexpected failure.
+// Only rank 0 prints the configuration and the iteration lines.
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+#include "megadlm/comm/bootstrap.h"
+#include "megadlm/comm/process_groups.h"
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
 #include "megadlm/data/mock_dataset.h"
@@ -18,22 +24,45 @@
 
 using namespace megadlm;
 
+namespace {
+
+// A sink for the ranks that do not log.
+class NullBuffer : public std::streambuf {
+  int overflow(int c) override { return c; }
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
+  std::optional<comm::DistributedRuntime> runtime;
+  int rank = 0;
+  auto fail = [&](const std::string& what, int code) {
+    if (rank == 0 || !runtime || runtime->environment().world_size == 1) {
+      std::cerr << what << "\n";
+    } else {
+      std::cerr << "[rank " << rank << "] " << what << "\n";
+    }
+    // One rank failing must not leave the others blocked in a collective.
+    if (runtime && runtime->environment().world_size > 1) runtime->abort_job(code);
+    return code;
+  };
   try {
+    const comm::LaunchEnvironment env = comm::detect_launch_environment();
+    rank = env.rank;
     training::LaunchInfo launch;
+    launch.world_size = env.world_size;
+    launch.rank = env.rank;
     launch.visible_gpus = cuda_device_count();
     const training::ParsedArguments parsed = training::parse_arguments(args, launch);
-    if (parsed.help) {
-      std::cout << training::format_help();
-      return 0;
-    }
-    if (parsed.help_markdown) {
-      std::cout << training::format_flags_markdown();
+    if (parsed.help || parsed.help_markdown) {
+      if (rank == 0)
+        std::cout << (parsed.help ? training::format_help() : training::format_flags_markdown());
       return 0;
     }
     if (parsed.dry_run) {
       // Validation passed (parse_arguments throws otherwise): report and touch no GPU.
+      if (rank != 0) return 0;
       std::cout << training::format_dry_run_report(parsed);
       std::cout << (parsed.not_supported.empty()
                         ? "dry run: the configuration is valid and runnable by this build\n"
@@ -41,24 +70,33 @@ int main(int argc, char** argv) {
                           "supported yet keep this build from running it\n");
       return 0;
     }
-    for (const std::string& w : parsed.warnings) std::cerr << "WARNING: " << w << "\n";
-    std::cout << training::format_arguments(parsed);
+    NullBuffer null_buffer;
+    std::ostream null_stream(&null_buffer);
+    std::ostream& log = rank == 0 ? std::cout : null_stream;
+    for (const std::string& w : parsed.warnings) if (rank == 0) std::cerr << "WARNING: " << w << "\n";
+    log << training::format_arguments(parsed);
     const RunConfig& cfg = parsed.config;
     MDLM_CHECK(cfg.data.mock_data, "only --mock-data is supported by this build; Megatron indexed "
                "datasets (--data-path) arrive with the data issue in docs/roadmap.md");
+
+    const bool cuda = cfg.training.device == DeviceKind::Cuda;
+    runtime.emplace(env, cuda ? comm::Transport::Nccl : comm::Transport::Mpi,
+                    std::chrono::minutes(cfg.parallel.distributed_timeout_minutes));
+    const comm::ProcessGroups groups = comm::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
     auto data = std::make_shared<MockGptDataset>(cfg.model.vocab_size, cfg.model.seq_length,
                                                  cfg.diffusion.mask_token);
-    Trainer trainer(cfg, data, std::cout);
+    Trainer trainer(cfg, data, log, &groups);
     trainer.train();
     return 0;
   } catch (const ConfigError& e) {
-    std::cerr << "error: invalid configuration:\n" << e.what() << "\n";
+    // Every rank sees the same configuration: only rank 0 explains it.
+    if (rank == 0) std::cerr << "error: invalid configuration:\n" << e.what() << "\n";
     return 2;
+  } catch (const comm::CommTimeoutError& e) {
+    return fail(std::string("error: ") + e.what(), 2);
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
+    return fail(std::string("error: ") + e.what(), 2);
   } catch (const std::exception& e) {
-    std::cerr << "error: unexpected failure: " << e.what() << "\n";
-    return 3;
+    return fail(std::string("error: unexpected failure: ") + e.what(), 3);
   }
 }

@@ -2,7 +2,7 @@
 # Runs the GPU ring on a machine with a GPU, from a carried build folder (no compiling there):
 # the CUDA-vs-CPU parity suite, the ops benchmark and, when pretrain_difflm is present, a CUDA
 # smoke run of the tiny model and the 1.7B training benchmark. Results go to OUT_DIR.
-#   scripts/device_check.sh BUILD_DIR OUT_DIR [parity|bench|comm|train|bench_train|converge|all]...
+#   scripts/device_check.sh BUILD_DIR OUT_DIR [parity|bench|comm|train|bench_train|converge|dp|all]...
 # `comm` needs 2 GPUs and mpirun: the NCCL suite (gpu_nccl) and the collective bandwidth benchmark.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,4 +49,8 @@ if has converge && [ -x "$build/bin/pretrain_difflm" ]; then
     --lr-decay-iters 40 --log-interval 5 --metrics-jsonl "$out/converge_1.7b.jsonl" \
     > "$out/converge_1.7b.log" 2>&1
   echo "converge exit $?"; grep -o 'iteration .*lm loss: [^|]*' "$out/converge_1.7b.log" | cut -c1-60,150-
+fi
+if has dp && [ -x "$build/bin/pretrain_difflm" ]; then
+  MEGADLM_BIN="$build/bin" bash scripts/bench_dp.sh "$out/dp" 8 > "$out/bench_dp.log" 2>&1
+  echo "bench_dp exit $?"; tail -8 "$out/bench_dp.log"
 fi

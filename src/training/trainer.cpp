@@ -68,9 +68,19 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
   dpo.distributed_optimizer = cfg_.parallel.use_distributed_optimizer;
   dpo.overlap_param_gather = cfg_.parallel.overlap_param_gather;
   dpo.bucket_size = cfg_.parallel.ddp_bucket_size;
+  const int shard_size =
+      groups != nullptr && dpo.distributed_optimizer && groups->dist_opt_intra
+          ? groups->dist_opt_intra->size() : dp_size;
   store_.materialize(rt_.dtype, cfg_.training.seed, rt_.stream,
-                     DataParallel::buffer_layout(dpo, dp_size));
-  dp_ = std::make_unique<DataParallel>(store_, dp_group_, dpo, rt_.stream);
+                     DataParallel::buffer_layout(dpo, shard_size));
+  // Gradients reduce over dp-cp; with several distributed-optimizer instances the shards live
+  // in the intra-instance group and are all-reduced across instances.
+  std::shared_ptr<comm::Communicator> shard_group = dp_group_, inter_group;
+  if (groups != nullptr && dpo.distributed_optimizer && groups->dist_opt_intra) {
+    shard_group = groups->dist_opt_intra;
+    inter_group = groups->dist_opt_inter;
+  }
+  dp_ = std::make_unique<DataParallel>(store_, shard_group, dpo, rt_.stream, inter_group);
   optimizer_ = std::make_unique<AdamWOptimizer>(store_, dp_->owned_ranges(), cfg_.optimizer, rt_.stream);
   rt_.hooks = dp_.get();
   rt_.stream.synchronize();
@@ -110,7 +120,8 @@ IterationMetrics Trainer::step() {
   const Stream& s = rt_.stream;
   const TrainingConfig& tc = cfg_.training;
   const int64_t mbs = tc.micro_batch_size;
-  const int64_t dp = dp_->size();
+  const int64_t dp = dp_group_ ? dp_group_->size() : 1;
+  const int64_t dp_rank = dp_group_ ? dp_group_->rank() : 0;
   const int64_t num_mb = tc.num_micro_batches(static_cast<int>(dp));
   const int64_t first = consumed_samples_;
 
@@ -127,7 +138,7 @@ IterationMetrics Trainer::step() {
   for (int64_t m = 0; m < num_mb; ++m) {
     std::vector<std::vector<int32_t>> samples;
     samples.reserve(static_cast<size_t>(mbs));
-    const int64_t mb_first = first + m * mbs * dp + dp_->rank() * mbs;
+    const int64_t mb_first = first + m * mbs * dp + dp_rank * mbs;
     for (int64_t b = 0; b < mbs; ++b) samples.push_back(data_->sample(mb_first + b));
     host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
     local_tokens += host[static_cast<size_t>(m)].loss_tokens;

@@ -18,8 +18,13 @@ BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_si
 }
 
 DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
-                           DataParallelOptions options, const Stream& compute)
-    : store_(store), group_(std::move(group)), opt_(options), compute_(compute) {
+                           DataParallelOptions options, const Stream& compute,
+                           std::shared_ptr<comm::Communicator> inter)
+    : store_(store), group_(std::move(group)), inter_(std::move(inter)), opt_(options),
+      compute_(compute) {
+  if (inter_ && inter_->size() == 1) inter_.reset();
+  MDLM_CHECK(!inter_ || opt_.distributed_optimizer,
+             "several distributed-optimizer instances need the distributed optimizer");
   MDLM_CHECK(store.materialized(), "DataParallel needs a materialised parameter store");
   size_ = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
@@ -72,7 +77,7 @@ void DataParallel::grads_ready(const std::vector<int>& handles) {
 void DataParallel::launch_bucket(size_t b) {
   MDLM_CHECK(!launched_[b], "bucket ", b, " reduced twice in one step");
   launched_[b] = true;
-  if (size_ == 1) return;
+  if (size_ == 1 && !inter_) return;
   const GradBucket& bucket = store_.buckets()[b];
   Tensor grads = store_.flat_grads().slice_flat(bucket.begin, {bucket.end - bucket.begin});
   const Stream& s = comm_stream();
@@ -84,7 +89,12 @@ void DataParallel::launch_bucket(size_t b) {
   if (opt_.distributed_optimizer) {
     const OwnedRange& r = owned_[b];
     Tensor shard = grad_shards_.slice_flat(r.compact_offset, {r.end - r.begin});
-    group_->reduce_scatter(grads, shard, comm::ReduceOp::Sum, s);
+    if (size_ > 1) {
+      group_->reduce_scatter(grads, shard, comm::ReduceOp::Sum, s);
+    } else {
+      copy_tensor(grads, shard, s);
+    }
+    if (inter_) inter_->all_reduce(shard, comm::ReduceOp::Sum, s);
   } else {
     group_->all_reduce(grads, comm::ReduceOp::Sum, s);
   }
@@ -95,7 +105,7 @@ void DataParallel::finish_grad_sync() {
   finish_param_gather();  // every block has waited for its bucket by now; settle the bookkeeping
   for (size_t b = 0; b < launched_.size(); ++b)
     if (!launched_[b]) launch_bucket(b);
-  if (size_ == 1) {
+  if (size_ == 1 && !inter_) {
     if (opt_.distributed_optimizer) {  // one rank owns everything: the "shard" is the buffer
       Tensor all = store_.flat_grads();
       for (size_t b = 0; b < owned_.size(); ++b) {
@@ -108,6 +118,7 @@ void DataParallel::finish_grad_sync() {
   }
   if (overlap_) {
     group_->synchronize(comm_);  // the timeout names a hung bucket collective
+    if (inter_) inter_->synchronize(comm_);
     for (Event& e : done_) e.wait_on(compute_);
   }
 }
@@ -117,7 +128,8 @@ double DataParallel::grad_sq_norm() {
   const bool cpu = compute_.device().is_cpu();
   Tensor sq = Tensor::zeros({1}, cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32, compute_);
   ops::sum_squares(g, sq, compute_);
-  // Shards are disjoint: the global norm needs their sum; full replicas are already global.
+  // Shards of one instance are disjoint and cover the model once: the global norm is their sum
+  // (the other instances hold the same values); full replicas are already global.
   if (opt_.distributed_optimizer && size_ > 1) {
     group_->all_reduce(sq, comm::ReduceOp::Sum, compute_);
     group_->synchronize(compute_);

@@ -10,18 +10,20 @@
 #include "megadlm/comm/process_groups.h"
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/trainer.h"
+#include "support/spmd.h"
 
 using namespace megadlm;
 
 namespace {
 
 comm::DistributedRuntime& runtime() {
-  static comm::DistributedRuntime rt(comm::detect_launch_environment(), comm::Transport::Mpi,
-                                     std::chrono::seconds(120));
-  return rt;
+  std::string why_not;
+  comm::DistributedRuntime* rt = test::spmd::runtime(comm::Transport::Mpi, &why_not);
+  MDLM_CHECK(rt != nullptr, "no MPI runtime: ", why_not);
+  return *rt;
 }
 
-RunConfig tiny_run(int dp, bool dist_opt, bool overlap, int64_t bucket) {
+RunConfig tiny_run(int dp, bool dist_opt, bool overlap, int64_t bucket, int instances = 1) {
   RunConfig r;
   TransformerConfig& m = r.model;
   m.num_layers = 2;
@@ -59,6 +61,7 @@ RunConfig tiny_run(int dp, bool dist_opt, bool overlap, int64_t bucket) {
   r.parallel.use_distributed_optimizer = dist_opt;
   r.parallel.overlap_grad_reduce = overlap;
   r.parallel.ddp_bucket_size = bucket;
+  r.parallel.num_distributed_optimizer_instances = instances;
   return r;
 }
 
@@ -69,10 +72,11 @@ std::vector<IterationMetrics> train(const RunConfig& cfg, const comm::ProcessGro
   return t.train();
 }
 
-void expect_same_as_single_process(bool dist_opt, bool overlap, int64_t bucket) {
+void expect_same_as_single_process(bool dist_opt, bool overlap, int64_t bucket, int instances = 1) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size();
-  RunConfig cfg = tiny_run(world, dist_opt, overlap, bucket);
+  if (world % instances != 0) GTEST_SKIP() << instances << " instances need a world size multiple";
+  RunConfig cfg = tiny_run(world, dist_opt, overlap, bucket, instances);
   comm::ProcessGroups groups = comm::ProcessGroups::build(rt.world_shared(), cfg.parallel);
   const auto dp = train(cfg, &groups);
   const auto ref = train(tiny_run(1, false, false, 0), nullptr);
@@ -100,4 +104,9 @@ TEST(DataParallel, DistributedOptimizerMatchesOneProcess) {
 
 TEST(DataParallel, DistributedOptimizerWithOverlapAndBucketsMatchesOneProcess) {
   expect_same_as_single_process(true, true, 20000);
+}
+
+TEST(DataParallel, TwoDistributedOptimizerInstancesMatchOneProcess) {
+  // Shards reduce-scattered inside each half of the ranks, then all-reduced across the halves.
+  expect_same_as_single_process(true, true, 20000, 2);
 }

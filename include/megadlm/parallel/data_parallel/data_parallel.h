@@ -9,6 +9,8 @@
 //     compact buffer that is exactly the optimizer's layout (training/optimizer.h); after the
 //     step, each bucket's parameters are all-gathered from the shards (--overlap-param-gather:
 //     asynchronously, each block waiting for its bucket just before its forward).
+// With N distributed-optimizer instances (megatron-compat.md §1.6) the reduce-scatter and the
+// all-gather run inside an instance and the shards are then all-reduced across instances.
 // Gradients are SUMmed, not averaged: the loss is normalised by the global token count up front
 // (ARCHITECTURE.md promise 1), so the sum over ranks is already the gradient of the global loss.
 #pragma once
@@ -35,10 +37,14 @@ class DataParallel final : public ParamHooks {
   /// The layout the store must be materialised with for these options and `dp_size` ranks.
   static BufferLayout buffer_layout(const DataParallelOptions& options, int dp_size);
 
-  /// `group`: the gradient-reduction group (dp-cp); null means a single rank.
+  /// `group`: the gradient-reduction group (dp-cp, or under the distributed optimizer with
+  /// several instances its intra-instance slice); null means a single rank. `inter`: with
+  /// --num-distributed-optimizer-instances > 1, the group of the ranks holding the same shard in
+  /// the other instances (their shards are all-reduced after the reduce-scatter); else null.
   /// `compute`: the stream the model runs on.
   DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
-               DataParallelOptions options, const Stream& compute);
+               DataParallelOptions options, const Stream& compute,
+               std::shared_ptr<comm::Communicator> inter = nullptr);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
@@ -65,7 +71,7 @@ class DataParallel final : public ParamHooks {
   const Stream& comm_stream() const { return overlap_ ? comm_ : compute_; }
 
   ParameterStore& store_;
-  std::shared_ptr<comm::Communicator> group_;
+  std::shared_ptr<comm::Communicator> group_, inter_;
   DataParallelOptions opt_;
   Stream compute_, comm_;
   bool overlap_ = false;  // a separate communication stream is in use
