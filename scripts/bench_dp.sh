@@ -18,15 +18,17 @@ bin=${MEGADLM_BIN:-build/bin}
 mpirun_flags=(-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE)
 [ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)
 common=(@configs/megadlms_1.7b.args --mock-data --device cuda --log-interval 1
-        --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000)
+        --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000
+        --distributed-timeout-minutes 1)
+limit=${MEGADLM_RUN_LIMIT_S:-150}  # per run: a hang ends as a failed run, not a stuck script
 run() {  # name, ranks, global batch, iterations, extra flags...
   local name=$1 np=$2 gbs=$3 n=$4; shift 4
   rm -f "$out/$name.jsonl"
   if [ "$np" = 1 ]; then
-    "$bin/pretrain_difflm" "${common[@]}" --global-batch-size "$gbs" --train-iters "$n" \
+    timeout "$limit" "$bin/pretrain_difflm" "${common[@]}" --global-batch-size "$gbs" --train-iters "$n" \
       --metrics-jsonl "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
   else
-    mpirun -np "$np" "${mpirun_flags[@]}" "$bin/pretrain_difflm" "${common[@]}" \
+    timeout "$limit" mpirun -np "$np" "${mpirun_flags[@]}" "$bin/pretrain_difflm" "${common[@]}" \
       --global-batch-size "$gbs" --train-iters "$n" --metrics-jsonl "$out/$name.jsonl" "$@" \
       > "$out/$name.log" 2>&1
   fi
