@@ -6,8 +6,9 @@
 //   mpirun -np 8 pretrain_difflm @configs/megadlms_1.7b.args --mock-data --use-distributed-optimizer
 //   scripts/launch.sh ...                                               (Slurm, several nodes)
 //   pretrain_difflm ... --dry-run --world-size 1024 ...                 (check a layout, no GPU)
-// Exit codes: 0 success; 2 invalid configuration or a reported error; 3 unexpected failure.
-// Only rank 0 prints the configuration and the iteration lines.
+// Exit codes: 0 success (also after a SIGTERM/SIGUSR1 stop); 2 invalid configuration or a
+// reported error; 3 unexpected failure. Only rank 0 prints the configuration and the iteration lines.
+#include <csignal>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -30,6 +31,20 @@ namespace {
 class NullBuffer : public std::streambuf {
   int overflow(int c) override { return c; }
 };
+
+// Cluster preemption (Slurm sends SIGTERM, or SIGUSR1 with --signal): the handler only records
+// it; the trainer notices at the next iteration boundary, saves (with --save) and returns.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int signal) { g_stop_signal = signal; }
+
+void install_stop_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
+}
 
 }  // namespace
 
@@ -85,7 +100,10 @@ int main(int argc, char** argv) {
     const comm::ProcessGroups groups = comm::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
     auto data = std::make_shared<MockGptDataset>(cfg.model.vocab_size, cfg.model.seq_length,
                                                  cfg.diffusion.mask_token);
+    const bool handle_signals = !cfg.checkpoint.save.empty() || cfg.training.exit_signal_handler;
+    if (handle_signals) install_stop_handler();
     Trainer trainer(cfg, data, log, &groups);
+    if (handle_signals) trainer.set_stop_request([] { return g_stop_signal != 0; });
     trainer.train();
     return 0;
   } catch (const ConfigError& e) {

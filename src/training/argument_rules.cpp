@@ -10,18 +10,21 @@
 //   M-5 --seq-length required                      M-13 query groups divide the heads
 //   M-6 (retired: attention dropout is supported)  M-14 --rotary-percent within (0, 1]
 //   M-7 --bf16 on the CPU warns (fp32 compute)     M-15 dropout probabilities within [0, 1)
-//   M-8 --train-iters required unless --dry-run
+//   M-8 --train-iters required unless --dry-run    M-16 one source of LR-scheduler settings
+//                                                  M-17 --checkpoint-steps is a list of iterations
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
 // not-yet precision flags), the GPU half of V-40 and the NCCL_ALGO half of V-54 (the library
 // neither probes devices nor reads the environment), V-46 (documented only, per the spec), C-1
 // (V-44 turns SP off first), C-3 (the pipeline dtype is always the params dtype), C-20
 // (variable_seq_lengths is never on in pre-training), C-22 (init std belongs to model init), G-6
 // (V-53 plus RankGenerator's own checks), R-2 (batch_p2p_comm is !overlap_p2p_comm by
-// construction), R-9…R-14 and D-8 (MoE and checkpoint features not supported yet), and D-5 on
+// construction), R-9…R-13 and D-8 (MoE features not supported yet), and D-5 on
 // purpose (see check_diffusion).
 #include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
+#include <sstream>
 #include "training/rules_common.h"
 
 namespace megadlm::training::detail {
@@ -290,6 +293,36 @@ void check_checkpoint(ArgState& a, Diagnostics& d) {
     d.error("V-57", "`--moe-use-upcycling` needs `--save`");
   if (a.b("use_checkpoint_args") && !a.is_set("load"))
     d.error("V-58", "`--use-checkpoint-args` needs `--load`");
+  // Checkpoint flags of megadlm's own checkpointing (docs/checkpoints.md).
+  for (const char* dest : {"save_interval", "exit_duration_in_mins"})
+    if (a.is_set(dest) && a.i(dest) < 1) d.error("M-2", a.flag_value(dest) + " must be >= 1");
+  if (a.is_set("ckpt_step") && a.i("ckpt_step") < 0)
+    d.error("M-2", a.flag_value("ckpt_step") + " must be >= 0");
+  // Megatron saves asynchronously only in its torch_dist format; megadlm writes one
+  // format, so an explicit other --ckpt-format with --async-save is rejected as Megatron does.
+  if (a.b("async_save") && a.s("ckpt_format") != "torch_dist")
+    d.error("R-14", "`--async-save` needs `--ckpt-format torch_dist` (got " +
+                        a.flag_value("ckpt_format") + "); megadlm writes its own format either "
+                        "way, so drop `--ckpt-format`");
+  if (a.b("override_opt_param_scheduler") && a.b("use_checkpoint_opt_param_scheduler"))
+    d.error("M-16", "`--override-opt_param-scheduler` and `--use-checkpoint-opt_param-scheduler` "
+                    "are mutually exclusive (take the LR-scheduler settings from the flags or "
+                    "from the checkpoint)");
+  if (a.is_set("checkpoint_steps")) {
+    std::string list = a.s("checkpoint_steps");
+    bool ok = !list.empty();
+    for (char& ch : list) {
+      if (ch == ',') ch = ' ';
+      else if (!std::isdigit(static_cast<unsigned char>(ch)) && ch != ' ') ok = false;
+    }
+    if (!ok) d.error("M-17", a.flag_value("checkpoint_steps") + " must be a comma-separated list "
+                                 "of iteration numbers (e.g. `--checkpoint-steps 100,250`)");
+    else if (!a.is_set("save")) d.warn(a.flag_value("checkpoint_steps") + " has no effect without `--save`");
+  }
+  for (const char* dest : {"finetune", "no_load_optim", "no_load_rng", "exit_on_missing_checkpoint"})
+    if (a.b(dest) && !a.is_set("load")) d.warn(a.flag(dest) + " has no effect without `--load`");
+  for (const char* dest : {"no_save_optim", "no_save_rng", "async_save"})
+    if (a.b(dest) && !a.is_set("save")) d.warn(a.flag(dest) + " has no effect without `--save`");
   if (a.is_set("ckpt_convert_format") && (!a.is_set("ckpt_convert_save") || !a.is_set("load")))
     d.error("V-58", a.flag_value("ckpt_convert_format") + " needs `--ckpt-convert-save` and `--load`");
 }
@@ -695,6 +728,8 @@ RunConfig build_run_config(const ArgState& a) {
   t.eval_interval = as_int("eval_interval");
   t.eval_iters = as_int("eval_iters");
   if (a.is_set("exit_interval")) t.exit_interval = a.i("exit_interval");
+  if (a.is_set("exit_duration_in_mins")) t.exit_duration_in_mins = a.i("exit_duration_in_mins");
+  t.exit_signal_handler = a.b("exit_signal_handler");
   t.check_for_nan_in_loss_and_grad = a.b("check_for_nan_in_loss_and_grad");
 
   DataConfig& dc = r.data;
@@ -707,6 +742,27 @@ RunConfig build_run_config(const ArgState& a) {
   dc.eod_mask_loss = a.b("eod_mask_loss");
   dc.tokenizer_type = a.s("tokenizer_type");
   dc.tokenizer_model = a.s("tokenizer_model");
+
+  CheckpointConfig& ck = r.checkpoint;
+  ck.save = a.s("save");
+  if (a.is_set("save_interval")) ck.save_interval = a.i("save_interval");
+  if (a.is_set("checkpoint_steps")) {
+    std::string list = a.s("checkpoint_steps");
+    for (char& ch : list) if (ch == ',') ch = ' ';
+    std::istringstream in(list);
+    for (int64_t v; in >> v;) ck.extra_save_iterations.push_back(v);
+  }
+  ck.load = a.s("load");
+  if (a.is_set("ckpt_step")) ck.ckpt_step = a.i("ckpt_step");
+  ck.save_optim = !a.b("no_save_optim");
+  ck.save_rng = !a.b("no_save_rng");
+  ck.load_optim = !a.b("no_load_optim");
+  ck.load_rng = !a.b("no_load_rng");
+  ck.finetune = a.b("finetune");
+  ck.async_save = a.b("async_save");
+  ck.exit_on_missing_checkpoint = a.b("exit_on_missing_checkpoint");
+  ck.override_opt_param_scheduler = a.b("override_opt_param_scheduler");
+  ck.use_checkpoint_opt_param_scheduler = a.b("use_checkpoint_opt_param_scheduler");
   return r;
 }
 

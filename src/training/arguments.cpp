@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 #include "megadlm/parallel/rank_layout.h"
+#include "megadlm/training/checkpoint_args.h"
 #include "megadlm/training/flags.h"
 #include "training/argument_state.h"
 
@@ -216,6 +217,7 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   std::vector<std::string> errors;
   std::vector<std::string> tokens;
   expand(argv, {}, 0, tokens, errors);
+  tokens = with_checkpoint_args(tokens, errors);  // §3 step (c): before validation
 
   ArgState state(launch);
   bool help = false, help_markdown = false;

@@ -12,6 +12,7 @@
 #include "megadlm/ops/optimizer.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/training/flops.h"
+#include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/lr_schedule.h"
 
 namespace megadlm {
@@ -49,6 +50,7 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
   const bool cuda = cfg_.training.device == DeviceKind::Cuda;
   if (groups != nullptr) {
     dp_group_ = groups->dp_cp;
+    world_ = groups->world;
     rank_ = groups->world ? groups->world->rank() : 0;
     MDLM_CHECK(!dp_group_ || dp_group_->size() == cfg_.parallel.data_parallel_size *
                                                       cfg_.parallel.context_parallel_size,
@@ -79,6 +81,7 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
   if (groups != nullptr && dpo.distributed_optimizer && groups->dist_opt_intra) {
     shard_group = groups->dist_opt_intra;
     inter_group = groups->dist_opt_inter;
+    dist_opt_inter_ = inter_group;
   }
   dp_ = std::make_unique<DataParallel>(store_, shard_group, dpo, rt_.stream, inter_group);
   optimizer_ = std::make_unique<AdamWOptimizer>(store_, dp_->owned_ranges(), cfg_.optimizer, rt_.stream);
@@ -99,6 +102,7 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
     MDLM_CHECK(probe.good(), "--metrics-jsonl ", cfg_.training.metrics_jsonl,
                ": cannot open the file for appending");
   }
+  load_checkpoint();
 }
 
 double Trainer::dp_sum(double local) {
@@ -264,13 +268,10 @@ std::vector<IterationMetrics> Trainer::train() {
       log_interval(window);
       window.clear();
     }
-    if (cfg_.training.exit_interval && iteration_ % *cfg_.training.exit_interval == 0) {
-      if (logging_rank())
-        log_ << " exiting program at iteration " << iteration_ << " (--exit-interval)" << std::endl;
-      break;
-    }
+    if (checkpoint_boundary()) break;  // saves on schedule; --exit-interval, signals, duration
   }
   dp_->finish_param_gather();
+  finish_checkpoints();
   return all;
 }
 

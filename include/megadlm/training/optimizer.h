@@ -33,6 +33,8 @@ class AdamWOptimizer {
   const Tensor& exp_avg() const { return exp_avg_; }
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
   int64_t steps() const { return steps_; }
+  /// Adam's step count (bias correction), restored from a checkpoint.
+  void set_steps(int64_t steps) { steps_ = steps; }
 
  private:
   ParameterStore& store_;

@@ -15,7 +15,9 @@
 //   5. clip (clip_grad / (norm + 1e-6) when < 1), AdamW on fp32 masters with lr(iteration-1),
 //      model weights refreshed from the masters (all-gathered under the distributed optimizer)
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -30,6 +32,10 @@
 #include "megadlm/training/training_config.h"
 
 namespace megadlm {
+
+namespace checkpoint {
+class CheckpointWriter;
+}
 
 struct IterationMetrics {
   int64_t iteration = 0;         ///< 1-based, after the step
@@ -46,6 +52,8 @@ class Trainer {
  public:
   /// `log` receives the start-up summary and the iteration lines (written by rank 0 only).
   /// `groups`: the process groups of a multi-process run (null: a single process).
+  /// With config.checkpoint.load, the checkpoint is verified and loaded here (collective), so a
+  /// damaged or mismatched checkpoint fails before the first step.
   Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> data, std::ostream& log,
           const comm::ProcessGroups* groups = nullptr);
   ~Trainer();
@@ -61,7 +69,22 @@ class Trainer {
   const RunConfig& config() const { return cfg_; }
   const ModelRuntime& runtime() const { return rt_; }
 
+  // --- checkpoints (docs/checkpoints.md; implemented in trainer_checkpoint.cpp) ---
+  /// Asked at every iteration boundary when set (for SIGTERM/SIGUSR1 handlers): true on any
+  /// rank = every rank saves (with --save) and stops after the same iteration.
+  void set_stop_request(std::function<bool()> stop_requested);
+  /// Collective: saves the current state to --save now (after an earlier async save commits).
+  void save_checkpoint();
+  int64_t consumed_samples() const { return consumed_samples_; }
+  /// The checkpoint directory this run started from ("" = none).
+  const std::string& loaded_checkpoint() const { return loaded_from_; }
+
  private:
+  void load_checkpoint();
+  /// After each iteration: commits async saves, saves on schedule, decides whether to stop.
+  bool checkpoint_boundary();
+  /// After the loop: the final save and waiting for an async one.
+  void finish_checkpoints();
   void log_interval(const std::vector<IterationMetrics>& window);
   /// Sum over the data-parallel group of a host value (identity on one rank).
   double dp_sum(double local);
@@ -83,6 +106,13 @@ class Trainer {
   int64_t skipped_iterations_ = 0;
   int64_t nan_iterations_ = 0;
   double flops_per_iteration_ = 0;
+  // Checkpoints.
+  std::shared_ptr<comm::Communicator> world_, dist_opt_inter_;
+  std::unique_ptr<checkpoint::CheckpointWriter> ckpt_writer_;
+  std::function<bool()> stop_requested_;
+  std::string loaded_from_;
+  int64_t last_checkpoint_iteration_ = -1;  // iteration of the last save or load
+  std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace megadlm

@@ -44,6 +44,8 @@ struct TrainingConfig {
   int eval_interval = 1000;
   int eval_iters = 100;
   std::optional<int64_t> exit_interval;
+  std::optional<int64_t> exit_duration_in_mins;  ///< save (with --save) and stop after this long
+  bool exit_signal_handler = false;  ///< stop cleanly on SIGTERM/SIGUSR1 even without --save
   bool check_for_nan_in_loss_and_grad = true;
 
   int num_micro_batches(int data_parallel_size) const {
@@ -63,6 +65,24 @@ struct DataConfig {
   std::string tokenizer_model;
 };
 
+/// Checkpoint saving and loading (--save, --load, ...; docs/checkpoints.md).
+struct CheckpointConfig {
+  std::string save;                    ///< --save DIR ("" = never save)
+  int64_t save_interval = 0;           ///< --save-interval (0: only at exit and at the end)
+  std::vector<int64_t> extra_save_iterations;  ///< --checkpoint-steps (saved after step k + 1)
+  std::string load;                    ///< --load DIR ("" = start from scratch)
+  std::optional<int64_t> ckpt_step;    ///< --ckpt-step: load this iteration, not the latest
+  bool save_optim = true;              ///< false with --no-save-optim
+  bool save_rng = true;                ///< false with --no-save-rng
+  bool load_optim = true;              ///< false with --no-load-optim
+  bool load_rng = true;                ///< false with --no-load-rng
+  bool finetune = false;               ///< weights only; iteration, data and optimizer restart
+  bool async_save = false;             ///< --async-save: write on a background thread
+  bool exit_on_missing_checkpoint = false;
+  bool override_opt_param_scheduler = false;       ///< LR settings from the flags
+  bool use_checkpoint_opt_param_scheduler = false; ///< LR settings from the checkpoint
+};
+
 /// Everything pretrain_difflm needs, after validation.
 struct RunConfig {
   ParallelConfig parallel;
@@ -71,6 +91,7 @@ struct RunConfig {
   OptimizerConfig optimizer;
   TrainingConfig training;
   DataConfig data;
+  CheckpointConfig checkpoint;
 };
 
 }  // namespace megadlm

@@ -156,8 +156,8 @@ std::vector<Row> rows() {
       {"V-12", cmd({"--model-parallel-size", "2"}), O::Rejected,
        {"`--tensor-model-parallel-size`", "[V-12]"}},
       {"V-8", cmd({"--pipeline-model-parallel-split-rank", "1"}), O::Rejected, {"[V-8]"}},
-      {"not-yet-flag", cmd({"--exit-duration-in-mins", "5"}), O::NotSupported,
-       {"`--exit-duration-in-mins 5` is not supported yet by megadlm (see docs/flags.md)"}},
+      {"not-yet-flag", cmd({"--decoder-num-layers", "5"}), O::NotSupported,
+       {"`--decoder-num-layers 5` is not supported yet by megadlm (see docs/flags.md)"}},
       {"not-yet-flag-at-default", cmd({"--encoder-tensor-model-parallel-size", "0"}), O::Accepted, {}},
       {"not-yet-value", cmd({"--dlm-t-sampling", "stratified"}), O::NotSupported,
        {"`--dlm-t-sampling stratified` is not supported yet by megadlm (see docs/flags.md); "
@@ -385,6 +385,37 @@ std::vector<Row> rows() {
       {"V-57", cmd({"--moe-use-upcycling"}), O::Rejected, {"`--moe-use-upcycling` needs `--save` [V-57]"}},
       {"V-58", cmd({"--use-checkpoint-args"}), O::Rejected, {"`--use-checkpoint-args` needs `--load` [V-58]"}},
       {"V-58", cmd({"--ckpt-convert-format", "torch"}), O::Rejected, {"[V-58]"}},
+      {"R-14", cmd({"--save", "/tmp/c", "--save-interval", "5", "--async-save", "--ckpt-format", "torch"}),
+       O::Rejected, {"`--async-save` needs `--ckpt-format torch_dist` (got `--ckpt-format torch`)", "[R-14]"}},
+      {"M-16", cmd({"--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"}), O::Rejected,
+       {"mutually exclusive", "[M-16]"}},
+      {"M-17", cmd({"--save", "/tmp/c", "--save-interval", "5", "--checkpoint-steps", "10,x"}), O::Rejected,
+       {"`--checkpoint-steps 10,x` must be a comma-separated list of iteration numbers", "[M-17]"}},
+      {"M-2-save-interval", cmd({"--save", "/tmp/c", "--save-interval", "0"}), O::Rejected,
+       {"`--save-interval 0` must be >= 1 [M-2]"}},
+      {"checkpoint-flags", cmd({"--save", "/tmp/c", "--persistent-save-interval", "50", "--load", "/tmp/l",
+                                "--no-save-optim", "--no-load-rng", "--finetune", "--async-save",
+                                "--ckpt-step", "20", "--checkpoint-steps", "7,9", "--exit-duration-in-mins", "30",
+                                "--exit-signal-handler", "--exit-on-missing-checkpoint"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         const CheckpointConfig& c = p.config.checkpoint;
+         EXPECT_EQ(c.save, "/tmp/c");
+         EXPECT_EQ(c.save_interval, 50);
+         EXPECT_EQ(c.load, "/tmp/l");
+         EXPECT_FALSE(c.save_optim);
+         EXPECT_TRUE(c.save_rng);
+         EXPECT_TRUE(c.load_optim);
+         EXPECT_FALSE(c.load_rng);
+         EXPECT_TRUE(c.finetune);
+         EXPECT_TRUE(c.async_save);
+         EXPECT_EQ(c.ckpt_step, 20);
+         EXPECT_EQ(c.extra_save_iterations, (std::vector<int64_t>{7, 9}));
+         EXPECT_TRUE(c.exit_on_missing_checkpoint);
+         EXPECT_EQ(p.config.training.exit_duration_in_mins, 30);
+         EXPECT_TRUE(p.config.training.exit_signal_handler);
+       }},
+      {"checkpoint-flags-without-load", cmd({"--finetune"}), O::Accepted,
+       {"`--finetune` has no effect without `--load`"}},
 
       // ------------------------------------------------------------------ layer options
       {"V-6", cmd({"--attention-backend", "local"}), O::Rejected, {"`--attention-backend local` needs `--spec local` [V-6]"}},
@@ -583,7 +614,8 @@ const char* const kImplementedRules[] = {
     "C-11", "C-12", "C-13", "C-14", "C-15", "C-16", "C-17", "C-18", "C-19", "C-21", "G-2",
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
-    "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15"};
+    "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
+    "M-17", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();

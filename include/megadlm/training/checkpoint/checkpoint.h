@@ -1,0 +1,123 @@
+// Writing and reading megadlm checkpoints (format.h, docs/checkpoints.md) from any number of
+// ranks, with the safety the format promises:
+//   * a save writes into DIR/<tag>.incomplete/, each rank its own files, each file fsynced and
+//     read back against the SHA-256 computed while writing; rank 0 then checks every file's size,
+//     that the pieces of every tensor add up to the whole tensor, writes metadata.json, renames
+//     the directory into place (atomically replacing an older one of the same name where the
+//     file system can), and only then rewrites latest_checkpointed_iteration.txt (temporary file
+//     + rename). A crash at any point leaves "latest" naming a complete checkpoint.
+//   * an asynchronous save copies the pieces to host memory at the save point, writes them on a
+//     background thread, and commits at a later iteration boundary when every rank has finished
+//     (poll(), a collective); a second save waits for the first.
+//   * a load verifies sizes and checksums of the files it needs (spread over the ranks) before it
+//     returns a byte, and any rank's failure becomes every rank's error (agree()).
+// Collective functions take the world communicator (null: a single process) and must be called
+// by every rank in the same order.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+#include "megadlm/comm/communicator.h"
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/training/checkpoint/format.h"
+
+namespace megadlm::checkpoint {
+
+class SafetensorsFile;
+
+/// Collective over `comm`: each rank passes its error ("" = none). When any rank failed, every
+/// rank throws the same Error: `what`, the lowest failing world rank and its message.
+void agree(comm::Communicator* comm, const Stream& stream, const std::string& error,
+           const std::string& what);
+
+/// One piece this rank stores: region.numel() elements of `dtype` at `data` (host memory).
+struct OutgoingPiece {
+  std::string tensor;  ///< full name: kModelPrefix + parameter name, ...
+  Shape global_shape;
+  Region region;
+  DType dtype = DType::F32;
+  const void* data = nullptr;
+  bool optimizer = false;  ///< stored in optim_rank*.safetensors (else model_rank*)
+};
+
+class CheckpointWriter {
+ public:
+  /// `world`: every rank of the job (null: one process). `stream`: where the agreement
+  /// collectives run (the trainer's stream; any stream of the communicator's device).
+  CheckpointWriter(std::shared_ptr<comm::Communicator> world, Stream stream);
+  /// Joins a background write without committing it (its directory stays *.incomplete).
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  /// Collective. Saves `pieces` (this rank's; may be empty) and `state` as DIR/<tag>, where tag
+  /// is an iteration number or "release". `keep_alive` owns the memory the pieces point to
+  /// until the files are written. Synchronous: returns when committed (or throws on every
+  /// rank). Asynchronous: returns once the write has started; poll()/wait() commit it. A
+  /// previous asynchronous save is waited for and committed first.
+  void save(const std::string& dir, const std::string& tag, const CheckpointState& state,
+            std::vector<OutgoingPiece> pieces, std::shared_ptr<const void> keep_alive, bool async);
+
+  bool pending() const;
+  /// Collective, at a point every rank reaches (an iteration boundary): commits the background
+  /// save when every rank has finished writing. True when it committed.
+  bool poll();
+  /// Collective: waits for the background save and commits it (no-op when none is pending).
+  void wait();
+  /// The directory of the last committed save ("" before the first).
+  const std::string& last_committed() const { return last_committed_; }
+
+ private:
+  struct Job;
+  void finish(Job& job);
+
+  std::shared_ptr<comm::Communicator> world_;
+  Stream stream_;
+  int rank_ = 0;
+  std::unique_ptr<Job> job_;
+  std::string last_committed_;
+};
+
+/// The iteration directory to load from DIR: DIR/iter_<step> with `step`, else what
+/// latest_checkpointed_iteration.txt names; nullopt when DIR holds no checkpoint (no latest
+/// file). Throws when latest names a directory that does not exist.
+std::optional<std::string> find_checkpoint(const std::string& dir, std::optional<int64_t> step);
+
+/// An opened checkpoint directory: the index is read and checked; files are opened on use.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string dir);
+  ~CheckpointReader();
+
+  const std::string& dir() const { return dir_; }
+  const CheckpointIndex& index() const { return index_; }
+  bool has_tensor(const std::string& name) const { return index_.tensors.count(name) != 0; }
+  /// Names of the files holding pieces of tensors whose names start with one of `prefixes`.
+  std::vector<std::string> files_with(const std::vector<std::string>& prefixes) const;
+  /// Throws naming the file when it is missing, has another size than the index says
+  /// ("truncated"), or another SHA-256 (expected vs actual).
+  void verify_file(const std::string& name) const;
+  /// Collective: verifies `files`, file i on rank i % world size, and agrees on the outcome.
+  void verify_files(const std::vector<std::string>& files, comm::Communicator* world,
+                    const Stream& stream) const;
+
+  /// Fills host tensor `dst` (region.numel() elements, any floating dtype) with `region` of
+  /// tensor `name`. Throws naming the tensor when the checkpoint lacks it, stores another global
+  /// shape, or its pieces do not cover the region.
+  void read(const std::string& name, const Shape& global_shape, const Region& region, Tensor& dst) const;
+  /// The whole tensor, in its stored dtype (host).
+  Tensor read_whole(const std::string& name) const;
+
+ private:
+  const SafetensorsFile& file(const std::string& name) const;
+
+  std::string dir_;
+  CheckpointIndex index_;
+  mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+};
+
+}  // namespace megadlm::checkpoint

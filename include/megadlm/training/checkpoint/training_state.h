@@ -1,0 +1,67 @@
+// The bridge between a training process's state (ParameterStore flat buffers, the optimizer's
+// compact fp32 masters and Adam moments for its owned flat ranges) and checkpoint pieces.
+//
+// Saved per parameter: "model/<name>" = the fp32 master weights (the model dtype copy is a
+// rounding of them, recomputed on load), "optimizer/exp_avg/<name>" and
+// "optimizer/exp_avg_sq/<name>". A rank writes the elements of its owned ranges (its
+// distributed-optimizer shard, or everything) when it is the writer for them; each owned range
+// of a parameter becomes a piece whose region is the parameter's box in the global tensor plus
+// the flat range inside it.
+//
+// Parallel layouts plug in through ParamPlacement: today every parameter is a whole global
+// tensor; tensor parallelism reports the slice a rank holds (global shape, box offset) and
+// whether this rank's copy of a replicated parameter is the one that is written; pipeline
+// parallelism needs nothing (a stage simply has fewer parameters, and the tied embedding copy
+// on the last stage reports primary = false).
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+#include "megadlm/core/stream.h"
+#include "megadlm/model/parameter_store.h"
+#include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/training/optimizer.h"
+
+namespace megadlm::checkpoint {
+
+/// Where a rank's parameter sits in its global tensor.
+struct ParamPlacement {
+  Shape global_shape;  ///< shape of the unsplit tensor
+  Shape offset;        ///< where this rank's (local) tensor starts in it, per dimension
+  bool primary = true; ///< false for a replica whose twin on another rank is written instead
+};
+using PlacementFn = std::function<ParamPlacement(const ParamDesc&)>;
+
+/// Every parameter whole (no tensor or pipeline split).
+ParamPlacement whole_tensor(const ParamDesc& desc);
+
+/// Host copies of the state this rank saves, as pieces (empty when `writer` is false).
+struct StateSnapshot {
+  std::vector<OutgoingPiece> pieces;
+  std::shared_ptr<const void> keep_alive;  ///< the host buffers the pieces point into
+};
+
+/// Copies the owned masters (and with `moments` the Adam moments) to host memory on `stream`
+/// and describes them as pieces. `writer`: this rank writes its owned ranges (false on
+/// data-parallel replicas).
+StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& optimizer,
+                             const PlacementFn& placement, bool writer, bool moments,
+                             const Stream& stream);
+
+/// The owned state read from a checkpoint into host buffers in the optimizer's compact layout,
+/// not yet applied (so that a failure on any rank leaves the model untouched).
+struct StagedState {
+  Tensor master, exp_avg, exp_avg_sq;  ///< host, compact; moments undefined without them
+};
+
+/// Reads the owned ranges' weights (and with `moments` the Adam moments) from `reader`.
+StagedState stage_state(const CheckpointReader& reader, const ParameterStore& store,
+                        const AdamWOptimizer& optimizer, const PlacementFn& placement, bool moments);
+
+/// Applies staged state: masters (and moments, or zeros) into the optimizer, the owned ranges
+/// of the model weights = the masters rounded to the model dtype. Under the distributed
+/// optimizer the caller then all-gathers the model weights.
+void apply_state(const StagedState& staged, ParameterStore& store, AdamWOptimizer& optimizer,
+                 const Stream& stream);
+
+}  // namespace megadlm::checkpoint

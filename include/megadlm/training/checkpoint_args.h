@@ -1,0 +1,23 @@
+// --use-checkpoint-args: the model flags a checkpoint was trained with, as command-line tokens
+// (megatron-compat.md §3 step c). They are put in front of the user's flags, so a flag given on
+// the command line wins, as in Megatron's load_args_from_checkpoint. This file knows flag
+// spellings, so it lives next to training/arguments (the typed configs never do).
+#pragma once
+#include <string>
+#include <vector>
+#include "megadlm/training/training_config.h"
+
+namespace megadlm::training {
+
+/// Flags that rebuild `config`'s architecture, vocabulary and mask token: --num-layers,
+/// --hidden-size, ..., --vocab-size with a --make-vocab-size-divisible-by that reproduces the
+/// padded vocabulary at tensor-parallel size 1.
+std::vector<std::string> checkpoint_model_args(const RunConfig& config);
+
+/// When `tokens` (the @file-expanded command line) hold --use-checkpoint-args and --load DIR,
+/// returns them with the checkpoint's model flags in front; otherwise unchanged. Problems (no
+/// checkpoint in DIR, a damaged index) are appended to `errors`.
+std::vector<std::string> with_checkpoint_args(const std::vector<std::string>& tokens,
+                                              std::vector<std::string>& errors);
+
+}  // namespace megadlm::training

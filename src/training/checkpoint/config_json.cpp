@@ -1,0 +1,224 @@
+#include "megadlm/training/checkpoint/config_json.h"
+#include <nlohmann/json.hpp>
+#include "megadlm/core/error.h"
+
+namespace megadlm::checkpoint {
+
+namespace {
+
+using nlohmann::json;
+
+// Enum <-> the string users type on the command line.
+template <typename E>
+struct EnumNames {
+  std::vector<std::pair<E, const char*>> names;
+  const char* to_str(E v) const {
+    for (const auto& [e, n] : names) if (e == v) return n;
+    return "?";
+  }
+  E from_str(const std::string& s, const std::string& field) const {
+    for (const auto& [e, n] : names) if (s == n) return e;
+    MDLM_FAIL("unknown value '", s, "' for ", field);
+  }
+};
+
+const EnumNames<PositionEmbeddingType> kPos{{{PositionEmbeddingType::LearnedAbsolute, "learned_absolute"},
+                                             {PositionEmbeddingType::Rope, "rope"},
+                                             {PositionEmbeddingType::None, "none"}}};
+const EnumNames<NormType> kNorm{{{NormType::LayerNorm, "LayerNorm"}, {NormType::RMSNorm, "RMSNorm"}}};
+const EnumNames<MlpActivation> kAct{{{MlpActivation::Gelu, "gelu"}, {MlpActivation::SwiGLU, "swiglu"}}};
+const EnumNames<AttentionMaskType> kMask{{{AttentionMaskType::NoMask, "no_mask"},
+                                          {AttentionMaskType::Causal, "causal"}}};
+const EnumNames<RunningMode> kMode{{{RunningMode::DiffLMNoShift, "difflm-noshift"},
+                                    {RunningMode::Vanilla, "vanilla"}}};
+const EnumNames<DlmLossWeight> kWeight{{{DlmLossWeight::ExactRatio, "exact_ratio"},
+                                        {DlmLossWeight::InvT, "inv_t"},
+                                        {DlmLossWeight::InvTEps, "inv_t_eps"}}};
+const EnumNames<LrDecayStyle> kDecay{{{LrDecayStyle::Constant, "constant"},
+                                      {LrDecayStyle::Linear, "linear"},
+                                      {LrDecayStyle::Cosine, "cosine"},
+                                      {LrDecayStyle::InverseSquareRoot, "inverse-square-root"},
+                                      {LrDecayStyle::WSD, "WSD"}}};
+const EnumNames<WsdDecayStyle> kWsd{{{WsdDecayStyle::Exponential, "exponential"},
+                                     {WsdDecayStyle::Linear, "linear"},
+                                     {WsdDecayStyle::Cosine, "cosine"}}};
+const EnumNames<DeviceKind> kDevice{{{DeviceKind::Cpu, "cpu"}, {DeviceKind::Cuda, "cuda"}}};
+
+// One table per struct: field name, and how to move it to and from JSON. Keeping both
+// directions on one line makes a forgotten field visible.
+#define MDLM_FIELD(obj, name) {#name, [](json& j, const auto& o) { j[#name] = o.name; }, \
+    [](const json& j, auto& o) { if (j.contains(#name)) j.at(#name).get_to(o.name); }}
+#define MDLM_ENUM(obj, name, table) {#name, [](json& j, const auto& o) { j[#name] = table.to_str(o.name); }, \
+    [](const json& j, auto& o) { if (j.contains(#name)) o.name = table.from_str(j.at(#name).get<std::string>(), #name); }}
+
+template <typename T>
+struct Field {
+  const char* name;
+  void (*to)(json&, const T&);
+  void (*from)(const json&, T&);
+};
+
+const std::vector<Field<TransformerConfig>>& model_fields() {
+  static const std::vector<Field<TransformerConfig>> f = {
+      MDLM_FIELD(m, num_layers), MDLM_FIELD(m, hidden_size), MDLM_FIELD(m, ffn_hidden_size),
+      MDLM_FIELD(m, num_attention_heads), MDLM_FIELD(m, num_query_groups), MDLM_FIELD(m, kv_channels),
+      MDLM_FIELD(m, seq_length), MDLM_FIELD(m, max_position_embeddings),
+      MDLM_ENUM(m, position_embedding_type, kPos), MDLM_FIELD(m, rotary_base),
+      MDLM_FIELD(m, rotary_percent), MDLM_ENUM(m, normalization, kNorm), MDLM_FIELD(m, norm_epsilon),
+      MDLM_ENUM(m, activation, kAct), MDLM_FIELD(m, qk_layernorm), MDLM_FIELD(m, add_bias_linear),
+      MDLM_FIELD(m, add_qkv_bias), MDLM_FIELD(m, untie_embeddings_and_output_weights),
+      MDLM_FIELD(m, vocab_size), MDLM_FIELD(m, padded_vocab_size), MDLM_FIELD(m, init_method_std),
+      MDLM_FIELD(m, attention_dropout), MDLM_FIELD(m, hidden_dropout),
+      MDLM_ENUM(m, attention_mask, kMask)};
+  return f;
+}
+
+const std::vector<Field<DiffusionConfig>>& diffusion_fields() {
+  static const std::vector<Field<DiffusionConfig>> f = {
+      MDLM_ENUM(d, mode, kMode), MDLM_FIELD(d, mask_token), MDLM_FIELD(d, varilen_prob),
+      MDLM_ENUM(d, loss_weight, kWeight), MDLM_FIELD(d, min_masked)};
+  return f;
+}
+
+const std::vector<Field<OptimizerConfig>>& optimizer_fields() {
+  static const std::vector<Field<OptimizerConfig>> f = {
+      MDLM_FIELD(o, lr), MDLM_FIELD(o, min_lr), MDLM_FIELD(o, lr_warmup_init),
+      MDLM_ENUM(o, decay_style, kDecay), MDLM_ENUM(o, wsd_decay_style, kWsd),
+      MDLM_FIELD(o, lr_warmup_iters), MDLM_FIELD(o, lr_decay_iters), MDLM_FIELD(o, lr_wsd_decay_iters),
+      MDLM_FIELD(o, weight_decay), MDLM_FIELD(o, adam_beta1), MDLM_FIELD(o, adam_beta2),
+      MDLM_FIELD(o, adam_eps), MDLM_FIELD(o, clip_grad)};
+  return f;
+}
+
+const std::vector<Field<TrainingConfig>>& training_fields() {
+  static const std::vector<Field<TrainingConfig>> f = {
+      MDLM_FIELD(t, micro_batch_size), MDLM_FIELD(t, global_batch_size), MDLM_FIELD(t, train_iters),
+      MDLM_FIELD(t, seed), MDLM_FIELD(t, bf16), MDLM_ENUM(t, device, kDevice),
+      MDLM_FIELD(t, check_for_nan_in_loss_and_grad)};
+  return f;
+}
+
+const std::vector<Field<DataConfig>>& data_fields() {
+  static const std::vector<Field<DataConfig>> f = {
+      MDLM_FIELD(d, mock_data), MDLM_FIELD(d, data_path), MDLM_FIELD(d, split),
+      MDLM_FIELD(d, reset_position_ids), MDLM_FIELD(d, reset_attention_mask),
+      MDLM_FIELD(d, eod_mask_loss), MDLM_FIELD(d, tokenizer_type), MDLM_FIELD(d, tokenizer_model)};
+  return f;
+}
+
+const std::vector<Field<ParallelConfig>>& parallel_fields() {
+  static const std::vector<Field<ParallelConfig>> f = {
+      MDLM_FIELD(p, world_size), MDLM_FIELD(p, tensor_model_parallel_size),
+      MDLM_FIELD(p, pipeline_model_parallel_size), MDLM_FIELD(p, context_parallel_size),
+      MDLM_FIELD(p, expert_model_parallel_size), MDLM_FIELD(p, data_parallel_size),
+      MDLM_FIELD(p, virtual_pipeline_model_parallel_size), MDLM_FIELD(p, sequence_parallel),
+      MDLM_FIELD(p, use_distributed_optimizer), MDLM_FIELD(p, num_distributed_optimizer_instances)};
+  return f;
+}
+
+#undef MDLM_FIELD
+#undef MDLM_ENUM
+
+template <typename T>
+json to_json(const T& v, const std::vector<Field<T>>& fields) {
+  json j = json::object();
+  for (const Field<T>& f : fields) f.to(j, v);
+  return j;
+}
+
+template <typename T>
+void from_json(const json& j, T& v, const std::vector<Field<T>>& fields, const char* section) {
+  if (!j.contains(section)) return;
+  const json& s = j.at(section);
+  for (const Field<T>& f : fields) {
+    try {
+      f.from(s, v);
+    } catch (const json::exception& e) {
+      MDLM_FAIL("field ", section, ".", f.name, ": ", e.what());
+    }
+  }
+}
+
+std::string show(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+}  // namespace
+
+std::string run_config_to_json(const RunConfig& c) {
+  json j;
+  j["model"] = to_json(c.model, model_fields());
+  j["diffusion"] = to_json(c.diffusion, diffusion_fields());
+  j["optimizer"] = to_json(c.optimizer, optimizer_fields());
+  j["training"] = to_json(c.training, training_fields());
+  j["data"] = to_json(c.data, data_fields());
+  j["parallel"] = to_json(c.parallel, parallel_fields());
+  return j.dump(2);
+}
+
+RunConfig run_config_from_json(const std::string& text, const std::string& where) {
+  RunConfig c;
+  try {
+    const json j = json::parse(text);
+    if (!j.is_object() || !j.contains("model"))
+      MDLM_FAIL(where, ": no run configuration (expected an object with a \"model\" section)");
+    from_json(j, c.model, model_fields(), "model");
+    from_json(j, c.diffusion, diffusion_fields(), "diffusion");
+    from_json(j, c.optimizer, optimizer_fields(), "optimizer");
+    from_json(j, c.training, training_fields(), "training");
+    from_json(j, c.data, data_fields(), "data");
+    from_json(j, c.parallel, parallel_fields(), "parallel");
+  } catch (const json::exception& e) {
+    MDLM_FAIL(where, ": the run configuration is not valid JSON (", e.what(), ")");
+  } catch (const Error& e) {
+    MDLM_FAIL(where, ": bad run configuration: ", e.what());
+  }
+  return c;
+}
+
+std::vector<ConfigMismatch> compare_run_configs(const RunConfig& saved, const RunConfig& current,
+                                                bool finetune) {
+  const json a = to_json(saved.model, model_fields()), b = to_json(current.model, model_fields());
+  const bool rope = current.model.position_embedding_type == PositionEmbeddingType::Rope;
+  // Field -> the flag it comes from, and whether a difference is fatal.
+  struct Rule {
+    const char* field;
+    const char* flag;
+    bool fatal;
+  };
+  const Rule rules[] = {
+      {"num_layers", "--num-layers", true},
+      {"hidden_size", "--hidden-size", true},
+      {"ffn_hidden_size", "--ffn-hidden-size", true},
+      {"num_attention_heads", "--num-attention-heads", true},
+      {"num_query_groups", "--num-query-groups", true},
+      {"kv_channels", "--kv-channels", true},
+      {"position_embedding_type", "--position-embedding-type", true},
+      {"normalization", "--normalization", true},
+      {"norm_epsilon", "--norm-epsilon", true},
+      {"activation", "--swiglu", true},
+      {"qk_layernorm", "--qk-layernorm", true},
+      {"add_bias_linear", "--disable-bias-linear (add_bias_linear)", true},
+      {"add_qkv_bias", "--add-qkv-bias", true},
+      {"untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights", true},
+      {"vocab_size", "--vocab-size", true},
+      {"padded_vocab_size", "padded vocabulary (--vocab-size padded to --make-vocab-size-divisible-by x TP)", true},
+      {"rotary_percent", "--rotary-percent", true},
+      {"rotary_base", "--rotary-base", !finetune},
+      {"seq_length", "--seq-length", !finetune},
+      {"max_position_embeddings", "--max-position-embeddings", !rope},
+      {"attention_mask", "--attention-mask-type", false},
+  };
+  std::vector<ConfigMismatch> out;
+  for (const Rule& r : rules) {
+    if (a.value(r.field, json()) == b.value(r.field, json())) continue;
+    out.push_back({r.flag, show(a.value(r.field, json())), show(b.value(r.field, json())), r.fatal});
+  }
+  if (saved.diffusion.mode != current.diffusion.mode)
+    out.push_back({"--model-running-mode", kMode.to_str(saved.diffusion.mode),
+                   kMode.to_str(current.diffusion.mode), false});
+  if (saved.diffusion.mask_token != current.diffusion.mask_token)
+    out.push_back({"--mask-token", std::to_string(saved.diffusion.mask_token),
+                   std::to_string(current.diffusion.mask_token), false});
+  return out;
+}
+
+}  // namespace megadlm::checkpoint

@@ -1,0 +1,121 @@
+#include "megadlm/training/checkpoint/file_io.h"
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "megadlm/core/error.h"
+
+namespace megadlm::checkpoint {
+
+namespace {
+std::string os_error() { return std::strerror(errno); }
+}  // namespace
+
+OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) MDLM_FAIL("cannot create ", path_, ": ", os_error());
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void OutputFile::write(const void* data, size_t bytes) {
+  MDLM_CHECK(fd_ >= 0, "write to ", path_, " after finish()");
+  hash_.update(data, bytes);
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) MDLM_FAIL("cannot write ", path_, " (", bytes_, " bytes written so far): ", os_error());
+    p += n;
+    bytes -= static_cast<size_t>(n);
+    bytes_ += static_cast<uint64_t>(n);
+  }
+}
+
+std::string OutputFile::finish() {
+  MDLM_CHECK(fd_ >= 0, "finish() twice on ", path_);
+  if (::fsync(fd_) != 0) MDLM_FAIL("cannot fsync ", path_, ": ", os_error());
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) MDLM_FAIL("cannot close ", path_, ": ", os_error());
+  return hash_.hex_digest();
+}
+
+InputFile::InputFile(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) MDLM_FAIL("cannot open ", path_, ": ", os_error());
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const std::string err = os_error();
+    ::close(fd_);
+    MDLM_FAIL("cannot stat ", path_, ": ", err);
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+InputFile::~InputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void InputFile::read(uint64_t offset, void* dst, size_t bytes) const {
+  if (offset + bytes > size_)
+    MDLM_FAIL(path_, " is truncated: reading bytes [", offset, ", ", offset + bytes,
+              ") but the file holds ", size_);
+  auto* p = static_cast<char*>(dst);
+  while (bytes > 0) {
+    const ssize_t n = ::pread(fd_, p, std::min<size_t>(bytes, size_t{1} << 30),
+                              static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) MDLM_FAIL("cannot read ", path_, " at byte ", offset, ": ", os_error());
+    if (n == 0) MDLM_FAIL(path_, " is truncated: it ends at byte ", offset);
+    p += n;
+    offset += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void fsync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) MDLM_FAIL("cannot open directory ", dir, " to fsync it: ", os_error());
+  const int rc = ::fsync(fd);
+  const std::string err = rc != 0 ? os_error() : std::string();
+  ::close(fd);
+  // Some file systems (and /proc-like mounts) refuse fsync on directories: nothing to do then.
+  if (rc != 0 && err != std::strerror(EINVAL)) MDLM_FAIL("cannot fsync directory ", dir, ": ", err);
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  const std::filesystem::path p(path);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    OutputFile f(tmp);
+    f.write(content.data(), content.size());
+    f.finish();
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, p, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    MDLM_FAIL("cannot rename ", tmp, " to ", path, ": ", ec.message());
+  }
+  fsync_directory(p.parent_path().empty() ? "." : p.parent_path().string());
+}
+
+std::string read_text_file(const std::string& path) {
+  InputFile f(path);
+  std::string s(static_cast<size_t>(f.size()), '\0');
+  if (!s.empty()) f.read(0, s.data(), s.size());
+  return s;
+}
+
+int64_t file_size_or_missing(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.st_size);
+}
+
+}  // namespace megadlm::checkpoint

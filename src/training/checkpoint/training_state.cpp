@@ -1,0 +1,116 @@
+#include "megadlm/training/checkpoint/training_state.h"
+#include <algorithm>
+#include "megadlm/ops/elementwise.h"
+
+namespace megadlm::checkpoint {
+
+namespace {
+
+// Calls fn(desc, piece region, compact offset) for every (owned range x parameter) overlap.
+template <typename Fn>
+void for_each_owned_piece(const ParameterStore& store, const AdamWOptimizer& optimizer,
+                          const PlacementFn& placement, Fn&& fn) {
+  for (const OwnedRange& r : optimizer.owned()) {
+    for (const ParamDesc& d : store.descs()) {
+      const int64_t s = std::max(r.begin, d.offset), e = std::min(r.end, d.offset + d.numel());
+      if (s >= e) continue;
+      const ParamPlacement pl = placement(d);
+      Region region;
+      region.offset = pl.offset;
+      region.extent = d.shape;
+      region.begin = s - d.offset;
+      region.end = e - d.offset;
+      fn(d, pl, region, r.compact_offset + (s - r.begin));
+    }
+  }
+}
+
+struct HostBuffers {
+  Tensor master, exp_avg, exp_avg_sq;
+};
+
+}  // namespace
+
+ParamPlacement whole_tensor(const ParamDesc& desc) {
+  return ParamPlacement{desc.shape, Shape(desc.shape.size(), 0), true};
+}
+
+StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& optimizer,
+                             const PlacementFn& placement, bool writer, bool moments,
+                             const Stream& stream) {
+  StateSnapshot snap;
+  if (!writer) return snap;
+  auto buffers = std::make_shared<HostBuffers>();
+  // Always a copy (even on the host): an asynchronous save writes while training goes on.
+  buffers->master = optimizer.master().to(Device::cpu(), stream);
+  if (moments) {
+    buffers->exp_avg = optimizer.exp_avg().to(Device::cpu(), stream);
+    buffers->exp_avg_sq = optimizer.exp_avg_sq().to(Device::cpu(), stream);
+  }
+  stream.synchronize();
+  const size_t esize = dtype_size(buffers->master.dtype());
+  auto at = [&](const Tensor& t, int64_t c) {
+    return static_cast<const char*>(t.data_ptr()) + static_cast<size_t>(c) * esize;
+  };
+  for_each_owned_piece(store, optimizer, placement,
+                       [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
+                         if (!pl.primary) return;
+                         const DType dt = buffers->master.dtype();
+                         snap.pieces.push_back({kModelPrefix + d.name, pl.global_shape, region, dt,
+                                                at(buffers->master, c), false});
+                         if (!moments) return;
+                         snap.pieces.push_back({kExpAvgPrefix + d.name, pl.global_shape, region, dt,
+                                                at(buffers->exp_avg, c), true});
+                         snap.pieces.push_back({kExpAvgSqPrefix + d.name, pl.global_shape, region, dt,
+                                                at(buffers->exp_avg_sq, c), true});
+                       });
+  snap.keep_alive = buffers;
+  return snap;
+}
+
+StagedState stage_state(const CheckpointReader& reader, const ParameterStore& store,
+                        const AdamWOptimizer& optimizer, const PlacementFn& placement, bool moments) {
+  StagedState st;
+  const int64_t n = std::max<int64_t>(optimizer.compact_size(), 1);
+  const DType dt = optimizer.master().dtype();
+  // Padding between parameters stays 0, as in a fresh optimizer.
+  st.master = Tensor::zeros({n}, dt, Stream::cpu());
+  if (moments) {
+    st.exp_avg = Tensor::zeros({n}, dt, Stream::cpu());
+    st.exp_avg_sq = Tensor::zeros({n}, dt, Stream::cpu());
+  }
+  for_each_owned_piece(store, optimizer, placement,
+                       [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
+                         Tensor m = st.master.slice_flat(c, {region.numel()});
+                         reader.read(kModelPrefix + d.name, pl.global_shape, region, m);
+                         if (!moments) return;
+                         Tensor a = st.exp_avg.slice_flat(c, {region.numel()});
+                         reader.read(kExpAvgPrefix + d.name, pl.global_shape, region, a);
+                         Tensor b = st.exp_avg_sq.slice_flat(c, {region.numel()});
+                         reader.read(kExpAvgSqPrefix + d.name, pl.global_shape, region, b);
+                       });
+  return st;
+}
+
+void apply_state(const StagedState& st, ParameterStore& store, AdamWOptimizer& optimizer,
+                 const Stream& stream) {
+  Tensor master = optimizer.master(), m = optimizer.exp_avg(), v = optimizer.exp_avg_sq();
+  copy_tensor(st.master, master, stream);
+  if (st.exp_avg.defined()) {
+    copy_tensor(st.exp_avg, m, stream);
+    copy_tensor(st.exp_avg_sq, v, stream);
+  } else {
+    ops::fill(m, 0.0f, stream);
+    ops::fill(v, 0.0f, stream);
+  }
+  Tensor params = store.flat_params();
+  for (const OwnedRange& r : optimizer.owned()) {
+    if (r.end == r.begin) continue;
+    Tensor src = master.slice_flat(r.compact_offset, {r.end - r.begin});
+    Tensor dst = params.slice_flat(r.begin, {r.end - r.begin});
+    copy_tensor(src, dst, stream);  // rounds to the model dtype as the optimizer step does
+  }
+  stream.synchronize();
+}
+
+}  // namespace megadlm::checkpoint
