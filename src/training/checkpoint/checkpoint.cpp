@@ -109,6 +109,7 @@ namespace {
 // This rank's files and its manifest (the pieces and files, for rank 0 to merge).
 void write_rank_files(const std::string& tmp, int rank, const std::string& tag,
                       const std::vector<OutgoingPiece>& pieces) {
+  if (pieces.empty()) return;  // a replica: nothing to write, no manifest
   json manifest = {{"rank", rank}, {"files", json::object()}, {"tensors", json::object()}};
   for (const bool optimizer : {false, true}) {
     std::vector<SafetensorsEntry> entries;
@@ -403,7 +404,7 @@ void CheckpointReader::read(const std::string& name, const Shape& global_shape, 
               ", this model needs ", shape_str(global_shape));
   validate_region(global_shape, region, "loading tensor " + name);
   MDLM_CHECK(dst.is_cpu() && dst.numel() == region.numel(), "read of ", name, " into ", dst.str());
-  const std::vector<Run> wanted = region_runs(global_shape, region);
+  const std::vector<FlatRun> wanted = region_runs(global_shape, region);
   int64_t covered = 0;
   std::vector<char> buf;
   for (const PieceInfo& p : t.pieces) {

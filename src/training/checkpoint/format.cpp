@@ -39,8 +39,8 @@ void validate_region(const Shape& g, const Region& r, const std::string& what) {
               shape_numel(r.extent), " elements");
 }
 
-std::vector<Run> region_runs(const Shape& g, const Region& r) {
-  std::vector<Run> out;
+std::vector<FlatRun> region_runs(const Shape& g, const Region& r) {
+  std::vector<FlatRun> out;
   if (r.begin >= r.end) return out;
   const int n = static_cast<int>(g.size());
   // Trailing dimensions the box spans completely are one contiguous chunk of the global tensor.
@@ -66,7 +66,7 @@ std::vector<Run> region_runs(const Shape& g, const Region& r) {
       rem /= e;
     }
     const int64_t lo = std::max(r.begin, row * row_len), hi = std::min(r.end, (row + 1) * row_len);
-    const Run run{global + (lo - row * row_len), lo - r.begin, hi - lo};
+    const FlatRun run{global + (lo - row * row_len), lo - r.begin, hi - lo};
     if (!out.empty() && out.back().global + out.back().count == run.global &&
         out.back().local + out.back().count == run.local) {
       out.back().count += run.count;
@@ -77,7 +77,7 @@ std::vector<Run> region_runs(const Shape& g, const Region& r) {
   return out;
 }
 
-std::vector<Overlap> intersect_runs(const std::vector<Run>& a, const std::vector<Run>& b) {
+std::vector<Overlap> intersect_runs(const std::vector<FlatRun>& a, const std::vector<FlatRun>& b) {
   std::vector<Overlap> out;
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {

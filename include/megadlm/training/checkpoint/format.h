@@ -55,19 +55,19 @@ void validate_region(const Shape& global_shape, const Region& r, const std::stri
 
 /// `count` elements consecutive both in a region's own flat order (starting at `local`) and in
 /// the global tensor's row-major order (starting at `global`).
-struct Run {
+struct FlatRun {
   int64_t global = 0, local = 0, count = 0;
 };
 /// A region as runs, ascending in both orders; adjacent runs are merged, so a box that spans
 /// whole trailing dimensions is one run.
-std::vector<Run> region_runs(const Shape& global_shape, const Region& r);
+std::vector<FlatRun> region_runs(const Shape& global_shape, const Region& r);
 
 /// Elements a stored region and a wanted region share: `count` elements from the stored
 /// piece's local position `src` to the wanted piece's local position `dst`.
 struct Overlap {
   int64_t src = 0, dst = 0, count = 0;
 };
-std::vector<Overlap> intersect_runs(const std::vector<Run>& stored, const std::vector<Run>& wanted);
+std::vector<Overlap> intersect_runs(const std::vector<FlatRun>& stored, const std::vector<FlatRun>& wanted);
 
 struct PieceInfo {
   std::string file;  ///< file name inside the checkpoint directory

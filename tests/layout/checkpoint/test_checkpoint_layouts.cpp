@@ -1,0 +1,230 @@
+// Checkpoints across data-parallel layouts, as an SPMD program under mpirun (np 2 and 4):
+//   * same layout (DP = world, plain DDP or the distributed optimizer, sync or async save):
+//     N steps straight == k steps, save, load in a new trainer, N - k steps, bit for bit;
+//   * another layout: save under DP = world with the distributed optimizer (several buckets),
+//     load under DP = world / 2 without it (each half of the ranks is its own job), and the
+//     reverse. The state the loading layout holds is checked bitwise by saving it again at once
+//     and comparing every tensor with the original checkpoint; the continued run matches the
+//     uninterrupted one to the data-parallel tolerance (1e-5 relative: fp32 reduction order
+//     differs between layouts, as in tests/layout/trainer).
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+#include "megadlm/comm/bootstrap.h"
+#include "megadlm/comm/process_groups.h"
+#include "megadlm/data/mock_dataset.h"
+#include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/training/trainer.h"
+#include "support/spmd.h"
+
+using namespace megadlm;
+namespace fs = std::filesystem;
+
+namespace {
+
+comm::DistributedRuntime& runtime() {
+  std::string why_not;
+  comm::DistributedRuntime* rt = test::spmd::runtime(comm::Transport::Mpi, &why_not);
+  MDLM_CHECK(rt != nullptr, "no MPI runtime: ", why_not);
+  return *rt;
+}
+
+// Rank 0 makes a fresh directory and tells everyone its name; it is removed at scope exit.
+class SharedTempDir {
+ public:
+  explicit SharedTempDir(comm::Communicator& world) : world_(world) {
+    Tensor name = Tensor::zeros({256}, DType::I32, Stream::cpu());
+    if (world.rank() == 0) {
+      char tmpl[] = "/tmp/megadlm_layout_ckpt_XXXXXX";
+      const std::string p = ::mkdtemp(tmpl);
+      for (size_t i = 0; i < p.size(); ++i) name.data<int32_t>()[i] = p[i];
+    }
+    world.broadcast(name, 0, Stream::cpu());
+    for (int i = 0; i < 256 && name.data<int32_t>()[i] != 0; ++i) path_ += static_cast<char>(name.data<int32_t>()[i]);
+  }
+  ~SharedTempDir() {
+    world_.barrier(Stream::cpu());
+    if (world_.rank() == 0) fs::remove_all(path_);
+  }
+  std::string operator/(const std::string& sub) const { return (fs::path(path_) / sub).string(); }
+
+ private:
+  comm::Communicator& world_;
+  std::string path_;
+};
+
+RunConfig tiny_run(int dp, bool dist_opt, int64_t iters) {
+  RunConfig r;
+  TransformerConfig& m = r.model;
+  m.num_layers = 2;
+  m.hidden_size = 64;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.kv_channels = 16;
+  m.ffn_hidden_size = 128;
+  m.seq_length = 32;
+  m.max_position_embeddings = 32;
+  m.position_embedding_type = PositionEmbeddingType::Rope;
+  m.normalization = NormType::RMSNorm;
+  m.activation = MlpActivation::SwiGLU;
+  m.qk_layernorm = true;
+  m.add_bias_linear = m.add_qkv_bias = false;
+  m.untie_embeddings_and_output_weights = true;
+  m.vocab_size = m.padded_vocab_size = 128;
+  m.hidden_dropout = 0.1f;
+  m.attention_dropout = 0.0f;
+  r.diffusion.mask_token = 127;
+  r.diffusion.varilen_prob = 0.2f;
+  r.optimizer.lr = 3e-3f;
+  r.optimizer.lr_warmup_iters = 2;
+  r.optimizer.lr_decay_iters = iters;
+  r.optimizer.decay_style = LrDecayStyle::Cosine;
+  r.optimizer.weight_decay = 0.1f;
+  r.optimizer.clip_grad = 0.5f;
+  r.training.micro_batch_size = 2;
+  r.training.global_batch_size = 8;
+  r.training.train_iters = iters;
+  r.training.log_interval = 1000;
+  r.training.device = DeviceKind::Cpu;
+  r.parallel.world_size = dp;
+  r.parallel.data_parallel_size = dp;
+  r.parallel.use_distributed_optimizer = dist_opt;
+  // Several buckets under the distributed optimizer: shards cut through parameters.
+  r.parallel.overlap_grad_reduce = dist_opt;
+  r.parallel.ddp_bucket_size = dist_opt ? 20000 : 0;
+  return r;
+}
+
+// A job on `world` (all ranks, or a half) with its own process groups.
+struct Job {
+  std::shared_ptr<comm::Communicator> world;
+  std::unique_ptr<comm::ProcessGroups> groups;
+  Job(std::shared_ptr<comm::Communicator> w, const ParallelConfig& p)
+      : world(std::move(w)), groups(std::make_unique<comm::ProcessGroups>(comm::ProcessGroups::build(world, p))) {}
+};
+
+std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, const comm::ProcessGroups* groups) {
+  auto data = std::make_shared<MockGptDataset>(128, 32, 127);
+  static std::ostringstream log;  // rank 0's log lines are not looked at here
+  return std::make_unique<Trainer>(cfg, data, log, groups);
+}
+
+std::vector<IterationMetrics> train(const RunConfig& cfg, const comm::ProcessGroups* groups) {
+  return make_trainer(cfg, groups)->train();
+}
+
+// Every tensor of two checkpoints, element for element (bit patterns).
+void expect_same_tensors(const std::string& a_dir, const std::string& b_dir) {
+  checkpoint::CheckpointReader a(*checkpoint::find_checkpoint(a_dir, std::nullopt));
+  checkpoint::CheckpointReader b(*checkpoint::find_checkpoint(b_dir, std::nullopt));
+  ASSERT_EQ(a.index().tensors.size(), b.index().tensors.size());
+  EXPECT_EQ(a.index().state.iteration, b.index().state.iteration);
+  EXPECT_EQ(a.index().state.consumed_samples, b.index().state.consumed_samples);
+  EXPECT_EQ(a.index().state.optimizer_steps, b.index().state.optimizer_steps);
+  for (const auto& [name, info] : a.index().tensors) {
+    ASSERT_TRUE(b.has_tensor(name)) << name;
+    const Tensor x = a.read_whole(name), y = b.read_whole(name);
+    ASSERT_EQ(x.nbytes(), y.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << "tensor " << name << " differs";
+  }
+}
+
+void expect_close(const std::vector<IterationMetrics>& got, const std::vector<IterationMetrics>& ref,
+                  const std::string& what) {
+  const int rank = runtime().world().rank();
+  ASSERT_LE(got.size(), ref.size());
+  const size_t off = ref.size() - got.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const IterationMetrics& r = ref[off + i];
+    EXPECT_EQ(got[i].iteration, r.iteration);
+    EXPECT_NEAR(got[i].lm_loss, r.lm_loss, 1e-5 * r.lm_loss) << what << ", rank " << rank << ", iteration " << r.iteration;
+    EXPECT_NEAR(got[i].grad_norm, r.grad_norm, 1e-5 * r.grad_norm) << what << ", rank " << rank << ", iteration " << r.iteration;
+  }
+}
+
+}  // namespace
+
+TEST(CheckpointLayouts, ResumeUnderTheSameLayoutIsBitIdentical) {
+  comm::DistributedRuntime& rt = runtime();
+  const int world = rt.world().size();
+  constexpr int64_t kIters = 6, kStop = 3;
+  for (const bool dist_opt : {false, true}) {
+    SharedTempDir dir(rt.world());
+    const RunConfig base = tiny_run(world, dist_opt, kIters);
+    Job job(rt.world_shared(), base.parallel);
+    const auto straight = train(base, job.groups.get());
+    RunConfig first = base;
+    first.checkpoint.save = dir / "ckpt";
+    first.checkpoint.save_interval = 2;
+    first.checkpoint.async_save = dist_opt;  // the asynchronous path under several ranks too
+    first.training.exit_interval = kStop;
+    train(first, job.groups.get());
+    RunConfig second = base;
+    second.checkpoint.load = dir / "ckpt";
+    const auto resumed = train(second, job.groups.get());
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters - kStop));
+    for (size_t i = 0; i < resumed.size(); ++i) {
+      const IterationMetrics& s = straight[static_cast<size_t>(kStop) + i];
+      EXPECT_EQ(resumed[i].lm_loss, s.lm_loss) << "DP " << world << (dist_opt ? " + distributed optimizer" : "")
+                                               << ", iteration " << s.iteration;
+      EXPECT_EQ(resumed[i].grad_norm, s.grad_norm) << "iteration " << s.iteration;
+    }
+  }
+}
+
+TEST(CheckpointLayouts, ASaveUnderOneDataParallelLayoutLoadsUnderAnother) {
+  comm::DistributedRuntime& rt = runtime();
+  const int world = rt.world().size(), half = world / 2, rank = rt.world().rank();
+  constexpr int64_t kIters = 6, kStop = 3;
+  SharedTempDir dir(rt.world());
+  // Layout A: every rank, distributed optimizer. Layout B: each half of the ranks alone, DDP.
+  const RunConfig a = tiny_run(world, true, kIters);
+  const RunConfig b = tiny_run(half, false, kIters);
+  Job job_a(rt.world_shared(), a.parallel);
+  std::shared_ptr<comm::Communicator> half_world(rt.world().split(rank / half, rank, "half"));
+  Job job_b(half_world, b.parallel);
+  const std::string mine = "half" + std::to_string(rank / half);
+
+  // A -> B.
+  const auto straight_a = train(a, job_a.groups.get());
+  RunConfig save_a = a;
+  save_a.checkpoint.save = dir / "a";
+  save_a.training.exit_interval = kStop;
+  train(save_a, job_a.groups.get());
+  {
+    RunConfig load_b = b;
+    load_b.checkpoint.load = dir / "a";
+    load_b.checkpoint.save = dir / ("a_as_b_" + mine);
+    auto t = make_trainer(load_b, job_b.groups.get());
+    t->save_checkpoint();  // what layout B now holds, without a step in between
+  }
+  rt.world().barrier(Stream::cpu());
+  expect_same_tensors(dir / "a", dir / ("a_as_b_" + mine));
+  RunConfig load_b = b;
+  load_b.checkpoint.load = dir / "a";
+  expect_close(train(load_b, job_b.groups.get()), straight_a, "saved under DP " + std::to_string(world) +
+               " + distributed optimizer, continued under DP " + std::to_string(half));
+
+  // B -> A (each half saved its own copy; everyone loads half 0's).
+  const auto straight_b = train(b, job_b.groups.get());
+  RunConfig save_b = b;
+  save_b.checkpoint.save = dir / ("b_" + mine);
+  save_b.training.exit_interval = kStop;
+  train(save_b, job_b.groups.get());
+  rt.world().barrier(Stream::cpu());
+  {
+    RunConfig load_a = a;
+    load_a.checkpoint.load = dir / "b_half0";
+    load_a.checkpoint.save = dir / "b_as_a";
+    auto t = make_trainer(load_a, job_a.groups.get());
+    t->save_checkpoint();
+  }
+  expect_same_tensors(dir / "b_half0", dir / "b_as_a");
+  RunConfig load_a = a;
+  load_a.checkpoint.load = dir / "b_half0";
+  expect_close(train(load_a, job_a.groups.get()), straight_b, "saved under DP " + std::to_string(half) +
+               ", continued under DP " + std::to_string(world) + " + distributed optimizer");
+}

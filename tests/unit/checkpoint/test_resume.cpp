@@ -1,0 +1,257 @@
+// Checkpoints through the Trainer in one process (CPU, fp32): N steps straight and k steps,
+// save, a new trainer that loads, N - k more steps give bit-identical losses and gradient norms
+// (synchronous and asynchronous saves, a stop request at an iteration boundary, --exit-interval);
+// --finetune and --no-load-optim restart what they should; a checkpoint of another model, of
+// another LR schedule or with a flipped byte fails in the Trainer's constructor, naming the flag
+// or the file.
+#include <gtest/gtest.h>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include "megadlm/data/mock_dataset.h"
+#include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/training/checkpoint/file_io.h"
+#include "megadlm/training/trainer.h"
+
+using namespace megadlm;
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/megadlm_resume_test_XXXXXX";
+    path_ = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& str() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The tiny diffusion LM with every source of randomness on (dropout, varilen) and clipping
+// active, so that a resume that forgot anything would show.
+RunConfig tiny_run(int64_t iters) {
+  RunConfig r;
+  TransformerConfig& m = r.model;
+  m.num_layers = 2;
+  m.hidden_size = 32;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.kv_channels = 8;
+  m.ffn_hidden_size = 64;
+  m.seq_length = 16;
+  m.max_position_embeddings = 16;
+  m.position_embedding_type = PositionEmbeddingType::Rope;
+  m.normalization = NormType::RMSNorm;
+  m.activation = MlpActivation::SwiGLU;
+  m.qk_layernorm = true;
+  m.add_bias_linear = m.add_qkv_bias = false;
+  m.untie_embeddings_and_output_weights = true;
+  m.vocab_size = m.padded_vocab_size = 64;
+  m.hidden_dropout = 0.1f;
+  m.attention_dropout = 0.1f;
+  r.diffusion.mask_token = 63;
+  r.diffusion.varilen_prob = 0.3f;
+  r.optimizer.lr = 3e-3f;
+  r.optimizer.min_lr = 3e-4f;
+  r.optimizer.lr_warmup_iters = 2;
+  r.optimizer.lr_decay_iters = iters;
+  r.optimizer.decay_style = LrDecayStyle::Cosine;
+  r.optimizer.weight_decay = 0.1f;
+  r.optimizer.clip_grad = 0.5f;
+  r.training.micro_batch_size = 2;
+  r.training.global_batch_size = 4;
+  r.training.train_iters = iters;
+  r.training.log_interval = 1000;
+  r.training.device = DeviceKind::Cpu;
+  return r;
+}
+
+struct TrainResult {
+  std::vector<IterationMetrics> metrics;
+  std::string log;
+  int64_t iteration = 0;
+};
+
+TrainResult train(const RunConfig& cfg, std::function<bool()> stop = nullptr) {
+  auto data = std::make_shared<MockGptDataset>(cfg.model.vocab_size, cfg.model.seq_length,
+                                               cfg.diffusion.mask_token);
+  std::ostringstream log;
+  Trainer t(cfg, data, log);
+  if (stop) t.set_stop_request(std::move(stop));
+  TrainResult out;
+  out.metrics = t.train();
+  out.log = log.str();
+  out.iteration = t.iteration();
+  return out;
+}
+
+void expect_same_tail(const std::vector<IterationMetrics>& straight, const std::vector<IterationMetrics>& resumed) {
+  ASSERT_LE(resumed.size(), straight.size());
+  const size_t off = straight.size() - resumed.size();
+  for (size_t i = 0; i < resumed.size(); ++i) {
+    const IterationMetrics& a = straight[off + i];
+    const IterationMetrics& b = resumed[i];
+    EXPECT_EQ(a.iteration, b.iteration);
+    EXPECT_EQ(a.consumed_samples, b.consumed_samples);
+    EXPECT_EQ(a.lm_loss, b.lm_loss) << "iteration " << a.iteration;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "iteration " << a.iteration;
+    EXPECT_EQ(a.lr, b.lr) << "iteration " << a.iteration;
+  }
+}
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Resume, StoppingAtAnIntervalAndLoadingIsBitIdentical) {
+  constexpr int64_t kIters = 8;
+  const TrainResult straight = train(tiny_run(kIters));
+  for (const bool async : {false, true}) {
+    TempDir dir;
+    RunConfig first = tiny_run(kIters);
+    first.checkpoint.save = dir.str();
+    first.checkpoint.save_interval = 2;
+    first.checkpoint.async_save = async;
+    first.training.exit_interval = 5;  // stops (and saves) at 5, not a multiple of the interval
+    const TrainResult a = train(first);
+    EXPECT_EQ(a.iteration, 5);
+    EXPECT_EQ(*checkpoint::read_latest(dir.str()), "5");
+    for (const char* it : {"iter_0000002", "iter_0000004", "iter_0000005"})
+      EXPECT_TRUE(fs::exists(fs::path(dir.str()) / it)) << it;
+    expect_same_tail(std::vector<IterationMetrics>(straight.metrics.begin(), straight.metrics.begin() + 5), a.metrics);
+
+    RunConfig second = tiny_run(kIters);
+    second.checkpoint.load = dir.str();
+    const TrainResult b = train(second);
+    EXPECT_NE(b.log.find("successfully loaded checkpoint"), std::string::npos) << b.log;
+    ASSERT_EQ(b.metrics.size(), 3u);
+    expect_same_tail(straight.metrics, b.metrics);
+  }
+}
+
+TEST(Resume, AStopRequestSavesAtTheNextBoundaryAndResumesExactly) {
+  constexpr int64_t kIters = 6;
+  const TrainResult straight = train(tiny_run(kIters));
+  TempDir dir;
+  RunConfig first = tiny_run(kIters);
+  first.checkpoint.save = dir.str();
+  first.checkpoint.save_interval = 100;
+  int calls = 0;
+  const TrainResult a = train(first, [&] { return ++calls >= 3; });  // "SIGTERM" during iteration 3
+  EXPECT_EQ(a.iteration, 3);
+  EXPECT_NE(a.log.find("exiting program at iteration 3 (stop requested"), std::string::npos) << a.log;
+  EXPECT_EQ(*checkpoint::read_latest(dir.str()), "3");
+  RunConfig second = tiny_run(kIters);
+  second.checkpoint.load = dir.str();
+  second.checkpoint.save = dir.str();  // the usual auto-resume setup: --save and --load the same
+  second.checkpoint.save_interval = 100;
+  const TrainResult b = train(second);
+  expect_same_tail(straight.metrics, b.metrics);
+  EXPECT_EQ(*checkpoint::read_latest(dir.str()), "6");  // the final save at the end of training
+}
+
+TEST(Resume, FinetuneAndNoLoadOptimRestartWhatTheySay) {
+  TempDir dir;
+  RunConfig first = tiny_run(6);
+  first.checkpoint.save = dir.str();
+  first.checkpoint.save_interval = 3;
+  first.training.exit_interval = 3;
+  train(first);
+
+  RunConfig ft = tiny_run(6);
+  ft.checkpoint.load = dir.str();
+  ft.checkpoint.finetune = true;
+  const TrainResult f = train(ft);
+  ASSERT_EQ(f.metrics.size(), 6u);  // iteration and data position restart at 0
+  EXPECT_EQ(f.metrics[0].consumed_samples, 4);
+  EXPECT_NE(f.log.find("fine-tuning from its weights"), std::string::npos);
+  const TrainResult scratch = train(tiny_run(6));
+  EXPECT_LT(f.metrics[0].lm_loss, scratch.metrics[0].lm_loss) << "fine-tuning should start from trained weights";
+
+  RunConfig no_optim = tiny_run(6);
+  no_optim.checkpoint.load = dir.str();
+  no_optim.checkpoint.load_optim = false;
+  const TrainResult n = train(no_optim);
+  ASSERT_EQ(n.metrics.size(), 3u);  // iteration kept
+  EXPECT_NE(n.log.find("fresh optimizer state"), std::string::npos);
+}
+
+TEST(Resume, ALoadFindingNoCheckpointStartsFromScratchUnlessTold) {
+  TempDir dir;
+  RunConfig cfg = tiny_run(2);
+  cfg.checkpoint.load = dir.str();
+  const TrainResult r = train(cfg);
+  EXPECT_NE(r.log.find("could not find a checkpoint"), std::string::npos);
+  EXPECT_EQ(r.metrics.size(), 2u);
+  cfg.checkpoint.exit_on_missing_checkpoint = true;
+  EXPECT_NE(error_of([&] { train(cfg); }).find("holds no checkpoint"), std::string::npos);
+}
+
+TEST(Resume, MismatchedOrDamagedCheckpointsFailBeforeTrainingNamingFlagOrFile) {
+  TempDir dir;
+  RunConfig first = tiny_run(4);
+  first.checkpoint.save = dir.str();
+  first.checkpoint.save_interval = 2;
+  first.training.exit_interval = 2;
+  train(first);
+
+  RunConfig wide = tiny_run(4);
+  wide.model.hidden_size = 48;
+  wide.model.kv_channels = 12;
+  wide.checkpoint.load = dir.str();
+  std::string err = error_of([&] { train(wide); });
+  EXPECT_NE(err.find("--hidden-size: checkpoint 32, this run 48"), std::string::npos) << err;
+  EXPECT_NE(err.find("--use-checkpoint-args"), std::string::npos) << err;
+
+  RunConfig vocab = tiny_run(4);
+  vocab.model.vocab_size = vocab.model.padded_vocab_size = 128;
+  vocab.checkpoint.load = dir.str();
+  err = error_of([&] { train(vocab); });
+  EXPECT_NE(err.find("--vocab-size: checkpoint 64, this run 128"), std::string::npos) << err;
+
+  RunConfig seq = tiny_run(4);
+  seq.model.seq_length = seq.model.max_position_embeddings = 32;
+  seq.checkpoint.load = dir.str();
+  err = error_of([&] { train(seq); });
+  EXPECT_NE(err.find("--seq-length: checkpoint 16, this run 32"), std::string::npos) << err;
+  seq.checkpoint.finetune = true;  // another context length is fine when fine-tuning
+  EXPECT_EQ(error_of([&] { train(seq); }), "");
+
+  RunConfig lr = tiny_run(4);
+  lr.optimizer.lr = 1e-3f;
+  lr.checkpoint.load = dir.str();
+  err = error_of([&] { train(lr); });
+  EXPECT_NE(err.find("another learning-rate schedule"), std::string::npos) << err;
+  EXPECT_NE(err.find("--lr: checkpoint 0.003"), std::string::npos) << err;
+  lr.checkpoint.override_opt_param_scheduler = true;
+  EXPECT_EQ(error_of([&] { train(lr); }), "");
+
+  // A flipped byte in a tensor file: named, with both checksums, before any step.
+  const std::string file = dir.str() + "/iter_0000002/optim_rank00000.safetensors";
+  const int64_t size = checkpoint::file_size_or_missing(file);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(size - 17);
+    f.put('\x7f');
+  }
+  RunConfig resume = tiny_run(4);
+  resume.checkpoint.load = dir.str();
+  err = error_of([&] { train(resume); });
+  EXPECT_NE(err.find(file + " is corrupted: SHA-256 expected "), std::string::npos) << err;
+  EXPECT_NE(err.find(", actual "), std::string::npos) << err;
+  // Weights only (--finetune) never reads the optimizer file, so it still loads.
+  resume.checkpoint.finetune = true;
+  EXPECT_EQ(error_of([&] { train(resume); }), "");
+}
