@@ -73,6 +73,7 @@ void GptModel::forward(const MicroBatch& mb, ModelRecord& rec, Tensor& loss_sum,
     rec.dlogits = logits;
   } else {
     ops::cross_entropy_forward(logits, mb.labels, rec.losses, s);
+    rec.logits = logits;
   }
   ops::dot(rec.losses, mb.loss_weights, loss_sum, s);
 }

@@ -21,6 +21,7 @@ struct ModelRecord {
   NormRecord final_norm;
   Tensor final_out;  ///< input of the output layer [T, H]
   Tensor dlogits;    ///< [T, V]: the gradient left by the fused cross-entropy
+  Tensor logits;     ///< [T, V]: kept by an evaluation forward (grad_scale 0) for its caller
   Tensor losses;     ///< f32 [T]: unweighted per-token CE
 };
 

@@ -1,0 +1,88 @@
+// Hugging Face import and export for the Qwen2 / Qwen3 architecture family (docs/checkpoints.md
+// has the complete name and config mapping), and the forward pass that --verify compares.
+//
+// A megadlm model is exportable when it is a Qwen-style decoder: RMSNorm, SwiGLU, RoPE over the
+// whole head, no learned positions, no biases except (optionally) on q/k/v. With
+// --qk-layernorm it is Qwen3 (q_norm/k_norm), otherwise Qwen2 (which always has q/k/v biases:
+// zeros are written when the model has none, an exact equivalence). Attention is
+// bidirectional for masked-diffusion models; Hugging Face's classes are causal, which
+// scripts/hf_verify.py switches off. The "megadlm" block of config.json records what
+// config.json cannot say (bidirectional attention, mask token, unpadded vocabulary) so that an
+// export imports back to the same model.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+#include "megadlm/core/device.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/training/training_config.h"
+
+namespace megadlm::checkpoint {
+
+enum class HfArchitecture { Qwen2, Qwen3 };
+
+/// The Hugging Face architecture that represents `model`; throws naming the flag that keeps
+/// the model from being one.
+HfArchitecture hf_architecture_for(const TransformerConfig& model);
+/// "model.layers.3.self_attn.q_proj.weight" for "decoder.layers.3.self_attention.linear_q.weight".
+std::string hf_tensor_name(const std::string& megadlm_name);
+/// The inverse; nullopt for names that are not megadlm parameters (rotary buffers, ...).
+std::optional<std::string> megadlm_tensor_name(const std::string& hf_name);
+
+/// config.json for `config` with weights stored as `dtype`.
+std::string hf_config_json(const RunConfig& config, DType dtype);
+/// The run configuration (model, mask token) a Hugging Face config.json describes. Throws naming
+/// the config field that megadlm cannot represent (rope_scaling, sliding windows, activations).
+RunConfig run_config_from_hf(const std::string& config_json, const std::string& where);
+
+/// The weights of a Hugging Face folder: model.safetensors, or the shards that
+/// model.safetensors.index.json lists; files are opened on first use.
+class HfWeights {
+ public:
+  explicit HfWeights(std::string dir);
+  ~HfWeights();
+  const std::string& dir() const { return dir_; }
+  /// Every tensor name, sorted.
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return where_.count(name) != 0; }
+  /// The tensor on the host in its stored dtype; throws naming the folder and the tensor.
+  Tensor read(const std::string& name) const;
+
+ private:
+  std::string dir_;
+  std::map<std::string, std::string> where_;  // tensor -> file
+  mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+};
+
+struct HfExportOptions {
+  std::optional<DType> dtype;          ///< weights' dtype in the export (default: as stored)
+  std::string tokenizer_dir;           ///< tokenizer files copied from here ("" = none)
+  uint64_t max_shard_bytes = 5000000000ull;  ///< larger exports are sharded with an index
+};
+
+/// Writes config.json, model.safetensors (or model-0000i-of-0000n.safetensors and
+/// model.safetensors.index.json) and the tokenizer files into `out_dir`.
+void export_hf(const CheckpointReader& reader, const std::string& out_dir, const HfExportOptions& options);
+
+struct HfImportOptions {
+  std::optional<DType> dtype;          ///< weights' dtype in the checkpoint (default: as in the files)
+  std::optional<int64_t> mask_token;   ///< recorded for --use-checkpoint-args
+  std::optional<int> seq_length;       ///< recorded for --use-checkpoint-args
+};
+
+/// Reads a Hugging Face folder (model.safetensors or a sharded index) and writes the megadlm
+/// checkpoint `save_dir`/release with latest_checkpointed_iteration.txt = "release": weights
+/// only, loadable with --load (iteration 0, fresh optimizer) or --finetune.
+void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfImportOptions& options);
+
+/// Logits (host f32 [batch * seq, padded vocab]) of the checkpoint's model for `tokens`
+/// ([batch * seq], positions 0..seq-1 in each sample), on `device`: fp32 on the CPU, bf16 on
+/// CUDA. Attention as the checkpoint's configuration says.
+Tensor checkpoint_logits(const CheckpointReader& reader, const std::vector<int32_t>& tokens,
+                         int64_t batch, int64_t seq, Device device);
+
+}  // namespace megadlm::checkpoint

@@ -1,0 +1,428 @@
+#include "megadlm/training/checkpoint/huggingface.h"
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <nlohmann/json.hpp>
+#include "megadlm/core/error.h"
+#include "megadlm/core/stream.h"
+#include "megadlm/model/gpt_model.h"
+#include "megadlm/training/checkpoint/config_json.h"
+#include "megadlm/training/checkpoint/file_io.h"
+#include "megadlm/training/checkpoint/safetensors.h"
+#include "megadlm/training/checkpoint_args.h"
+
+namespace megadlm::checkpoint {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Layer-local names: ours <-> Hugging Face's (docs/checkpoints.md, "Hugging Face mapping").
+const std::pair<const char*, const char*> kLayerNames[] = {
+    {"input_layernorm.weight", "input_layernorm.weight"},
+    {"self_attention.linear_q.weight", "self_attn.q_proj.weight"},
+    {"self_attention.linear_q.bias", "self_attn.q_proj.bias"},
+    {"self_attention.linear_k.weight", "self_attn.k_proj.weight"},
+    {"self_attention.linear_k.bias", "self_attn.k_proj.bias"},
+    {"self_attention.linear_v.weight", "self_attn.v_proj.weight"},
+    {"self_attention.linear_v.bias", "self_attn.v_proj.bias"},
+    {"self_attention.q_layernorm.weight", "self_attn.q_norm.weight"},
+    {"self_attention.k_layernorm.weight", "self_attn.k_norm.weight"},
+    {"self_attention.linear_proj.weight", "self_attn.o_proj.weight"},
+    {"self_attention.linear_proj.bias", "self_attn.o_proj.bias"},
+    {"pre_mlp_layernorm.weight", "post_attention_layernorm.weight"},
+    {"mlp.linear_fc1_gate.weight", "mlp.gate_proj.weight"},
+    {"mlp.linear_fc1_up.weight", "mlp.up_proj.weight"},
+    {"mlp.linear_fc2.weight", "mlp.down_proj.weight"},
+};
+const std::pair<const char*, const char*> kGlobalNames[] = {
+    {"embedding.word_embeddings.weight", "model.embed_tokens.weight"},
+    {"decoder.final_layernorm.weight", "model.norm.weight"},
+    {"output_layer.weight", "lm_head.weight"},
+};
+
+const char* hf_dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::BF16: return "bfloat16";
+    case DType::F16: return "float16";
+    case DType::F64: return "float64";
+    default: MDLM_FAIL("dtype ", dtype_name(t), " is not a weight dtype");
+  }
+}
+
+Tensor converted(const Tensor& t, std::optional<DType> dtype) {
+  if (!dtype || *dtype == t.dtype()) return t;
+  Tensor out = Tensor::empty(t.shape(), *dtype, Stream::cpu());
+  copy_tensor(t, out, Stream::cpu());
+  return out;
+}
+
+bool all_zero(const Tensor& t) {
+  for (float v : t.to_floats(Stream::cpu()))
+    if (v != 0.0f) return false;
+  return true;
+}
+
+// The parameter list of `model` (names and global shapes), without allocating it.
+std::vector<ParamDesc> parameter_list(const TransformerConfig& model) {
+  ParameterStore store;
+  GptModel m(model, store);
+  return store.descs();
+}
+
+}  // namespace
+
+HfArchitecture hf_architecture_for(const TransformerConfig& m) {
+  auto no = [](const std::string& why) {
+    MDLM_FAIL("this model has no Hugging Face Qwen2/Qwen3 equivalent: ", why);
+  };
+  if (m.normalization != NormType::RMSNorm) no("it uses LayerNorm (needs `--normalization RMSNorm`)");
+  if (m.activation != MlpActivation::SwiGLU) no("its MLP is not SwiGLU (needs `--swiglu`)");
+  if (m.position_embedding_type != PositionEmbeddingType::Rope)
+    no(std::string("its positions are ") + position_embedding_type_name(m.position_embedding_type) +
+       " (needs `--position-embedding-type rope`)");
+  if (m.rotary_percent != 1.0f) no("it rotates part of each head (needs `--rotary-percent 1.0`)");
+  if (m.add_bias_linear) no("its linear layers have biases (needs `--disable-bias-linear`)");
+  if (!m.qk_layernorm && m.kv_channels * m.num_attention_heads != m.hidden_size)
+    no("Qwen2 (no `--qk-layernorm`) needs `--kv-channels` = hidden size / heads");
+  return m.qk_layernorm ? HfArchitecture::Qwen3 : HfArchitecture::Qwen2;
+}
+
+std::string hf_tensor_name(const std::string& ours) {
+  for (const auto& [a, b] : kGlobalNames)
+    if (ours == a) return b;
+  static const std::regex layer(R"(decoder\.layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(ours, m, layer))
+    for (const auto& [a, b] : kLayerNames)
+      if (m[2] == a) return "model.layers." + m[1].str() + "." + b;
+  MDLM_FAIL("parameter ", ours, " has no Hugging Face name");
+}
+
+std::optional<std::string> megadlm_tensor_name(const std::string& hf) {
+  for (const auto& [a, b] : kGlobalNames)
+    if (hf == b) return std::string(a);
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(hf, m, layer))
+    for (const auto& [a, b] : kLayerNames)
+      if (m[2] == b) return "decoder.layers." + m[1].str() + "." + a;
+  return std::nullopt;
+}
+
+std::string hf_config_json(const RunConfig& c, DType dtype) {
+  const TransformerConfig& m = c.model;
+  const HfArchitecture arch = hf_architecture_for(m);
+  const bool qwen3 = arch == HfArchitecture::Qwen3;
+  json j;
+  j["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"};
+  j["model_type"] = qwen3 ? "qwen3" : "qwen2";
+  j["vocab_size"] = m.padded_vocab_size;
+  j["hidden_size"] = m.hidden_size;
+  j["intermediate_size"] = m.ffn_hidden_size;
+  j["num_hidden_layers"] = m.num_layers;
+  j["num_attention_heads"] = m.num_attention_heads;
+  j["num_key_value_heads"] = m.num_query_groups;
+  j["head_dim"] = m.kv_channels;
+  j["max_position_embeddings"] = m.max_position_embeddings;
+  j["rms_norm_eps"] = static_cast<double>(m.norm_epsilon);
+  j["rope_theta"] = static_cast<double>(m.rotary_base);
+  j["rope_scaling"] = nullptr;
+  j["tie_word_embeddings"] = !m.untie_embeddings_and_output_weights;
+  if (qwen3) j["attention_bias"] = m.add_qkv_bias;
+  j["attention_dropout"] = 0.0;
+  j["hidden_act"] = "silu";
+  j["initializer_range"] = static_cast<double>(m.init_method_std);
+  j["use_cache"] = false;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  j["max_window_layers"] = m.num_layers;
+  j["torch_dtype"] = hf_dtype_name(dtype);
+  j["megadlm"] = {{"attention", m.attention_mask == AttentionMaskType::NoMask ? "bidirectional" : "causal"},
+                  {"vocab_size", m.vocab_size},
+                  {"mask_token_id", c.diffusion.mask_token},
+                  {"model_running_mode", c.diffusion.mode == RunningMode::Vanilla ? "vanilla" : "difflm-noshift"},
+                  {"seq_length", m.seq_length}};
+  return j.dump(2);
+}
+
+RunConfig run_config_from_hf(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    MDLM_FAIL(where, " is not valid JSON (", e.what(), ")");
+  }
+  RunConfig c;
+  TransformerConfig& m = c.model;
+  try {
+    const std::string type = j.value("model_type", std::string());
+    if (type != "qwen2" && type != "qwen3")
+      MDLM_FAIL(where, ": model_type '", type, "' is not supported; megadlm imports qwen2 and qwen3");
+    const bool qwen3 = type == "qwen3";
+    if (j.value("hidden_act", std::string("silu")) != "silu")
+      MDLM_FAIL(where, ": hidden_act '", j.at("hidden_act").get<std::string>(), "' is not supported; valid: silu");
+    if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
+      MDLM_FAIL(where, ": rope_scaling ", j.at("rope_scaling").dump(), " is not supported (plain RoPE only)");
+    if (j.value("use_sliding_window", false))
+      MDLM_FAIL(where, ": use_sliding_window is true; megadlm attends over the whole sequence");
+    m.num_layers = j.at("num_hidden_layers").get<int>();
+    m.hidden_size = j.at("hidden_size").get<int>();
+    m.ffn_hidden_size = j.at("intermediate_size").get<int>();
+    m.num_attention_heads = j.at("num_attention_heads").get<int>();
+    m.num_query_groups = j.value("num_key_value_heads", m.num_attention_heads);
+    m.kv_channels = j.contains("head_dim") && !j.at("head_dim").is_null() ? j.at("head_dim").get<int>()
+                                                                            : m.hidden_size / m.num_attention_heads;
+    m.max_position_embeddings = j.value("max_position_embeddings", 2048);
+    m.position_embedding_type = PositionEmbeddingType::Rope;
+    double theta = j.value("rope_theta", 10000.0);
+    if (j.contains("rope_parameters") && j.at("rope_parameters").is_object())
+      theta = j.at("rope_parameters").value("rope_theta", theta);
+    if (theta != std::floor(theta))
+      MDLM_FAIL(where, ": rope_theta ", theta, " is not an integer (`--rotary-base` takes integers)");
+    m.rotary_base = static_cast<float>(theta);
+    m.rotary_percent = 1.0f;
+    m.normalization = NormType::RMSNorm;
+    m.norm_epsilon = static_cast<float>(j.value("rms_norm_eps", 1e-6));
+    m.activation = MlpActivation::SwiGLU;
+    m.qk_layernorm = qwen3;
+    m.add_bias_linear = false;
+    m.add_qkv_bias = qwen3 ? j.value("attention_bias", false) : true;
+    m.untie_embeddings_and_output_weights = !j.value("tie_word_embeddings", false);
+    m.padded_vocab_size = j.at("vocab_size").get<int64_t>();
+    m.vocab_size = m.padded_vocab_size;
+    m.init_method_std = static_cast<float>(j.value("initializer_range", 0.02));
+    m.attention_dropout = static_cast<float>(j.value("attention_dropout", 0.0));
+    m.hidden_dropout = 0.0f;
+    m.attention_mask = AttentionMaskType::NoMask;
+    m.seq_length = std::min(m.max_position_embeddings, 2048);
+    c.diffusion.mask_token = -1;  // unknown unless recorded
+    if (j.contains("megadlm") && j.at("megadlm").is_object()) {
+      const json& x = j.at("megadlm");
+      m.vocab_size = x.value("vocab_size", m.vocab_size);
+      m.attention_mask = x.value("attention", std::string("bidirectional")) == "causal" ? AttentionMaskType::Causal
+                                                                                       : AttentionMaskType::NoMask;
+      c.diffusion.mask_token = x.value("mask_token_id", int64_t{-1});
+      if (x.value("model_running_mode", std::string()) == "vanilla") c.diffusion.mode = RunningMode::Vanilla;
+      m.seq_length = x.value("seq_length", m.seq_length);
+    }
+  } catch (const json::exception& e) {
+    MDLM_FAIL(where, ": missing or malformed field (", e.what(), ")");
+  }
+  return c;
+}
+
+void export_hf(const CheckpointReader& reader, const std::string& out_dir, const HfExportOptions& options) {
+  const CheckpointState& st = reader.index().state;
+  if (st.run_config_json.empty())
+    MDLM_FAIL("checkpoint ", reader.dir(), " records no run configuration; it cannot be exported");
+  const RunConfig cfg = run_config_from_json(st.run_config_json, reader.dir());
+  const HfArchitecture arch = hf_architecture_for(cfg.model);
+  fs::create_directories(out_dir);
+
+  // Tensors in Hugging Face order, with the zero biases Qwen needs and megadlm lacks.
+  struct Out {
+    std::string name;
+    Tensor t;
+  };
+  std::vector<Out> tensors;
+  DType dtype = DType::F32;
+  bool dtype_known = false;
+  auto add = [&](const std::string& hf, Tensor t) {
+    t = converted(t, options.dtype);
+    if (!dtype_known) dtype = t.dtype();
+    dtype_known = true;
+    tensors.push_back({hf, t});
+  };
+  for (const ParamDesc& d : parameter_list(cfg.model)) {
+    add(hf_tensor_name(d.name), reader.read_whole(kModelPrefix + d.name));
+    const bool q = d.name.find("linear_q.weight") != std::string::npos;
+    const bool k = d.name.find("linear_k.weight") != std::string::npos;
+    const bool v = d.name.find("linear_v.weight") != std::string::npos;
+    if ((q || k || v) && arch == HfArchitecture::Qwen2 && !cfg.model.add_qkv_bias)
+      add(hf_tensor_name(d.name.substr(0, d.name.size() - 6) + "bias"),
+          Tensor::zeros({d.shape[0]}, tensors.back().t.dtype(), Stream::cpu()));
+    if (d.name.find("linear_proj.weight") != std::string::npos && arch == HfArchitecture::Qwen3 &&
+        cfg.model.add_qkv_bias)  // Qwen3's attention_bias covers o_proj too
+      add(hf_tensor_name(d.name.substr(0, d.name.size() - 6) + "bias"),
+          Tensor::zeros({d.shape[0]}, tensors.back().t.dtype(), Stream::cpu()));
+  }
+
+  // Shards of at most max_shard_bytes (a single tensor may exceed it), in order.
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t b = tensors[i].t.nbytes();
+    if (!shards.back().empty() && in_shard + b > options.max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += b;
+    total += b;
+  }
+  json weight_map = json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    if (shards.size() == 1) std::snprintf(name, sizeof name, "model.safetensors");
+    else std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    std::vector<SafetensorsEntry> entries;
+    for (size_t i : shards[s]) {
+      entries.push_back({tensors[i].name, tensors[i].t.dtype(), tensors[i].t.shape(), tensors[i].t.data_ptr()});
+      weight_map[tensors[i].name] = name;
+    }
+    write_safetensors((fs::path(out_dir) / name).string(), entries, {{"format", "pt"}});
+  }
+  if (shards.size() > 1) {
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomic((fs::path(out_dir) / "model.safetensors.index.json").string(), index.dump(2));
+  }
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), hf_config_json(cfg, dtype));
+  if (!options.tokenizer_dir.empty()) {
+    // Whatever tokenizer files the folder holds (tokenizer.json, vocab/merges, chat template...).
+    static const std::regex tokenizer_file(
+        R"((tokenizer.*|vocab\..*|merges\.txt|special_tokens_map\.json|added_tokens\.json|generation_config\.json|.*\.tiktoken|chat_template\..*))");
+    int copied = 0;
+    for (const auto& e : fs::directory_iterator(options.tokenizer_dir)) {
+      if (!e.is_regular_file() || !std::regex_match(e.path().filename().string(), tokenizer_file)) continue;
+      fs::copy_file(e.path(), fs::path(out_dir) / e.path().filename(), fs::copy_options::overwrite_existing);
+      ++copied;
+    }
+    if (copied == 0) MDLM_FAIL("--tokenizer-dir ", options.tokenizer_dir, " holds no tokenizer files");
+  }
+}
+
+HfWeights::HfWeights(std::string dir) : dir_(std::move(dir)) {
+  const std::string index_path = (fs::path(dir_) / "model.safetensors.index.json").string();
+  if (file_size_or_missing(index_path) >= 0) {
+    try {
+      const json index = json::parse(read_text_file(index_path));
+      for (const auto& [name, file] : index.at("weight_map").items()) where_[name] = file.get<std::string>();
+    } catch (const json::exception& e) {
+      MDLM_FAIL(index_path, " is not a safetensors index (", e.what(), ")");
+    }
+    return;
+  }
+  const std::string single = (fs::path(dir_) / "model.safetensors").string();
+  if (file_size_or_missing(single) < 0)
+    MDLM_FAIL(dir_, " has neither model.safetensors nor model.safetensors.index.json (PyTorch .bin "
+                    "weights are not read: convert them to safetensors first)");
+  auto file = std::make_unique<SafetensorsFile>(single);
+  for (const auto& [name, e] : file->entries()) where_[name] = "model.safetensors";
+  files_["model.safetensors"] = std::move(file);
+}
+
+HfWeights::~HfWeights() = default;
+
+std::vector<std::string> HfWeights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : where_) out.push_back(name);
+  return out;
+}
+
+Tensor HfWeights::read(const std::string& name) const {
+  const auto w = where_.find(name);
+  if (w == where_.end()) MDLM_FAIL(dir_, " has no tensor ", name);
+  auto it = files_.find(w->second);
+  if (it == files_.end())
+    it = files_.emplace(w->second, std::make_unique<SafetensorsFile>((fs::path(dir_) / w->second).string())).first;
+  return it->second->read(name);
+}
+
+void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfImportOptions& options) {
+  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
+  if (file_size_or_missing(config_path) < 0) MDLM_FAIL(hf_dir, " has no config.json: not a Hugging Face model folder");
+  RunConfig cfg = run_config_from_hf(read_text_file(config_path), config_path);
+  if (options.mask_token) cfg.diffusion.mask_token = *options.mask_token;
+  if (options.seq_length) cfg.model.seq_length = *options.seq_length;
+
+  const HfWeights weights(hf_dir);
+  auto read = [&](const std::string& hf_name) { return weights.read(hf_name); };
+
+  // Every megadlm parameter from its Hugging Face tensor; everything left over must be a zero
+  // bias megadlm does not have (Qwen3 attention_bias on o_proj) or a tied lm_head copy.
+  std::vector<OutgoingPiece> pieces;
+  auto keep = std::make_shared<std::vector<Tensor>>();
+  std::set<std::string> used;
+  std::vector<std::string> problems;
+  for (const ParamDesc& d : parameter_list(cfg.model)) {
+    const std::string hf = hf_tensor_name(d.name);
+    if (!weights.contains(hf)) {
+      problems.push_back("missing tensor " + hf + " (megadlm " + d.name + ")");
+      continue;
+    }
+    Tensor t = converted(read(hf), options.dtype);
+    if (t.shape() != d.shape) {
+      problems.push_back("tensor " + hf + " has shape " + shape_str(t.shape()) + ", config.json implies " +
+                         shape_str(d.shape));
+      continue;
+    }
+    used.insert(hf);
+    keep->push_back(t);
+    pieces.push_back({kModelPrefix + d.name, d.shape, Region::whole(d.shape), t.dtype(), t.data_ptr(), false});
+  }
+  for (const std::string& hf : weights.names()) {
+    if (used.count(hf)) continue;
+    if (hf == "lm_head.weight" && !cfg.model.untie_embeddings_and_output_weights) continue;
+    if (hf.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    if (hf.find("self_attn.o_proj.bias") != std::string::npos && all_zero(read(hf))) continue;
+    problems.push_back("unexpected tensor " + hf + (megadlm_tensor_name(hf) ? " (not in this configuration)" : ""));
+  }
+  if (!problems.empty()) {
+    std::string msg = hf_dir + " does not match its config.json as megadlm reads it:";
+    for (size_t i = 0; i < std::min<size_t>(problems.size(), 20); ++i) msg += "\n  " + problems[i];
+    MDLM_FAIL(msg);
+  }
+  CheckpointState st;
+  st.run_config_json = run_config_to_json(cfg);
+  st.model_args = training::checkpoint_model_args(cfg);
+  st.saved_under = "Hugging Face import of " + hf_dir;
+  st.created_by = "megadlm convert_checkpoint --from-hf";
+  CheckpointWriter writer(nullptr, Stream::cpu());
+  writer.save(save_dir, kReleaseDirName, st, std::move(pieces), keep, false);
+}
+
+Tensor checkpoint_logits(const CheckpointReader& reader, const std::vector<int32_t>& tokens, int64_t batch,
+                         int64_t seq, Device device) {
+  const CheckpointState& st = reader.index().state;
+  if (st.run_config_json.empty()) MDLM_FAIL("checkpoint ", reader.dir(), " records no run configuration");
+  const RunConfig cfg = run_config_from_json(st.run_config_json, reader.dir());
+  MDLM_CHECK(static_cast<int64_t>(tokens.size()) == batch * seq, "tokens must be batch x seq");
+  ModelRuntime rt;
+  rt.stream = Stream::for_device(device);
+  rt.dtype = device.is_cuda() ? DType::BF16 : DType::F32;
+  rt.training = false;
+  ParameterStore store;
+  GptModel model(cfg.model, store);
+  store.materialize(rt.dtype, 0, rt.stream);
+  for (size_t h = 0; h < store.descs().size(); ++h) {
+    const ParamDesc& d = store.descs()[h];
+    Tensor host = Tensor::empty(d.shape, DType::F32, Stream::cpu());
+    reader.read(kModelPrefix + d.name, d.shape, Region::whole(d.shape), host);
+    Tensor p = store.param(static_cast<int>(h));
+    copy_tensor(host, p, rt.stream);
+  }
+  HostMicroBatch h;
+  h.batch = batch;
+  h.seq = seq;
+  h.input_ids = tokens;
+  h.labels = tokens;
+  h.loss_weights.assign(tokens.size(), 1.0f);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < seq; ++s) h.positions.push_back(static_cast<int32_t>(s));
+  h.loss_tokens = static_cast<double>(tokens.size());
+  const MicroBatch mb = MicroBatch::upload(h, rt.stream);
+  ModelRecord rec;
+  Tensor loss = Tensor::zeros({1}, DType::F32, rt.stream);
+  model.forward(mb, rec, loss, 0.0f, rt);
+  Tensor out = rec.logits.to(Device::cpu(), DType::F32, rt.stream);
+  rt.stream.synchronize();
+  return out;
+}
+
+}  // namespace megadlm::checkpoint
