@@ -1,9 +1,13 @@
 #include "megadlm/training/checkpoint/sha256.h"
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fcntl.h>
 #include <unistd.h>
 #include <vector>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 #include "megadlm/core/error.h"
 
 namespace megadlm::checkpoint {
@@ -22,13 +26,8 @@ constexpr uint32_t kRound[64] = {
 
 inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
-}  // namespace
-
-Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
-         0x5be0cd19} {}
-
-void Sha256::compress(const uint8_t* p) {
+// One 64-byte block, FIPS 180-4 section 6.2.2 as written.
+void compress_portable(uint32_t* state, const uint8_t* p) {
   uint32_t w[64];
   for (int i = 0; i < 16; ++i)
     w[i] = (uint32_t{p[4 * i]} << 24) | (uint32_t{p[4 * i + 1]} << 16) |
@@ -38,7 +37,8 @@ void Sha256::compress(const uint8_t* p) {
     const uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
     w[i] = w[i - 16] + s0 + w[i - 7] + s1;
   }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
+  uint32_t a = state[0], b = state[1], c = state[2], d = state[3], e = state[4], f = state[5],
+           g = state[6], h = state[7];
   for (int i = 0; i < 64; ++i) {
     const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) +
                         kRound[i] + w[i];
@@ -52,8 +52,78 @@ void Sha256::compress(const uint8_t* p) {
     b = a;
     a = t1 + t2;
   }
-  h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d;
-  h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+  state[0] += a; state[1] += b; state[2] += c; state[3] += d;
+  state[4] += e; state[5] += f; state[6] += g; state[7] += h;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MDLM_SHA_NI 1
+// FIPS 180-4 rounds with the SHA extensions. The state lives in two registers in the order the
+// instructions want: (A, B, E, F) and (C, D, G, H), highest lane first. Each group of four rounds
+// adds the round constants to four message words; sha256rnds2 does two rounds on the low two
+// lanes. Message words 16..63 come four at a time from the previous sixteen:
+// W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16], where msg1 adds the s0 terms, alignr
+// provides W[t-7] and msg2 adds the s1 terms (feeding its own results for the last two lanes).
+__attribute__((target("sha,sse4.1,ssse3"))) void compress_sha_ni(uint32_t* state, const uint8_t* p,
+                                                                 size_t count) {
+  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+  __m128i t = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(state)), 0xB1);  // C D A B
+  __m128i efgh = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4)), 0x1B);
+  __m128i abef = _mm_alignr_epi8(t, efgh, 8);
+  __m128i cdgh = _mm_blend_epi16(efgh, t, 0xF0);
+  for (; count > 0; --count, p += 64) {
+    const __m128i abef0 = abef, cdgh0 = cdgh;
+    __m128i w[4];
+    for (int g = 0; g < 16; ++g) {
+      __m128i& cur = w[g % 4];
+      if (g < 4) {
+        cur = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * g)), bswap);
+      } else {
+        const __m128i prev1 = w[(g + 3) % 4], prev2 = w[(g + 2) % 4];
+        cur = _mm_sha256msg1_epu32(cur, w[(g + 1) % 4]);
+        cur = _mm_add_epi32(cur, _mm_alignr_epi8(prev1, prev2, 4));
+        cur = _mm_sha256msg2_epu32(cur, prev1);
+      }
+      __m128i msg = _mm_add_epi32(cur, _mm_loadu_si128(reinterpret_cast<const __m128i*>(kRound + 4 * g)));
+      cdgh = _mm_sha256rnds2_epu32(cdgh, abef, msg);
+      msg = _mm_shuffle_epi32(msg, 0x0E);
+      abef = _mm_sha256rnds2_epu32(abef, cdgh, msg);
+    }
+    abef = _mm_add_epi32(abef, abef0);
+    cdgh = _mm_add_epi32(cdgh, cdgh0);
+  }
+  t = _mm_shuffle_epi32(abef, 0x1B);      // F E B A
+  cdgh = _mm_shuffle_epi32(cdgh, 0xB1);   // D C H G
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), _mm_blend_epi16(t, cdgh, 0xF0));      // D C B A
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), _mm_alignr_epi8(cdgh, t, 8));     // H G F E
+}
+#endif
+
+}  // namespace
+
+bool Sha256::hardware_available() {
+#ifdef MDLM_SHA_NI
+  static const bool ok = __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1") &&
+                         __builtin_cpu_supports("ssse3");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+Sha256::Sha256(Engine engine)
+    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
+         0x5be0cd19},
+      hardware_(engine == Engine::Best && hardware_available()) {}
+
+void Sha256::compress(const uint8_t* blocks, size_t count) {
+#ifdef MDLM_SHA_NI
+  if (hardware_) {
+    compress_sha_ni(h_.data(), blocks, count);
+    return;
+  }
+#endif
+  for (size_t b = 0; b < count; ++b) compress_portable(h_.data(), blocks + 64 * b);
 }
 
 void Sha256::update(const void* data, size_t bytes) {
@@ -67,10 +137,13 @@ void Sha256::update(const void* data, size_t bytes) {
     p += take;
     bytes -= take;
     if (buf_len_ < 64) return;
-    compress(buf_.data());
+    compress(buf_.data(), 1);
     buf_len_ = 0;
   }
-  for (; bytes >= 64; p += 64, bytes -= 64) compress(p);
+  const size_t blocks = bytes / 64;
+  compress(p, blocks);
+  p += 64 * blocks;
+  bytes -= 64 * blocks;
   std::memcpy(buf_.data(), p, bytes);
   buf_len_ = bytes;
 }

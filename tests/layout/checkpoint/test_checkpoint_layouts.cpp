@@ -1,5 +1,6 @@
 // Checkpoints across data-parallel layouts, as an SPMD program under mpirun (np 2 and 4):
-//   * same layout (DP = world, plain DDP or the distributed optimizer, sync or async save):
+//   * same layout (DP = world, plain DDP or the distributed optimizer, one or two instances,
+//     sync or async save):
 //     N steps straight == k steps, save, load in a new trainer, N - k steps, bit for bit;
 //   * another layout: save under DP = world with the distributed optimizer (several buckets),
 //     load under DP = world / 2 without it (each half of the ranks is its own job), and the
@@ -151,15 +152,19 @@ TEST(CheckpointLayouts, ResumeUnderTheSameLayoutIsBitIdentical) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size();
   constexpr int64_t kIters = 6, kStop = 3;
-  for (const bool dist_opt : {false, true}) {
+  // Plain DDP; the distributed optimizer (saved asynchronously); two distributed-optimizer
+  // instances, where only the first instance's ranks write.
+  for (const int variant : {0, 1, 2}) {
+    const bool dist_opt = variant > 0;
     SharedTempDir dir(rt.world());
-    const RunConfig base = tiny_run(world, dist_opt, kIters);
+    RunConfig base = tiny_run(world, dist_opt, kIters);
+    if (variant == 2) base.parallel.num_distributed_optimizer_instances = 2;
     Job job(rt.world_shared(), base.parallel);
     const auto straight = train(base, job.groups.get());
     RunConfig first = base;
     first.checkpoint.save = dir / "ckpt";
     first.checkpoint.save_interval = 2;
-    first.checkpoint.async_save = dist_opt;  // the asynchronous path under several ranks too
+    first.checkpoint.async_save = variant == 1;  // the asynchronous path under several ranks too
     first.training.exit_interval = kStop;
     train(first, job.groups.get());
     RunConfig second = base;
@@ -168,7 +173,7 @@ TEST(CheckpointLayouts, ResumeUnderTheSameLayoutIsBitIdentical) {
     ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters - kStop));
     for (size_t i = 0; i < resumed.size(); ++i) {
       const IterationMetrics& s = straight[static_cast<size_t>(kStop) + i];
-      EXPECT_EQ(resumed[i].lm_loss, s.lm_loss) << "DP " << world << (dist_opt ? " + distributed optimizer" : "")
+      EXPECT_EQ(resumed[i].lm_loss, s.lm_loss) << "DP " << world << ", variant " << variant
                                                << ", iteration " << s.iteration;
       EXPECT_EQ(resumed[i].grad_norm, s.grad_norm) << "iteration " << s.iteration;
     }

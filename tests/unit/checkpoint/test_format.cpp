@@ -81,6 +81,22 @@ TEST(Sha256, GivesTheSameDigestForAnySplitOfTheInput) {
   }
 }
 
+TEST(Sha256, TheCpuInstructionsAndThePortableCodeAgree) {
+  if (!Sha256::hardware_available()) GTEST_SKIP() << "this CPU has no SHA instructions; only the portable code runs";
+  std::mt19937 rng(99);
+  for (size_t n : {0, 1, 55, 56, 63, 64, 65, 127, 128, 1000, 65536 + 17}) {
+    std::string data(n, '\0');
+    for (char& c : data) c = static_cast<char>(rng());
+    Sha256 hw(Sha256::Engine::Best), sw(Sha256::Engine::Portable);
+    hw.update(data.data(), data.size());
+    sw.update(data.data(), data.size());
+    EXPECT_EQ(hw.hex_digest(), sw.hex_digest()) << n << " bytes";
+  }
+  Sha256 sw(Sha256::Engine::Portable);
+  sw.update("abc", 3);
+  EXPECT_EQ(sw.hex_digest(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
 TEST(Safetensors, RoundTripsTensorsOfEveryDtypeWithMetadata) {
   TempDir dir;
   std::vector<float> f = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -1.0f};
@@ -270,6 +286,20 @@ TEST(Region, RunsAndIntersectionsMatchBruteForceEnumeration) {
       for (int64_t i = 0; i < o.count; ++i) got[o.src + i] = o.dst + i;
     ASSERT_EQ(got, shared) << "trial " << trial;
   }
+}
+
+TEST(Region, TheWorkedExampleOfTheDocsHolds) {
+  // docs/checkpoints.md: linear_fc2.weight [64, 128], TP=2 row-parallel, rank 1's box is columns
+  // 64..127; a distributed-optimizer shard of it starts 3000 elements in.
+  const Region r{{0, 64}, {64, 64}, 3000, 4096};
+  const auto runs = region_runs({64, 128}, r);
+  ASSERT_EQ(runs.size(), 18u);  // the rest of local row 46, then rows 47..63
+  EXPECT_EQ(runs[0].global, 46 * 128 + 120);
+  EXPECT_EQ(runs[0].count, 8);
+  EXPECT_EQ(runs[1].global, 47 * 128 + 64);
+  EXPECT_EQ(runs[1].local, 8);
+  EXPECT_EQ(runs.back().global, 63 * 128 + 64);
+  EXPECT_EQ(runs.back().count, 64);
 }
 
 TEST(Region, ValidationNamesWhatLeavesTheTensor) {
