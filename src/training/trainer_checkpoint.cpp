@@ -2,6 +2,7 @@
 // at exit and on a stop request, and the iteration-boundary decisions every rank must take
 // together. The format, the safety protocol and the layout independence live in
 // training/checkpoint/; this file only maps the trainer's state onto them.
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <ostream>
@@ -35,22 +36,28 @@ double world_max(comm::Communicator* world, const Stream& s, double v) {
   return t.data<double>()[0];
 }
 
-// LR-scheduler inputs Megatron checks against the checkpoint (OptimizerParamScheduler).
-std::vector<std::pair<std::string, std::pair<double, double>>> lr_differences(const OptimizerConfig& saved,
-                                                                              const OptimizerConfig& now) {
-  std::vector<std::pair<std::string, std::pair<double, double>>> out;
-  auto cmp = [&](const char* flag, double a, double b) {
-    if (a != b) out.push_back({flag, {a, b}});
+// LR-scheduler inputs Megatron checks against the checkpoint (OptimizerParamScheduler):
+// (flag, checkpoint value, this run's value) for each that differs.
+std::vector<std::array<std::string, 3>> lr_differences(const OptimizerConfig& saved, const OptimizerConfig& now) {
+  static const char* const kDecay[] = {"constant", "linear", "cosine", "inverse-square-root", "WSD"};
+  static const char* const kWsd[] = {"exponential", "linear", "cosine"};
+  std::vector<std::array<std::string, 3>> out;
+  auto num = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
   };
-  cmp("--lr", saved.lr, now.lr);
-  cmp("--min-lr", saved.min_lr, now.min_lr);
-  cmp("--lr-warmup-init", saved.lr_warmup_init, now.lr_warmup_init);
-  cmp("--lr-warmup-iters", static_cast<double>(saved.lr_warmup_iters), static_cast<double>(now.lr_warmup_iters));
-  cmp("--lr-decay-iters", static_cast<double>(saved.lr_decay_iters), static_cast<double>(now.lr_decay_iters));
-  cmp("--lr-decay-style", static_cast<double>(saved.decay_style), static_cast<double>(now.decay_style));
-  cmp("--lr-wsd-decay-iters", static_cast<double>(saved.lr_wsd_decay_iters),
-      static_cast<double>(now.lr_wsd_decay_iters));
-  cmp("--lr-wsd-decay-style", static_cast<double>(saved.wsd_decay_style), static_cast<double>(now.wsd_decay_style));
+  auto cmp = [&](const char* flag, const std::string& a, const std::string& b) {
+    if (a != b) out.push_back({flag, a, b});
+  };
+  cmp("--lr", num(saved.lr), num(now.lr));
+  cmp("--min-lr", num(saved.min_lr), num(now.min_lr));
+  cmp("--lr-warmup-init", num(saved.lr_warmup_init), num(now.lr_warmup_init));
+  cmp("--lr-warmup-iters", std::to_string(saved.lr_warmup_iters), std::to_string(now.lr_warmup_iters));
+  cmp("--lr-decay-iters", std::to_string(saved.lr_decay_iters), std::to_string(now.lr_decay_iters));
+  cmp("--lr-decay-style", kDecay[static_cast<int>(saved.decay_style)], kDecay[static_cast<int>(now.decay_style)]);
+  cmp("--lr-wsd-decay-iters", std::to_string(saved.lr_wsd_decay_iters), std::to_string(now.lr_wsd_decay_iters));
+  cmp("--lr-wsd-decay-style", kWsd[static_cast<int>(saved.wsd_decay_style)], kWsd[static_cast<int>(now.wsd_decay_style)]);
   return out;
 }
 
@@ -249,8 +256,7 @@ void Trainer::load_checkpoint() {
     } else if (!diffs.empty()) {
       std::ostringstream msg;
       msg << "checkpoint " << *dir << " was trained with another learning-rate schedule:";
-      for (const auto& [flag, v] : diffs)
-        msg << "\n  " << flag << ": checkpoint " << v.first << ", this run " << v.second;
+      for (const auto& d : diffs) msg << "\n  " << d[0] << ": checkpoint " << d[1] << ", this run " << d[2];
       msg << "\n(give the same values, or choose a source: --override-opt_param-scheduler takes the "
              "flags, --use-checkpoint-opt_param-scheduler the checkpoint)";
       MDLM_FAIL(msg.str());

@@ -2,9 +2,9 @@
 //   * same layout (DP = world, plain DDP or the distributed optimizer, one or two instances,
 //     sync or async save):
 //     N steps straight == k steps, save, load in a new trainer, N - k steps, bit for bit;
-//   * another layout: save under DP = world with the distributed optimizer (several buckets),
-//     load under DP = world / 2 without it (each half of the ranks is its own job), and the
-//     reverse. The state the loading layout holds is checked bitwise by saving it again at once
+//   * another layout: DP = world and DP = world / 2 (each half of the ranks is its own job), one
+//     with the distributed optimizer and one without, saving under either and loading under the
+//     other. The state the loading layout holds is checked bitwise by saving it again at once
 //     and comparing every tensor with the original checkpoint; the continued run matches the
 //     uninterrupted one to the data-parallel tolerance (1e-5 relative: fp32 reduction order
 //     differs between layouts, as in tests/layout/trainer).
@@ -180,20 +180,27 @@ TEST(CheckpointLayouts, ResumeUnderTheSameLayoutIsBitIdentical) {
   }
 }
 
-TEST(CheckpointLayouts, ASaveUnderOneDataParallelLayoutLoadsUnderAnother) {
+// Layout A: every rank. Layout B: each half of the ranks as its own job. One of the two uses
+// the distributed optimizer (several buckets, shards cutting through parameters), the other
+// plain DDP; both directions for both assignments, which includes the DP 2 + distributed
+// optimizer -> DP 4 without it, and the reverse, on 4 ranks.
+void save_and_load_across(bool whole_world_dist_opt) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size(), half = world / 2, rank = rt.world().rank();
   constexpr int64_t kIters = 6, kStop = 3;
   SharedTempDir dir(rt.world());
-  // Layout A: every rank, distributed optimizer. Layout B: each half of the ranks alone, DDP.
-  const RunConfig a = tiny_run(world, true, kIters);
-  const RunConfig b = tiny_run(half, false, kIters);
+  const RunConfig a = tiny_run(world, whole_world_dist_opt, kIters);
+  const RunConfig b = tiny_run(half, !whole_world_dist_opt, kIters);
   Job job_a(rt.world_shared(), a.parallel);
   std::shared_ptr<comm::Communicator> half_world(rt.world().split(rank / half, rank, "half"));
   Job job_b(half_world, b.parallel);
   const std::string mine = "half" + std::to_string(rank / half);
+  auto name = [](const RunConfig& c) {
+    return "DP " + std::to_string(c.parallel.data_parallel_size) +
+           (c.parallel.use_distributed_optimizer ? " + distributed optimizer" : "");
+  };
 
-  // A -> B.
+  // A -> B: the state B holds right after loading is A's, bit for bit; B continues as A would.
   const auto straight_a = train(a, job_a.groups.get());
   RunConfig save_a = a;
   save_a.checkpoint.save = dir / "a";
@@ -210,8 +217,7 @@ TEST(CheckpointLayouts, ASaveUnderOneDataParallelLayoutLoadsUnderAnother) {
   expect_same_tensors(dir / "a", dir / ("a_as_b_" + mine));
   RunConfig load_b = b;
   load_b.checkpoint.load = dir / "a";
-  expect_close(train(load_b, job_b.groups.get()), straight_a, "saved under DP " + std::to_string(world) +
-               " + distributed optimizer, continued under DP " + std::to_string(half));
+  expect_close(train(load_b, job_b.groups.get()), straight_a, "saved under " + name(a) + ", continued under " + name(b));
 
   // B -> A (each half saved its own copy; everyone loads half 0's).
   const auto straight_b = train(b, job_b.groups.get());
@@ -230,6 +236,13 @@ TEST(CheckpointLayouts, ASaveUnderOneDataParallelLayoutLoadsUnderAnother) {
   expect_same_tensors(dir / "b_half0", dir / "b_as_a");
   RunConfig load_a = a;
   load_a.checkpoint.load = dir / "b_half0";
-  expect_close(train(load_a, job_a.groups.get()), straight_b, "saved under DP " + std::to_string(half) +
-               ", continued under DP " + std::to_string(world) + " + distributed optimizer");
+  expect_close(train(load_a, job_a.groups.get()), straight_b, "saved under " + name(b) + ", continued under " + name(a));
+}
+
+TEST(CheckpointLayouts, AllRanksWithTheDistributedOptimizerAndHalvesWithoutExchangeCheckpoints) {
+  save_and_load_across(true);
+}
+
+TEST(CheckpointLayouts, HalvesWithTheDistributedOptimizerAndAllRanksWithoutExchangeCheckpoints) {
+  save_and_load_across(false);
 }
