@@ -263,19 +263,18 @@ void Trainer::load_checkpoint() {
     }
   }
 
-  // Verify the files this load reads (spread over the ranks), stage, agree, then apply.
+  // Verify the files this load reads (spread over the ranks, agreed), then read. A rank that
+  // fails while reading makes every rank fail here, before any step.
   std::vector<std::string> prefixes = {checkpoint::kModelPrefix};
   if (load_optim) prefixes.push_back("optimizer/");
   reader->verify_files(reader->files_with(prefixes), world, s);
-  checkpoint::StagedState staged;
   error.clear();
   try {
-    staged = checkpoint::stage_state(*reader, store_, *optimizer_, checkpoint::whole_tensor, load_optim);
+    checkpoint::load_state(*reader, store_, *optimizer_, checkpoint::whole_tensor, load_optim, s);
   } catch (const std::exception& e) {
     error = e.what();
   }
   checkpoint::agree(world, s, error, "loading checkpoint " + *dir);
-  checkpoint::apply_state(staged, store_, *optimizer_, s);
   optimizer_->set_steps(load_optim ? st.optimizer_steps : 0);
   dp_->start_param_gather();  // distributed optimizer: every rank's shard of the new weights
   dp_->finish_param_gather();

@@ -68,41 +68,28 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
   return snap;
 }
 
-StagedState stage_state(const CheckpointReader& reader, const ParameterStore& store,
-                        const AdamWOptimizer& optimizer, const PlacementFn& placement, bool moments) {
-  StagedState st;
-  const int64_t n = std::max<int64_t>(optimizer.compact_size(), 1);
-  const DType dt = optimizer.master().dtype();
-  // Padding between parameters stays 0, as in a fresh optimizer.
-  st.master = Tensor::zeros({n}, dt, Stream::cpu());
-  if (moments) {
-    st.exp_avg = Tensor::zeros({n}, dt, Stream::cpu());
-    st.exp_avg_sq = Tensor::zeros({n}, dt, Stream::cpu());
-  }
-  for_each_owned_piece(store, optimizer, placement,
-                       [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
-                         Tensor m = st.master.slice_flat(c, {region.numel()});
-                         reader.read(kModelPrefix + d.name, pl.global_shape, region, m);
-                         if (!moments) return;
-                         Tensor a = st.exp_avg.slice_flat(c, {region.numel()});
-                         reader.read(kExpAvgPrefix + d.name, pl.global_shape, region, a);
-                         Tensor b = st.exp_avg_sq.slice_flat(c, {region.numel()});
-                         reader.read(kExpAvgSqPrefix + d.name, pl.global_shape, region, b);
-                       });
-  return st;
-}
-
-void apply_state(const StagedState& st, ParameterStore& store, AdamWOptimizer& optimizer,
-                 const Stream& stream) {
+void load_state(const CheckpointReader& reader, ParameterStore& store, AdamWOptimizer& optimizer,
+                const PlacementFn& placement, bool moments, const Stream& stream) {
   Tensor master = optimizer.master(), m = optimizer.exp_avg(), v = optimizer.exp_avg_sq();
-  copy_tensor(st.master, master, stream);
-  if (st.exp_avg.defined()) {
-    copy_tensor(st.exp_avg, m, stream);
-    copy_tensor(st.exp_avg_sq, v, stream);
-  } else {
+  if (!moments) {
     ops::fill(m, 0.0f, stream);
     ops::fill(v, 0.0f, stream);
   }
+  auto read_into = [&](const std::string& name, const ParamPlacement& pl, const Region& region,
+                       Tensor& dst_buffer, int64_t c) {
+    Tensor host = Tensor::empty({region.numel()}, dst_buffer.dtype(), Stream::cpu());
+    reader.read(name, pl.global_shape, region, host);
+    Tensor dst = dst_buffer.slice_flat(c, {region.numel()});
+    copy_tensor(host, dst, stream);
+    stream.synchronize();  // `host` is freed next
+  };
+  for_each_owned_piece(store, optimizer, placement,
+                       [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
+                         read_into(kModelPrefix + d.name, pl, region, master, c);
+                         if (!moments) return;
+                         read_into(kExpAvgPrefix + d.name, pl, region, m, c);
+                         read_into(kExpAvgSqPrefix + d.name, pl, region, v, c);
+                       });
   Tensor params = store.flat_params();
   for (const OwnedRange& r : optimizer.owned()) {
     if (r.end == r.begin) continue;

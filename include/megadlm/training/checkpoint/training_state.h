@@ -48,20 +48,14 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
                              const PlacementFn& placement, bool writer, bool moments,
                              const Stream& stream);
 
-/// The owned state read from a checkpoint into host buffers in the optimizer's compact layout,
-/// not yet applied (so that a failure on any rank leaves the model untouched).
-struct StagedState {
-  Tensor master, exp_avg, exp_avg_sq;  ///< host, compact; moments undefined without them
-};
-
-/// Reads the owned ranges' weights (and with `moments` the Adam moments) from `reader`.
-StagedState stage_state(const CheckpointReader& reader, const ParameterStore& store,
-                        const AdamWOptimizer& optimizer, const PlacementFn& placement, bool moments);
-
-/// Applies staged state: masters (and moments, or zeros) into the optimizer, the owned ranges
-/// of the model weights = the masters rounded to the model dtype. Under the distributed
-/// optimizer the caller then all-gathers the model weights.
-void apply_state(const StagedState& staged, ParameterStore& store, AdamWOptimizer& optimizer,
-                 const Stream& stream);
+/// Reads the owned ranges' weights (and with `moments` the Adam moments, else zeros) from
+/// `reader` into the optimizer, one piece at a time through a host buffer of that piece's size
+/// (memory stays bounded by the largest parameter, not the model), and sets the owned ranges of
+/// the model weights to the masters rounded to the model dtype, as the optimizer step does.
+/// Under the distributed optimizer the caller then all-gathers the model weights. Call it after
+/// CheckpointReader::verify_files: what remains to fail is I/O, and the caller must not train
+/// on a state whose load threw.
+void load_state(const CheckpointReader& reader, ParameterStore& store, AdamWOptimizer& optimizer,
+                const PlacementFn& placement, bool moments, const Stream& stream);
 
 }  // namespace megadlm::checkpoint
