@@ -61,7 +61,16 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
   rt_.dtype = cuda ? DType::BF16 : DType::F32;
   rt_.seed = cfg_.training.seed;
   rt_.training = true;
-  model_ = std::make_unique<GptModel>(cfg_.model, store_);
+  TensorParallelLayout tpl;
+  if (groups != nullptr && groups->tp) {
+    rt_.tp = groups->tp.get();
+    tpl.rank = groups->tp->rank();
+    tpl.size = groups->tp->size();
+  }
+  MDLM_CHECK(tpl.size == cfg_.parallel.tensor_model_parallel_size, "the tp group has ", tpl.size,
+             " ranks but --tensor-model-parallel-size is ", cfg_.parallel.tensor_model_parallel_size);
+  tpl.sequence_parallel = cfg_.parallel.sequence_parallel && tpl.size > 1;
+  model_ = std::make_unique<GptModel>(cfg_.model, store_, tpl);
 
   DataParallelOptions dpo;
   dpo.overlap_grad_reduce = cfg_.parallel.overlap_grad_reduce;
@@ -80,7 +89,8 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
     shard_group = groups->dist_opt_intra;
     inter_group = groups->dist_opt_inter;
   }
-  dp_ = std::make_unique<DataParallel>(store_, shard_group, dpo, rt_.stream, inter_group);
+  dp_ = std::make_unique<DataParallel>(store_, shard_group, dpo, rt_.stream, inter_group,
+                                       groups != nullptr ? groups->tp : nullptr);
   optimizer_ = std::make_unique<AdamWOptimizer>(store_, dp_->owned_ranges(), cfg_.optimizer, rt_.stream);
   rt_.hooks = dp_.get();
   rt_.stream.synchronize();
@@ -89,7 +99,8 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
     log_ << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
          << store_.num_parameters() << "\n"
          << " > device: " << rt_.stream.device().str() << ", model dtype " << dtype_name(rt_.dtype)
-         << ", fp32 master weights and gradients; data-parallel size " << dp_size
+         << ", fp32 master weights and gradients; tensor-parallel size " << tpl.size
+         << (tpl.sequence_parallel ? " (sequence parallel)" : "") << ", data-parallel size " << dp_size
          << (dpo.distributed_optimizer ? ", distributed optimizer" : "")
          << (dpo.overlap_grad_reduce ? ", overlapped gradient reduction" : "") << ", "
          << store_.buckets().size() << " gradient bucket(s)\n";
@@ -141,6 +152,10 @@ IterationMetrics Trainer::step() {
     const int64_t mb_first = first + m * mbs * dp + dp_rank * mbs;
     for (int64_t b = 0; b < mbs; ++b) samples.push_back(data_->sample(mb_first + b));
     host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
+    for (int32_t id : host[static_cast<size_t>(m)].labels)
+      MDLM_CHECK(id >= 0 && id < cfg_.model.padded_vocab_size, "sample ", mb_first, "..",
+                 mb_first + mbs - 1, " holds token id ", id, ", outside the vocabulary [0, ",
+                 cfg_.model.padded_vocab_size, ")");
     local_tokens += host[static_cast<size_t>(m)].loss_tokens;
   }
   const double loss_tokens = dp_sum(local_tokens);

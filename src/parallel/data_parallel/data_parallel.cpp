@@ -19,10 +19,12 @@ BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_si
 
 DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
                            DataParallelOptions options, const Stream& compute,
-                           std::shared_ptr<comm::Communicator> inter)
-    : store_(store), group_(std::move(group)), inter_(std::move(inter)), opt_(options),
-      compute_(compute) {
+                           std::shared_ptr<comm::Communicator> inter,
+                           std::shared_ptr<comm::Communicator> tp)
+    : store_(store), group_(std::move(group)), inter_(std::move(inter)), tp_(std::move(tp)),
+      opt_(options), compute_(compute) {
   if (inter_ && inter_->size() == 1) inter_.reset();
+  if (tp_ && tp_->size() == 1) tp_.reset();
   MDLM_CHECK(!inter_ || opt_.distributed_optimizer,
              "several distributed-optimizer instances need the distributed optimizer");
   MDLM_CHECK(store.materialized(), "DataParallel needs a materialised parameter store");
@@ -50,6 +52,17 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
   launched_.assign(buckets.size(), false);
   param_ready_.assign(buckets.size(), true);
   for (size_t i = 0; i < buckets.size(); ++i) done_.push_back(Event::create(compute.device()));
+}
+
+template <typename Fn>
+void DataParallel::for_each_owned_piece(Fn&& fn) const {
+  for (const OwnedRange& r : owned_) {
+    for (size_t i = 0; i < store_.descs().size(); ++i) {
+      const ParamDesc& d = store_.descs()[i];
+      const int64_t b = std::max(r.begin, d.offset), e = std::min(r.end, d.offset + d.numel());
+      if (b < e) fn(d, r.compact_offset + (b - r.begin), b, e - b);
+    }
+  }
 }
 
 Tensor DataParallel::optimizer_grads() const {
@@ -114,6 +127,7 @@ void DataParallel::finish_grad_sync() {
         copy_tensor(all.slice_flat(r.begin, {r.end - r.begin}), dst, compute_);
       }
     }
+    reduce_tp_partial_grads();
     return;
   }
   if (overlap_) {
@@ -121,20 +135,53 @@ void DataParallel::finish_grad_sync() {
     if (inter_) inter_->synchronize(comm_);
     for (Event& e : done_) e.wait_on(compute_);
   }
+  reduce_tp_partial_grads();
+}
+
+void DataParallel::reduce_tp_partial_grads() {
+  if (!tp_) return;
+  // Sums commute: reducing over TP after DP gives the same total as before it. Every TP rank
+  // has the same flat layout and shard ranges, so the pieces line up across the group.
+  Tensor g = optimizer_grads();
+  for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
+    if (!d.tp.partial_grad) return;
+    Tensor piece = g.slice_flat(compact, {count});
+    tp_->all_reduce(piece, comm::ReduceOp::Sum, compute_);
+  });
 }
 
 double DataParallel::grad_sq_norm() {
   Tensor g = optimizer_grads();
   const bool cpu = compute_.device().is_cpu();
-  Tensor sq = Tensor::zeros({1}, cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32, compute_);
-  ops::sum_squares(g, sq, compute_);
+  const DType acc = cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  double local = 0;
+  if (!tp_) {
+    Tensor sq = Tensor::zeros({1}, acc, compute_);
+    ops::sum_squares(g, sq, compute_);
+    local = static_cast<double>(sq.to_floats(compute_)[0]);
+  } else {
+    // Split parameters hold different elements on each TP rank; replicated ones hold the same
+    // values everywhere and are counted on TP rank 0 only.
+    Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
+    for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
+      ops::sum_squares(g.slice_flat(compact, {count}), d.replicated() ? replicated : split, compute_);
+    });
+    local = static_cast<double>(split.to_floats(compute_)[0]);
+    if (tp_->rank() == 0) local += static_cast<double>(replicated.to_floats(compute_)[0]);
+  }
+  auto sum_over = [&](comm::Communicator& c, double v) {
+    Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
+    t.data<double>()[0] = v;
+    if (!cpu) t = t.to(compute_.device(), compute_);
+    c.all_reduce(t, comm::ReduceOp::Sum, compute_);
+    c.synchronize(compute_);
+    return t.to(Device::cpu(), compute_).data<double>()[0];
+  };
   // Shards of one instance are disjoint and cover the model once: the global norm is their sum
   // (the other instances hold the same values); full replicas are already global.
-  if (opt_.distributed_optimizer && size_ > 1) {
-    group_->all_reduce(sq, comm::ReduceOp::Sum, compute_);
-    group_->synchronize(compute_);
-  }
-  return static_cast<double>(sq.to_floats(compute_)[0]);
+  if (opt_.distributed_optimizer && size_ > 1) local = sum_over(*group_, local);
+  if (tp_) local = sum_over(*tp_, local);
+  return local;
 }
 
 void DataParallel::start_param_gather() {

@@ -42,9 +42,13 @@ class DataParallel final : public ParamHooks {
   /// --num-distributed-optimizer-instances > 1, the group of the ranks holding the same shard in
   /// the other instances (their shards are all-reduced after the reduce-scatter); else null.
   /// `compute`: the stream the model runs on.
+  /// `tp`: the tensor-parallel group (null: size 1): gradients of replicated parameters that
+  /// each TP rank computes only in part (TpSlice::partial_grad) are summed over it, and the
+  /// gradient norm counts replicated parameters once.
   DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
                DataParallelOptions options, const Stream& compute,
-               std::shared_ptr<comm::Communicator> inter = nullptr);
+               std::shared_ptr<comm::Communicator> inter = nullptr,
+               std::shared_ptr<comm::Communicator> tp = nullptr);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
@@ -57,9 +61,11 @@ class DataParallel final : public ParamHooks {
   void begin_micro_batch(bool last);
   void params_needed(const std::vector<int>& handles) override;
   void grads_ready(const std::vector<int>& handles) override;
-  /// After the last backward: launches what is left and waits for every reduction.
+  /// After the last backward: launches what is left, waits for every reduction, and sums the
+  /// partial gradients of replicated parameters over TP (Megatron's finalize_model_grads).
   void finish_grad_sync();
-  /// Sum of squares of the reduced gradients, over the whole model (each element counted once).
+  /// Sum of squares of the reduced gradients over the whole model, each element counted once
+  /// (split parameters summed over TP, replicated ones counted on TP rank 0).
   double grad_sq_norm();
   /// After the optimizer step (distributed optimizer): all-gathers the updated parameters.
   void start_param_gather();
@@ -68,10 +74,16 @@ class DataParallel final : public ParamHooks {
 
  private:
   void launch_bucket(size_t b);
+  void reduce_tp_partial_grads();
   const Stream& comm_stream() const { return overlap_ ? comm_ : compute_; }
 
   ParameterStore& store_;
-  std::shared_ptr<comm::Communicator> group_, inter_;
+  /// Calls fn(param, compact offset, flat begin, count) for every piece of every parameter in
+  /// the owned ranges.
+  template <typename Fn>
+  void for_each_owned_piece(Fn&& fn) const;
+
+  std::shared_ptr<comm::Communicator> group_, inter_, tp_;
   DataParallelOptions opt_;
   Stream compute_, comm_;
   bool overlap_ = false;  // a separate communication stream is in use
