@@ -31,6 +31,7 @@ ops::AttentionArgs attention_args(const TransformerConfig& c, const MicroBatch& 
   a.dropout_seed = rt.seed;
   a.dropout_site = static_cast<uint32_t>(layer);
   a.sample_offset = mb.first_sample;
+  if (mb.document_ids.defined()) a.document_ids = &mb.document_ids;  // packed documents
   return a;
 }
 
