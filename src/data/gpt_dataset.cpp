@@ -54,10 +54,14 @@ template <> const char* npy_descr<int64_t>() { return "<i8"; }
 template <typename T>
 void write_npy(const std::string& path, const std::vector<T>& v, int64_t cols) {
   const int64_t rows = static_cast<int64_t>(v.size()) / cols;
-  std::string shape = cols == 1 ? "(" + std::to_string(rows) + ",)"
-                                : "(" + std::to_string(rows) + ", " + std::to_string(cols) + ")";
-  std::string header = std::string("{'descr': '") + npy_descr<T>() +
-                       "', 'fortran_order': False, 'shape': " + shape + ", }";
+  // (Appends, not operator+: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string.)
+  std::string shape;
+  shape.append("(").append(std::to_string(rows));
+  if (cols == 1) shape.append(",)");
+  else shape.append(", ").append(std::to_string(cols)).append(")");
+  std::string header;
+  header.append("{'descr': '").append(npy_descr<T>()).append("', 'fortran_order': False, 'shape': ");
+  header.append(shape).append(", }");
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header.push_back('\n');
@@ -212,7 +216,10 @@ Blend parse_blend(const std::vector<std::string>& values, const std::string& fla
   }
   if (!bad.empty()) {
     std::string list;
-    for (const auto& s : bad) list += (list.empty() ? "" : ", ") + ("\"" + s + "\"");
+    for (const auto& s : bad) {
+      if (!list.empty()) list += ", ";
+      list.append("\"").append(s).append("\"");
+    }
     MDLM_FAIL(flag, ": unparsable blend weight(s) ", list, "; a blend is `weight prefix weight "
               "prefix ...` (e.g. ", flag, " 0.3 /data/a_text_document 0.7 /data/b_text_document) "
               "or prefixes only");

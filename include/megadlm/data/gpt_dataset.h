@@ -85,6 +85,7 @@ class GptDataset final : public SampleSource {
 
   std::vector<int32_t> sample(int64_t index) const override;
   int32_t eod_token() const override { return options_.eod_token; }
+  int64_t num_samples() const override { return size(); }
   int64_t size() const { return static_cast<int64_t>(shuffle_index_.size()); }
   int64_t num_epochs() const { return num_epochs_; }
   bool loaded_from_cache() const { return from_cache_; }
@@ -122,6 +123,7 @@ class BlendedDataset final : public SampleSource {
 
   std::vector<int32_t> sample(int64_t index) const override;
   int32_t eod_token() const override { return options_.eod_token; }
+  int64_t num_samples() const override { return size(); }
   int64_t size() const { return static_cast<int64_t>(dataset_index_.size()); }
   const std::vector<int16_t>& dataset_index() const { return dataset_index_; }
   const std::vector<int64_t>& dataset_sample_index() const { return dataset_sample_index_; }
