@@ -155,6 +155,7 @@ ops::AttentionArgs attention_args(const TransformerConfig& c, const MicroBatch& 
     a.sample_offset = mb.first_sample;
     a.head_offset = head_offset;  // global head numbers: TP shards drop what TP = 1 drops
   }
+  if (mb.document_ids.defined()) a.document_ids = &mb.document_ids;  // packed documents
   return a;
 }
 

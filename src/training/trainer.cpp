@@ -126,31 +126,33 @@ double Trainer::dp_sum(double local) {
 
 Trainer::~Trainer() = default;
 
-IterationMetrics Trainer::step() {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Stream& s = rt_.stream;
-  const TrainingConfig& tc = cfg_.training;
-  const int64_t mbs = tc.micro_batch_size;
-  const int64_t dp = dp_group_ ? dp_group_->size() : 1;
-  const int64_t dp_rank = dp_group_ ? dp_group_->rank() : 0;
-  const int64_t num_mb = tc.num_micro_batches(static_cast<int>(dp));
-  const int64_t first = consumed_samples_;
-
-  // 1. This rank's host micro-batches and the global normaliser.
+BatchContext Trainer::batch_context(bool training) const {
   BatchContext ctx;
-  ctx.seed = tc.seed;
-  ctx.micro_batch_size = mbs;
-  ctx.training = true;
+  ctx.seed = cfg_.training.seed;
+  ctx.micro_batch_size = cfg_.training.micro_batch_size;
+  ctx.training = training;
   ctx.bidirectional = cfg_.model.attention_mask == AttentionMaskType::NoMask;
   ctx.eod_token = data_->eod_token();
   ctx.eod_mask_loss = cfg_.data.eod_mask_loss;
+  ctx.reset_position_ids = cfg_.data.reset_position_ids;
+  ctx.per_document_attention = cfg_.data.per_document_attention;
+  return ctx;
+}
+
+std::vector<HostMicroBatch> Trainer::host_micro_batches(const SampleSource& data, int64_t first,
+                                                        const BatchContext& ctx,
+                                                        double& local_tokens) const {
+  const int64_t mbs = cfg_.training.micro_batch_size;
+  const int64_t dp = dp_group_ ? dp_group_->size() : 1;
+  const int64_t dp_rank = dp_group_ ? dp_group_->rank() : 0;
+  const int64_t num_mb = cfg_.training.num_micro_batches(static_cast<int>(dp));
   std::vector<HostMicroBatch> host(static_cast<size_t>(num_mb));
-  double local_tokens = 0;
+  local_tokens = 0;
   for (int64_t m = 0; m < num_mb; ++m) {
     std::vector<std::vector<int32_t>> samples;
     samples.reserve(static_cast<size_t>(mbs));
     const int64_t mb_first = first + m * mbs * dp + dp_rank * mbs;
-    for (int64_t b = 0; b < mbs; ++b) samples.push_back(data_->sample(mb_first + b));
+    for (int64_t b = 0; b < mbs; ++b) samples.push_back(data.sample(mb_first + b));
     host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
     for (int32_t id : host[static_cast<size_t>(m)].labels)
       MDLM_CHECK(id >= 0 && id < cfg_.model.padded_vocab_size, "sample ", mb_first, "..",
@@ -158,6 +160,71 @@ IterationMetrics Trainer::step() {
                  cfg_.model.padded_vocab_size, ")");
     local_tokens += host[static_cast<size_t>(m)].loss_tokens;
   }
+  return host;
+}
+
+void Trainer::set_evaluation_data(std::shared_ptr<const SampleSource> valid,
+                                  std::shared_ptr<const SampleSource> test) {
+  valid_ = std::move(valid);
+  test_ = std::move(test);
+}
+
+double Trainer::evaluate(const SampleSource& data) {
+  const Stream& s = rt_.stream;
+  dp_->finish_param_gather();  // the weights of the last update must be in place
+  rt_.training = false;        // no dropout
+  const BatchContext ctx = batch_context(false);
+  double num = 0, den = 0;
+  for (int64_t it = 0; it < cfg_.training.eval_iters; ++it) {
+    double local_tokens = 0;
+    std::vector<HostMicroBatch> host = host_micro_batches(
+        data, it * static_cast<int64_t>(cfg_.training.global_batch_size), ctx, local_tokens);
+    Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
+    for (const HostMicroBatch& h : host) {
+      MicroBatch mb = MicroBatch::upload(h, s);
+      ModelRecord rec;
+      model_->forward(mb, rec, loss_sum, 0.0f, rt_);  // grad_scale 0: forward only
+    }
+    num += static_cast<double>(loss_sum.to_floats(s)[0]);
+    den += local_tokens;
+  }
+  rt_.training = true;
+  num = dp_sum(num);
+  den = dp_sum(den);
+  return den > 0 ? num / den : NAN;
+}
+
+void Trainer::evaluate_and_log(const SampleSource& data, const std::string& what, const char* key) {
+  const double loss = evaluate(data);
+  if (!logging_rank()) return;
+  // Megatron: ' validation loss at <what> | lm loss value: X | lm loss PPL: Y | ' between rules.
+  const std::string line = " validation loss at " + what + " | lm loss value: " + sci(loss) +
+                           " | lm loss PPL: " + sci(std::exp(std::min(20.0, loss))) + " | ";
+  const std::string rule(line.size() + 1, '-');
+  log_ << rule << "\n" << line << "\n" << rule << std::endl;
+  if (!cfg_.training.metrics_jsonl.empty()) {
+    nlohmann::json j;
+    j["iteration"] = iteration_;
+    j[key] = loss;
+    j[std::string(key).substr(0, std::string(key).find("_lm_loss")) + "_ppl"] = std::exp(std::min(20.0, loss));
+    j["consumed_samples"] = consumed_samples_;
+    std::ofstream f(cfg_.training.metrics_jsonl, std::ios::app);
+    f << j.dump() << "\n";
+    MDLM_CHECK(f.good(), "--metrics-jsonl ", cfg_.training.metrics_jsonl, ": write failed");
+  }
+}
+
+IterationMetrics Trainer::step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Stream& s = rt_.stream;
+  const TrainingConfig& tc = cfg_.training;
+  const int64_t dp = dp_group_ ? dp_group_->size() : 1;
+  const int64_t num_mb = tc.num_micro_batches(static_cast<int>(dp));
+  const int64_t first = consumed_samples_;
+
+  // 1. This rank's host micro-batches and the global normaliser.
+  double local_tokens = 0;
+  std::vector<HostMicroBatch> host = host_micro_batches(*data_, first, batch_context(true), local_tokens);
   const double loss_tokens = dp_sum(local_tokens);
   MDLM_CHECK(loss_tokens > 0, "iteration ", iteration_ + 1,
              ": the global batch has no token to train on (every loss-mask entry is 0)");
@@ -279,13 +346,23 @@ std::vector<IterationMetrics> Trainer::train() {
       log_interval(window);
       window.clear();
     }
+    const int eval_every = cfg_.training.eval_interval;
+    if (valid_ && cfg_.training.eval_iters > 0 && eval_every > 0 && iteration_ % eval_every == 0)
+      evaluate_and_log(*valid_, "iteration " + std::to_string(iteration_), "validation_lm_loss");
     if (cfg_.training.exit_interval && iteration_ % *cfg_.training.exit_interval == 0) {
       if (logging_rank())
         log_ << " exiting program at iteration " << iteration_ << " (--exit-interval)" << std::endl;
-      break;
+      dp_->finish_param_gather();
+      return all;
     }
   }
   dp_->finish_param_gather();
+  // Megatron ends with a pass over the validation and the test data.
+  if (valid_ && cfg_.training.eval_iters > 0)
+    evaluate_and_log(*valid_, "iteration " + std::to_string(iteration_) + " on validation set",
+                     "validation_lm_loss");
+  if (test_ && cfg_.training.eval_iters > 0)
+    evaluate_and_log(*test_, "iteration " + std::to_string(iteration_) + " on test set", "test_lm_loss");
   return all;
 }
 

@@ -14,6 +14,10 @@
 //      with --check-for-nan-in-loss-and-grad, the run stops with an error naming the iteration)
 //   5. clip (clip_grad / (norm + 1e-6) when < 1), AdamW on fp32 masters with lr(iteration-1),
 //      model weights refreshed from the masters (all-gathered under the distributed optimizer)
+// Validation (--eval-interval, --eval-iters): the first eval_iters global batches of the
+// validation data, forward only, with the fixed evaluation noise of diffusion/forward_process,
+// so successive evaluations score the same samples under the same masks; logged as Megatron
+// logs it and written to the metrics file as validation_lm_loss.
 #pragma once
 #include <cstdint>
 #include <iosfwd>
@@ -50,6 +54,13 @@ class Trainer {
           const comm::ProcessGroups* groups = nullptr);
   ~Trainer();
 
+  /// Held-out data for --eval-interval evaluations and the final validation / test pass (either
+  /// may be null: no such pass).
+  void set_evaluation_data(std::shared_ptr<const SampleSource> valid,
+                           std::shared_ptr<const SampleSource> test = nullptr);
+  /// Loss over the first --eval-iters global batches of `data` (forward only, fixed noise).
+  double evaluate(const SampleSource& data);
+
   /// Runs one iteration.
   IterationMetrics step();
   /// Runs until --train-iters (or --exit-interval), logging every --log-interval iterations.
@@ -63,12 +74,19 @@ class Trainer {
 
  private:
   void log_interval(const std::vector<IterationMetrics>& window);
+  /// Evaluates `data` and logs "validation loss at <what>" (+ a metrics line keyed `key`).
+  void evaluate_and_log(const SampleSource& data, const std::string& what, const char* key);
+  BatchContext batch_context(bool training) const;
+  /// This rank's micro-batches of the global batch starting at sample `first`.
+  std::vector<HostMicroBatch> host_micro_batches(const SampleSource& data, int64_t first,
+                                                 const BatchContext& ctx, double& local_tokens) const;
   /// Sum over the data-parallel group of a host value (identity on one rank).
   double dp_sum(double local);
   bool logging_rank() const { return rank_ == 0; }
 
   RunConfig cfg_;
   std::shared_ptr<const SampleSource> data_;
+  std::shared_ptr<const SampleSource> valid_, test_;
   std::ostream& log_;
   ModelRuntime rt_;
   ParameterStore store_;

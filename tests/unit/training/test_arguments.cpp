@@ -443,7 +443,7 @@ std::vector<Row> rows() {
        {"give only one of `--data-path` and `--data-args-path` [V-16]"}},
       {"M-10", cmd({}, {"--mock-data"}), O::Rejected, {"no training data: pass `--mock-data` or `--data-path` [M-10]"}},
       {"V-15", dry(1, {"--data-path", "corpus_text_document"}, {"--mock-data"}), O::Accepted,
-       {"using Megatron's legacy default \"969, 30, 1\"", "`--data-path corpus_text_document` is not supported yet"},
+       {"using Megatron's legacy default \"969, 30, 1\""},
        [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.data.split, "969, 30, 1");
          EXPECT_EQ(p.config.data.data_path, (std::vector<std::string>{"corpus_text_document"}));
@@ -469,6 +469,10 @@ std::vector<Row> rows() {
       {"D-4", cmd({}, {"--mask-token"}), O::Rejected, {"`--mask-token 151656` is outside", "[D-4]"}},
       {"D-6", cmd({"--reset-position-ids", "--reset-attention-mask"}), O::Rejected,
        {"need `--cut-off-varlen-to-seqlen` [D-6]"}},
+      {"V-59", cmd({"--data-path", "corpus", "--eod-mask-loss"}, {"--mock-data"}), O::Rejected,
+       {"`--eod-mask-loss` needs the end-of-document id: give `--tokenizer-type`"}},
+      {"V-59", cmd({"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "/nonexistent/tok.json"}),
+       O::Rejected, {"cannot load the tokenizer", "/nonexistent/tok.json"}},
       {"D-7", cmd({"--difflm-varilen-prob", "1.5"}), O::Rejected, {"`--difflm-varilen-prob 1.5` must lie in [0, 1] [D-7]"}},
       {"M-12", cmd({"--dlm-min-masked", "40"}), O::Rejected, {"`--dlm-min-masked 40` must lie in [0, `--seq-length 32`] [M-12]"}},
       {"vanilla-mask-default", cmd({"--model-running-mode", "vanilla"}), O::Accepted, {},
