@@ -51,6 +51,11 @@ ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape&
   return static_cast<Handle>(descs_.size() - 1);
 }
 
+void ParameterStore::set_pipeline_share(Handle h, PipelineShare share) {
+  MDLM_CHECK(!materialized(), "set_pipeline_share after materialize()");
+  descs_.at(static_cast<size_t>(h)).pipeline_share = share;
+}
+
 int64_t ParameterStore::num_parameters() const {
   int64_t n = 0;
   for (const ParamDesc& d : descs_) n += d.numel();
@@ -82,6 +87,11 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
     current.begin = offset;
   };
   for (const auto& g : groups) {
+    // A weight shared across pipeline stages gets a bucket of its own, laid out the same on both
+    // stages, so that its gradient can be summed over the embedding group before its bucket is
+    // reduced (and its distributed-optimizer shards line up on both stages).
+    const bool shared = descs_[static_cast<size_t>(g.front())].pipeline_share != PipelineShare::None;
+    if (shared) close_bucket();
     offset = align_up(offset, kAlign);
     for (Handle h : g) {
       ParamDesc& d = descs_[static_cast<size_t>(h)];
@@ -90,7 +100,8 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
       current.params.push_back(h);
       bucket_of_[static_cast<size_t>(h)] = static_cast<int>(buckets_.size());
     }
-    if (layout.bucket_size > 0 && offset - current.begin >= layout.bucket_size) close_bucket();
+    if (shared || (layout.bucket_size > 0 && offset - current.begin >= layout.bucket_size))
+      close_bucket();
   }
   close_bucket();
   flat_size_ = offset;

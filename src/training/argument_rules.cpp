@@ -658,6 +658,13 @@ RunConfig build_run_config(const ArgState& a) {
   p.distributed_timeout_minutes = as_int("distributed_timeout_minutes");
 
   TransformerConfig& m = r.model;
+  if (a.is_set("recompute_granularity")) {
+    m.recompute_granularity = a.s("recompute_granularity") == "full" ? RecomputeGranularity::Full
+                                                                     : RecomputeGranularity::Selective;
+  }
+  m.recompute_method = a.s("recompute_method") == "block" ? RecomputeMethod::Block
+                                                          : RecomputeMethod::Uniform;
+  if (a.is_set("recompute_num_layers")) m.recompute_num_layers = as_int("recompute_num_layers");
   m.num_layers = as_int("num_layers");
   m.hidden_size = as_int("hidden_size");
   m.ffn_hidden_size = as_int("ffn_hidden_size");

@@ -5,12 +5,15 @@
 #include <ctime>
 #include <fstream>
 #include <iomanip>
+#include <map>
 #include <ostream>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/optimizer.h"
 #include "megadlm/ops/reduce.h"
+#include "megadlm/parallel/pipeline_parallel/layer_partition.h"
+#include "megadlm/parallel/pipeline_parallel/schedule.h"
 #include "megadlm/training/flops.h"
 #include "megadlm/training/lr_schedule.h"
 
@@ -70,7 +73,27 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
   MDLM_CHECK(tpl.size == cfg_.parallel.tensor_model_parallel_size, "the tp group has ", tpl.size,
              " ranks but --tensor-model-parallel-size is ", cfg_.parallel.tensor_model_parallel_size);
   tpl.sequence_parallel = cfg_.parallel.sequence_parallel && tpl.size > 1;
-  model_ = std::make_unique<GptModel>(cfg_.model, store_, tpl);
+  // Pipeline: this rank's chunks of layers (several with virtual stages); the first virtual
+  // stage holds the embedding, the last one the head.
+  if (groups != nullptr && groups->pp) {
+    pp_group_ = groups->pp;
+    pp_rank_ = pp_group_->rank();
+    pp_size_ = pp_group_->size();
+  }
+  MDLM_CHECK(pp_size_ == cfg_.parallel.pipeline_model_parallel_size, "the pp group has ", pp_size_,
+             " ranks but --pipeline-model-parallel-size is ", cfg_.parallel.pipeline_model_parallel_size);
+  const int vpp = std::max(1, cfg_.parallel.virtual_pipeline_model_parallel_size);
+  const auto ranges = pp::stage_layers(cfg_.model.num_layers, pp_size_, vpp, pp_rank_,
+                                       cfg_.parallel.decoder_first_pipeline_num_layers,
+                                       cfg_.parallel.decoder_last_pipeline_num_layers);
+  for (int c = 0; c < static_cast<int>(ranges.size()); ++c) {
+    ModelChunkSpec spec;
+    spec.embedding = pp_rank_ == 0 && c == 0;
+    spec.head = pp_rank_ == pp_size_ - 1 && c == static_cast<int>(ranges.size()) - 1;
+    spec.first_layer = ranges[static_cast<size_t>(c)].first;
+    spec.num_layers = ranges[static_cast<size_t>(c)].count;
+    models_.push_back(std::make_unique<GptModel>(cfg_.model, store_, tpl, spec));
+  }
 
   DataParallelOptions dpo;
   dpo.overlap_grad_reduce = cfg_.parallel.overlap_grad_reduce;
@@ -90,7 +113,8 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
     inter_group = groups->dist_opt_inter;
   }
   dp_ = std::make_unique<DataParallel>(store_, shard_group, dpo, rt_.stream, inter_group,
-                                       groups != nullptr ? groups->tp : nullptr);
+                                       groups != nullptr ? groups->tp : nullptr, pp_group_,
+                                       groups != nullptr ? groups->embedding : nullptr);
   optimizer_ = std::make_unique<AdamWOptimizer>(store_, dp_->owned_ranges(), cfg_.optimizer, rt_.stream);
   rt_.hooks = dp_.get();
   rt_.stream.synchronize();
@@ -99,7 +123,9 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
     log_ << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
          << store_.num_parameters() << "\n"
          << " > device: " << rt_.stream.device().str() << ", model dtype " << dtype_name(rt_.dtype)
-         << ", fp32 master weights and gradients; tensor-parallel size " << tpl.size
+         << ", fp32 master weights and gradients; pipeline-parallel size " << pp_size_
+         << (vpp > 1 ? " x " + std::to_string(vpp) + " virtual stages" : std::string())
+         << ", tensor-parallel size " << tpl.size
          << (tpl.sequence_parallel ? " (sequence parallel)" : "") << ", data-parallel size " << dp_size
          << (dpo.distributed_optimizer ? ", distributed optimizer" : "")
          << (dpo.overlap_grad_reduce ? ", overlapped gradient reduction" : "") << ", "
@@ -180,10 +206,10 @@ double Trainer::evaluate(const SampleSource& data) {
     std::vector<HostMicroBatch> host = host_micro_batches(
         data, it * static_cast<int64_t>(cfg_.training.global_batch_size), ctx, local_tokens);
     Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
-    for (const HostMicroBatch& h : host) {
-      MicroBatch mb = MicroBatch::upload(h, s);
-      ModelRecord rec;
-      model_->forward(mb, rec, loss_sum, 0.0f, rt_);  // grad_scale 0: forward only
+    run_schedule(host, loss_sum, 0.0f);  // forward only
+    if (pp_group_ && pp_size_ > 1) {  // the loss lives on the last stage
+      pp_group_->all_reduce(loss_sum, comm::ReduceOp::Sum, s);
+      pp_group_->synchronize(s);
     }
     num += static_cast<double>(loss_sum.to_floats(s)[0]);
     den += local_tokens;
@@ -214,12 +240,103 @@ void Trainer::evaluate_and_log(const SampleSource& data, const std::string& what
   }
 }
 
+void Trainer::run_schedule(const std::vector<HostMicroBatch>& host, Tensor& loss_sum,
+                           float grad_scale) {
+  const Stream& s = rt_.stream;
+  const int64_t num_mb = static_cast<int64_t>(host.size());
+  const int vpp = static_cast<int>(models_.size());
+  pp::ScheduleConfig sc;
+  sc.pp_rank = pp_rank_;
+  sc.pp_size = pp_size_;
+  sc.virtual_stages = vpp;
+  sc.num_micro_batches = static_cast<int>(num_mb);
+  sc.forward_only = grad_scale <= 0;
+  sc.microbatch_group_size = cfg_.parallel.microbatch_group_size_per_vp_stage;
+  const std::vector<pp::Action> actions = pp::build_schedule(sc);
+  using Key = std::pair<int, int>;  // (micro-batch, chunk)
+  std::map<int, MicroBatch> uploaded;
+  std::map<Key, ModelRecord> records;
+  std::map<Key, Tensor> received_input, received_grad, output, input_grad;
+  auto batch = [&](int m) -> const MicroBatch& {
+    auto it = uploaded.find(m);
+    if (it == uploaded.end())
+      it = uploaded.emplace(m, MicroBatch::upload(host[static_cast<size_t>(m)], s)).first;
+    return it->second;
+  };
+  auto hidden = [&](int m, int c) {
+    const MicroBatch& mb = batch(m);
+    return Tensor::empty({models_[static_cast<size_t>(c)]->hidden_rows(mb.tokens()),
+                          cfg_.model.hidden_size}, rt_.dtype, s);
+  };
+  auto take = [](std::map<Key, Tensor>& from, Key k, const char* what) {
+    auto it = from.find(k);
+    MDLM_CHECK(it != from.end(), "pipeline schedule: no ", what, " for micro-batch ", k.first,
+               ", chunk ", k.second);
+    Tensor t = it->second;
+    from.erase(it);
+    return t;
+  };
+  const int next = (pp_rank_ + 1) % pp_size_, prev = (pp_rank_ + pp_size_ - 1) % pp_size_;
+  for (const pp::Action& a : actions) {
+    const Key key{a.micro_batch, a.chunk};
+    const GptModel* chunk = a.chunk >= 0 ? models_[static_cast<size_t>(a.chunk)].get() : nullptr;
+    switch (a.type) {
+      case pp::ActionType::Forward: {
+        Tensor in = chunk->chunk().embedding ? Tensor() : take(received_input, key, "input");
+        Tensor out = chunk->forward(batch(a.micro_batch), in, records[key], loss_sum, grad_scale, rt_);
+        if (!chunk->chunk().head) output[key] = out;
+        if (grad_scale <= 0) {  // evaluation: nothing to keep for a backward
+          records.erase(key);
+          if (a.chunk == vpp - 1) uploaded.erase(a.micro_batch);
+        }
+        break;
+      }
+      case pp::ActionType::Backward: {
+        dp_->set_last_micro_batch(a.micro_batch == num_mb - 1);
+        Tensor dout = chunk->chunk().head ? Tensor() : take(received_grad, key, "output gradient");
+        Tensor din = chunk->backward(batch(a.micro_batch), dout, records[key], rt_);
+        records.erase(key);
+        if (!chunk->chunk().embedding) input_grad[key] = din;
+        if (a.chunk == 0) uploaded.erase(a.micro_batch);  // its last use on this rank
+        break;
+      }
+      case pp::ActionType::Communicate: {
+        std::vector<comm::P2POp> ops;
+        for (const pp::Transfer& t : a.transfers) {
+          const Key k{t.micro_batch, t.chunk};
+          switch (t.kind) {
+            case pp::Transfer::Kind::SendNext:
+              ops.push_back({comm::P2POp::Kind::Send, take(output, k, "output to send"), next});
+              break;
+            case pp::Transfer::Kind::SendPrev:
+              ops.push_back({comm::P2POp::Kind::Send, take(input_grad, k, "input gradient to send"), prev});
+              break;
+            case pp::Transfer::Kind::RecvPrev:
+              received_input[k] = hidden(t.micro_batch, t.chunk);
+              ops.push_back({comm::P2POp::Kind::Recv, received_input[k], prev});
+              break;
+            case pp::Transfer::Kind::RecvNext:
+              received_grad[k] = hidden(t.micro_batch, t.chunk);
+              ops.push_back({comm::P2POp::Kind::Recv, received_grad[k], next});
+              break;
+          }
+        }
+        // Sent tensors die with `ops` after the call; their memory returns to the pool in
+        // stream order, after the transfer.
+        if (!ops.empty()) pp_group_->batch_p2p(ops, s);
+        break;
+      }
+    }
+  }
+  MDLM_CHECK(records.empty() && output.empty() && input_grad.empty() && received_input.empty() &&
+                 received_grad.empty(),
+             "pipeline schedule left work behind on pipeline rank ", pp_rank_);
+}
+
 IterationMetrics Trainer::step() {
   const auto t0 = std::chrono::steady_clock::now();
   const Stream& s = rt_.stream;
   const TrainingConfig& tc = cfg_.training;
-  const int64_t dp = dp_group_ ? dp_group_->size() : 1;
-  const int64_t num_mb = tc.num_micro_batches(static_cast<int>(dp));
   const int64_t first = consumed_samples_;
 
   // 1. This rank's host micro-batches and the global normaliser.
@@ -229,21 +346,21 @@ IterationMetrics Trainer::step() {
   MDLM_CHECK(loss_tokens > 0, "iteration ", iteration_ + 1,
              ": the global batch has no token to train on (every loss-mask entry is 0)");
 
-  // 2. Forward and backward of every micro-batch; gradients accumulate, buckets reduce.
+  // 2. The pipeline schedule: forwards and backwards of every (micro-batch, chunk) of this
+  //    rank, with the transfers to the neighbouring stages batched as the schedule says.
   store_.zero_grads(s);
+  dp_->start_step();
   Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
-  const float grad_scale = static_cast<float>(1.0 / loss_tokens);
-  for (int64_t m = 0; m < num_mb; ++m) {
-    MicroBatch mb = MicroBatch::upload(host[static_cast<size_t>(m)], s);
-    ModelRecord rec;
-    model_->forward(mb, rec, loss_sum, grad_scale, rt_);
-    dp_->begin_micro_batch(m == num_mb - 1);
-    model_->backward(mb, rec, rt_);
-  }
+  run_schedule(host, loss_sum, static_cast<float>(1.0 / loss_tokens));
   dp_->finish_grad_sync();
 
   // 3-4. Loss and gradient norm (global).
   IterationMetrics out;
+  // Only the last stage has a loss: the sum over the pipeline brings it to every stage.
+  if (pp_group_ && pp_size_ > 1) {
+    pp_group_->all_reduce(loss_sum, comm::ReduceOp::Sum, s);
+    pp_group_->synchronize(s);
+  }
   out.lm_loss = dp_sum(static_cast<double>(loss_sum.to_floats(s)[0])) / loss_tokens;
   out.grad_norm = std::sqrt(dp_->grad_sq_norm());
   const bool finite = std::isfinite(out.grad_norm) && std::isfinite(out.lm_loss);
@@ -363,7 +480,32 @@ std::vector<IterationMetrics> Trainer::train() {
                      "validation_lm_loss");
   if (test_ && cfg_.training.eval_iters > 0)
     evaluate_and_log(*test_, "iteration " + std::to_string(iteration_) + " on test set", "test_lm_loss");
+  log_peak_memory_per_stage();
   return all;
+}
+
+void Trainer::log_peak_memory_per_stage() {
+  if (!pp_group_ || pp_size_ == 1) return;
+  // Each stage holds different layers (and the first/last the embedding/head): one number each.
+  const Stream& s = rt_.stream;
+  Tensor mine = Tensor::from_floats({static_cast<float>(peak_memory_gb(rt_))}, {1});
+  Tensor all = Tensor::zeros({pp_size_}, DType::F32, s);
+  if (!s.device().is_cpu()) mine = mine.to(s.device(), s);
+  pp_group_->all_gather(mine, all, s);
+  pp_group_->synchronize(s);
+  const std::vector<float> gb = all.to_floats(s);
+  if (!logging_rank()) return;
+  std::ostringstream line;
+  line << " > peak memory per pipeline stage (GB):";
+  for (float g : gb) line << " " << std::fixed << std::setprecision(1) << g;
+  log_ << line.str() << std::endl;
+  if (!cfg_.training.metrics_jsonl.empty()) {
+    nlohmann::json j;
+    j["iteration"] = iteration_;
+    j["peak_mem_gb_per_stage"] = gb;
+    std::ofstream f(cfg_.training.metrics_jsonl, std::ios::app);
+    f << j.dump() << "\n";
+  }
 }
 
 }  // namespace megadlm

@@ -7,8 +7,10 @@
 // block of B*D consecutive samples, as Megatron's sampler does):
 //   1. build this rank's M host micro-batches (noise is a pure function of the global sample
 //      index); N = loss tokens of the whole global batch (all-reduced over DP)
-//   2. for each micro-batch: forward through the fused loss with grad_scale = 1/N, backward
-//      (weight gradients accumulate in fp32 main grads; DP buckets reduce as they finish)
+//   2. run the pipeline schedule (parallel/pipeline_parallel/schedule.h; one stage: forward
+//      then backward per micro-batch): forwards through the fused loss with grad_scale = 1/N,
+//      backwards accumulating fp32 main grads, activations and their gradients exchanged with
+//      the neighbouring stages; DP buckets reduce as they finish
 //   3. lm loss = sum over all ranks of weighted CE / N (the same number the gradient is of)
 //   4. grad norm over all main grads, each element once; non-finite -> the step is skipped (and
 //      with --check-for-nan-in-loss-and-grad, the run stops with an error naming the iteration)
@@ -74,6 +76,11 @@ class Trainer {
 
  private:
   void log_interval(const std::vector<IterationMetrics>& window);
+  void log_peak_memory_per_stage();
+  /// Runs the pipeline schedule over this rank's micro-batches: training (grad_scale > 0,
+  /// forwards and backwards, gradients accumulated) or evaluation (grad_scale 0, forwards only).
+  /// The loss of the last stage is added into loss_sum.
+  void run_schedule(const std::vector<HostMicroBatch>& host, Tensor& loss_sum, float grad_scale);
   /// Evaluates `data` and logs "validation loss at <what>" (+ a metrics line keyed `key`).
   void evaluate_and_log(const SampleSource& data, const std::string& what, const char* key);
   BatchContext batch_context(bool training) const;
@@ -90,7 +97,9 @@ class Trainer {
   std::ostream& log_;
   ModelRuntime rt_;
   ParameterStore store_;
-  std::unique_ptr<GptModel> model_;
+  std::vector<std::unique_ptr<GptModel>> models_;  // this rank's pipeline chunks (1 without VPP)
+  std::shared_ptr<comm::Communicator> pp_group_;
+  int pp_rank_ = 0, pp_size_ = 1;
   std::shared_ptr<comm::Communicator> dp_group_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamWOptimizer> optimizer_;

@@ -20,11 +20,15 @@ BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_si
 DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
                            DataParallelOptions options, const Stream& compute,
                            std::shared_ptr<comm::Communicator> inter,
-                           std::shared_ptr<comm::Communicator> tp)
+                           std::shared_ptr<comm::Communicator> tp,
+                           std::shared_ptr<comm::Communicator> pp,
+                           std::shared_ptr<comm::Communicator> embedding)
     : store_(store), group_(std::move(group)), inter_(std::move(inter)), tp_(std::move(tp)),
-      opt_(options), compute_(compute) {
+      pp_(std::move(pp)), embedding_(std::move(embedding)), opt_(options), compute_(compute) {
   if (inter_ && inter_->size() == 1) inter_.reset();
   if (tp_ && tp_->size() == 1) tp_.reset();
+  if (pp_ && pp_->size() == 1) pp_.reset();
+  if (embedding_ && embedding_->size() == 1) embedding_.reset();
   MDLM_CHECK(!inter_ || opt_.distributed_optimizer,
              "several distributed-optimizer instances need the distributed optimizer");
   MDLM_CHECK(store.materialized(), "DataParallel needs a materialised parameter store");
@@ -50,6 +54,11 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
   }
   pending_.assign(buckets.size(), 0);
   launched_.assign(buckets.size(), false);
+  deferred_.assign(buckets.size(), false);
+  if (embedding_)
+    for (size_t b = 0; b < buckets.size(); ++b)
+      for (int h : buckets[b].params)
+        if (store.desc(h).pipeline_share != PipelineShare::None) deferred_[b] = true;
   param_ready_.assign(buckets.size(), true);
   for (size_t i = 0; i < buckets.size(); ++i) done_.push_back(Event::create(compute.device()));
 }
@@ -69,9 +78,8 @@ Tensor DataParallel::optimizer_grads() const {
   return opt_.distributed_optimizer ? grad_shards_ : store_.flat_grads();
 }
 
-void DataParallel::begin_micro_batch(bool last) {
-  last_micro_batch_ = last;
-  if (!last) return;
+void DataParallel::start_step() {
+  last_micro_batch_ = false;
   const auto& buckets = store_.buckets();
   for (size_t b = 0; b < buckets.size(); ++b) {
     pending_[b] = static_cast<int>(buckets[b].params.size());
@@ -83,7 +91,7 @@ void DataParallel::grads_ready(const std::vector<int>& handles) {
   if (!last_micro_batch_ || !opt_.overlap_grad_reduce) return;  // Megatron's no_sync otherwise
   for (int h : handles) {
     const auto b = static_cast<size_t>(store_.bucket_of(h));
-    if (--pending_[b] == 0) launch_bucket(b);
+    if (--pending_[b] == 0 && !deferred_[b]) launch_bucket(b);
   }
 }
 
@@ -116,6 +124,9 @@ void DataParallel::launch_bucket(size_t b) {
 
 void DataParallel::finish_grad_sync() {
   finish_param_gather();  // every block has waited for its bucket by now; settle the bookkeeping
+  // After the pipeline flush: the two copies of a tied embedding sum their gradients (on both
+  // stages alike) before their bucket reduces over DP. Sums commute, so the order is free.
+  reduce_embedding_group_grads();
   for (size_t b = 0; b < launched_.size(); ++b)
     if (!launched_[b]) launch_bucket(b);
   if (size_ == 1 && !inter_) {
@@ -138,6 +149,16 @@ void DataParallel::finish_grad_sync() {
   reduce_tp_partial_grads();
 }
 
+void DataParallel::reduce_embedding_group_grads() {
+  if (!embedding_) return;
+  for (size_t i = 0; i < store_.descs().size(); ++i) {
+    if (store_.descs()[i].pipeline_share == PipelineShare::None) continue;
+    Tensor g = store_.grad(static_cast<int>(i));
+    Tensor flat = g.view({g.numel()});
+    embedding_->all_reduce(flat, comm::ReduceOp::Sum, compute_);
+  }
+}
+
 void DataParallel::reduce_tp_partial_grads() {
   if (!tp_) return;
   // Sums commute: reducing over TP after DP gives the same total as before it. Every TP rank
@@ -155,7 +176,9 @@ double DataParallel::grad_sq_norm() {
   const bool cpu = compute_.device().is_cpu();
   const DType acc = cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32;
   double local = 0;
-  if (!tp_) {
+  bool has_copy = false;  // a tied embedding's last-stage copy is counted on the first stage only
+  for (const ParamDesc& d : store_.descs()) has_copy |= d.pipeline_share == PipelineShare::Copy;
+  if (!tp_ && !has_copy) {
     Tensor sq = Tensor::zeros({1}, acc, compute_);
     ops::sum_squares(g, sq, compute_);
     local = static_cast<double>(sq.to_floats(compute_)[0]);
@@ -164,10 +187,12 @@ double DataParallel::grad_sq_norm() {
     // values everywhere and are counted on TP rank 0 only.
     Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
     for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
-      ops::sum_squares(g.slice_flat(compact, {count}), d.replicated() ? replicated : split, compute_);
+      if (d.pipeline_share == PipelineShare::Copy) return;
+      ops::sum_squares(g.slice_flat(compact, {count}), d.replicated() && tp_ ? replicated : split,
+                       compute_);
     });
     local = static_cast<double>(split.to_floats(compute_)[0]);
-    if (tp_->rank() == 0) local += static_cast<double>(replicated.to_floats(compute_)[0]);
+    if (!tp_ || tp_->rank() == 0) local += static_cast<double>(replicated.to_floats(compute_)[0]);
   }
   auto sum_over = [&](comm::Communicator& c, double v) {
     Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
@@ -181,6 +206,7 @@ double DataParallel::grad_sq_norm() {
   // (the other instances hold the same values); full replicas are already global.
   if (opt_.distributed_optimizer && size_ > 1) local = sum_over(*group_, local);
   if (tp_) local = sum_over(*tp_, local);
+  if (pp_) local = sum_over(*pp_, local);  // stages hold disjoint parameters
   return local;
 }
 

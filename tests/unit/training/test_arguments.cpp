@@ -313,9 +313,9 @@ std::vector<Row> rows() {
        O::Rejected, {"reaches a global batch of 2, not divisible by `--micro-batch-size 4`", "[B-3]"}},
 
       // ------------------------------------------------------------------ recompute
-      {"V-13", dry(1, {"--recompute-activations"}), O::Accepted,
-       {"`--recompute-activations` is not supported yet"}, [](const ParsedArguments& p) {
+      {"V-13", dry(1, {"--recompute-activations"}), O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_EQ(p.values.at("recompute_granularity"), "selective");
+         EXPECT_EQ(p.config.model.recompute_granularity, RecomputeGranularity::Selective);
        }},
       {"C-15", cmd({"--recompute-activations", "--recompute-num-layers", "2"}), O::Rejected,
        {"selective recomputation takes no `--recompute-num-layers 2` [C-15]"}},
@@ -512,8 +512,16 @@ std::vector<Row> rows() {
          EXPECT_TRUE(p.config.parallel.sequence_parallel);
          EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
        }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
-      {"pp-real-run", cmd({"--pipeline-model-parallel-size", "2"}), O::NotSupported,
-       {"`--pipeline-model-parallel-size 2`: pipeline parallelism is not supported yet by megadlm (data and tensor parallelism are; see docs/roadmap.md)"},
+      {"pp-real-run", cmd({"--pipeline-model-parallel-size", "2", "--recompute-granularity", "full",
+                           "--recompute-method", "block", "--recompute-num-layers", "1"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.pipeline_model_parallel_size, 2);
+         EXPECT_EQ(p.config.model.recompute_granularity, RecomputeGranularity::Full);
+         EXPECT_EQ(p.config.model.recompute_method, RecomputeMethod::Block);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      {"cp-real-run", cmd({"--context-parallel-size", "2"}), O::NotSupported,
+       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm (data, tensor and pipeline parallelism are; see docs/roadmap.md)"},
        nullptr, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
       {"dp-real-run", cmd({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
@@ -534,11 +542,11 @@ std::vector<Row> rows() {
       {"sharding-strategy-without-fsdp-warns", cmd({"--data-parallel-sharding-strategy", "optim"}), O::Accepted,
        {"`--data-parallel-sharding-strategy optim` has effect only with `--use-custom-fsdp`"}},
       {"pp-cp-ep-real-run", cmd({"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "2"}),
-       O::NotSupported, {"`--pipeline-model-parallel-size 2`: pipeline parallelism", "`--context-parallel-size 2`: context parallelism",
+       O::NotSupported, {"`--context-parallel-size 2`: context parallelism",
         "`--expert-model-parallel-size 2`: expert parallelism"},
        nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
-      {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"}), O::Accepted,
-       {"`--pipeline-model-parallel-size 2`: pipeline parallelism is not supported yet by megadlm"},
+      {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2", "--context-parallel-size", "2"}), O::Accepted,
+       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm"},
        [](const ParsedArguments& p) {
          EXPECT_TRUE(p.dry_run);
          EXPECT_EQ(p.config.parallel.world_size, 16);
@@ -546,7 +554,8 @@ std::vector<Row> rows() {
          const std::string report = format_dry_run_report(p, 3);
          EXPECT_NE(report.find("valid configuration; not supported yet by megadlm (1 item):"), std::string::npos) << report;
          EXPECT_NE(report.find("  tp .......................... [2, 3]"), std::string::npos) << report;
-         EXPECT_NE(report.find("  dp .......................... [1, 3, 5, 7]"), std::string::npos) << report;
+         // rank 3 = tp 1 + 2 * (cp 1 + 2 * dp): its dp group is {1 + 2 * (1 + 2d)} = 3, 7, 11, 15
+         EXPECT_NE(report.find("  dp .......................... [3, 7, 11, 15]"), std::string::npos) << report;
        }},
       {"megadlms-1.7b-example", [] {
          Argv a = k1p7b;
