@@ -452,6 +452,70 @@ std::vector<OpBench> cross_entropy_benches() {
   return out;
 }
 
+/// The vocab-parallel cross-entropy ops on one TP-2 rank's shard: columns [25152, 50304) of the
+/// 1.7B model's logits (vocab_start != 0; about half the targets fall in the shard).
+std::vector<OpBench> cross_entropy_shard_benches() {
+  std::vector<OpBench> out;
+  const int64_t T = kTokens, Vl = kVocab / 2, start = kVocab - kVocab / 2;
+  const double pass = 2.0 * T * Vl;  // one read of the bf16 shard
+  const char* names[] = {"ce_shard_max", "ce_shard_stats", "ce_shard_finish"};
+  for (int op = 0; op < 3; ++op) {
+    OpBench b;
+    b.name = names[op];
+    b.shape = op == 2 ? "[8192, 25152] bf16, in place" : "[8192, 25152] bf16";
+    // max: shard + row_max; stats: + targets, row_max, sum_exp, target_logit; finish: shard read
+    // and written + targets, three statistics, weights, losses.
+    b.bytes = op == 0 ? pass + 4.0 * T : op == 1 ? pass + 16.0 * T : 2 * pass + 24.0 * T;
+    b.check = [op, Vl, start](const Stream& s) {
+      const int64_t t = 33;
+      Pair logits = make_pair({t, Vl}, DType::BF16, s, -8, 8);
+      const std::vector<int32_t> tg = random_ints(t, static_cast<int32_t>(kVocab));
+      Tensor th = Tensor::from_ints(tg, {t}), td = device_ints(tg, s);
+      Pair row_max = make_pair({t}, DType::F32, s), sum_exp = make_pair({t}, DType::F32, s);
+      Pair target = make_pair({t}, DType::F32, s), losses = make_pair({t}, DType::F32, s);
+      Pair w = make_pair({t}, DType::F32, s, 0, 1);
+      // The shard's own statistics stand in for the all-reduced ones.
+      Check k;
+      ops::cross_entropy_shard_max(logits.dev, row_max.dev, s);
+      ops::cross_entropy_shard_max(logits.host, row_max.host, Stream::cpu());
+      k.add(rel_err(row_max.dev, row_max.host, s), kTolF32);
+      if (op == 0) return k;
+      ops::cross_entropy_shard_stats(logits.dev, td, start, row_max.dev, sum_exp.dev, target.dev, s);
+      ops::cross_entropy_shard_stats(logits.host, th, start, row_max.host, sum_exp.host, target.host,
+                                     Stream::cpu());
+      k.add(rel_err(sum_exp.dev, sum_exp.host, s), kTolF32);
+      k.add(rel_err(target.dev, target.host, s), kTolF32);
+      if (op == 1) return k;
+      ops::cross_entropy_shard_finish(logits.dev, td, start, row_max.dev, sum_exp.dev, target.dev,
+                                      w.dev, losses.dev, 0.5f, s);
+      ops::cross_entropy_shard_finish(logits.host, th, start, row_max.host, sum_exp.host,
+                                      target.host, w.host, losses.host, 0.5f, Stream::cpu());
+      k.add(rel_err(losses.dev, losses.host, s), kTolF32);
+      k.add(rel_err(logits.dev, logits.host, s), kTolBf16);
+      return k;
+    };
+    b.setup = [op, T, Vl, start](const Stream& s) -> std::function<void()> {
+      Tensor logits = random_device({T, Vl}, DType::BF16, s, -8, 8);
+      Tensor targets = device_ints(random_ints(T, static_cast<int32_t>(kVocab)), s);
+      Tensor row_max = Tensor::empty({T}, DType::F32, s), sum_exp = Tensor::empty({T}, DType::F32, s);
+      Tensor target = Tensor::empty({T}, DType::F32, s), losses = Tensor::empty({T}, DType::F32, s);
+      Tensor w = random_device({T}, DType::F32, s, 0, 1);
+      // Valid statistics for the timed stats/finish calls (finish then rewrites its own output:
+      // the values change after the first call, the traffic does not).
+      ops::cross_entropy_shard_max(logits, row_max, s);
+      ops::cross_entropy_shard_stats(logits, targets, start, row_max, sum_exp, target, s);
+      return [=, &s]() mutable {
+        if (op == 0) ops::cross_entropy_shard_max(logits, row_max, s);
+        else if (op == 1) ops::cross_entropy_shard_stats(logits, targets, start, row_max, sum_exp, target, s);
+        else ops::cross_entropy_shard_finish(logits, targets, start, row_max, sum_exp, target, w, losses,
+                                             1.0f / T, s);
+      };
+    };
+    out.push_back(b);
+  }
+  return out;
+}
+
 std::vector<OpBench> optimizer_benches() {
   OpBench b;
   b.name = "adamw";
@@ -682,8 +746,8 @@ std::vector<OpBench> attention_benches() {
 std::vector<OpBench> all_benches() {
   std::vector<OpBench> all;
   for (auto&& group : {gemm_benches(), norm_benches(), rope_benches(), activation_benches(),
-                       cross_entropy_benches(), optimizer_benches(), embedding_benches(),
-                       elementwise_benches(), attention_benches()})
+                       cross_entropy_benches(), cross_entropy_shard_benches(), optimizer_benches(),
+                       embedding_benches(), elementwise_benches(), attention_benches()})
     all.insert(all.end(), group.begin(), group.end());
   return all;
 }

@@ -18,8 +18,8 @@
 #include "megadlm/comm/process_groups.h"
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
-#include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/arguments.h"
+#include "megadlm/training/data_setup.h"
 #include "megadlm/training/flags.h"
 #include "megadlm/training/trainer.h"
 
@@ -91,18 +91,17 @@ int main(int argc, char** argv) {
     for (const std::string& w : parsed.warnings) if (rank == 0) std::cerr << "WARNING: " << w << "\n";
     log << training::format_arguments(parsed);
     const RunConfig& cfg = parsed.config;
-    MDLM_CHECK(cfg.data.mock_data, "only --mock-data is supported by this build; Megatron indexed "
-               "datasets (--data-path) arrive with the data issue in docs/roadmap.md");
+    // Data first: a missing or corrupted dataset stops the run before any device is touched.
+    const training::TrainingData data = training::build_training_data(cfg, rank, log);
 
     const bool cuda = cfg.training.device == DeviceKind::Cuda;
     runtime.emplace(env, cuda ? comm::Transport::Nccl : comm::Transport::Mpi,
                     std::chrono::minutes(cfg.parallel.distributed_timeout_minutes));
     const comm::ProcessGroups groups = comm::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
-    auto data = std::make_shared<MockGptDataset>(cfg.model.vocab_size, cfg.model.seq_length,
-                                                 cfg.diffusion.mask_token);
     const bool handle_signals = !cfg.checkpoint.save.empty() || cfg.training.exit_signal_handler;
     if (handle_signals) install_stop_handler();
-    Trainer trainer(cfg, data, log, &groups);
+    Trainer trainer(cfg, data.train, log, &groups);
+    trainer.set_evaluation_data(data.valid, data.test);
     if (handle_signals) trainer.set_stop_request([] { return g_stop_signal != 0; });
     trainer.train();
     return 0;

@@ -50,8 +50,9 @@ if has resume; then
   note "resume (tiny, CUDA): exit $?"
   if cmp -s <(det "$work/straight.jsonl") <(det "$work/straight2.jsonl"); then note "  two straight CUDA runs: bitwise identical"
   else note "  two straight CUDA runs differ (non-deterministic kernels): resume can only match to their spread"; fi
-  if cmp -s <(det "$work/straight.jsonl" | tail -6) <(det "$work/resumed.jsonl"); then note "  resumed iterations 7-12: bitwise identical to the straight run"
-  else note "  resumed iterations 7-12 differ from the straight run:"; paste -d'\n' <(det "$work/straight.jsonl" | tail -6) <(det "$work/resumed.jsonl") | cut -c1-160 | tee -a "$summary"; fi
+  # Iterations 7-12 plus the final validation and test lines.
+  if cmp -s <(det "$work/straight.jsonl" | tail -8) <(det "$work/resumed.jsonl"); then note "  resumed iterations 7-12 and final validation/test: bitwise identical to the straight run"
+  else note "  resumed iterations 7-12 differ from the straight run:"; paste -d'\n' <(det "$work/straight.jsonl" | tail -8) <(det "$work/resumed.jsonl") | cut -c1-160 | tee -a "$summary"; fi
   if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ] && command -v mpirun > /dev/null; then
     flags=(); [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
     rm -rf "$work/tiny2"
@@ -59,7 +60,7 @@ if has resume; then
       --use-distributed-optimizer --save "$work/tiny2" --save-interval 3 --exit-interval 6 >> "$out/ckpt_resume.log" 2>&1
     "$bin/pretrain_difflm" "${tiny[@]}" --load "$work/tiny2" --metrics-jsonl "$work/resumed2.jsonl" >> "$out/ckpt_resume.log" 2>&1
     note "  2 GPUs + distributed optimizer -> 1 GPU: exit $?; losses (straight vs resumed):"
-    paste <(tail -6 "$work/straight.jsonl" | grep -o '"lm_loss":[^,]*') <(grep -o '"lm_loss":[^,]*' "$work/resumed2.jsonl") | tee -a "$summary"
+    paste <(grep -o '"lm_loss":[^,]*' "$work/straight.jsonl" | tail -6) <(grep -o '"lm_loss":[^,]*' "$work/resumed2.jsonl") | tee -a "$summary"
   fi
 fi
 

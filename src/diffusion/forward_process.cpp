@@ -14,10 +14,25 @@ uint32_t hi32(int64_t v) { return static_cast<uint32_t>(static_cast<uint64_t>(v)
 constexpr double kLladaEps = 1e-3;
 
 // Noises one sample of `len` clean tokens in place of `input`, writing mask bits and weights.
+// Training noise uses three purposes with c1 = 0; evaluation noise one purpose, EvalNoise, with
+// c1 = 1 (t), 2 (mask), 3 (fallback): fixed masks per validation sample (diffusion-lm.md §9.1).
+struct NoiseKeys {
+  PhiloxKey time, mask, fallback;
+  uint32_t time_c1 = 0, mask_c1 = 0, fallback_c1 = 0;
+};
+
+NoiseKeys noise_keys(uint64_t seed, bool training) {
+  if (training)
+    return {PhiloxKey::make(seed, RngPurpose::DiffusionTime), PhiloxKey::make(seed, RngPurpose::DiffusionMask),
+            PhiloxKey::make(seed, RngPurpose::DiffusionFallback)};
+  const PhiloxKey k = PhiloxKey::make(seed, RngPurpose::EvalNoise);
+  return {k, k, k, 1, 2, 3};
+}
+
 void noise_sample(const int32_t* clean, int64_t len, int64_t g, const DiffusionConfig& cfg,
-                  uint64_t seed, int32_t* input, uint8_t* mask, float* weight) {
+                  const NoiseKeys& keys, int32_t* input, uint8_t* mask, float* weight) {
   const float t_raw =
-      uniform_from_u32(philox(PhiloxKey::make(seed, RngPurpose::DiffusionTime), 0, 0, lo32(g), hi32(g)).w[0]);
+      uniform_from_u32(philox(keys.time, 0, keys.time_c1, lo32(g), hi32(g)).w[0]);
   double t = t_raw;
   double p_mask = t;
   if (cfg.loss_weight == DlmLossWeight::InvT) {
@@ -26,17 +41,15 @@ void noise_sample(const int32_t* clean, int64_t len, int64_t g, const DiffusionC
   } else if (cfg.loss_weight == DlmLossWeight::InvTEps) {
     p_mask = (1.0 - kLladaEps) * t + kLladaEps;
   }
-  const PhiloxKey mask_key = PhiloxKey::make(seed, RngPurpose::DiffusionMask);
   int64_t n = 0;
   for (int64_t i = 0; i < len; ++i) {
-    const float u = uniform_from_u32(philox(mask_key, lo32(i), 0, lo32(g), hi32(g)).w[0]);
+    const float u = uniform_from_u32(philox(keys.mask, lo32(i), keys.mask_c1, lo32(g), hi32(g)).w[0]);
     mask[i] = u < p_mask ? 1 : 0;
     n += mask[i];
   }
   const int64_t need = std::min<int64_t>(cfg.min_masked, len);
-  const PhiloxKey fb_key = PhiloxKey::make(seed, RngPurpose::DiffusionFallback);
   for (uint32_t k = 0; n < need; ++k) {
-    const float u = uniform_from_u32(philox(fb_key, k, 0, lo32(g), hi32(g)).w[0]);
+    const float u = uniform_from_u32(philox(keys.fallback, k, keys.fallback_c1, lo32(g), hi32(g)).w[0]);
     const int64_t j = std::min<int64_t>(static_cast<int64_t>(u * static_cast<double>(len)), len - 1);
     if (!mask[j]) {
       mask[j] = 1;
@@ -94,14 +107,27 @@ HostMicroBatch build_micro_batch(const std::vector<std::vector<int32_t>>& sample
   mb.loss_weights.resize(n);
   mb.positions.resize(n);
   mb.noise_mask.assign(n, 0);
+  if (ctx.per_document_attention) mb.document_ids.assign(n, 0);
+  const NoiseKeys keys = noise_keys(ctx.seed, ctx.training);
   double loss_tokens = 0;
   for (int64_t b = 0; b < mb.batch; ++b) {
     const int32_t* w = samples[static_cast<size_t>(b)].data();
     const size_t row = static_cast<size_t>(b * len);
-    for (int64_t i = 0; i < len; ++i) mb.positions[row + static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    // The model's input tokens: w_1..w_len (diffusion, before noising) or w_0..w_{len-1}.
+    const int32_t* in = diffusion ? w + 1 : w;
+    int32_t doc = 0, start = 0;
+    for (int64_t i = 0; i < len; ++i) {
+      const size_t k = row + static_cast<size_t>(i);
+      mb.positions[k] = static_cast<int32_t>(ctx.reset_position_ids ? i - start : i);
+      if (ctx.per_document_attention) mb.document_ids[k] = doc;
+      if (in[i] == ctx.eod_token && ctx.eod_token >= 0) {  // the EOD closes its document
+        ++doc;
+        start = static_cast<int32_t>(i + 1);
+      }
+    }
     if (diffusion) {
       const int32_t* clean = w + 1;  // no shift: input and label are the same token w_{i+1}
-      noise_sample(clean, len, first_sample + b, config, ctx.seed, &mb.input_ids[row],
+      noise_sample(clean, len, first_sample + b, config, keys, &mb.input_ids[row],
                    &mb.noise_mask[row], &mb.loss_weights[row]);
       for (int64_t i = 0; i < len; ++i) {
         mb.labels[row + static_cast<size_t>(i)] = clean[i];

@@ -5,6 +5,7 @@
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/reduce.h"
+#include "megadlm/parallel/tensor_parallel/mappings.h"
 
 namespace megadlm {
 
@@ -13,99 +14,241 @@ namespace {
 constexpr uint32_t kEmbeddingDropoutSite = 0xE0000000u;
 }  // namespace
 
-GptModel::GptModel(const TransformerConfig& config, ParameterStore& store)
-    : cfg_(config), store_(store) {
+GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, TensorParallelLayout tp,
+                   ModelChunkSpec chunk)
+    : cfg_(config), store_(store), tp_(tp), chunk_(chunk) {
+  if (chunk_.num_layers < 0) chunk_.num_layers = config.num_layers - chunk_.first_layer;
+  MDLM_CHECK(chunk_.first_layer >= 0 && chunk_.first_layer + chunk_.num_layers <= config.num_layers,
+             "model chunk layers [", chunk_.first_layer, ", ", chunk_.first_layer + chunk_.num_layers,
+             ") outside the ", config.num_layers, " layers");
   const ParamInit init{InitKind::Normal, config.init_method_std};
-  word_embeddings_ = store.add("embedding.word_embeddings.weight",
-                               {config.padded_vocab_size, config.hidden_size}, init, true);
-  if (config.position_embedding_type == PositionEmbeddingType::LearnedAbsolute) {
-    position_embeddings_ = store.add("embedding.position_embeddings.weight",
-                                     {config.max_position_embeddings, config.hidden_size}, init, true);
+  const TpSlice vocab{TpSplit::Rows, tp.rank, tp.size};
+  MDLM_CHECK(config.padded_vocab_size % tp.size == 0, "padded vocabulary ", config.padded_vocab_size,
+             " does not split over ", tp.size, " tensor-parallel ranks");
+  vocab_start_ = config.padded_vocab_size / tp.size * tp.rank;
+  const bool tied = !config.untie_embeddings_and_output_weights;
+  if (chunk_.embedding) {
+    word_embeddings_ = store.add("embedding.word_embeddings.weight",
+                                 {config.padded_vocab_size, config.hidden_size}, init, true, false, vocab);
+    if (tied && !chunk_.head) store.set_pipeline_share(word_embeddings_, PipelineShare::Original);
+    if (config.position_embedding_type == PositionEmbeddingType::LearnedAbsolute) {
+      // Under SP each rank adds positions to its own rows: partial gradients.
+      const TpSlice pos{TpSplit::Replicated, tp.rank, tp.size, tp.sequence_parallel && tp.size > 1};
+      position_embeddings_ = store.add("embedding.position_embeddings.weight",
+                                       {config.max_position_embeddings, config.hidden_size}, init,
+                                       true, false, pos);
+    }
+    for (int h = word_embeddings_; h < static_cast<int>(store.descs().size()); ++h)
+      embedding_handles_.push_back(h);
   }
-  for (int h = word_embeddings_; h < static_cast<int>(store.descs().size()); ++h)
-    embedding_handles_.push_back(h);
-  layers_.reserve(static_cast<size_t>(config.num_layers));
-  for (int i = 0; i < config.num_layers; ++i) layers_.emplace_back(cfg_, i, store);
-  const int head_first = static_cast<int>(store.descs().size());
-  final_norm_ = NormLayer(config.normalization, config.norm_epsilon, "decoder.final_layernorm",
-                          config.hidden_size, store);
-  if (config.untie_embeddings_and_output_weights) {
-    output_layer_ = store.add("output_layer.weight", {config.padded_vocab_size, config.hidden_size},
-                              init, true);
-  } else {
-    output_layer_ = word_embeddings_;  // tied: logits = h * E^T, both gradients land in E
+  layers_.reserve(static_cast<size_t>(chunk_.num_layers));
+  for (int i = 0; i < chunk_.num_layers; ++i) layers_.emplace_back(cfg_, chunk_.first_layer + i, store, tp);
+  if (chunk_.head) {
+    const int head_first = static_cast<int>(store.descs().size());
+    final_norm_ = NormLayer(config.normalization, config.norm_epsilon, "decoder.final_layernorm",
+                            config.hidden_size, store,
+                            TpSlice{TpSplit::Replicated, tp.rank, tp.size, tp.sequence_parallel && tp.size > 1});
+    if (!tied) {
+      output_layer_ = store.add("output_layer.weight", {config.padded_vocab_size, config.hidden_size},
+                                init, true, false, vocab);
+    } else if (chunk_.embedding) {
+      output_layer_ = word_embeddings_;  // tied: logits = h * E^T, both gradients land in E
+    } else {
+      // The last stage's copy of the tied embedding: same name, so the same initial values.
+      output_layer_ = store.add("embedding.word_embeddings.weight",
+                                {config.padded_vocab_size, config.hidden_size}, init, true, false, vocab);
+      store.set_pipeline_share(output_layer_, PipelineShare::Copy);
+    }
+    // A tied embedding held by this chunk is final only after the embedding's own backward.
+    for (int h = head_first; h < static_cast<int>(store.descs().size()); ++h) head_handles_.push_back(h);
   }
-  // A tied embedding's gradient is final only after the embedding's own backward.
-  for (int h = head_first; h < static_cast<int>(store.descs().size()); ++h) head_handles_.push_back(h);
 }
 
-void GptModel::forward(const MicroBatch& mb, ModelRecord& rec, Tensor& loss_sum, float grad_scale,
-                       const ModelRuntime& rt) const {
+int64_t GptModel::hidden_rows(int64_t tokens) const {
+  return tp_.sequence_parallel && tp_.size > 1 ? tp::shard_rows(tokens, tp_.size) : tokens;
+}
+
+std::vector<std::pair<int, int>> GptModel::units() const {
+  const int n = static_cast<int>(layers_.size());
+  std::vector<std::pair<int, int>> out;
+  const bool uniform = cfg_.recompute_granularity == RecomputeGranularity::Full &&
+                       cfg_.recompute_method == RecomputeMethod::Uniform;
+  const int size = uniform ? std::max(1, cfg_.recompute_num_layers) : 1;
+  for (int i = 0; i < n; i += size) out.push_back({i, std::min(size, n - i)});
+  return out;
+}
+
+bool GptModel::recomputed(size_t unit) const {
+  if (cfg_.recompute_granularity != RecomputeGranularity::Full) return false;
+  if (cfg_.recompute_method == RecomputeMethod::Uniform) return true;
+  return static_cast<int>(unit) < cfg_.recompute_num_layers;  // block: the first N layers
+}
+
+Tensor GptModel::embed(const MicroBatch& mb, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
+  const bool sp = tp_.sequence_parallel && tp_.size > 1;
+  const int64_t shard_offset = sp ? tp::shard_rows(t, tp_.size) * tp_.rank : 0;
   if (rt.hooks) rt.hooks->params_needed(embedding_handles_);
+  // Vocab-parallel lookup: ids outside this rank's rows give zero rows; the sum over TP is the
+  // embedding (reduce-scattered to this rank's rows under SP).
   Tensor x = Tensor::empty({t, cfg_.hidden_size}, rt.dtype, s);
-  ops::embedding_forward(store_.param(word_embeddings_), mb.input_ids, x, 0, s);
+  ops::embedding_forward(store_.param(word_embeddings_), mb.input_ids, x, vocab_start_, s);
+  x = sp ? tp::scatter_rows(x, rt.tp, s) : x;
+  if (!sp) tp::all_reduce(x, rt.tp, s);
   if (position_embeddings_ >= 0) {
+    Tensor positions = sp ? tp::shard_of(mb.positions.view({t, 1}), rt.tp, s).view({x.rows()})
+                          : mb.positions;
     Tensor pos = Tensor::empty(x.shape(), rt.dtype, s);
-    ops::embedding_forward(store_.param(position_embeddings_), mb.positions, pos, 0, s);
+    ops::embedding_forward(store_.param(position_embeddings_), positions, pos, 0, s);
     ops::add(x, pos, x, s);
   }
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
   if (p > 0) {
     Tensor zeros = Tensor::zeros(x.shape(), x.dtype(), s);
-    ops::DropoutArgs d{p, rt.seed, kEmbeddingDropoutSite, mb.seq, mb.first_sample, 0, 0};
+    ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
+                       .sample_offset = mb.first_sample, .row_offset = shard_offset};
     ops::dropout_add_forward(x, zeros, x, d, s);
   }
+  return x;
+}
 
-  rec.layers.assign(layers_.size(), LayerRecord{});
-  for (size_t i = 0; i < layers_.size(); ++i) x = layers_[i].forward(x, mb, rec.layers[i], rt);
+void GptModel::embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  const int64_t t = mb.tokens();
+  const bool sp = tp_.sequence_parallel && tp_.size > 1;
+  const int64_t shard_offset = sp ? tp::shard_rows(t, tp_.size) * tp_.rank : 0;
+  const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
+  if (p > 0) {
+    ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
+                       .sample_offset = mb.first_sample, .row_offset = shard_offset};
+    ops::dropout_backward(dx, dx, d, s);
+  }
+  if (position_embeddings_ >= 0) {
+    Tensor positions = sp ? tp::shard_of(mb.positions.view({t, 1}), rt.tp, s).view({dx.rows()})
+                          : mb.positions;
+    Tensor dpe = store_.grad(position_embeddings_);
+    ops::embedding_backward(positions, dx, dpe, 0, s);
+  }
+  // The vocab-parallel lookup's backward needs every row's gradient on every rank.
+  Tensor dx_full = sp ? tp::gather_rows(dx, t, rt.tp, s) : dx;
+  Tensor dwe = store_.grad(word_embeddings_);
+  ops::embedding_backward(mb.input_ids, dx_full, dwe, vocab_start_, s);
+  if (rt.hooks) rt.hooks->grads_ready(embedding_handles_);
+}
 
+void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& rec,
+                            Tensor& loss_sum, float grad_scale, const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  const int64_t t = mb.tokens();
+  const bool sp = tp_.sequence_parallel && tp_.size > 1;
   if (rt.hooks) rt.hooks->params_needed(head_handles_);
-  rec.final_out = final_norm_.forward(x, rec.final_norm, s);
-  x = Tensor();
-  Tensor logits = Tensor::empty({t, cfg_.padded_vocab_size}, rt.dtype, s);
+  Tensor h = final_norm_.forward(x, rec.final_norm, s);
+  rec.final_out = sp ? tp::gather_rows(h, t, rt.tp, s) : h;
+  h = Tensor();
+  const int64_t local_vocab = cfg_.padded_vocab_size / tp_.size;
+  Tensor logits = Tensor::empty({t, local_vocab}, rt.dtype, s);
   ops::gemm(rec.final_out, store_.param(output_layer_), logits, {.trans_b = true}, s);
   rec.losses = Tensor::empty({t}, rt.stat_dtype(), s);
-  if (grad_scale > 0) {
-    ops::cross_entropy_forward_backward(logits, mb.labels, mb.loss_weights, rec.losses, grad_scale,
-                                        s);
-    rec.dlogits = logits;
+  if (tp_.size == 1) {
+    if (grad_scale > 0) {
+      ops::cross_entropy_forward_backward(logits, mb.labels, mb.loss_weights, rec.losses,
+                                          grad_scale, s);
+    } else {
+      ops::cross_entropy_forward(logits, mb.labels, rec.losses, s);
+      rec.logits = logits;
+    }
   } else {
-    ops::cross_entropy_forward(logits, mb.labels, rec.losses, s);
-    rec.logits = logits;
+    // Vocab-parallel cross-entropy: global row max, then the global sum of exponentials and the
+    // target's logit, each an all-reduce of one number per token.
+    Tensor row_max = Tensor::empty({t}, rt.stat_dtype(), s);
+    Tensor sum_exp = Tensor::empty({t}, rt.stat_dtype(), s);
+    Tensor target_logit = Tensor::empty({t}, rt.stat_dtype(), s);
+    ops::cross_entropy_shard_max(logits, row_max, s);
+    rt.tp->all_reduce(row_max, comm::ReduceOp::Max, s);
+    ops::cross_entropy_shard_stats(logits, mb.labels, vocab_start_, row_max, sum_exp, target_logit, s);
+    rt.tp->all_reduce(sum_exp, comm::ReduceOp::Sum, s);
+    rt.tp->all_reduce(target_logit, comm::ReduceOp::Sum, s);
+    ops::cross_entropy_shard_finish(logits, mb.labels, vocab_start_, row_max, sum_exp, target_logit,
+                                    mb.loss_weights, rec.losses, grad_scale > 0 ? grad_scale : 0.0f, s);
   }
+  if (grad_scale > 0) rec.dlogits = logits;
   ops::dot(rec.losses, mb.loss_weights, loss_sum, s);
 }
 
-void GptModel::backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
+Tensor GptModel::head_backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
+  const bool sp = tp_.sequence_parallel && tp_.size > 1;
   MDLM_CHECK(rec.dlogits.defined(), "GptModel::backward without a training forward");
-  // Output layer: dW_out [V, H] += dlogits^T * h ; dh = dlogits * W_out.
+  // Output layer (column-parallel over the vocabulary): dW_out += dlogits^T h; dh sums over TP.
   Tensor dw = store_.grad(output_layer_);
   ops::gemm(rec.dlogits, rec.final_out, dw, {.trans_a = true, .beta = 1.0f}, s);
   Tensor dh = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
   ops::gemm(rec.dlogits, store_.param(output_layer_), dh, {}, s);
   rec.dlogits = rec.final_out = Tensor();
-
+  if (sp) {
+    dh = tp::scatter_rows(dh, rt.tp, s);
+  } else {
+    tp::all_reduce(dh, rt.tp, s);
+  }
+  (void)mb;
   Tensor dx = final_norm_.backward(dh, rec.final_norm, s);
-  dh = Tensor();
   if (rt.hooks) rt.hooks->grads_ready(head_handles_);
-  for (size_t i = layers_.size(); i-- > 0;) dx = layers_[i].backward(dx, mb, rec.layers[i], rt);
+  return dx;
+}
 
-  const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
-  if (p > 0) {
-    ops::DropoutArgs d{p, rt.seed, kEmbeddingDropoutSite, mb.seq, mb.first_sample, 0, 0};
-    ops::dropout_backward(dx, dx, d, s);
+Tensor GptModel::forward(const MicroBatch& mb, const Tensor& input, ModelRecord& rec,
+                         Tensor& loss_sum, float grad_scale, const ModelRuntime& rt) const {
+  Tensor x = chunk_.embedding ? embed(mb, rt) : input;
+  MDLM_CHECK(x.defined(), "a model chunk without the embedding needs the previous stage's input");
+  const auto us = units();
+  rec.layers.assign(layers_.size(), LayerRecord{});
+  rec.unit_inputs.assign(us.size(), Tensor());
+  for (size_t u = 0; u < us.size(); ++u) {
+    if (recomputed(u)) {
+      // Keep only the unit's input; the layers' records are rebuilt in backward.
+      rec.unit_inputs[u] = x;
+      for (int i = us[u].first; i < us[u].first + us[u].second; ++i) {
+        LayerRecord scratch;
+        x = layers_[static_cast<size_t>(i)].forward(x, mb, scratch, rt);
+      }
+    } else {
+      for (int i = us[u].first; i < us[u].first + us[u].second; ++i)
+        x = layers_[static_cast<size_t>(i)].forward(x, mb, rec.layers[static_cast<size_t>(i)], rt);
+    }
   }
-  Tensor dwe = store_.grad(word_embeddings_);
-  ops::embedding_backward(mb.input_ids, dx, dwe, 0, s);
-  if (position_embeddings_ >= 0) {
-    Tensor dpe = store_.grad(position_embeddings_);
-    ops::embedding_backward(mb.positions, dx, dpe, 0, s);
+  if (!chunk_.head) return x;
+  head_forward(mb, x, rec, loss_sum, grad_scale, rt);
+  return Tensor();
+}
+
+Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, ModelRecord& rec,
+                          const ModelRuntime& rt) const {
+  Tensor dx = chunk_.head ? head_backward(mb, rec, rt) : output_grad;
+  MDLM_CHECK(dx.defined(), "a model chunk without the head needs the next stage's gradient");
+  const auto us = units();
+  for (size_t u = us.size(); u-- > 0;) {
+    const int first = us[u].first, last = us[u].first + us[u].second;
+    if (recomputed(u)) {
+      // Re-run the unit's forward from its saved input to rebuild the records; dropout and
+      // attention dropout are keyed by coordinates, so the activations are the same.
+      Tensor x = rec.unit_inputs[u];
+      rec.unit_inputs[u] = Tensor();
+      ModelRuntime quiet = rt;
+      quiet.hooks = nullptr;  // parameters are already in place; no second "needed" notice
+      for (int i = first; i < last; ++i)
+        x = layers_[static_cast<size_t>(i)].forward(x, mb, rec.layers[static_cast<size_t>(i)], quiet);
+    }
+    for (int i = last; i-- > first;)
+      dx = layers_[static_cast<size_t>(i)].backward(dx, mb, rec.layers[static_cast<size_t>(i)], rt);
   }
-  if (rt.hooks) rt.hooks->grads_ready(embedding_handles_);
+  if (!chunk_.embedding) {
+    rec = ModelRecord{};
+    return dx;
+  }
+  embed_backward(mb, dx, rt);
   rec = ModelRecord{};
+  return Tensor();
 }
 
 }  // namespace megadlm

@@ -19,6 +19,11 @@ MicroBatch MicroBatch::upload(const HostMicroBatch& h, const Stream& stream) {
   mb.labels = Tensor::from_ints(h.labels, {t}).to(dev, stream);
   mb.positions = Tensor::from_ints(h.positions, {t}).to(dev, stream);
   mb.loss_weights = Tensor::from_floats(h.loss_weights, {t}).to(dev, stream);
+  if (!h.document_ids.empty()) {
+    MDLM_CHECK(static_cast<int64_t>(h.document_ids.size()) == t,
+               "micro-batch document_ids must have batch*seq = ", t, " entries");
+    mb.document_ids = Tensor::from_ints(h.document_ids, {t}).to(dev, stream);
+  }
   return mb;
 }
 

@@ -4,11 +4,14 @@
 namespace megadlm {
 
 NormLayer::NormLayer(NormType type, float eps, const std::string& prefix, int64_t width,
-                     ParameterStore& store)
+                     ParameterStore& store, TpSlice tp)
     : type_(type), eps_(eps), store_(&store) {
-  weight_ = store.add(prefix + ".weight", {width}, {InitKind::Ones, 0.0f}, /*weight_decay=*/false);
+  tp.split = TpSplit::Replicated;
+  weight_ = store.add(prefix + ".weight", {width}, {InitKind::Ones, 0.0f}, /*weight_decay=*/false,
+                      false, tp);
   if (type == NormType::LayerNorm)
-    bias_ = store.add(prefix + ".bias", {width}, {InitKind::Zeros, 0.0f}, /*weight_decay=*/false);
+    bias_ = store.add(prefix + ".bias", {width}, {InitKind::Zeros, 0.0f}, /*weight_decay=*/false,
+                      false, tp);
 }
 
 Tensor NormLayer::forward(const Tensor& x, NormRecord& rec, const Stream& stream) const {

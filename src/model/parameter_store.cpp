@@ -12,10 +12,22 @@ constexpr int64_t kAlign = 64;  // elements; keeps 16-byte vector loads aligned 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape& shape,
+ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape& global_shape,
                                            ParamInit init, bool weight_decay,
-                                           bool fuse_with_previous) {
+                                           bool fuse_with_previous, TpSlice tp) {
   MDLM_CHECK(!materialized(), "parameter ", name, " added after materialize()");
+  MDLM_CHECK(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "parameter ", name,
+             ": bad tensor-parallel rank ", tp.rank, " of ", tp.size);
+  Shape shape = global_shape;
+  int64_t row_offset = 0, col_offset = 0;
+  if (tp.split != TpSplit::Replicated && tp.size > 1) {
+    const size_t dim = tp.split == TpSplit::Rows ? 0 : 1;
+    MDLM_CHECK(global_shape.size() > dim && global_shape[dim] % tp.size == 0, "parameter ", name,
+               " ", shape_str(global_shape), ": dimension ", dim, " does not split into ", tp.size,
+               " tensor-parallel parts");
+    shape[dim] = global_shape[dim] / tp.size;
+    (dim == 0 ? row_offset : col_offset) = shape[dim] * tp.rank;
+  }
   for (const ParamDesc& d : descs_) MDLM_CHECK(d.name != name, "duplicate parameter name ", name);
   if (fuse_with_previous) {
     MDLM_CHECK(!descs_.empty(), "parameter ", name, " fused with nothing");
@@ -25,8 +37,23 @@ ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape&
                "parameter ", name, " cannot be fused with ", prev.name,
                ": rows must have the same width");
   }
-  descs_.push_back(ParamDesc{name, shape, init, weight_decay, fuse_with_previous, 0});
+  ParamDesc d;
+  d.name = name;
+  d.shape = shape;
+  d.init = init;
+  d.weight_decay = weight_decay;
+  d.fuse_with_previous = fuse_with_previous;
+  d.global_shape = global_shape;
+  d.tp = tp;
+  d.row_offset = row_offset;
+  d.col_offset = col_offset;
+  descs_.push_back(std::move(d));
   return static_cast<Handle>(descs_.size() - 1);
+}
+
+void ParameterStore::set_pipeline_share(Handle h, PipelineShare share) {
+  MDLM_CHECK(!materialized(), "set_pipeline_share after materialize()");
+  descs_.at(static_cast<size_t>(h)).pipeline_share = share;
 }
 
 int64_t ParameterStore::num_parameters() const {
@@ -60,6 +87,11 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
     current.begin = offset;
   };
   for (const auto& g : groups) {
+    // A weight shared across pipeline stages gets a bucket of its own, laid out the same on both
+    // stages, so that its gradient can be summed over the embedding group before its bucket is
+    // reduced (and its distributed-optimizer shards line up on both stages).
+    const bool shared = descs_[static_cast<size_t>(g.front())].pipeline_share != PipelineShare::None;
+    if (shared) close_bucket();
     offset = align_up(offset, kAlign);
     for (Handle h : g) {
       ParamDesc& d = descs_[static_cast<size_t>(h)];
@@ -68,7 +100,8 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
       current.params.push_back(h);
       bucket_of_[static_cast<size_t>(h)] = static_cast<int>(buckets_.size());
     }
-    if (layout.bucket_size > 0 && offset - current.begin >= layout.bucket_size) close_bucket();
+    if (shared || (layout.bucket_size > 0 && offset - current.begin >= layout.bucket_size))
+      close_bucket();
   }
   close_bucket();
   flat_size_ = offset;
@@ -99,14 +132,18 @@ void ParameterStore::fill_param_range(Tensor& out, int64_t out_offset, const Par
     }
     case InitKind::Normal: break;
   }
-  // A flat range of a [rows, cols] parameter is a partial row, whole rows, a partial row; each
-  // piece is a rectangle for fill_normal, which keys every element by its global index.
-  const int64_t cols = d.shape.size() >= 2 ? d.numel() / d.shape[0] : d.numel();
+  // A flat range of a local [rows, cols] tensor is a partial row, whole rows, a partial row; each
+  // piece is a rectangle for fill_normal, which keys every element by its index in the global
+  // (unsplit) tensor: local (r, c) is global (row_offset + r, col_offset + c).
+  const bool vector = d.shape.size() < 2;
+  const int64_t cols = vector ? d.numel() : d.numel() / d.shape[0];
+  const int64_t global_cols =
+      vector ? shape_numel(d.global_shape) : shape_numel(d.global_shape) / d.global_shape[0];
   ops::NormalInitArgs a;
   a.seed = seed_;
   a.param_id = stable_name_id(d.name.c_str());
   a.std = d.init.std;
-  a.global_cols = cols;
+  a.global_cols = global_cols;
   int64_t pos = start, done = 0;
   while (done < count) {
     const int64_t row = pos / cols, col = pos % cols;
@@ -115,8 +152,9 @@ void ParameterStore::fill_param_range(Tensor& out, int64_t out_offset, const Par
       rows = (count - done) / cols;
       width = cols;
     }
-    a.row_offset = row;
-    a.col_offset = col;
+    // A 1-D parameter is one row: its split (if any) moves along the columns.
+    a.row_offset = vector ? 0 : row + d.row_offset;
+    a.col_offset = col + (vector ? d.row_offset : d.col_offset);
     Tensor piece = out.slice_flat(out_offset + done, {rows, width});
     ops::fill_normal(piece, a, stream);
     pos += rows * width;

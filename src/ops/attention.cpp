@@ -32,6 +32,14 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   detail::check_numel(op, k, a.batch * a.seq * a.num_kv_heads * a.head_dim, "k");
   detail::check_numel(op, v, a.batch * a.seq * a.num_kv_heads * a.head_dim, "v");
   MDLM_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), op, ": q, k, v dtypes differ");
+  if (a.document_ids != nullptr) {
+    MDLM_CHECK(a.document_ids->dtype() == DType::I32 && a.document_ids->numel() == a.batch * a.seq &&
+                   a.document_ids->device() == q.device(),
+               op, ": document_ids must be int32 [batch, seq] on the device of q, got ",
+               a.document_ids->str());
+    MDLM_CHECK(!q.is_cuda(), op, ": per-document attention (--reset-attention-mask packing) is "
+               "not supported by the CUDA attention kernels yet; use --device cpu");
+  }
   if (q.is_cuda()) {
     MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());
     // 64 and 128 run the flash kernels; other sizes up to 256 the simple CUDA path.

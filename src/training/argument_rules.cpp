@@ -25,6 +25,8 @@
 #include <climits>
 #include <cmath>
 #include <sstream>
+#include "megadlm/core/error.h"
+#include "megadlm/data/tokenizer.h"
 #include "training/rules_common.h"
 
 namespace megadlm::training::detail {
@@ -447,6 +449,7 @@ void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
 // ------------------------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11)
 
 void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
+  const size_t errors_before = d.errors.size();
   const bool mock = a.b("mock_data");
   const bool data_path = a.is_set("data_path");
   const bool per_split =
@@ -484,13 +487,40 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
     d.error("V-59", a.flag_value("tokenizer_type") + " needs `--tokenizer-model`");
   if ((tok == "BertWordPieceLowerCase" || tok == "BertWordPieceCase") && !a.is_set("vocab_file"))
     d.error("V-59", a.flag_value("tokenizer_type") + " needs `--vocab-file`");
+  // The tokenizer, when one is named (NullTokenizer excepted), gives the vocabulary: loading it
+  // here checks its files before anything starts (Megatron ignores --vocab-size for it too).
+  if (!tok.empty() && tok != "NullTokenizer" && d.errors.size() == errors_before) {
+    try {
+      data::TokenizerConfig tc;
+      tc.type = tok;
+      tc.model = a.s("tokenizer_model");
+      tc.vocab_file = a.s("vocab_file");
+      tc.merge_file = a.s("merge_file");
+      const auto t = data::load_tokenizer(tc);
+      if (a.is_set("vocab_size") && a.i("vocab_size") != t->vocab_size())
+        d.warn(a.flag_value("vocab_size") + " is ignored: the tokenizer has " +
+               num(t->vocab_size()) + " ids");
+      a.set("vocab_size", t->vocab_size());
+      a.set("tokenizer_eod", static_cast<int64_t>(t->eod()));
+    } catch (const Error& e) {
+      d.error("V-59", std::string("cannot load the tokenizer: ") + e.what());
+      return;
+    }
+  }
   // M-11 (V-59 for NullTokenizer): without a tokenizer the vocabulary comes from --vocab-size.
   if (!a.is_set("vocab_size")) {
     d.error(tok == "NullTokenizer" ? "V-59" : "M-11",
-            "`--vocab-size` is required (megadlm takes the vocabulary size from it; tokenizer "
-            "files are not supported yet)");
+            "`--vocab-size` is required without a tokenizer (or give `--tokenizer-type` and its "
+            "files: the vocabulary then comes from the tokenizer)");
     return;
   }
+  // The EOD id: the tokenizer's, mock data's 0, or unknown (no document boundaries).
+  if (tok == "NullTokenizer") a.set("tokenizer_eod", a.i("vocab_size") - 1);
+  const bool eod_known = mock || a.is_set("tokenizer_eod");
+  for (const char* dest : {"eod_mask_loss", "reset_position_ids", "reset_attention_mask"})
+    if (a.b(dest) && !eod_known)
+      d.error("V-59", a.flag_value(dest) + " needs the end-of-document id: give `--tokenizer-type` "
+                      "(and its files) with `--data-path`");
   // Padded vocabulary (§2.2). Megatron's NullTokenizer reserves one more id for EOD and pads
   // vocab_size + 1; megadlm takes --vocab-size as the full vocabulary (the EOD id included),
   // which is what the MegaDLMs 1.7B example means by --vocab-size 50289 with its HF tokenizer.
@@ -543,6 +573,14 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
     if (c.cp > 1)
       d.error("D-6", "packed batches cannot be combined with " + a.flag_value("context_parallel_size"));
   }
+  // Per-document attention: MegaDLMs' packed difflm batches, or Megatron's blocked causal mask.
+  const bool per_document = a.b("reset_attention_mask") &&
+                            (!difflm || (a.b("reset_position_ids") && a.b("cut_off_varlen_to_seqlen")));
+  a.set("per_document_attention", per_document);
+  if (difflm && a.b("reset_attention_mask") && !per_document)
+    d.warn("`--reset-attention-mask` without `--reset-position-ids --cut-off-varlen-to-seqlen` "
+           "has no effect with difflm-noshift (bidirectional attention ignores the dataloader "
+           "mask, as in MegaDLMs)");
   // D-7
   const double p = a.f("difflm_varilen_prob");
   if (p < 0 || p > 1) d.error("D-7", a.flag_value("difflm_varilen_prob") + " must lie in [0, 1]");
@@ -561,6 +599,10 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
   const std::string device_text =
       given ? a.flag_value("device") : "`--device cuda` (the default when a GPU is visible)";
   if (a.s("device") == "cuda") {
+    if (a.b("per_document_attention"))
+      d.unsupported(device_text + " with per-document attention (`--reset-attention-mask`): the "
+                    "CUDA attention kernels do not support document boundaries yet; use "
+                    "`--device cpu`");
     if (!a.b("bf16"))
       d.unsupported(device_text + " without `--bf16`: fp32 training on CUDA is not supported yet "
                     "by megadlm; add `--bf16` (or use `--device cpu`)");
@@ -649,6 +691,13 @@ RunConfig build_run_config(const ArgState& a) {
   p.distributed_timeout_minutes = as_int("distributed_timeout_minutes");
 
   TransformerConfig& m = r.model;
+  if (a.is_set("recompute_granularity")) {
+    m.recompute_granularity = a.s("recompute_granularity") == "full" ? RecomputeGranularity::Full
+                                                                     : RecomputeGranularity::Selective;
+  }
+  m.recompute_method = a.s("recompute_method") == "block" ? RecomputeMethod::Block
+                                                          : RecomputeMethod::Uniform;
+  if (a.is_set("recompute_num_layers")) m.recompute_num_layers = as_int("recompute_num_layers");
   m.num_layers = as_int("num_layers");
   m.hidden_size = as_int("hidden_size");
   m.ffn_hidden_size = as_int("ffn_hidden_size");
@@ -740,8 +789,16 @@ RunConfig build_run_config(const ArgState& a) {
   dc.reset_position_ids = a.b("reset_position_ids");
   dc.reset_attention_mask = a.b("reset_attention_mask");
   dc.eod_mask_loss = a.b("eod_mask_loss");
+  dc.train_data_path = a.strings("train_data_path");
+  dc.valid_data_path = a.strings("valid_data_path");
+  dc.test_data_path = a.strings("test_data_path");
+  dc.renormalize_blend_weights = a.b("renormalize_blend_weights");
+  dc.cut_off_varlen_to_seqlen = a.b("cut_off_varlen_to_seqlen");
+  dc.per_document_attention = a.b("per_document_attention");
   dc.tokenizer_type = a.s("tokenizer_type");
   dc.tokenizer_model = a.s("tokenizer_model");
+  dc.vocab_file = a.s("vocab_file");
+  dc.merge_file = a.s("merge_file");
 
   CheckpointConfig& ck = r.checkpoint;
   ck.save = a.s("save");

@@ -532,10 +532,9 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
 
 void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
   if (!c.sizes_ok) return;
-  const char* suffix = " is not supported yet by megadlm (data parallelism is; see docs/roadmap.md)";
+  const char* suffix = " is not supported yet by megadlm (data, tensor and pipeline parallelism "
+                       "are; see docs/roadmap.md)";
   const std::pair<const char*, const char*> dims[] = {
-      {"tensor_model_parallel_size", "tensor parallelism"},
-      {"pipeline_model_parallel_size", "pipeline parallelism"},
       {"context_parallel_size", "context parallelism"},
       {"expert_model_parallel_size", "expert parallelism"},
       {"expert_tensor_parallel_size", "expert tensor parallelism"}};

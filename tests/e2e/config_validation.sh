@@ -12,7 +12,7 @@ rc=$?
 [ $rc -eq 0 ] || fail "dry run of a valid 1024-rank layout exited $rc: $out"
 echo "$out" | grep -q 'world size 1024 = tp 8 x cp 1 x dp 128 x pp 1' || fail "layout line missing"
 echo "$out" | grep -q 'tp .* \[0, 1, 2, 3, 4, 5, 6, 7\]' || fail "rank 0's tp group missing"
-echo "$out" | grep -q 'not supported yet' || fail "dry run should say TP is not supported yet"
+echo "$out" | grep -q 'valid and runnable by this build' || fail "dry run of TP 8 x DP 128 should be runnable: $out"
 
 out=$("$p" @"$src/configs/tiny_dlm.args" --tensor-model-parallel-size 3 --world-size 3 --dry-run 2>&1)
 rc=$?

@@ -20,7 +20,7 @@ cols b > "$tmp/b.cols"
 if ! cmp -s "$tmp/a.cols" "$tmp/b.cols"; then
   echo "FAIL: two identical runs logged different losses"; diff "$tmp/a.cols" "$tmp/b.cols" | head; exit 1
 fi
-[ "$(wc -l < "$tmp/a.jsonl")" -eq 100 ] || { echo "FAIL: expected 100 metrics lines"; exit 1; }
+[ "$(grep -c "\"lm_loss\"" "$tmp/a.jsonl")" -eq 100 ] || { echo "FAIL: expected 100 metrics lines"; exit 1; }
 for key in iteration lm_loss grad_norm lr consumed_samples elapsed_ms tokens_per_s tflops_per_gpu peak_mem_gb; do
   grep -q "\"$key\":" "$tmp/a.jsonl" || { echo "FAIL: metrics lack $key"; exit 1; }
 done

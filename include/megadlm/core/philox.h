@@ -10,6 +10,8 @@
 //   * weight init:   c0..c1 = element index (64-bit), c2 = param id (hash of the global name), c3 = 0
 //   * diffusion t:   c0 = 0,        c1 = 0, c2..c3 = global sample index
 //   * token masks:   c0 = position, c1 = 0, c2..c3 = global sample index
+//   * eval noise:    purpose EvalNoise, the t / mask / fallback counters above with c1 = 1 / 2 / 3,
+//                    c2..c3 = validation sample index
 //   * dropout:       c0 = hidden element / 4, c1 = position, c2 = sample low bits, c3 = layer site
 //   * attn dropout:  c0 = key position / 4, c1 = query position, c2 = sample low bits,
 //                    c3 = (layer site << 16) | query head

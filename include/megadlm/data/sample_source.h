@@ -13,6 +13,8 @@ class SampleSource {
   virtual std::vector<int32_t> sample(int64_t index) const = 0;
   /// End-of-document token id (for --eod-mask-loss), or -1.
   virtual int32_t eod_token() const = 0;
+  /// Number of samples available, or -1 when any index works (mock data).
+  virtual int64_t num_samples() const { return -1; }
 };
 
 }  // namespace megadlm

@@ -13,7 +13,14 @@
 //        philox(seed, DiffusionFallback, {k, 0, g}), k = 0, 1, ... (MegaDLMs: one position)
 //     weight of a masked token: l / n_b (exact_ratio), 1/t (inv_t), 1/((1-1e-3)t+1e-3) (inv_t_eps)
 //   input = mask token where m = 1, else x; label = x; loss weight = loss_mask * m * weight.
+// Evaluation (ctx.training false) draws t, masks and fallbacks from the EvalNoise purpose with
+// the same counters (c1 = 1, 2, 3 for t, mask, fallback) keyed by the validation sample index,
+// so every evaluation of the same held-out samples sees the same masks and numbers compare.
 // vanilla: input w_0..w_{S-1}, label w_1..w_S, loss weight = loss_mask, causal attention.
+// Documents (Megatron's --reset-position-ids / --reset-attention-mask): an EOD token ends its
+// document; with reset_position_ids positions restart at 0 after each EOD of the input, and
+// with per_document_attention each input token gets the index of its document within the row
+// (document_ids), which the attention uses to keep documents apart.
 // Every random number is a pure function of (seed, global sample index, position): identical
 // on every rank and for every parallel layout, and after a resume.
 #pragma once
@@ -31,6 +38,8 @@ struct BatchContext {
   bool bidirectional = true;      ///< varilen only with --attention-mask-type no_mask
   int32_t eod_token = -1;         ///< for --eod-mask-loss (-1: none)
   bool eod_mask_loss = false;
+  bool reset_position_ids = false;     ///< positions restart after each EOD
+  bool per_document_attention = false; ///< fill document_ids (packed per-document attention)
 };
 
 /// Micro-batch from `samples` (each S+1 tokens, Megatron's GPT sample); samples[b] has global

@@ -1,11 +1,28 @@
-// The transformer language model: embedding, layers, final norm, output layer and the fused
-// cross-entropy, with explicit forward and backward (no autograd).
+// The transformer language model, or one pipeline chunk of it: [embedding] → layers → [final norm,
+// output layer, fused cross-entropy], with explicit forward and backward (no autograd).
 //
-// Training: forward() runs through the loss and leaves d(loss)/d(logits) in the record (the
-// cross-entropy gradient overwrites the single logits buffer); backward() then runs the layers in
-// reverse and ADDS every weight gradient into the store's fp32 main grads. Per micro-batch the
-// objective is  grad_scale * sum_t loss_weights[t] * CE_t ; the trainer sets grad_scale to
-// 1 / (loss tokens of the global batch) so gradients are normalised globally.
+// Training: forward() runs through the loss (on the chunk that has the head) and leaves
+// d(loss)/d(logits) in the record (the cross-entropy gradient overwrites the single logits
+// buffer); backward() runs the layers in reverse and ADDS every weight gradient into the store's
+// fp32 main grads. Per micro-batch the objective is  grad_scale * sum_t loss_weights[t] * CE_t ;
+// the trainer sets grad_scale to 1 / (loss tokens of the global batch) so gradients are
+// normalised globally.
+//
+// Pipeline parallelism: a chunk without the embedding takes its input hidden states from the
+// previous stage and one without the head returns its output hidden states for the next stage
+// (backward: the output gradient comes in, the input gradient goes out). With tied embeddings
+// and the head on another rank than the embedding, the head chunk holds its own copy of
+// `embedding.word_embeddings.weight` (same global name and initial values); the two copies'
+// gradients are summed over the embedding group, so they stay identical.
+//
+// Tensor parallelism: the word embedding and the output layer are split over the padded
+// vocabulary (vocab-parallel); the cross-entropy is computed from the logit shards with three
+// small all-reduces (row max, sum of exponentials, target logit) instead of gathering logits.
+// Every TP rank ends with the same per-token losses.
+//
+// Activation recomputation (TransformerConfig::recompute_*): recomputed layers keep only their
+// input in forward and re-run forward inside backward; dropout masks are keyed by coordinates, so
+// the re-run is identical.
 #pragma once
 #include <vector>
 #include "megadlm/model/micro_batch.h"
@@ -16,36 +33,75 @@
 
 namespace megadlm {
 
+/// Which part of the model a chunk holds (the whole model by default).
+struct ModelChunkSpec {
+  bool embedding = true;  ///< word (and position) embedding: the first virtual stage
+  bool head = true;       ///< final norm, output layer and loss: the last virtual stage
+  int first_layer = 0;
+  int num_layers = -1;    ///< -1: every layer from first_layer on
+};
+
 struct ModelRecord {
   std::vector<LayerRecord> layers;
+  std::vector<Tensor> unit_inputs;  ///< recomputed units: the input each unit re-runs from
   NormRecord final_norm;
-  Tensor final_out;  ///< input of the output layer [T, H]
-  Tensor dlogits;    ///< [T, V]: the gradient left by the fused cross-entropy
-  Tensor logits;     ///< [T, V]: kept by an evaluation forward (grad_scale 0) for its caller
+  Tensor final_out;  ///< input of the output layer [T, H] (all rows, also under SP)
+  Tensor dlogits;    ///< [T, V/tp]: the gradient left by the fused cross-entropy
+  Tensor logits;     ///< [T, V]: kept by an evaluation forward (grad_scale 0) without TP
   Tensor losses;     ///< f32 [T]: unweighted per-token CE
 };
 
 class GptModel {
  public:
-  GptModel(const TransformerConfig& config, ParameterStore& store);
+  GptModel(const TransformerConfig& config, ParameterStore& store, TensorParallelLayout tp = {},
+           ModelChunkSpec chunk = {});
 
   const TransformerConfig& config() const { return cfg_; }
+  const ModelChunkSpec& chunk() const { return chunk_; }
 
-  /// Forward through the loss. Adds sum_t loss_weights[t] * CE_t into `loss_sum` (f32 [1]).
-  /// With `grad_scale` > 0 the cross-entropy gradient is kept for backward() (training).
+  /// Forward of this chunk. `input`: the previous stage's hidden states [rows, H] (ignored when
+  /// the chunk has the embedding). With the head, adds sum_t loss_weights[t] * CE_t into
+  /// `loss_sum` (f32 [1]), keeps the cross-entropy gradient when `grad_scale` > 0, and returns
+  /// an undefined tensor; otherwise returns the hidden states for the next stage.
+  Tensor forward(const MicroBatch& mb, const Tensor& input, ModelRecord& rec, Tensor& loss_sum,
+                 float grad_scale, const ModelRuntime& rt) const;
+  /// Backward of this chunk from `output_grad` (ignored with the head: the loss gradient is in
+  /// the record); returns the gradient of the input hidden states (undefined with the embedding).
+  Tensor backward(const MicroBatch& mb, const Tensor& output_grad, ModelRecord& rec,
+                  const ModelRuntime& rt) const;
+
+  /// The whole model (embedding and head on this chunk): forward through the loss / backward.
   void forward(const MicroBatch& mb, ModelRecord& rec, Tensor& loss_sum, float grad_scale,
-               const ModelRuntime& rt) const;
-  /// Backward from the gradient left by forward(); consumes the record.
-  void backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const;
+               const ModelRuntime& rt) const {
+    forward(mb, Tensor(), rec, loss_sum, grad_scale, rt);
+  }
+  void backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
+    backward(mb, Tensor(), rec, rt);
+  }
+
+  /// Rows of the hidden states exchanged between stages for a micro-batch of `tokens` tokens.
+  int64_t hidden_rows(int64_t tokens) const;
 
  private:
+  Tensor embed(const MicroBatch& mb, const ModelRuntime& rt) const;
+  void embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntime& rt) const;
+  void head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& rec, Tensor& loss_sum,
+                    float grad_scale, const ModelRuntime& rt) const;
+  Tensor head_backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const;
+  /// Layers [first, first + count) of this chunk as recomputation units.
+  std::vector<std::pair<int, int>> units() const;
+  bool recomputed(size_t unit) const;
+
   TransformerConfig cfg_;
   ParameterStore& store_;
+  TensorParallelLayout tp_;
+  ModelChunkSpec chunk_;
+  int64_t vocab_start_ = 0;             // first vocabulary row of this rank's shard
   ParameterStore::Handle word_embeddings_ = -1, position_embeddings_ = -1, output_layer_ = -1;
   std::vector<TransformerLayer> layers_;
   NormLayer final_norm_;
   std::vector<int> embedding_handles_;  // word (and position) embeddings
-  std::vector<int> head_handles_;       // final norm and the untied output layer
+  std::vector<int> head_handles_;       // final norm and the output layer (or its tied copy)
 };
 
 }  // namespace megadlm

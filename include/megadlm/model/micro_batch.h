@@ -18,12 +18,16 @@ struct HostMicroBatch {
   std::vector<float> loss_weights;    ///< [B*S] weight of each token's CE in the loss sum
   std::vector<int32_t> positions;     ///< [B*S] position ids (RoPE / learned embeddings)
   std::vector<uint8_t> noise_mask;    ///< [B*S] 1 where the input was replaced by the mask token
+  /// [B*S] document of each token within its row (0, 1, ...), or empty: attention then spans
+  /// the whole row. Tokens attend only to tokens of their own document.
+  std::vector<int32_t> document_ids;
   double loss_tokens = 0;             ///< sum of the Megatron loss mask: the normaliser's share
 };
 
 struct MicroBatch {
   int64_t batch = 0, seq = 0, first_sample = 0;
   Tensor input_ids, labels, loss_weights, positions;  ///< on the model's device
+  Tensor document_ids;  ///< int32 [B*S] or undefined (see HostMicroBatch)
   double loss_tokens = 0;
   int64_t tokens() const { return batch * seq; }
 

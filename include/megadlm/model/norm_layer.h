@@ -15,8 +15,10 @@ class NormLayer {
   NormLayer() = default;
   /// Registers `prefix`.weight (ones) and, for LayerNorm, `prefix`.bias (zeros); `width` is the
   /// normalised dimension.
+  /// `tp`: replicated over the TP group; `tp.partial_grad` when each rank sees only part of the
+  /// rows or heads (sequence parallelism, QK-layernorm), so gradients are summed over TP.
   NormLayer(NormType type, float eps, const std::string& prefix, int64_t width,
-            ParameterStore& store);
+            ParameterStore& store, TpSlice tp = {});
 
   /// x [R, width] -> y, saving x and statistics into rec.
   Tensor forward(const Tensor& x, NormRecord& rec, const Stream& stream) const;

@@ -22,19 +22,44 @@ namespace megadlm {
 
 enum class InitKind { Normal, Ones, Zeros };
 
+/// How a parameter is split over the tensor-parallel ranks (its local tensor is a box of the
+/// global one): Replicated (every rank holds all of it), Rows (dim 0 split evenly: column-parallel
+/// weights, their biases, vocab-parallel embeddings), Cols (dim 1 split: row-parallel weights).
+enum class TpSplit : uint8_t { Replicated, Rows, Cols };
+
+struct TpSlice {
+  TpSplit split = TpSplit::Replicated;
+  int rank = 0;
+  int size = 1;
+  /// Replicated parameters whose gradient each TP rank computes only in part (norms under
+  /// sequence parallelism, QK-layernorm weights): summed over the TP group before the optimizer.
+  bool partial_grad = false;
+};
+
 struct ParamInit {
   InitKind kind = InitKind::Normal;
   float std = 0.02f;
 };
 
+/// Tied embeddings across pipeline stages: the first stage's word embedding (Original) and the
+/// last stage's copy used as the output layer (Copy) get their gradients summed over the
+/// embedding group; each sits in a bucket of its own, and norms count only the Original.
+enum class PipelineShare : uint8_t { None, Original, Copy };
+
 struct ParamDesc {
   std::string name;  ///< global name, e.g. "decoder.layers.3.self_attention.linear_q.weight"
-  Shape shape;
+  Shape shape;       ///< this rank's (local) shape
   ParamInit init;
   bool weight_decay = true;
   bool fuse_with_previous = false;
   int64_t offset = 0;  ///< element offset in the flat buffers (set by materialize)
+  Shape global_shape;  ///< the unsplit tensor's shape
+  TpSlice tp;          ///< how this rank's tensor sits in the global one
+  PipelineShare pipeline_share = PipelineShare::None;
+  int64_t row_offset = 0, col_offset = 0;  ///< global coordinates of local element [0, 0]
   int64_t numel() const { return shape_numel(shape); }
+  /// Gradient norms count a replicated parameter on one TP rank only.
+  bool replicated() const { return tp.split == TpSplit::Replicated; }
 };
 
 struct BufferLayout {
@@ -51,8 +76,12 @@ class ParameterStore {
  public:
   using Handle = int;
 
-  Handle add(const std::string& name, const Shape& shape, ParamInit init, bool weight_decay,
-             bool fuse_with_previous = false);
+  /// Registers a parameter of global shape `global_shape`; with a TP split, this rank keeps
+  /// the slice `tp` describes (the split dimension must divide evenly).
+  Handle add(const std::string& name, const Shape& global_shape, ParamInit init, bool weight_decay,
+             bool fuse_with_previous = false, TpSlice tp = {});
+  /// Marks a parameter shared with another pipeline stage (before materialize).
+  void set_pipeline_share(Handle h, PipelineShare share);
 
   /// Lays out and allocates the buffers on `stream`'s device, zeroes the gradients and
   /// initialises the weights from `seed` in `param_dtype` (f32 on CPU, bf16 on CUDA).

@@ -11,6 +11,11 @@ enum class PositionEmbeddingType { LearnedAbsolute, Rope, None };
 enum class NormType { LayerNorm, RMSNorm };
 enum class MlpActivation { Gelu, SwiGLU };
 enum class AttentionMaskType { NoMask, Causal };
+/// Activation recomputation (--recompute-granularity / --recompute-method): Full drops a layer's
+/// activations in forward and re-runs the layer inside backward; Selective would drop the core
+/// attention's intermediates, which the flash kernels never store (so it changes nothing).
+enum class RecomputeGranularity { None, Full, Selective };
+enum class RecomputeMethod { Uniform, Block };
 
 struct TransformerConfig {
   int num_layers = 0;
@@ -37,6 +42,11 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   AttentionMaskType attention_mask = AttentionMaskType::NoMask;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
+  /// Uniform: layers are grouped into units of recompute_num_layers, each unit keeps only its
+  /// input; Block: the first recompute_num_layers layers of each pipeline chunk are recomputed.
+  RecomputeMethod recompute_method = RecomputeMethod::Uniform;
+  int recompute_num_layers = 1;
 
   int rotary_dim() const {
     return static_cast<int>(static_cast<float>(kv_channels) * rotary_percent) / 2 * 2;

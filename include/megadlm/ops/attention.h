@@ -21,6 +21,12 @@
 // dropout_p = 0 runs exactly the path without dropout (no random numbers, identical results).
 // Limits: global heads and dropout_site below 2^16; the CUDA flash kernels need
 // key_offset % 4 == 0.
+//
+// Per-document (packed, "varlen") attention: with document_ids, an int32 [B, S] tensor whose
+// values are non-decreasing along each row, query i of row b sees key j only when
+// document_ids[b, i] == document_ids[b, j] (and j <= i when causal): each document of a packed
+// row attends only to itself, as THD/cu_seqlens attention does. CPU only for now; the CUDA
+// kernels reject it (see docs/roadmap.md).
 #pragma once
 #include <cstdint>
 #include "megadlm/core/stream.h"
@@ -45,6 +51,8 @@ struct AttentionArgs {
   int64_t head_offset = 0;     ///< global index of query head 0 (tensor-parallel head shards)
   int64_t query_offset = 0;    ///< global position of query row 0 (context-parallel shards)
   int64_t key_offset = 0;      ///< global position of key row 0 (context-parallel shards)
+  /// int32 [B, S] document of each position (non-decreasing per row), or null: one document.
+  const Tensor* document_ids = nullptr;
 };
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

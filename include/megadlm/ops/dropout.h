@@ -2,8 +2,9 @@
 // same element is dropped whichever rank holds it and backward regenerates the mask instead of
 // storing it. Used as Megatron's bias-dropout-add on the residual path.
 //
-// Element (r, c) of x [R, C] belongs to global sample  sample_offset + r / seq_len,
-// position position_offset + r % seq_len, hidden column column_offset + c.
+// Element (r, c) of x [R, C] is row g = row_offset + r of its micro-batch and belongs to global
+// sample sample_offset + g / seq_len, position position_offset + g % seq_len, hidden column
+// column_offset + c.
 // It is kept iff uniform(philox(key(seed, HiddenDropout), {col/4, position, sample, site})[col%4]) >= p,
 // and kept values are scaled by 1/(1-p).
 #pragma once
@@ -20,6 +21,7 @@ struct DropoutArgs {
   int64_t seq_len = 1;           ///< rows per sample in x
   int64_t sample_offset = 0;     ///< global index of the sample of row 0
   int64_t position_offset = 0;   ///< global position of row 0 within its sample
+  int64_t row_offset = 0;        ///< x's row 0 is row `row_offset` of the micro-batch (SP shards)
   int64_t column_offset = 0;     ///< global column of column 0
 };
 

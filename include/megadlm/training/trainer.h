@@ -7,13 +7,19 @@
 // block of B*D consecutive samples, as Megatron's sampler does):
 //   1. build this rank's M host micro-batches (noise is a pure function of the global sample
 //      index); N = loss tokens of the whole global batch (all-reduced over DP)
-//   2. for each micro-batch: forward through the fused loss with grad_scale = 1/N, backward
-//      (weight gradients accumulate in fp32 main grads; DP buckets reduce as they finish)
+//   2. run the pipeline schedule (parallel/pipeline_parallel/schedule.h; one stage: forward
+//      then backward per micro-batch): forwards through the fused loss with grad_scale = 1/N,
+//      backwards accumulating fp32 main grads, activations and their gradients exchanged with
+//      the neighbouring stages; DP buckets reduce as they finish
 //   3. lm loss = sum over all ranks of weighted CE / N (the same number the gradient is of)
 //   4. grad norm over all main grads, each element once; non-finite -> the step is skipped (and
 //      with --check-for-nan-in-loss-and-grad, the run stops with an error naming the iteration)
 //   5. clip (clip_grad / (norm + 1e-6) when < 1), AdamW on fp32 masters with lr(iteration-1),
 //      model weights refreshed from the masters (all-gathered under the distributed optimizer)
+// Validation (--eval-interval, --eval-iters): the first eval_iters global batches of the
+// validation data, forward only, with the fixed evaluation noise of diffusion/forward_process,
+// so successive evaluations score the same samples under the same masks; logged as Megatron
+// logs it and written to the metrics file as validation_lm_loss.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -58,6 +64,13 @@ class Trainer {
           const comm::ProcessGroups* groups = nullptr);
   ~Trainer();
 
+  /// Held-out data for --eval-interval evaluations and the final validation / test pass (either
+  /// may be null: no such pass).
+  void set_evaluation_data(std::shared_ptr<const SampleSource> valid,
+                           std::shared_ptr<const SampleSource> test = nullptr);
+  /// Loss over the first --eval-iters global batches of `data` (forward only, fixed noise).
+  double evaluate(const SampleSource& data);
+
   /// Runs one iteration.
   IterationMetrics step();
   /// Runs until --train-iters (or --exit-interval), logging every --log-interval iterations.
@@ -86,16 +99,30 @@ class Trainer {
   /// After the loop: the final save and waiting for an async one.
   void finish_checkpoints();
   void log_interval(const std::vector<IterationMetrics>& window);
+  void log_peak_memory_per_stage();
+  /// Runs the pipeline schedule over this rank's micro-batches: training (grad_scale > 0,
+  /// forwards and backwards, gradients accumulated) or evaluation (grad_scale 0, forwards only).
+  /// The loss of the last stage is added into loss_sum.
+  void run_schedule(const std::vector<HostMicroBatch>& host, Tensor& loss_sum, float grad_scale);
+  /// Evaluates `data` and logs "validation loss at <what>" (+ a metrics line keyed `key`).
+  void evaluate_and_log(const SampleSource& data, const std::string& what, const char* key);
+  BatchContext batch_context(bool training) const;
+  /// This rank's micro-batches of the global batch starting at sample `first`.
+  std::vector<HostMicroBatch> host_micro_batches(const SampleSource& data, int64_t first,
+                                                 const BatchContext& ctx, double& local_tokens) const;
   /// Sum over the data-parallel group of a host value (identity on one rank).
   double dp_sum(double local);
   bool logging_rank() const { return rank_ == 0; }
 
   RunConfig cfg_;
   std::shared_ptr<const SampleSource> data_;
+  std::shared_ptr<const SampleSource> valid_, test_;
   std::ostream& log_;
   ModelRuntime rt_;
   ParameterStore store_;
-  std::unique_ptr<GptModel> model_;
+  std::vector<std::unique_ptr<GptModel>> models_;  // this rank's pipeline chunks (1 without VPP)
+  std::shared_ptr<comm::Communicator> pp_group_;
+  int pp_rank_ = 0, pp_size_ = 1;
   std::shared_ptr<comm::Communicator> dp_group_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<AdamWOptimizer> optimizer_;

@@ -57,12 +57,21 @@ struct DataConfig {
   bool mock_data = false;
   std::vector<std::string> data_path;  ///< Megatron blend: prefix, or weight prefix pairs
   std::string split = "969, 30, 1";
+  /// --train-data-path, --valid-data-path, --test-data-path (per-split blends).
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string data_cache_path;
+  bool renormalize_blend_weights = false;
   bool reset_position_ids = false;
   bool reset_attention_mask = false;
   bool eod_mask_loss = false;
+  bool cut_off_varlen_to_seqlen = false;
+  /// Resolved: tokens attend only within their document (packed difflm batches, or
+  /// --reset-attention-mask in vanilla mode).
+  bool per_document_attention = false;
   std::string tokenizer_type;
   std::string tokenizer_model;
+  std::string vocab_file;
+  std::string merge_file;
 };
 
 /// Checkpoint saving and loading (--save, --load, ...; docs/checkpoints.md).

@@ -29,8 +29,22 @@ struct Layout {
     return ((b * seq + s) * kv_heads + kh) * dim;
   }
   int64_t lse_at(int64_t b, int64_t h, int64_t s) const { return (b * heads + h) * seq + s; }
-  /// Query row i sees keys [0, visible_keys(i)).
-  int64_t visible_keys(int64_t i) const { return causal ? i + 1 : seq; }
+};
+
+// The keys query i of one row may see: [first, last). Documents are contiguous runs of equal
+// ids, so a query sees the run holding it (cut at i + 1 when causal).
+struct KeyRange {
+  std::vector<int64_t> first, last;  // [S]
+
+  KeyRange(const AttentionArgs& a, int64_t b, bool causal) : first(a.seq, 0), last(a.seq, a.seq) {
+    if (a.document_ids != nullptr) {
+      const int32_t* d = a.document_ids->data<int32_t>() + b * a.seq;
+      for (int64_t i = 1; i < a.seq; ++i) first[i] = d[i] == d[i - 1] ? first[i - 1] : i;
+      for (int64_t i = a.seq - 1; i-- > 0;) last[i] = d[i] == d[i + 1] ? last[i + 1] : i + 1;
+    }
+    if (causal)
+      for (int64_t i = 0; i < a.seq; ++i) last[i] = std::min(last[i], i + 1);
+  }
 };
 
 template <typename T>
@@ -85,25 +99,26 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out
   const T keep = keep_scale<T>(mask);
   std::vector<T> p(static_cast<size_t>(L.seq));
   for (int64_t b = 0; b < L.batch; ++b) {
+    const KeyRange keys(args, b, L.causal);
     for (int64_t h = 0; h < L.heads; ++h) {
       const int64_t kh = h / L.group;
       for (int64_t i = 0; i < L.seq; ++i) {
         const T* qi = Q + L.q_at(b, i, h);
-        const int64_t n = L.visible_keys(i);
+        const int64_t j0 = keys.first[i], n = keys.last[i];
         // Max-subtracted softmax: exp never overflows, the largest term is exactly 1.
         T row_max = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           p[j] = scale * dot(qi, K + L.kv_at(b, j, kh), L.dim);
           row_max = std::max(row_max, p[j]);
         }
         T sum = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           p[j] = std::exp(p[j] - row_max);
           sum += p[j];
         }
         T* oi = O + L.q_at(b, i, h);
         for (int64_t d = 0; d < L.dim; ++d) oi[d] = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = j0; j < n; ++j) {
           T w = p[j] / sum;
           // The normaliser (and lse) stay those of the undropped row.
           if (dropout) w = mask.keep(b, h, i, j) ? w * keep : T(0);
@@ -142,6 +157,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
   for (int64_t i = 0; i < dk.numel(); ++i) dK[i] = 0;
   for (int64_t i = 0; i < dv.numel(); ++i) dV[i] = 0;
   for (int64_t b = 0; b < L.batch; ++b) {
+    const KeyRange keys(args, b, L.causal);
     for (int64_t h = 0; h < L.heads; ++h) {
       const int64_t kh = h / L.group;
       for (int64_t i = 0; i < L.seq; ++i) {
@@ -151,7 +167,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         const T delta_i = dot(doi, O + L.q_at(b, i, h), L.dim);
         T* dqi = dQ + L.q_at(b, i, h);
         for (int64_t d = 0; d < L.dim; ++d) dqi[d] = 0;
-        for (int64_t j = 0; j < L.visible_keys(i); ++j) {
+        for (int64_t j = keys.first[i]; j < keys.last[i]; ++j) {
           const T* kj = K + L.kv_at(b, j, kh);
           const T* vj = V + L.kv_at(b, j, kh);
           const T p = std::exp(scale * dot(qi, kj, L.dim) - lse_i);

@@ -53,6 +53,14 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
                            const Stream& stream);
 void cross_entropy_forward_backward(Tensor& logits, const Tensor& targets, const Tensor& weights,
                                     Tensor& losses, float grad_scale, const Stream& stream);
+void cross_entropy_shard_max(const Tensor& logits, Tensor& row_max, const Stream& stream);
+void cross_entropy_shard_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                               const Tensor& row_max, Tensor& sum_exp, Tensor& target_logit,
+                               const Stream& stream);
+void cross_entropy_shard_finish(Tensor& logits, const Tensor& targets, int64_t vocab_start,
+                                const Tensor& row_max, const Tensor& sum_exp,
+                                const Tensor& target_logit, const Tensor& weights, Tensor& losses,
+                                float grad_scale, const Stream& stream);
 
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                 Tensor& model_param, const AdamWArgs& args, const Stream& stream);

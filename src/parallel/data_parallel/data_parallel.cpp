@@ -19,10 +19,16 @@ BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_si
 
 DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
                            DataParallelOptions options, const Stream& compute,
-                           std::shared_ptr<comm::Communicator> inter)
-    : store_(store), group_(std::move(group)), inter_(std::move(inter)), opt_(options),
-      compute_(compute) {
+                           std::shared_ptr<comm::Communicator> inter,
+                           std::shared_ptr<comm::Communicator> tp,
+                           std::shared_ptr<comm::Communicator> pp,
+                           std::shared_ptr<comm::Communicator> embedding)
+    : store_(store), group_(std::move(group)), inter_(std::move(inter)), tp_(std::move(tp)),
+      pp_(std::move(pp)), embedding_(std::move(embedding)), opt_(options), compute_(compute) {
   if (inter_ && inter_->size() == 1) inter_.reset();
+  if (tp_ && tp_->size() == 1) tp_.reset();
+  if (pp_ && pp_->size() == 1) pp_.reset();
+  if (embedding_ && embedding_->size() == 1) embedding_.reset();
   MDLM_CHECK(!inter_ || opt_.distributed_optimizer,
              "several distributed-optimizer instances need the distributed optimizer");
   MDLM_CHECK(store.materialized(), "DataParallel needs a materialised parameter store");
@@ -48,17 +54,32 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
   }
   pending_.assign(buckets.size(), 0);
   launched_.assign(buckets.size(), false);
+  deferred_.assign(buckets.size(), false);
+  if (embedding_)
+    for (size_t b = 0; b < buckets.size(); ++b)
+      for (int h : buckets[b].params)
+        if (store.desc(h).pipeline_share != PipelineShare::None) deferred_[b] = true;
   param_ready_.assign(buckets.size(), true);
   for (size_t i = 0; i < buckets.size(); ++i) done_.push_back(Event::create(compute.device()));
+}
+
+template <typename Fn>
+void DataParallel::for_each_owned_piece(Fn&& fn) const {
+  for (const OwnedRange& r : owned_) {
+    for (size_t i = 0; i < store_.descs().size(); ++i) {
+      const ParamDesc& d = store_.descs()[i];
+      const int64_t b = std::max(r.begin, d.offset), e = std::min(r.end, d.offset + d.numel());
+      if (b < e) fn(d, r.compact_offset + (b - r.begin), b, e - b);
+    }
+  }
 }
 
 Tensor DataParallel::optimizer_grads() const {
   return opt_.distributed_optimizer ? grad_shards_ : store_.flat_grads();
 }
 
-void DataParallel::begin_micro_batch(bool last) {
-  last_micro_batch_ = last;
-  if (!last) return;
+void DataParallel::start_step() {
+  last_micro_batch_ = false;
   const auto& buckets = store_.buckets();
   for (size_t b = 0; b < buckets.size(); ++b) {
     pending_[b] = static_cast<int>(buckets[b].params.size());
@@ -70,7 +91,7 @@ void DataParallel::grads_ready(const std::vector<int>& handles) {
   if (!last_micro_batch_ || !opt_.overlap_grad_reduce) return;  // Megatron's no_sync otherwise
   for (int h : handles) {
     const auto b = static_cast<size_t>(store_.bucket_of(h));
-    if (--pending_[b] == 0) launch_bucket(b);
+    if (--pending_[b] == 0 && !deferred_[b]) launch_bucket(b);
   }
 }
 
@@ -103,6 +124,9 @@ void DataParallel::launch_bucket(size_t b) {
 
 void DataParallel::finish_grad_sync() {
   finish_param_gather();  // every block has waited for its bucket by now; settle the bookkeeping
+  // After the pipeline flush: the two copies of a tied embedding sum their gradients (on both
+  // stages alike) before their bucket reduces over DP. Sums commute, so the order is free.
+  reduce_embedding_group_grads();
   for (size_t b = 0; b < launched_.size(); ++b)
     if (!launched_[b]) launch_bucket(b);
   if (size_ == 1 && !inter_) {
@@ -114,6 +138,7 @@ void DataParallel::finish_grad_sync() {
         copy_tensor(all.slice_flat(r.begin, {r.end - r.begin}), dst, compute_);
       }
     }
+    reduce_tp_partial_grads();
     return;
   }
   if (overlap_) {
@@ -121,20 +146,68 @@ void DataParallel::finish_grad_sync() {
     if (inter_) inter_->synchronize(comm_);
     for (Event& e : done_) e.wait_on(compute_);
   }
+  reduce_tp_partial_grads();
+}
+
+void DataParallel::reduce_embedding_group_grads() {
+  if (!embedding_) return;
+  for (size_t i = 0; i < store_.descs().size(); ++i) {
+    if (store_.descs()[i].pipeline_share == PipelineShare::None) continue;
+    Tensor g = store_.grad(static_cast<int>(i));
+    Tensor flat = g.view({g.numel()});
+    embedding_->all_reduce(flat, comm::ReduceOp::Sum, compute_);
+  }
+}
+
+void DataParallel::reduce_tp_partial_grads() {
+  if (!tp_) return;
+  // Sums commute: reducing over TP after DP gives the same total as before it. Every TP rank
+  // has the same flat layout and shard ranges, so the pieces line up across the group.
+  Tensor g = optimizer_grads();
+  for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
+    if (!d.tp.partial_grad) return;
+    Tensor piece = g.slice_flat(compact, {count});
+    tp_->all_reduce(piece, comm::ReduceOp::Sum, compute_);
+  });
 }
 
 double DataParallel::grad_sq_norm() {
   Tensor g = optimizer_grads();
   const bool cpu = compute_.device().is_cpu();
-  Tensor sq = Tensor::zeros({1}, cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32, compute_);
-  ops::sum_squares(g, sq, compute_);
+  const DType acc = cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  double local = 0;
+  bool has_copy = false;  // a tied embedding's last-stage copy is counted on the first stage only
+  for (const ParamDesc& d : store_.descs()) has_copy |= d.pipeline_share == PipelineShare::Copy;
+  if (!tp_ && !has_copy) {
+    Tensor sq = Tensor::zeros({1}, acc, compute_);
+    ops::sum_squares(g, sq, compute_);
+    local = static_cast<double>(sq.to_floats(compute_)[0]);
+  } else {
+    // Split parameters hold different elements on each TP rank; replicated ones hold the same
+    // values everywhere and are counted on TP rank 0 only.
+    Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
+    for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
+      if (d.pipeline_share == PipelineShare::Copy) return;
+      ops::sum_squares(g.slice_flat(compact, {count}), d.replicated() && tp_ ? replicated : split,
+                       compute_);
+    });
+    local = static_cast<double>(split.to_floats(compute_)[0]);
+    if (!tp_ || tp_->rank() == 0) local += static_cast<double>(replicated.to_floats(compute_)[0]);
+  }
+  auto sum_over = [&](comm::Communicator& c, double v) {
+    Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
+    t.data<double>()[0] = v;
+    if (!cpu) t = t.to(compute_.device(), compute_);
+    c.all_reduce(t, comm::ReduceOp::Sum, compute_);
+    c.synchronize(compute_);
+    return t.to(Device::cpu(), compute_).data<double>()[0];
+  };
   // Shards of one instance are disjoint and cover the model once: the global norm is their sum
   // (the other instances hold the same values); full replicas are already global.
-  if (opt_.distributed_optimizer && size_ > 1) {
-    group_->all_reduce(sq, comm::ReduceOp::Sum, compute_);
-    group_->synchronize(compute_);
-  }
-  return static_cast<double>(sq.to_floats(compute_)[0]);
+  if (opt_.distributed_optimizer && size_ > 1) local = sum_over(*group_, local);
+  if (tp_) local = sum_over(*tp_, local);
+  if (pp_) local = sum_over(*pp_, local);  // stages hold disjoint parameters
+  return local;
 }
 
 void DataParallel::start_param_gather() {

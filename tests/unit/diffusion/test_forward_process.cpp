@@ -150,3 +150,36 @@ TEST(ForwardProcess, EodMaskLossRemovesEodTargetsFromTheNormaliser) {
   EXPECT_EQ(mb.loss_tokens, 7.0);
   EXPECT_EQ(mb.loss_weights[2], 0.0f);
 }
+
+TEST(ForwardProcess, EvaluationMasksAreFixedPerSampleAndApartFromTraining) {
+  auto samples = make_samples(4, 32);
+  BatchContext eval;
+  eval.training = false;
+  HostMicroBatch a = build_micro_batch(samples, 8, dlm(), eval);
+  HostMicroBatch b = build_micro_batch(samples, 8, dlm(), eval);
+  EXPECT_EQ(a.noise_mask, b.noise_mask);  // every evaluation sees the same masks
+  EXPECT_EQ(a.loss_weights, b.loss_weights);
+  HostMicroBatch t = build_micro_batch(samples, 8, dlm(), BatchContext{});
+  EXPECT_NE(a.noise_mask, t.noise_mask);  // EvalNoise is its own stream
+  HostMicroBatch other = build_micro_batch(samples, 12, dlm(), eval);
+  EXPECT_NE(a.noise_mask, other.noise_mask);  // keyed by the validation sample index
+}
+
+TEST(ForwardProcess, DocumentsResetPositionsAndNumberTheirTokens) {
+  // w = 9 | 1 2 0 3 4 0 5 : input (no shift) 1 2 0 3 4 0 5 with EOD 0 closing each document.
+  std::vector<std::vector<int32_t>> samples = {{9, 1, 2, 0, 3, 4, 0, 5}};
+  BatchContext ctx;
+  ctx.eod_token = 0;
+  ctx.reset_position_ids = true;
+  ctx.per_document_attention = true;
+  HostMicroBatch mb = build_micro_batch(samples, 0, dlm(), ctx);
+  EXPECT_EQ(mb.positions, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0}));
+  EXPECT_EQ(mb.document_ids, (std::vector<int32_t>{0, 0, 0, 1, 1, 1, 2}));
+  DiffusionConfig ar = dlm();
+  ar.mode = RunningMode::Vanilla;  // input w_0..w_6 = 9 1 2 0 3 4 0
+  mb = build_micro_batch(samples, 0, ar, ctx);
+  EXPECT_EQ(mb.positions, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2}));
+  EXPECT_EQ(mb.document_ids, (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1}));
+  ctx.per_document_attention = false;
+  EXPECT_TRUE(build_micro_batch(samples, 0, ar, ctx).document_ids.empty());
+}

@@ -577,3 +577,47 @@ TEST(AttentionDropout, RejectsInvalidArguments) {
                                          args_of(c, {.p = 0.0f, .head_offset = 65535}),
                                          Stream::cpu()));
 }
+
+// Per-document (packed) attention: a row holding documents [0,3) [3,5) [5,7) gives exactly what
+// attention over each document alone gives, forward and backward (same summation order over
+// the same keys, so the comparison is exact), bidirectional and causal.
+TEST(Attention, DocumentIdsKeepPackedDocumentsApart) {
+  const std::vector<int64_t> bounds = {0, 3, 5, 7};
+  for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal}) {
+    const Case whole{1, 7, 2, 1, 4, mask};
+    const Stream s = Stream::cpu();
+    const Tensor q = test::random_tensor(q_shape(whole), 901, DType::F64);
+    const Tensor k = test::random_tensor(kv_shape(whole), 902, DType::F64);
+    const Tensor v = test::random_tensor(kv_shape(whole), 903, DType::F64);
+    const Tensor dout = test::random_tensor(q_shape(whole), 904, DType::F64);
+    const Tensor docs = Tensor::from_ints({0, 0, 0, 1, 1, 2, 2}, {1, 7});
+    AttentionArgs a = args_of(whole);
+    a.document_ids = &docs;
+    Tensor out = Tensor::zeros(q_shape(whole), DType::F64, s), lse = Tensor::zeros(lse_shape(whole), DType::F64, s);
+    ops::attention_forward(q, k, v, out, lse, a, s);
+    Tensor dq = Tensor::zeros(q_shape(whole), DType::F64, s), dk = Tensor::zeros(kv_shape(whole), DType::F64, s),
+           dv = Tensor::zeros(kv_shape(whole), DType::F64, s);
+    ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, a, s);
+    // Rows [lo, hi) of a [1, S, H, D] tensor as its own tensor.
+    auto rows = [](const Tensor& t, int64_t lo, int64_t hi, int64_t h, int64_t d) {
+      std::vector<double> x = test::to_doubles(t);
+      Tensor r = Tensor::zeros({1, hi - lo, h, d}, DType::F64, Stream::cpu());
+      for (int64_t i = 0; i < (hi - lo) * h * d; ++i) r.data<double>()[i] = x[static_cast<size_t>(lo * h * d + i)];
+      return r;
+    };
+    for (size_t part = 0; part + 1 < bounds.size(); ++part) {
+      const int64_t lo = bounds[part], hi = bounds[part + 1];
+      const Case one{1, hi - lo, 2, 1, 4, mask};
+      const Tensor qp = rows(q, lo, hi, 2, 4), kp = rows(k, lo, hi, 1, 4), vp = rows(v, lo, hi, 1, 4);
+      Tensor op = Tensor::zeros(q_shape(one), DType::F64, s), lp = Tensor::zeros(lse_shape(one), DType::F64, s);
+      ops::attention_forward(qp, kp, vp, op, lp, args_of(one), s);
+      Tensor dqp = Tensor::zeros(q_shape(one), DType::F64, s), dkp = Tensor::zeros(kv_shape(one), DType::F64, s),
+             dvp = Tensor::zeros(kv_shape(one), DType::F64, s);
+      ops::attention_backward(rows(dout, lo, hi, 2, 4), qp, kp, vp, op, lp, dqp, dkp, dvp, args_of(one), s);
+      EXPECT_EQ(test::to_doubles(rows(out, lo, hi, 2, 4)), test::to_doubles(op)) << "document " << part;
+      EXPECT_EQ(test::to_doubles(rows(dq, lo, hi, 2, 4)), test::to_doubles(dqp)) << "document " << part;
+      EXPECT_EQ(test::to_doubles(rows(dk, lo, hi, 1, 4)), test::to_doubles(dkp)) << "document " << part;
+      EXPECT_EQ(test::to_doubles(rows(dv, lo, hi, 1, 4)), test::to_doubles(dvp)) << "document " << part;
+    }
+  }
+}

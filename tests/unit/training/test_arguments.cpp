@@ -238,8 +238,10 @@ std::vector<Row> rows() {
       {"R-5", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length", "30"}),
        O::Rejected, {"splits the local sequence `--seq-length 30`", "[R-5]"}},
       {"R-5-ok", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel"}), O::Accepted,
-       {"`--tensor-model-parallel-size 4`: tensor parallelism is not supported yet"},
-       [](const ParsedArguments& p) { EXPECT_TRUE(p.config.parallel.sequence_parallel); }},
+       {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.parallel.sequence_parallel);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
 
       // ------------------------------------------------------------------ context parallel
       {"V-35", dry(4, {"--context-parallel-size", "4", "--seq-length", "36", "--max-position-embeddings", "64"}),
@@ -311,9 +313,9 @@ std::vector<Row> rows() {
        O::Rejected, {"reaches a global batch of 2, not divisible by `--micro-batch-size 4`", "[B-3]"}},
 
       // ------------------------------------------------------------------ recompute
-      {"V-13", dry(1, {"--recompute-activations"}), O::Accepted,
-       {"`--recompute-activations` is not supported yet"}, [](const ParsedArguments& p) {
+      {"V-13", dry(1, {"--recompute-activations"}), O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_EQ(p.values.at("recompute_granularity"), "selective");
+         EXPECT_EQ(p.config.model.recompute_granularity, RecomputeGranularity::Selective);
        }},
       {"C-15", cmd({"--recompute-activations", "--recompute-num-layers", "2"}), O::Rejected,
        {"selective recomputation takes no `--recompute-num-layers 2` [C-15]"}},
@@ -472,7 +474,7 @@ std::vector<Row> rows() {
        {"give only one of `--data-path` and `--data-args-path` [V-16]"}},
       {"M-10", cmd({}, {"--mock-data"}), O::Rejected, {"no training data: pass `--mock-data` or `--data-path` [M-10]"}},
       {"V-15", dry(1, {"--data-path", "corpus_text_document"}, {"--mock-data"}), O::Accepted,
-       {"using Megatron's legacy default \"969, 30, 1\"", "`--data-path corpus_text_document` is not supported yet"},
+       {"using Megatron's legacy default \"969, 30, 1\""},
        [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.data.split, "969, 30, 1");
          EXPECT_EQ(p.config.data.data_path, (std::vector<std::string>{"corpus_text_document"}));
@@ -498,6 +500,10 @@ std::vector<Row> rows() {
       {"D-4", cmd({}, {"--mask-token"}), O::Rejected, {"`--mask-token 151656` is outside", "[D-4]"}},
       {"D-6", cmd({"--reset-position-ids", "--reset-attention-mask"}), O::Rejected,
        {"need `--cut-off-varlen-to-seqlen` [D-6]"}},
+      {"V-59", cmd({"--data-path", "corpus", "--eod-mask-loss"}, {"--mock-data"}), O::Rejected,
+       {"`--eod-mask-loss` needs the end-of-document id: give `--tokenizer-type`"}},
+      {"V-59", cmd({"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "/nonexistent/tok.json"}),
+       O::Rejected, {"cannot load the tokenizer", "/nonexistent/tok.json"}},
       {"D-7", cmd({"--difflm-varilen-prob", "1.5"}), O::Rejected, {"`--difflm-varilen-prob 1.5` must lie in [0, 1] [D-7]"}},
       {"M-12", cmd({"--dlm-min-masked", "40"}), O::Rejected, {"`--dlm-min-masked 40` must lie in [0, `--seq-length 32`] [M-12]"}},
       {"vanilla-mask-default", cmd({"--model-running-mode", "vanilla"}), O::Accepted, {},
@@ -531,8 +537,22 @@ std::vector<Row> rows() {
        }, LaunchInfo{.world_size = 1, .rank = 0, .visible_gpus = 2}},
 
       // ------------------------------------------------ what runs: data parallelism, nothing else yet
-      {"tp-real-run", cmd({"--tensor-model-parallel-size", "2"}), O::NotSupported,
-       {"`--tensor-model-parallel-size 2`: tensor parallelism is not supported yet by megadlm (data parallelism is; see docs/roadmap.md)"},
+      {"tp-real-run", cmd({"--tensor-model-parallel-size", "2", "--sequence-parallel"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.tensor_model_parallel_size, 2);
+         EXPECT_TRUE(p.config.parallel.sequence_parallel);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      {"pp-real-run", cmd({"--pipeline-model-parallel-size", "2", "--recompute-granularity", "full",
+                           "--recompute-method", "block", "--recompute-num-layers", "1"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.pipeline_model_parallel_size, 2);
+         EXPECT_EQ(p.config.model.recompute_granularity, RecomputeGranularity::Full);
+         EXPECT_EQ(p.config.model.recompute_method, RecomputeMethod::Block);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      {"cp-real-run", cmd({"--context-parallel-size", "2"}), O::NotSupported,
+       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm (data, tensor and pipeline parallelism are; see docs/roadmap.md)"},
        nullptr, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
       {"dp-real-run", cmd({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
@@ -553,19 +573,20 @@ std::vector<Row> rows() {
       {"sharding-strategy-without-fsdp-warns", cmd({"--data-parallel-sharding-strategy", "optim"}), O::Accepted,
        {"`--data-parallel-sharding-strategy optim` has effect only with `--use-custom-fsdp`"}},
       {"pp-cp-ep-real-run", cmd({"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "2"}),
-       O::NotSupported, {"`--pipeline-model-parallel-size 2`: pipeline parallelism", "`--context-parallel-size 2`: context parallelism",
+       O::NotSupported, {"`--context-parallel-size 2`: context parallelism",
         "`--expert-model-parallel-size 2`: expert parallelism"},
        nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
-      {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2"}), O::Accepted,
-       {"`--tensor-model-parallel-size 2`: tensor parallelism is not supported yet by megadlm"},
+      {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2", "--context-parallel-size", "2"}), O::Accepted,
+       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm"},
        [](const ParsedArguments& p) {
          EXPECT_TRUE(p.dry_run);
          EXPECT_EQ(p.config.parallel.world_size, 16);
-         EXPECT_EQ(p.config.parallel.data_parallel_size, 8);
+         EXPECT_EQ(p.config.parallel.data_parallel_size, 4);
          const std::string report = format_dry_run_report(p, 3);
          EXPECT_NE(report.find("valid configuration; not supported yet by megadlm (1 item):"), std::string::npos) << report;
          EXPECT_NE(report.find("  tp .......................... [2, 3]"), std::string::npos) << report;
-         EXPECT_NE(report.find("  dp .......................... [1, 3, 5, 7, 9, 11, 13, 15]"), std::string::npos);
+         // rank 3 = tp 1 + 2 * (cp 1 + 2 * dp): its dp group is {1 + 2 * (1 + 2d)} = 3, 7, 11, 15
+         EXPECT_NE(report.find("  dp .......................... [3, 7, 11, 15]"), std::string::npos) << report;
        }},
       {"megadlms-1.7b-example", [] {
          Argv a = k1p7b;

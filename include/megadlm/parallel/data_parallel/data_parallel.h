@@ -42,9 +42,18 @@ class DataParallel final : public ParamHooks {
   /// --num-distributed-optimizer-instances > 1, the group of the ranks holding the same shard in
   /// the other instances (their shards are all-reduced after the reduce-scatter); else null.
   /// `compute`: the stream the model runs on.
+  /// `tp`: the tensor-parallel group (null: size 1): gradients of replicated parameters that
+  /// each TP rank computes only in part (TpSlice::partial_grad) are summed over it, and the
+  /// gradient norm counts replicated parameters once.
+  /// `pp`: the pipeline group (null: one stage): the gradient norm sums over the stages.
+  /// `embedding`: the first and last stage's embedding group (null or size 1: no tied weight
+  /// across stages): the two copies' gradients are summed over it before their bucket reduces.
   DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
                DataParallelOptions options, const Stream& compute,
-               std::shared_ptr<comm::Communicator> inter = nullptr);
+               std::shared_ptr<comm::Communicator> inter = nullptr,
+               std::shared_ptr<comm::Communicator> tp = nullptr,
+               std::shared_ptr<comm::Communicator> pp = nullptr,
+               std::shared_ptr<comm::Communicator> embedding = nullptr);
 
   int size() const { return size_; }
   int rank() const { return rank_; }
@@ -53,13 +62,20 @@ class DataParallel final : public ParamHooks {
   /// The reduced gradients in the optimizer's compact layout (valid after finish_grad_sync).
   Tensor optimizer_grads() const;
 
-  /// Call before each micro-batch's backward; `last`: the step's final micro-batch.
-  void begin_micro_batch(bool last);
+  /// Call once at the start of every step (before any backward).
+  void start_step();
+  /// Call before each backward: `last` when it is the final micro-batch of its model chunk
+  /// (only then may buckets reduce, as in Megatron's no_sync).
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  /// Both at once, for a single chunk: start_step() on the first call of a step is the caller's.
+  void begin_micro_batch(bool last) { set_last_micro_batch(last); }
   void params_needed(const std::vector<int>& handles) override;
   void grads_ready(const std::vector<int>& handles) override;
-  /// After the last backward: launches what is left and waits for every reduction.
+  /// After the last backward: launches what is left, waits for every reduction, and sums the
+  /// partial gradients of replicated parameters over TP (Megatron's finalize_model_grads).
   void finish_grad_sync();
-  /// Sum of squares of the reduced gradients, over the whole model (each element counted once).
+  /// Sum of squares of the reduced gradients over the whole model, each element counted once
+  /// (split parameters summed over TP, replicated ones counted on TP rank 0).
   double grad_sq_norm();
   /// After the optimizer step (distributed optimizer): all-gathers the updated parameters.
   void start_param_gather();
@@ -68,10 +84,18 @@ class DataParallel final : public ParamHooks {
 
  private:
   void launch_bucket(size_t b);
+  void reduce_tp_partial_grads();
+  void reduce_embedding_group_grads();
   const Stream& comm_stream() const { return overlap_ ? comm_ : compute_; }
 
   ParameterStore& store_;
-  std::shared_ptr<comm::Communicator> group_, inter_;
+  /// Calls fn(param, compact offset, flat begin, count) for every piece of every parameter in
+  /// the owned ranges.
+  template <typename Fn>
+  void for_each_owned_piece(Fn&& fn) const;
+
+  std::shared_ptr<comm::Communicator> group_, inter_, tp_, pp_, embedding_;
+  std::vector<bool> deferred_;        // per bucket: waits for the embedding-group reduction
   DataParallelOptions opt_;
   Stream compute_, comm_;
   bool overlap_ = false;  // a separate communication stream is in use

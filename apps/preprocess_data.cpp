@@ -1,0 +1,276 @@
+// preprocess_data: JSON lines -> Megatron indexed dataset (PREFIX_<key>_document.bin/.idx), as
+// Megatron's tools/preprocess_data.py names and writes them. Flags are Megatron's:
+//
+//   preprocess_data --input corpus.jsonl --output-prefix out/corpus
+//     --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json --append-eod --workers 8
+//
+// Worker threads tokenize batches of lines; the writer keeps the input order, so the output is
+// identical for any --workers. Progress and throughput go to stderr every --log-interval lines.
+// Exit codes: 0 success, 2 a reported error (bad flag, unreadable input, bad JSON line).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+#include <nlohmann/json.hpp>
+#include "megadlm/core/error.h"
+#include "megadlm/data/indexed_dataset.h"
+#include "megadlm/data/tokenizer.h"
+
+using namespace megadlm;
+
+namespace {
+
+struct Options {
+  std::string input, output_prefix;
+  std::vector<std::string> json_keys{"text"};
+  data::TokenizerConfig tokenizer;
+  bool append_eod = false;
+  int workers = 1;
+  int64_t log_interval = 100000;
+};
+
+const char* kUsage =
+    "usage: preprocess_data --input FILE.jsonl --output-prefix PREFIX --tokenizer-type TYPE\n"
+    "                       [--tokenizer-model PATH] [--vocab-file F --merge-file F] [--vocab-size N]\n"
+    "                       [--json-keys text ...] [--append-eod] [--workers N] [--log-interval N]\n"
+    "Writes PREFIX_<key>_document.bin/.idx per JSON key (Megatron's MMIDIDX format).\n"
+    "--tokenizer-type: HuggingFaceTokenizer, GPT2BPETokenizer, SentencePieceTokenizer,\n"
+    "  GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer.\n"
+    "Accepted for compatibility and ignored: --partitions 1, --split-sentences (not supported), --keep-newlines.\n";
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> a(argv + 1, argv + argc);
+  auto value = [&](size_t& i) -> std::string {
+    if (i + 1 >= a.size()) MDLM_FAIL(a[i], " needs a value\n", kUsage);
+    return a[++i];
+  };
+  for (size_t i = 0; i < a.size(); ++i) {
+    const std::string& f = a[i];
+    if (f == "--input") o.input = value(i);
+    else if (f == "--output-prefix") o.output_prefix = value(i);
+    else if (f == "--tokenizer-type") o.tokenizer.type = value(i);
+    else if (f == "--tokenizer-model") o.tokenizer.model = value(i);
+    else if (f == "--vocab-file") o.tokenizer.vocab_file = value(i);
+    else if (f == "--merge-file") o.tokenizer.merge_file = value(i);
+    else if (f == "--vocab-size") o.tokenizer.vocab_size = std::stoll(value(i));
+    else if (f == "--append-eod") o.append_eod = true;
+    else if (f == "--workers") o.workers = std::stoi(value(i));
+    else if (f == "--log-interval") o.log_interval = std::stoll(value(i));
+    else if (f == "--keep-newlines") continue;
+    else if (f == "--partitions") {
+      if (value(i) != "1") MDLM_FAIL("--partitions other than 1 is not supported (use --workers)");
+    } else if (f == "--split-sentences") {
+      MDLM_FAIL("--split-sentences is not supported (one sequence per document)");
+    } else if (f == "--json-keys") {
+      o.json_keys.clear();
+      while (i + 1 < a.size() && a[i + 1].rfind("--", 0) != 0) o.json_keys.push_back(a[++i]);
+      if (o.json_keys.empty()) MDLM_FAIL("--json-keys needs at least one key");
+    } else if (f == "-h" || f == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else {
+      MDLM_FAIL("unknown flag ", f, "\n", kUsage);
+    }
+  }
+  if (o.input.empty() || o.output_prefix.empty() || o.tokenizer.type.empty())
+    MDLM_FAIL("--input, --output-prefix and --tokenizer-type are required\n", kUsage);
+  if (o.workers < 1) MDLM_FAIL("--workers must be >= 1, got ", o.workers);
+  return o;
+}
+
+// A batch of input lines and, once a worker is done, their token ids per key.
+struct Batch {
+  int64_t first_line = 0;
+  std::vector<std::string> lines;
+  std::vector<std::vector<std::vector<int32_t>>> ids;  // [line][key]
+  uint64_t bytes = 0;                                  // text bytes tokenized
+  std::string error;
+  bool done = false;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    const auto tok = data::load_tokenizer(o.tokenizer);
+    std::cerr << "preprocess_data: " << tok->describe() << "\n";
+    if (o.append_eod && tok->eod() < 0)
+      MDLM_FAIL("--append-eod: the tokenizer has no end-of-document token");
+    std::ifstream in(o.input, std::ios::binary);
+    if (!in) MDLM_FAIL("cannot open --input ", o.input);
+    const data::IndexDType dtype = data::optimal_index_dtype(tok->vocab_size());
+    std::vector<std::unique_ptr<data::IndexedDatasetWriter>> writers;
+    for (const std::string& key : o.json_keys) {
+      const std::string prefix = o.output_prefix + "_" + key + "_document";
+      writers.push_back(std::make_unique<data::IndexedDatasetWriter>(prefix, dtype));
+      std::cerr << "preprocess_data: writing " << prefix << ".bin/.idx (" << data::index_dtype_name(dtype) << ")\n";
+    }
+
+    // Reader (this thread) -> queue of batches -> workers tokenize in place -> writer in order.
+    constexpr size_t kBatchLines = 256;
+    const size_t max_in_flight = static_cast<size_t>(o.workers) * 4;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<Batch>> todo, in_order;
+    bool input_done = false;
+    auto work = [&] {
+      for (;;) {
+        std::shared_ptr<Batch> b;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return !todo.empty() || input_done; });
+          if (todo.empty()) return;
+          b = todo.front();
+          todo.pop_front();
+        }
+        try {
+          b->ids.resize(b->lines.size());
+          for (size_t l = 0; l < b->lines.size(); ++l) {
+            const std::string& line = b->lines[l];
+            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+            nlohmann::json j;
+            try {
+              j = nlohmann::json::parse(line);
+            } catch (const std::exception& e) {
+              MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1, ": not a JSON object (", e.what(), ")");
+            }
+            for (const std::string& key : o.json_keys) {
+              if (!j.is_object() || !j.contains(key) || !j[key].is_string())
+                MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1,
+                          ": no string field \"", key, "\" (--json-keys)");
+              const std::string& text = j[key].get_ref<const std::string&>();
+              std::vector<int32_t> ids = tok->encode(text);
+              if (o.append_eod) ids.push_back(tok->eod());
+              b->bytes += text.size();
+              b->ids[l].push_back(std::move(ids));
+            }
+          }
+        } catch (const std::exception& e) {
+          b->error = e.what();
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          b->done = true;
+        }
+        cv.notify_all();
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int w = 0; w < o.workers; ++w) threads.emplace_back(work);
+    // Whatever happens below, the workers are told to stop and joined.
+    struct Joiner {
+      std::function<void()> f;
+      ~Joiner() { f(); }
+    } joiner{[&] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        input_done = true;
+        todo.clear();
+      }
+      cv.notify_all();
+      for (auto& t : threads)
+        if (t.joinable()) t.join();
+    }};
+
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t docs = 0, tokens = 0, next_log = o.log_interval;
+    uint64_t bytes = 0;
+    auto report = [&](const char* what) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::fprintf(stderr, "preprocess_data: %s %lld documents, %lld tokens, %.1f MB of text in %.1f s "
+                   "(%.2f MB/s, %.0f tokens/s, %.0f docs/s)\n", what, static_cast<long long>(docs),
+                   static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6, s,
+                   static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9),
+                   static_cast<double>(tokens) / std::max(s, 1e-9), static_cast<double>(docs) / std::max(s, 1e-9));
+    };
+    // Writes finished batches at the head of the queue (input order).
+    auto drain = [&](bool wait) {
+      for (;;) {
+        std::shared_ptr<Batch> b;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          if (in_order.empty()) return;
+          if (wait) cv.wait(lock, [&] { return in_order.front()->done; });
+          if (!in_order.front()->done) return;
+          b = in_order.front();
+          in_order.pop_front();
+        }
+        if (!b->error.empty()) MDLM_FAIL(b->error);
+        for (const auto& per_key : b->ids) {
+          if (per_key.empty()) continue;
+          for (size_t k = 0; k < per_key.size(); ++k) {
+            writers[k]->add_document(per_key[k]);
+            tokens += static_cast<int64_t>(per_key[k].size());
+          }
+          ++docs;
+        }
+        bytes += b->bytes;
+        if (o.log_interval > 0 && docs >= next_log) {
+          report("processed");
+          next_log = docs + o.log_interval;
+        }
+        if (!wait) continue;
+        wait = in_order.size() >= max_in_flight;
+      }
+    };
+    int64_t line_no = 0;
+    auto batch = std::make_shared<Batch>();
+    std::string line;
+    auto submit = [&] {
+      if (batch->lines.empty()) return;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        todo.push_back(batch);
+        in_order.push_back(batch);
+      }
+      cv.notify_all();
+      batch = std::make_shared<Batch>();
+      batch->first_line = line_no;
+      bool full;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        full = in_order.size() >= max_in_flight;
+      }
+      drain(full);
+    };
+    while (std::getline(in, line)) {
+      batch->lines.push_back(std::move(line));
+      ++line_no;
+      if (batch->lines.size() == kBatchLines) submit();
+    }
+    submit();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      input_done = true;
+    }
+    cv.notify_all();
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (in_order.empty()) break;
+      }
+      drain(true);
+    }
+    for (auto& w : writers) w->finalize();
+    if (docs == 0) MDLM_FAIL(o.input, ": no documents (empty input)");
+    report("done:");
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+}
