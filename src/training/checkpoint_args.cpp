@@ -26,6 +26,24 @@ std::string last_value(const std::vector<std::string>& tokens, const std::string
 
 }  // namespace
 
+std::vector<int64_t> vocab_padding_multiples(int64_t vocab_size, int64_t padded_vocab_size) {
+  std::vector<int64_t> out;
+  for (int64_t m = 1; m <= padded_vocab_size && vocab_size > 0; m *= 2)
+    if ((vocab_size + m - 1) / m * m == padded_vocab_size) out.push_back(m);
+  return out;
+}
+
+int64_t vocab_padding_multiple(int64_t vocab_size, int64_t padded_vocab_size) {
+  // Megatron's default 128 when it fits (the likeliest original), else the largest fit below
+  // it, else the smallest above it.
+  const std::vector<int64_t> fits = vocab_padding_multiples(vocab_size, padded_vocab_size);
+  int64_t best = 0;
+  for (int64_t m : fits)
+    if (m <= 128) best = m;
+  if (best == 0 && !fits.empty()) best = fits.front();
+  return best == 0 ? 1 : best;
+}
+
 std::vector<std::string> checkpoint_model_args(const RunConfig& config) {
   const TransformerConfig& m = config.model;
   std::vector<std::string> a = {
@@ -49,17 +67,11 @@ std::vector<std::string> checkpoint_model_args(const RunConfig& config) {
   if (!m.add_bias_linear) a.push_back("--disable-bias-linear");
   if (m.add_qkv_bias && !m.add_bias_linear) a.push_back("--add-qkv-bias");
   if (m.untie_embeddings_and_output_weights) a.push_back("--untie-embeddings-and-output-weights");
-  // The largest power of two up to 128 whose rounding of the vocabulary gives the stored padded
-  // size (128 is Megatron's default); at other TP sizes Megatron pads differently too, and the
-  // load then reports the padded vocabulary as the mismatch.
-  int64_t divisor = 1;
-  for (int64_t d = 128; d >= 1; d /= 2) {
-    if (m.vocab_size > 0 && (m.vocab_size + d - 1) / d * d == m.padded_vocab_size) {
-      divisor = d;
-      break;
-    }
-  }
-  a.insert(a.end(), {"--make-vocab-size-divisible-by", std::to_string(divisor)});
+  // The padding multiple that reproduces the stored padded size at tensor-parallel size 1; a run
+  // at another TP size pads to that multiple times TP (Megatron's rule), and the load then
+  // names the padded vocabulary as the mismatch.
+  a.insert(a.end(), {"--make-vocab-size-divisible-by",
+                     std::to_string(vocab_padding_multiple(m.vocab_size, m.padded_vocab_size))});
   if (config.diffusion.mask_token >= 0)
     a.insert(a.end(), {"--mask-token", std::to_string(config.diffusion.mask_token)});
   return a;

@@ -93,8 +93,8 @@ void Trainer::save_checkpoint() {
     log_ << "saving checkpoint at iteration " << iter_text(iteration_) << " to " << ck.save
          << (ck.async_save ? " (asynchronously)" : "") << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
-  checkpoint::StateSnapshot snap = checkpoint::snapshot_state(
-      store_, *optimizer_, checkpoint::whole_tensor, writer, ck.save_optim, rt_.stream);
+  checkpoint::StateSnapshot snap =
+      checkpoint::snapshot_state(store_, *optimizer_, writer, ck.save_optim, rt_.stream);
   checkpoint::CheckpointState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_samples_;
@@ -181,8 +181,9 @@ void Trainer::load_checkpoint() {
   }
   checkpoint::agree(world, s, error, "opening the checkpoint in --load " + ck.load);
   if (!dir) {
-    MDLM_CHECK(!ck.exit_on_missing_checkpoint, "--load ", ck.load, " holds no checkpoint (no ",
-               checkpoint::kLatestFileName, ") and --exit-on-missing-checkpoint is set");
+    if (ck.exit_on_missing_checkpoint)
+      MDLM_FAIL("--load ", ck.load, " holds no checkpoint (no ", checkpoint::kLatestFileName,
+                ") and --exit-on-missing-checkpoint is set");
     if (logging_rank())
       log_ << "WARNING: could not find a checkpoint in --load " << ck.load << " (no "
            << checkpoint::kLatestFileName << "): training starts from scratch" << std::endl;
@@ -239,6 +240,19 @@ void Trainer::load_checkpoint() {
     const size_t shown = std::min<size_t>(problems.size(), 20);
     for (size_t i = 0; i < shown; ++i) msg += "\n  " + problems[i];
     if (problems.size() > shown) msg += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
+    if (saved && saved->model.padded_vocab_size != cfg_.model.padded_vocab_size && saved->model.vocab_size == cfg_.model.vocab_size) {
+      // Megatron pads the vocabulary to --make-vocab-size-divisible-by x TP: another TP size pads
+      // differently unless the multiple is chosen to match.
+      const int tp = cfg_.parallel.tensor_model_parallel_size;
+      int64_t divisor = 0;
+      for (int64_t m : training::vocab_padding_multiples(saved->model.vocab_size, saved->model.padded_vocab_size))
+        if (m % tp == 0 && (divisor == 0 || m / tp <= 128)) divisor = m / tp;
+      msg += "\n(the padding depends on the tensor-parallel size: " +
+             (divisor > 0 ? "`--make-vocab-size-divisible-by " + std::to_string(divisor) + "` pads to " +
+                                std::to_string(saved->model.padded_vocab_size) + " at TP " + std::to_string(tp)
+                          : "no --make-vocab-size-divisible-by pads to " + std::to_string(saved->model.padded_vocab_size) +
+                                " at TP " + std::to_string(tp)) + ")";
+    }
     msg += "\n(use the flags it was trained with, or add --use-checkpoint-args to take them from it)";
     MDLM_FAIL(msg);
   }
@@ -270,7 +284,7 @@ void Trainer::load_checkpoint() {
   reader->verify_files(reader->files_with(prefixes), world, s);
   error.clear();
   try {
-    checkpoint::load_state(*reader, store_, *optimizer_, checkpoint::whole_tensor, load_optim, s);
+    checkpoint::load_state(*reader, store_, *optimizer_, load_optim, s);
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -101,6 +101,8 @@ const std::vector<Field<TrainingConfig>>& training_fields() {
 const std::vector<Field<DataConfig>>& data_fields() {
   static const std::vector<Field<DataConfig>> f = {
       MDLM_FIELD(d, mock_data), MDLM_FIELD(d, data_path), MDLM_FIELD(d, split),
+      MDLM_FIELD(d, train_data_path), MDLM_FIELD(d, valid_data_path), MDLM_FIELD(d, test_data_path),
+      MDLM_FIELD(d, vocab_file), MDLM_FIELD(d, merge_file),
       MDLM_FIELD(d, reset_position_ids), MDLM_FIELD(d, reset_attention_mask),
       MDLM_FIELD(d, eod_mask_loss), MDLM_FIELD(d, tokenizer_type), MDLM_FIELD(d, tokenizer_model)};
   return f;

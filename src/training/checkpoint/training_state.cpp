@@ -8,13 +8,12 @@ namespace {
 
 // Calls fn(desc, piece region, compact offset) for every (owned range x parameter) overlap.
 template <typename Fn>
-void for_each_owned_piece(const ParameterStore& store, const AdamWOptimizer& optimizer,
-                          const PlacementFn& placement, Fn&& fn) {
+void for_each_owned_piece(const ParameterStore& store, const AdamWOptimizer& optimizer, Fn&& fn) {
   for (const OwnedRange& r : optimizer.owned()) {
     for (const ParamDesc& d : store.descs()) {
       const int64_t s = std::max(r.begin, d.offset), e = std::min(r.end, d.offset + d.numel());
       if (s >= e) continue;
-      const ParamPlacement pl = placement(d);
+      const ParamPlacement pl = placement_of(d);
       Region region;
       region.offset = pl.offset;
       region.extent = d.shape;
@@ -31,13 +30,19 @@ struct HostBuffers {
 
 }  // namespace
 
-ParamPlacement whole_tensor(const ParamDesc& desc) {
-  return ParamPlacement{desc.shape, Shape(desc.shape.size(), 0), true};
+ParamPlacement placement_of(const ParamDesc& d) {
+  ParamPlacement p;
+  p.global_shape = d.global_shape.empty() ? d.shape : d.global_shape;
+  p.offset.assign(d.shape.size(), 0);
+  if (!p.offset.empty()) p.offset[0] = d.row_offset;
+  if (p.offset.size() > 1) p.offset[1] = d.col_offset;
+  p.primary = (d.tp.split != TpSplit::Replicated || d.tp.rank == 0) &&
+              d.pipeline_share != PipelineShare::Copy;
+  return p;
 }
 
 StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& optimizer,
-                             const PlacementFn& placement, bool writer, bool moments,
-                             const Stream& stream) {
+                             bool writer, bool moments, const Stream& stream) {
   StateSnapshot snap;
   if (!writer) return snap;
   auto buffers = std::make_shared<HostBuffers>();
@@ -52,7 +57,7 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
   auto at = [&](const Tensor& t, int64_t c) {
     return static_cast<const char*>(t.data_ptr()) + static_cast<size_t>(c) * esize;
   };
-  for_each_owned_piece(store, optimizer, placement,
+  for_each_owned_piece(store, optimizer,
                        [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
                          if (!pl.primary) return;
                          const DType dt = buffers->master.dtype();
@@ -69,7 +74,7 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
 }
 
 void load_state(const CheckpointReader& reader, ParameterStore& store, AdamWOptimizer& optimizer,
-                const PlacementFn& placement, bool moments, const Stream& stream) {
+                bool moments, const Stream& stream) {
   Tensor master = optimizer.master(), m = optimizer.exp_avg(), v = optimizer.exp_avg_sq();
   if (!moments) {
     ops::fill(m, 0.0f, stream);
@@ -83,7 +88,7 @@ void load_state(const CheckpointReader& reader, ParameterStore& store, AdamWOpti
     copy_tensor(host, dst, stream);
     stream.synchronize();  // `host` is freed next
   };
-  for_each_owned_piece(store, optimizer, placement,
+  for_each_owned_piece(store, optimizer,
                        [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
                          read_into(kModelPrefix + d.name, pl, region, master, c);
                          if (!moments) return;

@@ -109,6 +109,15 @@ TEST(CheckpointArgs, RebuildTheSameModelThroughTheParser) {
   }
 }
 
+TEST(CheckpointArgs, PickThePaddingMultipleThatRebuildsThePaddedVocabulary) {
+  EXPECT_EQ(training::vocab_padding_multiple(50289, 50304), 128);  // Megatron's default fits
+  EXPECT_EQ(training::vocab_padding_multiples(50289, 50304), (std::vector<int64_t>{16, 32, 64, 128}));
+  EXPECT_EQ(training::vocab_padding_multiple(128, 256), 256);      // saved at TP 2 with 128
+  EXPECT_EQ(training::vocab_padding_multiple(100, 104), 8);
+  EXPECT_EQ(training::vocab_padding_multiple(151936, 151936), 128);
+  EXPECT_EQ(training::vocab_padding_multiple(100, 97), 1);          // nothing fits
+}
+
 TEST(CheckpointArgs, CommandLineFlagsWinOverTheCheckpoints) {
   std::vector<std::string> errors;
   // No --use-checkpoint-args: unchanged.

@@ -8,13 +8,11 @@
 // of a parameter becomes a piece whose region is the parameter's box in the global tensor plus
 // the flat range inside it.
 //
-// Parallel layouts plug in through ParamPlacement: today every parameter is a whole global
-// tensor; tensor parallelism reports the slice a rank holds (global shape, box offset) and
-// whether this rank's copy of a replicated parameter is the one that is written; pipeline
-// parallelism needs nothing (a stage simply has fewer parameters, and the tied embedding copy
-// on the last stage reports primary = false).
+// Parallel layouts enter through each parameter's ParamDesc: its global shape, the offsets of
+// its tensor-parallel box (row_offset, col_offset) and whether this copy is the one written
+// (tensor-parallel replicas other than TP rank 0 and the last pipeline stage's copy of a tied
+// embedding are not). A pipeline stage simply has fewer parameters, under global names.
 #pragma once
-#include <functional>
 #include <memory>
 #include <vector>
 #include "megadlm/core/stream.h"
@@ -30,10 +28,9 @@ struct ParamPlacement {
   Shape offset;        ///< where this rank's (local) tensor starts in it, per dimension
   bool primary = true; ///< false for a replica whose twin on another rank is written instead
 };
-using PlacementFn = std::function<ParamPlacement(const ParamDesc&)>;
 
-/// Every parameter whole (no tensor or pipeline split).
-ParamPlacement whole_tensor(const ParamDesc& desc);
+/// The placement ParameterStore recorded for `desc` (tensor-parallel box, replicas, pipeline copies).
+ParamPlacement placement_of(const ParamDesc& desc);
 
 /// Host copies of the state this rank saves, as pieces (empty when `writer` is false).
 struct StateSnapshot {
@@ -45,8 +42,7 @@ struct StateSnapshot {
 /// and describes them as pieces. `writer`: this rank writes its owned ranges (false on
 /// data-parallel replicas).
 StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& optimizer,
-                             const PlacementFn& placement, bool writer, bool moments,
-                             const Stream& stream);
+                             bool writer, bool moments, const Stream& stream);
 
 /// Reads the owned ranges' weights (and with `moments` the Adam moments, else zeros) from
 /// `reader` into the optimizer, one piece at a time through a host buffer of that piece's size
@@ -56,6 +52,6 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
 /// CheckpointReader::verify_files: what remains to fail is I/O, and the caller must not train
 /// on a state whose load threw.
 void load_state(const CheckpointReader& reader, ParameterStore& store, AdamWOptimizer& optimizer,
-                const PlacementFn& placement, bool moments, const Stream& stream);
+                bool moments, const Stream& stream);
 
 }  // namespace megadlm::checkpoint
