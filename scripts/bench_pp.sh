@@ -20,17 +20,10 @@ common=(@configs/megadlms_1.7b.args --mock-data --device cuda --log-interval 1
         --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000
         --distributed-timeout-minutes 1 --train-iters "$iters")
 limit=${MEGADLM_RUN_LIMIT_S:-150}
+source "$(dirname "$0")/lib/bench_run.sh"
 run() {  # name, ranks, global batch, extra flags...
   local name=$1 np=$2 gbs=$3; shift 3
-  rm -f "$out/$name.jsonl"
-  if [ "$np" = 1 ]; then
-    timeout "$limit" "$bin/pretrain_difflm" "${common[@]}" --global-batch-size "$gbs" \
-      --metrics-jsonl "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-  else
-    timeout "$limit" mpirun -np "$np" "${mpirun_flags[@]}" "$bin/pretrain_difflm" "${common[@]}" \
-      --global-batch-size "$gbs" --metrics-jsonl "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-  fi
-  echo "$name exit $?"
+  bench_run "$name" "$np" --global-batch-size "$gbs" "$@"
 }
 run pp1 1 16
 run pp2 2 16 --pipeline-model-parallel-size 2

@@ -18,18 +18,8 @@ common=(@configs/megadlms_1.7b.args --mock-data --device cuda --log-interval 1
         --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000
         --distributed-timeout-minutes 1 --global-batch-size 16 --train-iters "$iters")
 limit=${MEGADLM_RUN_LIMIT_S:-150}
-run() {  # name, ranks, extra flags...
-  local name=$1 np=$2; shift 2
-  rm -f "$out/$name.jsonl"
-  if [ "$np" = 1 ]; then
-    timeout "$limit" "$bin/pretrain_difflm" "${common[@]}" --metrics-jsonl "$out/$name.jsonl" "$@" \
-      > "$out/$name.log" 2>&1
-  else
-    timeout "$limit" mpirun -np "$np" "${mpirun_flags[@]}" "$bin/pretrain_difflm" "${common[@]}" \
-      --metrics-jsonl "$out/$name.jsonl" "$@" > "$out/$name.log" 2>&1
-  fi
-  echo "$name exit $?"
-}
+source "$(dirname "$0")/lib/bench_run.sh"
+run() { bench_run "$@"; }
 run tp1 1
 run tp2 2 --tensor-model-parallel-size 2
 run tp2_sp 2 --tensor-model-parallel-size 2 --sequence-parallel

@@ -37,8 +37,6 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
                    a.document_ids->device() == q.device(),
                op, ": document_ids must be int32 [batch, seq] on the device of q, got ",
                a.document_ids->str());
-    MDLM_CHECK(!q.is_cuda(), op, ": per-document attention (--reset-attention-mask packing) is "
-               "not supported by the CUDA attention kernels yet; use --device cpu");
   }
   if (q.is_cuda()) {
     MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());

@@ -600,9 +600,9 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
       given ? a.flag_value("device") : "`--device cuda` (the default when a GPU is visible)";
   if (a.s("device") == "cuda") {
     if (a.b("per_document_attention"))
-      d.unsupported(device_text + " with per-document attention (`--reset-attention-mask`): the "
-                    "CUDA attention kernels do not support document boundaries yet; use "
-                    "`--device cpu`");
+      d.warn(device_text + " with per-document attention (`--reset-attention-mask`): packed "
+             "batches run on the simple CUDA attention kernels, which are much slower than the "
+             "flash kernels (docs/kernels/attention.md)");
     if (!a.b("bf16"))
       d.unsupported(device_text + " without `--bf16`: fp32 training on CUDA is not supported yet "
                     "by megadlm; add `--bf16` (or use `--device cpu`)");

@@ -70,7 +70,25 @@ std::string name_of(const Case& c) {
 struct Dropout {
   float p = 0.0f;
   int64_t sample_offset = 0, head_offset = 0, query_offset = 0, key_offset = 0;
+  bool documents = false;  ///< packed rows: per-document attention (simple kernels)
 };
+
+/// Document ids of packed rows: documents of 1, 5, 13, 2, ... tokens (a fixed irregular
+/// pattern, shifted per batch row), non-decreasing along each row as the op requires.
+std::vector<int32_t> packed_documents(int64_t batch, int64_t seq) {
+  const int lengths[] = {1, 5, 13, 2, 31, 7, 64, 3, 40};
+  std::vector<int32_t> ids;
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t doc = 0;
+    int64_t left = lengths[b % 9];
+    for (int64_t i = 0; i < seq; ++i) {
+      if (left == 0) left = lengths[(b + ++doc) % 9];
+      ids.push_back(doc);
+      --left;
+    }
+  }
+  return ids;
+}
 
 AttentionArgs args_of(const Case& c, const Dropout& d = {}) {
   return {.batch = c.batch,
@@ -139,8 +157,13 @@ class AttentionCase {
     kd_ = k.to(Device::cuda(0), cuda);
     vd_ = v.to(Device::cuda(0), cuda);
     doutd_ = dout.to(Device::cuda(0), cuda);
+    if (drop.documents) {
+      docs_cpu_ = Tensor::from_ints(packed_documents(c.batch, c.seq), {c.batch, c.seq});
+      docs_cuda_ = docs_cpu_.to(Device::cuda(0), cuda);
+    }
     // CPU f32 reference.
-    const AttentionArgs a = args_of(c, drop);
+    AttentionArgs a = args_of(c, drop);
+    if (drop.documents) a.document_ids = &docs_cpu_;
     Tensor out = Tensor::empty(q_shape(c), DType::F32, cpu);
     Tensor lse = Tensor::empty(lse_shape(c), DType::F32, cpu);
     ops::attention_forward(q32_, k32_, v32_, out, lse, a, cpu);
@@ -156,7 +179,8 @@ class AttentionCase {
   }
 
   Errors run(Kernel kernel) const {
-    const AttentionArgs a = args_of(c_, drop_);
+    AttentionArgs a = args_of(c_, drop_);
+    if (drop_.documents) a.document_ids = &docs_cuda_;
     Tensor out = poisoned(q_shape(c_), DType::BF16, cuda_);
     Tensor lse = poisoned(lse_shape(c_), DType::F32, cuda_);
     Tensor dq = poisoned(q_shape(c_), DType::BF16, cuda_);
@@ -189,7 +213,7 @@ class AttentionCase {
   Case c_;
   Dropout drop_;
   Stream cuda_;
-  Tensor q32_, k32_, v32_, dout32_, qd_, kd_, vd_, doutd_;
+  Tensor q32_, k32_, v32_, dout32_, qd_, kd_, vd_, doutd_, docs_cpu_, docs_cuda_;
   std::vector<double> ref_out_, ref_lse_, ref_dq_, ref_dk_, ref_dv_;
 };
 
@@ -359,4 +383,21 @@ TEST(AttentionParity, DropoutDropsExactlyTheElementsOfTheSharedMapping) {
       EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(visible), drop.p, 0.05);
     }
   }
+}
+
+TEST(AttentionParity, PackedDocumentsOnTheSimpleKernelsMatchCpu) {
+  MDLM_REQUIRE_GPU();
+  // Per-document attention (--reset-attention-mask packing): documents of irregular lengths,
+  // with and without dropout, both masks, GQA, head dims of both kernel families.
+  std::vector<Case> cases;
+  for (int64_t dim : {64, 128})
+    for (int64_t seq : {17, 141, 300})
+      for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal})
+        cases.push_back({2, seq, 4, 2, dim, mask});
+  Dropout docs;
+  docs.documents = true;
+  check_cases(cases, {Kernel::Default}, 5000, docs);
+  docs.p = 0.1f;
+  docs.sample_offset = 3;
+  check_cases(cases, {Kernel::Default}, 6000, docs);
 }

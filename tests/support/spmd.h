@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 #include "megadlm/comm/bootstrap.h"
+#include "megadlm/core/error.h"
 
 namespace megadlm::test::spmd {
 
@@ -25,5 +26,13 @@ comm::DistributedRuntime* runtime(comm::Transport transport, std::string* why_no
 
 /// The launcher's rank of this process (0 without a launcher), usable before any runtime exists.
 int launch_rank();
+
+/// The MPI runtime of the CPU layout suites; fails the calling test when it cannot exist.
+inline comm::DistributedRuntime& mpi_runtime() {
+  std::string why_not;
+  comm::DistributedRuntime* rt = runtime(comm::Transport::Mpi, &why_not);
+  if (rt == nullptr) throw Error("no MPI runtime for the layout suite: " + why_not);
+  return *rt;
+}
 
 }  // namespace megadlm::test::spmd

@@ -19,6 +19,9 @@ struct Shape {
   float scale;  ///< softmax scale (applied to q.k)
   /// Attention dropout; read only by the kernels instantiated with kDropout (dropout.p > 0).
   ops::detail::AttentionDropoutMask dropout;
+  /// Per-document attention (packed batches): int32 [B, S] document ids, non-decreasing along
+  /// each row, or null for one document per row. Only the simple kernels read it.
+  const int32_t* docs = nullptr;
 };
 
 struct ForwardPtrs {

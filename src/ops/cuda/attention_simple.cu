@@ -50,6 +50,28 @@ __device__ __forceinline__ void store_row(bf16* row, const float (&r)[kMaxPerLan
   }
 }
 
+// Per-document attention: documents are contiguous runs of equal ids along a row, so the keys a
+// query may see (and the queries a key serves) are one range [lo, hi), found by binary search.
+__device__ __forceinline__ int64_t doc_lo(const int32_t* row, int64_t i) {
+  int64_t lo = 0, hi = i;  // first position in [0, i] holding row[i]'s id
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (row[mid] < row[i]) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__device__ __forceinline__ int64_t doc_hi(const int32_t* row, int64_t i, int64_t seq) {
+  int64_t lo = i + 1, hi = seq;  // one past the last position holding row[i]'s id
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (row[mid] <= row[i]) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 // Row index r = (b * Hq + h) * S + i (the lse order); single-pass online softmax. With dropout
 // the row sum stays undropped (lse unchanged) and only the P V terms are masked.
 template <bool kDropout>
@@ -64,11 +86,14 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s) {
 #pragma unroll
   for (int r = 0; r < kMaxPerLane; ++r) acc[r] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  const int64_t n = s.causal ? i + 1 : s.seq;
+  const int32_t* docs = s.docs ? s.docs + b * s.seq : nullptr;
+  const int64_t first = docs ? doc_lo(docs, i) : 0;
+  const int64_t n = s.causal ? i + 1 : (docs ? doc_hi(docs, i, s.seq) : s.seq);
   [[maybe_unused]] uint32_t keep_bits = 0;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = first; j < n; ++j) {
     if constexpr (kDropout) {
-      if ((j & 31) == 0) keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+      if (((j - first) & 31) == 0)
+        keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
     }
     const int64_t kv = ((b * s.seq + j) * s.kv_heads + kh) * s.dim;
     const float x = s.scale * warp_dot(q, p.k + kv, s.dim, lane);
@@ -77,7 +102,7 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s) {
     const float pj = expf(x - m_new);
     l = l * corr + pj;
     float pv = pj;
-    if constexpr (kDropout) pv = (keep_bits >> (j & 31)) & 1u ? pj : 0.0f;
+    if constexpr (kDropout) pv = (keep_bits >> ((j - first) & 31)) & 1u ? pj : 0.0f;
 #pragma unroll
     for (int r = 0; r < kMaxPerLane; ++r) {
       const int d = lane + 32 * r;
@@ -106,16 +131,19 @@ __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s) {
 #pragma unroll
   for (int r = 0; r < kMaxPerLane; ++r) dq[r] = 0.0f;
   const float lse = p.lse[row], delta = p.delta[row];
-  const int64_t n = s.causal ? i + 1 : s.seq;
+  const int32_t* docs = s.docs ? s.docs + b * s.seq : nullptr;
+  const int64_t first = docs ? doc_lo(docs, i) : 0;
+  const int64_t n = s.causal ? i + 1 : (docs ? doc_hi(docs, i, s.seq) : s.seq);
   [[maybe_unused]] uint32_t keep_bits = 0;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = first; j < n; ++j) {
     if constexpr (kDropout) {
-      if ((j & 31) == 0) keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+      if (((j - first) & 31) == 0)
+        keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
     }
     const int64_t kv = ((b * s.seq + j) * s.kv_heads + kh) * s.dim;
     const float pij = expf(s.scale * warp_dot(q, p.k + kv, s.dim, lane) - lse);
     float dp = warp_dot(dout, p.v + kv, s.dim, lane);
-    if constexpr (kDropout) dp = (keep_bits >> (j & 31)) & 1u ? dp * s.dropout.scale : 0.0f;
+    if constexpr (kDropout) dp = (keep_bits >> ((j - first) & 31)) & 1u ? dp * s.dropout.scale : 0.0f;
     const float ds = pij * (dp - delta);
 #pragma unroll
     for (int r = 0; r < kMaxPerLane; ++r) {
@@ -141,9 +169,12 @@ __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s) {
 #pragma unroll
   for (int r = 0; r < kMaxPerLane; ++r) dk[r] = dv[r] = 0.0f;
   [[maybe_unused]] uint32_t keep_bits = 0;
+  const int32_t* docs = s.docs ? s.docs + b * s.seq : nullptr;
+  const int64_t q_first = s.causal ? j : (docs ? doc_lo(docs, j) : 0);
+  const int64_t q_end = docs ? doc_hi(docs, j, s.seq) : s.seq;
   for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-    for (int64_t i = s.causal ? j : 0; i < s.seq; ++i) {
-      [[maybe_unused]] const int64_t i_step = i - (s.causal ? j : 0);
+    for (int64_t i = q_first; i < q_end; ++i) {
+      [[maybe_unused]] const int64_t i_step = i - q_first;
       if constexpr (kDropout) {
         // Here the lanes draw the next 32 queries of this key.
         if ((i_step & 31) == 0)

@@ -16,12 +16,7 @@ using namespace megadlm;
 
 namespace {
 
-comm::DistributedRuntime& runtime() {
-  std::string why_not;
-  comm::DistributedRuntime* rt = test::spmd::runtime(comm::Transport::Mpi, &why_not);
-  MDLM_CHECK(rt != nullptr, "no MPI runtime: ", why_not);
-  return *rt;
-}
+comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
 
 struct Layout {
   int pp = 2, vpp = 1, tp = 1;

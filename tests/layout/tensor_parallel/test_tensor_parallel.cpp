@@ -17,12 +17,7 @@ using namespace megadlm;
 
 namespace {
 
-comm::DistributedRuntime& runtime() {
-  std::string why_not;
-  comm::DistributedRuntime* rt = test::spmd::runtime(comm::Transport::Mpi, &why_not);
-  MDLM_CHECK(rt != nullptr, "no MPI runtime: ", why_not);
-  return *rt;
-}
+comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
 
 struct Variant {
   int tp = 1;
