@@ -26,12 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-comm::DistributedRuntime& runtime() {
-  std::string why_not;
-  comm::DistributedRuntime* rt = test::spmd::runtime(comm::Transport::Mpi, &why_not);
-  MDLM_CHECK(rt != nullptr, "no MPI runtime: ", why_not);
-  return *rt;
-}
+comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
 
 // Rank 0 makes a fresh directory and tells everyone its name; it is removed at scope exit.
 class SharedTempDir {
