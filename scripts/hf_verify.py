@@ -74,6 +74,9 @@ def main():
     ids = load_file(a.input)["input_ids"].to(torch.long).to(a.device)
 
     logits = logits_of(model, ids, a.causal)
+    if not torch.isfinite(logits).all():
+        sys.exit("hf_verify.py: transformers produced non-finite logits (a mask this transformers "
+                 "version reads differently?); refusing to compare")
     if not a.causal and ids.shape[1] > 1:
         changed = ids.clone()
         changed[:, -1] = (changed[:, -1] + 1) % model.config.vocab_size
