@@ -73,8 +73,9 @@ std::unique_ptr<Trainer> trainer(const RunConfig& cfg) {
   return std::make_unique<Trainer>(cfg, std::make_shared<MockGptDataset>(500, 128, 499), log);
 }
 
-std::vector<uint8_t> bytes_of(const Tensor& t) {
-  const Tensor h = t.to(Device::cpu(), Stream::cpu());
+/// The bytes of a tensor of the trainer's device (a CUDA tensor copies out on the trainer's stream).
+std::vector<uint8_t> bytes_of(const Tensor& t, const Stream& stream) {
+  const Tensor h = t.to(Device::cpu(), stream);
   const auto* p = static_cast<const uint8_t*>(h.data_ptr());
   return std::vector<uint8_t>(p, p + h.nbytes());
 }
@@ -104,7 +105,8 @@ TEST(CheckpointCuda, LoadingRestoresEveryTensorAndTheBf16Weights) {
   second.checkpoint.load = dir / "a";
   second.checkpoint.save = dir / "b";
   auto loaded = trainer(second);
-  EXPECT_EQ(bytes_of(loaded->parameters().flat_params()), bytes_of(original->parameters().flat_params()))
+  EXPECT_EQ(bytes_of(loaded->parameters().flat_params(), loaded->runtime().stream),
+            bytes_of(original->parameters().flat_params(), original->runtime().stream))
       << "bf16 model weights after loading differ from the run that saved them";
   loaded->save_checkpoint();
   expect_same_checkpoints(dir / "a", dir / "b");
