@@ -14,6 +14,7 @@
 #include <vector>
 #include "megadlm/ops/attention.h"
 #include "ops/attention_dropout_mask.h"
+#include "support/attention_cases.h"
 #include "support/op_testing.h"
 #include "support/tolerances.h"
 // The one place this suite touches the CUDA backend directly: selecting the simple kernel by
@@ -55,23 +56,12 @@ double rel_l2_floored(const std::vector<double>& a, const std::vector<double>& r
   return std::sqrt(num) / std::max(std::sqrt(den), floor);
 }
 
-struct Case {
-  int64_t batch, seq, heads, kv_heads, dim;
-  AttentionMask mask;
-};
-
-std::string name_of(const Case& c) {
-  return "B=" + std::to_string(c.batch) + " S=" + std::to_string(c.seq) + " Hq=" +
-         std::to_string(c.heads) + " Hkv=" + std::to_string(c.kv_heads) + " D=" +
-         std::to_string(c.dim) + (c.mask == AttentionMask::Causal ? " causal" : " no-mask");
-}
-
-/// Attention dropout of a case (p = 0: none). key_offset stays a multiple of 4 (flash kernels).
-struct Dropout {
-  float p = 0.0f;
-  int64_t sample_offset = 0, head_offset = 0, query_offset = 0, key_offset = 0;
-  bool documents = false;  ///< packed rows: per-document attention (simple kernels)
-};
+using Case = test::AttentionCase;
+using Dropout = test::AttentionDropout;
+using test::kv_shape;
+using test::lse_shape;
+using test::name_of;
+using test::q_shape;
 
 /// Document ids of packed rows: documents of 1, 5, 13, 2, ... tokens (a fixed irregular
 /// pattern, shifted per batch row), non-decreasing along each row as the op requires.
@@ -91,25 +81,8 @@ std::vector<int32_t> packed_documents(int64_t batch, int64_t seq) {
 }
 
 AttentionArgs args_of(const Case& c, const Dropout& d = {}) {
-  return {.batch = c.batch,
-          .seq = c.seq,
-          .num_heads = c.heads,
-          .num_kv_heads = c.kv_heads,
-          .head_dim = c.dim,
-          .mask = c.mask,
-          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim))),
-          .dropout_p = d.p,
-          .dropout_seed = 0x0123456789abcdefull,
-          .dropout_site = 5,
-          .sample_offset = d.sample_offset,
-          .head_offset = d.head_offset,
-          .query_offset = d.query_offset,
-          .key_offset = d.key_offset};
+  return test::attention_args(c, d, 0x0123456789abcdefull, 5);
 }
-
-Shape q_shape(const Case& c) { return {c.batch, c.seq, c.heads, c.dim}; }
-Shape kv_shape(const Case& c) { return {c.batch, c.seq, c.kv_heads, c.dim}; }
-Shape lse_shape(const Case& c) { return {c.batch, c.heads, c.seq}; }
 
 /// A device buffer full of NaN: any element a kernel does not write fails the comparison.
 Tensor poisoned(const Shape& shape, DType dtype, const Stream& cuda) {

@@ -11,6 +11,7 @@
 #include "megadlm/ops/attention.h"
 #include "ops/attention_dropout_mask.h"
 #include "ops/cpu/cpu_ops.h"
+#include "support/attention_cases.h"
 #include "support/op_testing.h"
 #include "support/tolerances.h"
 
@@ -20,43 +21,16 @@ using megadlm::ops::AttentionMask;
 
 namespace {
 
-struct Case {
-  int64_t batch, seq, heads, kv_heads, dim;
-  AttentionMask mask;
-};
-
-std::string name_of(const Case& c) {
-  return "B=" + std::to_string(c.batch) + " S=" + std::to_string(c.seq) + " Hq=" +
-         std::to_string(c.heads) + " Hkv=" + std::to_string(c.kv_heads) + " D=" +
-         std::to_string(c.dim) + (c.mask == AttentionMask::Causal ? " causal" : " no-mask");
-}
-
-/// Attention dropout of a test; p = 0 is no dropout.
-struct Dropout {
-  float p = 0.0f;
-  int64_t sample_offset = 0, head_offset = 0, query_offset = 0, key_offset = 0;
-};
+using Case = test::AttentionCase;
+using Dropout = test::AttentionDropout;
+using test::kv_shape;
+using test::lse_shape;
+using test::name_of;
+using test::q_shape;
 
 AttentionArgs args_of(const Case& c, const Dropout& d = {}) {
-  return {.batch = c.batch,
-          .seq = c.seq,
-          .num_heads = c.heads,
-          .num_kv_heads = c.kv_heads,
-          .head_dim = c.dim,
-          .mask = c.mask,
-          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim))),
-          .dropout_p = d.p,
-          .dropout_seed = 0x5eed0123456789ull,
-          .dropout_site = 3,
-          .sample_offset = d.sample_offset,
-          .head_offset = d.head_offset,
-          .query_offset = d.query_offset,
-          .key_offset = d.key_offset};
+  return test::attention_args(c, d, 0x5eed0123456789ull, 3);
 }
-
-Shape q_shape(const Case& c) { return {c.batch, c.seq, c.heads, c.dim}; }
-Shape kv_shape(const Case& c) { return {c.batch, c.seq, c.kv_heads, c.dim}; }
-Shape lse_shape(const Case& c) { return {c.batch, c.heads, c.seq}; }
 
 /// An output buffer full of NaN: an element the op forgets to write fails every comparison.
 Tensor poisoned(const Shape& shape, DType dtype) {

@@ -1,0 +1,55 @@
+// The attention test case shared by the CPU reference tests (tests/unit/ops/test_attention.cpp)
+// and the GPU parity tests (tests/gpu/test_parity_attention.cpp): a shape, a mask and an optional
+// dropout, turned into ops::AttentionArgs and the q / k,v / lse shapes. Header-only.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include "megadlm/core/tensor.h"
+#include "megadlm/ops/attention.h"
+
+namespace megadlm::test {
+
+struct AttentionCase {
+  int64_t batch, seq, heads, kv_heads, dim;
+  ops::AttentionMask mask;
+};
+
+inline std::string name_of(const AttentionCase& c) {
+  return "B=" + std::to_string(c.batch) + " S=" + std::to_string(c.seq) + " Hq=" +
+         std::to_string(c.heads) + " Hkv=" + std::to_string(c.kv_heads) + " D=" +
+         std::to_string(c.dim) + (c.mask == ops::AttentionMask::Causal ? " causal" : " no-mask");
+}
+
+/// Attention dropout of a case (p = 0: none), at global offsets. The CUDA flash kernels need
+/// key_offset a multiple of 4.
+struct AttentionDropout {
+  float p = 0.0f;
+  int64_t sample_offset = 0, head_offset = 0, query_offset = 0, key_offset = 0;
+  bool documents = false;  ///< packed rows: per-document attention (the GPU suite's simple kernels)
+};
+
+/// The op arguments of a case: softmax scale 1/sqrt(head_dim), dropout keyed by (seed, site).
+inline ops::AttentionArgs attention_args(const AttentionCase& c, const AttentionDropout& d,
+                                         uint64_t dropout_seed, uint32_t dropout_site) {
+  return {.batch = c.batch,
+          .seq = c.seq,
+          .num_heads = c.heads,
+          .num_kv_heads = c.kv_heads,
+          .head_dim = c.dim,
+          .mask = c.mask,
+          .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim))),
+          .dropout_p = d.p,
+          .dropout_seed = dropout_seed,
+          .dropout_site = dropout_site,
+          .sample_offset = d.sample_offset,
+          .head_offset = d.head_offset,
+          .query_offset = d.query_offset,
+          .key_offset = d.key_offset};
+}
+
+inline Shape q_shape(const AttentionCase& c) { return {c.batch, c.seq, c.heads, c.dim}; }
+inline Shape kv_shape(const AttentionCase& c) { return {c.batch, c.seq, c.kv_heads, c.dim}; }
+inline Shape lse_shape(const AttentionCase& c) { return {c.batch, c.heads, c.seq}; }
+
+}  // namespace megadlm::test
