@@ -14,13 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench_dp_out}; iters=${2:-8}
 mkdir -p "$out"
-bin=${MEGADLM_BIN:-build/bin}
-mpirun_flags=(-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE)
-[ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)
 common=(@configs/megadlms_1.7b.args --mock-data --device cuda --log-interval 1
         --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000
         --distributed-timeout-minutes 1)
-limit=${MEGADLM_RUN_LIMIT_S:-150}  # per run: a hang ends as a failed run, not a stuck script
 source "$(dirname "$0")/lib/bench_run.sh"
 run() {  # name, ranks, global batch, iterations, extra flags...
   local name=$1 np=$2 gbs=$3 n=$4; shift 4

@@ -13,13 +13,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench_pp_out}; iters=${2:-6}
 mkdir -p "$out"
-bin=${MEGADLM_BIN:-build/bin}
-mpirun_flags=(-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE)
-[ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)
 common=(@configs/megadlms_1.7b.args --mock-data --device cuda --log-interval 1
         --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000
         --distributed-timeout-minutes 1 --train-iters "$iters")
-limit=${MEGADLM_RUN_LIMIT_S:-150}
 source "$(dirname "$0")/lib/bench_run.sh"
 run() {  # name, ranks, global batch, extra flags...
   local name=$1 np=$2 gbs=$3; shift 3

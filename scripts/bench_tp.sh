@@ -11,13 +11,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench_tp_out}; iters=${2:-6}
 mkdir -p "$out"
-bin=${MEGADLM_BIN:-build/bin}
-mpirun_flags=(-x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE)
-[ "$(id -u)" = 0 ] && mpirun_flags+=(--allow-run-as-root)
 common=(@configs/megadlms_1.7b.args --mock-data --device cuda --log-interval 1
         --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000
         --distributed-timeout-minutes 1 --global-batch-size 16 --train-iters "$iters")
-limit=${MEGADLM_RUN_LIMIT_S:-150}
 source "$(dirname "$0")/lib/bench_run.sh"
 run() { bench_run "$@"; }
 run tp1 1
