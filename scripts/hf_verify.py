@@ -11,8 +11,12 @@ It checks its own patch: with bidirectional attention, changing the last token m
 logits at position 0; if it does not, the installed transformers ignored the patch and the
 script fails rather than report a meaningless comparison.
 
+With --fp32-reference PATH (for --dtype bf16) the same weights, widened exactly to fp32, run once
+more in fp32 without TF32 and those logits go to PATH: the reference against which both bf16
+implementations are measured, and transformers' own bf16 error against it is the noise floor.
+
 Usage: hf_verify.py --model DIR --input ids.safetensors --output logits.safetensors
-                    [--dtype fp32|bf16] [--device cpu|cuda] [--causal]
+                    [--dtype fp32|bf16] [--device cpu|cuda] [--causal] [--fp32-reference PATH]
        hf_verify.py --probe    (exit 0 when torch, safetensors and transformers import; else say why)
 """
 import argparse
@@ -60,13 +64,15 @@ def main():
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--fp32-reference")
     a = p.parse_args()
+    if a.fp32_reference and a.dtype != "bf16":
+        p.error("--fp32-reference goes with --dtype bf16")
 
     dtype = torch.float32 if a.dtype == "fp32" else torch.bfloat16
-    if a.dtype == "fp32":
-        # Plain fp32 matmuls (no TF32) so that differences are reassociation only.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    # Plain fp32 matmuls (no TF32) so that fp32 differences are reassociation only.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype, attn_implementation="eager")
     model.to(a.device).eval()
     if not a.causal:
@@ -86,6 +92,10 @@ def main():
                      f"this transformers {__import__('transformers').__version__} did not take the "
                      "bidirectional patch")
     save_file({"logits": logits.cpu().contiguous()}, a.output)
+    if a.fp32_reference:
+        model.float()  # bf16 -> fp32 is exact: the same weights, computed in fp32
+        save_file({"logits": logits_of(model, ids, a.causal).cpu().contiguous()}, a.fp32_reference)
+        print(f"hf_verify.py: fp32 reference logits written to {a.fp32_reference}")
     print(f"hf_verify.py: {model.config.model_type} ({'causal' if a.causal else 'bidirectional'}, "
           f"{a.dtype} on {a.device}): logits {tuple(logits.shape)} written to {a.output}")
 
