@@ -14,7 +14,7 @@
 // written once) against the measured copy bandwidth. A JSON line per op goes to --out; a table is
 // printed last. Exit codes: 0 all checks passed, 1 a check failed, 2 no device or bad usage.
 //
-// comm: all_reduce, reduce_scatter and all_gather of 1 GiB in bf16 and f32 over the world of
+// comm: all_reduce, reduce_scatter and all_gather of 1 GiB (--mib) in bf16 and f32 over the world of
 // the launch (one rank per GPU), each timed with CUDA events around single calls: kCommWarmup
 // calls, then kCommReps timed calls each preceded by a barrier; per call the slowest rank's time
 // counts, and the median of those is reported with nccl-tests' bandwidths (docs/benchmarks.md):
@@ -762,7 +762,7 @@ struct Result {
 
 int usage(const char* argv0) {
   std::fprintf(stderr, "usage: %s ops [--op NAME] [--out FILE]\n"
-                       "       mpirun -np N %s comm [--op NAME] [--out FILE]\n"
+                       "       mpirun -np N %s comm [--op NAME] [--mib SIZE (1024)] [--out FILE]\n"
                        "  --op NAME  only the ops (or collectives) whose name contains NAME\n"
                        "             (e.g. gemm, rms_norm_bwd, all_reduce)\n"
                        "  --out FILE append one JSON line per op or collective to FILE\n", argv0, argv0);
@@ -863,7 +863,7 @@ int run(int argc, char** argv) {
 
 constexpr int kCommWarmup = 5;
 constexpr int kCommReps = 25;
-constexpr int64_t kCommBytes = int64_t{1} << 30;
+constexpr int64_t kCommDefaultMiB = 1024;
 
 struct CommBench {
   std::string name;    ///< "all_reduce_bf16"
@@ -936,11 +936,18 @@ bool comm_check(comm::Communicator& world, const Stream& s, const CommBench& b) 
 
 int run_comm(int argc, char** argv) {
   std::string filter, out_path;
+  long long mib = kCommDefaultMiB;
   for (int i = 2; i < argc; ++i) {
     if (std::strcmp(argv[i], "--op") == 0 && i + 1 < argc) filter = argv[++i];
     else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
+    else if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) mib = std::atoll(argv[++i]);
     else return usage(argv[0]);
   }
+  if (mib < 1) {
+    std::fprintf(stderr, "megadlm_bench comm: --mib must be a positive number of MiB\n");
+    return 2;
+  }
+  const int64_t buffer_bytes = mib << 20;
   const comm::LaunchEnvironment env = comm::detect_launch_environment();
   if (env.world_size < 2 || !comm::nccl_compiled() || cuda_device_count() == 0) {
     std::fprintf(stderr, "megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks "
@@ -962,7 +969,7 @@ int run_comm(int argc, char** argv) {
   if (lead)
     std::printf("megadlm_bench comm: %d ranks, NCCL %s, %d warm-up + %d timed calls (median of "
                 "the slowest rank), %lld MiB buffers\n", n, comm::nccl_version().c_str(),
-                kCommWarmup, kCommReps, static_cast<long long>(kCommBytes >> 20));
+                kCommWarmup, kCommReps, mib);
   const double ring = static_cast<double>(n - 1) / n;
   const std::vector<CommBench> benches = {
       {"all_reduce_bf16", "all_reduce", DType::BF16, 2 * ring},
@@ -978,7 +985,7 @@ int run_comm(int argc, char** argv) {
     const bool pass = comm_check(world, stream, b);
     all_pass = all_pass && pass;
     // S elements in the full buffer; per-rank pieces are S / n.
-    const int64_t total = kCommBytes / static_cast<int64_t>(dtype_size(b.dtype));
+    const int64_t total = buffer_bytes / static_cast<int64_t>(dtype_size(b.dtype));
     const int64_t piece = total / n;
     Tensor full = Tensor::empty({piece * n}, b.dtype, stream);
     Tensor part = Tensor::empty({piece}, b.dtype, stream);
