@@ -1,4 +1,5 @@
 #include "megadlm/training/checkpoint/file_io.h"
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -24,16 +25,34 @@ OutputFile::~OutputFile() {
 
 void OutputFile::write(const void* data, size_t bytes) {
   MDLM_CHECK(fd_ >= 0, "write to ", path_, " after finish()");
-  hash_.update(data, bytes);
   const auto* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) MDLM_FAIL("cannot write ", path_, " (", bytes_, " bytes written so far): ", os_error());
-    p += n;
-    bytes -= static_cast<size_t>(n);
-    bytes_ += static_cast<uint64_t>(n);
+    // Hash and write in chunks, so that the data is still in cache when it is written.
+    const size_t chunk = std::min(bytes, kChunkBytes);
+    hash_.update(p, chunk);
+    for (size_t done = 0; done < chunk;) {
+      const ssize_t n = ::write(fd_, p + done, chunk - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) MDLM_FAIL("cannot write ", path_, " (", bytes_ + done, " bytes written so far): ", os_error());
+      done += static_cast<size_t>(n);
+    }
+    p += chunk;
+    bytes -= chunk;
+    bytes_ += chunk;
+    start_writeback();
   }
+}
+
+void OutputFile::start_writeback() {
+#ifdef __linux__
+  // Without this the kernel holds dirty pages until fsync, and the disk idles while we hash
+  // and copy: start writing each finished chunk now (asynchronously; fsync still waits for all).
+  if (bytes_ - flushed_ >= kChunkBytes) {
+    ::sync_file_range(fd_, static_cast<off_t>(flushed_), static_cast<off_t>(bytes_ - flushed_),
+                      SYNC_FILE_RANGE_WRITE);
+    flushed_ = bytes_;
+  }
+#endif
 }
 
 std::string OutputFile::finish() {

@@ -109,6 +109,31 @@ TEST(CheckpointWriter, SavesPiecesThatLoadAsAnyRegion) {
   EXPECT_NE(error_of([&] { r.read_whole("model/absent"); }).find("has no tensor model/absent"), std::string::npos);
 }
 
+TEST(CheckpointWriter, SpreadsARanksPiecesOverFilesOfTheTargetSize) {
+  TempDir dir;
+  CheckpointWriter w(nullptr, Stream::cpu());
+  // The model pieces are 48, 48 and 96 bytes: at 64 bytes a file they take three files (the
+  // 96-byte piece alone: pieces are never cut); the 192-byte optimizer piece one.
+  w.set_target_file_bytes(64);
+  save_tagged(w, dir.str(), 5, 6, false);
+  CheckpointReader r(*find_checkpoint(dir.str(), std::nullopt));
+  EXPECT_EQ(r.files_with({"model/"}), (std::vector<std::string>{"model_rank00000-00001-of-00003.safetensors",
+                                                                "model_rank00000-00002-of-00003.safetensors",
+                                                                "model_rank00000-00003-of-00003.safetensors"}));
+  EXPECT_EQ(r.files_with({"optimizer/"}), (std::vector<std::string>{"optim_rank00000.safetensors"}));
+  r.verify_files(r.files_with({"model/", "optimizer/"}), nullptr, Stream::cpu());
+  const std::vector<float> want = tagged(5, 48);
+  EXPECT_EQ(r.read_whole("model/w").to_floats(Stream::cpu()), want);
+  EXPECT_EQ(r.read_whole("optimizer/exp_avg/w").to_floats(Stream::cpu()), want);
+  // A damaged shard is named when the files are verified in parallel.
+  const std::string second = r.dir() + "/model_rank00000-00002-of-00003.safetensors";
+  flip_byte(second, fs::file_size(second) - 1);
+  EXPECT_NE(error_of([&] { r.verify_files(r.files_with({"model/", "optimizer/"}), nullptr, Stream::cpu()); })
+                .find(second + " is corrupted"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { w.set_target_file_bytes(0); }).find("positive target size"), std::string::npos);
+}
+
 TEST(CheckpointWriter, ReplacesLatestOnlyWithCompleteCheckpointsAndCleansLeftovers) {
   TempDir dir;
   CheckpointWriter w(nullptr, Stream::cpu());

@@ -70,6 +70,11 @@ class CheckpointWriter {
   void wait();
   /// The directory of the last committed save ("" before the first).
   const std::string& last_committed() const { return last_committed_; }
+  /// Target size of one file (default 1 GiB): a rank's model and optimizer pieces are spread
+  /// over files of about this size, written and hashed in parallel. Whole pieces: a larger
+  /// piece gets a file of its own.
+  void set_target_file_bytes(uint64_t bytes);
+  static constexpr uint64_t kDefaultFileBytes = uint64_t{1} << 30;
 
  private:
   struct Job;
@@ -78,6 +83,7 @@ class CheckpointWriter {
   std::shared_ptr<comm::Communicator> world_;
   Stream stream_;
   int rank_ = 0;
+  uint64_t file_bytes_ = kDefaultFileBytes;
   std::unique_ptr<Job> job_;
   std::string last_committed_;
 };

@@ -25,9 +25,13 @@ class OutputFile {
   const std::string& path() const { return path_; }
 
  private:
+  static constexpr size_t kChunkBytes = size_t{64} << 20;
+  void start_writeback();
+
   std::string path_;
   int fd_ = -1;
   uint64_t bytes_ = 0;
+  uint64_t flushed_ = 0;  ///< bytes handed to the kernel's writeback so far
   Sha256 hash_;
 };
 
