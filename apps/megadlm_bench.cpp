@@ -887,7 +887,10 @@ double comm_median_ms(comm::Communicator& world, const Stream& stream, const std
     check_cuda(cudaEventRecord(start, cs), "cudaEventRecord");
     fn();
     check_cuda(cudaEventRecord(stop, cs), "cudaEventRecord");
-    world.synchronize(stream);
+    world.synchronize(stream);  // the collective's own completion (and its timeout)
+    // `stop` was recorded after the collective's completion event: the host can see that one
+    // complete before `stop`, so wait for `stop` itself before reading the time.
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
     check_cuda(cudaEventElapsedTime(&ms[static_cast<size_t>(i)], start, stop), "cudaEventElapsedTime");
   }
   cudaEventDestroy(start);
@@ -934,6 +937,9 @@ bool comm_check(comm::Communicator& world, const Stream& s, const CommBench& b) 
   return got == want;
 }
 
+int comm_benches(comm::DistributedRuntime& runtime, const std::string& filter, const std::string& out_path,
+                 long long mib);
+
 int run_comm(int argc, char** argv) {
   std::string filter, out_path;
   long long mib = kCommDefaultMiB;
@@ -947,7 +953,6 @@ int run_comm(int argc, char** argv) {
     std::fprintf(stderr, "megadlm_bench comm: --mib must be a positive number of MiB\n");
     return 2;
   }
-  const int64_t buffer_bytes = mib << 20;
   const comm::LaunchEnvironment env = comm::detect_launch_environment();
   if (env.world_size < 2 || !comm::nccl_compiled() || cuda_device_count() == 0) {
     std::fprintf(stderr, "megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks "
@@ -957,6 +962,19 @@ int run_comm(int argc, char** argv) {
     return 2;
   }
   comm::DistributedRuntime runtime(env, comm::Transport::Nccl, std::chrono::minutes(10));
+  try {
+    return comm_benches(runtime, filter, out_path, mib);
+  } catch (const std::exception& e) {
+    // One rank's failure ends the job: its peers would wait in their next collective, and a
+    // clean NCCL shutdown of this rank would wait for them (up to the 10-minute timeout).
+    std::fprintf(stderr, "megadlm_bench comm: rank %d: %s\n", env.rank, e.what());
+    runtime.abort_job(2);
+  }
+}
+
+int comm_benches(comm::DistributedRuntime& runtime, const std::string& filter, const std::string& out_path,
+                 long long mib) {
+  const int64_t buffer_bytes = mib << 20;
   comm::Communicator& world = runtime.world();
   const int n = world.size();
   const bool lead = world.rank() == 0;

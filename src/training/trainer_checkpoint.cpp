@@ -167,6 +167,7 @@ void Trainer::finish_checkpoints() {
 void Trainer::load_checkpoint() {
   const CheckpointConfig& ck = cfg_.checkpoint;
   if (ck.load.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
   const Stream& s = rt_.stream;
   comm::Communicator* world = world_.get();
   // Every rank reads the same files; agree() turns one rank's failure into everyone's error.
@@ -313,7 +314,8 @@ void Trainer::load_checkpoint() {
     log_ << "  successfully loaded checkpoint from " << *dir << " [ iteration " << iteration_
          << ", consumed samples " << consumed_samples_
          << (load_optim ? "" : resume ? ", fresh optimizer state" : ", fine-tuning from its weights")
-         << " ]" << std::endl;
+         << " ] (" << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s)"
+         << std::endl;
 }
 
 }  // namespace megadlm
