@@ -124,32 +124,6 @@ WrittenFile write_and_verify(const std::string& path, const std::vector<Safetens
   return w;
 }
 
-// Runs fn(0..n-1) on up to kIoThreads threads; rethrows the first error (by index) after all
-// have finished. Checkpoint files are written and hashed concurrently: one thread hashes
-// (SHA-256) at 1-2 GB/s, below what a node's disks take, so one file at a time leaves the disk idle.
-constexpr size_t kIoThreads = 8;
-
-void for_each_parallel(size_t n, const std::function<void(size_t)>& fn) {
-  std::vector<std::string> errors(n);
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        fn(i);
-      } catch (const std::exception& e) {
-        errors[i] = error_text(e);
-      }
-    }
-  };
-  const size_t threads = std::min({n, kIoThreads, std::max<size_t>(2, std::thread::hardware_concurrency())});
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
-  for (const std::string& e : errors)
-    if (!e.empty()) MDLM_FAIL(e);
-}
-
 // This rank's files and its manifest (the pieces and files, for rank 0 to merge). The model
 // and the optimizer pieces are each spread over files of about `file_bytes`.
 void write_rank_files(const std::string& tmp, int rank, const std::string& tag,
@@ -200,7 +174,7 @@ void write_rank_files(const std::string& tmp, int rank, const std::string& tag,
   }
   const std::map<std::string, std::string> metadata = {{"format", kFormatName}, {"rank", std::to_string(rank)},
                                                        {"tag", tag}};
-  for_each_parallel(jobs.size(), [&](size_t i) {
+  run_io_tasks(jobs.size(), [&](size_t i) {
     jobs[i].written = write_and_verify((fs::path(tmp) / jobs[i].name).string(), jobs[i].entries, metadata);
   });
   for (const FileJob& job : jobs)
@@ -445,7 +419,7 @@ void CheckpointReader::verify_files(const std::vector<std::string>& files, comm:
     std::vector<std::string> mine;
     for (size_t i = static_cast<size_t>(rank); i < files.size(); i += static_cast<size_t>(size))
       mine.push_back(files[i]);
-    for_each_parallel(mine.size(), [&](size_t i) { verify_file(mine[i]); });
+    run_io_tasks(mine.size(), [&](size_t i) { verify_file(mine[i]); });
   } catch (const std::exception& e) {
     error = error_text(e);
   }
@@ -453,6 +427,7 @@ void CheckpointReader::verify_files(const std::vector<std::string>& files, comm:
 }
 
 const SafetensorsFile& CheckpointReader::file(const std::string& name) const {
+  const std::lock_guard<std::mutex> lock(files_mutex_);  // reads run on several threads
   auto it = files_.find(name);
   if (it == files_.end())
     it = files_.emplace(name, std::make_unique<SafetensorsFile>((fs::path(dir_) / name).string())).first;

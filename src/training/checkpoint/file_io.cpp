@@ -1,11 +1,14 @@
 #include "megadlm/training/checkpoint/file_io.h"
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <thread>
+#include <vector>
 #include "megadlm/core/error.h"
 
 namespace megadlm::checkpoint {
@@ -135,6 +138,28 @@ int64_t file_size_or_missing(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return -1;
   return static_cast<int64_t>(st.st_size);
+}
+
+void run_io_tasks(size_t n, const std::function<void(size_t)>& task, size_t max_threads) {
+  std::vector<std::string> errors(n);
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        task(i);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    }
+  };
+  const size_t threads =
+      std::min({n, std::max<size_t>(1, max_threads), std::max<size_t>(2, std::thread::hardware_concurrency())});
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  for (const std::string& e : errors)
+    if (!e.empty()) MDLM_FAIL(e);
 }
 
 }  // namespace megadlm::checkpoint

@@ -1,3 +1,4 @@
+#include "megadlm/training/checkpoint/file_io.h"
 #include "megadlm/training/checkpoint/training_state.h"
 #include <algorithm>
 #include "megadlm/ops/elementwise.h"
@@ -80,21 +81,32 @@ void load_state(const CheckpointReader& reader, ParameterStore& store, AdamWOpti
     ops::fill(m, 0.0f, stream);
     ops::fill(v, 0.0f, stream);
   }
-  auto read_into = [&](const std::string& name, const ParamPlacement& pl, const Region& region,
-                       Tensor& dst_buffer, int64_t c) {
-    Tensor host = Tensor::empty({region.numel()}, dst_buffer.dtype(), Stream::cpu());
-    reader.read(name, pl.global_shape, region, host);
-    Tensor dst = dst_buffer.slice_flat(c, {region.numel()});
-    copy_tensor(host, dst, stream);
-    stream.synchronize();  // `host` is freed next
+  // Every (tensor, owned region) is one task; tasks read on several threads (each into its own
+  // host buffer, so memory in flight is bounded by kLoadThreads pieces) and copy on `stream`.
+  struct ReadTask {
+    std::string name;
+    Shape global_shape;
+    Region region;
+    Tensor* buffer;
+    int64_t offset;
   };
+  std::vector<ReadTask> tasks;
   for_each_owned_piece(store, optimizer,
                        [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
-                         read_into(kModelPrefix + d.name, pl, region, master, c);
+                         tasks.push_back({kModelPrefix + d.name, pl.global_shape, region, &master, c});
                          if (!moments) return;
-                         read_into(kExpAvgPrefix + d.name, pl, region, m, c);
-                         read_into(kExpAvgSqPrefix + d.name, pl, region, v, c);
+                         tasks.push_back({kExpAvgPrefix + d.name, pl.global_shape, region, &m, c});
+                         tasks.push_back({kExpAvgSqPrefix + d.name, pl.global_shape, region, &v, c});
                        });
+  constexpr size_t kLoadThreads = 4;
+  run_io_tasks(tasks.size(), [&](size_t i) {
+    const ReadTask& t = tasks[i];
+    Tensor host = Tensor::empty({t.region.numel()}, t.buffer->dtype(), Stream::cpu());
+    reader.read(t.name, t.global_shape, t.region, host);
+    Tensor dst = t.buffer->slice_flat(t.offset, {t.region.numel()});
+    copy_tensor(host, dst, stream);
+    stream.synchronize();  // `host` is freed next
+  }, kLoadThreads);
   Tensor params = store.flat_params();
   for (const OwnedRange& r : optimizer.owned()) {
     if (r.end == r.begin) continue;

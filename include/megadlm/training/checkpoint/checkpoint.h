@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,6 +124,7 @@ class CheckpointReader {
 
   std::string dir_;
   CheckpointIndex index_;
+  mutable std::mutex files_mutex_;
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
 };
 

@@ -3,7 +3,9 @@
 // (write a temporary, fsync, rename, fsync the directory), and reads that name the file and say
 // "truncated" when fewer bytes exist than the caller was promised. Every error names the path.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include "megadlm/training/checkpoint/sha256.h"
 
@@ -63,5 +65,11 @@ void write_file_atomic(const std::string& path, const std::string& content);
 std::string read_text_file(const std::string& path);
 /// Size in bytes, or -1 when the file does not exist.
 int64_t file_size_or_missing(const std::string& path);
+
+/// Runs task(0..n-1) on up to `max_threads` threads (this one included) and, once all have
+/// finished, throws the error of the lowest-numbered task that failed. Checkpoint files are
+/// written, hashed and read concurrently: one thread hashes (SHA-256) at 1-2 GB/s, below what a
+/// node's disks take, so one file at a time leaves the disk idle.
+void run_io_tasks(size_t n, const std::function<void(size_t)>& task, size_t max_threads = 8);
 
 }  // namespace megadlm::checkpoint
