@@ -192,6 +192,13 @@ Blend parse_blend(const std::vector<std::string>& values, const std::string& fla
     return !s.empty() && end != s.c_str() && *end == '\0';
   };
   if (values.size() % 2 == 1) {  // prefixes only (Megatron: any odd count)
+    // Unless it starts with a weight: then a weight or a prefix is missing, and Megatron would
+    // go looking for a dataset named like the weight. Say so before any file is opened.
+    double w = 0;
+    if (values.size() > 1 && as_number(values[0], w))
+      MDLM_FAIL(flag, ": ", values.size(), " words starting with the weight ", values[0],
+                ": a weighted blend is `weight prefix` pairs, an even count (is a weight or a "
+                "prefix missing?)");
     b.prefixes = values;
     return b;
   }
@@ -221,7 +228,7 @@ Blend parse_blend(const std::vector<std::string>& values, const std::string& fla
       list.append("\"").append(s).append("\"");
     }
     MDLM_FAIL(flag, ": unparsable blend weight(s) ", list, "; a blend is `weight prefix weight "
-              "prefix ...` (e.g. ", flag, " 0.3 /data/a_text_document 0.7 /data/b_text_document) "
+              "prefix ...` (e.g. `0.3 /data/a_text_document 0.7 /data/b_text_document`) "
               "or prefixes only");
   }
   return b;
