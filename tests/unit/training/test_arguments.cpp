@@ -6,8 +6,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <sstream>
 #include <unistd.h>
+#include "megadlm/data/indexed_dataset.h"
 #include "megadlm/training/arguments.h"
+#include "megadlm/training/data_setup.h"
 #include "megadlm/training/flags.h"
 
 using namespace megadlm;
@@ -472,6 +475,20 @@ std::vector<Row> rows() {
       {"V-52", cmd({"--data-path", "corpus"}), O::Rejected, {"give one data source", "[V-52]"}},
       {"V-16", cmd({"--data-path", "a", "--data-args-path", "b"}, {"--mock-data"}), O::Rejected,
        {"give only one of `--data-path` and `--data-args-path` [V-16]"}},
+      {"V-16-per-split", cmd({"--train-data-path", "a", "--per-split-data-args-path", "b.json"}, {"--mock-data"}),
+       O::Rejected, {"give only one of the per-split `--*-data-path` flags and `--per-split-data-args-path` [V-16]"}},
+      {"V-52-files", cmd({"--data-args-path", "a.txt", "--per-split-data-args-path", "b.json"}, {"--mock-data"}),
+       O::Rejected, {"give one data source", "(or `--per-split-data-args-path`) [V-52]"}},
+      {"V-52-mock", cmd({"--data-args-path", "a.txt"}), O::Rejected, {"give one data source", "[V-52]"}},
+      // The blends parse, and the blend files are read, during validation: --dry-run sees them.
+      {"M-18", dry(1, {"--data-path", "0.3", "corpus_a", "x", "corpus_b"}, {"--mock-data"}), O::Rejected,
+       {"--data-path: unparsable blend weight(s) \"x\"", "[M-18]"}},
+      {"M-18-odd", cmd({"--data-path", "0.3", "corpus_a", "0.7"}, {"--mock-data"}), O::Rejected,
+       {"--data-path: 3 words starting with the weight 0.3", "is a weight or a prefix missing?", "[M-18]"}},
+      {"M-18-file", dry(1, {"--data-args-path", "/nonexistent/blend.txt"}, {"--mock-data"}), O::Rejected,
+       {"--data-args-path /nonexistent/blend.txt: cannot read the file (No such file or directory)", "[M-18]"}},
+      {"M-18-json", cmd({"--per-split-data-args-path", "/nonexistent/splits.json"}, {"--mock-data"}),
+       O::Rejected, {"--per-split-data-args-path /nonexistent/splits.json: cannot read the file", "[M-18]"}},
       {"M-10", cmd({}, {"--mock-data"}), O::Rejected, {"no training data: pass `--mock-data` or `--data-path` [M-10]"}},
       {"V-15", dry(1, {"--data-path", "corpus_text_document"}, {"--mock-data"}), O::Accepted,
        {"using Megatron's legacy default \"969, 30, 1\""},
@@ -636,7 +653,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "R-14"};
+    "M-17", "M-18", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
@@ -791,6 +808,208 @@ TEST(Arguments, FormatsMegatronsArgumentDump) {
   // Sorted by name.
   EXPECT_LT(dump.find("  adam_beta1 "), dump.find("  adam_beta2 "));
   EXPECT_LT(dump.find("  world_size "), dump.find("  yaml_cfg "));
+}
+
+
+// ------------------------------------------------ --data-args-path, --per-split-data-args-path
+
+// A scratch directory for the files a test writes; removed afterwards.
+class DataArgsFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("megadlm_data_args_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& text) const {
+    const std::filesystem::path p = dir_ / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+  // An indexed dataset of 40 documents of 30 tokens below the test vocabulary of 100 ids;
+  // `salt` makes datasets differ.
+  std::string dataset(const std::string& name, int32_t salt) const {
+    const std::string prefix = (dir_ / name).string();
+    data::IndexedDatasetWriter w(prefix, data::IndexDType::UInt16);
+    for (int32_t d = 0; d < 40; ++d) {
+      std::vector<int32_t> tokens(30);
+      for (int32_t k = 0; k < 30; ++k) tokens[static_cast<size_t>(k)] = (salt + 7 * d + k) % 90;
+      w.add_document(tokens);
+    }
+    w.finalize();
+    return prefix;
+  }
+
+  std::filesystem::path dir_;
+};
+
+// The ConfigError message of a command line ("" when it is accepted).
+std::string rejection(const Argv& argv) {
+  try {
+    parse_arguments(argv, {});
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// What follows `label` in `message` up to the end of its line: the error without its source.
+std::string after(const std::string& message, const std::string& label) {
+  const size_t at = message.find(label);
+  if (at == std::string::npos) return "<" + label + " not in: " + message + ">";
+  const size_t start = at + label.size();
+  return message.substr(start, message.find('\n', start) - start);
+}
+
+TEST_F(DataArgsFiles, ArgsFileGivesTheSameBlendAsDataPath) {
+  const std::string a = dataset("a", 0), b = dataset("b", 50);
+  // Any whitespace separates the words, newlines included, as Python's str.split().
+  const std::string file = write("blend.txt", "0.3 " + a + "\n\t0.7   " + b + "\n\n");
+  const ParsedArguments from_file =
+      parse_arguments(cmd({"--data-args-path", file, "--split", "90,10,0"}, {"--mock-data"}), {});
+  const ParsedArguments from_flag = parse_arguments(
+      cmd({"--data-path", "0.3", a, "0.7", b, "--split", "90,10,0"}, {"--mock-data"}), {});
+  EXPECT_EQ(from_file.config.data.data_path, from_flag.config.data.data_path);
+  EXPECT_EQ(from_file.config.data.data_path, (std::vector<std::string>{"0.3", a, "0.7", b}));
+  EXPECT_EQ(from_file.config.data.split, from_flag.config.data.split);
+  // The datasets are built from the same config, so they draw the same samples.
+  std::ostringstream log;
+  const TrainingData x = build_training_data(from_file.config, 0, log);
+  const TrainingData y = build_training_data(from_flag.config, 0, log);
+  ASSERT_TRUE(x.train && y.train && x.valid && y.valid);
+  ASSERT_EQ(x.train->num_samples(), y.train->num_samples());
+  for (int64_t i = 0; i < x.train->num_samples(); ++i)
+    ASSERT_EQ(x.train->sample(i), y.train->sample(i)) << "train sample " << i;
+  ASSERT_EQ(x.valid->num_samples(), y.valid->num_samples());
+  for (int64_t i = 0; i < x.valid->num_samples(); ++i)
+    ASSERT_EQ(x.valid->sample(i), y.valid->sample(i)) << "valid sample " << i;
+
+  // Without --split the file gets --data-path's legacy default (Megatron would stop).
+  const ParsedArguments no_split = parse_arguments(cmd({"--data-args-path", file}, {"--mock-data"}), {});
+  EXPECT_EQ(no_split.config.data.split, "969, 30, 1");
+  EXPECT_NE(joined(no_split.warnings).find("`--split` not given with `--data-args-path`"),
+            std::string::npos) << joined(no_split.warnings);
+}
+
+TEST_F(DataArgsFiles, PerSplitFileGivesTheSameBlendsAsThePerSplitFlags) {
+  const std::string a = dataset("a", 0), b = dataset("b", 50);
+  const ParsedArguments from_flags = parse_arguments(
+      cmd({"--train-data-path", "0.3", a, "0.7", b, "--valid-data-path", b, "--test-data-path", a},
+          {"--mock-data"}),
+      {});
+  // Lists (weights as strings or JSON numbers) and whitespace-separated strings.
+  const std::string lists = write("lists.json", "{\"train\": [\"0.3\", \"" + a + "\", 0.7, \"" + b +
+                                                    "\"], \"valid\": [\"" + b + "\"], \"test\": [\"" +
+                                                    a + "\"], \"comment\": \"ignored\"}");
+  const std::string strings = write("strings.json", "{\"train\": \"0.3 " + a + "\\n 0.7 " + b +
+                                                        "\", \"valid\": \" " + b + " \", \"test\": \"" +
+                                                        a + "\"}");
+  for (const std::string& file : {lists, strings}) {
+    SCOPED_TRACE(file);
+    const ParsedArguments p =
+        parse_arguments(cmd({"--per-split-data-args-path", file}, {"--mock-data"}), {});
+    EXPECT_EQ(p.config.data.train_data_path, from_flags.config.data.train_data_path);
+    EXPECT_EQ(p.config.data.valid_data_path, from_flags.config.data.valid_data_path);
+    EXPECT_EQ(p.config.data.test_data_path, from_flags.config.data.test_data_path);
+    EXPECT_TRUE(p.config.data.data_path.empty());
+  }
+  // null: no data for that split, as a missing --test-data-path.
+  const std::string no_test =
+      write("no_test.json", "{\"train\": \"" + a + "\", \"valid\": \"" + b + "\", \"test\": null}");
+  const ParsedArguments p =
+      parse_arguments(cmd({"--per-split-data-args-path", no_test}, {"--mock-data"}), {});
+  EXPECT_EQ(p.config.data.train_data_path, (std::vector<std::string>{a}));
+  EXPECT_EQ(p.config.data.valid_data_path, (std::vector<std::string>{b}));
+  EXPECT_TRUE(p.config.data.test_data_path.empty());
+  std::ostringstream log;
+  const TrainingData d = build_training_data(p.config, 0, log);
+  EXPECT_TRUE(d.train && d.valid);
+  EXPECT_FALSE(d.test);
+}
+
+TEST_F(DataArgsFiles, BadArgsFilesStopValidationNamingTheFlagAndTheFile) {
+  const auto args_file = [&](const std::string& path) {
+    return dry(1, {"--data-args-path", path}, {"--mock-data"});
+  };
+  const std::string missing = (dir_ / "missing.txt").string();
+  EXPECT_NE(rejection(args_file(missing)).find("--data-args-path " + missing +
+                                               ": cannot read the file (No such file or directory)"),
+            std::string::npos);
+  EXPECT_NE(rejection(args_file(dir_.string())).find("--data-args-path " + dir_.string() +
+                                                     ": is a directory, not a file"),
+            std::string::npos);
+  const std::string empty = write("empty.txt", " \n\t\n");
+  const std::string what = rejection(args_file(empty));
+  EXPECT_NE(what.find("--data-args-path " + empty + ": the file is empty; it should hold what "
+                      "--data-path takes: a dataset prefix, prefixes, or `weight prefix` pairs"),
+            std::string::npos) << what;
+  EXPECT_NE(what.find("[M-18]"), std::string::npos) << what;
+  // A bad blend reads as it does from --data-path, with the file named instead of the flag.
+  for (const Argv& blend : {Argv{"0.3", "corpus_a", "0.7"}, Argv{"0.3", "corpus_a", "x", "corpus_b"},
+                            Argv{"-1", "corpus_a"}}) {
+    std::string words;
+    for (const std::string& w : blend) words += w + " ";
+    const std::string file = write("bad.txt", words);
+    const std::string from_file = rejection(args_file(file));
+    const std::string from_flag = rejection(dry(1, [&] {
+      Argv argv = {"--data-path"};
+      argv.insert(argv.end(), blend.begin(), blend.end());
+      return argv;
+    }(), {"--mock-data"}));
+    EXPECT_FALSE(from_flag.empty()) << words;
+    EXPECT_EQ(after(from_file, "--data-args-path " + file), after(from_flag, "--data-path"))
+        << from_file << "\n" << from_flag;
+  }
+}
+
+TEST_F(DataArgsFiles, BadPerSplitFilesStopValidationNamingTheFlagTheFileAndTheKey) {
+  const std::string expected =
+      "expected a JSON object with the keys \"train\", \"valid\" and \"test\"";
+  const struct {
+    std::string json;
+    std::vector<std::string> message;  // after "--per-split-data-args-path FILE"
+  } cases[] = {
+      {"{\"train\": [\"a\"],", {": not valid JSON (", "parse error", expected}},
+      {"[\"a\", \"b\"]", {": holds a JSON array; " + expected}},
+      {"", {": not valid JSON ("}},
+      // Megatron reads every key (KeyError): a split without data says so with null.
+      {"{\"train\": \"a\", \"test\": null}", {": no \"valid\" key; " + expected}},
+      {"{\"valid\": \"a\", \"test\": null}", {": no \"train\" key; " + expected}},
+      {"{\"train\": \"a\", \"valid\": \"b\"}", {": no \"test\" key; "}},
+      {"{\"train\": null, \"valid\": \"b\", \"test\": null}",
+       {": \"train\" is null; the training split needs a dataset prefix or `weight prefix` pairs"}},
+      {"{\"train\": \"a\", \"valid\": 3, \"test\": null}",
+       {": \"valid\" is a JSON number; expected a list of prefixes and weights, one string of them, "
+        "or null (no valid data)"}},
+      {"{\"train\": \"a\", \"valid\": {\"x\": 1}, \"test\": null}", {": \"valid\" is a JSON object; "}},
+      {"{\"train\": \"a\", \"valid\": null, \"test\": [\"a\", true]}",
+       {": \"test\"[1] is a JSON boolean; the list holds dataset prefixes (strings) and weights "
+        "(numbers or strings)"}},
+      {"{\"train\": \"a\", \"valid\": [], \"test\": null}",
+       {": \"valid\" is empty; give a dataset prefix or `weight prefix` pairs, or null for no valid data"}},
+      {"{\"train\": \" \", \"valid\": null, \"test\": null}", {": \"train\" is empty; "}},
+      {"{\"train\": \"a\", \"valid\": \"0.3 a x b\", \"test\": null}",
+       {", key \"valid\": unparsable blend weight(s) \"x\"; a blend is `weight prefix weight prefix ...`"}},
+      {"{\"train\": [0.5, \"a\", 0.5], \"valid\": null, \"test\": null}",
+       {", key \"train\": 3 words starting with the weight 0.5"}},
+  };
+  for (const auto& c : cases) {
+    const std::string file = write("splits.json", c.json);
+    const std::string what =
+        rejection(dry(1, {"--per-split-data-args-path", file}, {"--mock-data"}));
+    SCOPED_TRACE(c.json + "\n" + what);
+    EXPECT_NE(what.find("[M-18]"), std::string::npos);
+    EXPECT_NE(what.find("--per-split-data-args-path " + file + c.message[0]), std::string::npos);
+    for (size_t i = 1; i < c.message.size(); ++i)
+      EXPECT_NE(what.find(c.message[i]), std::string::npos) << c.message[i];
+  }
+  const std::string missing = (dir_ / "missing.json").string();
+  EXPECT_NE(rejection(dry(1, {"--per-split-data-args-path", missing}, {"--mock-data"}))
+                .find("--per-split-data-args-path " + missing + ": cannot read the file"),
+            std::string::npos);
 }
 
 }  // namespace
