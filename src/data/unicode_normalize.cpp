@@ -24,32 +24,53 @@ constexpr uint32_t kNCount = kVCount * kTCount, kSCount = kLCount * kNCount;
 // composition across it.
 constexpr uint32_t kRawByte = 0x80000000u;
 
-// One bit per 128-code-point block of the BMP, set when some code point of the block is listed in
-// kNfcRanges: for the other blocks (CJK, Hangul syllables, ...) the quick check needs no search.
-struct BmpBlocks {
-  uint64_t bits[8] = {};
-  bool listed(uint32_t cp) const { return (bits[cp >> 13] >> ((cp >> 7) & 63)) & 1; }
-};
-
-constexpr BmpBlocks make_bmp_blocks() {
-  BmpBlocks b;
-  for (const NfcRange& r : kNfcRanges) {
-    if (r.first > 0xFFFF) break;
-    for (uint32_t block = r.first >> 7; block <= std::min<uint32_t>(r.last, 0xFFFF) >> 7; ++block)
-      b.bits[block >> 6] |= uint64_t{1} << (block & 63);
-  }
-  return b;
-}
-
-constexpr BmpBlocks kBmpBlocks = make_bmp_blocks();
-
 struct NfcProperties {
   uint8_t combining_class = 0;
   NfcQuickCheck quick_check = kYes;
 };
 
+// Whether some code point of the 128-code-point block is listed in kNfcRanges.
+constexpr bool block_listed(uint32_t block) {
+  for (const NfcRange& r : kNfcRanges)
+    if (r.first >> 7 <= block && block <= r.last >> 7) return true;
+  return false;
+}
+
+constexpr size_t count_listed_bmp_blocks() {
+  size_t n = 0;
+  for (uint32_t block = 0; block < 512; ++block) n += block_listed(block);
+  return n;
+}
+
+constexpr size_t kListedBmpBlocks = count_listed_bmp_blocks();
+static_assert(kListedBmpBlocks < 255);
+
+// kNfcRanges over the BMP as a two-stage table, so that the scan of non-Latin text looks up each
+// code point in two loads: the block of 128 code points, then the code point in it. The blocks
+// without a listed code point (CJK, Hangul syllables, most letters) share block 0: class 0,
+// quick check Yes.
+struct BmpProperties {
+  uint8_t block[512] = {};
+  NfcProperties in_block[kListedBmpBlocks + 1][128] = {};
+};
+
+constexpr BmpProperties make_bmp_properties() {
+  BmpProperties t;
+  uint8_t next = 1;
+  for (const NfcRange& r : kNfcRanges) {
+    for (uint32_t cp = r.first; cp <= r.last && cp <= 0xFFFF; ++cp) {
+      uint8_t& b = t.block[cp >> 7];
+      if (b == 0) b = next++;
+      t.in_block[b][cp & 127] = {r.combining_class, r.quick_check};
+    }
+  }
+  return t;
+}
+
+constexpr BmpProperties kBmpProperties = make_bmp_properties();
+
 NfcProperties properties(uint32_t cp) {
-  if (cp < 0x300 || (cp < 0x10000 && !kBmpBlocks.listed(cp))) return {};
+  if (cp < 0x10000) return kBmpProperties.in_block[kBmpProperties.block[cp >> 7]][cp & 127];
   const NfcRange* r = std::upper_bound(std::begin(kNfcRanges), std::end(kNfcRanges), cp,
                                        [](uint32_t c, const NfcRange& x) { return c < x.first; });
   if (r == std::begin(kNfcRanges) || cp > (r - 1)->last) return {};
@@ -60,35 +81,27 @@ NfcProperties properties(uint32_t cp) {
 // code point in `cp`; 0 when the byte at i does not start one.
 size_t decode_one(const unsigned char* s, size_t n, size_t i, uint32_t& cp) {
   const unsigned char c = s[i];
+  auto continuation = [&](size_t k) { return i + k < n && (s[i + k] & 0xC0) == 0x80; };
   if (c < 0x80) {
     cp = c;
     return 1;
   }
-  size_t len;
-  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
   if (c >= 0xC2 && c <= 0xDF) {
-    len = 2;
-    cp = c & 0x1Fu;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    len = 3;
-    cp = c & 0x0Fu;
-    if (c == 0xE0) lo = 0xA0;  // no overlong forms
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    len = 4;
-    cp = c & 0x07u;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
-  } else {
-    return 0;
+    if (!continuation(1)) return 0;
+    cp = (c & 0x1Fu) << 6 | (s[i + 1] & 0x3Fu);
+    return 2;
   }
-  if (i + len > n) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    const unsigned char b = s[i + k];
-    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return 0;
-    cp = (cp << 6) | (b & 0x3Fu);
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!continuation(1) || !continuation(2)) return 0;
+    cp = (c & 0x0Fu) << 12 | (s[i + 1] & 0x3Fu) << 6 | (s[i + 2] & 0x3Fu);
+    return cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF) ? 3 : 0;  // no overlong forms, no surrogates
   }
-  return len;
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!continuation(1) || !continuation(2) || !continuation(3)) return 0;
+    cp = (c & 0x07u) << 18 | (s[i + 1] & 0x3Fu) << 12 | (s[i + 2] & 0x3Fu) << 6 | (s[i + 3] & 0x3Fu);
+    return cp >= 0x10000 && cp <= 0x10FFFF ? 4 : 0;
+  }
+  return 0;
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
