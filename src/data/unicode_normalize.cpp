@@ -263,7 +263,8 @@ size_t scan_nfc(const unsigned char* s, size_t n, size_t i, size_t& boundary) {
       ++i;
       uint64_t word;
       const size_t from = i;
-      while (i + 8 <= n && (std::memcpy(&word, s + i, 8), (word & 0x8080808080808080ull) == 0)) i += 8;
+      while (i + 8 <= n && (std::memcpy(&word, s + i, 8), (word & 0x8080808080808080ull) == 0))
+        i += 8;
       if (i > from) {
         starter = s[i - 1];
         boundary = i - 1;

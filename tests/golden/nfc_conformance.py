@@ -18,8 +18,11 @@ sources = []
 def add(s):
     sources.append(s)
 
-decomposable = [cp for cp in range(0x110000)
-                if unicodedata.decomposition(chr(cp)) and not unicodedata.decomposition(chr(cp)).startswith("<")]
+def canonical_decomposition(cp):  # the mapping, without the <tag>ged compatibility ones
+    d = unicodedata.decomposition(chr(cp))
+    return [] if not d or d.startswith("<") else [int(x, 16) for x in d.split()]
+
+decomposable = [cp for cp in range(0x110000) if canonical_decomposition(cp)]
 for cp in decomposable:
     add(chr(cp))
     add(unicodedata.normalize("NFD", chr(cp)))
@@ -36,10 +39,10 @@ add("\uAC01\u11A8")        # LVT T: a full syllable takes no second T
 add("\u1100\u0301\u1161")  # a mark between L and V blocks them
 
 # Random sequences: starters that compose, marks of many classes (those that compose first).
-compositions = [cp for cp in decomposable if len(unicodedata.decomposition(chr(cp)).split()) == 2
+compositions = [cp for cp in decomposable if len(canonical_decomposition(cp)) == 2
                 and unicodedata.normalize("NFC", unicodedata.normalize("NFD", chr(cp))) == chr(cp)]
 firsts = sorted({unicodedata.normalize("NFD", chr(cp))[0] for cp in compositions})
-seconds = sorted({chr(int(unicodedata.decomposition(chr(cp)).split()[1], 16)) for cp in compositions})
+seconds = sorted({chr(canonical_decomposition(cp)[1]) for cp in compositions})
 marks = [chr(cp) for cp in range(0x110000) if unicodedata.combining(chr(cp))]
 others = [chr(cp) for cp in decomposable] + ["a", "z", " ", "\u1100", "\u1161", "\u11A8", "\uAC00"]
 rng = random.Random(20240515)
