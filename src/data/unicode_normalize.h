@@ -1,0 +1,20 @@
+// Unicode Normalization Form C (UAX #15) of UTF-8 text, for the NFC normalizer of Hugging Face
+// tokenizer.json files (internal to the data module). The data: src/data/unicode_tables.h.
+// Bytes that are not well-formed UTF-8 pass through unchanged and nothing composes across them:
+// the byte-level tokenizer encodes any bytes as they are (Hugging Face only ever sees valid text).
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace megadlm::data::unicode {
+
+/// True when `utf8` is certainly in NFC, so that nfc() would return it unchanged: the UAX #15
+/// quick check, with its Maybe answers settled where that is cheap. Text below U+0300 costs a
+/// byte scan.
+bool is_nfc_quick(std::string_view utf8);
+
+/// The NFC form of `utf8`: full canonical decomposition, canonical ordering of combining marks,
+/// canonical composition.
+std::string nfc(std::string_view utf8);
+
+}  // namespace megadlm::data::unicode
