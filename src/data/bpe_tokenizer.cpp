@@ -86,24 +86,6 @@ void decode_utf8(std::string_view s, std::vector<uint32_t>& cps, std::vector<siz
   at.push_back(s.size());
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 // --------------------------------------------------------------------------- pre-tokenizers
 
 enum class Pattern {
@@ -194,7 +176,7 @@ struct ByteMap {
     for (uint32_t b = 0; b < 256; ++b) {
       const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
       const uint32_t cp = printable ? b : 256 + extra++;
-      append_utf8(to_char[b], cp);
+      unicode::append_utf8(to_char[b], cp);
       to_byte[cp] = static_cast<uint8_t>(b);
     }
   }
@@ -291,7 +273,7 @@ class ByteLevelBpe final : public Tokenizer {
       for (uint32_t cp : cps) {
         auto it = bm.to_byte.find(cp);
         if (it != bm.to_byte.end()) out.push_back(static_cast<char>(it->second));
-        else append_utf8(out, cp);
+        else unicode::append_utf8(out, cp);
       }
     }
     return out;

@@ -12,6 +12,24 @@
 
 namespace megadlm::data::unicode {
 
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
 namespace {
 
 // Hangul syllables decompose and compose by arithmetic (The Unicode Standard, section 3.12).
@@ -104,24 +122,10 @@ size_t decode_one(const unsigned char* s, size_t n, size_t i, uint32_t& cp) {
   return 0;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp & kRawByte) {
-    out.push_back(static_cast<char>(cp & 0xFF));
-  } else if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+// A decoded element back to bytes: a raw (ill-formed) byte as itself, a code point as UTF-8.
+void append_element(std::string& out, uint32_t cp) {
+  if (cp & kRawByte) out.push_back(static_cast<char>(cp & 0xFF));
+  else append_utf8(out, cp);
 }
 
 struct CodePoint {
@@ -236,7 +240,7 @@ void normalize_stretch(std::string_view text, std::vector<CodePoint>& cps, std::
     if (c.combining_class == 0) starter = kept;
     cps[kept++] = c;
   }
-  for (size_t i = 0; i < kept; ++i) append_utf8(out, cps[i].cp);
+  for (size_t i = 0; i < kept; ++i) append_element(out, cps[i].cp);
 }
 
 // Scans s from byte i, a boundary, while the text is certainly in NFC: the UAX #15 quick check,

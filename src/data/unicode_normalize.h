@@ -3,10 +3,14 @@
 // Bytes that are not well-formed UTF-8 pass through unchanged and nothing composes across them:
 // the byte-level tokenizer encodes any bytes as they are (Hugging Face only ever sees valid text).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 namespace megadlm::data::unicode {
+
+/// Appends the UTF-8 encoding (1 to 4 bytes) of code point `cp` (at most U+10FFFF).
+void append_utf8(std::string& out, uint32_t cp);
 
 /// True when `utf8` is certainly in NFC, so that nfc() would return it unchanged: the UAX #15
 /// quick check, with its Maybe answers settled where that is cheap. Text below U+0300 costs a
