@@ -771,7 +771,7 @@ std::vector<OpBench> attention_benches() {
       b.shape = "B=4 H=16 S=2048 D=128 bf16, docs ~256";
       b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
       b.check = [backward, packed](const Stream& s) {
-        const int64_t bs = 2, hs = 2, ss = 333, ds = 128;  // short documents, a ragged end
+        const int64_t bs = 2, hs = 2, ss = 333, ds = 128;  // two documents a row, ragged end
         const std::vector<int32_t> small = packed(bs, ss).first;
         Tensor doc_host = Tensor::from_ints(small, {bs, ss}), doc_dev = device_ints(small, s);
         ops::AttentionArgs a{.batch = bs, .seq = ss, .num_heads = hs, .num_kv_heads = hs,
