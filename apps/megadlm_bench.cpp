@@ -740,6 +740,90 @@ std::vector<OpBench> attention_benches() {
       }
     }
   }
+  // Packed rows (per-document attention, --reset-attention-mask): documents of 180..332 tokens
+  // (mean ~256) on the flash kernels, no mask. The flops count only the products inside
+  // documents (4 D per visible (query, key) pair forward, 2.5x backward), so the rate compares
+  // with the dense attention_fwd / attention_bwd rows; work the kernels spend on masked elements
+  // of tiles that straddle documents does not count.
+  {
+    const std::vector<int> lengths = {256, 200, 312, 256, 180, 332};
+    auto packed = [lengths](int64_t batch, int64_t seq) {
+      std::vector<int32_t> ids;
+      double pairs = 0;  // sum over rows and documents of length^2
+      for (int64_t b = 0; b < batch; ++b) {
+        int32_t doc = 0;
+        int64_t i = 0;
+        while (i < seq) {
+          const int64_t len = std::min<int64_t>(lengths[(b + doc) % lengths.size()], seq - i);
+          for (int64_t j = 0; j < len; ++j) ids.push_back(doc);
+          pairs += static_cast<double>(len) * static_cast<double>(len);
+          i += len;
+          ++doc;
+        }
+      }
+      return std::make_pair(ids, pairs);
+    };
+    const auto [ids, pairs] = packed(B, S);
+    const double fwd_flops = 4.0 * H * D * pairs;
+    for (bool backward : {false, true}) {
+      OpBench b;
+      b.name = detail::concat("attention_", backward ? "bwd" : "fwd", "_documents");
+      b.shape = "B=4 H=16 S=2048 D=128 bf16, docs ~256";
+      b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
+      b.check = [backward, packed](const Stream& s) {
+        const int64_t bs = 2, hs = 2, ss = 333, ds = 128;  // two documents a row, ragged end
+        const std::vector<int32_t> small = packed(bs, ss).first;
+        Tensor doc_host = Tensor::from_ints(small, {bs, ss}), doc_dev = device_ints(small, s);
+        ops::AttentionArgs a{.batch = bs, .seq = ss, .num_heads = hs, .num_kv_heads = hs,
+                             .head_dim = ds, .mask = ops::AttentionMask::None,
+                             .softmax_scale = 1.0f / std::sqrt(static_cast<float>(ds))};
+        ops::AttentionArgs a_host = a;
+        a.document_ids = &doc_dev;
+        a_host.document_ids = &doc_host;
+        const Shape qs{bs, ss, hs, ds};
+        Pair q = make_pair(qs, DType::BF16, s), k = make_pair(qs, DType::BF16, s), v = make_pair(qs, DType::BF16, s);
+        Pair o = make_pair(qs, DType::BF16, s), lse = make_pair({bs, hs, ss}, DType::F32, s);
+        ops::attention_forward(q.dev, k.dev, v.dev, o.dev, lse.dev, a, s);
+        ops::attention_forward(q.host, k.host, v.host, o.host, lse.host, a_host, Stream::cpu());
+        Check c;
+        c.add(rel_err(o.dev, o.host, s), kTolBf16);
+        c.add(rel_err(lse.dev, lse.host, s), kTolF32);
+        if (backward) {
+          Pair dout = make_pair(qs, DType::BF16, s);
+          Pair dq = make_pair(qs, DType::BF16, s), dk = make_pair(qs, DType::BF16, s), dv = make_pair(qs, DType::BF16, s);
+          Tensor o_dev = o.host.to(s.device(), DType::BF16, s), lse_dev = lse.host.to(s.device(), s);
+          ops::attention_backward(dout.dev, q.dev, k.dev, v.dev, o_dev, lse_dev, dq.dev, dk.dev, dv.dev, a, s);
+          ops::attention_backward(dout.host, q.host, k.host, v.host, o.host, lse.host, dq.host, dk.host,
+                                  dv.host, a_host, Stream::cpu());
+          c.add(rel_err(dq.dev, dq.host, s), kTolBf16);
+          c.add(rel_err(dk.dev, dk.host, s), kTolBf16);
+          c.add(rel_err(dv.dev, dv.host, s), kTolBf16);
+        }
+        return c;
+      };
+      b.setup = [backward, ids = ids](const Stream& s) -> std::function<void()> {
+        const Shape qs{B, S, H, D};
+        Tensor docs = device_ints(ids, s);
+        ops::AttentionArgs a{.batch = B, .seq = S, .num_heads = H, .num_kv_heads = H,
+                             .head_dim = D, .mask = ops::AttentionMask::None,
+                             .softmax_scale = 1.0f / std::sqrt(static_cast<float>(D))};
+        a.document_ids = &docs;
+        Tensor q = random_device(qs, DType::BF16, s), k = random_device(qs, DType::BF16, s);
+        Tensor v = random_device(qs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
+        Tensor lse = Tensor::empty({B, H, S}, DType::F32, s);
+        ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
+        Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
+        Tensor dk = Tensor::empty(qs, DType::BF16, s), dv = Tensor::empty(qs, DType::BF16, s);
+        // a points at the closure's own copy of docs (a local here would dangle).
+        return [=, &s]() mutable {
+          a.document_ids = &docs;
+          if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
+          else ops::attention_forward(q, k, v, o, lse, a, s);
+        };
+      };
+      out.push_back(b);
+    }
+  }
   return out;
 }
 

@@ -651,10 +651,11 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
   const std::string device_text =
       given ? a.flag_value("device") : "`--device cuda` (the default when a GPU is visible)";
   if (a.s("device") == "cuda") {
-    if (a.b("per_document_attention"))
-      d.warn(device_text + " with per-document attention (`--reset-attention-mask`): packed "
-             "batches run on the simple CUDA attention kernels, which are much slower than the "
-             "flash kernels (docs/kernels/attention.md)");
+    if (a.b("per_document_attention") && c.kv != 64 && c.kv != 128)
+      d.warn(device_text + " with per-document attention (`--reset-attention-mask`) and " +
+             a.flag_value("kv_channels") + ": packed batches run on the simple CUDA attention "
+             "kernels, which are much slower than the flash kernels (head_dim 64 and 128; "
+             "docs/kernels/attention.md)");
     if (!a.b("bf16"))
       d.unsupported(device_text + " without `--bf16`: fp32 training on CUDA is not supported yet "
                     "by megadlm; add `--bf16` (or use `--device cpu`)");

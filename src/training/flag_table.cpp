@@ -604,7 +604,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--reset-attention-mask", .kind = K::StoreTrue, .group = G::Data,
      .help = "Block attention across end-of-document tokens (difflm-noshift: with "
              "--reset-position-ids and --cut-off-varlen-to-seqlen, packed per-document "
-             "attention; CPU only for now)."},
+             "attention)."},
     {.name = "--eod-mask-loss", .kind = K::StoreTrue, .group = G::Data,
      .help = "No loss where the input token is end-of-document."},
     {.name = "--no-create-attention-mask-in-dataloader", .kind = K::StoreFalse, .group = G::Data,

@@ -63,17 +63,33 @@ using test::lse_shape;
 using test::name_of;
 using test::q_shape;
 
-/// Document ids of packed rows: documents of 1, 5, 13, 2, ... tokens (a fixed irregular
-/// pattern, shifted per batch row), non-decreasing along each row as the op requires.
-std::vector<int32_t> packed_documents(int64_t batch, int64_t seq) {
-  const int lengths[] = {1, 5, 13, 2, 31, 7, 64, 3, 40};
+/// Document ids of packed rows, non-decreasing along each row as the op requires.
+/// Dropout::document_pattern picks the packing:
+///  0: documents of 1, 5, 13, 2, ... tokens (a fixed irregular pattern, shifted per batch row);
+///  1: edge cases by batch row b % 3: every document of length 1; the whole row one document;
+///     long and length-1 documents that straddle the flash tiles (ids from 100, gaps in the ids);
+///  2: many short documents (5..70 tokens), for long rows.
+std::vector<int32_t> packed_documents(int64_t batch, int64_t seq, int pattern = 0) {
+  const std::vector<int> irregular = {1, 5, 13, 2, 31, 7, 64, 3, 40};
+  const std::vector<int> straddling = {1, 127, 1, 1, 129, 64, 33, 1, 200};
+  const std::vector<int> short_docs = {16, 48, 9, 32, 70, 5, 24, 61, 11};
   std::vector<int32_t> ids;
   for (int64_t b = 0; b < batch; ++b) {
-    int32_t doc = 0;
-    int64_t left = lengths[b % 9];
+    if (pattern == 1 && b % 3 != 2) {
+      for (int64_t i = 0; i < seq; ++i) ids.push_back(b % 3 == 0 ? static_cast<int32_t>(i) : 7);
+      continue;
+    }
+    const std::vector<int>& lengths =
+        pattern == 0 ? irregular : pattern == 1 ? straddling : short_docs;
+    const int32_t step = pattern == 1 ? 3 : 1;  // ids need not be consecutive
+    int32_t doc = 0, id = pattern == 1 ? 100 : 0;
+    int64_t left = lengths[b % lengths.size()];
     for (int64_t i = 0; i < seq; ++i) {
-      if (left == 0) left = lengths[(b + ++doc) % 9];
-      ids.push_back(doc);
+      if (left == 0) {
+        left = lengths[(b + ++doc) % lengths.size()];
+        id += step;
+      }
+      ids.push_back(id);
       --left;
     }
   }
@@ -92,10 +108,12 @@ Tensor poisoned(const Shape& shape, DType dtype, const Stream& cuda) {
       .to(Device::cuda(0), cuda);
 }
 
-enum class Kernel { Default, Simple };
+/// Default: the public op (flash for head_dim 64/128, packed rows included; simple otherwise).
+enum class Kernel { Default, Simple, Flash };
 
-const char* kernel_name(Kernel k, const Case& c, bool documents = false) {
-  if (k == Kernel::Simple || documents) return "simple";  // packed rows take the simple kernels
+const char* kernel_name(Kernel k, const Case& c) {
+  if (k == Kernel::Simple) return "simple";
+  if (k == Kernel::Flash) return "flash";
   return c.dim == 64 || c.dim == 128 ? "flash" : "simple";
 }
 
@@ -131,7 +149,8 @@ class AttentionCase {
     vd_ = v.to(Device::cuda(0), cuda);
     doutd_ = dout.to(Device::cuda(0), cuda);
     if (drop.documents) {
-      docs_cpu_ = Tensor::from_ints(packed_documents(c.batch, c.seq), {c.batch, c.seq});
+      docs_cpu_ = Tensor::from_ints(packed_documents(c.batch, c.seq, drop.document_pattern),
+                                    {c.batch, c.seq});
       docs_cuda_ = docs_cpu_.to(Device::cuda(0), cuda);
     }
     // CPU f32 reference.
@@ -165,9 +184,11 @@ class AttentionCase {
     } else {
 #if MEGADLM_WITH_CUDA
       using ops::cuda::AttentionKernel;
-      ops::cuda::attention_forward_with(AttentionKernel::Simple, qd_, kd_, vd_, out, lse, a, cuda_);
-      ops::cuda::attention_backward_with(AttentionKernel::Simple, doutd_, qd_, kd_, vd_, out, lse,
-                                         dq, dk, dv, a, cuda_);
+      const AttentionKernel which =
+          kernel == Kernel::Flash ? AttentionKernel::Flash : AttentionKernel::Simple;
+      ops::cuda::attention_forward_with(which, qd_, kd_, vd_, out, lse, a, cuda_);
+      ops::cuda::attention_backward_with(which, doutd_, qd_, kd_, vd_, out, lse, dq, dk, dv, a,
+                                         cuda_);
 #endif
     }
     Errors e;
@@ -198,10 +219,10 @@ void check_cases(const std::vector<Case>& cases, const std::vector<Kernel>& kern
     SCOPED_TRACE(name_of(c) + (drop.p > 0 ? " dropout " + std::to_string(drop.p) : ""));
     const AttentionCase ac(c, seed += 10, cuda, drop);
     for (Kernel k : kernels) {
-      SCOPED_TRACE(kernel_name(k, c, drop.documents));
+      SCOPED_TRACE(kernel_name(k, c));
       const Errors e = ac.run(k);
       std::printf("[attention parity] %-36s %-6s%s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
-                  name_of(c).c_str(), kernel_name(k, c, drop.documents), drop.p > 0 ? " drop" : "", e.out, e.lse,
+                  name_of(c).c_str(), kernel_name(k, c), drop.p > 0 ? " drop" : "", e.out, e.lse,
                   e.dq, e.dk, e.dv);
       worst.keep_max(e);
       // bf16 outputs: relative L2 bound of tolerances.h (bf16 rounding of each output plus of
@@ -358,10 +379,11 @@ TEST(AttentionParity, DropoutDropsExactlyTheElementsOfTheSharedMapping) {
   }
 }
 
-TEST(AttentionParity, PackedDocumentsOnTheSimpleKernelsMatchCpu) {
+TEST(AttentionParity, PackedDocumentsOnFlashAndSimpleMatchCpu) {
   MDLM_REQUIRE_GPU();
   // Per-document attention (--reset-attention-mask packing): documents of irregular lengths,
-  // with and without dropout, both masks, GQA, head dims of both kernel families.
+  // with and without dropout, both masks, GQA, head dims 64 and 128, on both kernel families
+  // (and the public op, which takes flash for these head dims).
   std::vector<Case> cases;
   for (int64_t dim : {64, 128})
     for (int64_t seq : {17, 141, 300})
@@ -369,8 +391,38 @@ TEST(AttentionParity, PackedDocumentsOnTheSimpleKernelsMatchCpu) {
         cases.push_back({2, seq, 4, 2, dim, mask});
   Dropout docs;
   docs.documents = true;
-  check_cases(cases, {Kernel::Default}, 5000, docs);
+  check_cases(cases, {Kernel::Default, Kernel::Flash, Kernel::Simple}, 5000, docs);
   docs.p = 0.1f;
   docs.sample_offset = 3;
-  check_cases(cases, {Kernel::Default}, 6000, docs);
+  docs.key_offset = 8;  // the flash kernels need key_offset % 4 == 0
+  check_cases(cases, {Kernel::Flash, Kernel::Simple}, 6000, docs);
+}
+
+TEST(AttentionParity, PackedDocumentEdgeCasesOnFlashAndSimpleMatchCpu) {
+  MDLM_REQUIRE_GPU();
+  // Edge cases of the flash document ranges: rows of length-1 documents only (every query tile
+  // spans many documents, most keys masked), a row that is one document (no document mask
+  // inside it), documents straddling the 32/64/128-row tiles; S = 1, S not a multiple of any
+  // tile size (333), and S = 1024 with many short documents. Both masks, with and without
+  // dropout (global offsets nonzero), GQA and MHA, D = 64 and 128.
+  std::vector<Case> edge, long_rows;
+  for (int64_t dim : {64, 128})
+    for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal}) {
+      for (int64_t seq : {1, 64, 129, 333}) edge.push_back({3, seq, 4, 2, dim, mask});
+      edge.push_back({3, 200, 2, 2, dim, mask});
+      long_rows.push_back({1, 1024, 2, 1, dim, mask});
+    }
+  Dropout docs;
+  docs.documents = true;
+  for (float p : {0.0f, 0.1f}) {
+    docs.p = p;
+    docs.sample_offset = p > 0 ? 5 : 0;
+    docs.head_offset = p > 0 ? 2 : 0;
+    docs.query_offset = p > 0 ? 3 : 0;
+    docs.key_offset = p > 0 ? 12 : 0;
+    docs.document_pattern = 1;
+    check_cases(edge, {Kernel::Flash, Kernel::Simple}, p > 0 ? 7100 : 7000, docs);
+    docs.document_pattern = 2;
+    check_cases(long_rows, {Kernel::Flash, Kernel::Simple}, p > 0 ? 8100 : 8000, docs);
+  }
 }

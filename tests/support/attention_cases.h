@@ -26,7 +26,8 @@ inline std::string name_of(const AttentionCase& c) {
 struct AttentionDropout {
   float p = 0.0f;
   int64_t sample_offset = 0, head_offset = 0, query_offset = 0, key_offset = 0;
-  bool documents = false;  ///< packed rows: per-document attention (the GPU suite's simple kernels)
+  bool documents = false;  ///< packed rows: per-document attention
+  int document_pattern = 0;  ///< with documents: which packing (test_parity_attention.cpp)
 };
 
 /// The op arguments of a case: softmax scale 1/sqrt(head_dim), dropout keyed by (seed, site).

@@ -25,8 +25,9 @@
 // Per-document (packed, "varlen") attention: with document_ids, an int32 [B, S] tensor whose
 // values are non-decreasing along each row, query i of row b sees key j only when
 // document_ids[b, i] == document_ids[b, j] (and j <= i when causal): each document of a packed
-// row attends only to itself, as THD/cu_seqlens attention does. CPU only for now; the CUDA
-// kernels reject it (see docs/roadmap.md).
+// row attends only to itself, as THD/cu_seqlens attention does. CPU, and CUDA on both kernel
+// families (the flash kernels visit only the tiles of each tile's documents; see
+// docs/kernels/attention.md).
 #pragma once
 #include <cstdint>
 #include "megadlm/core/stream.h"

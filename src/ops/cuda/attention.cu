@@ -43,8 +43,6 @@ void check_args(const char* op, AttentionKernel kernel, const AttentionArgs& a) 
   MDLM_CHECK(a.dropout_p >= 0.0f && a.dropout_p < 1.0f, op, ": dropout_p ", a.dropout_p,
              " must be in [0, 1)");
   if (kernel == AttentionKernel::Flash) {
-    MDLM_CHECK(a.document_ids == nullptr, op, ": per-document attention runs on the simple "
-               "kernels only (the flash kernels do not read document ids yet)");
     MDLM_CHECK(a.head_dim == 64 || a.head_dim == 128, op,
                ": the flash kernels support head_dim 64 and 128, got ", a.head_dim);
     // A thread's Philox call covers four consecutive keys from a tile start (attention_common.cuh).
@@ -73,9 +71,8 @@ T* ptr(const Tensor& t) {
 }  // namespace
 
 AttentionKernel default_attention_kernel(const AttentionArgs& args) {
-  // Packed documents (per-document masks) take the simple kernels: correct, much slower than
-  // flash; teaching the flash kernels document ranges is the next step (docs/kernels/attention.md).
-  if (args.document_ids != nullptr) return AttentionKernel::Simple;
+  // Packed documents (document_ids) run on the flash kernels too: each query tile visits only
+  // the key tiles of its documents (docs/kernels/attention.md).
   return args.head_dim == 64 || args.head_dim == 128 ? AttentionKernel::Flash
                                                      : AttentionKernel::Simple;
 }

@@ -40,7 +40,11 @@ struct BackwardConfig {
   static constexpr int kSmemLse = kSmemDs + kBlockN * kDsRowBytes;  // 2 stages of kBlockM f32
   static constexpr int kSmemDelta = kSmemLse + 2 * kBlockM * 4;     // 2 stages
   static constexpr int kSmemBytes = kSmemDelta + 2 * kBlockM * 4;
+  // kDocs only, after the above: 4 document bounds, the key tile's ids, 2 stages of query ids.
+  static constexpr int kSmemDocs = kSmemBytes;
+  static constexpr int kDocBytes = 4 * (4 + kBlockN + 2 * kBlockM);
   static_assert(kBlockN == 16 * kWarps && kBlockM == 64, "warp layout assumes these tiles");
+  static_assert(kThreads >= 3 * kBlockM, "threads 2 kBlockM.. copy the query ids");
 };
 
 // Shared (rows padded by 16 bytes): D = 128: K, V 34 KB each, Q and dO double-buffered 34 KB
@@ -85,7 +89,12 @@ __global__ void attention_delta_kernel(const bf16* __restrict__ dout, const bf16
 // order (attention_common.cuh), so a thread's keys are 2g, 2g+1 and the pair of threads g, g^1
 // (lanes l, l^4) shares one Philox call per query: each computes one of the two queries of its
 // columns and they swap the keep bits through one shuffle per query tile.
-template <class C, bool kCausal, bool kDropout>
+// kDocs: per-document attention (s.docs). The queries that can see a key of this tile form the
+// range [first position of key n0's document, one past the last position of the tile's last
+// key's document) (documents are contiguous runs; causal starts at n0 as before); only the query
+// tiles overlapping it are visited, and P^T is 0 where the key's and the query's document ids
+// differ. The ids sit in shared memory after the tiles (kDocBytes).
+template <class C, bool kCausal, bool kDropout, bool kDocs>
 __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtrs p, Shape s) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
@@ -109,16 +118,42 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   const uint32_t sLse = base + C::kSmemLse, sDelta = base + C::kSmemDelta;
   const float* lse_smem = reinterpret_cast<const float*>(smem + C::kSmemLse);
   const float* delta_smem = reinterpret_cast<const float*>(smem + C::kSmemDelta);
+  // kDocs: [0, 4) document bounds (document_bounds), [4, 4 + kBlockN) the ids of keys n0..,
+  // then 2 stages of kBlockM query ids (stage it & 1 holds iteration it's query tile).
+  int* const doc_smem = reinterpret_cast<int*>(smem + C::kSmemDocs);
+  const uint32_t sQueryDocs = base + C::kSmemDocs + (4 + kBlockN) * 4;
+  const int32_t* const docs = kDocs ? s.docs + b * seq : nullptr;
 
-  // Causal: query tiles that end before this key tile starts see none of its keys.
-  const int q_tile_first = kCausal ? n0 / kBlockM : 0;
-  const int q_tiles = (seq + kBlockM - 1) / kBlockM - q_tile_first;  // >= 1 since n0 < seq
+  // Queries [q_begin, q_end) may see keys of this tile. Causal: query tiles that end before this
+  // key tile starts see none of its keys.
+  int q_begin = kCausal ? n0 : 0, q_end = seq;
+  if constexpr (kDocs) {
+    document_bounds(docs, n0, min(n0 + kBlockN, seq) - 1, seq, warp, lane, doc_smem);
+    for (int r = tid; r < kBlockN; r += C::kThreads)
+      doc_smem[4 + r] = n0 + r < seq ? docs[n0 + r] : -1;  // keys past the end: never stored
+    __syncthreads();
+    if (!kCausal) q_begin = doc_smem[0];  // causal: n0 is inside key n0's document already
+    q_end = doc_smem[3];
+  }
+  const int q_tile_first = q_begin / kBlockM;
+  // >= 1 since q_begin <= n0 < q_end (query n0 sees key n0).
+  const int q_tiles = (q_end + kBlockM - 1) / kBlockM - q_tile_first;
   const int iters = group * q_tiles;  // (query head of the group, query tile) pairs
+  // Inside the loop the document variant re-derives these two from shared memory rather than
+  // holding them in registers (D = 128 has none to spare).
+  auto first_q_tile = [&]() -> int {
+    if constexpr (kDocs) return (kCausal ? n0 : doc_smem[0]) / kBlockM;
+    else return q_tile_first;
+  };
+  auto num_q_tiles = [&]() -> int {
+    if constexpr (kDocs) return (doc_smem[3] + kBlockM - 1) / kBlockM - first_q_tile();
+    else return q_tiles;
+  };
 
   // Q, dO tiles and the LSE/delta rows of iteration `it` into `stage`.
   auto load_query_tile = [&](int it, int stage) {
-    const int h = kvh * group + it / q_tiles;
-    const int q0 = (q_tile_first + it % q_tiles) * kBlockM;
+    const int h = kvh * group + it / num_q_tiles();
+    const int q0 = (first_q_tile() + it % num_q_tiles()) * kBlockM;
     const int64_t offset = ((b * seq + q0) * heads + h) * kDim;
     load_tile_async<kBlockM, kDim, C::kThreads>(sQ + stage * C::kQBytes, p.q + offset, q_stride,
                                                 seq - q0, tid);
@@ -132,6 +167,11 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
       const int r = tid - kBlockM;
       const bool valid = q0 + r < seq;
       cp_async_4(sDelta + (stage * kBlockM + r) * 4, p.delta + (valid ? stat + r : 0), valid);
+    } else if (kDocs && tid < 3 * kBlockM) {
+      const int r = tid - 2 * kBlockM;
+      const bool valid = q0 + r < seq;
+      cp_async_4(sQueryDocs + (stage * kBlockM + r) * 4, s.docs + (valid ? b * seq + q0 + r : 0),
+                 valid);
     }
   };
 
@@ -187,8 +227,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     // (key key0 + 2g + r) and column 2t + c of n8 tile nt ----
     [[maybe_unused]] uint32_t keep_col[2] = {0u, 0u};
     if constexpr (kDropout) {
-      const int h = kvh * group + it / q_tiles;  // as below
-      const int q0 = (q_tile_first + it % q_tiles) * kBlockM;
+      const int h = kvh * group + it / num_q_tiles();  // as below
+      const int q0 = (first_q_tile() + it % num_q_tiles()) * kBlockM;
       const uint32_t key_group =
           static_cast<uint32_t>((s.dropout.key_offset + key0) / 4) + (g >> 1);
       uint32_t mine = 0;
@@ -214,9 +254,32 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     cp_async_wait<1>();
     __syncthreads();  // tile `it` (and K, V) visible to all warps
 
-    const int h = kvh * group + it / q_tiles;
-    const int q0 = (q_tile_first + it % q_tiles) * kBlockM;
+    const int h = kvh * group + it / num_q_tiles();
+    const int q0 = (first_q_tile() + it % num_q_tiles()) * kBlockM;
     const uint32_t sQs = sQ + stage * C::kQBytes, sDos = sDo + stage * C::kQBytes;
+
+    // kDocs: bit 4 nt + e of `visible` says whether element (nt, e) below (key
+    // key0 + key_of_row(e / 2), query q0 + 8 nt + 2t + e % 2) is seen: both inside the sequence,
+    // one document, and key <= query when causal. Gathered here, before S^T is live, so the
+    // whole mask costs one register through the tile (D = 128 has no others to spare).
+    [[maybe_unused]] uint32_t visible = 0u;
+    if constexpr (kDocs) {
+      const int* const query_ids = doc_smem + 4 + kBlockN + stage * kBlockM;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int key = key0 + key_of_row(r);
+        const int key_id = doc_smem[4 + key - n0];
+#pragma unroll
+        for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int ql = nt * 8 + 2 * t + c, q = q0 + ql;
+            const bool seen = key < seq && q < seq && query_ids[ql] == key_id &&
+                              (!kCausal || key <= q);
+            visible |= uint32_t(seen) << (4 * nt + 2 * r + c);
+          }
+      }
+    }
 
     // ---- S^T = K Q^T for this warp's 16 keys x 64 queries ----
     float acc_s[kQTiles][4];
@@ -239,8 +302,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
 
     // ---- P^T = exp(scale * S^T - lse), masked entries 0 ----
     // Element (nt, e) is key key0 + key_of_row(e / 2), query q0 + 8 nt + 2t + e % 2.
-    const bool needs_mask =
-        q0 + kBlockM > seq || key0 + 16 > seq || (kCausal && key0 + 15 > q0);
+    const bool needs_mask = kDocs ? visible != 0xffffffffu
+                                  : q0 + kBlockM > seq || key0 + 16 > seq ||
+                                        (kCausal && key0 + 15 > q0);
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
 #pragma unroll
@@ -253,7 +317,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
           float pv = exp2f(fmaf(acc_s[nt][e], scale_log2, -lse_log2));
           if (needs_mask) {
             const int key = key0 + key_of_row(r), q = q0 + ql;
-            if (key >= seq || q >= seq || (kCausal && key > q)) pv = 0.0f;
+            const bool masked = kDocs ? !((visible >> (4 * nt + e)) & 1u)
+                                      : key >= seq || q >= seq || (kCausal && key > q);
+            if (masked) pv = 0.0f;
           }
           acc_s[nt][e] = pv;
         }
@@ -414,28 +480,35 @@ __global__ void attention_dq_convert_kernel(const float4* __restrict__ acc, uint
   }
 }
 
-template <class C, bool kCausal, bool kDropout>
+template <class C, bool kCausal, bool kDropout, bool kDocs>
 void launch_backward_main(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_backward_kernel<C, kCausal, kDropout>;
-  if (C::kSmemBytes > 48 * 1024)
-    MDLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         C::kSmemBytes));
+  auto kernel = flash_backward_kernel<C, kCausal, kDropout, kDocs>;
+  constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0);
+  if (kSmem > 48 * 1024)
+    MDLM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(static_cast<unsigned>((s.seq + C::kBlockN - 1) / C::kBlockN),
                   static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(s.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, s);
+  kernel<<<grid, C::kThreads, kSmem, stream>>>(p, s);
   MDLM_CUDA_CHECK_LAUNCH();
 }
 
-template <class C>
+template <class C, bool kDocs>
 void launch_backward_mask(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
   const bool dropout = s.dropout.p > 0.0f;
   if (s.causal) {
-    if (dropout) launch_backward_main<C, true, true>(s, p, stream);
-    else launch_backward_main<C, true, false>(s, p, stream);
+    if (dropout) launch_backward_main<C, true, true, kDocs>(s, p, stream);
+    else launch_backward_main<C, true, false, kDocs>(s, p, stream);
   } else {
-    if (dropout) launch_backward_main<C, false, true>(s, p, stream);
-    else launch_backward_main<C, false, false>(s, p, stream);
+    if (dropout) launch_backward_main<C, false, true, kDocs>(s, p, stream);
+    else launch_backward_main<C, false, false, kDocs>(s, p, stream);
   }
+}
+
+template <class C>
+void launch_backward_docs(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  if (s.docs != nullptr) launch_backward_mask<C, true>(s, p, stream);
+  else launch_backward_mask<C, false>(s, p, stream);
 }
 
 }  // namespace
@@ -452,8 +525,8 @@ void launch_attention_delta(const Shape& s, const BackwardPtrs& p, cudaStream_t 
 
 void flash_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
   launch_attention_delta(s, p, stream);
-  if (s.dim == 128) launch_backward_mask<Bwd128>(s, p, stream);
-  else launch_backward_mask<Bwd64>(s, p, stream);
+  if (s.dim == 128) launch_backward_docs<Bwd128>(s, p, stream);
+  else launch_backward_docs<Bwd64>(s, p, stream);
   const int64_t n4 = s.batch * s.seq * s.heads * s.dim / 4;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 8192));
   attention_dq_convert_kernel<<<blocks, 256, 0, stream>>>(

@@ -20,7 +20,8 @@ struct Shape {
   /// Attention dropout; read only by the kernels instantiated with kDropout (dropout.p > 0).
   ops::detail::AttentionDropoutMask dropout;
   /// Per-document attention (packed batches): int32 [B, S] document ids, non-decreasing along
-  /// each row, or null for one document per row. Only the simple kernels read it.
+  /// each row, or null for one document per row. The simple kernels and the flash kernels
+  /// instantiated with kDocs (docs != null) read it.
   const int32_t* docs = nullptr;
 };
 
@@ -179,6 +180,51 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const bf16* gmem,
     const bf16* src = gmem + (valid ? row * stride + chunk * 8 : 0);
     cp_async_16(smem + row * kPaddedRowBytes<kDim> + chunk * 16, src, valid);
   }
+}
+
+// ---- per-document attention in the flash kernels ---------------------------------------------
+
+/// First position p in [lo, hi) of a non-decreasing id row with row[p] > id (kUpper) or
+/// row[p] >= id (!kUpper); hi when there is none. One whole warp calls it (same arguments in
+/// every lane): each step the 32 lanes probe 32 evenly spaced positions and a ballot narrows the
+/// range by 32x, so seq 2048 takes 3 rounds of loads and 32K takes 4.
+template <bool kUpper>
+__device__ __forceinline__ int warp_partition_point(const int32_t* __restrict__ row, int lo,
+                                                    int hi, int32_t id, int lane) {
+  while (lo < hi) {  // the answer lies in [lo, hi]; position hi counts as "true"
+    const int stride = (hi - lo + 31) / 32;
+    const int pos = lo + lane * stride;
+    bool is_true = pos >= hi;
+    if (!is_true) {
+      const int32_t x = row[pos];
+      is_true = kUpper ? x > id : x >= id;
+    }
+    const unsigned ballot = __ballot_sync(0xffffffffu, is_true);
+    if (ballot & 1u) return lo;  // lane 0 probes lo itself
+    // First true lane k >= 1 (or none: k = 32, and 32 * stride >= hi - lo puts hi there): the
+    // answer is in (lo + (k-1) stride, min(lo + k stride, hi)].
+    const int k = ballot ? __ffs(ballot) - 1 : 32;
+    const int next_hi = min(lo + k * stride, hi);
+    lo = lo + (k - 1) * stride + 1;
+    hi = next_hi;
+  }
+  return lo;
+}
+
+/// Document ranges at both ends of a tile of positions [p0, p1] (p1 the last position inside
+/// the sequence) of batch row `row` (seq ids): out[0], out[1] = first position and one past the
+/// last of p0's document, out[2], out[3] = the same for p1's. Warps 0..3 of the block run one
+/// search each (the block needs >= 4 warps); the caller synchronizes before reading `out`.
+/// Since documents are contiguous runs, every position of [p0, p1] lies in a document inside
+/// [out[0], out[3]), and the whole tile is one document exactly when out[2] < out[1].
+__device__ __forceinline__ void document_bounds(const int32_t* __restrict__ row, int p0, int p1,
+                                                int seq, int warp, int lane, int* out) {
+  if (warp >= 4) return;
+  const int pos = warp < 2 ? p0 : p1;
+  const int32_t id = row[pos];
+  const int r = (warp & 1) ? warp_partition_point<true>(row, pos + 1, seq, id, lane)
+                           : warp_partition_point<false>(row, 0, pos, id, lane);
+  if (lane == 0) out[warp] = r;
 }
 
 }  // namespace megadlm::ops::cuda::attn

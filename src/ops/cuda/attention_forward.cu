@@ -28,8 +28,11 @@ struct ForwardConfig {
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKVBytes = kBlockN * kRowBytes;
   static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q, 2 stages of K, 2 of V
+  // kDocs only, after the above: 4 document bounds, the query rows' ids, 2 stages of key ids.
+  static constexpr int kDocBytes = 4 * (4 + kBlockM + 2 * kBlockN);
   static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "a warp owns one or two m16 tiles");
   static_assert(kBlockN % 16 == 0 && kDim % 64 == 0, "tile shapes");
+  static_assert(kWarps >= 4 && kThreads >= kBlockN, "document_bounds, key id copies");
 };
 
 // D = 128: 128x32 tiles, 4 warps of 32 rows (Q re-read from shared memory). Per thread: O 128 +
@@ -43,7 +46,12 @@ using Fwd64 = ForwardConfig<64, 128, 64, 4, true>;
 // kDropout: P is multiplied by the keep mask of s.dropout (the row sum and lse stay undropped)
 // and O by 1/(1-p) at the end; K and V are read in the fwd_dropout_key order so that each thread
 // consumes whole Philox calls (attention_common.cuh).
-template <class C, bool kCausal, bool kDropout>
+// kDocs: per-document attention (s.docs). The block visits only the key tiles overlapping
+// [first position of row m0's document, one past the last position of the last row's document)
+// (documents are contiguous runs), and masks a score to -inf when the key's document id differs
+// from the query's, as the causal mask does; the ids of the block's rows and of each key tile
+// sit in shared memory after the tiles (kDocBytes). Dropout keeps its global coordinates.
+template <class C, bool kCausal, bool kDropout, bool kDocs>
 __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs p, Shape s) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
@@ -68,6 +76,11 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   const uint32_t sQ = smem_addr(smem);
   const uint32_t sK = sQ + C::kQBytes;
   const uint32_t sV = sK + 2 * C::kKVBytes;
+  // kDocs: [0, 4) document bounds (document_bounds), [4, 4 + kBlockM) the ids of rows m0..,
+  // then 2 stages of kBlockN key ids (stage j & 1 holds tile j's, in key order).
+  int* const doc_smem = reinterpret_cast<int*>(smem + C::kSmemBytes);
+  const uint32_t sKeyDocs = sQ + C::kSmemBytes + (4 + kBlockM) * 4;
+  const int32_t* const docs = kDocs ? s.docs + b * seq : nullptr;
 
   // Per-lane ldmatrix bases; a k step, n tile or m tile only adds a compile-time offset.
   // Q as the A operand: lanes 0-15 address rows 0-15 at the k step's first 8 columns, lanes
@@ -83,8 +96,13 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   const uint32_t v_lane =
       (kDropout ? fwd_dropout_key(lane & 15) : (lane & 15)) * kRowBytes + (lane >> 4) * 16;
 
-  const int n_end = kCausal ? min(seq, m0 + kBlockM) : seq;
-  const int n_tiles = (n_end + kBlockN - 1) / kBlockN;
+  // Key tiles [j_first, j_first + n_tiles). With documents the keys any row of this block can see
+  // lie in [doc_smem[0], doc_smem[3]) (set below, before the first use).
+  int j_first = 0, n_end = kCausal ? min(seq, m0 + kBlockM) : seq;
+  int n_tiles = (n_end + kBlockN - 1) / kBlockN;
+  // kDocs: every row of the block sees every key of [uniform_lo, uniform_hi) (modulo causal),
+  // an empty range unless the block's rows are one document.
+  [[maybe_unused]] int uniform_lo = 0, uniform_hi = 0;
   const int warp_row0 = m0 + warp * C::kRowsPerWarp;  // first query row of this warp
   const float scale_log2 = s.scale * kLog2e;          // exp(scale*x) = exp2(scale_log2*x)
   // Dropout keep bits per tile: 4 per (m tile, k16 step, row half).
@@ -92,12 +110,45 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   auto keep_bit = [](int mt, int kk, int hf) { return ((mt * C::kPSteps + kk) * 2 + hf) * 4; };
 
   // Commit groups: {Q, K0}, {V0}, then {K_j+1}, {V_j+1} per iteration (empty at the end), so
-  // "all but the newest 1" means K_j landed and "all but the newest 2" means V_j landed.
+  // "all but the newest 1" means K_j landed and "all but the newest 2" means V_j landed. With
+  // documents the key ids of tile j travel with K_j.
   load_tile_async<kBlockM, kDim, C::kThreads>(sQ, q, q_stride, seq - m0, tid);
-  load_tile_async<kBlockN, kDim, C::kThreads>(sK, k, kv_stride, seq, tid);
-  cp_async_commit();
-  load_tile_async<kBlockN, kDim, C::kThreads>(sV, v, kv_stride, seq, tid);
-  cp_async_commit();
+  if constexpr (kDocs) {
+    // Causal: the end stays min(seq, m0 + kBlockM) (<= doc_smem[3], which is past the last row).
+    document_bounds(docs, m0, min(m0 + kBlockM, seq) - 1, seq, warp, lane, doc_smem);
+    for (int r = tid; r < kBlockM; r += C::kThreads)
+      doc_smem[4 + r] = m0 + r < seq ? docs[m0 + r] : -1;  // rows past the end: never stored
+    __syncthreads();
+    j_first = doc_smem[0] / kBlockN;
+    if (!kCausal) n_end = doc_smem[3];
+    uniform_lo = doc_smem[2];
+    uniform_hi = doc_smem[1];
+    n_tiles = (n_end + kBlockN - 1) / kBlockN - j_first;  // >= 1: row m0 sees itself
+  }
+  // Keys [n0, n0 + kBlockN) into stage `stage`: K in this commit group's call, V in the caller's
+  // next one; rows past the sequence end are zero-filled.
+  auto load_key_ids = [&](int n0, int stage) {
+    if constexpr (kDocs) {
+      if (tid < kBlockN) {
+        const bool valid = n0 + tid < seq;
+        cp_async_4(sKeyDocs + (stage * kBlockN + tid) * 4, docs + (valid ? n0 + tid : 0), valid);
+      }
+    }
+  };
+  if constexpr (kDocs) {
+    const int n0 = j_first * kBlockN;
+    const int64_t first = static_cast<int64_t>(n0) * kv_stride;
+    load_tile_async<kBlockN, kDim, C::kThreads>(sK, k + first, kv_stride, seq - n0, tid);
+    load_key_ids(n0, 0);
+    cp_async_commit();
+    load_tile_async<kBlockN, kDim, C::kThreads>(sV, v + first, kv_stride, seq - n0, tid);
+    cp_async_commit();
+  } else {
+    load_tile_async<kBlockN, kDim, C::kThreads>(sK, k, kv_stride, seq, tid);
+    cp_async_commit();
+    load_tile_async<kBlockN, kDim, C::kThreads>(sV, v, kv_stride, seq, tid);
+    cp_async_commit();
+  }
 
   float acc_o[kMTiles][kDTiles][4];
   float row_max[kMTiles][2], row_sum[kMTiles][2];  // per row half (g, g+8); sums are partial
@@ -115,8 +166,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   }
   uint32_t q_frag[C::kQInRegs ? kMTiles : 1][C::kQInRegs ? C::kKSteps : 1][4];
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int n0 = j * kBlockN;
+  for (int j = 0; j < n_tiles; ++j) {  // j: iteration (stage j & 1); the tile is j_first + j
+    const int n0 = (kDocs ? j_first + j : j) * kBlockN;
     const uint32_t sKj = sK + (j & 1) * C::kKVBytes;
     const uint32_t sVj = sV + (j & 1) * C::kKVBytes;
     // ---- dropout keep bits of this tile, drawn before the wait so the integer work overlaps the
@@ -154,6 +205,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
       const int64_t next = static_cast<int64_t>(n0 + kBlockN) * kv_stride;
       load_tile_async<kBlockN, kDim, C::kThreads>(sK + ((j + 1) & 1) * C::kKVBytes, k + next,
                                                   kv_stride, seq - n0 - kBlockN, tid);
+      load_key_ids(n0 + kBlockN, (j + 1) & 1);
       cp_async_commit();
       load_tile_async<kBlockN, kDim, C::kThreads>(sV + ((j + 1) & 1) * C::kKVBytes, v + next,
                                                   kv_stride, seq - n0 - kBlockN, tid);
@@ -208,10 +260,14 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
         }
       }
 
-      // ---- mask: keys past the sequence end, and keys after the query when causal ----
-      const bool needs_mask =
-          n0 + kBlockN > seq || (kCausal && n0 + kBlockN - 1 > warp_row0);
+      // ---- mask: keys past the sequence end, keys after the query when causal, and keys of
+      // another document than the query's (kDocs; none when the tile lies in the block's one
+      // document) ----
+      const bool needs_mask = n0 + kBlockN > seq ||
+                              (kCausal && n0 + kBlockN - 1 > warp_row0) ||
+                              (kDocs && !(n0 >= uniform_lo && n0 + kBlockN <= uniform_hi));
       if (needs_mask) {
+        [[maybe_unused]] const int* const key_ids = doc_smem + 4 + kBlockM + (j & 1) * kBlockN;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -222,7 +278,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
               const int col = kDropout
                                   ? n0 + (nt >> 1) * 16 + 4 * t + 2 * (nt & 1) + (e & 1)
                                   : n0 + nt * 8 + 2 * t + (e & 1);
-              if (col >= seq || (kCausal && col > row)) acc_s[mt][nt][e] = -INFINITY;
+              bool masked = col >= seq || (kCausal && col > row);
+              if constexpr (kDocs) masked = masked || key_ids[col - n0] != doc_smem[4 + row - m0];
+              if (masked) acc_s[mt][nt][e] = -INFINITY;
             }
       }
 
@@ -239,7 +297,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           // A row with no visible key yet keeps max -inf; subtract 0 so -inf - -inf never
-          // makes a NaN (its p and alpha are then exp2(-inf) = 0).
+          // makes a NaN (its p and alpha are then exp2(-inf) = 0). With documents this also
+          // covers a row whose first visited tiles hold only other documents' keys.
           const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
           const float alpha = exp2f(row_max[mt][hf] * scale_log2 - m_scaled);
           row_max[mt][hf] = mx;
@@ -354,35 +413,42 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   }
 }
 
-template <class C, bool kCausal, bool kDropout>
+template <class C, bool kCausal, bool kDropout, bool kDocs>
 void launch_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_forward_kernel<C, kCausal, kDropout>;
-  if (C::kSmemBytes > 48 * 1024)
-    MDLM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         C::kSmemBytes));
+  auto kernel = flash_forward_kernel<C, kCausal, kDropout, kDocs>;
+  constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0);
+  if (kSmem > 48 * 1024)
+    MDLM_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(static_cast<unsigned>((s.seq + C::kBlockM - 1) / C::kBlockM),
                   static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, s);
+  kernel<<<grid, C::kThreads, kSmem, stream>>>(p, s);
   MDLM_CUDA_CHECK_LAUNCH();
 }
 
-template <class C>
+template <class C, bool kDocs>
 void launch_forward_mask(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
   const bool dropout = s.dropout.p > 0.0f;
   if (s.causal) {
-    if (dropout) launch_forward<C, true, true>(s, p, stream);
-    else launch_forward<C, true, false>(s, p, stream);
+    if (dropout) launch_forward<C, true, true, kDocs>(s, p, stream);
+    else launch_forward<C, true, false, kDocs>(s, p, stream);
   } else {
-    if (dropout) launch_forward<C, false, true>(s, p, stream);
-    else launch_forward<C, false, false>(s, p, stream);
+    if (dropout) launch_forward<C, false, true, kDocs>(s, p, stream);
+    else launch_forward<C, false, false, kDocs>(s, p, stream);
   }
+}
+
+template <class C>
+void launch_forward_docs(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  if (s.docs != nullptr) launch_forward_mask<C, true>(s, p, stream);
+  else launch_forward_mask<C, false>(s, p, stream);
 }
 
 }  // namespace
 
 void flash_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
-  if (s.dim == 128) launch_forward_mask<Fwd128>(s, p, stream);
-  else launch_forward_mask<Fwd64>(s, p, stream);
+  if (s.dim == 128) launch_forward_docs<Fwd128>(s, p, stream);
+  else launch_forward_docs<Fwd64>(s, p, stream);
 }
 
 }  // namespace megadlm::ops::cuda::attn
