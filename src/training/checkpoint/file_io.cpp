@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -141,14 +142,14 @@ int64_t file_size_or_missing(const std::string& path) {
 }
 
 void run_io_tasks(size_t n, const std::function<void(size_t)>& task, size_t max_threads) {
-  std::vector<std::string> errors(n);
+  std::vector<std::exception_ptr> errors(n);
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i; (i = next.fetch_add(1)) < n;) {
       try {
         task(i);
-      } catch (const std::exception& e) {
-        errors[i] = e.what();
+      } catch (...) {
+        errors[i] = std::current_exception();  // rethrown as it was: type and message intact
       }
     }
   };
@@ -158,8 +159,8 @@ void run_io_tasks(size_t n, const std::function<void(size_t)>& task, size_t max_
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
   worker();
   for (std::thread& t : pool) t.join();
-  for (const std::string& e : errors)
-    if (!e.empty()) MDLM_FAIL(e);
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace megadlm::checkpoint
