@@ -19,6 +19,7 @@
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
 #include "megadlm/training/arguments.h"
+#include "megadlm/training/config_agreement.h"
 #include "megadlm/training/data_setup.h"
 #include "megadlm/training/flags.h"
 #include "megadlm/training/trainer.h"
@@ -97,6 +98,9 @@ int main(int argc, char** argv) {
     const bool cuda = cfg.training.device == DeviceKind::Cuda;
     runtime.emplace(env, cuda ? comm::Transport::Nccl : comm::Transport::Mpi,
                     std::chrono::minutes(cfg.parallel.distributed_timeout_minutes));
+    // Before the process groups are split: ranks disagreeing on the layout would hang there.
+    training::check_same_configuration(runtime->world(), training::configuration_text(parsed.values),
+                                       Stream::for_device(runtime->device()));
     const comm::ProcessGroups groups = comm::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
     const bool handle_signals = !cfg.checkpoint.save.empty() || cfg.training.exit_signal_handler;
     if (handle_signals) install_stop_handler();

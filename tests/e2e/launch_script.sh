@@ -42,5 +42,18 @@ if [ -x "$bin/layout_comm" ] && [ -x "$bin/comm_timeout_probe" ] && "$bin/comm_t
   grep -q "2 rank(s): all tests passed on every rank" "$log" \
     || { cat "$log"; fail "the 2-rank launch did not run 2 ranks"; }
   echo "a real 2-rank launch passed"
+  # A flag that differs on one rank stops the job before training, naming the rank and the flag.
+  wrapper=$(mktemp)
+  printf '#!/usr/bin/env bash\nextra=(); [ "${OMPI_COMM_WORLD_RANK:-0}" = 1 ] && extra=(--lr 0.5)\nexec "%s" "$@" "${extra[@]}"\n' \
+    "$bin/pretrain_difflm" > "$wrapper"
+  chmod +x "$wrapper"
+  if SLURM_JOB_ID= bash "$launch" --launcher mpirun --gpus 2 "$wrapper" @"$src/configs/tiny_dlm.args" \
+       --device cpu --train-iters 12 > "$log" 2>&1; then
+    rm -f "$wrapper"; cat "$log"; fail "ranks with different --lr trained"
+  fi
+  rm -f "$wrapper"
+  grep -q "lr: 0.5 on rank 1, 0.003 on rank 0" "$log" || { cat "$log"; fail "the differing flag was not named"; }
+  grep -q "iteration " "$log" && { cat "$log"; fail "training started despite the difference"; }
+  echo "a flag differing on rank 1 stopped the job, naming it"
 fi
 echo "PASS: launch.sh builds one-rank-per-GPU mpirun and srun commands and launches"
