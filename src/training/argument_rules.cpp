@@ -25,6 +25,7 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include "megadlm/core/error.h"
 #include "megadlm/data/gpt_dataset.h"
@@ -285,12 +286,40 @@ void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("M-2", a.flag_value(dest) + " must be at most " + num(int64_t{INT_MAX}));
 }
 
-// -------------------------------------------------- checkpoints (V-1, V-38, V-57, V-58)
+// -------------------------------------------- checkpoints (V-1, V-38, V-57, V-58, M-19)
 
 void check_checkpoint(ArgState& a, Diagnostics& d) {
-  if (a.is_set("non_persistent_ckpt_type") && a.s("non_persistent_ckpt_type") != "global")
-    d.error("V-1", a.flag_value("non_persistent_ckpt_type") + ": only global rolling checkpoints "
-                   "exist; valid: global");
+  // V-1 (Megatron accepts global and local, not in_memory): megadlm has the global type only;
+  // the flag table's not-yet list rejects local and in_memory naming the supported value.
+  // Megatron has no default type: an interval without one fails at its first rolling save,
+  // which megadlm reports before training.
+  if (a.is_set("non_persistent_save_interval")) {
+    if (a.i("non_persistent_save_interval") < 1)
+      d.error("M-2", a.flag_value("non_persistent_save_interval") + " must be >= 1");
+    if (!a.is_set("non_persistent_ckpt_type"))
+      d.error("M-19", a.flag_value("non_persistent_save_interval") +
+                          " needs `--non-persistent-ckpt-type global` (Megatron-LM has no default type)");
+    if (!a.is_set("save") && !a.is_set("non_persistent_global_ckpt_dir"))
+      d.error("M-19", a.flag_value("non_persistent_save_interval") +
+                          " needs `--save` (rolling checkpoints go to <save>/non_persistent) or "
+                          "`--non-persistent-global-ckpt-dir`");
+  } else if (a.is_set("non_persistent_ckpt_type") && !a.is_set("load")) {
+    d.warn(a.flag_value("non_persistent_ckpt_type") +
+           " has no effect without `--non-persistent-save-interval` or `--load`");
+  }
+  if (a.is_set("non_persistent_global_ckpt_dir")) {
+    if (!a.is_set("non_persistent_ckpt_type"))
+      d.warn(a.flag_value("non_persistent_global_ckpt_dir") +
+             " has no effect without `--non-persistent-ckpt-type global`");
+    // Rolling cleanup deletes every other iter_* there: never the persistent checkpoints.
+    const auto same_dir = [](const std::string& x, const std::string& y) {
+      return std::filesystem::path(x).lexically_normal() / "" == std::filesystem::path(y).lexically_normal() / "";
+    };
+    if (a.is_set("save") && same_dir(a.s("non_persistent_global_ckpt_dir"), a.s("save")))
+      d.error("M-19", a.flag_value("non_persistent_global_ckpt_dir") + " is also " + a.flag_value("save") +
+                          ": rolling saves delete the other checkpoints of their directory; "
+                          "give another one (default <save>/non_persistent)");
+  }
   if (a.is_set("save") && !a.is_set("save_interval"))
     d.error("V-38", a.flag_value("save") + " needs `--save-interval`");
   if (a.b("moe_use_upcycling") && !a.is_set("save"))
@@ -873,6 +902,9 @@ RunConfig build_run_config(const ArgState& a) {
   ck.exit_on_missing_checkpoint = a.b("exit_on_missing_checkpoint");
   ck.override_opt_param_scheduler = a.b("override_opt_param_scheduler");
   ck.use_checkpoint_opt_param_scheduler = a.b("use_checkpoint_opt_param_scheduler");
+  if (a.is_set("non_persistent_save_interval")) ck.non_persistent_save_interval = a.i("non_persistent_save_interval");
+  ck.non_persistent_global = a.is_set("non_persistent_ckpt_type") && a.s("non_persistent_ckpt_type") == "global";
+  ck.non_persistent_global_ckpt_dir = a.s("non_persistent_global_ckpt_dir");
   return r;
 }
 

@@ -667,11 +667,15 @@ constexpr FlagSpec kFlags[] = {
      .default_value = "None",
      .help = "Write checkpoints on a background thread from host copies taken at the save point."},
     {.name = "--non-persistent-save-interval", .kind = K::Int, .group = G::Checkpoint,
-     .status = S::Ignored, .help = "Rolling checkpoint interval."},
+     .help = "Iterations between rolling (non-persistent) saves; only the newest is kept. Not at "
+             "iterations --save-interval saves anyway. Needs --non-persistent-ckpt-type global."},
     {.name = "--non-persistent-ckpt-type", .kind = K::String, .group = G::Checkpoint,
-     .status = S::Ignored, .choices = "global local in_memory", .help = "Rolling checkpoint type."},
+     .choices = "global local in_memory", .not_yet = "local in_memory",
+     .help = "Type of rolling checkpoints: global writes full checkpoints to "
+             "--non-persistent-global-ckpt-dir; --load then resumes from the newer of it and --load."},
     {.name = "--non-persistent-global-ckpt-dir", .kind = K::String, .group = G::Checkpoint,
-     .status = S::Ignored, .help = "Rolling checkpoint directory."},
+     .help = "Directory of the global rolling checkpoints.",
+     .default_doc = "<--save>/non_persistent (<--load>/non_persistent when loading)"},
     {.name = "--exit-on-missing-checkpoint", .kind = K::StoreTrue, .group = G::Checkpoint,
      .help = "Fail when --load holds no checkpoint (instead of starting from scratch)."},
     {.name = "--ckpt-step", .kind = K::Int, .group = G::Checkpoint,

@@ -473,7 +473,7 @@ std::vector<IterationMetrics> Trainer::train() {
     // Saves on schedule; --exit-interval, SIGTERM/SIGUSR1 and --exit-duration-in-mins stop here.
     if (checkpoint_boundary()) {
       dp_->finish_param_gather();
-      finish_checkpoints();
+      finish_checkpoints(/*exiting=*/true);
       return all;
     }
   }

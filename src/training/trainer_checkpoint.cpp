@@ -79,9 +79,11 @@ void Trainer::set_stop_request(std::function<bool()> stop_requested) {
   stop_requested_ = std::move(stop_requested);
 }
 
-void Trainer::save_checkpoint() {
+void Trainer::save_checkpoint(bool non_persistent) {
   const CheckpointConfig& ck = cfg_.checkpoint;
-  MDLM_CHECK(!ck.save.empty(), "save_checkpoint() without a --save directory");
+  const std::string dir = non_persistent ? ck.non_persistent_save_dir() : ck.save;
+  MDLM_CHECK(!dir.empty(), non_persistent ? "a rolling save without --save or --non-persistent-global-ckpt-dir"
+                                          : "save_checkpoint() without a --save directory");
   if (!ckpt_writer_) ckpt_writer_ = std::make_unique<checkpoint::CheckpointWriter>(world_, rt_.stream);
   // Who writes: each element of the optimizer state once. Without the distributed optimizer
   // every data-parallel rank holds everything and rank 0 of the group writes; with it every
@@ -90,8 +92,8 @@ void Trainer::save_checkpoint() {
                           ? (!dist_opt_inter_ || dist_opt_inter_->rank() == 0)
                           : (!dp_group_ || dp_group_->rank() == 0);
   if (logging_rank())
-    log_ << "saving checkpoint at iteration " << iter_text(iteration_) << " to " << ck.save
-         << (ck.async_save ? " (asynchronously)" : "") << std::endl;
+    log_ << "saving " << (non_persistent ? "non-persistent " : "") << "checkpoint at iteration "
+         << iter_text(iteration_) << " to " << dir << (ck.async_save ? " (asynchronously)" : "") << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
   checkpoint::StateSnapshot snap =
       checkpoint::snapshot_state(store_, *optimizer_, writer, ck.save_optim, rt_.stream);
@@ -107,12 +109,33 @@ void Trainer::save_checkpoint() {
   st.model_args = training::checkpoint_model_args(cfg_);
   st.saved_under = layout_text(cfg_, dp_group_ ? dp_group_->size() : 1);
   st.created_by = "megadlm pretrain_difflm";
-  ckpt_writer_->save(ck.save, std::to_string(iteration_), st, std::move(snap.pieces),
-                     std::move(snap.keep_alive), ck.async_save);
-  last_checkpoint_iteration_ = iteration_;
+  const std::string tag = std::to_string(iteration_);
+  std::function<void()> after_commit;
+  if (non_persistent) {
+    // Megatron keeps one rolling checkpoint. Removing the others only after this one has
+    // committed (and "latest" names it) means a crash at any point leaves a loadable newest.
+    after_commit = [this, dir, tag] {
+      try {
+        const std::vector<std::string> removed = checkpoint::remove_older_checkpoints(dir, tag);
+        if (logging_rank() && !removed.empty()) {
+          log_ << "  removed older non-persistent checkpoints:";
+          for (const std::string& r : removed) log_ << " " << r;
+          log_ << std::endl;
+        }
+      } catch (const std::exception& e) {
+        // The new checkpoint is safe; a stale one left behind is only disk space.
+        if (logging_rank())
+          log_ << "WARNING: could not remove older non-persistent checkpoints in " << dir << ": "
+               << e.what() << std::endl;
+      }
+    };
+  }
+  ckpt_writer_->save(dir, tag, st, std::move(snap.pieces), std::move(snap.keep_alive), ck.async_save,
+                     std::move(after_commit));
+  if (!non_persistent) last_checkpoint_iteration_ = iteration_;
   if (logging_rank() && !ckpt_writer_->pending())
-    log_ << "  successfully saved checkpoint from iteration " << iter_text(iteration_) << " to "
-         << ck.save << " ("
+    log_ << "  successfully saved " << (non_persistent ? "non-persistent " : "") << "checkpoint from iteration "
+         << iter_text(iteration_) << " to " << dir << " ("
          << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s)"
          << std::endl;
 }
@@ -132,6 +155,12 @@ bool Trainer::checkpoint_boundary() {
       save_checkpoint();
       saved = true;
     }
+  }
+  // Rolling saves only where no persistent one happens (Megatron's elif). Like Megatron, a
+  // rolling save counts as this iteration's save: an exit here does not save again.
+  if (!saved && ck.non_persistent_save_interval > 0 && iteration_ % ck.non_persistent_save_interval == 0) {
+    save_checkpoint(/*non_persistent=*/true);
+    saved = true;
   }
   std::string why;
   if (tc.exit_interval && iteration_ % *tc.exit_interval == 0) why = "--exit-interval";
@@ -153,9 +182,12 @@ bool Trainer::checkpoint_boundary() {
   return true;
 }
 
-void Trainer::finish_checkpoints() {
+void Trainer::finish_checkpoints(bool exiting) {
   const CheckpointConfig& ck = cfg_.checkpoint;
-  if (!ck.save.empty() && iteration_ > 0 && iteration_ != last_checkpoint_iteration_) save_checkpoint();
+  // The end of training is saved persistently even after a rolling save there (Megatron's final
+  // save); an exit has saved in checkpoint_boundary() already.
+  if (!exiting && !ck.save.empty() && iteration_ > 0 && iteration_ != last_checkpoint_iteration_)
+    save_checkpoint();
   if (ckpt_writer_ && ckpt_writer_->pending()) {
     ckpt_writer_->wait();
     if (logging_rank())
@@ -173,14 +205,41 @@ void Trainer::load_checkpoint() {
   // Every rank reads the same files; agree() turns one rank's failure into everyone's error.
   std::optional<std::string> dir;
   std::unique_ptr<checkpoint::CheckpointReader> reader;
-  std::string error;
+  std::string error, choice, source = ck.load;
   try {
     dir = checkpoint::find_checkpoint(ck.load, ck.ckpt_step);
     if (dir) reader = std::make_unique<checkpoint::CheckpointReader>(*dir);
+    // Megatron's _load_base_checkpoint: with rolling checkpoints configured, the newer of the
+    // persistent and the rolling checkpoint (the rolling one on a tie). --ckpt-step names a
+    // persistent iteration.
+    if (ck.non_persistent_global && !ck.ckpt_step) {
+      const std::string np_dir = ck.non_persistent_load_dir();
+      if (const std::optional<std::string> np = checkpoint::find_checkpoint(np_dir, std::nullopt)) {
+        if (std::filesystem::path(*np).filename() == checkpoint::kReleaseDirName)
+          MDLM_FAIL("the non-persistent checkpoint directory ", np_dir,
+                    " names a release checkpoint; rolling checkpoints are iterations of a run");
+        auto np_reader = std::make_unique<checkpoint::CheckpointReader>(*np);
+        const int64_t np_iter = np_reader->index().state.iteration;
+        if (!reader || np_iter >= reader->index().state.iteration) {
+          choice = "non-persistent checkpoint (iteration " + std::to_string(np_iter) + ", " +
+                   (reader ? "persistent " + std::to_string(reader->index().state.iteration)
+                           : std::string("no persistent one")) + ")";
+          dir = np;
+          source = np_dir;
+          reader = std::move(np_reader);
+        } else {
+          choice = "persistent checkpoint (iteration " + std::to_string(reader->index().state.iteration) +
+                   "; the non-persistent one in " + np_dir + " is older: " + std::to_string(np_iter) + ")";
+        }
+      } else {
+        choice = "no non-persistent checkpoint in " + np_dir + " (no " + checkpoint::kLatestFileName + ")";
+      }
+    }
   } catch (const std::exception& e) {
     error = e.what();
   }
   checkpoint::agree(world, s, error, "opening the checkpoint in --load " + ck.load);
+  if (!choice.empty() && logging_rank()) log_ << " loading: " << choice << std::endl;
   if (!dir) {
     if (ck.exit_on_missing_checkpoint)
       MDLM_FAIL("--load ", ck.load, " holds no checkpoint (no ", checkpoint::kLatestFileName,
@@ -195,7 +254,7 @@ void Trainer::load_checkpoint() {
   const bool resume = !ck.finetune && !release;
   const bool load_optim = resume && ck.load_optim;
   if (logging_rank())
-    log_ << " loading checkpoint from " << ck.load << " at iteration " << st.iteration << " ("
+    log_ << " loading checkpoint from " << source << " at iteration " << st.iteration << " ("
          << *dir << ", saved under " << (st.saved_under.empty() ? "an unknown layout" : st.saved_under)
          << ")" << std::endl;
 

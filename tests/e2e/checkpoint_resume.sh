@@ -2,6 +2,7 @@
 # Checkpoints driven as a user drives them (docs/checkpoints.md), on the tiny model:
 #   1. --save/--save-interval/--exit-interval, then --load: iterations 7..12 are bit-identical to
 #      an uninterrupted run (metrics JSON lines: losses, grad norms, lr, consumed samples);
+#   1b. rolling (non-persistent) checkpoints: the exit at a rolling iteration, the load's choice;
 #   2. SIGTERM mid-run: a checkpoint at the next iteration boundary, exit code 0, exact resume;
 #   3. SIGKILL at random moments of a run that saves every iteration: "latest" always names a
 #      checkpoint that verifies (convert_checkpoint --check) and that the trainer loads;
@@ -40,6 +41,18 @@ cmp -s <(det "$tmp/straight.jsonl" | tail -8) <(det "$tmp/second.jsonl") ||
   { diff <(det "$tmp/straight.jsonl" | tail -8) <(det "$tmp/second.jsonl") | head; fail "resumed iterations differ"; }
 [ "$(cat "$tmp/ck/latest_checkpointed_iteration.txt")" = 12 ] || fail "latest is not 12 after the resumed run"
 echo "PASS 1: stop at 6, resume to 12: iterations 7-12 and the final validation/test losses bit-identical to the straight run"
+
+# ---- 1b. rolling checkpoints: an exit at a rolling iteration (8) saves only the rolling one
+# (Megatron's rule), and --load with the rolling flags resumes from it
+roll=(--save "$tmp/roll" --save-interval 6 --non-persistent-save-interval 4 --non-persistent-ckpt-type global --async-save)
+train --train-iters 12 "${roll[@]}" --exit-interval 8 > "$tmp/roll1.log" 2>&1 || fail "rolling run: $(tail -3 "$tmp/roll1.log")"
+[ "$(cat "$tmp/roll/latest_checkpointed_iteration.txt")" = 6 ] || fail "rolling: persistent latest is not 6"
+[ "$(cd "$tmp/roll/non_persistent" && echo iter_*)" = iter_0000008 ] || fail "rolling: non_persistent holds $(ls "$tmp/roll/non_persistent")"
+train --train-iters 12 "${roll[@]}" --load "$tmp/roll" --metrics-jsonl "$tmp/roll2.jsonl" > "$tmp/roll2.log" 2>&1 ||
+  fail "rolling resume: $(tail -3 "$tmp/roll2.log")"
+grep -q "loading: non-persistent checkpoint (iteration 8, persistent 6)" "$tmp/roll2.log" || fail "rolling: no choice message"
+cmp -s <(det "$tmp/straight.jsonl" | tail -6) <(det "$tmp/roll2.jsonl") || fail "rolling: resumed iterations differ"
+echo "PASS 1b: rolling checkpoints: exit at rolling 8 keeps persistent 6 + rolling 8, resume from 8 bit-identical"
 
 # ---- 2. SIGTERM
 train_bg --train-iters 100000 --save "$tmp/sig" --save-interval 100000 --metrics-jsonl "$tmp/sig.jsonl" \

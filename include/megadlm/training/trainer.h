@@ -86,8 +86,10 @@ class Trainer {
   /// Asked at every iteration boundary when set (for SIGTERM/SIGUSR1 handlers): true on any
   /// rank = every rank saves (with --save) and stops after the same iteration.
   void set_stop_request(std::function<bool()> stop_requested);
-  /// Collective: saves the current state to --save now (after an earlier async save commits).
-  void save_checkpoint();
+  /// Collective: saves the current state to --save now (after an earlier async save commits);
+  /// `non_persistent`: to the rolling directory instead, whose older checkpoints are removed once
+  /// this one has committed.
+  void save_checkpoint(bool non_persistent = false);
   int64_t consumed_samples() const { return consumed_samples_; }
   /// The checkpoint directory this run started from ("" = none).
   const std::string& loaded_checkpoint() const { return loaded_from_; }
@@ -96,8 +98,9 @@ class Trainer {
   void load_checkpoint();
   /// After each iteration: commits async saves, saves on schedule, decides whether to stop.
   bool checkpoint_boundary();
-  /// After the loop: the final save and waiting for an async one.
-  void finish_checkpoints();
+  /// After the loop: the final save (not when `exiting`: checkpoint_boundary() saved) and
+  /// waiting for an async one.
+  void finish_checkpoints(bool exiting = false);
   void log_interval(const std::vector<IterationMetrics>& window);
   void log_peak_memory_per_stage();
   /// Runs the pipeline schedule over this rank's micro-batches: training (grad_scale > 0,
@@ -138,7 +141,7 @@ class Trainer {
   std::unique_ptr<checkpoint::CheckpointWriter> ckpt_writer_;
   std::function<bool()> stop_requested_;
   std::string loaded_from_;
-  int64_t last_checkpoint_iteration_ = -1;  // iteration of the last save or load
+  int64_t last_checkpoint_iteration_ = -1;  // iteration of the last persistent save or load
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };
 

@@ -90,6 +90,27 @@ struct CheckpointConfig {
   bool exit_on_missing_checkpoint = false;
   bool override_opt_param_scheduler = false;       ///< LR settings from the flags
   bool use_checkpoint_opt_param_scheduler = false; ///< LR settings from the checkpoint
+  /// Rolling ("non-persistent") checkpoints, Megatron's global type: every N iterations a full
+  /// checkpoint into the rolling directory, older ones there removed (0: none).
+  int64_t non_persistent_save_interval = 0;
+  /// --non-persistent-ckpt-type global: also consider the rolling checkpoint when loading.
+  bool non_persistent_global = false;
+  /// --non-persistent-global-ckpt-dir ("" = DIR/non_persistent below --save / --load).
+  std::string non_persistent_global_ckpt_dir;
+
+  /// Megatron's _NON_PERSISTENT_CKPT_SUBDIR.
+  static constexpr const char* kNonPersistentSubdir = "non_persistent";
+  /// Where rolling saves go: the explicit directory, else <save>/non_persistent.
+  std::string non_persistent_save_dir() const { return rolling_dir(save); }
+  /// Where a load looks for a rolling checkpoint: the explicit directory, else <load>/non_persistent.
+  std::string non_persistent_load_dir() const { return rolling_dir(load); }
+
+ private:
+  std::string rolling_dir(const std::string& base) const {
+    if (!non_persistent_global_ckpt_dir.empty()) return non_persistent_global_ckpt_dir;
+    if (base.empty()) return "";
+    return base + (base.back() == '/' ? "" : "/") + kNonPersistentSubdir;
+  }
 };
 
 /// Everything pretrain_difflm needs, after validation.

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <filesystem>
 #include <functional>
+#include <set>
 #include <thread>
 #include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
@@ -106,6 +107,7 @@ struct CheckpointWriter::Job {
   std::thread thread;
   std::atomic<bool> done{false};
   std::string error;  // set by the writing thread before `done`
+  std::function<void()> after_commit;
 };
 
 namespace {
@@ -276,7 +278,8 @@ bool CheckpointWriter::pending() const { return job_ != nullptr; }
 
 void CheckpointWriter::save(const std::string& dir, const std::string& tag,
                             const CheckpointState& state, std::vector<OutgoingPiece> pieces,
-                            std::shared_ptr<const void> keep_alive, bool async) {
+                            std::shared_ptr<const void> keep_alive, bool async,
+                            std::function<void()> after_commit) {
   wait();
   auto job = std::make_unique<Job>();
   job->dir = dir;
@@ -286,6 +289,7 @@ void CheckpointWriter::save(const std::string& dir, const std::string& tag,
   job->state = state;
   job->pieces = std::move(pieces);
   job->keep_alive = std::move(keep_alive);
+  job->after_commit = std::move(after_commit);
   job->rank = world_ ? world_->global_rank(world_->rank()) : 0;
   job->file_bytes = file_bytes_;
   for (const OutgoingPiece& p : job->pieces)
@@ -355,6 +359,39 @@ void CheckpointWriter::finish(Job& job) {
   }
   agree(world_.get(), stream_, error, "committing checkpoint " + job.final_dir);
   last_committed_ = job.final_dir;
+  if (rank_ == 0 && job.after_commit) job.after_commit();
+}
+
+std::vector<std::string> remove_older_checkpoints(const std::string& dir, const std::string& keep_tag) {
+  static constexpr const char* kRemovingSuffix = ".removing";
+  std::set<std::string> keep = {fs::path(checkpoint_dir(dir, keep_tag)).filename().string()};
+  if (const std::optional<std::string> latest = read_latest(dir))
+    keep.insert(fs::path(checkpoint_dir(dir, *latest)).filename().string());
+  auto is_iteration_dir = [](const std::string& n) {
+    if (n.size() <= 5 || n.rfind("iter_", 0) != 0) return false;
+    return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  std::vector<fs::path> doomed, leftovers;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_directory()) continue;
+    const std::string n = e.path().filename().string();
+    if (is_iteration_dir(n) && keep.count(n) == 0) doomed.push_back(e.path());
+    const size_t sl = std::strlen(kRemovingSuffix);
+    if (n.size() > sl && n.compare(n.size() - sl, sl, kRemovingSuffix) == 0) leftovers.push_back(e.path());
+  }
+  std::sort(doomed.begin(), doomed.end());
+  std::vector<std::string> removed;
+  for (const fs::path& p : leftovers) fs::remove_all(p);
+  for (const fs::path& p : doomed) {
+    // Out of the iter_* namespace first (one rename), then the slow part.
+    const fs::path gone = p.string() + kRemovingSuffix;
+    fs::remove_all(gone);
+    fs::rename(p, gone);
+    fs::remove_all(gone);
+    removed.push_back(p.string());
+  }
+  if (!doomed.empty()) fsync_directory(dir);
+  return removed;
 }
 
 // ------------------------------------------------------------------------------------ reader

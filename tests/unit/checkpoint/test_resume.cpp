@@ -5,6 +5,7 @@
 // another LR schedule or with a flipped byte fails in the Trainer's constructor, naming the flag
 // or the file.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -254,4 +255,111 @@ TEST(Resume, MismatchedOrDamagedCheckpointsFailBeforeTrainingNamingFlagOrFile) {
   // Weights only (--finetune) never reads the optimizer file, so it still loads.
   resume.checkpoint.finetune = true;
   EXPECT_EQ(error_of([&] { train(resume); }), "");
+}
+
+// Rolling (non-persistent) checkpoints, Megatron's global type: saved every N iterations where no
+// persistent save happens, only the newest kept, and a load takes the newer of the two kinds.
+namespace {
+
+RunConfig rolling_run(const std::string& dir, bool async) {
+  RunConfig r = tiny_run(12);
+  r.checkpoint.save = dir;
+  r.checkpoint.save_interval = 6;
+  r.checkpoint.non_persistent_save_interval = 4;
+  r.checkpoint.non_persistent_global = true;
+  r.checkpoint.async_save = async;
+  return r;
+}
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+TEST(Rolling, KeepsOnlyTheNewestAndSkipsPersistentIterations) {
+  for (const bool async : {false, true}) {
+    TempDir dir;
+    const TrainResult r = train(rolling_run(dir.str(), async));
+    EXPECT_EQ(r.iteration, 12);
+    // 4 and 8 are rolling; 12 is persistent (Megatron's elif), so 8 stays the newest rolling one.
+    EXPECT_EQ(entries(dir.str()), (std::vector<std::string>{"iter_0000006", "iter_0000012",
+                                                            "latest_checkpointed_iteration.txt",
+                                                            "non_persistent"}))
+        << "async " << async;
+    const std::string np = dir.str() + "/non_persistent";
+    EXPECT_EQ(entries(np), (std::vector<std::string>{"iter_0000008", "latest_checkpointed_iteration.txt"}))
+        << "async " << async;
+    EXPECT_EQ(*checkpoint::read_latest(np), "8");
+    EXPECT_NE(r.log.find("saving non-persistent checkpoint at iteration        8"), std::string::npos) << r.log;
+    EXPECT_NE(r.log.find("removed older non-persistent checkpoints: " + np + "/iter_0000004"),
+              std::string::npos) << r.log;
+  }
+}
+
+TEST(Rolling, ALoadTakesTheNewerOfPersistentAndRollingAndResumesExactly) {
+  const TrainResult straight = train(tiny_run(12));
+  // Synchronous saves only here: an asynchronous rolling 8 may not have committed yet when the
+  // "crash" comes (the first test covers asynchronous rolling saves).
+  for (const bool async : {false}) {
+    TempDir dir;
+    // Killed after iteration 10 (a crash, not an exit: --exit-interval 10 would save 10): the
+    // newest checkpoint is the rolling 8, the persistent one is 6.
+    int calls = 0;
+    EXPECT_NE(error_of([&] {
+                train(rolling_run(dir.str(), async), [&]() -> bool {
+                  if (++calls == 10) MDLM_FAIL("simulated crash");
+                  return false;
+                });
+              }),
+              "");
+    EXPECT_EQ(*checkpoint::read_latest(dir.str()), "6");
+    EXPECT_EQ(*checkpoint::read_latest(dir.str() + "/non_persistent"), "8");
+
+    RunConfig second = rolling_run(dir.str(), async);
+    second.checkpoint.load = dir.str();
+    const TrainResult b = train(second);
+    EXPECT_NE(b.log.find("loading: non-persistent checkpoint (iteration 8, persistent 6)"), std::string::npos) << b.log;
+    ASSERT_EQ(b.metrics.size(), 4u);  // 9..12
+    expect_same_tail(straight.metrics, b.metrics);
+
+    // Without the rolling flags --load sees only the persistent checkpoints (now 12).
+    RunConfig plain = tiny_run(12);
+    plain.checkpoint.load = dir.str();
+    EXPECT_EQ(train(plain).metrics.size(), 0u);
+  }
+
+  // An exit at 10 saves persistently: the persistent 10 beats the rolling 8.
+  TempDir dir;
+  RunConfig first = rolling_run(dir.str(), false);
+  first.training.exit_interval = 10;
+  EXPECT_EQ(train(first).iteration, 10);
+  RunConfig second = rolling_run(dir.str(), false);
+  second.checkpoint.load = dir.str();
+  const TrainResult b = train(second);
+  EXPECT_NE(b.log.find("loading: persistent checkpoint (iteration 10; the non-persistent one in " +
+                       dir.str() + "/non_persistent is older: 8)"), std::string::npos) << b.log;
+  ASSERT_EQ(b.metrics.size(), 2u);
+  expect_same_tail(straight.metrics, b.metrics);
+  // --ckpt-step names a persistent iteration, whatever the rolling directory holds.
+  second.checkpoint.ckpt_step = 6;
+  EXPECT_EQ(train(second).metrics.size(), 6u);
+}
+
+TEST(Rolling, CleanupKeepsTheCommittedAndTheLatestAndFinishesInterruptedRemovals) {
+  TempDir dir;
+  RunConfig r = rolling_run(dir.str(), false);
+  r.training.train_iters = 4;
+  r.checkpoint.save_interval = 100;
+  train(r);  // rolling 4, persistent 4 at the end
+  const std::string np = dir.str() + "/non_persistent";
+  fs::copy(np + "/iter_0000004", np + "/iter_0000002", fs::copy_options::recursive);
+  fs::create_directory(np + "/iter_0000001.removing");  // a crash during an earlier cleanup
+  fs::create_directory(np + "/notes");                    // not a checkpoint: untouched
+  const std::vector<std::string> removed = checkpoint::remove_older_checkpoints(np, "4");
+  EXPECT_EQ(removed, (std::vector<std::string>{np + "/iter_0000002"}));
+  EXPECT_EQ(entries(np), (std::vector<std::string>{"iter_0000004", "latest_checkpointed_iteration.txt", "notes"}));
 }

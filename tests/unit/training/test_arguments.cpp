@@ -386,7 +386,38 @@ std::vector<Row> rows() {
 
       // ------------------------------------------------------------------ checkpoints
       {"V-38", cmd({"--save", "/tmp/ckpt"}), O::Rejected, {"`--save /tmp/ckpt` needs `--save-interval` [V-38]"}},
-      {"V-1", cmd({"--non-persistent-ckpt-type", "local"}), O::Rejected, {"valid: global [V-1]"}},
+      // Rolling checkpoints: Megatron's global type only.
+      {"V-1", cmd({"--non-persistent-ckpt-type", "local"}), O::NotSupported,
+       {"`--non-persistent-ckpt-type local` is not supported yet by megadlm (see docs/flags.md); supported: global"}},
+      {"V-1-in-memory", cmd({"--non-persistent-ckpt-type", "in_memory"}), O::NotSupported,
+       {"`--non-persistent-ckpt-type in_memory` is not supported yet by megadlm (see docs/flags.md); supported: global"}},
+      {"M-19-needs-save", cmd({"--non-persistent-save-interval", "4", "--non-persistent-ckpt-type", "global"}),
+       O::Rejected,
+       {"`--non-persistent-save-interval 4` needs `--save` (rolling checkpoints go to <save>/non_persistent) "
+        "or `--non-persistent-global-ckpt-dir` [M-19]"}},
+      {"M-19-needs-type", cmd({"--save", "/tmp/c", "--save-interval", "6", "--non-persistent-save-interval", "4"}),
+       O::Rejected, {"`--non-persistent-save-interval 4` needs `--non-persistent-ckpt-type global`", "[M-19]"}},
+      {"M-19-not-the-save-dir", cmd({"--save", "/tmp/c", "--save-interval", "6", "--non-persistent-save-interval", "4",
+                                     "--non-persistent-ckpt-type", "global", "--non-persistent-global-ckpt-dir", "/tmp/c/"}),
+       O::Rejected, {"`--non-persistent-global-ckpt-dir /tmp/c/` is also `--save /tmp/c`", "[M-19]"}},
+      {"M-2-non-persistent-interval", cmd({"--save", "/tmp/c", "--save-interval", "6", "--non-persistent-save-interval",
+                                           "0", "--non-persistent-ckpt-type", "global"}),
+       O::Rejected, {"`--non-persistent-save-interval 0` must be >= 1 [M-2]"}},
+      {"rolling-default-dir", cmd({"--save", "/tmp/c", "--save-interval", "6", "--non-persistent-save-interval", "4",
+                                   "--non-persistent-ckpt-type", "global", "--load", "/tmp/l"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         const CheckpointConfig& ck = p.config.checkpoint;
+         EXPECT_EQ(ck.non_persistent_save_interval, 4);
+         EXPECT_TRUE(ck.non_persistent_global);
+         EXPECT_EQ(ck.non_persistent_save_dir(), "/tmp/c/non_persistent");
+         EXPECT_EQ(ck.non_persistent_load_dir(), "/tmp/l/non_persistent");
+       }},
+      {"rolling-explicit-dir", cmd({"--non-persistent-save-interval", "4", "--non-persistent-ckpt-type", "global",
+                                    "--non-persistent-global-ckpt-dir", "/scratch/np"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.checkpoint.non_persistent_save_dir(), "/scratch/np");
+         EXPECT_EQ(p.config.checkpoint.non_persistent_load_dir(), "/scratch/np");
+       }},
       {"V-57", cmd({"--moe-use-upcycling"}), O::Rejected, {"`--moe-use-upcycling` needs `--save` [V-57]"}},
       {"V-58", cmd({"--use-checkpoint-args"}), O::Rejected, {"`--use-checkpoint-args` needs `--load` [V-58]"}},
       {"V-58", cmd({"--ckpt-convert-format", "torch"}), O::Rejected, {"[V-58]"}},
@@ -653,7 +684,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "R-14"};
+    "M-17", "M-18", "M-19", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();

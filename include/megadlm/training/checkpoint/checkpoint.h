@@ -15,6 +15,7 @@
 // by every rank in the same order.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -59,9 +60,12 @@ class CheckpointWriter {
   /// is an iteration number or "release". `keep_alive` owns the memory the pieces point to
   /// until the files are written. Synchronous: returns when committed (or throws on every
   /// rank). Asynchronous: returns once the write has started; poll()/wait() commit it. A
-  /// previous asynchronous save is waited for and committed first.
+  /// previous asynchronous save is waited for and committed first. `after_commit` (optional)
+  /// runs on rank 0 once this save is committed and every rank knows it (wherever the commit
+  /// happens: here, poll(), wait() or the next save); it must not throw.
   void save(const std::string& dir, const std::string& tag, const CheckpointState& state,
-            std::vector<OutgoingPiece> pieces, std::shared_ptr<const void> keep_alive, bool async);
+            std::vector<OutgoingPiece> pieces, std::shared_ptr<const void> keep_alive, bool async,
+            std::function<void()> after_commit = nullptr);
 
   bool pending() const;
   /// Collective, at a point every rank reaches (an iteration boundary): commits the background
@@ -93,6 +97,13 @@ class CheckpointWriter {
 /// latest_checkpointed_iteration.txt names; nullopt when DIR holds no checkpoint (no latest
 /// file). Throws when latest names a directory that does not exist.
 std::optional<std::string> find_checkpoint(const std::string& dir, std::optional<int64_t> step);
+
+/// Rolling (non-persistent) checkpoints: removes every iter_* checkpoint of DIR except the one
+/// of `keep_tag` and the one latest_checkpointed_iteration.txt names, and the leftovers of an
+/// interrupted removal. Each directory is first renamed to <name>.removing and then deleted, so a
+/// crash half-way leaves no partial iter_* behind. Call on one rank, after the commit of
+/// `keep_tag`. Returns the removed checkpoint directories; throws on a file-system error.
+std::vector<std::string> remove_older_checkpoints(const std::string& dir, const std::string& keep_tag);
 
 /// An opened checkpoint directory: the index is read and checked; files are opened on use.
 class CheckpointReader {
