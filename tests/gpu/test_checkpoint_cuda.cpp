@@ -14,24 +14,13 @@
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/trainer.h"
 #include "support/op_testing.h"
+#include "support/scratch.h"
 
 using namespace megadlm;
+using test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/megadlm_gpu_ckpt_XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& s) const { return (fs::path(path_) / s).string(); }
-
- private:
-  std::string path_;
-};
 
 RunConfig run(DeviceKind device, int64_t iters) {
   RunConfig r;

@@ -5,8 +5,8 @@
 #include <map>
 #include <string>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/core/error.h"
 #include "megadlm/training/config_agreement.h"
+#include "support/scratch.h"
 #include "support/spmd.h"
 
 using namespace megadlm;
@@ -20,12 +20,7 @@ std::map<std::string, std::string> arguments_of(int rank) {
 
 std::string failure_of(const std::string& text) {
   comm::Communicator& world = test::spmd::mpi_runtime().world();
-  try {
-    training::check_same_configuration(world, text, Stream::cpu());
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return test::error_of([&] { training::check_same_configuration(world, text, Stream::cpu()); });
 }
 
 }  // namespace

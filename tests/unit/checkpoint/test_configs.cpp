@@ -7,8 +7,10 @@
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/huggingface.h"
 #include "megadlm/training/checkpoint_args.h"
+#include "support/scratch.h"
 
 using namespace megadlm;
+using test::error_of;
 using namespace megadlm::checkpoint;
 
 namespace {
@@ -40,16 +42,6 @@ RunConfig qwen3_like() {
   r.optimizer.decay_style = LrDecayStyle::WSD;
   r.training.seed = 77;
   return r;
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

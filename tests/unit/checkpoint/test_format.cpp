@@ -13,8 +13,10 @@
 #include "megadlm/training/checkpoint/format.h"
 #include "megadlm/training/checkpoint/safetensors.h"
 #include "megadlm/training/checkpoint/sha256.h"
+#include "support/scratch.h"
 
 using namespace megadlm;
+using test::TempDir;
 using namespace megadlm::checkpoint;
 namespace fs = std::filesystem;
 
@@ -27,20 +29,6 @@ std::string sha(const std::string& s) {
 }
 
 // A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/megadlm_ckpt_test_XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 std::string file_bytes(const std::string& path) { return read_text_file(path); }
 
 void write_bytes(const std::string& path, const std::string& bytes) {

@@ -13,24 +13,14 @@
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/file_io.h"
 #include "megadlm/training/trainer.h"
+#include "support/scratch.h"
 
 using namespace megadlm;
+using test::TempDir;
+using test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/megadlm_resume_test_XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // The tiny diffusion LM with every source of randomness on (dropout, varilen) and clipping
 // active, so that a resume that forgot anything would show.
@@ -102,16 +92,6 @@ void expect_same_tail(const std::vector<IterationMetrics>& straight, const std::
     EXPECT_EQ(a.grad_norm, b.grad_norm) << "iteration " << a.iteration;
     EXPECT_EQ(a.lr, b.lr) << "iteration " << a.iteration;
   }
-}
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

@@ -14,36 +14,15 @@
 #include "megadlm/core/stream.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/file_io.h"
+#include "support/scratch.h"
 
 using namespace megadlm;
+using test::TempDir;
+using test::error_of;
 using namespace megadlm::checkpoint;
 namespace fs = std::filesystem;
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/megadlm_ckpt_test_XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& str() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Values that identify the element and the save: v = tag * 1000 + global index.
 std::vector<float> tagged(int64_t tag, int64_t n) {
