@@ -301,8 +301,7 @@ void CheckpointWriter::save(const std::string& dir, const std::string& tag,
       // Leftovers of interrupted saves are garbage: no "latest" ever names them.
       for (const auto& e : fs::directory_iterator(dir)) {
         const std::string n = e.path().filename().string();
-        if (e.is_directory() && n.size() > std::strlen(kIncompleteSuffix) &&
-            n.compare(n.size() - std::strlen(kIncompleteSuffix), std::string::npos, kIncompleteSuffix) == 0)
+        if (e.is_directory() && n.size() > std::strlen(kIncompleteSuffix) && n.ends_with(kIncompleteSuffix))
           fs::remove_all(e.path());
       }
       fs::create_directory(job->tmp_dir);
@@ -376,8 +375,7 @@ std::vector<std::string> remove_older_checkpoints(const std::string& dir, const 
     if (!e.is_directory()) continue;
     const std::string n = e.path().filename().string();
     if (is_iteration_dir(n) && keep.count(n) == 0) doomed.push_back(e.path());
-    const size_t sl = std::strlen(kRemovingSuffix);
-    if (n.size() > sl && n.compare(n.size() - sl, sl, kRemovingSuffix) == 0) leftovers.push_back(e.path());
+    if (n.size() > std::strlen(kRemovingSuffix) && n.ends_with(kRemovingSuffix)) leftovers.push_back(e.path());
   }
   std::sort(doomed.begin(), doomed.end());
   std::vector<std::string> removed;
