@@ -4,8 +4,9 @@
 The module order comes from one place: the table "Layers of the library" in docs/architecture.md
 (bottom up: core, ops, comm, ...). Every file under include/megadlm/<module>/ and src/<module>/
 (any depth; .h .hpp .cpp .cc .cu .cuh .inc) is read, and each `#include "megadlm/<m>/..."` or
-src-relative `#include "<m>/..."` is resolved to module <m>; including a module that comes later
-in the order is a violation. A library file including the umbrella megadlm/megadlm.h is one too
+src-relative `#include "<m>/..."` is resolved to module <m> (a path relative to the including
+file, "../model/x.h", to the folder it reaches); including a module that comes later in the
+order is a violation. A library file including the umbrella megadlm/megadlm.h is one too
 (it pulls in every module). Folders under include/megadlm/ or src/ that the table does not name
 are reported, so a new module cannot appear without a row in the table.
 
@@ -78,15 +79,31 @@ def read_module_order(root):
     return modules
 
 
-def included_module(delimiter, target, modules):
+def module_of_path(root, path):
+    """The module folder a file lies in (include/megadlm/<m>/... or src/<m>/...), or None."""
+    rel = os.path.relpath(os.path.normpath(path), root).split(os.sep)
+    if len(rel) >= 4 and rel[0] == "include" and rel[1] == "megadlm":
+        return rel[2]
+    if len(rel) >= 3 and rel[0] == "src":
+        return rel[1]
+    return None
+
+
+def included_module(root, includer, delimiter, target, modules):
     """The module an include names, or None for a path that is no module's (a system or
-    third-party header, or a file next to the includer)."""
+    third-party header)."""
     parts = target.split("/")
     if parts[0] == "megadlm" and len(parts) >= 3:
         return parts[1]
-    # src-relative includes ("ops/dispatch.h") are always written with quotes.
-    if delimiter == '"' and len(parts) >= 2 and parts[0] in modules:
+    if delimiter != '"':
+        return None
+    # src-relative includes ("ops/dispatch.h") are written with quotes...
+    if len(parts) >= 2 and parts[0] in modules:
         return parts[0]
+    # ...and so are paths relative to the includer ("flag_value.h", "../model/x.h").
+    beside = os.path.join(root, os.path.dirname(includer), target)
+    if os.path.isfile(beside):
+        return module_of_path(root, beside)
     return None
 
 
@@ -151,7 +168,7 @@ def check(root):
                                 f"{UMBRELLA}, which is for users only; include the precise "
                                 f"headers of modules at or below '{module}' ({order})")
                 continue
-            used = included_module(delimiter, target, modules)
+            used = included_module(root, rel, delimiter, target, modules)
             if used is None:
                 continue
             if used not in rank:
@@ -252,6 +269,16 @@ def self_test():
                             f"{SELF_TEST_EXPECTED}\ngot\n  " + "\n  ".join(out))
 
         os.remove(os.path.join(root, SELF_TEST_BAD_FILE))
+        # A path relative to the includer resolves to the folder it reaches.
+        write(root, "src/ops/cpu/norm.cpp", "#include \"../../model/layer.inc\"\n")
+        rc, out, err = run(root)
+        expected = ("src/ops/cpu/norm.cpp:1: module 'ops' includes 'model' (../../model/layer.inc), "
+                    "which is above it")
+        if rc != 1 or len(out) != 1 or not out[0].startswith(expected):
+            failures.append(f"a relative include into a later module: expected exit 1 and one line "
+                            f"starting '{expected}', got {rc}: {out}")
+        os.remove(os.path.join(root, "src/ops/cpu/norm.cpp"))
+
         write(root, "src/training/trainer.cpp", "#include \"core/tensor.h\"\n")
         rc, out, err = run(root)
         if rc != 1 or len(out) != 1 or not out[0].startswith("src/training/: folder 'training'"):
