@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
 #include "megadlm/training/arguments.h"
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     // Before the process groups are split: ranks disagreeing on the layout would hang there.
     training::check_same_configuration(runtime->world(), training::configuration_text(parsed.values),
                                        Stream::for_device(runtime->device()));
-    const comm::ProcessGroups groups = comm::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
+    const parallel::ProcessGroups groups = parallel::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
     const bool handle_signals = !cfg.checkpoint.save.empty() || cfg.training.exit_signal_handler;
     if (handle_signals) install_stop_handler();
     Trainer trainer(cfg, data.train, log, &groups);

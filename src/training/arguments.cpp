@@ -23,7 +23,8 @@ std::string config_error_message(const std::vector<std::string>& errors,
   }
   if (!not_supported.empty()) {
     msg += "not supported yet by megadlm (" + std::to_string(not_supported.size()) +
-           (not_supported.size() == 1 ? " item):\n" : " items):\n");
+           (not_supported.size() == 1 ? " item; `--dry-run` accepts it):\n"
+                                      : " items; `--dry-run` accepts them):\n");
     for (const std::string& e : not_supported) msg += "  " + e + "\n";
   }
   if (!msg.empty()) msg.pop_back();
@@ -278,8 +279,12 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   const bool dry_run = state.b("dry_run");
   detail::Diagnostics diag;
   detail::resolve_and_validate(state, dry_run, diag);
-  if (!diag.errors.empty() || (!dry_run && !diag.not_supported.empty()))
-    throw ConfigError(std::move(diag.errors), std::move(diag.not_supported));
+  // The one place where a dry run and a real run part: a violated rule refuses both; a valid
+  // setting this build cannot run yet (context/expert parallelism, FSDP parameter sharding,
+  // not-yet flags) refuses only a real run, so that --dry-run can still check such a layout and
+  // print its groups. (Rules about the launch itself, M-1, M-4 and M-8, look at dry_run too.)
+  const bool refused = !diag.errors.empty() || (!dry_run && !diag.not_supported.empty());
+  if (refused) throw ConfigError(std::move(diag.errors), std::move(diag.not_supported));
 
   out.config = detail::build_run_config(state);
   out.dry_run = dry_run;

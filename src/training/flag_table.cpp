@@ -35,6 +35,11 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--num-layers-per-virtual-pipeline-stage", .kind = K::Int, .group = G::Parallel,
      .help = "Layers per virtual pipeline chunk (interleaved 1F1B): "
              "vpp = (num-layers / pp) / value."},
+    {.name = "--virtual-pipeline-model-parallel-size", .kind = K::Int, .group = G::Parallel,
+     .help = "Virtual pipeline stages per pipeline rank (interleaved 1F1B; Megatron-Core's "
+             "virtual_pipeline_model_parallel_size); the same as "
+             "--num-virtual-stages-per-pipeline-rank. Must divide the layers per pipeline stage "
+             "and agree with --num-layers-per-virtual-pipeline-stage when both are given."},
     {.name = "--microbatch-group-size-per-virtual-pipeline-stage", .kind = K::Int, .group = G::Parallel,
      .dest = "microbatch_group_size_per_vp_stage",
      .help = "Contiguous micro-batches per virtual stage in the interleaved schedule.",
@@ -157,7 +162,8 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .help = "Initialise parameters differently on each data-parallel rank.",
      .hint = "megadlm initialises weights by global element index, identically on every rank"},
     {.name = "--num-virtual-stages-per-pipeline-rank", .kind = K::Int, .group = G::Parallel,
-     .status = S::NotYet, .help = "(upstream) Virtual pipeline stages per rank."},
+     .help = "(upstream) Virtual pipeline stages per pipeline rank; the same as "
+             "--virtual-pipeline-model-parallel-size."},
     {.name = "--pipeline-model-parallel-layout", .kind = K::String, .group = G::Parallel,
      .status = S::NotYet, .help = "(upstream) Explicit layer-to-stage layout."},
 

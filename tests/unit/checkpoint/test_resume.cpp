@@ -14,6 +14,7 @@
 #include "megadlm/training/checkpoint/file_io.h"
 #include "megadlm/training/trainer.h"
 #include "support/scratch.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 using test::TempDir;
@@ -25,39 +26,11 @@ namespace {
 // The tiny diffusion LM with every source of randomness on (dropout, varilen) and clipping
 // active, so that a resume that forgot anything would show.
 RunConfig tiny_run(int64_t iters) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 8;
-  m.ffn_hidden_size = 64;
-  m.seq_length = 16;
-  m.max_position_embeddings = 16;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.vocab_size = m.padded_vocab_size = 64;
-  m.hidden_dropout = 0.1f;
-  m.attention_dropout = 0.1f;
-  r.diffusion.mask_token = 63;
+  RunConfig r = test::tiny_run(test::TinyShape::small(), iters);
+  r.model.hidden_dropout = r.model.attention_dropout = 0.1f;
   r.diffusion.varilen_prob = 0.3f;
-  r.optimizer.lr = 3e-3f;
   r.optimizer.min_lr = 3e-4f;
-  r.optimizer.lr_warmup_iters = 2;
-  r.optimizer.lr_decay_iters = iters;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.optimizer.weight_decay = 0.1f;
-  r.optimizer.clip_grad = 0.5f;
-  r.training.micro_batch_size = 2;
   r.training.global_batch_size = 4;
-  r.training.train_iters = iters;
-  r.training.log_interval = 1000;
-  r.training.device = DeviceKind::Cpu;
   return r;
 }
 
