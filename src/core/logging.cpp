@@ -82,16 +82,17 @@ std::shared_ptr<spdlog::logger> make_logger(const Options& o) {
   return logger;
 }
 
-// The process's logger, created on first use with the defaults. The mutex also keeps the lines
-// of one message together.
+// The process's logger, created on first use with the defaults and never destroyed, so that a
+// message written while static objects are torn down at exit still has somewhere to go (every
+// message is flushed when written). The mutex also keeps the lines of one message together.
 std::mutex& mutex() {
-  static std::mutex m;
-  return m;
+  static std::mutex* m = new std::mutex;
+  return *m;
 }
 
 Logger& logger_locked() {
-  static Logger l{Options{}, make_logger(Options{}), false};
-  return l;
+  static Logger* l = new Logger{Options{}, make_logger(Options{}), false};
+  return *l;
 }
 
 }  // namespace
