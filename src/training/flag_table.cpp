@@ -752,8 +752,10 @@ constexpr FlagSpec kFlags[] = {
      .default_value = "online", .help = "Weights & Biases knob."},
     {.name = "--wandb-resume", .kind = K::String, .group = G::Logging, .status = S::Ignored,
      .default_value = "auto", .help = "Weights & Biases knob."},
-    {.name = "--logging-level", .kind = K::Int, .group = G::Logging, .status = S::Ignored,
-     .help = "Python logging level."},
+    {.name = "--logging-level", .kind = K::Int, .group = G::Logging,
+     .help = "Megatron's Python logging level, mapped onto --log-level: 10 or below debug, up to 20 "
+             "info, up to 30 warning, above 30 error.",
+     .default_doc = "None (--log-level decides)"},
 
     // ---------------------------------------------------------------- diffusion LM (§2.7, diffusion-lm.md §8)
     {.name = "--model-running-mode", .kind = K::String, .group = G::Diffusion,
@@ -822,6 +824,15 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--world-size", .kind = K::Int, .group = G::Megadlm,
      .help = "World size to validate with --dry-run (a real launch takes it from the launcher).",
      .default_doc = "the launcher's world size"},
+    {.name = "--log-level", .kind = K::String, .group = G::Megadlm, .default_value = "info",
+     .choices = "trace debug info warning error",
+     .help = "Least severe diagnostic message written (stderr and --log-dir files); Megatron's "
+             "record (arguments, iteration lines) is always printed."},
+    {.name = "--log-all-ranks", .kind = K::StoreTrue, .group = G::Megadlm,
+     .help = "Every rank writes its messages to stderr, each line from rank r > 0 prefixed "
+             "`[rank r] ` (default: rank 0 only; errors always come from every rank)."},
+    {.name = "--log-dir", .kind = K::String, .group = G::Megadlm,
+     .help = "Each rank also appends its messages to DIR/rank_<r>.log (created if needed)."},
     {.name = "--help", .kind = K::StoreTrue, .group = G::Megadlm, .help = "Print this help and exit."},
     {.name = "--help-markdown", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Print the flag reference as Markdown (docs/flags.md) and exit."},
