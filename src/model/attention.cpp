@@ -16,7 +16,7 @@ SelfAttention::SelfAttention(const TransformerConfig& config, int layer_number,
              config.num_query_groups, " must divide by tensor-parallel size ", tp);
   MDLM_CHECK(mp.cp.size == 1, "layer ", layer_number, ": context parallelism (--context-parallel-size ",
              mp.cp.size, ") is not implemented yet: the core attention over sequence chunks belongs "
-             "in parallel/context_parallel/ (docs/roadmap.md)");
+             "in parallel/context_parallel/ (docs/architecture.md, \"Where each dimension lives\")");
   heads_ = config.num_attention_heads / tp;
   groups_ = config.num_query_groups / tp;
   const int64_t h = config.hidden_size;

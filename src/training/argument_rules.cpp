@@ -646,7 +646,7 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
                          num(padded - 1));
   }
   // D-5 (difflm-noshift ⇒ pp = cp = 1 and no SP) is deliberately not enforced: megadlm keeps the
-  // fixed length S for difflm-noshift (ARCHITECTURE.md, compatibility decisions), so pipeline,
+  // fixed length S for difflm-noshift (docs/architecture.md, compatibility decisions), so pipeline,
   // context and sequence splits stay divisible.
   // D-6: packed (THD) batches.
   if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {
