@@ -234,6 +234,7 @@ void Trainer::evaluate_and_log(const SampleSource& data, const std::string& what
   log_ << rule << "\n" << line << "\n" << rule << std::endl;
   if (!cfg_.training.metrics_jsonl.empty()) {
     nlohmann::json j;
+    j["kind"] = std::string(key).substr(0, std::string(key).find("_lm_loss"));  // validation | test
     j["iteration"] = iteration_;
     j[key] = loss;
     j[std::string(key).substr(0, std::string(key).find("_lm_loss")) + "_ppl"] = std::exp(std::min(20.0, loss));
@@ -435,6 +436,7 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
   log_ << line.str() << std::endl;
   if (!cfg_.training.metrics_jsonl.empty()) {
     nlohmann::json j;
+    j["kind"] = "train";
     j["iteration"] = last.iteration;
     j["lm_loss"] = loss;
     j["grad_norm"] = last.grad_norm;
@@ -444,7 +446,11 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
     j["tokens_per_s"] = tokens_per_s;
     j["tflops_per_gpu"] = tflops;
     j["mfu"] = tflops / kH200PeakTflops;
+    j["mfu_989"] = tflops / kH200DatasheetTflops;
     j["peak_mem_gb"] = peak;
+    if (rt_.stream.is_cuda())
+      j["peak_reserved_gb"] =
+          static_cast<double>(cuda_peak_reserved_memory_bytes(rt_.stream.device())) / 1e9;
     j["skipped_iterations"] = skipped_iterations_;
     j["nan_iterations"] = nan_iterations_;
     j["global_batch_size"] = cfg_.training.global_batch_size;
@@ -506,6 +512,7 @@ void Trainer::log_peak_memory_per_stage() {
   log_ << line.str() << std::endl;
   if (!cfg_.training.metrics_jsonl.empty()) {
     nlohmann::json j;
+    j["kind"] = "memory";
     j["iteration"] = iteration_;
     j["peak_mem_gb_per_stage"] = gb;
     std::ofstream f(cfg_.training.metrics_jsonl, std::ios::app);
