@@ -4,15 +4,23 @@
 # backends, the fused ops next to the sequences they replace) and the training benchmark against
 # the PyTorch peer (scripts/bench_vs_peer.sh). Logs and results go to OUT; a short table last.
 #
-#   scripts/bench_issue12_device.sh OUT [STAGES...]     STAGES: parity ops train (default: all)
+#   scripts/bench_issue12_device.sh OUT [STAGES...]     STAGES: ops parity train (default: all)
+# The logs are written to a work folder and packed into OUT/results.tgz after every stage (a
+# device call returns few files, and a stage cut off by the call's time limit keeps the earlier
+# stages' results); OUT/summary.txt holds the short tables.
 # Environment: MEGADLM_BIN (folder of the binaries; its ../lib holds libmegadlm), PEER, SHAPES,
 # PEER_SHAPES, ITERS, PEER_STEPS, DEADLINE_S (passed to bench_vs_peer.sh).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: scripts/bench_issue12_device.sh OUT [parity] [ops] [train]}
 shift
-stages=${*:-parity ops train}
+stages=${*:-ops parity train}
 bin=$(cd "${MEGADLM_BIN:-$root/build/bin}" && pwd)
+final=$out
+mkdir -p "$final"
+out=${WORK_DIR:-/tmp/issue12_work}
+mkdir -p "$out"
+pack() { tar czf "$final/results.tgz" -C "$out" . 2>/dev/null; }
 export LD_LIBRARY_PATH="$bin/../lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export MEGADLM_BIN=$bin
 [ -z "${PEER:-}" ] && [ -f "$root/peer_torch_dlm.py" ] && export PEER=$root/peer_torch_dlm.py
@@ -45,9 +53,11 @@ for stage in $stages; do
       ;;
     *) echo "unknown stage $stage (parity, ops, train)"; exit 2 ;;
   esac
+  pack
 done
 
 # Short table: op rows and the training comparison.
+{
 if [ -f "$out/bench_ops.jsonl" ]; then
   python3 - "$out/bench_ops.jsonl" <<'PY'
 import json, sys
@@ -58,4 +68,6 @@ for l in open(sys.argv[1]):
 PY
 fi
 [ -f "$out/peer/bench_vs_peer.md" ] && cat "$out/peer/bench_vs_peer.md"
+} | tee "$final/summary.txt"
+pack
 exit 0
