@@ -31,7 +31,6 @@ peer_params=${PEER_PARAMS:-amp bf16}
 read -r -a extra <<< "${MEGADLM_FLAGS:-}"
 mkdir -p "$out"
 [ -x "$bin/pretrain_difflm" ] || { echo "bench_vs_peer.sh: $bin/pretrain_difflm not found (set MEGADLM_BIN)"; exit 2; }
-[ -f "$peer" ] || { echo "bench_vs_peer.sh: peer script $peer not found (set PEER)"; exit 2; }
 
 # shape -> megadlm flags, global batch (8 micro-batches an iteration), peer flags.
 shape_flags() {
@@ -67,6 +66,7 @@ done
 peer_shapes=${PEER_SHAPES:-$shapes}
 [ "$peer_shapes" = none ] && peer_shapes=
 IFS=, read -r -a peer_list <<< "$peer_shapes"
+[ ${#peer_list[@]} = 0 ] || [ -f "$peer" ] || { echo "bench_vs_peer.sh: peer script $peer not found (set PEER)"; exit 2; }
 for shape in "${peer_list[@]}"; do
   recipes=amp
   [ "$shape" = s2048 ] && recipes=$peer_params
