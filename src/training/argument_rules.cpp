@@ -437,7 +437,9 @@ void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
   // V-51 / C-11
   if (c.ep > 1) {
     if (!moe)
-      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") + " needs `--num-experts`");
+      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") +
+                                " needs `--num-experts` (a multiple of " + num(c.ep) +
+                                ", so that the EP ranks hold equal shares of the experts)");
     else if (a.i("num_experts") % c.ep != 0)
       d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not divide " +
                           a.flag_value("num_experts") + "; valid: " +
