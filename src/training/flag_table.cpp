@@ -249,10 +249,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--hidden-dropout", .kind = K::Float, .group = G::Model, .default_value = "0.1",
      .help = "Dropout on residual branches."},
     {.name = "--attention-backend", .kind = K::String, .group = G::Model, .default_value = "auto",
-     .choices = "flash fused unfused local auto custom cudnn",
-     // Until the model passes TransformerConfig::attention_backend to its attention calls
-     // (issue 12's wiring step) only auto, which the op applies by itself, is honoured.
-     .not_yet = "flash fused unfused local custom cudnn",
+     .choices = "flash fused unfused local auto custom cudnn", .not_yet = "custom",
      .help = "CUDA attention implementation: auto = cuDNN's fused attention wherever it computes "
              "the call exactly, megadlm's flash kernels elsewhere (attention dropout, shapes cuDNN "
              "refuses); fused or cudnn = cuDNN only (an error where it cannot run a call); flash, "
@@ -436,7 +433,6 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .default_value = "0", .choices = "0 1 2",
      .help = "Release cached memory after steps."},
     {.name = "--deterministic-mode", .kind = K::StoreTrue, .group = G::Training,
-     .status = S::NotYet,  // until the model passes TransformerConfig::deterministic_mode on
      .help = "Deterministic kernels only: the same run twice on the GPU gives bitwise equal "
              "losses (the attention backward runs cuDNN's deterministic algorithm or the flash "
              "kernels' per-key-tile dQ sums; slower, docs/benchmarks.md)."},
