@@ -13,7 +13,9 @@
 //   M-8 --train-iters required unless --dry-run    M-16 one source of LR-scheduler settings
 //                                                  M-17 --checkpoint-steps is a list of iterations
 //                                                  M-18 the blends and the files holding them parse
-//                                                  M-20 forced cuDNN attention without dropout
+//                                                  M-19 rolling (non-persistent) checkpoints
+//                                                  M-20 the logging flags (logging_rules.cpp)
+//                                                  M-21 forced cuDNN attention without dropout
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
 // not-yet precision flags), the GPU half of V-40 and the NCCL_ALGO half of V-54 (the library
 // neither probes devices nor reads the environment), V-46 (documented only, per the spec), C-1
@@ -414,7 +416,7 @@ void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
   // cuDNN's attention dropout is not keyed by global coordinates: forced cuDNN cannot run it.
   const std::string backend = a.s("attention_backend");
   if ((backend == "fused" || backend == "cudnn") && a.f("attention_dropout") > 0)
-    d.error("M-20", a.flag_value("attention_backend") + " cannot run " +
+    d.error("M-21", a.flag_value("attention_backend") + " cannot run " +
                         a.flag_value("attention_dropout") +
                         " (cuDNN's dropout mask is not megadlm's, which is keyed by global "
                         "coordinates); use `--attention-backend auto` or `flash`, or "
