@@ -176,6 +176,26 @@ LaunchEnvironment detect_launch_environment() {
   });
 }
 
+StartupErrors gather_startup_errors(const LaunchEnvironment& env, const std::string& error,
+                                    std::chrono::milliseconds timeout) {
+  StartupErrors out;
+  const bool launched_by_mpi = env.launcher == Launcher::MpiRun || env.launcher == Launcher::Slurm;
+  if (env.world_size > 1 && launched_by_mpi && mpi_compiled()) {
+    detail::mpi_start();
+    // Messages are a few lines; a bound keeps a runaway one from flooding rank 0.
+    constexpr size_t kMaxError = 16384;
+    const std::string mine = error.size() > kMaxError ? error.substr(0, kMaxError) + "..." : error;
+    out.errors = detail::mpi_gather_strings(mine, timeout, &out.failed_ranks);
+    out.gathered = true;
+    return out;
+  }
+  if (!error.empty()) {
+    out.failed_ranks = 1;
+    out.errors.emplace_back(env.rank, error);
+  }
+  return out;
+}
+
 // ---- DistributedRuntime --------------------------------------------------------------------------
 
 namespace {

@@ -8,6 +8,7 @@
 
 #if MEGADLM_WITH_MPI
 #include <mpi.h>
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -375,6 +376,9 @@ bool mpi_start() {
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) throw_mpi("MPI_Init_thread", rc, "this process", __FILE__, __LINE__);
     started = true;
+    // Whoever started MPI, a normal exit finalises it (a launcher counts a process that exits
+    // without MPI_Finalize as failed); mpi_stop is a no-op once the runtime has finalised.
+    std::atexit([] { mpi_stop(); });
   }
   // SERIALIZED: the library may call MPI from a communication thread, never from two at once.
   MDLM_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI provides thread level ", provided,
@@ -431,6 +435,60 @@ void mpi_broadcast_bytes(void* data, size_t bytes, int root, std::chrono::millis
                                     who, "; every rank must start and reach the same point"));
     case WaitResult::Failed: throw_mpi("MPI_Testall", rc, who, __FILE__, __LINE__);
   }
+}
+
+std::vector<std::pair<int, std::string>> mpi_gather_strings(const std::string& mine,
+                                                            std::chrono::milliseconds timeout,
+                                                            int* count) {
+  const std::string who = concat("world rank ", mpi_world_rank(), " of ", mpi_world_size(),
+                                 " on host ", host_name());
+  const int size = mpi_world_size(), rank = mpi_world_rank();
+  // Each step is a non-blocking collective polled against the deadline, as every MPI call here.
+  auto finish = [&](MPI_Request req, const char* what) {
+    std::vector<MPI_Request> reqs{req};
+    std::vector<MPI_Status> statuses;
+    milliseconds waited{0};
+    int rc = MPI_SUCCESS;
+    switch (wait_all(reqs, statuses, timeout, &waited, &rc)) {
+      case WaitResult::Done: return;
+      case WaitResult::TimedOut:
+        throw CommTimeoutError(concat("CommTimeoutError: ", what, " did not complete within ",
+                                      waited.count(), " ms on ", who,
+                                      "; every rank must start and reach the same point"));
+      case WaitResult::Failed: throw_mpi("MPI_Testall", rc, who, __FILE__, __LINE__);
+    }
+  };
+  int64_t flag = mine.empty() ? 0 : 1, failed = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallreduce(&flag, &failed, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) throw_mpi("MPI_Iallreduce", rc, who, __FILE__, __LINE__);
+  finish(req, "agreeing whether any rank's start-up failed");
+  *count = static_cast<int>(failed);
+  if (failed == 0) return {};
+  const int len = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(size), 0);
+  rc = MPI_Igather(&len, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) throw_mpi("MPI_Igather", rc, who, __FILE__, __LINE__);
+  finish(req, "gathering the start-up errors' lengths");
+  std::vector<int> displs(static_cast<size_t>(size), 0);
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[static_cast<size_t>(r)] = static_cast<int>(total);
+    total += lengths[static_cast<size_t>(r)];
+  }
+  MDLM_CHECK(rank != 0 || total <= INT_MAX, "start-up errors of ", total, " bytes in all");
+  std::vector<char> all(static_cast<size_t>(rank == 0 ? std::max<int64_t>(total, 1) : 1));
+  rc = MPI_Igatherv(mine.data(), len, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0,
+                    MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) throw_mpi("MPI_Igatherv", rc, who, __FILE__, __LINE__);
+  finish(req, "gathering the start-up errors");
+  std::vector<std::pair<int, std::string>> out;
+  if (rank != 0) return out;
+  for (int r = 0; r < size; ++r)
+    if (lengths[static_cast<size_t>(r)] > 0)
+      out.emplace_back(r, std::string(all.data() + displs[static_cast<size_t>(r)],
+                                      static_cast<size_t>(lengths[static_cast<size_t>(r)])));
+  return out;
 }
 
 void mpi_abort(int code) noexcept {

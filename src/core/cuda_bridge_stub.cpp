@@ -35,6 +35,7 @@ void cuda_event_synchronize(const CudaEventHandle*) { no_cuda("synchronizing a C
 int cuda_device_count_impl() { return 0; }
 size_t cuda_peak_memory(int) { return 0; }
 size_t cuda_used_memory(int) { return 0; }
+size_t cuda_total_memory(int) { return 0; }
 void cuda_reset_peak(int) {}
 }  // namespace megadlm::detail
 #endif

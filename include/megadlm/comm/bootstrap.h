@@ -15,6 +15,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 #include "megadlm/comm/communicator.h"
 
 namespace megadlm::comm {
@@ -46,6 +48,24 @@ LaunchEnvironment detect_launch_environment();
 /// Slurm's tasks on this node come from SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE or
 /// SLURM_TASKS_PER_NODE (first set wins; "2(x3),1" lists are read at SLURM_NODEID).
 LaunchEnvironment detect_launch_environment(const EnvLookup& lookup);
+
+/// What gather_startup_errors learnt.
+struct StartupErrors {
+  int failed_ranks = 0;  ///< how many ranks passed an error (known on every rank)
+  /// (world rank, error) of every failing rank; filled on rank 0 only, and on every rank of a
+  /// launch that cannot communicate before the runtime exists (then: this rank's own error).
+  std::vector<std::pair<int, std::string>> errors;
+  bool gathered = false;  ///< true when the ranks did exchange their errors
+};
+
+/// Collective before any communicator exists, for errors every rank finds on its own (its
+/// command line, say): each rank passes its error ("" = none). Under mpirun or srun with an
+/// MPI build the ranks exchange them over MPI (started here when needed; the runtime reuses
+/// it), so that rank 0 can report a failure that happened only on rank 1 of an MPMD launch.
+/// Other launches (torchrun-style, a single process) exchange nothing: the result holds this
+/// rank's own error, and each rank must report it itself.
+StartupErrors gather_startup_errors(const LaunchEnvironment& env, const std::string& error,
+                                    std::chrono::milliseconds timeout);
 
 /// True when this libmegadlm carries the MPI communicator (MEGADLM_WITH_MPI).
 bool mpi_compiled();

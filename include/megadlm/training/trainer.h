@@ -34,6 +34,7 @@
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/model/parameter_store.h"
 #include "megadlm/parallel/data_parallel/data_parallel.h"
+#include "megadlm/training/checkpoint/directory_lock.h"
 #include "megadlm/training/optimizer.h"
 #include "megadlm/training/training_config.h"
 
@@ -95,7 +96,12 @@ class Trainer {
   const std::string& loaded_checkpoint() const { return loaded_from_; }
 
  private:
+  /// At construction: locks the save directories, loads --load, and refuses to save over
+  /// another run's checkpoints (trainer_checkpoint.cpp).
   void load_checkpoint();
+  void lock_save_directories();
+  void load_checkpoint_files();
+  void check_save_directories();
   /// After each iteration: commits async saves, saves on schedule, decides whether to stop.
   bool checkpoint_boundary();
   /// After the loop: the final save (not when `exiting`: checkpoint_boundary() saved) and
@@ -141,6 +147,8 @@ class Trainer {
   std::unique_ptr<checkpoint::CheckpointWriter> ckpt_writer_;
   std::function<bool()> stop_requested_;
   std::string loaded_from_;
+  bool resumed_ = false;  // loaded_from_ holds this run's own state (not --finetune, not release)
+  std::vector<std::unique_ptr<checkpoint::DirectoryLock>> save_locks_;  // rank 0
   int64_t last_checkpoint_iteration_ = -1;  // iteration of the last persistent save or load
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };

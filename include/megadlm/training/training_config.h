@@ -97,6 +97,9 @@ struct CheckpointConfig {
   bool non_persistent_global = false;
   /// --non-persistent-global-ckpt-dir ("" = DIR/non_persistent below --save / --load).
   std::string non_persistent_global_ckpt_dir;
+  /// --keep-last-n-checkpoints: after each persistent save has committed, only the newest N
+  /// complete checkpoints of --save stay (and always the one "latest" names); 0 keeps all.
+  int64_t keep_last_n_checkpoints = 0;
 
   /// Megatron's _NON_PERSISTENT_CKPT_SUBDIR.
   static constexpr const char* kNonPersistentSubdir = "non_persistent";
