@@ -3,6 +3,7 @@
 //   mpirun (OpenMPI): OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE
 //   Slurm srun:       SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NTASKS_PER_NODE
 //   torchrun-style:   RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT
+//   rendezvous token: MEGADLM_RENDEZVOUS_TOKEN, else TORCHELASTIC_RUN_ID or SLURM_JOB_ID (+ step)
 //   none of these:    a single process (world size 1)
 // CPU runs use MPI (they need mpirun or an MPI-enabled srun). CUDA runs use NCCL; its unique id
 // travels over MPI when MPI is initialised, otherwise over a TCP rendezvous at
@@ -32,6 +33,11 @@ struct LaunchEnvironment {
   int local_world_size = 1;
   std::string master_addr;  ///< TorchRun (and Slurm without MPI): rendezvous host
   int master_port = 0;
+  /// What a process must present to rank 0's TCP rendezvous: MEGADLM_RENDEZVOUS_TOKEN, else
+  /// the launcher's job id (torchrun's TORCHELASTIC_RUN_ID, Slurm's SLURM_JOB_ID.SLURM_STEP_ID),
+  /// else "" (every process of the launch then presents the same empty token).
+  std::string job_token;
+  std::string job_token_source;  ///< the variable(s) it came from, for messages ("" = none)
 };
 
 /// Value of an environment variable, or nullopt when it is unset.
