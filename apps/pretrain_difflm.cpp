@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
     const bool cuda = cfg.training.device == DeviceKind::Cuda;
     runtime.emplace(env, cuda ? comm::Transport::Nccl : comm::Transport::Mpi,
                     std::chrono::minutes(cfg.parallel.distributed_timeout_minutes));
+    runtime->set_collective_log_dir(cfg.training.collective_log_dir);
     // Before the process groups are split: ranks disagreeing on the layout would hang there.
     training::check_same_configuration(runtime->world(), training::configuration_text(parsed.values),
                                        Stream::for_device(runtime->device()));

@@ -321,9 +321,20 @@ DistributedRuntime::~DistributedRuntime() {
   if (mpi_started_here_) detail::mpi_stop();
 }
 
+void DistributedRuntime::set_collective_log_dir(const std::string& dir) { registry_->set_log_dir(dir); }
+
+std::string DistributedRuntime::write_collective_log(const std::string& reason) {
+  return registry_->write_collective_log(reason);
+}
+
 void DistributedRuntime::abort_job(int exit_code) noexcept {
   std::fflush(stdout);
   std::fflush(stderr);
+  if (registry_ && env_.world_size > 1) {
+    const std::string file = registry_->write_collective_log(concat("abort_job(", exit_code, ")"));
+    if (!file.empty()) std::fprintf(stderr, "rank %d: last collectives written to %s\n", env_.rank, file.c_str());
+    std::fflush(stderr);
+  }
   if (registry_) registry_->abort_all();
   if (detail::mpi_is_up()) detail::mpi_abort(exit_code);
   std::_Exit(exit_code);

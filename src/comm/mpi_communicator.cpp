@@ -143,6 +143,7 @@ class MpiCommunicator final : public Communicator {
     check_all_reduce(*this, t, op, /*reduces_16bit=*/false);
     const std::string what = describe_op("all_reduce", ++seq_,
                                          concat(tensor_text(t), ", ", reduce_op_name(op)));
+    record_.begin(seq_, "all_reduce", t.numel(), t.dtype(), reduce_op_name(op));
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count("all_reduce", t.numel()),
                                   mpi_type(t.dtype()), mpi_op(op), comm_, &req[0]),
@@ -157,6 +158,7 @@ class MpiCommunicator final : public Communicator {
     const std::string what = describe_op("reduce_scatter", ++seq_,
                                          concat(tensor_text(in), " -> ", tensor_text(out), ", ",
                                                 reduce_op_name(op)));
+    record_.begin(seq_, "reduce_scatter", in.numel(), in.dtype(), reduce_op_name(op));
     // MPI forbids overlapping send and receive buffers: an in-place call reduces into a copy.
     Tensor target = a == Aliasing::InPlace ? Tensor::empty(out.shape(), out.dtype(), Stream::cpu()) : out;
     std::vector<MPI_Request> req(1);
@@ -175,6 +177,7 @@ class MpiCommunicator final : public Communicator {
     const Aliasing a = check_all_gather(*this, in, out);
     const std::string what = describe_op("all_gather", ++seq_,
                                          concat(tensor_text(in), " -> ", tensor_text(out)));
+    record_.begin(seq_, "all_gather", in.numel(), in.dtype(), "");
     const int n = count("all_gather", in.numel());
     const MPI_Datatype type = mpi_type(in.dtype());
     std::vector<MPI_Request> req(1);
@@ -194,6 +197,7 @@ class MpiCommunicator final : public Communicator {
     check_broadcast(*this, t, root);
     const std::string what = describe_op("broadcast", ++seq_,
                                          concat(tensor_text(t), ", root ", root));
+    record_.begin(seq_, "broadcast", t.numel(), t.dtype(), concat("root ", root));
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Ibcast(t.data_ptr(), count("broadcast", t.numel()), mpi_type(t.dtype()),
                               root, comm_, &req[0]),
@@ -207,6 +211,7 @@ class MpiCommunicator final : public Communicator {
     const AllToAllPlan plan = check_all_to_all(*this, in, send_counts, out, recv_counts);
     const std::string what = describe_op("all_to_all", ++seq_,
                                          concat(tensor_text(in), " -> ", tensor_text(out)));
+    record_.begin(seq_, "all_to_all", in.numel(), in.dtype(), "");
     // MPI-3 counts and displacements are int; the totals bound every entry.
     count("all_to_all", in.numel());
     count("all_to_all", out.numel());
@@ -246,6 +251,7 @@ class MpiCommunicator final : public Communicator {
   void barrier(const Stream& stream) override {
     begin("barrier", stream);
     const std::string what = describe_op("barrier", ++seq_, "");
+    record_.begin(seq_, "barrier", 0, std::nullopt, "");
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Ibarrier(comm_, &req[0]), who());
     wait(req, what);
@@ -259,6 +265,7 @@ class MpiCommunicator final : public Communicator {
     // missing rank is reported instead of hanging inside the split.
     const std::string what = describe_op("split", ++seq_, concat("into '", name, "', color ",
                                                                  color, ", key ", key));
+    record_.begin(seq_, "split", 0, std::nullopt, concat("into '", name, "'"));
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Ibarrier(comm_, &req[0]), who());
     wait(req, what);
@@ -269,6 +276,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   void abort() noexcept override { aborted_ = true; }
+
+  const CollectiveRecord* collective_record() const override { return &record_; }
 
  private:
   std::string who() const { return describe(*this); }
@@ -290,6 +299,10 @@ class MpiCommunicator final : public Communicator {
   /// Posts every transfer, then waits for all; receives must get exactly their element count.
   void batch(const std::vector<P2POp>& ops, const char* op) {
     const std::string what = describe_op(op, ++seq_, concat(ops.size(), " transfer(s)"));
+    int64_t elements = 0;
+    for (const P2POp& o : ops) elements += o.tensor.numel();
+    record_.begin(seq_, op, elements, ops.empty() ? std::nullopt : std::optional<DType>(ops[0].tensor.dtype()),
+                  concat(ops.size(), " transfer(s)"));
     std::vector<MPI_Request> reqs(ops.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < ops.size(); ++i) {
       const P2POp& o = ops[i];
@@ -325,10 +338,12 @@ class MpiCommunicator final : public Communicator {
     milliseconds waited{0};
     int rc = MPI_SUCCESS;
     switch (wait_all(reqs, statuses, timeout_, &waited, &rc)) {
-      case WaitResult::Done: return;
+      case WaitResult::Done:
+        record_.complete(seq_);  // every op waits for itself before the next one starts
+        return;
       case WaitResult::TimedOut:
         failed_ = true;
-        throw_timeout(*this, what, waited, "");
+        throw_timeout(*this, what, waited, "", registry_.get());
       case WaitResult::Failed:
         failed_ = true;
         if (rc == MPI_ERR_IN_STATUS) {
@@ -357,6 +372,7 @@ class MpiCommunicator final : public Communicator {
   uint64_t seq_ = 0;
   bool aborted_ = false;
   bool failed_ = false;
+  CollectiveRecord record_;
 };
 
 }  // namespace

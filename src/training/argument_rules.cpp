@@ -871,6 +871,13 @@ RunConfig build_run_config(const ArgState& a) {
   if (a.is_set("exit_duration_in_mins")) t.exit_duration_in_mins = a.i("exit_duration_in_mins");
   t.exit_signal_handler = a.b("exit_signal_handler");
   t.check_for_nan_in_loss_and_grad = a.b("check_for_nan_in_loss_and_grad");
+  // Next to the logs: the metrics file's directory, else the checkpoints'.
+  if (a.is_set("collective_log_dir")) t.collective_log_dir = a.s("collective_log_dir");
+  else if (a.is_set("metrics_jsonl"))
+    t.collective_log_dir = std::filesystem::path(a.s("metrics_jsonl")).parent_path().string();
+  else if (a.is_set("save")) t.collective_log_dir = a.s("save");
+  if (a.is_set("metrics_jsonl") && !a.is_set("collective_log_dir") && t.collective_log_dir.empty())
+    t.collective_log_dir = ".";
 
   DataConfig& dc = r.data;
   dc.mock_data = a.b("mock_data");

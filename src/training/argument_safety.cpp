@@ -74,9 +74,9 @@ bool ValueRange::contains(double v) const {
 
 std::string ValueRange::text() const {
   if (std::isinf(high) && high > 0 && !std::isinf(low))
-    return (low_open ? "> " : ">= ") + bound_text(low);
-  return "in " + std::string(low_open ? "(" : "[") + bound_text(low) + ", " + bound_text(high) +
-         (high_open ? ")" : "]");
+    return std::string(low_open ? "> " : ">= ").append(bound_text(low));
+  return std::string("in ").append(low_open ? "(" : "[").append(bound_text(low)).append(", ")
+      .append(bound_text(high)).append(high_open ? ")" : "]");
 }
 
 std::optional<ValueRange> parse_value_range(std::string_view text, std::string* error) {
@@ -145,8 +145,9 @@ void check_value_ranges(const ArgState& a, Diagnostics& d) {
     // nan and inf parse (Python's float() takes them) but no hyper-parameter means them: a
     // NaN learning rate trains NaN weights to the end, an infinite --clip-grad turns clipping off.
     if (floating && !finite) {
-      d.error(rule, a.flag_value(dest) + " must be a finite number" +
-                        (range ? " " + range->text() : std::string()));
+      std::string message = a.flag_value(dest) + " must be a finite number";
+      if (range) message.append(1, ' ').append(range->text());  // (appends: GCC 12's -Wrestrict)
+      d.error(rule, message);
     } else if (!inside) {
       const std::string text = range->text();
       d.error(rule, a.flag_value(dest) + (text.rfind("in ", 0) == 0 ? " must lie " : " must be ") + text);
@@ -192,7 +193,7 @@ std::string path_problem(const std::string& path, bool file) {
 
 void check_output_paths(const ArgState& a, bool dry_run, Diagnostics& d) {
   if (dry_run) return;
-  for (const char* dest : {"save", "non_persistent_global_ckpt_dir", "data_cache_path"}) {
+  for (const char* dest : {"save", "non_persistent_global_ckpt_dir", "data_cache_path", "collective_log_dir"}) {
     if (!a.is_set(dest) || a.s(dest).empty()) continue;
     const std::string why = path_problem(a.s(dest), /*file=*/false);
     if (!why.empty()) d.error("M-20", a.flag_value(dest) + " cannot be used: " + why);

@@ -824,6 +824,11 @@ constexpr FlagSpec kFlags[] = {
      .help = "Where to train.", .default_doc = "cuda when a GPU is visible, else cpu"},
     {.name = "--metrics-jsonl", .kind = K::String, .group = G::Megadlm,
      .help = "Append one JSON object per logged iteration to this file."},
+    {.name = "--collective-log-dir", .kind = K::String, .group = G::Megadlm,
+     .help = "Where each rank writes its last collectives (group, op, element count, dtype, "
+             "sequence number, when queued and completed) on a communication timeout or abort, "
+             "as collectives_rank<R>.txt; the error names the file (docs/launching.md).",
+     .default_doc = "the directory of --metrics-jsonl, else --save, else the system's temporary directory"},
     {.name = "--dry-run", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Parse and validate for --world-size ranks, print the arguments and the rank "
              "layout, and exit without touching a GPU."},

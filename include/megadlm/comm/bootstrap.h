@@ -106,10 +106,18 @@ class DistributedRuntime {
   Communicator& world() const { return *world_; }
   std::shared_ptr<Communicator> world_shared() const { return world_; }
 
+  /// Where a timeout or abort_job writes this rank's last collectives (comm/collective_record.h):
+  /// DIR/collectives_rank<R>.txt; "" (the default) = the system's temporary directory, as
+  /// megadlm_collectives_rank<R>_pid<P>.txt. pretrain_difflm passes --collective-log-dir.
+  void set_collective_log_dir(const std::string& dir);
+  /// Writes that file now (with `reason` in its header); returns its path ("" if it failed).
+  std::string write_collective_log(const std::string& reason);
+
   /// After a fatal error: abort every communicator and the MPI job so no rank hangs.
   /// (The one place a distributed program ends other processes; called by apps, not the library.)
-  /// Aborts every communicator created from this runtime's world (splits included), then
-  /// MPI_Abort when MPI is up, else std::_Exit(exit_code).
+  /// Writes this rank's last collectives first (again after a timeout: the same file), then aborts every
+  /// communicator created from this runtime's world (splits included), then MPI_Abort when MPI
+  /// is up, else std::_Exit(exit_code).
   [[noreturn]] void abort_job(int exit_code) noexcept;
 
  private:
