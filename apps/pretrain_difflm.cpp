@@ -7,7 +7,11 @@
 //   scripts/launch.sh ...                                               (Slurm, several nodes)
 //   pretrain_difflm ... --dry-run --world-size 1024 ...                 (check a layout, no GPU)
 // Exit codes: 0 success (also after a SIGTERM/SIGUSR1 stop); 2 invalid configuration or a
-// reported error; 3 unexpected failure. Only rank 0 prints the configuration and the iteration lines.
+// reported error; 3 unexpected failure; 16 stopped on a reproducible fault (--rerun-mode
+// validate_results; a checkpoint of the last good state is saved with --save). Only rank 0 prints the configuration and the iteration lines
+// (stdout, Megatron's format); diagnostics go through core/logging (stderr, rank 0 unless
+// --log-all-ranks, errors from every rank, "[rank r] " before each line of rank r > 0).
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 #include <map>
@@ -16,9 +20,10 @@
 #include <string>
 #include <vector>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/training/arguments.h"
 #include "megadlm/training/config_agreement.h"
 #include "megadlm/training/data_setup.h"
@@ -66,20 +71,37 @@ std::string ranks_text(const std::vector<int>& ranks, int world) {
 
 // Every rank's configuration error reaches the user: rank 0 prints each distinct message once
 // with the ranks that have it (an MPMD launch may be wrong on rank 1 only); a launch that cannot
-// gather them before the runtime exists has each failing rank print its own.
+// gather them before the runtime exists has each failing rank print its own (logging adds the
+// "[rank r] " prefix).
 void report_configuration_errors(const comm::StartupErrors& errors, int rank, int world) {
   if (!errors.gathered) {
-    for (const auto& [r, text] : errors.errors)
-      std::cerr << (world > 1 && r != 0 ? "[rank " + std::to_string(r) + "] " : std::string())
-                << "error: invalid configuration:\n" << text << "\n";
+    for (const auto& [r, text] : errors.errors) logging::error("invalid configuration:\n", text);
     return;
   }
   if (rank != 0) return;
   std::map<std::string, std::vector<int>> by_message;
   for (const auto& [r, text] : errors.errors) by_message[text].push_back(r);
   for (const auto& [text, ranks] : by_message)
-    std::cerr << "error: invalid configuration" << (world > 1 ? " on " + ranks_text(ranks, world) : "")
-              << ":\n" << text << "\n";
+    logging::error("invalid configuration", world > 1 ? " on " + ranks_text(ranks, world) : std::string(), ":\n",
+                   text);
+}
+
+// A model larger than the memory it gets is a configuration error too, found before anything
+// is allocated: host memory shared by this node's ranks, or the rank's GPU (rule M-21).
+void check_memory(const RunConfig& c, const comm::LaunchEnvironment& env, int visible_gpus) {
+  if (c.training.device == DeviceKind::Cuda) {
+    const int gpus = std::max(1, visible_gpus);
+    const int gpu = gpus == 1 ? 0 : env.local_rank % gpus;
+    const size_t total = cuda_total_memory_bytes(Device::cuda(gpu));
+    training::check_parameter_memory(c, static_cast<double>(total),
+                                     "the " + std::to_string(total >> 30) + " GiB of GPU " + std::to_string(gpu));
+  } else {
+    const double host = training::host_memory_bytes() / std::max(1, env.local_world_size);
+    training::check_parameter_memory(c, host, "this host's memory per rank (" +
+                                                  std::to_string(static_cast<int64_t>(host / (1 << 30))) +
+                                                  " GiB for each of its " + std::to_string(env.local_world_size) +
+                                                  " rank(s))");
+  }
 }
 
 }  // namespace
@@ -89,11 +111,7 @@ int main(int argc, char** argv) {
   std::optional<comm::DistributedRuntime> runtime;
   int rank = 0;
   auto fail = [&](const std::string& what, int code) {
-    if (rank == 0 || !runtime || runtime->environment().world_size == 1) {
-      std::cerr << what << "\n";
-    } else {
-      std::cerr << "[rank " << rank << "] " << what << "\n";
-    }
+    logging::error(what);  // every rank's errors reach the console, with its rank prefix
     // One rank failing must not leave the others blocked in a collective.
     if (runtime && runtime->environment().world_size > 1) runtime->abort_job(code);
     return code;
@@ -101,6 +119,9 @@ int main(int argc, char** argv) {
   try {
     const comm::LaunchEnvironment env = comm::detect_launch_environment();
     rank = env.rank;
+    logging::Options log_options;  // the rank prefix from here on; the flags add the rest below
+    log_options.rank = env.rank;
+    logging::configure(log_options);
     training::LaunchInfo launch;
     launch.world_size = env.world_size;
     launch.rank = env.rank;
@@ -109,26 +130,9 @@ int main(int argc, char** argv) {
     std::string config_error;
     try {
       parsed_or = training::parse_arguments(args, launch);
-      if (!parsed_or->help && !parsed_or->help_markdown && !parsed_or->dry_run) {
-        // A model larger than the memory it gets is a configuration error too, found before
-        // anything is allocated: host memory shared by this node's ranks, or the rank's GPU.
-        const RunConfig& c = parsed_or->config;
-        if (c.training.device == DeviceKind::Cuda) {
-          const int gpus = std::max(1, launch.visible_gpus);
-          const int gpu = gpus == 1 ? 0 : env.local_rank % gpus;
-          training::check_parameter_memory(c, static_cast<double>(cuda_total_memory_bytes(Device::cuda(gpu))),
-                                           "the " + std::to_string(cuda_total_memory_bytes(Device::cuda(gpu)) >> 30) +
-                                               " GiB of GPU " + std::to_string(gpu));
-        } else {
-          const double host = training::host_memory_bytes() / std::max(1, env.local_world_size);
-          training::check_parameter_memory(
-              c, host, "this host's memory per rank (" + std::to_string(static_cast<int64_t>(host / (1 << 30))) +
-                           " GiB for each of its " + std::to_string(env.local_world_size) + " rank(s))");
-        }
-      }
-    } catch (const ConfigError& e) {
-      config_error = e.what();
-    } catch (const Error& e) {
+      if (!parsed_or->help && !parsed_or->help_markdown && !parsed_or->dry_run)
+        check_memory(parsed_or->config, env, launch.visible_gpus);
+    } catch (const Error& e) {  // ConfigError, or a flag-derived failure of the checks above
       config_error = e.what();
     }
     if (parsed_or && (parsed_or->help || parsed_or->help_markdown)) {
@@ -137,8 +141,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     // Every rank learns whether any rank's configuration failed, before any work.
-    const comm::StartupErrors startup =
-        comm::gather_startup_errors(env, config_error, std::chrono::minutes(10));
+    const comm::StartupErrors startup = comm::gather_startup_errors(env, config_error, std::chrono::minutes(10));
     if (startup.failed_ranks > 0) {
       report_configuration_errors(startup, rank, env.world_size);
       return 2;
@@ -154,14 +157,20 @@ int main(int argc, char** argv) {
                           "supported yet keep this build from running it\n");
       return 0;
     }
+    const RunConfig& cfg = parsed.config;
+    log_options.level = cfg.logging.level;
+    log_options.all_ranks = cfg.logging.all_ranks;
+    log_options.dir = cfg.logging.dir;
+    logging::configure(log_options);
+    logging::debug("rank ", env.rank, " of ", env.world_size, " (", comm::launcher_name(env.launcher),
+                   ", local rank ", env.local_rank, " of ", env.local_world_size, ")");
     NullBuffer null_buffer;
     std::ostream null_stream(&null_buffer);
-    std::ostream& log = rank == 0 ? std::cout : null_stream;
-    for (const std::string& w : parsed.warnings) if (rank == 0) std::cerr << "WARNING: " << w << "\n";
-    log << training::format_arguments(parsed);
-    const RunConfig& cfg = parsed.config;
+    std::ostream& record = rank == 0 ? std::cout : null_stream;  // Megatron's record: rank 0, stdout
+    for (const std::string& w : parsed.warnings) logging::warn(w);
+    record << training::format_arguments(parsed);
     // Data first: a missing or corrupted dataset stops the run before any device is touched.
-    const training::TrainingData data = training::build_training_data(cfg, rank, log);
+    const training::TrainingData data = training::build_training_data(cfg, rank, record);
 
     const bool cuda = cfg.training.device == DeviceKind::Cuda;
     runtime.emplace(env, cuda ? comm::Transport::Nccl : comm::Transport::Mpi,
@@ -170,23 +179,26 @@ int main(int argc, char** argv) {
     // Before the process groups are split: ranks disagreeing on the layout would hang there.
     training::check_same_configuration(runtime->world(), training::configuration_text(parsed.values),
                                        Stream::for_device(runtime->device()));
-    const comm::ProcessGroups groups = comm::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
+    const parallel::ProcessGroups groups = parallel::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
     const bool handle_signals = !cfg.checkpoint.save.empty() || cfg.training.exit_signal_handler;
     if (handle_signals) install_stop_handler();
-    Trainer trainer(cfg, data.train, log, &groups);
+    logging::debug("world communicator up: ", env.world_size, " rank(s), device ", runtime->device().str());
+    Trainer trainer(cfg, data.train, record, &groups);
     trainer.set_evaluation_data(data.valid, data.test);
     if (handle_signals) trainer.set_stop_request([] { return g_stop_signal != 0; });
     trainer.train();
     return 0;
   } catch (const ConfigError& e) {
     // Configuration errors found later than start-up (none today): rank 0 explains them.
-    if (rank == 0) std::cerr << "error: invalid configuration:\n" << e.what() << "\n";
+    if (rank == 0) logging::error("invalid configuration:\n", e.what());
     return 2;
-  } catch (const comm::CommTimeoutError& e) {
-    return fail(std::string("error: ") + e.what(), 2);
+  } catch (const FaultStop& e) {
+    // Every rank reached the same verdict from the same global values, and saved together.
+    if (rank == 0) logging::error(e.what());
+    return e.exit_code();
   } catch (const Error& e) {
-    return fail(std::string("error: ") + e.what(), 2);
+    return fail(e.what(), 2);
   } catch (const std::exception& e) {
-    return fail(std::string("error: unexpected failure: ") + e.what(), 3);
+    return fail(std::string("unexpected failure: ") + e.what(), 3);
   }
 }

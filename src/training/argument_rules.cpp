@@ -14,6 +14,8 @@
 //                                                  M-17 --checkpoint-steps is a list of iterations
 //                                                  M-18 the blends and the files holding them parse
 //                                                  M-20 output directories usable at start-up
+//                                                  M-21 the parameters fit the memory (the program)
+//                                                  M-22 error injection needs validate_results
 // Every number flag is finite and inside its flag-table range (M-2, or the rule named in
 // argument_safety.cpp): the single-value ranges below are rows of the table, not code.
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
@@ -352,6 +354,10 @@ void check_checkpoint(ArgState& a, Diagnostics& d) {
   }
   for (const char* dest : {"finetune", "no_load_optim", "no_load_rng", "exit_on_missing_checkpoint"})
     if (a.b(dest) && !a.is_set("load")) d.warn(a.flag(dest) + " has no effect without `--load`");
+  // M-22: injected faults exercise the replay; without it they would only be silently ignored.
+  if (a.i("error_injection_rate") > 0 && a.s("rerun_mode") != "validate_results")
+    d.error("M-22", a.flag_value("error_injection_rate") + " needs `--rerun-mode validate_results` (got " +
+                        a.flag_value("rerun_mode") + "): faults are injected where results are replayed");
   if (a.is_set("keep_last_n_checkpoints") && !a.is_set("save"))
     d.warn(a.flag_value("keep_last_n_checkpoints") + " has no effect without `--save`");
   for (const char* dest : {"no_save_optim", "no_save_rng", "async_save"})
@@ -420,7 +426,9 @@ void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
   // V-51 / C-11
   if (c.ep > 1) {
     if (!moe)
-      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") + " needs `--num-experts`");
+      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") +
+                                " needs `--num-experts` (a multiple of " + num(c.ep) +
+                                ", so that the EP ranks hold equal shares of the experts)");
     else if (a.i("num_experts") % c.ep != 0)
       d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not divide " +
                           a.flag_value("num_experts") + "; valid: " +
@@ -920,6 +928,19 @@ RunConfig build_run_config(const ArgState& a) {
   ck.use_checkpoint_opt_param_scheduler = a.b("use_checkpoint_opt_param_scheduler");
   if (a.is_set("non_persistent_save_interval")) ck.non_persistent_save_interval = a.i("non_persistent_save_interval");
   if (a.is_set("keep_last_n_checkpoints")) ck.keep_last_n_checkpoints = a.i("keep_last_n_checkpoints");
+
+  FaultDetectionConfig& fd = r.fault_detection;
+  const std::string rerun = a.s("rerun_mode");
+  fd.rerun_mode = rerun == "validate_results" ? RerunMode::ValidateResults
+                  : rerun == "report_stats"   ? RerunMode::ReportStats
+                                              : RerunMode::Disabled;
+  fd.check_spiky_loss = a.b("check_for_spiky_loss");
+  fd.check_large_grads = a.b("check_for_large_grads");
+  fd.error_injection_rate = a.i("error_injection_rate");
+  const std::string injected = a.s("error_injection_type");
+  fd.error_injection_type = injected == "correct_result"     ? ErrorInjectionType::CorrectResult
+                            : injected == "persistent_error" ? ErrorInjectionType::PersistentError
+                                                             : ErrorInjectionType::TransientError;
   ck.non_persistent_global = a.is_set("non_persistent_ckpt_type") && a.s("non_persistent_ckpt_type") == "global";
   ck.non_persistent_global_ckpt_dir = a.s("non_persistent_global_ckpt_dir");
   return r;

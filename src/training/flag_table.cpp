@@ -35,6 +35,11 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--num-layers-per-virtual-pipeline-stage", .kind = K::Int, .group = G::Parallel,
      .help = "Layers per virtual pipeline chunk (interleaved 1F1B): "
              "vpp = (num-layers / pp) / value."},
+    {.name = "--virtual-pipeline-model-parallel-size", .kind = K::Int, .group = G::Parallel,
+     .help = "Virtual pipeline stages per pipeline rank (interleaved 1F1B; Megatron-Core's "
+             "virtual_pipeline_model_parallel_size); the same as "
+             "--num-virtual-stages-per-pipeline-rank. Must divide the layers per pipeline stage "
+             "and agree with --num-layers-per-virtual-pipeline-stage when both are given."},
     {.name = "--microbatch-group-size-per-virtual-pipeline-stage", .kind = K::Int, .group = G::Parallel,
      .dest = "microbatch_group_size_per_vp_stage",
      .help = "Contiguous micro-batches per virtual stage in the interleaved schedule.",
@@ -157,7 +162,8 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .help = "Initialise parameters differently on each data-parallel rank.",
      .hint = "megadlm initialises weights by global element index, identically on every rank"},
     {.name = "--num-virtual-stages-per-pipeline-rank", .kind = K::Int, .group = G::Parallel,
-     .status = S::NotYet, .help = "(upstream) Virtual pipeline stages per rank."},
+     .help = "(upstream) Virtual pipeline stages per pipeline rank; the same as "
+             "--virtual-pipeline-model-parallel-size."},
     {.name = "--pipeline-model-parallel-layout", .kind = K::String, .group = G::Parallel,
      .status = S::NotYet, .help = "(upstream) Explicit layer-to-stage layout."},
 
@@ -420,12 +426,20 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--no-check-for-nan-in-loss-and-grad", .kind = K::StoreFalse, .group = G::Training,
      .dest = "check_for_nan_in_loss_and_grad", .help = "Do not stop on NaN loss or gradients."},
     {.name = "--check-for-spiky-loss", .kind = K::StoreTrue, .group = G::Training,
-     .status = S::Ignored, .help = "Check for loss spikes."},
+     .help = "Reject a step whose loss is at least 10x the median of the recent ones (replayed "
+             "under --rerun-mode validate_results; docs/faults.md)."},
+    {.name = "--check-for-large-grads", .kind = K::StoreTrue, .group = G::Training,
+     .help = "(upstream) Reject a step whose gradient norm is at least 10x the median of the "
+             "recent ones (replayed under --rerun-mode validate_results)."},
     {.name = "--calculate-per-token-loss", .kind = K::StoreTrue, .group = G::Training,
      .status = S::NotYet, .help = "Normalise the loss by the global token count."},
-    {.name = "--rerun-mode", .kind = K::String, .group = G::Training, .status = S::Ignored,
+    {.name = "--rerun-mode", .kind = K::String, .group = G::Training,
      .default_value = "disabled", .choices = "disabled validate_results report_stats",
-     .help = "Rerun state machine mode."},
+     .help = "What happens to a rejected step (NaN, spike): disabled = no replay; "
+             "validate_results = replay it with the same batch and masks, then apply it from the "
+             "replay (transient fault), apply it (reproducible spike) or stop with a checkpoint "
+             "(reproducible NaN, exit code 16); report_stats = replay every step and report how "
+             "often the replay differs (docs/faults.md)."},
     {.name = "--empty-unused-memory-level", .kind = K::Int, .group = G::Training,
      .status = S::Ignored, .default_value = "0", .choices = "0 1 2",
      .help = "Release cached memory after steps."},
@@ -760,8 +774,10 @@ constexpr FlagSpec kFlags[] = {
      .default_value = "online", .help = "Weights & Biases knob."},
     {.name = "--wandb-resume", .kind = K::String, .group = G::Logging, .status = S::Ignored,
      .default_value = "auto", .help = "Weights & Biases knob."},
-    {.name = "--logging-level", .kind = K::Int, .group = G::Logging, .status = S::Ignored,
-     .help = "Python logging level."},
+    {.name = "--logging-level", .kind = K::Int, .group = G::Logging,
+     .help = "Megatron's Python logging level, mapped onto --log-level: 10 or below debug, up to 20 "
+             "info, up to 30 warning, above 30 error.",
+     .default_doc = "None (--log-level decides)"},
 
     // ---------------------------------------------------------------- diffusion LM (§2.7, diffusion-lm.md §8)
     {.name = "--model-running-mode", .kind = K::String, .group = G::Diffusion,
@@ -835,6 +851,15 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--world-size", .kind = K::Int, .group = G::Megadlm,
      .help = "World size to validate with --dry-run (a real launch takes it from the launcher).",
      .default_doc = "the launcher's world size"},
+    {.name = "--log-level", .kind = K::String, .group = G::Megadlm, .default_value = "info",
+     .choices = "trace debug info warning error",
+     .help = "Least severe diagnostic message written (stderr and --log-dir files); Megatron's "
+             "record (arguments, iteration lines) is always printed."},
+    {.name = "--log-all-ranks", .kind = K::StoreTrue, .group = G::Megadlm,
+     .help = "Every rank writes its messages to stderr, each line from rank r > 0 prefixed "
+             "`[rank r] ` (default: rank 0 only; errors always come from every rank)."},
+    {.name = "--log-dir", .kind = K::String, .group = G::Megadlm,
+     .help = "Each rank also appends its messages to DIR/rank_<r>.log (created if needed)."},
     {.name = "--help", .kind = K::StoreTrue, .group = G::Megadlm, .help = "Print this help and exit."},
     {.name = "--help-markdown", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Print the flag reference as Markdown (docs/flags.md) and exit."},
@@ -878,11 +903,14 @@ constexpr FlagSpec kFlags[] = {
      .help = "Fault-tolerance package."},
     {.name = "--config-logger-dir", .kind = K::String, .group = G::Other, .status = S::Ignored,
      .default_value = "", .help = "Config logger output."},
-    {.name = "--error-injection-rate", .kind = K::Int, .group = G::Other, .status = S::Ignored,
-     .default_value = "0", .help = "Rerun-engine error injection."},
-    {.name = "--error-injection-type", .kind = K::String, .group = G::Other, .status = S::Ignored,
+    {.name = "--error-injection-rate", .kind = K::Int, .group = G::Other,
+     .default_value = "0",
+     .help = "Inject a fault into about one in N checked steps, to test the replay (needs "
+             "--rerun-mode validate_results; 0: never).", .range = "[0, inf)"},
+    {.name = "--error-injection-type", .kind = K::String, .group = G::Other,
      .default_value = "transient_error", .choices = "correct_result transient_error persistent_error",
-     .help = "Rerun-engine error injection."},
+     .help = "The injected fault: transient_error corrupts the first computation of the step, "
+             "persistent_error every computation, correct_result flags a correct result."},
     {.name = "--adlr-autoresume", .kind = K::StoreTrue, .group = G::Other, .status = S::Ignored,
      .help = "ADLR autoresume."},
     {.name = "--adlr-autoresume-interval", .kind = K::Int, .group = G::Other, .status = S::Ignored,

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "megadlm/core/logging.h"
 #include "megadlm/diffusion/diffusion_config.h"
 #include "megadlm/model/transformer_config.h"
 #include "megadlm/parallel/parallel_config.h"
@@ -119,6 +120,36 @@ struct CheckpointConfig {
   }
 };
 
+/// Where diagnostic messages go (core/logging.h; the program passes it with the rank to
+/// logging::configure). Megatron's record (arguments, iteration lines) is not affected.
+struct LoggingConfig {
+  logging::Level level = logging::Level::Info;  ///< --log-level, or --logging-level mapped onto it
+  bool all_ranks = false;               ///< --log-all-ranks
+  std::string dir;                      ///< --log-dir ("" = no per-rank files)
+};
+
+/// --rerun-mode (Megatron's RerunMode): what happens to a rejected step (training/fault_detection.h).
+enum class RerunMode {
+  Disabled,         ///< no replay: a NaN stops the run (with the check on), spikes are reported
+  ValidateResults,  ///< a rejected step is replayed to tell a transient fault from a real result
+  ReportStats,      ///< every step is replayed once; how often the replay differs is reported
+};
+/// --error-injection-type: the fault --error-injection-rate simulates (for testing the replay).
+enum class ErrorInjectionType {
+  CorrectResult,    ///< a correct result flagged as suspicious: the replay confirms it
+  TransientError,   ///< the first computation is corrupted (NaN loss), the replay is clean
+  PersistentError,  ///< every computation of the step is corrupted the same way
+};
+
+struct FaultDetectionConfig {
+  RerunMode rerun_mode = RerunMode::Disabled;
+  bool check_spiky_loss = false;   ///< --check-for-spiky-loss: loss >= spike_factor x reference
+  bool check_large_grads = false;  ///< --check-for-large-grads: the same for the gradient norm
+  double spike_factor = 10.0;      ///< Megatron's factor for both
+  int64_t error_injection_rate = 0;  ///< inject in about one of N checked steps (0: never)
+  ErrorInjectionType error_injection_type = ErrorInjectionType::TransientError;
+};
+
 /// Everything pretrain_difflm needs, after validation.
 struct RunConfig {
   ParallelConfig parallel;
@@ -128,6 +159,8 @@ struct RunConfig {
   TrainingConfig training;
   DataConfig data;
   CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  FaultDetectionConfig fault_detection;
 };
 
 }  // namespace megadlm

@@ -19,9 +19,8 @@
 #include <vector>
 #include "megadlm/comm/communicator.h"
 #include "megadlm/core/event.h"
-#include "megadlm/model/param_hooks.h"
-#include "megadlm/model/parameter_store.h"
-#include "megadlm/training/optimizer.h"
+#include "megadlm/parallel/param_hooks.h"
+#include "megadlm/parallel/parameter_store.h"
 
 namespace megadlm {
 
@@ -55,6 +54,7 @@ class DataParallel final : public ParamHooks {
                std::shared_ptr<comm::Communicator> pp = nullptr,
                std::shared_ptr<comm::Communicator> embedding = nullptr);
 
+  const DataParallelOptions& options() const { return opt_; }
   int size() const { return size_; }
   int rank() const { return rank_; }
   /// What this rank's optimizer owns: its shard of every bucket, or the whole buffer.
