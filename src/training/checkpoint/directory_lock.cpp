@@ -28,8 +28,9 @@ std::string this_host() {
   return buf;
 }
 
-// Field 22 of /proc/<pid>/stat (clock ticks since boot): with the pid, it names one process.
-std::string process_start_time(long pid) {
+// Fields of /proc/<pid>/stat after the command name: 3 is the state, 22 the start time (clock
+// ticks since boot; with the pid, it names one process). Empty when there is no such process.
+std::string stat_field(long pid, int field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
   if (!std::getline(in, stat)) return "";
@@ -37,9 +38,19 @@ std::string process_start_time(long pid) {
   if (close == std::string::npos) return "";
   std::istringstream fields(stat.substr(close + 2));
   std::string f;
-  for (int i = 3; i <= 22 && fields >> f; ++i)
-    if (i == 22) return f;
+  for (int i = 3; fields >> f; ++i)
+    if (i == field) return f;
   return "";
+}
+
+std::string process_start_time(long pid) { return stat_field(pid, 22); }
+
+// A process that has exited but not been reaped yet (a zombie, e.g. a killed rank whose
+// launcher is gone) still answers kill(pid, 0): it holds nothing any more.
+bool running(long pid) {
+  if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)) return false;
+  const std::string state = stat_field(pid, 3);
+  return state != "Z" && state != "X";
 }
 
 std::string now_text() {
@@ -92,10 +103,8 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& flag, st
     const std::string since = j.value("since", std::string("?"));
     const std::string holder = "pid " + std::to_string(other) + " on host " + other_host + " (since " + since + ")";
     bool alive = true;
-    if (other_host == host) {
-      const bool exists = other > 0 && (::kill(static_cast<pid_t>(other), 0) == 0 || errno == EPERM);
-      alive = exists && process_start_time(other) == j.value("start_time", std::string());
-    }
+    if (other_host == host)
+      alive = running(other) && process_start_time(other) == j.value("start_time", std::string());
     if (alive || attempt > 0) {
       ::unlink(tmp.c_str());
       MDLM_FAIL(flag, " ", dir, " is in use by another run: ", holder, " holds ", path_,
