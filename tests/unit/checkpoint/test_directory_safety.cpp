@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/directory_lock.h"
 #include "megadlm/training/trainer.h"
 #include "support/scratch.h"
@@ -208,4 +210,13 @@ TEST(DirectoryLock, TheLockOfAKilledProcessIsTakenOverWithAWarning) {
   std::ofstream(other / checkpoint::kLockFileName) << "someone else's";
   EXPECT_NE(error_of([&] { checkpoint::DirectoryLock x(other.str(), "--save"); }).find("is not megadlm's"),
             std::string::npos);
+}
+
+// Issue 17 case 1, the last line of defence: a configuration built in code with a NaN (the
+// flags refuse them) cannot be saved into a checkpoint that would fail to load ("is null").
+TEST(RunConfigJson, NonFiniteValuesAreRefusedNamingTheField) {
+  RunConfig cfg = tiny_run(1);
+  cfg.optimizer.min_lr = NAN;
+  const std::string what = error_of([&] { checkpoint::run_config_to_json(cfg); });
+  EXPECT_NE(what.find("the run configuration holds a non-finite optimizer.min_lr"), std::string::npos) << what;
 }

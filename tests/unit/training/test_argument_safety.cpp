@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -200,4 +201,24 @@ TEST(OutputPaths, AReadOnlyDirectoryIsRefused) {
   EXPECT_NE(what.find("`--save " + ro + "` cannot be used: " + ro + " is not writable by this process"),
             std::string::npos) << what;
   EXPECT_NE(below.find("cannot be created: " + ro + " is not writable"), std::string::npos) << below;
+}
+
+// Case 6: a bad blend weight stops the tokenizer from loading; its vocabulary is then unknown,
+// so --vocab-size (which the tokenizer overrides) must not produce a mask-token complaint too.
+TEST(ValueRanges, ABadBlendWeightIsTheOnlyComplaint) {
+  Argv argv = cmd({"--data-path", "0.3", "corpus_a", "x", "corpus_b", "--tokenizer-type",
+                   "HuggingFaceTokenizer", "--tokenizer-model", "/nonexistent/tokenizer.json", "--mask-token",
+                   "150000"});
+  argv.erase(std::find(argv.begin(), argv.end(), "--mock-data"));
+  const std::string what = rejection(argv);
+  EXPECT_NE(what.find("unparsable blend weight(s) \"x\""), std::string::npos) << what;
+  EXPECT_EQ(what.find("--mask-token"), std::string::npos) << what;
+  EXPECT_NE(what.find("(1 problem)"), std::string::npos) << what;
+}
+
+TEST(ValueRanges, MockDataNeedsThreeIdsAndAMaskTokenThatIsNotTheEndOfDocument) {
+  EXPECT_NE(rejection(cmd({"--vocab-size", "2", "--mask-token", "1"}))
+                .find("`--vocab-size 2` is too small for `--mock-data`"), std::string::npos);
+  EXPECT_NE(rejection(cmd({"--mask-token", "0"})).find("`--mask-token 0` is the end-of-document id of `--mock-data`"),
+            std::string::npos);
 }
