@@ -87,7 +87,7 @@ void report_configuration_errors(const comm::StartupErrors& errors, int rank, in
 }
 
 // A model larger than the memory it gets is a configuration error too, found before anything
-// is allocated: host memory shared by this node's ranks, or the rank's GPU (rule M-21).
+// is allocated: host memory shared by this node's ranks, or the rank's GPU (rule M-31).
 void check_memory(const RunConfig& c, const comm::LaunchEnvironment& env, int visible_gpus) {
   if (c.training.device == DeviceKind::Cuda) {
     const int gpus = std::max(1, visible_gpus);

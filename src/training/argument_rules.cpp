@@ -13,9 +13,12 @@
 //   M-8 --train-iters required unless --dry-run    M-16 one source of LR-scheduler settings
 //                                                  M-17 --checkpoint-steps is a list of iterations
 //                                                  M-18 the blends and the files holding them parse
-//                                                  M-20 output directories usable at start-up
-//                                                  M-21 the parameters fit the memory (the program)
-//                                                  M-22 error injection needs validate_results
+//                                                  M-19 rolling (non-persistent) checkpoints
+//                                                  M-20 the logging flags (logging_rules.cpp)
+//                                                  M-21 forced cuDNN attention without dropout
+//                                                  M-30 output directories usable at start-up
+//                                                  M-31 the parameters fit the memory (the program)
+//                                                  M-32 error injection needs validate_results
 // Every number flag is finite and inside its flag-table range (M-2, or the rule named in
 // argument_safety.cpp): the single-value ranges below are rows of the table, not code.
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
@@ -354,9 +357,9 @@ void check_checkpoint(ArgState& a, Diagnostics& d) {
   }
   for (const char* dest : {"finetune", "no_load_optim", "no_load_rng", "exit_on_missing_checkpoint"})
     if (a.b(dest) && !a.is_set("load")) d.warn(a.flag(dest) + " has no effect without `--load`");
-  // M-22: injected faults exercise the replay; without it they would only be silently ignored.
+  // M-32: injected faults exercise the replay; without it they would only be silently ignored.
   if (a.i("error_injection_rate") > 0 && a.s("rerun_mode") != "validate_results")
-    d.error("M-22", a.flag_value("error_injection_rate") + " needs `--rerun-mode validate_results` (got " +
+    d.error("M-32", a.flag_value("error_injection_rate") + " needs `--rerun-mode validate_results` (got " +
                         a.flag_value("rerun_mode") + "): faults are injected where results are replayed");
   if (a.is_set("keep_last_n_checkpoints") && !a.is_set("save"))
     d.warn(a.flag_value("keep_last_n_checkpoints") + " has no effect without `--save`");
@@ -408,6 +411,14 @@ void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
   // M-14 (--rotary-percent in (0, 1]), M-15 (drop probabilities in [0, 1): 1 would drop
   // everything), --norm-epsilon and --init-method-std >= 0: ranges of the flag table.
   if (a.i("rotary_base") < 1) d.error("M-2", a.flag_value("rotary_base") + " must be >= 1");
+  // cuDNN's attention dropout is not keyed by global coordinates: forced cuDNN cannot run it.
+  const std::string backend = a.s("attention_backend");
+  if ((backend == "fused" || backend == "cudnn") && a.f("attention_dropout") > 0)
+    d.error("M-21", a.flag_value("attention_backend") + " cannot run " +
+                        a.flag_value("attention_dropout") +
+                        " (cuDNN's dropout mask is not megadlm's, which is keyed by global "
+                        "coordinates); use `--attention-backend auto` or `flash`, or "
+                        "`--attention-dropout 0`");
 }
 
 // --------------------------------------------------------- MoE (V-49, V-51, C-5, C-11…C-19, R-4, R-8)
@@ -661,7 +672,7 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
                          "; the mask token must be an id that no document contains");
   }
   // D-5 (difflm-noshift ⇒ pp = cp = 1 and no SP) is deliberately not enforced: megadlm keeps the
-  // fixed length S for difflm-noshift (ARCHITECTURE.md, compatibility decisions), so pipeline,
+  // fixed length S for difflm-noshift (docs/architecture.md, compatibility decisions), so pipeline,
   // context and sequence splits stay divisible.
   // D-6: packed (THD) batches.
   if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {
@@ -823,6 +834,11 @@ RunConfig build_run_config(const ArgState& a) {
   m.init_method_std = static_cast<float>(a.f("init_method_std"));
   m.attention_dropout = static_cast<float>(a.f("attention_dropout"));
   m.hidden_dropout = static_cast<float>(a.f("hidden_dropout"));
+  const std::string backend = a.s("attention_backend");
+  m.attention_backend = backend == "auto"                        ? ops::AttentionBackend::Auto
+                        : backend == "fused" || backend == "cudnn" ? ops::AttentionBackend::Cudnn
+                                                                   : ops::AttentionBackend::Flash;
+  m.deterministic_mode = a.b("deterministic_mode");
   // vanilla mode always trains causally (MegaDLMs forces it per layer); causal_bottom_right is
   // the same mask when queries and keys have equal length.
   const std::string mask = a.s("attention_mask_type");

@@ -1,6 +1,6 @@
 // Generic safety rules over the flag table (argument_safety.h): finite, in-range numbers (the
 // table's `range` column) and usable output paths. Rule ids: M-2 for ranges unless a flag's
-// range is an older rule of its own (kRangeRule below), M-20 for output paths.
+// range is an older rule of its own (kRangeRule below), M-30 for output paths.
 #include "training/argument_safety.h"
 #include <unistd.h>
 #include <cerrno>
@@ -196,11 +196,11 @@ void check_output_paths(const ArgState& a, bool dry_run, Diagnostics& d) {
   for (const char* dest : {"save", "non_persistent_global_ckpt_dir", "data_cache_path", "collective_log_dir"}) {
     if (!a.is_set(dest) || a.s(dest).empty()) continue;
     const std::string why = path_problem(a.s(dest), /*file=*/false);
-    if (!why.empty()) d.error("M-20", a.flag_value(dest) + " cannot be used: " + why);
+    if (!why.empty()) d.error("M-30", a.flag_value(dest) + " cannot be used: " + why);
   }
   if (a.is_set("metrics_jsonl") && !a.s("metrics_jsonl").empty()) {
     const std::string why = path_problem(a.s("metrics_jsonl"), /*file=*/true);
-    if (!why.empty()) d.error("M-20", a.flag_value("metrics_jsonl") + " cannot be used: " + why);
+    if (!why.empty()) d.error("M-30", a.flag_value("metrics_jsonl") + " cannot be used: " + why);
   }
 }
 

@@ -80,7 +80,7 @@ void check_parameter_memory(const RunConfig& c, double available_bytes, const st
     msg += (i ? "; " : "") + e.parts[i].first + " (" + count(e.parts[i].second) + " parameters, " +
            gib(e.parts[i].second * e.bytes_per_rank / std::max(e.parameters_per_rank, 1.0)) + ")";
   msg += ". Use smaller sizes, or spread the model with `--tensor-model-parallel-size` / "
-         "`--pipeline-model-parallel-size` (and `--use-distributed-optimizer`) [M-21]";
+         "`--pipeline-model-parallel-size` (and `--use-distributed-optimizer`) [M-31]";
   throw ConfigError({msg}, {});
 }
 

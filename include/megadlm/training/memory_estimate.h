@@ -24,7 +24,7 @@ struct MemoryEstimate {
 /// sizes whose products overflow int64 still give a (huge) number.
 MemoryEstimate estimate_parameter_memory(const RunConfig& config);
 
-/// Throws ConfigError (rule M-21) when the estimate exceeds `available_bytes` (`where`: "this host's
+/// Throws ConfigError (rule M-31) when the estimate exceeds `available_bytes` (`where`: "this host's
 /// 64.0 GiB of memory", "GPU 0's 80.0 GiB"), naming the largest part and its flags.
 void check_parameter_memory(const RunConfig& config, double available_bytes, const std::string& where);
 

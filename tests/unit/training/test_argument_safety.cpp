@@ -166,7 +166,7 @@ TEST(OutputPaths, UnusableDirectoriesAreRefusedAtStartUpNamingTheFlag) {
     Argv flags;
     std::string message;
   } cases[] = {
-      {{"--save", file, "--save-interval", "5"}, "`--save " + file + "` cannot be used: " + file + " exists and is not a directory [M-20]"},
+      {{"--save", file, "--save-interval", "5"}, "`--save " + file + "` cannot be used: " + file + " exists and is not a directory [M-30]"},
       {{"--save", under_file, "--save-interval", "5"},
        "`--save " + under_file + "` cannot be used: " + under_file + " cannot be created: " + file + " is not a directory"},
       {{"--data-cache-path", file}, "`--data-cache-path " + file + "` cannot be used: " + file + " exists and is not a directory"},
