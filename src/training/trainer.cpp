@@ -4,6 +4,7 @@
 #include <map>
 #include <ostream>
 #include <sstream>
+#include "megadlm/core/logging.h"
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/optimizer.h"
 #include "megadlm/ops/reduce.h"
@@ -211,20 +212,33 @@ IterationMetrics Trainer::step() {
 
   // 2. The pipeline schedule: forwards and backwards of every (micro-batch, chunk) of this
   //    rank, with the transfers to the neighbouring stages batched as the schedule says.
-  pm.store.zero_grads(s);
-  pm.data_parallel->start_step();
-  Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
-  run_schedule(host, loss_sum, static_cast<float>(1.0 / loss_tokens));
-  pm.data_parallel->finish_grad_sync();
-
   // 3-4. Loss and gradient norm (global). Only the last stage has a loss: the sum over the
   //      pipeline brings it to every stage; each rank of the gradient group holds its share.
+  //    The fault detector runs this once, or again to replay a rejected result (same batch,
+  //    same masks: training/fault_detection.h); the gradients left are those of its verdict.
+  const FaultVerdict verdict = fault_detector_.run_step(iteration_ + 1, cfg_.training.seed, [&] {
+    pm.store.zero_grads(s);
+    pm.data_parallel->start_step();
+    Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
+    run_schedule(host, loss_sum, static_cast<float>(1.0 / loss_tokens));
+    pm.data_parallel->finish_grad_sync();
+    sum_loss_over_pipeline(loss_sum);
+    StepResult r;
+    r.lm_loss = grad_sum(static_cast<double>(loss_sum.to_floats(s)[0])) / loss_tokens;
+    r.grad_norm = std::sqrt(pm.data_parallel->grad_sq_norm());
+    return r;
+  });
+  if (!verdict.report.empty()) logging::warn(verdict.report);
+  if (verdict.action == FaultAction::Stop) stop_on_fault(verdict.report);
   IterationMetrics out;
-  sum_loss_over_pipeline(loss_sum);
-  out.lm_loss = grad_sum(static_cast<double>(loss_sum.to_floats(s)[0])) / loss_tokens;
-  out.grad_norm = std::sqrt(pm.data_parallel->grad_sq_norm());
+  out.fault_report = verdict.report;
+  out.lm_loss = verdict.result.lm_loss;
+  out.grad_norm = verdict.result.grad_norm;
   const bool finite = std::isfinite(out.grad_norm) && std::isfinite(out.lm_loss);
-  if (!finite) {
+  if (verdict.action == FaultAction::Skip) {
+    out.skipped = true;
+    ++skipped_iterations_;
+  } else if (!finite) {
     out.nan = true;
     out.skipped = true;
     ++nan_iterations_;
@@ -260,6 +274,8 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
                           peak_memory_gb(pm_->runtime.stream),
                           peak_reserved_memory_gb(pm_->runtime.stream),
                           pm_->runtime.stream.device().str());
+  const std::string stats = fault_detector_.stats_report();  // --rerun-mode report_stats
+  if (!stats.empty()) logging::info(stats);
 }
 
 std::vector<IterationMetrics> Trainer::train() {

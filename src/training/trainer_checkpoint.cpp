@@ -11,6 +11,7 @@
 #include "megadlm/core/logging.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
+#include "megadlm/training/checkpoint/directory_lock.h"
 #include "megadlm/training/checkpoint/training_state.h"
 #include "megadlm/training/checkpoint_args.h"
 #include "megadlm/training/trainer.h"
@@ -128,6 +129,22 @@ void Trainer::save_checkpoint(bool non_persistent) {
         logging::warn("could not remove older non-persistent checkpoints in ", dir, ": ", e.what());
       }
     };
+  } else if (ck.keep_last_n_checkpoints > 0) {
+    // --keep-last-n-checkpoints: pruned only once this save has committed ("latest" names it),
+    // so the newest complete checkpoint is never the one removed and a crash keeps N.
+    const int64_t keep = ck.keep_last_n_checkpoints;
+    after_commit = [this, dir, keep] {
+      try {
+        const std::vector<std::string> removed = checkpoint::remove_checkpoints_beyond(dir, keep);
+        if (logging_rank() && !removed.empty()) {
+          log_ << "  removed checkpoints beyond the newest " << keep << " (--keep-last-n-checkpoints):";
+          for (const std::string& r : removed) log_ << " " << r;
+          log_ << std::endl;
+        }
+      } catch (const std::exception& e) {
+        logging::warn("could not remove old checkpoints in ", dir, ": ", e.what());
+      }
+    };
   }
   ckpt_writer_->save(dir, tag, st, std::move(snap.pieces), std::move(snap.keep_alive), ck.async_save,
                      std::move(after_commit));
@@ -195,7 +212,115 @@ void Trainer::finish_checkpoints(bool exiting) {
   }
 }
 
+void Trainer::stop_on_fault(const std::string& report) {
+  // The update of this step was not applied: the weights are those after iteration_ (the last
+  // good state). A checkpoint of it lets the run be resumed elsewhere (Megatron's exit code 16:
+  // "resume to disambiguate" a device fault from the model's own result).
+  std::string where;
+  if (!cfg_.checkpoint.save.empty()) {
+    if (last_checkpoint_iteration_ != iteration_) save_checkpoint();
+    if (ckpt_writer_ && ckpt_writer_->pending()) ckpt_writer_->wait();
+    where = "; the last good state (iteration " + std::to_string(iteration_) + ") is the checkpoint " +
+            checkpoint::checkpoint_dir(cfg_.checkpoint.save, std::to_string(iteration_)) +
+            " (resume it, on other hardware to rule out a device fault)";
+  } else {
+    where = "; no checkpoint was saved (no --save)";
+  }
+  throw FaultStop(report + ". Stopping the run" + where, kExitReproducibleFault);
+}
+
 void Trainer::load_checkpoint() {
+  lock_save_directories();
+  load_checkpoint_files();
+  check_save_directories();
+}
+
+namespace {
+
+// The directories a run saves into: --save, and the rolling directory when it saves there.
+std::vector<std::pair<std::string, std::string>> save_directories(const CheckpointConfig& ck) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!ck.save.empty()) out.emplace_back(ck.save, "--save");
+  if (ck.non_persistent_save_interval > 0 && !ck.non_persistent_save_dir().empty()) {
+    const bool inside = ck.non_persistent_global_ckpt_dir.empty();
+    out.emplace_back(ck.non_persistent_save_dir(),
+                     inside ? "--save (its non_persistent directory)" : "--non-persistent-global-ckpt-dir");
+  }
+  return out;
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const std::filesystem::path x = std::filesystem::weakly_canonical(a, ec);
+  const std::filesystem::path y = std::filesystem::weakly_canonical(b, ec);
+  return (x / "").lexically_normal() == (y / "").lexically_normal();
+}
+
+}  // namespace
+
+void Trainer::lock_save_directories() {
+  // Rank 0 writes the index and "latest": it holds the lock for the whole job. Rolling saves
+  // inside --save (its non_persistent directory) are covered by its lock; an explicit rolling
+  // directory gets one of its own.
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  std::vector<std::pair<std::string, std::string>> dirs;
+  if (!ck.save.empty()) dirs.emplace_back(ck.save, "--save");
+  if (ck.non_persistent_save_interval > 0 && !ck.non_persistent_global_ckpt_dir.empty())
+    dirs.emplace_back(ck.non_persistent_global_ckpt_dir, "--non-persistent-global-ckpt-dir");
+  if (dirs.empty()) return;  // the same on every rank: no collective either
+  std::string error, warning;
+  if (logging_rank()) {
+    try {
+      for (const auto& [dir, flag] : dirs) {
+        std::string w;
+        save_locks_.push_back(std::make_unique<checkpoint::DirectoryLock>(dir, flag, &w));
+        if (!w.empty()) warning += (warning.empty() ? "" : "\n") + w;
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  checkpoint::agree(pm_->world.get(), pm_->runtime.stream, error, "locking the checkpoint directory");
+  if (!warning.empty()) logging::warn(warning);
+}
+
+void Trainer::check_save_directories() {
+  // A save directory that holds checkpoints must be the one this run continues: otherwise its
+  // saves would interleave with (and its "latest" would replace) another run's. Megatron
+  // overwrites silently; a run resumed from the directory (also at an explicit --ckpt-step)
+  // continues its own history and may replace later iterations.
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  if (save_directories(ck).empty()) return;
+  std::string error;
+  if (logging_rank()) {
+    std::vector<std::string> continued;
+    if (resumed_) {
+      continued.push_back(std::filesystem::path(loaded_from_).parent_path().string());
+      continued.push_back(ck.load);
+      if (ck.non_persistent_global) continued.push_back(ck.non_persistent_load_dir());
+    }
+    for (const auto& [dir, flag] : save_directories(ck)) {
+      const std::vector<int64_t> held = checkpoint::list_checkpoint_iterations(dir);
+      if (held.empty()) continue;
+      bool ours = false;
+      for (const std::string& c : continued) ours = ours || (!c.empty() && same_directory(c, dir));
+      if (ours) continue;
+      std::ostringstream msg;
+      msg << flag << " " << dir << " already holds " << held.size() << " checkpoint(s) of another run (newest: "
+          << checkpoint::iteration_dir_name(held.back()) << ") and this run "
+          << (loaded_from_.empty() ? "does not resume from it"
+              : !resumed_          ? "starts anew from " + loaded_from_ + " (fine-tuning or a release checkpoint)"
+                                   : "resumes from " + loaded_from_)
+          << ": its saves would overwrite them. Resume from it with --load " << dir
+          << ", or save into an empty directory";
+      error = msg.str();
+      break;
+    }
+  }
+  checkpoint::agree(pm_->world.get(), pm_->runtime.stream, error, "checking the checkpoint directory");
+}
+
+void Trainer::load_checkpoint_files() {
   const CheckpointConfig& ck = cfg_.checkpoint;
   if (ck.load.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
@@ -357,6 +482,7 @@ void Trainer::load_checkpoint() {
     skipped_iterations_ = st.skipped_iterations;
     nan_iterations_ = st.nan_iterations;
     last_checkpoint_iteration_ = iteration_;
+    resumed_ = true;
     // The RNG state is the seed: every random number is a function of (seed, global position).
     if (ck.load_rng && st.rng_seed && *st.rng_seed != cfg_.training.seed) {
       logging::warn("using the checkpoint's seed ", *st.rng_seed, " instead of --seed ", cfg_.training.seed,

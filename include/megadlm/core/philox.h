@@ -15,6 +15,7 @@
 //   * dropout:       c0 = hidden element / 4, c1 = position, c2 = sample low bits, c3 = layer site
 //   * attn dropout:  c0 = key position / 4, c1 = query position, c2 = sample low bits,
 //                    c3 = (layer site << 16) | query head
+//   * fault injection: purpose ErrorInjection, c0..c1 = iteration (training/fault_detection)
 // Each call returns 4 independent 32-bit words; callers that need fewer use word 0.
 #pragma once
 #include <cstdint>
@@ -39,6 +40,7 @@ enum class RngPurpose : uint32_t {
   HiddenDropout = 0x3001,
   AttentionDropout = 0x3002,
   MockData = 0x4001,
+  ErrorInjection = 0x5001,
 };
 
 struct PhiloxWords {

@@ -21,6 +21,7 @@ struct IterationMetrics {
   double elapsed_ms = 0;         ///< wall time of this iteration
   bool skipped = false;          ///< update not applied (non-finite gradients)
   bool nan = false;
+  std::string fault_report;      ///< what fault detection found and decided ("" = nothing)
 };
 
 /// Peak memory of this process so far, in GB (1e9 bytes): the CUDA pool's peak on a GPU stream,

@@ -1,4 +1,5 @@
 #include "megadlm/training/checkpoint/config_json.h"
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
 
@@ -153,6 +154,13 @@ std::string run_config_to_json(const RunConfig& c) {
   j["training"] = to_json(c.training, training_fields());
   j["data"] = to_json(c.data, data_fields());
   j["parallel"] = to_json(c.parallel, parallel_fields());
+  // JSON has no NaN: it would be written as null and make the checkpoint unloadable. Validation
+  // refuses non-finite flags; a configuration built in code is refused here, naming the field.
+  for (const auto& [section, fields] : j.items())
+    for (const auto& [name, value] : fields.items())
+      if (value.is_number_float() && !std::isfinite(value.get<double>()))
+        MDLM_FAIL("the run configuration holds a non-finite ", section, ".", name, " (", value.get<double>(),
+                  "); a checkpoint of it could not be read back");
   return j.dump(2);
 }
 
