@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
     if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
     if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
       errors.push_back("no prompt: give `--prompt TEXT` or `--prompts-jsonl FILE`");
+    for (const std::string& p : sampler_config_problems(sc, 0)) errors.push_back(p);
     if (!errors.empty()) throw ConfigError(errors, {});
 
     // The model, then what depends on it (vocabulary, mask token, tokenizer).

@@ -34,6 +34,9 @@ std::vector<std::string> sampler_config_problems(const SamplerConfig& c, int64_t
     out.push_back("`--temperature " + std::to_string(c.temperature) + "` must be >= 0");
   if (!(c.cfg_scale >= 0) || !std::isfinite(c.cfg_scale))
     out.push_back("`--cfg-scale " + std::to_string(c.cfg_scale) + "` must be >= 0");
+  if (!(c.confidence_threshold >= 0) || c.confidence_threshold > 1)
+    out.push_back("`--confidence-threshold " + std::to_string(c.confidence_threshold) + "` must be in [0, 1]");
+  if (vocab <= 0) return out;  // the model is not known yet: structural checks only
   if (c.mask_token < 0 || c.mask_token >= vocab)
     out.push_back("the mask token " + std::to_string(c.mask_token) + " is outside the model's vocabulary [0, " +
                   std::to_string(vocab) + "); give `--mask-token-id`");
@@ -42,8 +45,6 @@ std::vector<std::string> sampler_config_problems(const SamplerConfig& c, int64_t
                   "), got " + std::to_string(c.eos_token) + " (the tokenizer has none: give `--eos-token-id`)");
   if (c.eos_token >= 0 && c.eos_token == c.mask_token)
     out.push_back("the EOS id equals the mask token " + std::to_string(c.mask_token));
-  if (!(c.confidence_threshold >= 0) || c.confidence_threshold > 1)
-    out.push_back("`--confidence-threshold " + std::to_string(c.confidence_threshold) + "` must be in [0, 1]");
   return out;
 }
 

@@ -56,7 +56,8 @@ struct SamplerConfig {
 };
 
 /// Every problem with `config` for a model of `vocab` logits, naming the flag
-/// (`--gen-length 100` is not a multiple of `--block-length 32`, ...). Empty = valid.
+/// (`--gen-length 100` is not a multiple of `--block-length 32`, ...). Empty = valid. With
+/// vocab <= 0 (model not loaded yet) only the checks that need no vocabulary.
 std::vector<std::string> sampler_config_problems(const SamplerConfig& config, int64_t vocab);
 
 struct GenerationRequest {
