@@ -146,6 +146,11 @@ int main(int argc, char** argv) {
     sc.mask_token = apps::inference_mask_token(cli, cfg, errors);
     const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
     sc.eos_token = cli.integer("--eos-token-id", tok ? tok->eod() : -1, errors);
+    if (!cli.has("--eos-token-id") && sc.eos_token >= 0 && sc.eos_token == sc.mask_token) {
+      std::cerr << "note: the tokenizer's end-of-document id " << sc.eos_token
+                << " is the mask token: not stopping at EOS (give --eos-token-id)\n";
+      sc.eos_token = -1;
+    }
     sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
     for (const std::string& p : sampler_config_problems(sc, model.vocab_size())) errors.push_back(p);
     const std::vector<Prompt> prompts = read_prompts(cli, tok.get(), errors);

@@ -43,7 +43,7 @@ std::vector<std::string> sampler_config_problems(const SamplerConfig& c, int64_t
   if ((c.stop_at_eos || c.logits_eos_inf) && (c.eos_token < 0 || c.eos_token >= vocab))
     out.push_back("stopping at EOS and `--logits-eos-inf` need an EOS id in [0, " + std::to_string(vocab) +
                   "), got " + std::to_string(c.eos_token) + " (the tokenizer has none: give `--eos-token-id`)");
-  if (c.eos_token >= 0 && c.eos_token == c.mask_token)
+  if ((c.stop_at_eos || c.logits_eos_inf) && c.eos_token >= 0 && c.eos_token == c.mask_token)
     out.push_back("the EOS id equals the mask token " + std::to_string(c.mask_token));
   return out;
 }
