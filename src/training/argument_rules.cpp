@@ -856,6 +856,12 @@ RunConfig build_run_config(const ArgState& a) {
   t.device = a.s("device") == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
   t.log_interval = as_int("log_interval");
   t.metrics_jsonl = a.s("metrics_jsonl");
+  t.tensorboard_dir = a.s("tensorboard_dir");
+  t.tensorboard_log_interval = as_int("tensorboard_log_interval");
+  t.log_timers_to_tensorboard = a.b("log_timers_to_tensorboard");
+  t.log_throughput = a.b("log_throughput");
+  t.log_memory_to_tensorboard = a.b("log_memory_to_tensorboard");
+  t.log_validation_ppl_to_tensorboard = a.b("log_validation_ppl_to_tensorboard");
   t.eval_interval = as_int("eval_interval");
   t.eval_iters = as_int("eval_iters");
   if (a.is_set("exit_interval")) t.exit_interval = a.i("exit_interval");

@@ -17,6 +17,7 @@
 #include "megadlm/training/flops.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/lr_schedule.h"
+#include "megadlm/training/tensorboard_writer.h"
 
 namespace megadlm {
 
@@ -35,6 +36,14 @@ std::string timestamp() {
   localtime_r(&now, &tm);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+// h:mm:ss for the estimated time left.
+std::string hms(double seconds) {
+  const long long s = std::max(0LL, static_cast<long long>(std::llround(seconds)));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
   return buf;
 }
 
@@ -139,6 +148,11 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
     MDLM_CHECK(probe.good(), "--metrics-jsonl ", cfg_.training.metrics_jsonl,
                ": cannot open the file for appending");
   }
+  const TrainingConfig& tc = cfg_.training;
+  if (!tc.tensorboard_dir.empty() && logging_rank())
+    tensorboard_ = std::make_unique<training::TrainingTensorBoard>(training::TensorBoardOptions{
+        tc.tensorboard_dir, tc.tensorboard_log_interval, tc.log_timers_to_tensorboard, tc.log_throughput,
+        tc.log_memory_to_tensorboard, tc.log_validation_ppl_to_tensorboard});
   load_checkpoint();
 }
 
@@ -232,6 +246,9 @@ void Trainer::evaluate_and_log(const SampleSource& data, const std::string& what
                            " | lm loss PPL: " + sci(std::exp(std::min(20.0, loss))) + " | ";
   const std::string rule(line.size() + 1, '-');
   log_ << rule << "\n" << line << "\n" << rule << std::endl;
+  if (tensorboard_)
+    tensorboard_->validation(std::string(key).rfind("test", 0) == 0 ? "test" : "validation", iteration_,
+                             consumed_samples_, loss);
   if (!cfg_.training.metrics_jsonl.empty()) {
     nlohmann::json j;
     j["iteration"] = iteration_;
@@ -418,6 +435,7 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
   const double tokens_per_s = static_cast<double>(cfg_.training.global_batch_size) *
                               cfg_.model.seq_length / (ms / 1e3);
   const double peak = peak_memory_gb(rt_);
+  const double eta_s = static_cast<double>(cfg_.training.train_iters - last.iteration) * ms / 1e3;
   std::ostringstream line;
   line << " [" << timestamp() << "]"
        << " iteration " << std::setw(8) << last.iteration << "/" << std::setw(8)
@@ -431,8 +449,11 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
        << " loss scale: 1.0 |"
        << " grad norm: " << std::setprecision(3) << last.grad_norm << " |"
        << " number of skipped iterations: " << std::setw(3) << skipped_iterations_ << " |"
-       << " number of nan iterations: " << std::setw(3) << nan_iterations_ << " |";
+       << " number of nan iterations: " << std::setw(3) << nan_iterations_ << " |"
+       // Not in Megatron's line: appended last so that parsers of its fields keep working.
+       << " estimated time left: " << hms(eta_s) << " |";
   log_ << line.str() << std::endl;
+  if (tensorboard_) tensorboard_->interval(last.iteration, ms / 1e3, tflops, peak * 1e9);
   if (!cfg_.training.metrics_jsonl.empty()) {
     nlohmann::json j;
     j["iteration"] = last.iteration;
@@ -445,6 +466,7 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
     j["tflops_per_gpu"] = tflops;
     j["mfu"] = tflops / kH200PeakTflops;
     j["peak_mem_gb"] = peak;
+    j["eta_s"] = eta_s;
     j["skipped_iterations"] = skipped_iterations_;
     j["nan_iterations"] = nan_iterations_;
     j["global_batch_size"] = cfg_.training.global_batch_size;
@@ -463,6 +485,9 @@ std::vector<IterationMetrics> Trainer::train() {
     IterationMetrics m = step();
     all.push_back(m);
     window.push_back(m);
+    if (tensorboard_)
+      tensorboard_->iteration(m.iteration, m.consumed_samples, m.lm_loss, m.lr, m.grad_norm,
+                              cfg_.training.global_batch_size);
     if (iteration_ % log_every == 0 || iteration_ == total) {
       log_interval(window);
       window.clear();

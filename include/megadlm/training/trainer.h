@@ -42,6 +42,9 @@ namespace megadlm {
 namespace checkpoint {
 class CheckpointWriter;
 }
+namespace training {
+class TrainingTensorBoard;
+}
 
 struct IterationMetrics {
   int64_t iteration = 0;         ///< 1-based, after the step
@@ -143,6 +146,7 @@ class Trainer {
   std::string loaded_from_;
   int64_t last_checkpoint_iteration_ = -1;  // iteration of the last persistent save or load
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
+  std::unique_ptr<training::TrainingTensorBoard> tensorboard_;  // --tensorboard-dir, rank 0
 };
 
 }  // namespace megadlm
