@@ -599,6 +599,14 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .default_value = "1000", .help = "TikToken special tokens."},
     {.name = "--tiktoken-special-tokens", .kind = K::StringList, .group = G::Data,
      .status = S::Ignored, .help = "TikToken special tokens."},
+    {.name = "--sft-data-path", .kind = K::StringList, .group = G::Data,
+     .help = "Supervised fine-tuning: JSONL files of {\"prompt\", \"response\"} (or \"messages\" "
+             "chats, or token ids) instead of --data-path; only response tokens are masked, responses "
+             "padded with EOS (docs/finetuning.md). Usually with --load CKPT --finetune."},
+    {.name = "--sft-chat-template", .kind = K::String, .group = G::Data, .default_value = "plain",
+     .choices = "plain llada",
+     .help = "How --sft-data-path records become prompt tokens: plain (the prompt text) or llada "
+             "(LLaDA's <|start_header_id|>role<|end_header_id|> chat format)."},
     {.name = "--reset-position-ids", .kind = K::StoreTrue, .group = G::Data,
      .help = "Restart position ids after each end-of-document token."},
     {.name = "--reset-attention-mask", .kind = K::StoreTrue, .group = G::Data,
@@ -807,6 +815,10 @@ constexpr FlagSpec kFlags[] = {
      .default_value = "exact_ratio", .choices = "exact_ratio inv_t inv_t_eps",
      .help = "Weight of a masked token's loss: exact_ratio = L / n_masked (MegaDLMs), inv_t = "
              "1/t, inv_t_eps = 1/((1-eps)t+eps) (LLaDA)."},
+    {.name = "--dlm-sft-loss-norm", .kind = K::String, .group = G::Diffusion,
+     .default_value = "answer_len", .choices = "answer_len token",
+     .help = "Supervised fine-tuning loss: answer_len = mean over samples of (sum of masked CE / p) / "
+             "answer length (LLaDA); token = that sum over all answer tokens of the batch."},
     {.name = "--dlm-min-masked", .kind = K::Int, .group = G::Diffusion, .default_value = "1",
      .help = "At least this many masked tokens per sequence."},
     {.name = "--dlm-t-sampling", .kind = K::String, .group = G::Diffusion, .default_value = "iid",

@@ -78,6 +78,9 @@ struct DataConfig {
   std::string tokenizer_model;
   std::string vocab_file;
   std::string merge_file;
+  /// --sft-data-path: supervised fine-tuning JSONL (data/sft_dataset.h); with --sft-chat-template.
+  std::vector<std::string> sft_data_path;
+  std::string sft_chat_template = "plain";
 };
 
 /// Checkpoint saving and loading (--save, --load, ...; docs/checkpoints.md).
