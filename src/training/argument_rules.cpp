@@ -532,8 +532,8 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   if (static_cast<int>(mock) + static_cast<int>(single_blend) + static_cast<int>(per_split) +
           static_cast<int>(sft) > 1)
     d.error("V-52", "give one data source: `--mock-data`, `--data-path` (or `--data-args-path`), "
-                    "the per-split `--train/valid/test-data-path` (or "
-                    "`--per-split-data-args-path`), or `--sft-data-path`");
+                    "`--sft-data-path`, or the per-split `--train/valid/test-data-path` (or "
+                    "`--per-split-data-args-path`)");
   if (sft && a.s("model_running_mode") == "vanilla")
     d.error("M-20", "`--sft-data-path` fine-tunes a masked-diffusion model: it needs "
                      "`--model-running-mode difflm-noshift`");

@@ -473,7 +473,6 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
     j["tflops_per_gpu"] = tflops;
     j["mfu"] = tflops / kH200PeakTflops;
     j["peak_mem_gb"] = peak;
-    j["eta_s"] = eta_s;
     j["skipped_iterations"] = skipped_iterations_;
     j["nan_iterations"] = nan_iterations_;
     j["global_batch_size"] = cfg_.training.global_batch_size;
