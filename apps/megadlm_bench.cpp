@@ -37,6 +37,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "megadlm/comm/bootstrap.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/core/philox.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
@@ -855,7 +856,7 @@ int run(int argc, char** argv) {
     else return usage(argv[0]);
   }
   if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "megadlm_bench: no CUDA device visible\n");
+    logging::error("megadlm_bench: no CUDA device visible");
     return 2;
   }
   g_seed = std::random_device{}();
@@ -1024,15 +1025,17 @@ int run_comm(int argc, char** argv) {
     else return usage(argv[0]);
   }
   if (mib < 1) {
-    std::fprintf(stderr, "megadlm_bench comm: --mib must be a positive number of MiB\n");
+    logging::error("megadlm_bench comm: --mib must be a positive number of MiB");
     return 2;
   }
   const comm::LaunchEnvironment env = comm::detect_launch_environment();
+  logging::Options log_options;
+  log_options.rank = env.rank;
+  logging::configure(log_options);
   if (env.world_size < 2 || !comm::nccl_compiled() || cuda_device_count() == 0) {
-    std::fprintf(stderr, "megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks "
-                         "(mpirun -np 2 %s comm); world size %d, NCCL %s, %d GPU(s) visible\n",
-                 argv[0], env.world_size, comm::nccl_compiled() ? "built" : "not built",
-                 cuda_device_count());
+    logging::error("megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks (mpirun -np 2 ", argv[0],
+                   " comm); world size ", env.world_size, ", NCCL ", comm::nccl_compiled() ? "built" : "not built",
+                   ", ", cuda_device_count(), " GPU(s) visible");
     return 2;
   }
   comm::DistributedRuntime runtime(env, comm::Transport::Nccl, std::chrono::minutes(10));
@@ -1041,7 +1044,7 @@ int run_comm(int argc, char** argv) {
   } catch (const std::exception& e) {
     // One rank's failure ends the job: its peers would wait in their next collective, and a
     // clean NCCL shutdown of this rank would wait for them (up to the 10-minute timeout).
-    std::fprintf(stderr, "megadlm_bench comm: rank %d: %s\n", env.rank, e.what());
+    logging::error("megadlm_bench comm: ", e.what());  // with the rank prefix
     runtime.abort_job(2);
   }
 }
@@ -1117,7 +1120,7 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "megadlm_bench: %s\n", e.what());
+    logging::error("megadlm_bench: ", e.what());
     return 2;
   }
 }

@@ -6,6 +6,7 @@
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
+#include "megadlm/parallel/tensor_parallel/vocab_parallel.h"
 
 namespace megadlm {
 
@@ -14,9 +15,10 @@ namespace {
 constexpr uint32_t kEmbeddingDropoutSite = 0xE0000000u;
 }  // namespace
 
-GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, TensorParallelLayout tp,
+GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, const ModelParallel& mp,
                    ModelChunkSpec chunk)
-    : cfg_(config), store_(store), tp_(tp), chunk_(chunk) {
+    : cfg_(config), store_(store), mp_(mp), chunk_(chunk) {
+  const ParallelGroup& tp = mp.tp;
   if (chunk_.num_layers < 0) chunk_.num_layers = config.num_layers - chunk_.first_layer;
   MDLM_CHECK(chunk_.first_layer >= 0 && chunk_.first_layer + chunk_.num_layers <= config.num_layers,
              "model chunk layers [", chunk_.first_layer, ", ", chunk_.first_layer + chunk_.num_layers,
@@ -33,7 +35,7 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, Tenso
     if (tied && !chunk_.head) store.set_pipeline_share(word_embeddings_, PipelineShare::Original);
     if (config.position_embedding_type == PositionEmbeddingType::LearnedAbsolute) {
       // Under SP each rank adds positions to its own rows: partial gradients.
-      const TpSlice pos{TpSplit::Replicated, tp.rank, tp.size, tp.sequence_parallel && tp.size > 1};
+      const TpSlice pos{TpSplit::Replicated, tp.rank, tp.size, mp.sequence_parallel};
       position_embeddings_ = store.add("embedding.position_embeddings.weight",
                                        {config.max_position_embeddings, config.hidden_size}, init,
                                        true, false, pos);
@@ -42,12 +44,12 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, Tenso
       embedding_handles_.push_back(h);
   }
   layers_.reserve(static_cast<size_t>(chunk_.num_layers));
-  for (int i = 0; i < chunk_.num_layers; ++i) layers_.emplace_back(cfg_, chunk_.first_layer + i, store, tp);
+  for (int i = 0; i < chunk_.num_layers; ++i) layers_.emplace_back(cfg_, chunk_.first_layer + i, store, mp);
   if (chunk_.head) {
     const int head_first = static_cast<int>(store.descs().size());
     final_norm_ = NormLayer(config.normalization, config.norm_epsilon, "decoder.final_layernorm",
                             config.hidden_size, store,
-                            TpSlice{TpSplit::Replicated, tp.rank, tp.size, tp.sequence_parallel && tp.size > 1});
+                            TpSlice{TpSplit::Replicated, tp.rank, tp.size, mp.sequence_parallel});
     if (!tied) {
       output_layer_ = store.add("output_layer.weight", {config.padded_vocab_size, config.hidden_size},
                                 init, true, false, vocab);
@@ -65,7 +67,7 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, Tenso
 }
 
 int64_t GptModel::hidden_rows(int64_t tokens) const {
-  return tp_.sequence_parallel && tp_.size > 1 ? tp::shard_rows(tokens, tp_.size) : tokens;
+  return mp_.local_rows(tokens);
 }
 
 std::vector<std::pair<int, int>> GptModel::units() const {
@@ -87,17 +89,11 @@ bool GptModel::recomputed(size_t unit) const {
 Tensor GptModel::embed(const MicroBatch& mb, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
-  const bool sp = tp_.sequence_parallel && tp_.size > 1;
-  const int64_t shard_offset = sp ? tp::shard_rows(t, tp_.size) * tp_.rank : 0;
+  const bool sp = mp_.sequence_parallel;
   if (rt.hooks) rt.hooks->params_needed(embedding_handles_);
-  // Vocab-parallel lookup: ids outside this rank's rows give zero rows; the sum over TP is the
-  // embedding (reduce-scattered to this rank's rows under SP).
-  Tensor x = Tensor::empty({t, cfg_.hidden_size}, rt.dtype, s);
-  ops::embedding_forward(store_.param(word_embeddings_), mb.input_ids, x, vocab_start_, s);
-  x = sp ? tp::scatter_rows(x, rt.tp, s) : x;
-  if (!sp) tp::all_reduce(x, rt.tp, s);
+  Tensor x = tp::vocab_parallel_embedding(store_.param(word_embeddings_), mb.input_ids, vocab_start_, mp_, s);
   if (position_embeddings_ >= 0) {
-    Tensor positions = sp ? tp::shard_of(mb.positions.view({t, 1}), rt.tp, s).view({x.rows()})
+    Tensor positions = sp ? tp::shard_of(mb.positions.view({t, 1}), mp_.tp.get(), s).view({x.rows()})
                           : mb.positions;
     Tensor pos = Tensor::empty(x.shape(), rt.dtype, s);
     ops::embedding_forward(store_.param(position_embeddings_), positions, pos, 0, s);
@@ -107,7 +103,7 @@ Tensor GptModel::embed(const MicroBatch& mb, const ModelRuntime& rt) const {
   if (p > 0) {
     Tensor zeros = Tensor::zeros(x.shape(), x.dtype(), s);
     ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
-                       .sample_offset = mb.first_sample, .row_offset = shard_offset};
+                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t)};
     ops::dropout_add_forward(x, zeros, x, d, s);
   }
   return x;
@@ -116,24 +112,21 @@ Tensor GptModel::embed(const MicroBatch& mb, const ModelRuntime& rt) const {
 void GptModel::embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
-  const bool sp = tp_.sequence_parallel && tp_.size > 1;
-  const int64_t shard_offset = sp ? tp::shard_rows(t, tp_.size) * tp_.rank : 0;
+  const bool sp = mp_.sequence_parallel;
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
   if (p > 0) {
     ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
-                       .sample_offset = mb.first_sample, .row_offset = shard_offset};
+                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t)};
     ops::dropout_backward(dx, dx, d, s);
   }
   if (position_embeddings_ >= 0) {
-    Tensor positions = sp ? tp::shard_of(mb.positions.view({t, 1}), rt.tp, s).view({dx.rows()})
+    Tensor positions = sp ? tp::shard_of(mb.positions.view({t, 1}), mp_.tp.get(), s).view({dx.rows()})
                           : mb.positions;
     Tensor dpe = store_.grad(position_embeddings_);
     ops::embedding_backward(positions, dx, dpe, 0, s);
   }
-  // The vocab-parallel lookup's backward needs every row's gradient on every rank.
-  Tensor dx_full = sp ? tp::gather_rows(dx, t, rt.tp, s) : dx;
   Tensor dwe = store_.grad(word_embeddings_);
-  ops::embedding_backward(mb.input_ids, dx_full, dwe, vocab_start_, s);
+  tp::vocab_parallel_embedding_backward(mb.input_ids, dx, dwe, vocab_start_, mp_, s);
   if (rt.hooks) rt.hooks->grads_ready(embedding_handles_);
 }
 
@@ -141,16 +134,15 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
                             Tensor& loss_sum, float grad_scale, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
-  const bool sp = tp_.sequence_parallel && tp_.size > 1;
   if (rt.hooks) rt.hooks->params_needed(head_handles_);
   Tensor h = final_norm_.forward(x, rec.final_norm, s);
-  rec.final_out = sp ? tp::gather_rows(h, t, rt.tp, s) : h;
+  rec.final_out = mp_.sequence_parallel ? tp::gather_rows(h, t, mp_.tp.get(), s) : h;
   h = Tensor();
-  const int64_t local_vocab = cfg_.padded_vocab_size / tp_.size;
+  const int64_t local_vocab = cfg_.padded_vocab_size / mp_.tp.size;
   Tensor logits = Tensor::empty({t, local_vocab}, rt.dtype, s);
   ops::gemm(rec.final_out, store_.param(output_layer_), logits, {.trans_b = true}, s);
   rec.losses = Tensor::empty({t}, rt.stat_dtype(), s);
-  if (tp_.size == 1) {
+  if (!mp_.tp.enabled()) {
     if (grad_scale > 0) {
       ops::cross_entropy_forward_backward(logits, mb.labels, mb.loss_weights, rec.losses,
                                           grad_scale, s);
@@ -159,18 +151,8 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
       rec.logits = logits;
     }
   } else {
-    // Vocab-parallel cross-entropy: global row max, then the global sum of exponentials and the
-    // target's logit, each an all-reduce of one number per token.
-    Tensor row_max = Tensor::empty({t}, rt.stat_dtype(), s);
-    Tensor sum_exp = Tensor::empty({t}, rt.stat_dtype(), s);
-    Tensor target_logit = Tensor::empty({t}, rt.stat_dtype(), s);
-    ops::cross_entropy_shard_max(logits, row_max, s);
-    rt.tp->all_reduce(row_max, comm::ReduceOp::Max, s);
-    ops::cross_entropy_shard_stats(logits, mb.labels, vocab_start_, row_max, sum_exp, target_logit, s);
-    rt.tp->all_reduce(sum_exp, comm::ReduceOp::Sum, s);
-    rt.tp->all_reduce(target_logit, comm::ReduceOp::Sum, s);
-    ops::cross_entropy_shard_finish(logits, mb.labels, vocab_start_, row_max, sum_exp, target_logit,
-                                    mb.loss_weights, rec.losses, grad_scale > 0 ? grad_scale : 0.0f, s);
+    tp::vocab_parallel_cross_entropy(logits, mb.labels, mb.loss_weights, rec.losses,
+                                     grad_scale > 0 ? grad_scale : 0.0f, vocab_start_, mp_, s);
   }
   if (grad_scale > 0) rec.dlogits = logits;
   ops::dot(rec.losses, mb.loss_weights, loss_sum, s);
@@ -178,20 +160,19 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
 
 Tensor GptModel::head_backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
-  const bool sp = tp_.sequence_parallel && tp_.size > 1;
   MDLM_CHECK(rec.dlogits.defined(), "GptModel::backward without a training forward");
+  (void)mb;
   // Output layer (column-parallel over the vocabulary): dW_out += dlogits^T h; dh sums over TP.
   Tensor dw = store_.grad(output_layer_);
   ops::gemm(rec.dlogits, rec.final_out, dw, {.trans_a = true, .beta = 1.0f}, s);
   Tensor dh = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
   ops::gemm(rec.dlogits, store_.param(output_layer_), dh, {}, s);
   rec.dlogits = rec.final_out = Tensor();
-  if (sp) {
-    dh = tp::scatter_rows(dh, rt.tp, s);
+  if (mp_.sequence_parallel) {
+    dh = tp::scatter_rows(dh, mp_.tp.get(), s);
   } else {
-    tp::all_reduce(dh, rt.tp, s);
+    tp::all_reduce(dh, mp_.tp.get(), s);
   }
-  (void)mb;
   Tensor dx = final_norm_.backward(dh, rec.final_norm, s);
   if (rt.hooks) rt.hooks->grads_ready(head_handles_);
   return dx;
@@ -223,7 +204,7 @@ Tensor GptModel::forward(const MicroBatch& mb, const Tensor& input, ModelRecord&
 }
 
 Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt) const {
-  MDLM_CHECK(chunk_.embedding && chunk_.head && tp_.size == 1,
+  MDLM_CHECK(chunk_.embedding && chunk_.head && !mp_.tp.enabled(),
              "GptModel::logits_at needs the whole model on one tensor-parallel rank");
   const Stream& s = rt.stream;
   Tensor x = embed(mb, rt);

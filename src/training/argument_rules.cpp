@@ -428,7 +428,9 @@ void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
   // V-51 / C-11
   if (c.ep > 1) {
     if (!moe)
-      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") + " needs `--num-experts`");
+      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") +
+                                " needs `--num-experts` (a multiple of " + num(c.ep) +
+                                ", so that the EP ranks hold equal shares of the experts)");
     else if (a.i("num_experts") % c.ep != 0)
       d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not divide " +
                           a.flag_value("num_experts") + "; valid: " +
@@ -535,10 +537,10 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
                     "`--sft-data-path`, or the per-split `--train/valid/test-data-path` (or "
                     "`--per-split-data-args-path`)");
   if (sft && a.s("model_running_mode") == "vanilla")
-    d.error("M-20", "`--sft-data-path` fine-tunes a masked-diffusion model: it needs "
+    d.error("M-21", "`--sft-data-path` fine-tunes a masked-diffusion model: it needs "
                      "`--model-running-mode difflm-noshift`");
   if (sft && a.s("tokenizer_type").empty())
-    d.error("M-21", "`--sft-data-path` needs `--tokenizer-type` (responses end with its end-of-document "
+    d.error("M-22", "`--sft-data-path` needs `--tokenizer-type` (responses end with its end-of-document "
                      "token; NullTokenizer takes token ids as text)");
   // V-16
   if (data_path && data_args)
@@ -652,7 +654,7 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
                          num(padded - 1));
   }
   // D-5 (difflm-noshift ⇒ pp = cp = 1 and no SP) is deliberately not enforced: megadlm keeps the
-  // fixed length S for difflm-noshift (ARCHITECTURE.md, compatibility decisions), so pipeline,
+  // fixed length S for difflm-noshift (docs/architecture.md, compatibility decisions), so pipeline,
   // context and sequence splits stay divisible.
   // D-6: packed (THD) batches.
   if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {

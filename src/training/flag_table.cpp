@@ -35,6 +35,11 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--num-layers-per-virtual-pipeline-stage", .kind = K::Int, .group = G::Parallel,
      .help = "Layers per virtual pipeline chunk (interleaved 1F1B): "
              "vpp = (num-layers / pp) / value."},
+    {.name = "--virtual-pipeline-model-parallel-size", .kind = K::Int, .group = G::Parallel,
+     .help = "Virtual pipeline stages per pipeline rank (interleaved 1F1B; Megatron-Core's "
+             "virtual_pipeline_model_parallel_size); the same as "
+             "--num-virtual-stages-per-pipeline-rank. Must divide the layers per pipeline stage "
+             "and agree with --num-layers-per-virtual-pipeline-stage when both are given."},
     {.name = "--microbatch-group-size-per-virtual-pipeline-stage", .kind = K::Int, .group = G::Parallel,
      .dest = "microbatch_group_size_per_vp_stage",
      .help = "Contiguous micro-batches per virtual stage in the interleaved schedule.",
@@ -157,7 +162,8 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .help = "Initialise parameters differently on each data-parallel rank.",
      .hint = "megadlm initialises weights by global element index, identically on every rank"},
     {.name = "--num-virtual-stages-per-pipeline-rank", .kind = K::Int, .group = G::Parallel,
-     .status = S::NotYet, .help = "(upstream) Virtual pipeline stages per rank."},
+     .help = "(upstream) Virtual pipeline stages per pipeline rank; the same as "
+             "--virtual-pipeline-model-parallel-size."},
     {.name = "--pipeline-model-parallel-layout", .kind = K::String, .group = G::Parallel,
      .status = S::NotYet, .help = "(upstream) Explicit layer-to-stage layout."},
 
@@ -767,8 +773,10 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--wandb-resume", .kind = K::String, .group = G::Logging, .status = S::Ignored,
      .default_value = "auto", .help = "Weights & Biases knob.",
      .hint = "megadlm has no network logging: nothing is sent to Weights & Biases; use --tensorboard-dir or --metrics-jsonl"},
-    {.name = "--logging-level", .kind = K::Int, .group = G::Logging, .status = S::Ignored,
-     .help = "Python logging level."},
+    {.name = "--logging-level", .kind = K::Int, .group = G::Logging,
+     .help = "Megatron's Python logging level, mapped onto --log-level: 10 or below debug, up to 20 "
+             "info, up to 30 warning, above 30 error.",
+     .default_doc = "None (--log-level decides)"},
 
     // ---------------------------------------------------------------- diffusion LM (§2.7, diffusion-lm.md §8)
     {.name = "--model-running-mode", .kind = K::String, .group = G::Diffusion,
@@ -841,6 +849,15 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--world-size", .kind = K::Int, .group = G::Megadlm,
      .help = "World size to validate with --dry-run (a real launch takes it from the launcher).",
      .default_doc = "the launcher's world size"},
+    {.name = "--log-level", .kind = K::String, .group = G::Megadlm, .default_value = "info",
+     .choices = "trace debug info warning error",
+     .help = "Least severe diagnostic message written (stderr and --log-dir files); Megatron's "
+             "record (arguments, iteration lines) is always printed."},
+    {.name = "--log-all-ranks", .kind = K::StoreTrue, .group = G::Megadlm,
+     .help = "Every rank writes its messages to stderr, each line from rank r > 0 prefixed "
+             "`[rank r] ` (default: rank 0 only; errors always come from every rank)."},
+    {.name = "--log-dir", .kind = K::String, .group = G::Megadlm,
+     .help = "Each rank also appends its messages to DIR/rank_<r>.log (created if needed)."},
     {.name = "--help", .kind = K::StoreTrue, .group = G::Megadlm, .help = "Print this help and exit."},
     {.name = "--help-markdown", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Print the flag reference as Markdown (docs/flags.md) and exit."},

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <functional>
 #include "training/rules_common.h"
 
 namespace megadlm::training::detail {
@@ -96,7 +97,10 @@ void resolve_world(ArgState& a, Ctx& c, Diagnostics& d) {
                        a.flag_value("tensor_model_parallel_size") + ", " +
                        a.flag_value("pipeline_model_parallel_size") + ", " +
                        a.flag_value("context_parallel_size") + "); valid world sizes: multiples of " +
-                       num(model_size));
+                       num(model_size) +
+                       (c.dry_run ? " (e.g. `--world-size " + num(model_size) + "`)" : "") +
+                       "; valid for world size " + num(c.world) + ": sizes whose product tp·pp·cp "
+                       "divides it (" + divisors_text(c.world) + ")");
   } else {
     c.dense_ok = true;
     c.dp = c.world / model_size;
@@ -169,6 +173,60 @@ void check_tensor_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
 
 // ------------------------------------------------------------- context parallelism (V-9, V-10, V-35, …)
 
+namespace {
+
+/// ", e.g. `--hierarchical-context-parallel-sizes 1 2` or `2 1`": up to three ordered ways to
+/// write `cp` as `levels` level sizes (those with fewer levels of size 1 first).
+std::string hierarchical_cp_examples(int64_t cp, size_t levels) {
+  if (levels == 0 || levels > 8) return "";
+  std::vector<std::vector<int64_t>> found;
+  std::vector<int64_t> sizes;
+  const std::function<void(int64_t)> split = [&](int64_t rest) {
+    if (found.size() >= 64) return;  // enough to pick three from
+    if (sizes.size() + 1 == levels) {
+      sizes.push_back(rest);
+      found.push_back(sizes);
+      sizes.pop_back();
+      return;
+    }
+    for (int64_t f = 1; f <= rest && found.size() < 64; ++f) {
+      if (rest % f != 0) continue;
+      sizes.push_back(f);
+      split(rest / f);
+      sizes.pop_back();
+    }
+  };
+  split(cp);
+  auto ones = [](const std::vector<int64_t>& v) { return std::count(v.begin(), v.end(), 1); };
+  std::stable_sort(found.begin(), found.end(),
+                   [&](const auto& x, const auto& y) { return ones(x) < ones(y); });
+  found.resize(std::min<size_t>(found.size(), 3));
+  std::string out;
+  for (size_t i = 0; i < found.size(); ++i) {
+    std::string text;
+    for (int64_t v : found[i]) {
+      if (!text.empty()) text += ' ';
+      text += num(v);
+    }
+    if (i == 0) out += ", e.g. `--hierarchical-context-parallel-sizes " + text + "`";
+    else out += (i + 1 == found.size() ? " or `" : ", `") + text + "`";
+  }
+  return out;
+}
+
+/// "; or `--context-parallel-size 8` to match these levels": the CP size the given levels
+/// describe, with whether the world size fits it.
+std::string cp_size_for_levels(const Ctx& c, int64_t product) {
+  const std::string flag = "`--context-parallel-size " + num(product) + "`";
+  const int64_t model_size = c.tp * c.pp * product;
+  if (c.world % model_size == 0) return "; or " + flag + " to match these levels";
+  return "; " + flag + " would match these levels but needs tp·pp·cp = " + num(c.tp) + "·" +
+         num(c.pp) + "·" + num(product) + " = " + num(model_size) + " to divide the " +
+         c.world_text();
+}
+
+}  // namespace
+
 void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   std::vector<std::string> types = a.strings("cp_comm_type");
   for (std::string& t : types)
@@ -190,7 +248,9 @@ void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("V-9", a.flag_value("hierarchical_context_parallel_sizes") + " multiply to " +
                          (product > kMaxParallelSize ? "more than " + num(kMaxParallelSize)
                                                      : num(product)) + ", not to " + a.flag_value("context_parallel_size") +
-                         "; valid: sizes whose product is " + num(c.cp));
+                         "; valid: level sizes whose product is " + num(c.cp) +
+                         hierarchical_cp_examples(c.cp, hier.size()) +
+                         (product <= kMaxParallelSize ? cp_size_for_levels(c, product) : ""));
   }
   const bool a2a_p2p = std::find(types.begin(), types.end(), "a2a+p2p") != types.end();
   // V-10
@@ -242,6 +302,131 @@ void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
 
 // ------------------------------------------------------------ pipeline (V-18…V-20, G-2, R-1, R-3)
 
+namespace {
+
+// The interleaved schedule's size has three spellings: layers per virtual stage (Megatron's
+// --num-layers-per-virtual-pipeline-stage) or virtual stages per pipeline rank (Megatron-Core's
+// config field virtual_pipeline_model_parallel_size, and upstream Megatron-LM's
+// --num-virtual-stages-per-pipeline-rank). Any of them may be given; given together they must
+// describe the same split.
+struct VirtualStageFlags {
+  bool layers = false;  ///< --num-layers-per-virtual-pipeline-stage
+  std::vector<const char*> stages;  ///< dests of the given virtual-stages-per-rank spellings
+  bool any() const { return layers || !stages.empty(); }
+  /// The given flags with their values, for messages.
+  std::string text(const ArgState& a) const {
+    std::string out = layers ? a.flag_value("num_layers_per_virtual_pipeline_stage") : "";
+    for (const char* dest : stages) out += (out.empty() ? "" : " and ") + a.flag_value(dest);
+    return out;
+  }
+};
+
+VirtualStageFlags virtual_stage_flags(const ArgState& a) {
+  VirtualStageFlags f;
+  f.layers = a.is_set("num_layers_per_virtual_pipeline_stage");
+  for (const char* dest : {"virtual_pipeline_model_parallel_size", "num_virtual_stages_per_pipeline_rank"})
+    if (a.is_set(dest)) f.stages.push_back(dest);
+  return f;
+}
+
+// M-2 for each given value, and V-19 for two virtual-stages spellings that disagree. Returns
+// false when a value is unusable (later checks would divide by it).
+bool check_virtual_stage_values(const ArgState& a, const VirtualStageFlags& f, Diagnostics& d) {
+  bool ok = true;
+  std::vector<const char*> dests(f.stages);
+  if (f.layers) dests.push_back("num_layers_per_virtual_pipeline_stage");
+  for (const char* dest : dests) {
+    if (a.i(dest) >= 1 && a.i(dest) <= kMaxParallelSize) continue;
+    d.error("M-2", a.flag_value(dest) + " must be between 1 and " + num(kMaxParallelSize));
+    ok = false;
+  }
+  if (ok && f.stages.size() == 2 && a.i(f.stages[0]) != a.i(f.stages[1])) {
+    d.error("V-19", a.flag_value(f.stages[0]) + " and " + a.flag_value(f.stages[1]) +
+                        " are two spellings of the virtual pipeline stages per rank and disagree; "
+                        "give one of them, or the same value to both");
+    ok = false;
+  }
+  return ok;
+}
+
+/// "; with `--virtual-pipeline-model-parallel-size 4`: 7": the pipeline sizes that also split
+/// `L` layers into whole virtual stages (added to V-18's message when virtual stages are given).
+std::string pipeline_sizes_for_virtual_stages(const ArgState& a, int64_t L) {
+  const VirtualStageFlags f = virtual_stage_flags(a);
+  if (!f.any() || L <= 0) return "";
+  const int64_t n = f.layers ? a.i("num_layers_per_virtual_pipeline_stage") : 0;
+  const int64_t v = f.stages.empty() ? 0 : a.i(f.stages[0]);
+  if ((f.layers && n < 1) || (!f.stages.empty() && v < 1)) return "";  // M-2 reports it
+  // A pipeline size p fits when each stage's L/p layers make whole chunks: n layers each, or
+  // v chunks (both: exactly v chunks of n). V-19 also needs p > 1 (p > 2 without p2p overlap).
+  std::vector<int64_t> divisors;
+  for (int64_t q = 1; q * q <= L; ++q) {
+    if (L % q != 0) continue;
+    divisors.push_back(q);
+    if (q != L / q) divisors.push_back(L / q);
+  }
+  std::sort(divisors.begin(), divisors.end());
+  std::string sizes;
+  for (int64_t p : divisors) {
+    if (p < (a.b("overlap_p2p_comm") ? 2 : 3)) continue;
+    const int64_t per_stage = L / p;
+    const bool fits = (!f.layers || per_stage % n == 0) && (v == 0 || per_stage % v == 0) &&
+                      (!f.layers || v == 0 || per_stage == n * v);
+    if (fits) sizes += (sizes.empty() ? "" : ", ") + num(p);
+  }
+  return "; with " + f.text(a) + ": " + (sizes.empty() ? std::string("none") : sizes);
+}
+
+// V-19: the virtual stages per rank, from whichever spellings were given, for `per_stage` layers
+// on each pipeline stage (`per_stage_text` says where that number comes from). 0 on error.
+int64_t resolve_virtual_stages(const ArgState& a, const VirtualStageFlags& f, int64_t per_stage,
+                               const std::string& per_stage_text, Diagnostics& d) {
+  if (!check_virtual_stage_values(a, f, d)) return 0;
+  const std::string where = "the " + num(per_stage) + " layers per pipeline stage (" +
+                            per_stage_text + ")";
+  int64_t from_layers = 0, from_stages = 0;
+  if (f.layers) {
+    const int64_t n = a.i("num_layers_per_virtual_pipeline_stage");
+    if (per_stage % n != 0)
+      d.error("V-19", a.flag_value("num_layers_per_virtual_pipeline_stage") + " does not divide " +
+                          where + "; valid: " + divisors_text(per_stage));
+    else
+      from_layers = per_stage / n;
+  }
+  if (!f.stages.empty()) {
+    const int64_t v = a.i(f.stages[0]);
+    if (per_stage % v != 0)
+      d.error("V-19", a.flag_value(f.stages[0]) + " does not divide " + where +
+                          " into whole virtual stages; valid: " + divisors_text(per_stage));
+    else
+      from_stages = v;
+  }
+  if (!f.layers) return from_stages;
+  if (f.stages.empty()) return from_layers;
+  if (from_layers == 0 || from_stages == 0) return 0;  // reported above
+  if (from_layers != from_stages) {
+    const std::string stages_flag = a.flag(f.stages[0]);
+    const std::string layers_flag = a.flag("num_layers_per_virtual_pipeline_stage");
+    auto pair = [&](int64_t v) {
+      return stages_flag.substr(0, stages_flag.size() - 1) + " " + num(v) + "` with " +
+             layers_flag.substr(0, layers_flag.size() - 1) + " " + num(per_stage / v) + "`";
+    };
+    d.error("V-19", a.flag_value(f.stages[0]) + " disagrees with " +
+                        a.flag_value("num_layers_per_virtual_pipeline_stage") + ": " + where +
+                        " split into " + num(from_stages) + " virtual stages give " +
+                        num(per_stage / from_stages) +
+                        (per_stage / from_stages == 1 ? " layer" : " layers") +
+                        " per virtual stage, not " + num(per_stage / from_layers) +
+                        "; values that agree: " +
+                        pair(from_layers) + ", or " + pair(from_stages) +
+                        " (or give only one of the two flags)");
+    return 0;
+  }
+  return from_stages;
+}
+
+}  // namespace
+
 void check_pipeline(ArgState& a, Ctx& c, Diagnostics& d) {
   if (!c.sizes_ok) return;
   const bool standalone = a.b("standalone_embedding_stage");
@@ -268,7 +453,7 @@ void check_pipeline(ArgState& a, Ctx& c, Diagnostics& d) {
                           a.flag_value("pipeline_model_parallel_size") +
                           (standalone ? " − 1 (standalone embedding stage)" : "") +
                           "; valid pipeline sizes: " + divisors_text(L) +
-                          (standalone ? " (plus one)" : ""));
+                          (standalone ? " (plus one)" : "") + pipeline_sizes_for_virtual_stages(a, L));
   } else if (c.num_layers > 0) {
     // uneven split.
     const int64_t f = a.i("decoder_first_pipeline_num_layers");
@@ -292,11 +477,12 @@ void check_pipeline(ArgState& a, Ctx& c, Diagnostics& d) {
                        "; they must divide evenly");
     }
   }
-  // V-19 / G-2: interleaved schedule.
+  // V-19 / G-2: interleaved schedule, sized by layers per virtual stage or by virtual stages
+  // per rank (see resolve_virtual_stages).
+  const VirtualStageFlags vflags = virtual_stage_flags(a);
   const bool overlap_p2p = a.b("overlap_p2p_comm");
-  if (a.is_set("num_layers_per_virtual_pipeline_stage")) {
-    const int64_t n = a.i("num_layers_per_virtual_pipeline_stage");
-    const std::string nv = a.flag_value("num_layers_per_virtual_pipeline_stage");
+  if (vflags.any()) {
+    const std::string nv = vflags.text(a);
     if (overlap_p2p && c.pp <= 1)
       d.error("V-19, G-2", nv + " needs " + a.flag_value("pipeline_model_parallel_size") + " > 1");
     if (!overlap_p2p && c.pp <= 2)
@@ -305,17 +491,11 @@ void check_pipeline(ArgState& a, Ctx& c, Diagnostics& d) {
     if (first || last)
       d.error("R-3", nv + " cannot be combined with an uneven pipeline split "
                      "(`--decoder-first/last-pipeline-num-layers`)");
-    if (n < 1) {
-      d.error("M-2", nv + " must be >= 1");
-    } else if (c.num_layers > 0 && L % c.transformer_pp == 0) {
-      const int64_t per_stage = L / c.transformer_pp;
-      if (per_stage % n != 0)
-        d.error("V-19", nv + " does not divide the " + num(per_stage) + " layers per pipeline stage (" +
-                            layers_text + " / " + a.flag_value("pipeline_model_parallel_size") +
-                            "); valid: " + divisors_text(per_stage));
-      else
-        c.vpp = per_stage / n;
-    }
+    if (c.num_layers > 0 && L % c.transformer_pp == 0)
+      c.vpp = resolve_virtual_stages(a, vflags, L / c.transformer_pp,
+                                     layers_text + " / " + a.flag_value("pipeline_model_parallel_size"), d);
+    else
+      check_virtual_stage_values(a, vflags, d);
   } else {
     // V-20: without virtual stages there is nothing to overlap or align.
     a.set("overlap_p2p_comm", false);
@@ -459,12 +639,9 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   // Megatron-FSDP's sharding strategies map onto what megadlm runs: no_shard = DDP, optim and
   // optim_grads = the distributed optimizer (gradients reduce-scattered, optimizer state sharded;
   // the fp32 accumulation buffer stays full size), optim_grads_params = FSDP (not yet).
+  // optim_grads_params is reported by check_support.
   const std::string strategy = a.s("data_parallel_sharding_strategy");
   const bool fsdp = a.b("use_custom_fsdp");
-  if (fsdp && strategy == "optim_grads_params")
-    d.unsupported(a.flag_value("data_parallel_sharding_strategy") +
-                  " with `--use-custom-fsdp`: sharding the parameters (FSDP) is not supported yet "
-                  "by megadlm; use `optim` or `optim_grads` (see docs/roadmap.md)");
   if (!fsdp && a.was_given("data_parallel_sharding_strategy"))
     d.warn(a.flag_value("data_parallel_sharding_strategy") +
               " has effect only with `--use-custom-fsdp` (`--use-megatron-fsdp`); without it use "
@@ -528,9 +705,19 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
                        "accumulation fusion and `--wgrad-deferral-limit` >= 0");
 }
 
-// ------------------------------------- what this single-process build cannot run (not supported yet)
+// ------------------------------------------ parallel features that validate but do not run yet
+//
+// The dry-run / real-run split: everything here is a *valid* layout that this build cannot train
+// yet. Each item goes to Diagnostics::not_supported, which `--dry-run` reports next to the printed
+// layout (exit 0) and a real run refuses (parse_arguments throws ConfigError). Rule violations go
+// to Diagnostics::errors instead and refuse both. When a dimension lands (the CP, EP and FSDP
+// issues), its row goes from here.
 
 void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
+  if (a.b("use_custom_fsdp") && a.s("data_parallel_sharding_strategy") == "optim_grads_params")
+    d.unsupported(a.flag_value("data_parallel_sharding_strategy") +
+                  " with `--use-custom-fsdp`: sharding the parameters (FSDP) is not supported yet "
+                  "by megadlm; use `optim` or `optim_grads` (see docs/roadmap.md)");
   if (!c.sizes_ok) return;
   const char* suffix = " is not supported yet by megadlm (data, tensor and pipeline parallelism "
                        "are; see docs/roadmap.md)";

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include "megadlm/core/logging.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/training_state.h"
@@ -84,30 +85,30 @@ void Trainer::save_checkpoint(bool non_persistent) {
   const std::string dir = non_persistent ? ck.non_persistent_save_dir() : ck.save;
   MDLM_CHECK(!dir.empty(), non_persistent ? "a rolling save without --save or --non-persistent-global-ckpt-dir"
                                           : "save_checkpoint() without a --save directory");
-  if (!ckpt_writer_) ckpt_writer_ = std::make_unique<checkpoint::CheckpointWriter>(world_, rt_.stream);
+  if (!ckpt_writer_) ckpt_writer_ = std::make_unique<checkpoint::CheckpointWriter>(pm_->world, pm_->runtime.stream);
   // Who writes: each element of the optimizer state once. Without the distributed optimizer
   // every data-parallel rank holds everything and rank 0 of the group writes; with it every
   // rank writes its shard, in the first distributed-optimizer instance only.
   const bool writer = cfg_.parallel.use_distributed_optimizer
-                          ? (!dist_opt_inter_ || dist_opt_inter_->rank() == 0)
-                          : (!dp_group_ || dp_group_->rank() == 0);
+                          ? (!pm_->dist_opt_inter || pm_->dist_opt_inter->rank() == 0)
+                          : (!pm_->grad_group || pm_->grad_group->rank() == 0);
   if (logging_rank())
     log_ << "saving " << (non_persistent ? "non-persistent " : "") << "checkpoint at iteration "
          << iter_text(iteration_) << " to " << dir << (ck.async_save ? " (asynchronously)" : "") << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
   checkpoint::StateSnapshot snap =
-      checkpoint::snapshot_state(store_, *optimizer_, writer, ck.save_optim, rt_.stream);
+      checkpoint::snapshot_state(pm_->store, *pm_->optimizer, writer, ck.save_optim, pm_->runtime.stream);
   checkpoint::CheckpointState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_samples_;
-  st.optimizer_steps = optimizer_->steps();
+  st.optimizer_steps = pm_->optimizer->steps();
   st.skipped_iterations = skipped_iterations_;
   st.nan_iterations = nan_iterations_;
   st.has_optimizer = ck.save_optim;
   if (ck.save_rng) st.rng_seed = cfg_.training.seed;
   st.run_config_json = checkpoint::run_config_to_json(cfg_);
   st.model_args = training::checkpoint_model_args(cfg_);
-  st.saved_under = layout_text(cfg_, dp_group_ ? dp_group_->size() : 1);
+  st.saved_under = layout_text(cfg_, pm_->grad_group ? pm_->grad_group->size() : 1);
   st.created_by = "megadlm pretrain_difflm";
   const std::string tag = std::to_string(iteration_);
   std::function<void()> after_commit;
@@ -124,9 +125,7 @@ void Trainer::save_checkpoint(bool non_persistent) {
         }
       } catch (const std::exception& e) {
         // The new checkpoint is safe; a stale one left behind is only disk space.
-        if (logging_rank())
-          log_ << "WARNING: could not remove older non-persistent checkpoints in " << dir << ": "
-               << e.what() << std::endl;
+        logging::warn("could not remove older non-persistent checkpoints in ", dir, ": ", e.what());
       }
     };
   }
@@ -172,7 +171,7 @@ bool Trainer::checkpoint_boundary() {
     const double minutes =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time_).count() / 60.0;
     if (tc.exit_duration_in_mins && minutes > static_cast<double>(*tc.exit_duration_in_mins)) verdict = std::max(verdict, 2.0);
-    verdict = world_max(world_.get(), rt_.stream, verdict);
+    verdict = world_max(pm_->world.get(), pm_->runtime.stream, verdict);
     if (verdict == 1) why = "stop requested (SIGTERM or SIGUSR1)";
     if (verdict == 2) why = "--exit-duration-in-mins " + std::to_string(*tc.exit_duration_in_mins);
   }
@@ -200,8 +199,8 @@ void Trainer::load_checkpoint() {
   const CheckpointConfig& ck = cfg_.checkpoint;
   if (ck.load.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
-  const Stream& s = rt_.stream;
-  comm::Communicator* world = world_.get();
+  const Stream& s = pm_->runtime.stream;
+  comm::Communicator* world = pm_->world.get();
   // Every rank reads the same files; agree() turns one rank's failure into everyone's error.
   std::optional<std::string> dir;
   std::unique_ptr<checkpoint::CheckpointReader> reader;
@@ -244,9 +243,8 @@ void Trainer::load_checkpoint() {
     if (ck.exit_on_missing_checkpoint)
       MDLM_FAIL("--load ", ck.load, " holds no checkpoint (no ", checkpoint::kLatestFileName,
                 ") and --exit-on-missing-checkpoint is set");
-    if (logging_rank())
-      log_ << "WARNING: could not find a checkpoint in --load " << ck.load << " (no "
-           << checkpoint::kLatestFileName << "): training starts from scratch" << std::endl;
+    logging::warn("could not find a checkpoint in --load ", ck.load, " (no ", checkpoint::kLatestFileName,
+              "): training starts from scratch");
     return;
   }
   const checkpoint::CheckpointState& st = reader->index().state;
@@ -267,7 +265,7 @@ void Trainer::load_checkpoint() {
     for (const checkpoint::ConfigMismatch& m : checkpoint::compare_run_configs(*saved, cfg_, !resume)) {
       const std::string line = m.field + ": checkpoint " + m.saved + ", this run " + m.current;
       if (m.fatal) problems.push_back(line);
-      else if (logging_rank()) log_ << "WARNING: checkpoint differs from this run in " << line << std::endl;
+      else logging::warn("checkpoint differs from this run in ", line);
     }
   }
   if (problems.empty()) {
@@ -344,14 +342,14 @@ void Trainer::load_checkpoint() {
   reader->verify_files(reader->files_with(prefixes), world, s);
   error.clear();
   try {
-    checkpoint::load_state(*reader, store_, *optimizer_, load_optim, s);
+    checkpoint::load_state(*reader, pm_->store, *pm_->optimizer, load_optim, s);
   } catch (const std::exception& e) {
     error = e.what();
   }
   checkpoint::agree(world, s, error, "loading checkpoint " + *dir);
-  optimizer_->set_steps(load_optim ? st.optimizer_steps : 0);
-  dp_->start_param_gather();  // distributed optimizer: every rank's shard of the new weights
-  dp_->finish_param_gather();
+  pm_->optimizer->set_steps(load_optim ? st.optimizer_steps : 0);
+  pm_->data_parallel->start_param_gather();  // distributed optimizer: every rank's shard of the new weights
+  pm_->data_parallel->finish_param_gather();
   s.synchronize();
   if (resume) {
     iteration_ = st.iteration;
@@ -361,11 +359,10 @@ void Trainer::load_checkpoint() {
     last_checkpoint_iteration_ = iteration_;
     // The RNG state is the seed: every random number is a function of (seed, global position).
     if (ck.load_rng && st.rng_seed && *st.rng_seed != cfg_.training.seed) {
-      if (logging_rank())
-        log_ << "WARNING: using the checkpoint's seed " << *st.rng_seed << " instead of --seed "
-             << cfg_.training.seed << " (its RNG state; --no-load-rng keeps --seed)" << std::endl;
+      logging::warn("using the checkpoint's seed ", *st.rng_seed, " instead of --seed ", cfg_.training.seed,
+                " (its RNG state; --no-load-rng keeps --seed)");
       cfg_.training.seed = *st.rng_seed;
-      rt_.seed = *st.rng_seed;
+      pm_->runtime.seed = *st.rng_seed;
     }
   }
   loaded_from_ = *dir;

@@ -15,6 +15,7 @@
 #include "megadlm/training/trainer.h"
 #include "support/op_testing.h"
 #include "support/scratch.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 using test::TempDir;
@@ -23,35 +24,15 @@ namespace fs = std::filesystem;
 namespace {
 
 RunConfig run(DeviceKind device, int64_t iters) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 2;
-  m.hidden_size = 256;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 64;
-  m.ffn_hidden_size = 512;
-  m.seq_length = 128;
-  m.max_position_embeddings = 128;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.vocab_size = 500;
-  m.padded_vocab_size = 512;
-  m.hidden_dropout = 0.1f;
-  m.attention_dropout = 0.0f;
+  RunConfig r = test::tiny_run({.hidden = 256, .kv_channels = 64, .ffn = 512, .seq = 128, .vocab = 512}, iters);
+  r.model.vocab_size = 500;  // padded to 512
+  r.model.hidden_dropout = 0.1f;
   r.diffusion.mask_token = 499;
   r.optimizer.lr = 1e-3f;
   r.optimizer.lr_warmup_iters = 1;
-  r.optimizer.lr_decay_iters = iters;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.training.micro_batch_size = 2;
+  r.optimizer.weight_decay = 0.01f;  // Megatron's defaults
+  r.optimizer.clip_grad = 1.0f;
   r.training.global_batch_size = 4;
-  r.training.train_iters = iters;
-  r.training.log_interval = 1000;
   r.training.bf16 = device == DeviceKind::Cuda;
   r.training.device = device;
   return r;

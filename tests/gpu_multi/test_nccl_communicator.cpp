@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <cstdio>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "support/comm_checks.h"
 #include "support/spmd.h"
 

@@ -3,7 +3,7 @@
 #include "support/comm_checks.h"
 #include <gtest/gtest.h>
 #include <algorithm>
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/parallel/rank_layout.h"
 
 namespace megadlm::test {
@@ -261,26 +261,29 @@ void check_split_even_odd(Communicator& c, const Stream& s) {
 void check_process_groups(const std::shared_ptr<Communicator>& world, const Stream& s,
                           const ParallelConfig& config) {
   using parallel::GroupKind;
-  const comm::ProcessGroups pg = comm::ProcessGroups::build(world, config);
+  const parallel::ProcessGroups pg = parallel::ProcessGroups::build(world, config);
   const parallel::RankLayout layout = parallel::RankLayout::build(config);
   const int me = world->rank();
   EXPECT_EQ(pg.world, world);
   struct Kind {
     GroupKind kind;
-    std::shared_ptr<Communicator> comm::ProcessGroups::*slot;
+    std::shared_ptr<Communicator> parallel::ProcessGroups::*slot;
     const char* name;  ///< ProcessGroups' name for it (shared groups list several, '='-joined)
   };
   const Kind kinds[] = {
-      {GroupKind::Tp, &comm::ProcessGroups::tp, "tp"},
-      {GroupKind::Cp, &comm::ProcessGroups::cp, "cp"},
-      {GroupKind::Dp, &comm::ProcessGroups::dp, "dp"},
-      {GroupKind::DpCp, &comm::ProcessGroups::dp_cp, "dp-cp"},
-      {GroupKind::Pp, &comm::ProcessGroups::pp, "pp"},
-      {GroupKind::TpPp, &comm::ProcessGroups::model_parallel, "tp-pp"},
-      {GroupKind::TpCp, &comm::ProcessGroups::tp_cp, "tp-cp"},
-      {GroupKind::Embedding, &comm::ProcessGroups::embedding, "embedding"},
-      {GroupKind::DistOptIntra, &comm::ProcessGroups::dist_opt_intra, "dist-opt-intra"},
-      {GroupKind::DistOptInter, &comm::ProcessGroups::dist_opt_inter, "dist-opt-inter"},
+      {GroupKind::Tp, &parallel::ProcessGroups::tp, "tp"},
+      {GroupKind::Cp, &parallel::ProcessGroups::cp, "cp"},
+      {GroupKind::Dp, &parallel::ProcessGroups::dp, "dp"},
+      {GroupKind::DpCp, &parallel::ProcessGroups::dp_cp, "dp-cp"},
+      {GroupKind::Pp, &parallel::ProcessGroups::pp, "pp"},
+      {GroupKind::TpPp, &parallel::ProcessGroups::model_parallel, "tp-pp"},
+      {GroupKind::TpCp, &parallel::ProcessGroups::tp_cp, "tp-cp"},
+      {GroupKind::Embedding, &parallel::ProcessGroups::embedding, "embedding"},
+      {GroupKind::DistOptIntra, &parallel::ProcessGroups::dist_opt_intra, "dist-opt-intra"},
+      {GroupKind::DistOptInter, &parallel::ProcessGroups::dist_opt_inter, "dist-opt-inter"},
+      {GroupKind::ExpertEp, &parallel::ProcessGroups::ep, "ep"},
+      {GroupKind::ExpertTp, &parallel::ProcessGroups::expert_tp, "expert-tp"},
+      {GroupKind::ExpertDp, &parallel::ProcessGroups::expert_dp, "expert-dp"},
   };
   for (const auto& [kind, slot, kname] : kinds) {
     const std::shared_ptr<Communicator>& g = pg.*slot;
@@ -309,6 +312,16 @@ void check_process_groups(const std::shared_ptr<Communicator>& world, const Stre
     g->all_gather(mine, all, s);
     g->synchronize(s);
     EXPECT_EQ(read_tensor(all, s), want) << "all_gather of global ranks over '" << g->name() << "'";
+  }
+  // Hierarchical context parallelism: one group per level.
+  ASSERT_EQ(static_cast<int>(pg.hierarchical_cp.size()), layout.num_hierarchical_cp_levels());
+  for (int l = 0; l < layout.num_hierarchical_cp_levels(); ++l) {
+    const std::shared_ptr<Communicator>& g = pg.hierarchical_cp[static_cast<size_t>(l)];
+    const std::vector<int>& members = layout.hierarchical_cp_group_of(l, me);
+    ASSERT_NE(g, nullptr) << "hierarchical cp level " << l;
+    EXPECT_EQ(g->size(), static_cast<int>(members.size())) << "hierarchical cp level " << l;
+    for (int i = 0; i < g->size(); ++i)
+      EXPECT_EQ(g->global_rank(i), members[static_cast<size_t>(i)]) << "level " << l << " member " << i;
   }
 }
 

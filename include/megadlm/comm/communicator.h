@@ -104,4 +104,13 @@ class Communicator {
 
 const char* reduce_op_name(ReduceOp op);
 
+/// Collective over `parent`: cuts it into the groups of `partition` (disjoint lists of ranks of
+/// `parent`; each list is its group's members in rank order) and returns this rank's group, named
+/// `name`, or null when this rank is in none of the lists. Every rank must pass the same
+/// partition. A partition made only of one-rank groups needs no communication: each listed rank
+/// gets a local one-rank communicator.
+std::shared_ptr<Communicator> split_by_members(Communicator& parent,
+                                               const std::vector<std::vector<int>>& partition,
+                                               const std::string& name);
+
 }  // namespace megadlm::comm

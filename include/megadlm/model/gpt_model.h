@@ -16,9 +16,8 @@
 // gradients are summed over the embedding group, so they stay identical.
 //
 // Tensor parallelism: the word embedding and the output layer are split over the padded
-// vocabulary (vocab-parallel); the cross-entropy is computed from the logit shards with three
-// small all-reduces (row max, sum of exponentials, target logit) instead of gathering logits.
-// Every TP rank ends with the same per-token losses.
+// vocabulary (parallel/tensor_parallel/vocab_parallel.h); the cross-entropy is computed from the
+// logit shards without gathering logits. Every TP rank ends with the same per-token losses.
 //
 // Activation recomputation (TransformerConfig::recompute_*): recomputed layers keep only their
 // input in forward and re-run forward inside backward; dropout masks are keyed by coordinates, so
@@ -26,10 +25,12 @@
 #pragma once
 #include <vector>
 #include "megadlm/model/micro_batch.h"
+#include "megadlm/model/model_runtime.h"
 #include "megadlm/model/norm_layer.h"
-#include "megadlm/model/parameter_store.h"
 #include "megadlm/model/transformer_config.h"
 #include "megadlm/model/transformer_layer.h"
+#include "megadlm/parallel/model_parallel.h"
+#include "megadlm/parallel/parameter_store.h"
 
 namespace megadlm {
 
@@ -53,11 +54,14 @@ struct ModelRecord {
 
 class GptModel {
  public:
-  GptModel(const TransformerConfig& config, ParameterStore& store, TensorParallelLayout tp = {},
-           ModelChunkSpec chunk = {});
+  /// Registers this rank's slices of the chunk's parameters; `mp`: the model-parallel groups
+  /// (kept for the model's lifetime).
+  GptModel(const TransformerConfig& config, ParameterStore& store,
+           const ModelParallel& mp = ModelParallel::single(), ModelChunkSpec chunk = {});
 
   const TransformerConfig& config() const { return cfg_; }
   const ModelChunkSpec& chunk() const { return chunk_; }
+  const ModelParallel& model_parallel() const { return mp_; }
 
   /// Forward of this chunk. `input`: the previous stage's hidden states [rows, H] (ignored when
   /// the chunk has the embedding). With the head, adds sum_t loss_weights[t] * CE_t into
@@ -100,7 +104,7 @@ class GptModel {
 
   TransformerConfig cfg_;
   ParameterStore& store_;
-  TensorParallelLayout tp_;
+  ModelParallel mp_;
   ModelChunkSpec chunk_;
   int64_t vocab_start_ = 0;             // first vocabulary row of this rank's shard
   ParameterStore::Handle word_embeddings_ = -1, position_embeddings_ = -1, output_layer_ = -1;

@@ -1,7 +1,7 @@
 // A RMSNorm or LayerNorm with its parameters in the store (weight, and bias for LayerNorm).
 #pragma once
 #include <string>
-#include "megadlm/model/parameter_store.h"
+#include "megadlm/parallel/parameter_store.h"
 #include "megadlm/model/transformer_config.h"
 
 namespace megadlm {

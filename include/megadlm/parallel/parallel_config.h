@@ -20,8 +20,9 @@ struct ParallelConfig {
   int expert_tensor_parallel_size = 1;   ///< --expert-tensor-parallel-size (resolved: defaults to tp)
   int data_parallel_size = 1;            ///< derived: world / (tp * pp * cp)
   int expert_data_parallel_size = 1;     ///< derived: world / (etp * ep * pp)
-  /// Virtual pipeline chunks per rank (0 = not interleaved); derived from
-  /// --num-layers-per-virtual-pipeline-stage.
+  /// Virtual pipeline chunks per rank (0 = not interleaved): --virtual-pipeline-model-parallel-size
+  /// or --num-virtual-stages-per-pipeline-rank, or derived from
+  /// --num-layers-per-virtual-pipeline-stage (they must agree when several are given).
   int virtual_pipeline_model_parallel_size = 0;
   int microbatch_group_size_per_vp_stage = 0;  ///< resolved: defaults to pp
   std::optional<int> decoder_first_pipeline_num_layers;

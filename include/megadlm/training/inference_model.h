@@ -11,7 +11,7 @@
 #include <vector>
 #include "megadlm/diffusion/sampler.h"
 #include "megadlm/model/gpt_model.h"
-#include "megadlm/model/parameter_store.h"
+#include "megadlm/parallel/parameter_store.h"
 #include "megadlm/training/training_config.h"
 
 namespace megadlm::training {

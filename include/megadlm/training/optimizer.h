@@ -6,16 +6,10 @@
 #pragma once
 #include <cstdint>
 #include <vector>
-#include "megadlm/model/parameter_store.h"
+#include "megadlm/parallel/parameter_store.h"
 #include "megadlm/training/training_config.h"
 
 namespace megadlm {
-
-/// A range [begin, end) of flat elements and where it sits in the compact optimizer buffers.
-struct OwnedRange {
-  int64_t begin = 0, end = 0;
-  int64_t compact_offset = 0;
-};
 
 class AdamWOptimizer {
  public:

@@ -2,16 +2,20 @@
 // gradient accumulation, global loss normalisation, clipping, AdamW with Megatron's LR schedule,
 // and Megatron-style logging plus JSON-lines metrics.
 //
+// The layout (model chunks, store, data-parallel wrapper, optimizer, groups) is built by
+// training/parallelize; the lines and metrics rows are written by training/training_log.
 // One iteration (global batch of G samples; each of the D data-parallel ranks runs
 // M = G / (B * D) micro-batches of B samples, rank r taking samples [r*B, (r+1)*B) of every
-// block of B*D consecutive samples, as Megatron's sampler does):
+// block of B*D consecutive samples, as Megatron's sampler does: parallel/data_parallel/
+// data_shard.h):
 //   1. build this rank's M host micro-batches (noise is a pure function of the global sample
 //      index); N = loss tokens of the whole global batch (all-reduced over DP)
-//   2. run the pipeline schedule (parallel/pipeline_parallel/schedule.h; one stage: forward
+//   2. run the pipeline schedule (parallel/pipeline_parallel/executor.h; one stage: forward
 //      then backward per micro-batch): forwards through the fused loss with grad_scale = 1/N,
 //      backwards accumulating fp32 main grads, activations and their gradients exchanged with
 //      the neighbouring stages; DP buckets reduce as they finish
-//   3. lm loss = sum over all ranks of weighted CE / N (the same number the gradient is of)
+//   3. lm loss = sum over the gradient group (dp×cp) of weighted CE / N (the same number the
+//      gradient is of)
 //   4. grad norm over all main grads, each element once; non-finite -> the step is skipped (and
 //      with --check-for-nan-in-loss-and-grad, the run stops with an error naming the iteration)
 //   5. clip (clip_grad / (norm + 1e-6) when < 1), AdamW on fp32 masters with lr(iteration-1),
@@ -28,34 +32,19 @@
 #include <memory>
 #include <string>
 #include <vector>
-#include "megadlm/comm/process_groups.h"
 #include "megadlm/data/sample_source.h"
 #include "megadlm/diffusion/forward_process.h"
-#include "megadlm/model/gpt_model.h"
-#include "megadlm/model/parameter_store.h"
-#include "megadlm/parallel/data_parallel/data_parallel.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/training/optimizer.h"
+#include "megadlm/training/parallelize.h"
 #include "megadlm/training/training_config.h"
+#include "megadlm/training/training_log.h"
 
 namespace megadlm {
 
 namespace checkpoint {
 class CheckpointWriter;
 }
-namespace training {
-class TrainingTensorBoard;
-}
-
-struct IterationMetrics {
-  int64_t iteration = 0;         ///< 1-based, after the step
-  int64_t consumed_samples = 0;
-  double lm_loss = 0;            ///< this iteration's loss
-  double grad_norm = 0;          ///< before clipping
-  double lr = 0;                 ///< as Megatron logs it: lr(iteration)
-  double elapsed_ms = 0;         ///< wall time of this iteration
-  bool skipped = false;          ///< update not applied (non-finite gradients)
-  bool nan = false;
-};
 
 class Trainer {
  public:
@@ -64,7 +53,7 @@ class Trainer {
   /// With config.checkpoint.load, the checkpoint is verified and loaded here (collective), so a
   /// damaged or mismatched checkpoint fails before the first step.
   Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> data, std::ostream& log,
-          const comm::ProcessGroups* groups = nullptr);
+          const parallel::ProcessGroups* groups = nullptr);
   ~Trainer();
 
   /// Held-out data for --eval-interval evaluations and the final validation / test pass (either
@@ -80,10 +69,12 @@ class Trainer {
   std::vector<IterationMetrics> train();
 
   int64_t iteration() const { return iteration_; }
-  const ParameterStore& parameters() const { return store_; }
-  const AdamWOptimizer& optimizer() const { return *optimizer_; }
+  const ParameterStore& parameters() const { return pm_->store; }
+  const AdamWOptimizer& optimizer() const { return *pm_->optimizer; }
   const RunConfig& config() const { return cfg_; }
-  const ModelRuntime& runtime() const { return rt_; }
+  const ModelRuntime& runtime() const { return pm_->runtime; }
+  /// This rank's part of the model and its groups (training/parallelize.h).
+  const ParallelModel& parallel_model() const { return *pm_; }
 
   // --- checkpoints (docs/checkpoints.md; implemented in trainer_checkpoint.cpp) ---
   /// Asked at every iteration boundary when set (for SIGTERM/SIGUSR1 handlers): true on any
@@ -106,6 +97,7 @@ class Trainer {
   void finish_checkpoints(bool exiting = false);
   void log_interval(const std::vector<IterationMetrics>& window);
   void log_peak_memory_per_stage();
+  std::string startup_summary() const;
   /// Runs the pipeline schedule over this rank's micro-batches: training (grad_scale > 0,
   /// forwards and backwards, gradients accumulated) or evaluation (grad_scale 0, forwards only).
   /// The loss of the last stage is added into loss_sum.
@@ -116,23 +108,23 @@ class Trainer {
   /// This rank's micro-batches of the global batch starting at sample `first`.
   std::vector<HostMicroBatch> host_micro_batches(const SampleSource& data, int64_t first,
                                                  const BatchContext& ctx, double& local_tokens) const;
-  /// Sum over the data-parallel group of a host value (identity on one rank).
-  double dp_sum(double local);
-  bool logging_rank() const { return rank_ == 0; }
+  /// Sum of a host value over `group` (identity on one rank or a null group).
+  double sum_over(const std::shared_ptr<comm::Communicator>& group, double local);
+  /// Over the data group: sums of whole-sample quantities (the loss-token normaliser).
+  double data_sum(double local) { return sum_over(pm_->data_group, local); }
+  /// Over the gradient group (dp×cp): sums of what each rank computed of its own share (the
+  /// loss numerator).
+  double grad_sum(double local) { return sum_over(pm_->grad_group, local); }
+  /// The loss of the last pipeline stage, summed into every stage.
+  void sum_loss_over_pipeline(Tensor& loss_sum);
+  bool logging_rank() const { return pm_->rank == 0; }
 
   RunConfig cfg_;
   std::shared_ptr<const SampleSource> data_;
   std::shared_ptr<const SampleSource> valid_, test_;
   std::ostream& log_;
-  ModelRuntime rt_;
-  ParameterStore store_;
-  std::vector<std::unique_ptr<GptModel>> models_;  // this rank's pipeline chunks (1 without VPP)
-  std::shared_ptr<comm::Communicator> pp_group_;
-  int pp_rank_ = 0, pp_size_ = 1;
-  std::shared_ptr<comm::Communicator> dp_group_;
-  std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<AdamWOptimizer> optimizer_;
-  int rank_ = 0;
+  std::unique_ptr<ParallelModel> pm_;
+  TrainingLog training_log_;
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   int64_t adam_steps_ = 0;
@@ -140,13 +132,11 @@ class Trainer {
   int64_t nan_iterations_ = 0;
   double flops_per_iteration_ = 0;
   // Checkpoints.
-  std::shared_ptr<comm::Communicator> world_, dist_opt_inter_;
   std::unique_ptr<checkpoint::CheckpointWriter> ckpt_writer_;
   std::function<bool()> stop_requested_;
   std::string loaded_from_;
   int64_t last_checkpoint_iteration_ = -1;  // iteration of the last persistent save or load
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
-  std::unique_ptr<training::TrainingTensorBoard> tensorboard_;  // --tensorboard-dir, rank 0
 };
 
 }  // namespace megadlm

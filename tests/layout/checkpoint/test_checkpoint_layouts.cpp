@@ -15,11 +15,12 @@
 #include <filesystem>
 #include <sstream>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/trainer.h"
 #include "support/spmd.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 namespace fs = std::filesystem;
@@ -53,38 +54,9 @@ class SharedTempDir {
 };
 
 RunConfig tiny_run(int dp, bool dist_opt, int64_t iters) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 2;
-  m.hidden_size = 64;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 16;
-  m.ffn_hidden_size = 128;
-  m.seq_length = 32;
-  m.max_position_embeddings = 32;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.vocab_size = m.padded_vocab_size = 128;
-  m.hidden_dropout = 0.1f;
-  m.attention_dropout = 0.0f;
-  r.diffusion.mask_token = 127;
+  RunConfig r = test::tiny_run({}, iters);
+  r.model.hidden_dropout = 0.1f;
   r.diffusion.varilen_prob = 0.2f;
-  r.optimizer.lr = 3e-3f;
-  r.optimizer.lr_warmup_iters = 2;
-  r.optimizer.lr_decay_iters = iters;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.optimizer.weight_decay = 0.1f;
-  r.optimizer.clip_grad = 0.5f;
-  r.training.micro_batch_size = 2;
-  r.training.global_batch_size = 8;
-  r.training.train_iters = iters;
-  r.training.log_interval = 1000;
-  r.training.device = DeviceKind::Cpu;
   r.parallel.world_size = dp;
   r.parallel.data_parallel_size = dp;
   r.parallel.use_distributed_optimizer = dist_opt;
@@ -97,18 +69,18 @@ RunConfig tiny_run(int dp, bool dist_opt, int64_t iters) {
 // A job on `world` (all ranks, or a half) with its own process groups.
 struct Job {
   std::shared_ptr<comm::Communicator> world;
-  std::unique_ptr<comm::ProcessGroups> groups;
+  std::unique_ptr<parallel::ProcessGroups> groups;
   Job(std::shared_ptr<comm::Communicator> w, const ParallelConfig& p)
-      : world(std::move(w)), groups(std::make_unique<comm::ProcessGroups>(comm::ProcessGroups::build(world, p))) {}
+      : world(std::move(w)), groups(std::make_unique<parallel::ProcessGroups>(parallel::ProcessGroups::build(world, p))) {}
 };
 
-std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, const comm::ProcessGroups* groups) {
+std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   auto data = std::make_shared<MockGptDataset>(128, 32, 127);
   static std::ostringstream log;  // rank 0's log lines are not looked at here
   return std::make_unique<Trainer>(cfg, data, log, groups);
 }
 
-std::vector<IterationMetrics> train(const RunConfig& cfg, const comm::ProcessGroups* groups) {
+std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   return make_trainer(cfg, groups)->train();
 }
 

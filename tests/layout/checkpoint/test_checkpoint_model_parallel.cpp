@@ -15,11 +15,12 @@
 #include <filesystem>
 #include <sstream>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/trainer.h"
 #include "support/spmd.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 namespace fs = std::filesystem;
@@ -77,39 +78,13 @@ constexpr int kGlobalBatch = 8;
 // The tiny diffusion LM of tests/layout/pipeline_parallel, with tied embeddings (so the last
 // stage holds a copy of the word embedding) and every source of randomness on.
 RunConfig tiny_run(const Layout& l, int world) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 8;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 8;
-  m.ffn_hidden_size = 64;
-  m.seq_length = 16;
-  m.max_position_embeddings = 16;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = false;
-  m.vocab_size = m.padded_vocab_size = 64;
-  m.hidden_dropout = 0.1f;
-  m.attention_dropout = 0.1f;
-  r.diffusion.mask_token = 63;
+  RunConfig r = test::tiny_run(test::TinyShape::small(8), kIters);
+  r.model.untie_embeddings_and_output_weights = false;
+  r.model.hidden_dropout = r.model.attention_dropout = 0.1f;
   r.diffusion.varilen_prob = 0.3f;
-  r.optimizer.lr = 3e-3f;
-  r.optimizer.lr_warmup_iters = 2;
-  r.optimizer.lr_decay_iters = kIters;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.optimizer.weight_decay = 0.1f;
-  r.optimizer.clip_grad = 0.5f;
   r.training.micro_batch_size = 1;
   r.training.global_batch_size = kGlobalBatch;
-  r.training.train_iters = kIters;
-  r.training.log_interval = 1000;
   r.training.eval_iters = 0;
-  r.training.device = DeviceKind::Cpu;
   r.parallel.world_size = world;
   r.parallel.tensor_model_parallel_size = l.tp;
   r.parallel.pipeline_model_parallel_size = l.pp;
@@ -123,9 +98,9 @@ RunConfig tiny_run(const Layout& l, int world) {
 // A layout's job on the whole world, or (world 1) a single process on every rank.
 struct Job {
   RunConfig cfg;
-  std::unique_ptr<comm::ProcessGroups> groups;
+  std::unique_ptr<parallel::ProcessGroups> groups;
   Job(const Layout& l, int world) : cfg(tiny_run(l, world)) {
-    if (world > 1) groups = std::make_unique<comm::ProcessGroups>(comm::ProcessGroups::build(runtime().world_shared(), cfg.parallel));
+    if (world > 1) groups = std::make_unique<parallel::ProcessGroups>(parallel::ProcessGroups::build(runtime().world_shared(), cfg.parallel));
   }
   std::unique_ptr<Trainer> trainer(const RunConfig& c) const {
     static std::ostringstream log;

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <functional>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "support/comm_checks.h"
 #include "support/spmd.h"
 
@@ -145,6 +145,21 @@ TEST_F(MpiWorld, ProcessGroupsOfCp2MatchTheRankLayout) {
   check_process_groups(world_shared(), stream_, layout_config(size(), 1, 1, 2));
 }
 
+TEST_F(MpiWorld, ProcessGroupsOfHierarchicalCp4MatchTheRankLayout) {
+  if (size() % 4 != 0) GTEST_SKIP() << "cp = 4 needs a multiple of 4 ranks";
+  ParallelConfig c = layout_config(size(), 1, 1, 4);
+  c.hierarchical_context_parallel_sizes = {2, 2};
+  check_process_groups(world_shared(), stream_, c);
+}
+
+TEST_F(MpiWorld, ProcessGroupsOfExpertParallelMatchTheRankLayout) {
+  if (size() % 2 != 0) GTEST_SKIP() << "ep = 2 needs an even world";
+  ParallelConfig c = layout_config(size(), 1, 1, 1);
+  c.expert_model_parallel_size = 2;
+  c.expert_data_parallel_size = size() / 2;
+  check_process_groups(world_shared(), stream_, c);
+}
+
 TEST_F(MpiWorld, ProcessGroupsOfDeepPipelineLeaveMiddleStagesOutOfTheEmbeddingGroup) {
   if (size() < 3) GTEST_SKIP() << "needs 3 or more ranks";
   check_process_groups(world_shared(), stream_, layout_config(size(), 1, size(), 1));
@@ -157,12 +172,17 @@ TEST_F(MpiWorld, ProcessGroupsOfTwoDistributedOptimizerInstances) {
 
 TEST_F(MpiWorld, ProcessGroupsShareCommunicatorsOfCoincidingGroups) {
   if (size() < 2) GTEST_SKIP() << "needs 2 or more ranks (one-rank groups are never shared)";
-  // tp = pp = cp = 1: dp, dp-cp and the distributed-optimizer group are the whole world and
-  // share one communicator; tp, cp, pp, tp-pp and tp-cp are one-rank groups.
-  const comm::ProcessGroups pg = comm::ProcessGroups::build(world_shared(), layout_config(size(), 1, 1, 1));
+  // tp = pp = cp = 1 without experts: dp, dp-cp, the distributed-optimizer group and the
+  // expert-dp group are the whole world and share one communicator; tp, cp, pp, tp-pp, tp-cp,
+  // ep and expert-tp are one-rank groups.
+  const parallel::ProcessGroups pg = parallel::ProcessGroups::build(world_shared(), layout_config(size(), 1, 1, 1));
   EXPECT_EQ(pg.dp, pg.dp_cp);
   EXPECT_EQ(pg.dp, pg.dist_opt_intra);
-  EXPECT_EQ(pg.dp->name(), "dp=dp-cp=dist-opt-intra");
+  EXPECT_EQ(pg.dp, pg.expert_dp);
+  EXPECT_EQ(pg.dp->name(), "dp=dp-cp=dist-opt-intra=expert-dp");
+  EXPECT_EQ(pg.ep->size(), 1);
+  EXPECT_EQ(pg.expert_tp->size(), 1);
+  EXPECT_TRUE(pg.hierarchical_cp.empty());
   EXPECT_EQ(pg.dp->size(), size());
   EXPECT_EQ(pg.tp->size(), 1);
   EXPECT_EQ(pg.tp->global_rank(0), world().rank());
@@ -170,7 +190,7 @@ TEST_F(MpiWorld, ProcessGroupsShareCommunicatorsOfCoincidingGroups) {
 }
 
 TEST_F(MpiWorld, ProcessGroupsRejectAConfigForAnotherWorldSize) {
-  expect_error([&] { comm::ProcessGroups::build(world_shared(), layout_config(2 * size(), 2, 1, 1)); },
+  expect_error([&] { parallel::ProcessGroups::build(world_shared(), layout_config(2 * size(), 2, 1, 1)); },
                {"world communicator", std::to_string(size())});
 }
 

@@ -7,10 +7,11 @@
 #include <cmath>
 #include <sstream>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/trainer.h"
 #include "support/spmd.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 
@@ -26,39 +27,14 @@ struct Layout {
 };
 
 RunConfig tiny_run(const Layout& l, int world) {
-  RunConfig r;
+  RunConfig r = test::tiny_run(test::TinyShape::small(8), 10);
   TransformerConfig& m = r.model;
-  m.num_layers = 8;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 8;
-  m.ffn_hidden_size = 64;
-  m.seq_length = 16;
-  m.max_position_embeddings = 16;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
   m.untie_embeddings_and_output_weights = l.untied;
-  m.vocab_size = m.padded_vocab_size = 64;
-  m.hidden_dropout = 0.1f;
-  m.attention_dropout = 0.1f;
+  m.hidden_dropout = m.attention_dropout = 0.1f;
   m.recompute_granularity = l.recompute;
   m.recompute_num_layers = 1;
-  r.diffusion.mask_token = 63;
   r.diffusion.varilen_prob = 0.3f;  // micro-batches of different lengths cross the stages
-  r.optimizer.lr = 3e-3f;
-  r.optimizer.lr_warmup_iters = 2;
-  r.optimizer.lr_decay_iters = 10;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.optimizer.weight_decay = 0.1f;
-  r.optimizer.clip_grad = 0.5f;
   r.training.micro_batch_size = 1;
-  r.training.train_iters = 10;
-  r.training.log_interval = 1000;
-  r.training.device = DeviceKind::Cpu;
   const int dp = world / (l.pp * l.tp);
   r.training.global_batch_size = 4 * dp;  // 4 micro-batches per rank: M % pp == 0 for VPP
   r.parallel.world_size = world;
@@ -75,7 +51,7 @@ RunConfig tiny_run(const Layout& l, int world) {
   return r;
 }
 
-std::vector<IterationMetrics> train(const RunConfig& cfg, const comm::ProcessGroups* groups) {
+std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   auto data = std::make_shared<MockGptDataset>(64, 16, 63);
   std::ostringstream log;
   Trainer t(cfg, data, log, groups);
@@ -88,7 +64,7 @@ void expect_same_as_single_process(const Layout& l) {
   if (world % (l.pp * l.tp) != 0 || world < l.pp * l.tp)
     GTEST_SKIP() << "needs a world size multiple of pp " << l.pp << " x tp " << l.tp;
   const RunConfig cfg = tiny_run(l, world);
-  comm::ProcessGroups groups = comm::ProcessGroups::build(rt.world_shared(), cfg.parallel);
+  parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
   const auto split = train(cfg, &groups);
   Layout one;
   one.pp = 1;

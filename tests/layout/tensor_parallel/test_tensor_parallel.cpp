@@ -8,10 +8,11 @@
 #include <cmath>
 #include <sstream>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/trainer.h"
 #include "support/spmd.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 
@@ -29,47 +30,14 @@ struct Variant {
 };
 
 RunConfig tiny_run(const Variant& v, int world) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 2;
-  m.hidden_size = 64;
-  m.num_attention_heads = 4;
-  m.num_query_groups = v.query_groups;
-  m.kv_channels = 16;
-  m.ffn_hidden_size = 128;
-  m.seq_length = 30;  // 2 x 30 = 60 rows: not a multiple of 4 (exercises SP padding)
-  m.max_position_embeddings = 32;
-  m.untie_embeddings_and_output_weights = v.untied;
-  m.vocab_size = m.padded_vocab_size = 128;
-  m.hidden_dropout = 0.1f;
-  m.attention_dropout = 0.1f;
-  if (v.gpt_style) {
-    m.position_embedding_type = PositionEmbeddingType::LearnedAbsolute;
-    m.normalization = NormType::LayerNorm;
-    m.activation = MlpActivation::Gelu;
-    m.add_bias_linear = m.add_qkv_bias = true;
-    m.attention_mask = AttentionMaskType::Causal;
-    r.diffusion.mode = RunningMode::Vanilla;
-  } else {
-    m.position_embedding_type = PositionEmbeddingType::Rope;
-    m.normalization = NormType::RMSNorm;
-    m.activation = MlpActivation::SwiGLU;
-    m.qk_layernorm = true;
-    m.add_bias_linear = m.add_qkv_bias = false;
-  }
-  r.diffusion.mask_token = 127;
+  // 2 x 30 = 60 rows: not a multiple of 4 (exercises SP padding)
+  RunConfig r = test::tiny_run({.query_groups = v.query_groups, .seq = 30}, 12);
+  r.model.max_position_embeddings = 32;
+  r.model.untie_embeddings_and_output_weights = v.untied;
+  r.model.hidden_dropout = r.model.attention_dropout = 0.1f;
+  if (v.gpt_style) test::make_gpt_style(r);
   r.diffusion.varilen_prob = 0.3f;  // truncated micro-batches: SP shards of uneven rows
-  r.optimizer.lr = 3e-3f;
-  r.optimizer.lr_warmup_iters = 2;
-  r.optimizer.lr_decay_iters = 12;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.optimizer.weight_decay = 0.1f;
-  r.optimizer.clip_grad = 0.5f;
-  r.training.micro_batch_size = 2;
   r.training.global_batch_size = 4;
-  r.training.train_iters = 12;
-  r.training.log_interval = 1000;
-  r.training.device = DeviceKind::Cpu;
   r.parallel.world_size = world;
   r.parallel.tensor_model_parallel_size = v.tp;
   r.parallel.sequence_parallel = v.sp && v.tp > 1;
@@ -78,7 +46,7 @@ RunConfig tiny_run(const Variant& v, int world) {
   return r;
 }
 
-std::vector<IterationMetrics> train(const RunConfig& cfg, const comm::ProcessGroups* groups) {
+std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   auto data = std::make_shared<MockGptDataset>(128, 30, 127);
   std::ostringstream log;
   Trainer t(cfg, data, log, groups);
@@ -92,7 +60,7 @@ void expect_same_as_single_process(Variant v) {
   if (world % v.tp != 0) GTEST_SKIP() << "TP " << v.tp << " does not divide world " << world;
   if (v.query_groups % v.tp != 0) GTEST_SKIP() << "TP " << v.tp << " does not divide the KV groups";
   const RunConfig cfg = tiny_run(v, world);
-  comm::ProcessGroups groups = comm::ProcessGroups::build(rt.world_shared(), cfg.parallel);
+  parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
   const auto split = train(cfg, &groups);
   Variant one = v;
   one.tp = 1;

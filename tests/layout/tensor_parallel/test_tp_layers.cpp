@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 #include "support/op_testing.h"
@@ -81,15 +81,15 @@ void compare_model(bool gpt_style, bool sp) {
   ParallelConfig pc;
   pc.world_size = world;
   pc.tensor_model_parallel_size = world;
-  comm::ProcessGroups groups = comm::ProcessGroups::build(rt.world_shared(), pc);
+  pc.sequence_parallel = sp;
+  parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), pc);
   const TransformerConfig cfg = layer_config(gpt_style);
   if (cfg.num_query_groups % world != 0) GTEST_SKIP() << "world does not divide the groups";
   const Stream cpu = Stream::cpu();
 
   ParameterStore full_store, tp_store;
   GptModel full(cfg, full_store);
-  TensorParallelLayout tpl{groups.tp->rank(), groups.tp->size(), sp};
-  GptModel split(cfg, tp_store, tpl);
+  GptModel split(cfg, tp_store, ModelParallel::from(groups, pc));
   full_store.materialize(DType::F64, 11, cpu);
   tp_store.materialize(DType::F64, 11, cpu);
   for (const ParamDesc& d : tp_store.descs()) {  // the TP slice of every initial weight
@@ -102,7 +102,6 @@ void compare_model(bool gpt_style, bool sp) {
   const MicroBatch mb = batch(cfg);
   ModelRuntime frt, trt;
   frt.dtype = trt.dtype = DType::F64;
-  trt.tp = groups.tp.get();
   Tensor full_loss = Tensor::zeros({1}, DType::F64, cpu), tp_loss = Tensor::zeros({1}, DType::F64, cpu);
   ModelRecord frec, trec;
   full.forward(mb, frec, full_loss, 1.0f, frt);

@@ -1,4 +1,4 @@
-// Layout equivalence for data parallelism (ARCHITECTURE.md promise 1), as an SPMD program under
+// Layout equivalence for data parallelism (docs/architecture.md promise 1), as an SPMD program under
 // mpirun: every rank trains the tiny diffusion LM with DP = world size and, on its own, the
 // single-process reference (DP = 1) with the same global batch; the per-iteration losses and
 // gradient norms must agree to 1e-5 (relative) for plain DDP, overlapped bucket reduction and
@@ -7,10 +7,11 @@
 #include <cmath>
 #include <sstream>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/trainer.h"
 #include "support/spmd.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 
@@ -19,38 +20,9 @@ namespace {
 comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
 
 RunConfig tiny_run(int dp, bool dist_opt, bool overlap, int64_t bucket, int instances = 1) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 2;
-  m.hidden_size = 64;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 16;
-  m.ffn_hidden_size = 128;
-  m.seq_length = 32;
-  m.max_position_embeddings = 32;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.vocab_size = m.padded_vocab_size = 128;
-  m.hidden_dropout = 0.1f;  // keyed by global coordinates: identical under every layout
-  m.attention_dropout = 0.0f;
-  r.diffusion.mask_token = 127;
+  RunConfig r = test::tiny_run({}, 20);
+  r.model.hidden_dropout = 0.1f;    // keyed by global coordinates: identical under every layout
   r.diffusion.varilen_prob = 0.2f;  // keyed by the global micro-batch: identical too
-  r.optimizer.lr = 3e-3f;
-  r.optimizer.lr_warmup_iters = 2;
-  r.optimizer.lr_decay_iters = 20;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.optimizer.weight_decay = 0.1f;
-  r.optimizer.clip_grad = 0.5f;  // clipping active: the norm must be global
-  r.training.micro_batch_size = 2;
-  r.training.global_batch_size = 8;
-  r.training.train_iters = 20;
-  r.training.log_interval = 1000;
-  r.training.device = DeviceKind::Cpu;
   r.parallel.world_size = dp;
   r.parallel.data_parallel_size = dp;
   r.parallel.use_distributed_optimizer = dist_opt;
@@ -60,7 +32,7 @@ RunConfig tiny_run(int dp, bool dist_opt, bool overlap, int64_t bucket, int inst
   return r;
 }
 
-std::vector<IterationMetrics> train(const RunConfig& cfg, const comm::ProcessGroups* groups) {
+std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   auto data = std::make_shared<MockGptDataset>(128, 32, 127);
   std::ostringstream log;
   Trainer t(cfg, data, log, groups);
@@ -72,7 +44,7 @@ void expect_same_as_single_process(bool dist_opt, bool overlap, int64_t bucket, 
   const int world = rt.world().size();
   if (world % instances != 0) GTEST_SKIP() << instances << " instances need a world size multiple";
   RunConfig cfg = tiny_run(world, dist_opt, overlap, bucket, instances);
-  comm::ProcessGroups groups = comm::ProcessGroups::build(rt.world_shared(), cfg.parallel);
+  parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
   const auto dp = train(cfg, &groups);
   const auto ref = train(tiny_run(1, false, false, 0), nullptr);
   ASSERT_EQ(dp.size(), ref.size());

@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include "megadlm/core/logging.h"
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/file_io.h"
 #include "megadlm/training/trainer.h"
 #include "support/scratch.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 using test::TempDir;
@@ -25,39 +27,11 @@ namespace {
 // The tiny diffusion LM with every source of randomness on (dropout, varilen) and clipping
 // active, so that a resume that forgot anything would show.
 RunConfig tiny_run(int64_t iters) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 2;
-  m.hidden_size = 32;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.kv_channels = 8;
-  m.ffn_hidden_size = 64;
-  m.seq_length = 16;
-  m.max_position_embeddings = 16;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.vocab_size = m.padded_vocab_size = 64;
-  m.hidden_dropout = 0.1f;
-  m.attention_dropout = 0.1f;
-  r.diffusion.mask_token = 63;
+  RunConfig r = test::tiny_run(test::TinyShape::small(), iters);
+  r.model.hidden_dropout = r.model.attention_dropout = 0.1f;
   r.diffusion.varilen_prob = 0.3f;
-  r.optimizer.lr = 3e-3f;
   r.optimizer.min_lr = 3e-4f;
-  r.optimizer.lr_warmup_iters = 2;
-  r.optimizer.lr_decay_iters = iters;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
-  r.optimizer.weight_decay = 0.1f;
-  r.optimizer.clip_grad = 0.5f;
-  r.training.micro_batch_size = 2;
   r.training.global_batch_size = 4;
-  r.training.train_iters = iters;
-  r.training.log_interval = 1000;
-  r.training.device = DeviceKind::Cpu;
   return r;
 }
 
@@ -173,8 +147,18 @@ TEST(Resume, ALoadFindingNoCheckpointStartsFromScratchUnlessTold) {
   TempDir dir;
   RunConfig cfg = tiny_run(2);
   cfg.checkpoint.load = dir.str();
+  // The warning is a diagnostic (core/logging), caught here in a per-rank log file.
+  TempDir logs;
+  logging::Options to_file;
+  to_file.dir = logs.str();
+  logging::configure(to_file);
   const TrainResult r = train(cfg);
-  EXPECT_NE(r.log.find("could not find a checkpoint"), std::string::npos);
+  logging::configure({});
+  std::stringstream warnings;
+  warnings << std::ifstream(logs / "rank_0.log").rdbuf();
+  EXPECT_NE(warnings.str().find("WARNING: could not find a checkpoint in --load " + dir.str()), std::string::npos)
+      << warnings.str();
+  EXPECT_EQ(r.log.find("could not find a checkpoint"), std::string::npos);  // not in Megatron's record
   EXPECT_EQ(r.metrics.size(), 2u);
   cfg.checkpoint.exit_on_missing_checkpoint = true;
   EXPECT_NE(error_of([&] { train(cfg); }).find("holds no checkpoint"), std::string::npos);

@@ -3,11 +3,12 @@
 // transports (so code that runs on one rank runs on many), and split/abort behave as documented.
 #include <gtest/gtest.h>
 #include "comm/self_communicator.h"
-#include "megadlm/comm/process_groups.h"
+#include "megadlm/parallel/process_groups.h"
 
 using namespace megadlm;
 using namespace megadlm::comm;
 using megadlm::comm::detail::SelfCommunicator;
+using megadlm::parallel::ProcessGroups;
 
 namespace {
 

@@ -150,6 +150,44 @@ std::vector<Row> rows() {
       {"D-1", cmd({"--base-model", "Qwen_2"}), O::Rejected,
        {"`--base-model Qwen_2`: invalid value; valid: vanilla"}},
 
+      // ------------------------------------------------------------------ logging (M-20)
+      {"logging-defaults", cmd(), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Info);
+         EXPECT_FALSE(p.config.logging.all_ranks);
+         EXPECT_EQ(p.config.logging.dir, "");
+         EXPECT_EQ(p.values.at("log_level"), "info");
+         EXPECT_EQ(p.values.at("logging_level"), "None");
+       }},
+      {"logging-flags", cmd({"--log-level", "debug", "--log-all-ranks", "--log-dir", "logs"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Debug);
+         EXPECT_TRUE(p.config.logging.all_ranks);
+         EXPECT_EQ(p.config.logging.dir, "logs");
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);
+       }},
+      {"logging-level-choices", cmd({"--log-level", "verbose"}), O::Rejected,
+       {"`--log-level verbose`: invalid value; valid: trace, debug, info, warning, error"}},
+      // Megatron's --logging-level is a Python threshold: a message shows when its level
+      // (DEBUG 10, INFO 20, WARNING 30, ERROR 40) is at least the threshold.
+      {"logging-python-10", cmd({"--logging-level", "10"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Debug); }},
+      {"logging-python-20", cmd({"--logging-level", "20"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Info);
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);  // no longer "has no effect"
+       }},
+      {"logging-python-25", cmd({"--logging-level", "25"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Warning); }},
+      {"logging-python-40", cmd({"--logging-level", "40"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Error); }},
+      {"M-20-levels-agree", cmd({"--log-level", "warning", "--logging-level", "30"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Warning); }},
+      {"M-20", cmd({"--log-level", "debug", "--logging-level", "30"}), O::Rejected,
+       {"give one of `--log-level debug` and `--logging-level 30` (that Python level means "
+        "`--log-level warning`) [M-20]"}},
+      {"M-20-log-dir-is-a-file", cmd({"--log-dir", "/dev/null"}), O::Rejected,
+       {"`--log-dir /dev/null` is a file; give a directory (it is created when missing) [M-20]"}},
+
       // ------------------------------------------------------------------ flag status
       {"V-12", cmd({"--batch-size", "8"}), O::Rejected,
        {"`--batch-size` is no longer a valid flag: use `--micro-batch-size` instead [V-12]"}},
@@ -185,7 +223,9 @@ std::vector<Row> rows() {
       {"V-5", dry(12, {"--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--context-parallel-size", "2"}),
        O::Rejected,
        {"world size 12 (`--world-size 12`) is not divisible by tp·pp·cp = 8",
-        "`--tensor-model-parallel-size 2`", "valid world sizes: multiples of 8 [V-5]"}},
+        "`--tensor-model-parallel-size 2`",
+        "valid world sizes: multiples of 8 (e.g. `--world-size 8`); valid for world size 12: sizes "
+        "whose product tp·pp·cp divides it (1, 2, 3, 4, 6, 12) [V-5]"}},
       {"G-3", dry(8, {"--expert-model-parallel-size", "16", "--expert-tensor-parallel-size", "1", "--num-experts", "16"}),
        O::Rejected, {"is not divisible by etp·ep·pp = 16", "[G-3]"}},
       {"V-11/C-2", dry(4, {"--tensor-model-parallel-size", "2"}), O::Accepted, {},
@@ -250,7 +290,14 @@ std::vector<Row> rows() {
       {"V-35", dry(4, {"--context-parallel-size", "4", "--seq-length", "36", "--max-position-embeddings", "64"}),
        O::Rejected, {"`--seq-length 36` is not divisible by 2 × `--context-parallel-size 4` = 8", "valid: multiples of 8 [V-35]"}},
       {"V-9", dry(8, {"--context-parallel-size", "8", "--hierarchical-context-parallel-sizes", "2", "2"}),
-       O::Rejected, {"`--hierarchical-context-parallel-sizes 2 2` multiply to 4, not to `--context-parallel-size 8`", "[V-9]"}},
+       O::Rejected, {"`--hierarchical-context-parallel-sizes 2 2` multiply to 4, not to `--context-parallel-size 8`; "
+                     "valid: level sizes whose product is 8, e.g. `--hierarchical-context-parallel-sizes 2 4`, "
+                     "`4 2` or `1 8`; or `--context-parallel-size 4` to match these levels [V-9]"}},
+      // The levels' own CP size (16) does not fit 8 ranks; three levels get three-level examples.
+      {"V-9", dry(8, {"--context-parallel-size", "8", "--hierarchical-context-parallel-sizes", "2", "4", "2"}),
+       O::Rejected, {"multiply to 16", "e.g. `--hierarchical-context-parallel-sizes 2 2 2`, `1 2 4` or",
+                     "`--context-parallel-size 16` would match these levels but needs tp·pp·cp = 1·1·16 = 16 "
+                     "to divide the world size 8 (`--world-size 8`) [V-9]"}},
       {"V-10", dry(2, {"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}), O::Rejected,
        {"`--cp-comm-type a2a+p2p` needs `--hierarchical-context-parallel-sizes`", "[V-10]"}},
       {"C-21", cmd({"--cp-comm-type", "p2p", "a2a", "p2p"}), O::Rejected,
@@ -296,6 +343,60 @@ std::vector<Row> rows() {
       {"R-1", dry(2, {"--pipeline-model-parallel-size", "2", "--num-layers", "8", "--num-layers-per-virtual-pipeline-stage", "2"}),
        O::Rejected, {"runs M = 1 micro-batches", "needs pp (2) <= N <= M", "[R-1]"}},
       {"C-7", cmd({"--overlap-p2p-communication-warmup-flush"}), O::Rejected, {"[C-7]"}},
+      // Virtual stages per rank, two spellings (Megatron-Core's field name and upstream's flag):
+      // 16 layers over pp 4 are 4 per stage; 2 virtual stages hold 2 layers each. Global batch 8
+      // gives M = 4 micro-batches, so R-1 (pp <= N = pp <= M) holds.
+      {"V-19-vpp-stages", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--virtual-pipeline-model-parallel-size", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.virtual_pipeline_model_parallel_size, 2);
+         EXPECT_TRUE(p.config.parallel.overlap_p2p_comm);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
+      {"V-19-vpp-upstream-spelling", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--num-virtual-stages-per-pipeline-rank", "4"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.virtual_pipeline_model_parallel_size, 4);
+         EXPECT_EQ(p.values.at("virtual_pipeline_model_parallel_size"), "4");
+       }},
+      {"V-19-vpp-spellings-agree", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--virtual-pipeline-model-parallel-size", "4", "--num-virtual-stages-per-pipeline-rank", "4"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.virtual_pipeline_model_parallel_size, 4);
+       }},
+      {"V-19-vpp-agrees-with-layers", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--virtual-pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.virtual_pipeline_model_parallel_size, 2);
+       }},
+      {"V-19-vpp-disagrees-with-layers", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--virtual-pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "2"}),
+       O::Rejected,
+       {"`--virtual-pipeline-model-parallel-size 4` disagrees with `--num-layers-per-virtual-pipeline-stage 2`: "
+        "the 4 layers per pipeline stage (`--num-layers 16` / `--pipeline-model-parallel-size 4`) split into 4 "
+        "virtual stages give 1 layer per virtual stage, not 2; values that agree: "
+        "`--virtual-pipeline-model-parallel-size 2` with `--num-layers-per-virtual-pipeline-stage 2`, or "
+        "`--virtual-pipeline-model-parallel-size 4` with `--num-layers-per-virtual-pipeline-stage 1` "
+        "(or give only one of the two flags) [V-19]"}},
+      {"V-19-vpp-spellings-disagree", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--virtual-pipeline-model-parallel-size", "2", "--num-virtual-stages-per-pipeline-rank", "4"}),
+       O::Rejected,
+       {"`--virtual-pipeline-model-parallel-size 2` and `--num-virtual-stages-per-pipeline-rank 4` are two "
+        "spellings of the virtual pipeline stages per rank and disagree", "[V-19]"}},
+      {"V-19-vpp-does-not-divide", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--virtual-pipeline-model-parallel-size", "3"}),
+       O::Rejected,
+       {"`--virtual-pipeline-model-parallel-size 3` does not divide the 4 layers per pipeline stage "
+        "(`--num-layers 16` / `--pipeline-model-parallel-size 4`) into whole virtual stages; valid: 1, 2, 4 [V-19]"}},
+      {"V-19-vpp-upstream-does-not-divide", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--global-batch-size", "8", "--num-virtual-stages-per-pipeline-rank", "8"}),
+       O::Rejected, {"`--num-virtual-stages-per-pipeline-rank 8` does not divide the 4 layers per pipeline stage", "valid: 1, 2, 4 [V-19]"}},
+      // 30 layers: pp p must divide 30 and leave an even number of layers per stage (p = 3, 5, 15).
+      {"V-18-with-vpp", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "30", "--virtual-pipeline-model-parallel-size", "2"}),
+       O::Rejected,
+       {"`--num-layers 30` is not divisible by `--pipeline-model-parallel-size 4`; valid pipeline sizes: "
+        "1, 2, 3, 5, 6, 10, 15, 30; with `--virtual-pipeline-model-parallel-size 2`: 3, 5, 15 [V-18]"}},
+      {"V-19-vpp-needs-pp", cmd({"--virtual-pipeline-model-parallel-size", "2"}), O::Rejected,
+       {"`--virtual-pipeline-model-parallel-size 2` needs `--pipeline-model-parallel-size 1` > 1 [V-19, G-2]"}},
+      {"M-2-vpp", dry(4, {"--pipeline-model-parallel-size", "4", "--num-layers", "16", "--virtual-pipeline-model-parallel-size", "0"}),
+       O::Rejected, {"`--virtual-pipeline-model-parallel-size 0` must be between 1 and", "[M-2]"}},
+      {"V-19-vpp-real-run", cmd({"--pipeline-model-parallel-size", "2", "--num-layers", "8", "--global-batch-size", "8", "--virtual-pipeline-model-parallel-size", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.virtual_pipeline_model_parallel_size, 2);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
 
       // ------------------------------------------------------------------ batch sizes
       {"V-17", cmd({}, {"--micro-batch-size"}), O::Rejected, {"`--micro-batch-size` is required [V-17]"}},
@@ -484,7 +585,8 @@ std::vector<Row> rows() {
       {"V-51", dry(4, {"--expert-model-parallel-size", "4", "--num-experts", "6"}), O::Rejected,
        {"`--expert-model-parallel-size 4` does not divide `--num-experts 6`; valid: 1, 2, 3, 6 [V-51]"}},
       {"V-51/C-11", dry(4, {"--expert-model-parallel-size", "4"}), O::Rejected,
-       {"`--expert-model-parallel-size 4` needs `--num-experts` [V-51, C-11]"}},
+       {"`--expert-model-parallel-size 4` needs `--num-experts` (a multiple of 4, so that the EP "
+        "ranks hold equal shares of the experts) [V-51, C-11]"}},
       {"C-11", cmd({"--num-experts", "-2"}), O::Rejected, {"`--num-experts -2` must be > 0 [C-11]"}},
       {"C-5", dry(4, {"--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "4"}),
        O::Rejected, {"`--expert-model-parallel-size 2` with `--tensor-model-parallel-size 2` needs `--sequence-parallel` [C-5]"}},
@@ -513,12 +615,12 @@ std::vector<Row> rows() {
       {"V-52-mock", cmd({"--data-args-path", "a.txt"}), O::Rejected, {"give one data source", "[V-52]"}},
       {"V-52-sft", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer"}), O::Rejected,
        {"give one data source", "`--sft-data-path`", "[V-52]"}},
-      {"M-20", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--model-running-mode",
+      {"M-21", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--model-running-mode",
                     "vanilla"}, {"--mock-data"}),
-       O::Rejected, {"needs `--model-running-mode difflm-noshift` [M-20]"}},
-      {"M-21", cmd({"--sft-data-path", "pairs.jsonl"}, {"--mock-data"}), O::Rejected,
-       {"`--sft-data-path` needs `--tokenizer-type`", "[M-21]"}},
-      {"M-21-ok", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--dlm-sft-loss-norm",
+       O::Rejected, {"needs `--model-running-mode difflm-noshift` [M-21]"}},
+      {"M-22", cmd({"--sft-data-path", "pairs.jsonl"}, {"--mock-data"}), O::Rejected,
+       {"`--sft-data-path` needs `--tokenizer-type`", "[M-22]"}},
+      {"M-22-ok", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--dlm-sft-loss-norm",
                        "token", "--sft-chat-template", "llada"}, {"--mock-data"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_TRUE(p.config.diffusion.sft);
@@ -639,6 +741,24 @@ std::vector<Row> rows() {
        O::NotSupported, {"`--context-parallel-size 2`: context parallelism",
         "`--expert-model-parallel-size 2`: expert parallelism"},
        nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
+      // Dry runs validate EP/MoE and FSDP layouts that real runs still refuse.
+      {"ep-moe-dry-run", dry(8, {"--expert-model-parallel-size", "4", "--num-experts", "8", "--bf16", "--moe-grouped-gemm"}),
+       O::Accepted, {"`--num-experts 8` is not supported yet", "`--moe-grouped-gemm` is not supported yet",
+                     "`--expert-model-parallel-size 4`: expert parallelism is not supported yet"},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.expert_model_parallel_size, 4);
+         EXPECT_EQ(p.config.parallel.expert_data_parallel_size, 2);  // 8 / (etp 1 · ep 4)
+         // rank 5 = ep 1 + 4 · edp 1: its expert-ep group is 4..7, its expert-dp group {1, 5}
+         const std::string report = format_dry_run_report(p, 5);
+         EXPECT_NE(report.find("  expert-ep ................... [4, 5, 6, 7]"), std::string::npos) << report;
+         EXPECT_NE(report.find("  expert-dp ................... [1, 5]"), std::string::npos) << report;
+       }},
+      {"ep-moe-real-run", cmd({"--expert-model-parallel-size", "4", "--num-experts", "8"}), O::NotSupported,
+       {"`--num-experts 8` is not supported yet", "`--expert-model-parallel-size 4`: expert parallelism"},
+       nullptr, LaunchInfo{.world_size = 8, .rank = 0, .visible_gpus = 0}},
+      {"fsdp-dry-run", dry(4, {"--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"}),
+       O::Accepted, {"sharding the parameters (FSDP) is not supported yet"},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.parallel.data_parallel_size, 4); }},
       {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2", "--context-parallel-size", "2"}), O::Accepted,
        {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm"},
        [](const ParsedArguments& p) {
@@ -699,7 +819,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "R-14"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
@@ -761,6 +881,22 @@ std::string row_name(const ::testing::TestParamInfo<Row>& info) {
 INSTANTIATE_TEST_SUITE_P(Table, ArgumentRows, ::testing::ValuesIn(rows()), row_name);
 
 // ---------------------------------------------------------------------- beyond the table
+
+TEST(Arguments, RealRunRefusesWhatOnlyADryRunAccepts) {
+  // The same valid CP layout: a dry run reports the item and returns, a real run throws it.
+  const ParsedArguments p = parse_arguments(dry(2, {"--context-parallel-size", "2"}), {});
+  ASSERT_EQ(p.not_supported.size(), 1u) << joined(p.not_supported);
+  try {
+    parse_arguments(cmd({"--context-parallel-size", "2"}), LaunchInfo{.world_size = 2});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(e.errors().empty()) << e.what();
+    ASSERT_EQ(e.not_supported(), p.not_supported);
+    EXPECT_NE(std::string(e.what()).find("not supported yet by megadlm (1 item; `--dry-run` accepts it):\n  " +
+                                         p.not_supported[0]),
+              std::string::npos) << e.what();
+  }
+}
 
 TEST(Arguments, ReportsEveryViolationAtOnce) {
   // Three independent problems: TP vs heads (C-9), min-lr above lr (V-37), a probability > 1 (D-7).

@@ -38,7 +38,8 @@ TEST(FlagTable, CoversMegatronAndMegadlmFlags) {
   for (const char* name :
        {"--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
         "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--sequence-parallel",
-        "--num-layers-per-virtual-pipeline-stage", "--cp-comm-type",
+        "--num-layers-per-virtual-pipeline-stage", "--virtual-pipeline-model-parallel-size",
+        "--num-virtual-stages-per-pipeline-rank", "--cp-comm-type",
         "--hierarchical-context-parallel-sizes", "--use-distributed-optimizer",
         "--num-distributed-optimizer-instances", "--data-parallel-sharding-strategy",
         "--use-custom-fsdp", "--use-megatron-fsdp", "--num-layers", "--hidden-size",

@@ -5,6 +5,7 @@
 #include <sstream>
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/trainer.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 
@@ -12,41 +13,14 @@ namespace {
 
 // The tiny model: 2 layers, hidden 64, 4 heads, seq 64 (vocab 128 keeps it fast).
 RunConfig tiny_run(int64_t iters, int mbs, int gbs) {
-  RunConfig r;
-  TransformerConfig& m = r.model;
-  m.num_layers = 2;
-  m.hidden_size = 64;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 4;
-  m.kv_channels = 16;
-  m.ffn_hidden_size = 128;
-  m.seq_length = 64;
-  m.max_position_embeddings = 64;
-  m.position_embedding_type = PositionEmbeddingType::Rope;
-  m.normalization = NormType::RMSNorm;
-  m.norm_epsilon = 1e-6f;
-  m.activation = MlpActivation::SwiGLU;
-  m.qk_layernorm = true;
-  m.add_bias_linear = m.add_qkv_bias = false;
-  m.untie_embeddings_and_output_weights = true;
-  m.vocab_size = 128;
-  m.padded_vocab_size = 128;
-  m.attention_dropout = m.hidden_dropout = 0.0f;
-  m.attention_mask = AttentionMaskType::NoMask;
-  r.diffusion.mask_token = 127;
-  r.diffusion.varilen_prob = 0.0f;
-  r.optimizer.lr = 3e-3f;
+  RunConfig r = test::tiny_run({.query_groups = 4, .seq = 64}, iters);
+  r.model.norm_epsilon = 1e-6f;
   r.optimizer.min_lr = 3e-4f;
-  r.optimizer.decay_style = LrDecayStyle::Cosine;
   r.optimizer.lr_warmup_iters = 5;
-  r.optimizer.lr_decay_iters = iters;
-  r.optimizer.weight_decay = 0.1f;
   r.optimizer.adam_beta2 = 0.95f;
+  r.optimizer.clip_grad = 1.0f;  // Megatron's default
   r.training.micro_batch_size = mbs;
   r.training.global_batch_size = gbs;
-  r.training.train_iters = iters;
-  r.training.log_interval = 1000;
-  r.training.device = DeviceKind::Cpu;
   r.data.mock_data = true;
   return r;
 }

@@ -12,16 +12,15 @@
 // With N distributed-optimizer instances (megatron-compat.md §1.6) the reduce-scatter and the
 // all-gather run inside an instance and the shards are then all-reduced across instances.
 // Gradients are SUMmed, not averaged: the loss is normalised by the global token count up front
-// (ARCHITECTURE.md promise 1), so the sum over ranks is already the gradient of the global loss.
+// (docs/architecture.md promise 1), so the sum over ranks is already the gradient of the global loss.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 #include "megadlm/comm/communicator.h"
 #include "megadlm/core/event.h"
-#include "megadlm/model/param_hooks.h"
-#include "megadlm/model/parameter_store.h"
-#include "megadlm/training/optimizer.h"
+#include "megadlm/parallel/param_hooks.h"
+#include "megadlm/parallel/parameter_store.h"
 
 namespace megadlm {
 
@@ -55,6 +54,7 @@ class DataParallel final : public ParamHooks {
                std::shared_ptr<comm::Communicator> pp = nullptr,
                std::shared_ptr<comm::Communicator> embedding = nullptr);
 
+  const DataParallelOptions& options() const { return opt_; }
   int size() const { return size_; }
   int rank() const { return rank_; }
   /// What this rank's optimizer owns: its shard of every bucket, or the whole buffer.

@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 #include "megadlm/core/stream.h"
-#include "megadlm/model/parameter_store.h"
+#include "megadlm/parallel/parameter_store.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/optimizer.h"
 

@@ -1,4 +1,4 @@
-#include "megadlm/model/parameter_store.h"
+#include "megadlm/parallel/parameter_store.h"
 #include <algorithm>
 #include <numeric>
 #include "megadlm/core/philox.h"

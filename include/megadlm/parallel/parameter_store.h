@@ -67,6 +67,13 @@ struct BufferLayout {
   int64_t bucket_multiple = 64; ///< each bucket's length is a multiple of this
 };
 
+/// A range [begin, end) of flat elements that one rank's optimizer owns (all of them, or its
+/// shard under the distributed optimizer), and where it sits in the compact optimizer buffers.
+struct OwnedRange {
+  int64_t begin = 0, end = 0;
+  int64_t compact_offset = 0;
+};
+
 struct GradBucket {
   int64_t begin = 0, end = 0;  ///< flat element range (end - begin is a multiple of bucket_multiple)
   std::vector<int> params;     ///< handles of the parameters inside

@@ -1,0 +1,24 @@
+// How the model runs (not what it is): the stream, activation dtype, dropout seed, whether it is
+// training, and the data-parallel hooks to notify. The groups a layer talks over are not here:
+// layers receive them once, at construction (parallel/model_parallel.h).
+#pragma once
+#include <cstdint>
+#include "megadlm/core/dtype.h"
+#include "megadlm/core/stream.h"
+#include "megadlm/parallel/param_hooks.h"
+
+namespace megadlm {
+
+struct ModelRuntime {
+  Stream stream;
+  DType dtype = DType::F32;  ///< activations and model weights: f32 on CPU, bf16 on CUDA
+  uint64_t seed = 1234;
+  bool training = true;      ///< dropout only while training
+  ParamHooks* hooks = nullptr;  ///< data-parallel wrapper to notify (none: single process)
+
+  /// Dtype of statistics, losses and loss weights: f32, or f64 when the whole model runs in f64
+  /// (CPU gradient checks).
+  DType stat_dtype() const { return dtype == DType::F64 ? DType::F64 : DType::F32; }
+};
+
+}  // namespace megadlm

@@ -1,0 +1,78 @@
+// The tensor-parallel linear layers (Megatron's ColumnParallelLinear and RowParallelLinear) with
+// their sequence-parallel regions, explicit forward and backward. Communication at the region
+// borders is in tensor_parallel/mappings.h; docs/parallelism/tensor_parallel.md derives it.
+//
+// Activations are [rows, features], rows = tokens. Without sequence parallelism every TP rank
+// holds all rows of the region's input and output; with it, each rank holds its row shard
+// (mappings.h) and the column-parallel input is gathered, the row-parallel output reduce-scattered.
+//
+//   column-parallel: x ── gather_input (SP: all-gather) ── x W^T + b ── y [rows, out/tp]
+//     backward: dy ── dW += dy^T x, db += Σ dy ── dx = dy W ── reduced over TP (SP: reduce-scatter)
+//   row-parallel:    x [rows, in/tp] ── x W^T (+ b on TP rank 0) ── reduced (SP: reduce-scatter)
+//     backward: dy (SP: all-gathered) ── dW += dy^T x, db += Σ dy ── dx = dy W
+//
+// Accumulation contract: weight and bias gradients are ADDED into the store's fp32 main grads;
+// input gradients are written (returned).
+#pragma once
+#include <string>
+#include <vector>
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/parallel/model_parallel.h"
+#include "megadlm/parallel/parameter_store.h"
+
+namespace megadlm::tp {
+
+/// One parameter of a (possibly fused) column-parallel weight: `name` + ".weight"/".bias",
+/// `out_features` global output rows. Each part is split over TP on its own; the local parts sit
+/// adjacent in the store so the whole layer is one GEMM (q, k, v -> QKV; gate, up -> fc1).
+struct LinearPart {
+  std::string name;
+  int64_t out_features = 0;
+};
+
+/// y[rows, out/tp] = x[rows, in] W^T (+ b): the output features are split over TP.
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear() = default;
+  /// Registers each part's weight [out, in] (init `init`) and, with `bias`, its bias (zeros).
+  ColumnParallelLinear(ParameterStore& store, const std::vector<LinearPart>& parts,
+                       int64_t in_features, bool bias, ParamInit init, const ModelParallel& mp);
+
+  int64_t local_out_features() const { return local_out_; }
+  /// The rows the GEMMs read: x [local rows, in] gathered to [rows, in] under SP (else x).
+  Tensor gather_input(const Tensor& x, int64_t rows, const Stream& stream) const;
+  /// y [rows, out/tp] = x_full W^T + b.
+  Tensor forward(const Tensor& x_full, const Stream& stream) const;
+  /// dy [rows, out/tp] -> dx [local rows, in] summed over TP (all-reduce, or reduce-scatter to
+  /// this rank's rows under SP). Adds dW and db. `x_full`: forward's input (all rows).
+  Tensor backward(const Tensor& dy, const Tensor& x_full, const Stream& stream) const;
+
+ private:
+  ParameterStore* store_ = nullptr;
+  ModelParallel mp_;
+  ParameterStore::Handle w_first_ = -1, w_last_ = -1, b_first_ = -1, b_last_ = -1;
+  int64_t local_out_ = 0;
+};
+
+/// y[rows, out] = x[rows, in/tp] W^T + b, partial products summed over TP: the input features
+/// are split over TP; the bias is replicated and added once, before the reduction.
+class RowParallelLinear {
+ public:
+  RowParallelLinear() = default;
+  RowParallelLinear(ParameterStore& store, const std::string& name, int64_t out_features,
+                    int64_t in_features, bool bias, ParamInit init, const ModelParallel& mp);
+
+  /// x [rows, in/tp] -> y [local rows, out] (reduced over TP; reduce-scattered under SP).
+  Tensor forward(const Tensor& x, const Stream& stream) const;
+  /// dy [local rows, out] -> dx [rows, in/tp]; adds dW and db (db is the same on every TP rank).
+  /// `rows`: the region's full row count (for the SP gather).
+  Tensor backward(const Tensor& dy, const Tensor& x, int64_t rows, const Stream& stream) const;
+
+ private:
+  ParameterStore* store_ = nullptr;
+  ModelParallel mp_;
+  ParameterStore::Handle weight_ = -1, bias_ = -1;
+};
+
+}  // namespace megadlm::tp

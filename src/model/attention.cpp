@@ -1,0 +1,125 @@
+#include "megadlm/model/attention.h"
+#include <cmath>
+#include "megadlm/ops/attention.h"
+#include "megadlm/ops/elementwise.h"
+#include "megadlm/ops/rope.h"
+
+namespace megadlm {
+
+SelfAttention::SelfAttention(const TransformerConfig& config, int layer_number,
+                             const std::string& prefix, ParameterStore& store,
+                             const ModelParallel& mp)
+    : cfg_(&config), mp_(mp), layer_(layer_number) {
+  const int tp = mp.tp.size;
+  MDLM_CHECK(config.num_attention_heads % tp == 0 && config.num_query_groups % tp == 0, "layer ",
+             layer_number, ": heads ", config.num_attention_heads, " and query groups ",
+             config.num_query_groups, " must divide by tensor-parallel size ", tp);
+  MDLM_CHECK(mp.cp.size == 1, "layer ", layer_number, ": context parallelism (--context-parallel-size ",
+             mp.cp.size, ") is not implemented yet: the core attention over sequence chunks belongs "
+             "in parallel/context_parallel/ (docs/architecture.md, \"Where each dimension lives\")");
+  heads_ = config.num_attention_heads / tp;
+  groups_ = config.num_query_groups / tp;
+  const int64_t h = config.hidden_size;
+  const ParamInit init{InitKind::Normal, config.init_method_std};
+  // Megatron scales the init of the output projections by 1/sqrt(2 * num_layers).
+  const ParamInit out_init{InitKind::Normal,
+                           config.init_method_std / std::sqrt(2.0f * config.num_layers)};
+  const std::string p = prefix + "self_attention.";
+  qkv_ = tp::ColumnParallelLinear(store,
+                                  {{p + "linear_q", config.query_projection_size()},
+                                   {p + "linear_k", config.kv_projection_size()},
+                                   {p + "linear_v", config.kv_projection_size()}},
+                                  h, config.add_qkv_bias, init, mp);
+  if (config.qk_layernorm) {
+    // Each rank normalises only its own heads with the shared weights: partial gradients.
+    const TpSlice qk{TpSplit::Replicated, mp.tp.rank, tp, tp > 1};
+    q_norm_ = NormLayer(config.normalization, config.norm_epsilon, p + "q_layernorm",
+                        config.kv_channels, store, qk);
+    k_norm_ = NormLayer(config.normalization, config.norm_epsilon, p + "k_layernorm",
+                        config.kv_channels, store, qk);
+  }
+  proj_ = tp::RowParallelLinear(store, p + "linear_proj", h, config.query_projection_size(),
+                                config.add_bias_linear, out_init, mp);
+}
+
+ops::AttentionArgs SelfAttention::core_args(const MicroBatch& mb, const ModelRuntime& rt) const {
+  const TransformerConfig& c = *cfg_;
+  ops::AttentionArgs a;
+  a.batch = mb.batch;
+  a.seq = mb.seq;
+  a.num_heads = heads_;
+  a.num_kv_heads = groups_;
+  a.head_dim = c.kv_channels;
+  a.mask = c.attention_mask == AttentionMaskType::Causal ? ops::AttentionMask::Causal
+                                                          : ops::AttentionMask::None;
+  a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
+  if (rt.training && c.attention_dropout > 0.0f) {
+    a.dropout_p = c.attention_dropout;
+    a.dropout_seed = rt.seed;
+    a.dropout_site = static_cast<uint32_t>(layer_);
+    a.sample_offset = mb.first_sample;
+    a.head_offset = heads_ * mp_.tp.rank;  // global head numbers: TP shards drop what TP = 1 drops
+  }
+  if (mb.document_ids.defined()) a.document_ids = &mb.document_ids;  // packed documents
+  return a;
+}
+
+Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& saved,
+                              const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  const int64_t t = mb.tokens();
+  const int64_t hd = cfg_->kv_channels;
+  saved.x_full = qkv_.gather_input(x, t, s);
+  Tensor qkv = qkv_.forward(saved.x_full, s);
+  Tensor q = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
+  Tensor k = Tensor::empty({t, groups_ * hd}, x.dtype(), s);
+  Tensor v = Tensor::empty({t, groups_ * hd}, x.dtype(), s);
+  ops::split_columns(qkv, {&q, &k, &v}, s);
+  qkv = Tensor();
+  if (cfg_->qk_layernorm) {
+    q = q_norm_.forward(q.view({t * heads_, hd}), saved.q_norm, s).view({t, heads_ * hd});
+    k = k_norm_.forward(k.view({t * groups_, hd}), saved.k_norm, s).view({t, groups_ * hd});
+  }
+  if (cfg_->position_embedding_type == PositionEmbeddingType::Rope) {
+    ops::rope_forward(q, mb.positions, {heads_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
+    ops::rope_forward(k, mb.positions, {groups_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
+  }
+  saved.q = q;
+  saved.k = k;
+  saved.v = v;
+  saved.out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
+  saved.lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
+  ops::attention_forward(q, k, v, saved.out, saved.lse, core_args(mb, rt), s);
+  return proj_.forward(saved.out, s);
+}
+
+Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved,
+                               const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  const int64_t t = mb.tokens();
+  const int64_t hd = cfg_->kv_channels;
+  Tensor dattn = proj_.backward(dy, saved.out, t, s);
+  Tensor dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
+  Tensor dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
+  Tensor dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);
+  ops::attention_backward(dattn, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
+                          core_args(mb, rt), s);
+  saved.q = saved.k = saved.v = saved.out = saved.lse = Tensor();
+  dattn = Tensor();
+  if (cfg_->position_embedding_type == PositionEmbeddingType::Rope) {
+    ops::rope_backward(dq, mb.positions, {heads_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
+    ops::rope_backward(dk, mb.positions, {groups_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
+  }
+  if (cfg_->qk_layernorm) {
+    dq = q_norm_.backward(dq.view({t * heads_, hd}), saved.q_norm, s).view({t, heads_ * hd});
+    dk = k_norm_.backward(dk.view({t * groups_, hd}), saved.k_norm, s).view({t, groups_ * hd});
+  }
+  Tensor dqkv = Tensor::empty({t, (heads_ + 2 * groups_) * hd}, dy.dtype(), s);
+  ops::concat_columns({&dq, &dk, &dv}, dqkv, s);
+  dq = dk = dv = Tensor();
+  Tensor dx = qkv_.backward(dqkv, saved.x_full, s);
+  saved = Saved{};
+  return dx;
+}
+
+}  // namespace megadlm

@@ -1,0 +1,54 @@
+#include "megadlm/model/mlp.h"
+#include <cmath>
+#include "megadlm/ops/activation.h"
+
+namespace megadlm {
+
+Mlp::Mlp(const TransformerConfig& config, const std::string& prefix, ParameterStore& store,
+         const ModelParallel& mp)
+    : activation_(config.activation) {
+  const int64_t ffn = config.ffn_hidden_size;
+  MDLM_CHECK(ffn % mp.tp.size == 0, prefix, "mlp: ffn ", ffn,
+             " must divide by tensor-parallel size ", mp.tp.size);
+  ffn_ = ffn / mp.tp.size;
+  const int64_t h = config.hidden_size;
+  const ParamInit init{InitKind::Normal, config.init_method_std};
+  // Megatron scales the init of the output projections by 1/sqrt(2 * num_layers).
+  const ParamInit out_init{InitKind::Normal,
+                           config.init_method_std / std::sqrt(2.0f * config.num_layers)};
+  const std::string p = prefix + "mlp.";
+  if (activation_ == MlpActivation::SwiGLU) {
+    fc1_ = tp::ColumnParallelLinear(store, {{p + "linear_fc1_gate", ffn}, {p + "linear_fc1_up", ffn}},
+                                    h, config.add_bias_linear, init, mp);
+  } else {
+    fc1_ = tp::ColumnParallelLinear(store, {{p + "linear_fc1", ffn}}, h, config.add_bias_linear,
+                                    init, mp);
+  }
+  fc2_ = tp::RowParallelLinear(store, p + "linear_fc2", h, ffn, config.add_bias_linear, out_init, mp);
+}
+
+Tensor Mlp::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  saved.x_full = fc1_.gather_input(x, mb.tokens(), s);
+  saved.fc1_out = fc1_.forward(saved.x_full, s);
+  saved.act_out = Tensor::empty({mb.tokens(), ffn_}, x.dtype(), s);
+  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(saved.fc1_out, saved.act_out, s);
+  else ops::gelu_forward(saved.fc1_out, saved.act_out, s);
+  return fc2_.forward(saved.act_out, s);
+}
+
+Tensor Mlp::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  Tensor dact = fc2_.backward(dy, saved.act_out, mb.tokens(), s);
+  saved.act_out = Tensor();
+  Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), dy.dtype(), s);
+  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_backward(dact, saved.fc1_out, dfc1, s);
+  else ops::gelu_backward(dact, saved.fc1_out, dfc1, s);
+  saved.fc1_out = Tensor();
+  dact = Tensor();
+  Tensor dx = fc1_.backward(dfc1, saved.x_full, s);
+  saved = Saved{};
+  return dx;
+}
+
+}  // namespace megadlm

@@ -1,0 +1,110 @@
+#include "megadlm/parallel/tensor_parallel/layers.h"
+#include "megadlm/ops/gemm.h"
+#include "megadlm/ops/reduce.h"
+#include "megadlm/parallel/tensor_parallel/mappings.h"
+
+namespace megadlm::tp {
+
+namespace {
+
+/// y = x W^T (+ b).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor* bias, const Stream& s) {
+  Tensor y = Tensor::empty({x.rows(), w.rows()}, x.dtype(), s);
+  ops::gemm(x, w, y, {.trans_b = true, .bias = bias}, s);
+  return y;
+}
+
+/// dW += dy^T x; db += Σ_rows dy (when db is defined); returns dx = dy W.
+Tensor linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor dw, Tensor db,
+                       const Stream& s) {
+  ops::gemm(dy, x, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
+  if (db.defined()) ops::sum_rows(dy, db, s);
+  Tensor dx = Tensor::empty({dy.rows(), w.cols()}, dy.dtype(), s);
+  ops::gemm(dy, w, dx, {}, s);
+  return dx;
+}
+
+/// Sum of partial results over TP onto this rank's rows: reduce-scatter under SP, else all-reduce.
+Tensor reduce_to_local_rows(Tensor partial, const ModelParallel& mp, const Stream& s) {
+  if (mp.sequence_parallel) return scatter_rows(partial, mp.tp.get(), s);
+  all_reduce(partial, mp.tp.get(), s);
+  return partial;
+}
+
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::vector<LinearPart>& parts,
+                                           int64_t in_features, bool bias, ParamInit init,
+                                           const ModelParallel& mp)
+    : store_(&store), mp_(mp) {
+  MDLM_CHECK(!parts.empty(), "ColumnParallelLinear needs at least one part");
+  const TpSlice column{TpSplit::Rows, mp.tp.rank, mp.tp.size};  // output rows split
+  for (size_t i = 0; i < parts.size(); ++i) {
+    MDLM_CHECK(parts[i].out_features % mp.tp.size == 0, parts[i].name, ": ", parts[i].out_features,
+               " output features do not split over ", mp.tp.size, " tensor-parallel ranks");
+    const ParameterStore::Handle h = store.add(parts[i].name + ".weight", {parts[i].out_features, in_features},
+                                               init, true, i > 0, column);
+    if (i == 0) w_first_ = h;
+    w_last_ = h;
+    local_out_ += parts[i].out_features / mp.tp.size;
+  }
+  if (bias) {
+    const ParamInit zero{InitKind::Zeros, 0.0f};
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const ParameterStore::Handle h = store.add(parts[i].name + ".bias", {parts[i].out_features},
+                                                 zero, false, i > 0, column);
+      if (i == 0) b_first_ = h;
+      b_last_ = h;
+    }
+  }
+}
+
+Tensor ColumnParallelLinear::gather_input(const Tensor& x, int64_t rows, const Stream& s) const {
+  return mp_.sequence_parallel ? gather_rows(x, rows, mp_.tp.get(), s) : x;
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x_full, const Stream& s) const {
+  Tensor b;
+  if (b_first_ >= 0) b = store_->param_span(b_first_, b_last_);
+  return linear(x_full, store_->param_span(w_first_, w_last_), b_first_ >= 0 ? &b : nullptr, s);
+}
+
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x_full, const Stream& s) const {
+  Tensor db;
+  if (b_first_ >= 0) db = store_->grad_span(b_first_, b_last_);
+  Tensor dx = linear_backward(dy, x_full, store_->param_span(w_first_, w_last_),
+                              store_->grad_span(w_first_, w_last_), db, s);
+  return reduce_to_local_rows(dx, mp_, s);
+}
+
+RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& name,
+                                     int64_t out_features, int64_t in_features, bool bias,
+                                     ParamInit init, const ModelParallel& mp)
+    : store_(&store), mp_(mp) {
+  MDLM_CHECK(in_features % mp.tp.size == 0, name, ": ", in_features,
+             " input features do not split over ", mp.tp.size, " tensor-parallel ranks");
+  const TpSlice row{TpSplit::Cols, mp.tp.rank, mp.tp.size};  // input columns split
+  weight_ = store.add(name + ".weight", {out_features, in_features}, init, true, false, row);
+  if (bias)
+    bias_ = store.add(name + ".bias", {out_features}, ParamInit{InitKind::Zeros, 0.0f}, false, false,
+                      TpSlice{TpSplit::Replicated, mp.tp.rank, mp.tp.size});
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {
+  // The bias is added once, on TP rank 0, so that the reduction sums it exactly once.
+  Tensor b;
+  const bool with_bias = bias_ >= 0 && mp_.tp.rank == 0;
+  if (with_bias) b = store_->param(bias_);
+  return reduce_to_local_rows(linear(x, store_->param(weight_), with_bias ? &b : nullptr, s), mp_, s);
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, int64_t rows,
+                                   const Stream& s) const {
+  // The gradient of the full rows (the conjugate of the reduce-scatter is an all-gather).
+  Tensor dy_full = mp_.sequence_parallel ? gather_rows(dy, rows, mp_.tp.get(), s) : dy;
+  Tensor db;
+  if (bias_ >= 0) db = store_->grad(bias_);
+  return linear_backward(dy_full, x, store_->param(weight_), store_->grad(weight_), db, s);
+}
+
+}  // namespace megadlm::tp

@@ -1,0 +1,88 @@
+#include "megadlm/training/parallelize.h"
+#include <algorithm>
+#include "megadlm/parallel/pipeline_parallel/layer_partition.h"
+#include "megadlm/parallel/rank_layout.h"
+
+namespace megadlm {
+
+std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
+  auto pm = std::make_unique<ParallelModel>();
+  const ParallelConfig& pc = cfg.parallel;
+  const bool cuda = cfg.training.device == DeviceKind::Cuda;
+  if (groups != nullptr) {
+    pm->world = groups->world;
+    pm->rank = groups->world ? groups->world->rank() : 0;
+    pm->data_group = groups->dp;
+    pm->grad_group = groups->dp_cp;
+    pm->pipeline = groups->pp;
+    pm->model_parallel = ModelParallel::from(*groups, pc);
+    MDLM_CHECK(!pm->grad_group ||
+                   pm->grad_group->size() == pc.data_parallel_size * pc.context_parallel_size,
+               "the dp-cp group has ", pm->grad_group ? pm->grad_group->size() : 1,
+               " ranks but the configuration says dp ", pc.data_parallel_size, " x cp ",
+               pc.context_parallel_size);
+    if (pm->data_group) pm->data_shard = {pm->data_group->rank(), pm->data_group->size()};
+    // The sample assignment the trainer uses must be the layout's (megatron-compat.md §1.7).
+    const DataShard expected = DataShard::of(parallel::RankLayout::build(pc), pm->rank);
+    MDLM_CHECK(pm->data_shard == expected, "rank ", pm->rank, ": the data group says data rank ",
+               pm->data_shard.rank, " of ", pm->data_shard.size, ", the layout says ", expected.rank,
+               " of ", expected.size);
+  }
+  MDLM_CHECK(pm->model_parallel.tp.size == pc.tensor_model_parallel_size, "the tp group has ",
+             pm->model_parallel.tp.size, " ranks but --tensor-model-parallel-size is ",
+             pc.tensor_model_parallel_size);
+  ModelRuntime& rt = pm->runtime;
+  rt.stream = Stream::for_device(
+      cuda ? (pm->grad_group ? pm->grad_group->device() : Device::cuda(0)) : Device::cpu());
+  rt.dtype = cuda ? DType::BF16 : DType::F32;
+  rt.seed = cfg.training.seed;
+  rt.training = true;
+
+  // Pipeline: this rank's chunks of layers (several with virtual stages); the first virtual
+  // stage holds the embedding, the last one the head.
+  if (pm->pipeline) {
+    pm->pp_rank = pm->pipeline->rank();
+    pm->pp_size = pm->pipeline->size();
+  }
+  MDLM_CHECK(pm->pp_size == pc.pipeline_model_parallel_size, "the pp group has ", pm->pp_size,
+             " ranks but --pipeline-model-parallel-size is ", pc.pipeline_model_parallel_size);
+  const int vpp = std::max(1, pc.virtual_pipeline_model_parallel_size);
+  const auto ranges = pp::stage_layers(cfg.model.num_layers, pm->pp_size, vpp, pm->pp_rank,
+                                       pc.decoder_first_pipeline_num_layers,
+                                       pc.decoder_last_pipeline_num_layers);
+  for (int c = 0; c < static_cast<int>(ranges.size()); ++c) {
+    ModelChunkSpec spec;
+    spec.embedding = pm->pp_rank == 0 && c == 0;
+    spec.head = pm->pp_rank == pm->pp_size - 1 && c == static_cast<int>(ranges.size()) - 1;
+    spec.first_layer = ranges[static_cast<size_t>(c)].first;
+    spec.num_layers = ranges[static_cast<size_t>(c)].count;
+    pm->chunks.push_back(std::make_unique<GptModel>(cfg.model, pm->store, pm->model_parallel, spec));
+  }
+
+  // Buffers and the data-parallel wrapper. Gradients reduce over dp-cp; with several
+  // distributed-optimizer instances the shards live in the intra-instance group and are
+  // all-reduced across instances.
+  DataParallelOptions dpo;
+  dpo.overlap_grad_reduce = pc.overlap_grad_reduce;
+  dpo.distributed_optimizer = pc.use_distributed_optimizer;
+  dpo.overlap_param_gather = pc.overlap_param_gather;
+  dpo.bucket_size = pc.ddp_bucket_size;
+  std::shared_ptr<comm::Communicator> shard_group = pm->grad_group, inter_group;
+  if (groups != nullptr && dpo.distributed_optimizer && groups->dist_opt_intra) {
+    shard_group = groups->dist_opt_intra;
+    inter_group = groups->dist_opt_inter;
+    pm->dist_opt_inter = inter_group;
+  }
+  pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
+                        DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1));
+  pm->data_parallel = std::make_unique<DataParallel>(
+      pm->store, shard_group, dpo, rt.stream, inter_group, groups != nullptr ? groups->tp : nullptr,
+      pm->pipeline, groups != nullptr ? groups->embedding : nullptr);
+  pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
+                                                   cfg.optimizer, rt.stream);
+  rt.hooks = pm->data_parallel.get();
+  rt.stream.synchronize();
+  return pm;
+}
+
+}  // namespace megadlm
