@@ -248,10 +248,12 @@ constexpr FlagSpec kFlags[] = {
      .help = "Dropout probability on the attention probabilities, in [0, 1) (0 disables)."},
     {.name = "--hidden-dropout", .kind = K::Float, .group = G::Model, .default_value = "0.1",
      .help = "Dropout on residual branches."},
-    {.name = "--attention-backend", .kind = K::String, .group = G::Model, .status = S::Ignored,
-     .default_value = "auto", .choices = "flash fused unfused local auto custom",
-     .help = "Transformer Engine attention backend.",
-     .hint = "megadlm has its own attention kernels"},
+    {.name = "--attention-backend", .kind = K::String, .group = G::Model, .default_value = "auto",
+     .choices = "flash fused unfused local auto custom cudnn", .not_yet = "custom",
+     .help = "CUDA attention implementation: auto = cuDNN's fused attention wherever it computes "
+             "the call exactly, megadlm's flash kernels elsewhere (attention dropout, shapes cuDNN "
+             "refuses); fused or cudnn = cuDNN only (an error where it cannot run a call); flash, "
+             "local or unfused = megadlm's own kernels. No effect on CPU (docs/compat.md)."},
     {.name = "--attention-softmax-in-fp32", .kind = K::StoreTrue, .group = G::Model,
      .status = S::Ignored, .help = "Softmax in fp32.", .hint = "megadlm always computes softmax in fp32"},
     {.name = "--apply-query-key-layer-scaling", .kind = K::StoreTrue, .group = G::Model,
@@ -431,7 +433,9 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .default_value = "0", .choices = "0 1 2",
      .help = "Release cached memory after steps."},
     {.name = "--deterministic-mode", .kind = K::StoreTrue, .group = G::Training,
-     .status = S::Ignored, .help = "Deterministic kernels only."},
+     .help = "Deterministic kernels only: the same run twice on the GPU gives bitwise equal "
+             "losses (the attention backward runs cuDNN's deterministic algorithm or the flash "
+             "kernels' per-key-tile dQ sums; slower, docs/benchmarks.md)."},
     {.name = "--manual-gc", .kind = K::StoreTrue, .group = G::Training, .status = S::Ignored,
      .help = "Python garbage collection control."},
     {.name = "--manual-gc-interval", .kind = K::Int, .group = G::Training, .status = S::Ignored,

@@ -34,10 +34,10 @@ args=$(grep -v '^#' "$src/configs/tiny_dlm.args" | tr '\n' ' ' | sed -e 's/--moc
 # shellcheck disable=SC2086
 "$bin/pretrain_difflm" $args --device cpu --tokenizer-type NullTokenizer --mask-token 127 \
   --data-path mem_text_document --split 100,0,0 --seq-length 16 --max-position-embeddings 16 \
-  --train-iters 500 --lr 5e-3 --min-lr 5e-4 --micro-batch-size 16 --global-batch-size 16 \
-  --difflm-varilen-prob 0 --eval-iters 0 --log-interval 100 --save ckpt --save-interval 500 > train.log 2>&1 \
+  --train-iters 800 --lr 5e-3 --min-lr 5e-4 --micro-batch-size 16 --global-batch-size 16 \
+  --difflm-varilen-prob 0 --eval-iters 0 --log-interval 100 --save ckpt --save-interval 800 > train.log 2>&1 \
   || { cat train.log; exit 1; }
-grep -o "iteration *500/ *500.*lm loss: [^|]*" train.log | grep -o "lm loss: .*"
+grep -o "iteration *800/ *800.*lm loss: [^|]*" train.log | grep -o "lm loss: .*"
 check() {  # check FILE: every completion is the sentence's second half
   "$PY" - "$1" <<'P'
 import json, sys
