@@ -535,14 +535,22 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   const bool per_split_paths =
       a.is_set("train_data_path") || a.is_set("valid_data_path") || a.is_set("test_data_path");
   const bool per_split_args = a.is_set("per_split_data_args_path");
+  const bool sft = a.is_set("sft_data_path");
   // The files stand for the flags they replace.
   const bool single_blend = data_path || data_args;
   const bool per_split = per_split_paths || per_split_args;
   // V-52
-  if (static_cast<int>(mock) + static_cast<int>(single_blend) + static_cast<int>(per_split) > 1)
+  if (static_cast<int>(mock) + static_cast<int>(single_blend) + static_cast<int>(per_split) +
+          static_cast<int>(sft) > 1)
     d.error("V-52", "give one data source: `--mock-data`, `--data-path` (or `--data-args-path`), "
-                    "or the per-split `--train/valid/test-data-path` (or "
+                    "`--sft-data-path`, or the per-split `--train/valid/test-data-path` (or "
                     "`--per-split-data-args-path`)");
+  if (sft && a.s("model_running_mode") == "vanilla")
+    d.error("M-22", "`--sft-data-path` fine-tunes a masked-diffusion model: it needs "
+                     "`--model-running-mode difflm-noshift`");
+  if (sft && a.s("tokenizer_type").empty())
+    d.error("M-23", "`--sft-data-path` needs `--tokenizer-type` (responses end with its end-of-document "
+                     "token; NullTokenizer takes token ids as text)");
   // V-16
   if (data_path && data_args)
     d.error("V-16", "give only one of `--data-path` and `--data-args-path`");
@@ -550,7 +558,7 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
     d.error("V-16", "give only one of the per-split `--*-data-path` flags and "
                     "`--per-split-data-args-path`");
   // M-10
-  if (!mock && !single_blend && !per_split)
+  if (!mock && !single_blend && !per_split && !sft)
     d.error("M-10", "no training data: pass `--mock-data` or `--data-path`");
   // V-15. Megatron applies the legacy default to --data-path only and fails later without
   // --split for --data-args-path; the file stands for --data-path here too (docs/compat.md).
@@ -852,6 +860,8 @@ RunConfig build_run_config(const ArgState& a) {
   df.mask_token = a.i("mask_token");
   df.varilen_prob = static_cast<float>(a.f("difflm_varilen_prob"));
   const std::string w = a.s("dlm_loss_weight");
+  df.sft = a.is_set("sft_data_path");
+  df.sft_loss_norm = a.s("dlm_sft_loss_norm") == "token" ? SftLossNorm::Token : SftLossNorm::AnswerLength;
   df.loss_weight = w == "inv_t" ? DlmLossWeight::InvT
                    : w == "inv_t_eps" ? DlmLossWeight::InvTEps
                                       : DlmLossWeight::ExactRatio;
@@ -889,6 +899,12 @@ RunConfig build_run_config(const ArgState& a) {
   t.device = a.s("device") == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
   t.log_interval = as_int("log_interval");
   t.metrics_jsonl = a.s("metrics_jsonl");
+  t.tensorboard_dir = a.s("tensorboard_dir");
+  t.tensorboard_log_interval = as_int("tensorboard_log_interval");
+  t.log_timers_to_tensorboard = a.b("log_timers_to_tensorboard");
+  t.log_throughput = a.b("log_throughput");
+  t.log_memory_to_tensorboard = a.b("log_memory_to_tensorboard");
+  t.log_validation_ppl_to_tensorboard = a.b("log_validation_ppl_to_tensorboard");
   t.eval_interval = as_int("eval_interval");
   t.eval_iters = as_int("eval_iters");
   if (a.is_set("exit_interval")) t.exit_interval = a.i("exit_interval");
@@ -906,6 +922,8 @@ RunConfig build_run_config(const ArgState& a) {
   DataConfig& dc = r.data;
   dc.mock_data = a.b("mock_data");
   dc.data_path = a.strings("data_path");
+  dc.sft_data_path = a.strings("sft_data_path");
+  dc.sft_chat_template = a.s("sft_chat_template");
   if (a.is_set("split")) dc.split = a.s("split");
   dc.data_cache_path = a.s("data_cache_path");
   dc.reset_position_ids = a.b("reset_position_ids");

@@ -11,6 +11,7 @@
 #include "megadlm/parallel/pipeline_parallel/executor.h"
 #include "megadlm/parallel/pipeline_parallel/schedule.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/diffusion/sft_process.h"
 #include "megadlm/training/flops.h"
 #include "megadlm/training/lr_schedule.h"
 
@@ -97,7 +98,13 @@ std::vector<HostMicroBatch> Trainer::host_micro_batches(const SampleSource& data
     samples.reserve(static_cast<size_t>(mbs));
     const int64_t mb_first = shard.first_sample(first, m, mbs);
     for (int64_t b = 0; b < mbs; ++b) samples.push_back(data.sample(mb_first + b));
-    host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
+    if (cfg_.diffusion.sft) {  // prompt/response data: masks on the response only
+      std::vector<int64_t> prompts;
+      for (int64_t b = 0; b < mbs; ++b) prompts.push_back(data.prompt_length(mb_first + b));
+      host[static_cast<size_t>(m)] = build_sft_micro_batch(samples, prompts, mb_first, cfg_.diffusion, ctx);
+    } else {
+      host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
+    }
     for (int32_t id : host[static_cast<size_t>(m)].labels)
       MDLM_CHECK(id >= 0 && id < cfg_.model.padded_vocab_size, "sample ", mb_first, "..",
                  mb_first + mbs - 1, " holds token id ", id, ", outside the vocabulary [0, ",
@@ -286,6 +293,7 @@ std::vector<IterationMetrics> Trainer::train() {
     IterationMetrics m = step();
     all.push_back(m);
     window.push_back(m);
+    training_log_.step(m);  // the per-iteration series (TensorBoard)
     if (iteration_ % log_every == 0 || iteration_ == total) {
       log_interval(window);
       window.clear();

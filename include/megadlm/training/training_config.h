@@ -42,6 +42,12 @@ struct TrainingConfig {
   DeviceKind device = DeviceKind::Cpu;  ///< resolved: cuda when a GPU is visible, unless --device
   int log_interval = 100;
   std::string metrics_jsonl;     ///< --metrics-jsonl PATH ("" = off)
+  std::string tensorboard_dir;   ///< --tensorboard-dir ("" = off; training/tensorboard_writer.h)
+  int tensorboard_log_interval = 1;
+  bool log_timers_to_tensorboard = false;
+  bool log_throughput = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
   int eval_interval = 1000;
   int eval_iters = 100;
   std::optional<int64_t> exit_interval;
@@ -76,6 +82,9 @@ struct DataConfig {
   std::string tokenizer_model;
   std::string vocab_file;
   std::string merge_file;
+  /// --sft-data-path: supervised fine-tuning JSONL (data/sft_dataset.h); with --sft-chat-template.
+  std::vector<std::string> sft_data_path;
+  std::string sft_chat_template = "plain";
 };
 
 /// Checkpoint saving and loading (--save, --load, ...; docs/checkpoints.md).

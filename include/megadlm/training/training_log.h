@@ -5,12 +5,17 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 #include "megadlm/core/stream.h"
 #include "megadlm/training/training_config.h"
 
 namespace megadlm {
+
+namespace training {
+class TrainingTensorBoard;
+}
 
 struct IterationMetrics {
   int64_t iteration = 0;         ///< 1-based, after the step
@@ -32,8 +37,10 @@ double peak_reserved_memory_gb(const Stream& stream);
 
 class TrainingLog {
  public:
-  /// `logging_rank`: whether this rank writes (the others' calls do nothing).
+  /// `logging_rank`: whether this rank writes (the others' calls do nothing). With
+  /// --tensorboard-dir the logging rank creates its event file here (training/tensorboard_writer.h).
   TrainingLog(const RunConfig& config, std::ostream& log, bool logging_rank);
+  ~TrainingLog();
 
   /// Checks at start-up that the metrics file can be appended to.
   void check_metrics_file() const;
@@ -49,6 +56,8 @@ class TrainingLog {
   /// row keyed `key`, e.g. "validation_lm_loss").
   void validation(double loss, const std::string& what, const std::string& key, int64_t iteration,
                   int64_t consumed_samples) const;
+  /// After every iteration: the per-iteration TensorBoard series (nothing without --tensorboard-dir).
+  void step(const IterationMetrics& m) const;
   /// " > peak memory per pipeline stage (GB): ..." (+ a metrics row).
   void peak_memory_per_stage(const std::vector<float>& gb, int64_t iteration) const;
 
@@ -58,6 +67,7 @@ class TrainingLog {
   const RunConfig& cfg_;
   std::ostream& log_;
   bool logging_rank_;
+  std::unique_ptr<training::TrainingTensorBoard> tensorboard_;  // --tensorboard-dir, logging rank
 };
 
 }  // namespace megadlm

@@ -16,6 +16,7 @@
 #include "megadlm/ops/random.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/ops/rope.h"
+#include "megadlm/ops/sampling.h"
 
 namespace megadlm::ops::cpu {
 #include "ops/backend_ops.inc"

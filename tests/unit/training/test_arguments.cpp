@@ -618,6 +618,21 @@ std::vector<Row> rows() {
       {"V-52-files", cmd({"--data-args-path", "a.txt", "--per-split-data-args-path", "b.json"}, {"--mock-data"}),
        O::Rejected, {"give one data source", "(or `--per-split-data-args-path`) [V-52]"}},
       {"V-52-mock", cmd({"--data-args-path", "a.txt"}), O::Rejected, {"give one data source", "[V-52]"}},
+      {"V-52-sft", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer"}), O::Rejected,
+       {"give one data source", "`--sft-data-path`", "[V-52]"}},
+      {"M-22", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--model-running-mode",
+                    "vanilla"}, {"--mock-data"}),
+       O::Rejected, {"needs `--model-running-mode difflm-noshift` [M-22]"}},
+      {"M-23", cmd({"--sft-data-path", "pairs.jsonl"}, {"--mock-data"}), O::Rejected,
+       {"`--sft-data-path` needs `--tokenizer-type`", "[M-23]"}},
+      {"M-23-ok", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--dlm-sft-loss-norm",
+                       "token", "--sft-chat-template", "llada"}, {"--mock-data"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.diffusion.sft);
+         EXPECT_EQ(p.config.diffusion.sft_loss_norm, SftLossNorm::Token);
+         EXPECT_EQ(p.config.data.sft_data_path, std::vector<std::string>{"pairs.jsonl"});
+         EXPECT_EQ(p.config.data.sft_chat_template, "llada");
+       }},
       // The blends parse, and the blend files are read, during validation: --dry-run sees them.
       {"M-18", dry(1, {"--data-path", "0.3", "corpus_a", "x", "corpus_b"}, {"--mock-data"}), O::Rejected,
        {"--data-path: unparsable blend weight(s) \"x\"", "[M-18]"}},
@@ -809,7 +824,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "R-14"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
