@@ -14,9 +14,8 @@ SelfAttention::SelfAttention(const TransformerConfig& config, int layer_number,
   MDLM_CHECK(config.num_attention_heads % tp == 0 && config.num_query_groups % tp == 0, "layer ",
              layer_number, ": heads ", config.num_attention_heads, " and query groups ",
              config.num_query_groups, " must divide by tensor-parallel size ", tp);
-  MDLM_CHECK(mp.cp.size == 1, "layer ", layer_number, ": context parallelism (--context-parallel-size ",
-             mp.cp.size, ") is not implemented yet: the core attention over sequence chunks belongs "
-             "in parallel/context_parallel/ (docs/roadmap.md)");
+  if (mp.cp.enabled())
+    cp_attention_ = cp::ContextParallelAttention(cp::comm_type_of_layer(mp.cp_comm_types, layer_number), mp);
   heads_ = config.num_attention_heads / tp;
   groups_ = config.num_query_groups / tp;
   const int64_t h = config.hidden_size;
@@ -84,6 +83,12 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
     ops::rope_forward(q, mb.positions, {heads_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
     ops::rope_forward(k, mb.positions, {groups_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
   }
+  if (mp_.cp.enabled()) {
+    MDLM_CHECK(mb.cp != nullptr, "layer ", layer_, ": context parallelism needs a micro-batch "
+               "uploaded for its CP rank (MicroBatch::upload with the CP rank and size)");
+    saved.out = cp_attention_.forward(q, k, v, core_args(mb, rt), *mb.cp, saved.cp, s);
+    return proj_.forward(saved.out, s);
+  }
   saved.q = q;
   saved.k = k;
   saved.v = v;
@@ -99,11 +104,19 @@ Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& sa
   const int64_t t = mb.tokens();
   const int64_t hd = cfg_->kv_channels;
   Tensor dattn = proj_.backward(dy, saved.out, t, s);
-  Tensor dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
-  Tensor dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
-  Tensor dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);
-  ops::attention_backward(dattn, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
-                          core_args(mb, rt), s);
+  Tensor dq, dk, dv;
+  if (mp_.cp.enabled()) {
+    cp::AttentionGrads g = cp_attention_.backward(dattn, saved.out, saved.cp, core_args(mb, rt), *mb.cp, s);
+    dq = g.dq;
+    dk = g.dk;
+    dv = g.dv;
+  } else {
+    dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
+    dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
+    dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);
+    ops::attention_backward(dattn, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
+                            core_args(mb, rt), s);
+  }
   saved.q = saved.k = saved.v = saved.out = saved.lse = Tensor();
   dattn = Tensor();
   if (cfg_->position_embedding_type == PositionEmbeddingType::Rope) {

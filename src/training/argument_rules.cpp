@@ -13,6 +13,7 @@
 //   M-8 --train-iters required unless --dry-run    M-16 one source of LR-scheduler settings
 //                                                  M-17 --checkpoint-steps is a list of iterations
 //                                                  M-18 the blends and the files holding them parse
+//                                                  M-21 a2a+p2p takes two hierarchical CP levels
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
 // not-yet precision flags), the GPU half of V-40 and the NCCL_ALGO half of V-54 (the library
 // neither probes devices nor reads the environment), V-46 (documented only, per the spec), C-1
@@ -650,11 +651,12 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
   // context and sequence splits stay divisible.
   // D-6: packed (THD) batches.
   if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {
+    // MegaDLMs also refuses packing with CP (its cu_seqlens use multiples of S, not of the
+    // local length); megadlm's CP attention keeps documents by global document id, so packed
+    // batches split over CP ranks compute what they compute at CP = 1.
     if (!a.b("cut_off_varlen_to_seqlen"))
       d.error("D-6", "packed batches (`--reset-position-ids --reset-attention-mask`) with "
                      "difflm-noshift need `--cut-off-varlen-to-seqlen`");
-    if (c.cp > 1)
-      d.error("D-6", "packed batches cannot be combined with " + a.flag_value("context_parallel_size"));
   }
   // Per-document attention: MegaDLMs' packed difflm batches, or Megatron's blocked causal mask.
   const bool per_document = a.b("reset_attention_mask") &&

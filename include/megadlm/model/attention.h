@@ -7,8 +7,10 @@
 // residual and the hidden dropout around it are the transformer layer's.
 // Tensor parallelism: each TP rank holds num_heads/tp query heads and num_query_groups/tp KV
 // groups (docs/parallelism/tensor_parallel.md). The core — softmax(q kᵀ / √d) v over the
-// sequence, with its log-sum-exp — is the part context parallelism replaces
-// (parallel/context_parallel/): with CP the core sees only this rank's chunks of the sequence.
+// sequence, with its log-sum-exp — is the part context parallelism replaces: with CP this rank
+// holds only its chunks of the sequence, RoPE rotates them by their global positions, and the
+// layer's cp::ContextParallelAttention (parallel/context_parallel/attention.h, of the layer's
+// --cp-comm-type) computes the attention over the whole sequence with the other CP ranks.
 // Parameters (global names):
 //   decoder.layers.{i}.self_attention.linear_{q,k,v}.{weight,bias}
 //   decoder.layers.{i}.self_attention.{q,k}_layernorm.{weight,bias}
@@ -20,6 +22,7 @@
 #include "megadlm/model/norm_layer.h"
 #include "megadlm/model/transformer_config.h"
 #include "megadlm/ops/attention.h"
+#include "megadlm/parallel/context_parallel/attention.h"
 #include "megadlm/parallel/model_parallel.h"
 #include "megadlm/parallel/parameter_store.h"
 #include "megadlm/parallel/tensor_parallel/layers.h"
@@ -32,8 +35,9 @@ class SelfAttention {
   struct Saved {
     Tensor x_full;  ///< the QKV input, all rows (gathered under SP)
     NormRecord q_norm, k_norm;
-    Tensor q, k, v;       ///< after norm and RoPE: [rows, heads·d], [rows, groups·d]
-    Tensor out, lse;      ///< core attention output [rows, heads·d] and its log-sum-exp
+    Tensor q, k, v;       ///< after norm and RoPE: [rows, heads·d], [rows, groups·d] (no CP)
+    Tensor out, lse;      ///< core attention output [rows, heads·d] and its log-sum-exp (no CP)
+    cp::AttentionSaved cp;  ///< with CP: what the context-parallel core keeps instead
   };
 
   SelfAttention() = default;
@@ -57,6 +61,7 @@ class SelfAttention {
   tp::ColumnParallelLinear qkv_;
   NormLayer q_norm_, k_norm_;
   tp::RowParallelLinear proj_;
+  cp::ContextParallelAttention cp_attention_;  // used when mp_.cp.size > 1
 };
 
 }  // namespace megadlm
