@@ -42,6 +42,7 @@
 #include "megadlm/core/tensor.h"
 #include "megadlm/ops/activation.h"
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/attention_merge.h"
 #include "megadlm/ops/cross_entropy.h"
 #include "megadlm/ops/dropout.h"
 #include "megadlm/ops/elementwise.h"
@@ -817,11 +818,44 @@ std::vector<OpBench> attention_benches() {
   return out;
 }
 
+/// Context parallelism's merge of one ring block into the running result (f32 accumulator, bf16
+/// block, ops/attention_merge.h): memory-bound, 4 B read + 4 B written of the accumulator and
+/// 2 B of the block per element, plus the statistics.
+std::vector<OpBench> context_parallel_benches() {
+  const int64_t B = 4, H = 16, S = 2048, D = 128;
+  OpBench b;
+  b.name = "attention_merge";
+  b.shape = "B=4 H=16 S=2048 D=128 f32 acc, bf16 block";
+  b.bytes = static_cast<double>(B * S * H) * (D * (4 + 4 + 2) + 3 * 4 + 4);
+  b.check = [](const Stream& s) {
+    const ops::AttentionMergeArgs a{2, 100, 3, 80};
+    const Shape os{2, 100, 3, 80}, ls{2, 3, 100};
+    Pair acc = make_pair(os, DType::F32, s), block = make_pair(os, DType::BF16, s);
+    Pair lse = make_pair(ls, DType::F32, s, -3, 3), block_lse = make_pair(ls, DType::F32, s, -3, 3);
+    ops::attention_merge(acc.dev, lse.dev, block.dev, block_lse.dev, a, s);
+    ops::attention_merge(acc.host, lse.host, block.host, block_lse.host, a, Stream::cpu());
+    Check c;
+    c.add(rel_err(acc.dev, acc.host, s), kTolF32);
+    c.add(rel_err(lse.dev, lse.host, s), kTolF32);
+    return c;
+  };
+  b.setup = [](const Stream& s) -> std::function<void()> {
+    const Shape os{B, S, H, D}, ls{B, H, S};
+    Tensor acc = random_device(os, DType::F32, s), block = random_device(os, DType::BF16, s);
+    Tensor lse = random_device(ls, DType::F32, s), block_lse = random_device(ls, DType::F32, s);
+    return [=, &s]() mutable {
+      ops::attention_merge(acc, lse, block, block_lse, {B, S, H, D}, s);
+    };
+  };
+  return {b};
+}
+
 std::vector<OpBench> all_benches() {
   std::vector<OpBench> all;
   for (auto&& group : {gemm_benches(), norm_benches(), rope_benches(), activation_benches(),
                        cross_entropy_benches(), cross_entropy_shard_benches(), optimizer_benches(),
-                       embedding_benches(), elementwise_benches(), attention_benches()})
+                       embedding_benches(), elementwise_benches(), attention_benches(),
+                       context_parallel_benches()})
     all.insert(all.end(), group.begin(), group.end());
   return all;
 }
