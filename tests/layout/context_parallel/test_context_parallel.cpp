@@ -1,6 +1,6 @@
 // Layout equivalence for context parallelism, as an SPMD program under mpirun: every rank trains
 // the small tiny model for 20 iterations with the sequence split over CP ranks (alone and with
-// TP + SP, PP, DP + the distributed optimizer, recomputation) and, on its own, the
+// TP + SP, PP with and without virtual stages, DP + the distributed optimizer, recomputation) and, on its own, the
 // single-process reference; per-iteration losses and gradient norms must agree to 1e-5
 // (relative). Differences come only from fp32 summation order (the log-sum-exp merge of the
 // ring, the reduce-scatter of dK/dV, gradients summed over dp×cp instead of in one buffer).
@@ -63,13 +63,13 @@ struct Layout {
   std::vector<std::string> comm = {"p2p"};
   Mask mask = Mask::Bidirectional;
   int cp = 0;  // 0: the rest of the world after tp, pp and dp
-  int tp = 1, pp = 1, dp = 1;
+  int tp = 1, pp = 1, dp = 1, vpp = 1;
   bool sp = false, dist_opt = false, recompute = false;
   std::vector<int> hierarchical = {};  // a2a+p2p: {all-to-all size, ring size}; empty: {2, cp / 2}
 };
 
 RunConfig tiny_run(const Layout& l, int cp, int world) {
-  RunConfig r = test::tiny_run({.layers = 2 * l.pp, .hidden = 32, .heads = 4, .query_groups = 4,
+  RunConfig r = test::tiny_run({.layers = 2 * l.pp * l.vpp, .hidden = 32, .heads = 4, .query_groups = 4,
                                 .kv_channels = 8, .ffn = 64, .seq = ShortDocuments::kSeq, .vocab = 64},
                                20);
   TransformerConfig& m = r.model;
@@ -94,6 +94,7 @@ RunConfig tiny_run(const Layout& l, int cp, int world) {
   p.context_parallel_size = cp;
   p.tensor_model_parallel_size = l.tp;
   p.pipeline_model_parallel_size = l.pp;
+  p.virtual_pipeline_model_parallel_size = l.vpp > 1 ? l.vpp : 0;
   p.sequence_parallel = l.sp && l.tp > 1;
   p.data_parallel_size = world / (cp * l.tp * l.pp);
   p.use_distributed_optimizer = l.dist_opt;
@@ -122,7 +123,7 @@ const std::vector<IterationMetrics>& reference(const Layout& l) {
   one.dp = l.dp;  // the same global batch
   one.recompute = false;
   RunConfig cfg = tiny_run(one, 1, 1);
-  cfg.model.num_layers = 2 * l.pp;
+  cfg.model.num_layers = 2 * l.pp * l.vpp;
   cfg.parallel.data_parallel_size = 1;
   const std::string key = std::string(mask_name(l.mask)) + "/" + std::to_string(cfg.model.num_layers) +
                           "/" + std::to_string(cfg.training.global_batch_size);
@@ -188,6 +189,8 @@ TEST(ContextParallel, WithTensorParallelAndSequenceParallelMatchesOneProcess) {
 
 TEST(ContextParallel, WithPipelineParallelMatchesOneProcess) {
   expect_same_as_single_process({.comm = {"all_gather"}, .mask = Mask::PackedDocuments, .cp = 2, .pp = 2});
+  // Interleaved 1F1B: 2 virtual stages of 2 layers per rank.
+  expect_same_as_single_process({.comm = {"p2p"}, .mask = Mask::Causal, .cp = 2, .pp = 2, .vpp = 2});
 }
 
 TEST(ContextParallel, WithDataParallelAndDistributedOptimizerMatchesOneProcess) {
