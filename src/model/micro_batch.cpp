@@ -1,5 +1,6 @@
 #include "megadlm/model/micro_batch.h"
 #include <algorithm>
+#include <vector>
 #include "megadlm/parallel/context_parallel/sequence_split.h"
 
 namespace megadlm {
@@ -26,6 +27,37 @@ std::vector<T> pad_rows(const std::vector<T>& v, int64_t batch, int64_t seq, int
     for (int64_t i = seq; i < len; ++i) out[static_cast<size_t>(b * len + i)] = fill(b, i);
   }
   return out;
+}
+
+/// The device tensors of the rows `h` holds (all of them, or one CP rank's shard).
+MicroBatch upload_rows(const HostMicroBatch& h, const Stream& stream) {
+  const int64_t t = h.batch * h.seq;
+  MicroBatch mb;
+  mb.batch = h.batch;
+  mb.seq = h.seq;
+  mb.first_sample = h.first_sample;
+  mb.loss_tokens = h.loss_tokens;
+  const Device dev = stream.device();
+  mb.input_ids = Tensor::from_ints(h.input_ids, {t}).to(dev, stream);
+  mb.labels = Tensor::from_ints(h.labels, {t}).to(dev, stream);
+  mb.positions = Tensor::from_ints(h.positions, {t}).to(dev, stream);
+  mb.loss_weights = Tensor::from_floats(h.loss_weights, {t}).to(dev, stream);
+  if (!h.document_ids.empty()) {
+    mb.document_ids = Tensor::from_ints(h.document_ids, {t}).to(dev, stream);
+    std::vector<int32_t> starts;
+    for (int64_t b = 0; b < h.batch; ++b)
+      for (int64_t i = 0; i < h.seq; ++i) {
+        const size_t k = static_cast<size_t>(b * h.seq + i);
+        if (i == 0 || h.document_ids[k] != h.document_ids[k - 1]) starts.push_back(static_cast<int32_t>(k));
+      }
+    starts.push_back(static_cast<int32_t>(t));
+    mb.document_starts = Tensor::from_ints(starts, {static_cast<int64_t>(starts.size())}).to(dev, stream);
+  }
+  std::vector<int32_t> rows;
+  for (int64_t i = 0; i < t; ++i)
+    if (h.loss_weights[static_cast<size_t>(i)] != 0.0f) rows.push_back(static_cast<int32_t>(i));
+  mb.loss_rows = Tensor::from_ints(rows, {static_cast<int64_t>(rows.size())}).to(dev, stream);
+  return mb;
 }
 
 }  // namespace
@@ -60,35 +92,21 @@ HostMicroBatch pad_for_context_parallel(const HostMicroBatch& h, int cp) {
 MicroBatch MicroBatch::upload(const HostMicroBatch& full, const Stream& stream, int cp_rank,
                               int cp_size) {
   check_sizes(full);
-  MicroBatch mb;
-  mb.batch = full.batch;
-  mb.first_sample = full.first_sample;
-  mb.loss_tokens = full.loss_tokens;
-  const Device dev = stream.device();
-  if (cp_size <= 1) {
-    const int64_t t = full.batch * full.seq;
-    mb.seq = full.seq;
-    mb.input_ids = Tensor::from_ints(full.input_ids, {t}).to(dev, stream);
-    mb.labels = Tensor::from_ints(full.labels, {t}).to(dev, stream);
-    mb.positions = Tensor::from_ints(full.positions, {t}).to(dev, stream);
-    mb.loss_weights = Tensor::from_floats(full.loss_weights, {t}).to(dev, stream);
-    if (!full.document_ids.empty())
-      mb.document_ids = Tensor::from_ints(full.document_ids, {t}).to(dev, stream);
-    return mb;
-  }
+  if (cp_size <= 1) return upload_rows(full, stream);
   const HostMicroBatch h = pad_for_context_parallel(full, cp_size);
   const cp::Split split{cp_size, cp_rank, h.seq};
   split.check();
-  mb.seq = split.local_len();
-  const int64_t t = mb.batch * mb.seq;
-  mb.input_ids = Tensor::from_ints(cp::shard_rows(h.input_ids, h.batch, split), {t}).to(dev, stream);
-  mb.labels = Tensor::from_ints(cp::shard_rows(h.labels, h.batch, split), {t}).to(dev, stream);
-  mb.positions = Tensor::from_ints(cp::shard_rows(h.positions, h.batch, split), {t}).to(dev, stream);
-  mb.loss_weights =
-      Tensor::from_floats(cp::shard_rows(h.loss_weights, h.batch, split), {t}).to(dev, stream);
-  if (!h.document_ids.empty())
-    mb.document_ids =
-        Tensor::from_ints(cp::shard_rows(h.document_ids, h.batch, split), {t}).to(dev, stream);
+  HostMicroBatch local;
+  local.batch = h.batch;
+  local.seq = split.local_len();
+  local.first_sample = h.first_sample;
+  local.loss_tokens = h.loss_tokens;  // the normaliser counts the whole micro-batch
+  local.input_ids = cp::shard_rows(h.input_ids, h.batch, split);
+  local.labels = cp::shard_rows(h.labels, h.batch, split);
+  local.positions = cp::shard_rows(h.positions, h.batch, split);
+  local.loss_weights = cp::shard_rows(h.loss_weights, h.batch, split);
+  if (!h.document_ids.empty()) local.document_ids = cp::shard_rows(h.document_ids, h.batch, split);
+  MicroBatch mb = upload_rows(local, stream);
   mb.cp = std::make_shared<const cp::SequenceLayout>(h.batch, h.seq, cp_size, cp_rank,
                                                      h.document_ids);
   return mb;

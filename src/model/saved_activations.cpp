@@ -45,7 +45,9 @@ SavedActivationBytes saved_activation_bytes(const ModelRecord& rec, DType activa
     c.activation(a.x_full);
     c.norm(a.q_norm);
     c.norm(a.k_norm);
-    for (const Tensor* t : {&a.q, &a.k, &a.v, &a.out, &a.cp.q, &a.cp.k, &a.cp.v}) c.activation(*t);
+    for (const Tensor* t : {&a.q, &a.k, &a.v, &a.qkv, &a.out, &a.cp.q, &a.cp.k, &a.cp.v})
+      c.activation(*t);
+    c.statistic(a.qk_rstd);
     c.statistic(a.lse);
     c.statistic(a.cp.lse);
     c.activation(l.x_mid);
@@ -60,6 +62,7 @@ SavedActivationBytes saved_activation_bytes(const ModelRecord& rec, DType activa
   c.norm(rec.final_norm);
   c.activation(rec.final_out);
   c.activation(rec.dlogits);
+  c.activation(rec.dfinal);
   c.activation(rec.logits);
   c.statistic(rec.losses);
   out.head = c.take();

@@ -257,10 +257,10 @@ void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   if (a2a_p2p && hier.empty())
     d.error("V-10", a.flag_value("cp_comm_type") + " needs `--hierarchical-context-parallel-sizes` "
                     "(level sizes whose product is the CP size)");
-  // M-21: a2a+p2p runs the all-to-all inside level 1 and the ring across level 2 (Transformer
+  // M-22: a2a+p2p runs the all-to-all inside level 1 and the ring across level 2 (Transformer
   // Engine takes exactly these two groups).
   if (a2a_p2p && hier.size() != 0 && hier.size() != 2)
-    d.error("M-21", a.flag_value("cp_comm_type") + " uses two hierarchical levels (the "
+    d.error("M-22", a.flag_value("cp_comm_type") + " uses two hierarchical levels (the "
                     "all-to-all size, then the ring size), but " +
                     a.flag_value("hierarchical_context_parallel_sizes") + " gives " +
                     num(static_cast<int64_t>(hier.size())) + "; valid: two sizes whose product is " +

@@ -115,7 +115,7 @@ group cp-8 "hierarchical-cp level 2" "[0, 2, 4, 6]"
 run 0 cp-8-a2a-p2p --context-parallel-size 8 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 4
 has cp-8-a2a-p2p "world size 8 = tp 1 x cp 8 x dp 1 x pp 1" "$runnable"
 run 2 cp-8-three-levels --context-parallel-size 8 --cp-comm-type a2a+p2p --hierarchical-context-parallel-sizes 2 2 2
-has cp-8-three-levels "uses two hierarchical levels" "[M-21]"
+has cp-8-three-levels "uses two hierarchical levels" "[M-22]"
 
 # ---- EP: --expert-model-parallel-size 4 --num-experts 8 --moe-grouped-gemm --sequence-parallel
 # Experts: etp 1 x ep 4 x edp 2 (ep stride 1, edp stride 4); SP is off with TP 1.

@@ -83,6 +83,7 @@ Tensor ContextParallelAttention::forward(const Tensor& q, const Tensor& k, const
     a.query_chunks = s.chunks();
     a.document_ids = layout.documents(s.size, s.rank, stream);
     a.key_document_ids = layout.documents(1, 0, stream);
+    a.document_starts = nullptr;  // the caller's are of its local rows
     Tensor out = Tensor::empty(q.shape(), q.dtype(), stream);
     saved.lse = Tensor::empty({args.batch, args.num_heads, args.seq}, stat_dtype(q.dtype()), stream);
     ops::attention_forward(q, k_all, v_all, out, saved.lse, a, stream);
@@ -101,6 +102,20 @@ Tensor ContextParallelAttention::forward(const Tensor& q, const Tensor& k, const
   return heads_to_sequence(out, heads_.get(), layout, stream);
 }
 
+void ContextParallelAttention::restore_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const SequenceLayout& layout, AttentionSaved& saved,
+                                              const Stream& stream) const {
+  if (type_ == CommType::AllGather) {
+    saved.q = q;
+    saved.k = k;
+    saved.v = v;
+    return;
+  }
+  saved.q = sequence_to_heads(q, heads_.get(), layout, stream);
+  saved.k = sequence_to_heads(k, heads_.get(), layout, stream);
+  saved.v = sequence_to_heads(v, heads_.get(), layout, stream);
+}
+
 AttentionGrads ContextParallelAttention::backward(const Tensor& dout, const Tensor& out,
                                                   AttentionSaved& saved,
                                                   const ops::AttentionArgs& args,
@@ -117,6 +132,7 @@ AttentionGrads ContextParallelAttention::backward(const Tensor& dout, const Tens
     a.query_chunks = s.chunks();
     a.document_ids = layout.documents(s.size, s.rank, stream);
     a.key_document_ids = layout.documents(1, 0, stream);
+    a.document_starts = nullptr;
     g.dq = Tensor::empty(saved.q.shape(), saved.q.dtype(), stream);
     Tensor dk_all = Tensor::empty(k_all.shape(), k_all.dtype(), stream);
     Tensor dv_all = Tensor::empty(v_all.shape(), v_all.dtype(), stream);

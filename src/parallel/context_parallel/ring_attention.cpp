@@ -69,6 +69,7 @@ ops::AttentionArgs ring_block_args(const ops::AttentionArgs& local, const Ring& 
   a.key_chunks = s.of_rank(src).chunks();
   a.document_ids = ring.layout->documents(s.size, s.rank, stream);
   a.key_document_ids = src == s.rank ? nullptr : ring.layout->documents(s.size, src, stream);
+  a.document_starts = nullptr;  // the caller's are of its local rows, not of this layout
   return a;
 }
 

@@ -1,14 +1,15 @@
 // Layout equivalence for context parallelism, as an SPMD program under mpirun: every rank trains
 // the small tiny model for 20 iterations with the sequence split over CP ranks (alone and with
-// TP + SP, PP with and without virtual stages, DP + the distributed optimizer, recomputation) and, on its own, the
-// single-process reference; per-iteration losses and gradient norms must agree to 1e-5
+// TP + SP, PP with and without virtual stages, DP + the distributed optimizer, recomputation)
+// and, on its own, the single-process reference; per-iteration losses and gradient norms must agree to 1e-5
 // (relative). Differences come only from fp32 summation order (the log-sum-exp merge of the
 // ring, the reduce-scatter of dK/dV, gradients summed over dp×cp instead of in one buffer).
 // Every case has hidden and attention dropout (keyed by global position and head) and, in the
 // diffusion cases, varilen truncation (sequences padded to split over the CP ranks).
 // Cases: the four --cp-comm-type values x bidirectional (no_mask, the DLM default), causal (the
-// vanilla AR mode, GPT-style model) and packed documents (--reset-attention-mask
-// --reset-position-ids over documents that cross chunk and rank boundaries).
+// vanilla AR mode, GPT-style model with QK-LayerNorm: model/attention's unfused path) and packed
+// documents (--reset-attention-mask --reset-position-ids over documents that cross chunk and rank
+// boundaries).
 // Run at 2 and 4 ranks (CP = 2, 4); the combinations need 4 ranks.
 #include <gtest/gtest.h>
 #include <map>
@@ -80,6 +81,9 @@ RunConfig tiny_run(const Layout& l, int cp, int world) {
   }
   if (l.mask == Mask::Causal) {
     test::make_gpt_style(r);  // vanilla AR mode: causal attention, learned positions
+    // QK-LayerNorm takes model/attention's unfused path (q, k, v normalised and kept apart);
+    // the other cases run the fused QK-norm + RoPE path.
+    m.qk_layernorm = true;
   } else {
     r.diffusion.varilen_prob = 0.3f;  // truncated micro-batches: padded to split over CP
   }

@@ -54,6 +54,12 @@ class ContextParallelAttention {
   /// Forward; returns out (q's dtype) and fills `saved`.
   Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const ops::AttentionArgs& args,
                  const SequenceLayout& layout, AttentionSaved& saved, const Stream& stream) const;
+  /// For callers that drop saved.q/k/v after forward and recompute this rank's q, k, v for
+  /// backward (model/attention's fused path): puts them back in the comm type's layout
+  /// (collective over the all-to-all group for a2a and a2a+p2p).
+  void restore_inputs(const Tensor& q, const Tensor& k, const Tensor& v,
+                      const SequenceLayout& layout, AttentionSaved& saved,
+                      const Stream& stream) const;
   /// Backward from dout and forward's out; clears `saved`.
   AttentionGrads backward(const Tensor& dout, const Tensor& out, AttentionSaved& saved,
                           const ops::AttentionArgs& args, const SequenceLayout& layout,

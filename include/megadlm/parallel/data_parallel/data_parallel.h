@@ -12,7 +12,7 @@
 // With N distributed-optimizer instances (megatron-compat.md §1.6) the reduce-scatter and the
 // all-gather run inside an instance and the shards are then all-reduced across instances.
 // Gradients are SUMmed, not averaged: the loss is normalised by the global token count up front
-// (ARCHITECTURE.md promise 1), so the sum over ranks is already the gradient of the global loss.
+// (docs/architecture.md promise 1), so the sum over ranks is already the gradient of the global loss.
 #pragma once
 #include <cstdint>
 #include <memory>
