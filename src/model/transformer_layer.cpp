@@ -17,6 +17,7 @@ ops::DropoutArgs dropout_args(const MicroBatch& mb, const ModelRuntime& rt, floa
   d.seed = rt.seed;
   d.site = site;
   d.seq_len = mb.seq;
+  d.chunks = mb.position_map();  // CP shards keep the global positions' masks
   d.sample_offset = mb.first_sample;
   d.row_offset = row_offset;
   return d;

@@ -16,6 +16,9 @@
 //                                                  M-19 rolling (non-persistent) checkpoints
 //                                                  M-20 the logging flags (logging_rules.cpp)
 //                                                  M-21 forced cuDNN attention without dropout
+//                                                  M-22 SFT needs difflm-noshift
+//                                                  M-23 SFT needs a tokenizer
+//                                                  M-24 a2a+p2p takes two hierarchical CP levels
 //                                                  M-30 output directories usable at start-up
 //                                                  M-31 the parameters fit the memory (the program)
 //                                                  M-32 error injection needs validate_results
@@ -684,11 +687,12 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
   // context and sequence splits stay divisible.
   // D-6: packed (THD) batches.
   if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {
+    // MegaDLMs also refuses packing with CP (its cu_seqlens use multiples of S, not of the
+    // local length); megadlm's CP attention keeps documents by global document id, so packed
+    // batches split over CP ranks compute what they compute at CP = 1.
     if (!a.b("cut_off_varlen_to_seqlen"))
       d.error("D-6", "packed batches (`--reset-position-ids --reset-attention-mask`) with "
                      "difflm-noshift need `--cut-off-varlen-to-seqlen`");
-    if (c.cp > 1)
-      d.error("D-6", "packed batches cannot be combined with " + a.flag_value("context_parallel_size"));
   }
   // Per-document attention: MegaDLMs' packed difflm batches, or Megatron's blocked causal mask.
   const bool per_document = a.b("reset_attention_mask") &&

@@ -163,14 +163,16 @@ void Trainer::run_schedule(const std::vector<HostMicroBatch>& host, Tensor& loss
   sc.forward_only = grad_scale <= 0;
   sc.microbatch_group_size = cfg_.parallel.microbatch_group_size_per_vp_stage;
   // The model side of the schedule: each micro-batch uploaded once (at its first use on this
-  // rank) and dropped after its last; one record per in-flight (micro-batch, chunk).
+  // rank; under CP only this rank's shard of the sequences) and dropped after its last; one
+  // record per in-flight (micro-batch, chunk).
+  const ParallelGroup& cp = pm.model_parallel.cp;
   using Key = std::pair<int, int>;
   std::map<int, MicroBatch> uploaded;
   std::map<Key, ModelRecord> records;
   auto batch = [&](int m) -> const MicroBatch& {
     auto it = uploaded.find(m);
     if (it == uploaded.end())
-      it = uploaded.emplace(m, MicroBatch::upload(host[static_cast<size_t>(m)], s)).first;
+      it = uploaded.emplace(m, MicroBatch::upload(host[static_cast<size_t>(m)], s, cp.rank, cp.size)).first;
     return it->second;
   };
   pp::StageFunctions stage;

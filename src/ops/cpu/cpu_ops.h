@@ -4,6 +4,7 @@
 #include <vector>
 #include "megadlm/ops/activation.h"
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/attention_merge.h"
 #include "megadlm/ops/cross_entropy.h"
 #include "megadlm/ops/dropout.h"
 #include "megadlm/ops/elementwise.h"

@@ -305,6 +305,18 @@ std::vector<Row> rows() {
                      "to divide the world size 8 (`--world-size 8`) [V-9]"}},
       {"V-10", dry(2, {"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}), O::Rejected,
        {"`--cp-comm-type a2a+p2p` needs `--hierarchical-context-parallel-sizes`", "[V-10]"}},
+      {"M-24", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
+                       "--hierarchical-context-parallel-sizes", "2", "2", "2"}), O::Rejected,
+       {"`--cp-comm-type a2a+p2p` uses two hierarchical levels (the all-to-all size, then the ring "
+        "size), but `--hierarchical-context-parallel-sizes 2 2 2` gives 3; valid: two sizes whose "
+        "product is `--context-parallel-size 8`, e.g. `--hierarchical-context-parallel-sizes 2 4`",
+        "[M-24]"}},
+      {"a2a+p2p-two-levels", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
+                                     "--hierarchical-context-parallel-sizes", "2", "4"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+         EXPECT_EQ(p.config.parallel.hierarchical_context_parallel_sizes, (std::vector<int>{2, 4}));
+       }},
       {"C-21", cmd({"--cp-comm-type", "p2p", "a2a", "p2p"}), O::Rejected,
        {"`--cp-comm-type p2p a2a p2p` gives 3 values; valid: one value, or one per layer (`--num-layers 2`) [C-21]"}},
       {"R-6", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a"}), O::Rejected,
@@ -721,9 +733,23 @@ std::vector<Row> rows() {
          EXPECT_EQ(p.config.model.recompute_method, RecomputeMethod::Block);
          EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
        }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
-      {"cp-real-run", cmd({"--context-parallel-size", "2"}), O::NotSupported,
-       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm (data, tensor and pipeline parallelism are; see docs/roadmap.md)"},
-       nullptr, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      {"cp-real-run", cmd({"--context-parallel-size", "2"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.context_parallel_size, 2);
+         EXPECT_EQ(p.config.parallel.data_parallel_size, 1);
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"p2p"}));
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      // Packed documents split over CP ranks (MegaDLMs refuses them; megadlm keeps documents by
+      // global id), with one comm type per layer.
+      {"cp-packed-per-layer-types-real-run",
+       cmd({"--context-parallel-size", "2", "--reset-position-ids", "--reset-attention-mask",
+            "--cut-off-varlen-to-seqlen", "--num-layers", "2", "--cp-comm-type", "a2a", "all_gather"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.data.per_document_attention);
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"a2a", "all_gather"}));
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
       {"dp-real-run", cmd({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.parallel.data_parallel_size, 4);
@@ -743,9 +769,11 @@ std::vector<Row> rows() {
       {"sharding-strategy-without-fsdp-warns", cmd({"--data-parallel-sharding-strategy", "optim"}), O::Accepted,
        {"`--data-parallel-sharding-strategy optim` has effect only with `--use-custom-fsdp`"}},
       {"pp-cp-ep-real-run", cmd({"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "2"}),
-       O::NotSupported, {"`--context-parallel-size 2`: context parallelism",
-        "`--expert-model-parallel-size 2`: expert parallelism"},
-       nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
+       O::NotSupported, {"`--expert-model-parallel-size 2`: expert parallelism"},
+       [](const ParsedArguments& p) {
+         for (const std::string& item : p.not_supported)
+           EXPECT_EQ(item.find("context parallelism"), std::string::npos) << item;
+       }, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
       // Dry runs validate EP/MoE and FSDP layouts that real runs still refuse.
       {"ep-moe-dry-run", dry(8, {"--expert-model-parallel-size", "4", "--num-experts", "8", "--bf16", "--moe-grouped-gemm"}),
        O::Accepted, {"`--num-experts 8` is not supported yet", "`--moe-grouped-gemm` is not supported yet",
@@ -765,13 +793,13 @@ std::vector<Row> rows() {
        O::Accepted, {"sharding the parameters (FSDP) is not supported yet"},
        [](const ParsedArguments& p) { EXPECT_EQ(p.config.parallel.data_parallel_size, 4); }},
       {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2", "--context-parallel-size", "2"}), O::Accepted,
-       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm"},
-       [](const ParsedArguments& p) {
+       {}, [](const ParsedArguments& p) {
          EXPECT_TRUE(p.dry_run);
          EXPECT_EQ(p.config.parallel.world_size, 16);
          EXPECT_EQ(p.config.parallel.data_parallel_size, 4);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
          const std::string report = format_dry_run_report(p, 3);
-         EXPECT_NE(report.find("valid configuration; not supported yet by megadlm (1 item):"), std::string::npos) << report;
+         EXPECT_NE(report.find("  cp .......................... [1, 3]"), std::string::npos) << report;
          EXPECT_NE(report.find("  tp .......................... [2, 3]"), std::string::npos) << report;
          // rank 3 = tp 1 + 2 * (cp 1 + 2 * dp): its dp group is {1 + 2 * (1 + 2d)} = 3, 7, 11, 15
          EXPECT_NE(report.find("  dp .......................... [3, 7, 11, 15]"), std::string::npos) << report;
@@ -824,7 +852,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "R-14"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
@@ -888,11 +916,11 @@ INSTANTIATE_TEST_SUITE_P(Table, ArgumentRows, ::testing::ValuesIn(rows()), row_n
 // ---------------------------------------------------------------------- beyond the table
 
 TEST(Arguments, RealRunRefusesWhatOnlyADryRunAccepts) {
-  // The same valid CP layout: a dry run reports the item and returns, a real run throws it.
-  const ParsedArguments p = parse_arguments(dry(2, {"--context-parallel-size", "2"}), {});
+  // The same valid FSDP layout: a dry run reports the item and returns, a real run throws it.
+  const ParsedArguments p = parse_arguments(dry(2, {"--use-custom-fsdp"}), {});
   ASSERT_EQ(p.not_supported.size(), 1u) << joined(p.not_supported);
   try {
-    parse_arguments(cmd({"--context-parallel-size", "2"}), LaunchInfo{.world_size = 2});
+    parse_arguments(cmd({"--use-custom-fsdp"}), LaunchInfo{.world_size = 2});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_TRUE(e.errors().empty()) << e.what();
