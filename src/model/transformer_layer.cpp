@@ -56,7 +56,9 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int layer_nu
   norm1_ = NormLayer(config.normalization, config.norm_epsilon, p + "input_layernorm", h, store, norm);
   attention_ = SelfAttention(config, layer_number, p, store, mp);
   norm2_ = NormLayer(config.normalization, config.norm_epsilon, p + "pre_mlp_layernorm", h, store, norm);
-  mlp_ = Mlp(config, p, store, mp);
+  moe_ = config.moe.is_moe_layer(layer_number);
+  if (moe_) moe_layer_ = MoeLayer(config, layer_number, p, store, mp);
+  else mlp_ = Mlp(config, p, store, mp);
   for (int i = first_handle; i < static_cast<int>(store.descs().size()); ++i) handles_.push_back(i);
 }
 
@@ -70,7 +72,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   Tensor attn = attention_.forward(norm1_.forward(x, rec.norm1, s), mb, rec.attention, rt);
   rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
   attn = Tensor();
-  Tensor mlp = mlp_.forward(norm2_.forward(rec.x_mid, rec.norm2, s), mb, rec.mlp, rt);
+  Tensor normed = norm2_.forward(rec.x_mid, rec.norm2, s);
+  Tensor mlp = moe_ ? moe_layer_.forward(normed, mb, rec.moe, rt) : mlp_.forward(normed, mb, rec.mlp, rt);
+  normed = Tensor();
   return residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
 }
 
@@ -81,7 +85,9 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
 
   // MLP block: out = x_mid + dropout(mlp(norm2(x_mid))).
-  Tensor dnorm2 = mlp_.backward(branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset), mb, rec.mlp, rt);
+  Tensor dbranch = branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset);
+  Tensor dnorm2 = moe_ ? moe_layer_.backward(dbranch, mb, rec.moe, rt) : mlp_.backward(dbranch, mb, rec.mlp, rt);
+  dbranch = Tensor();
   Tensor dx_mid = norm2_.backward(dnorm2, rec.norm2, s);
   dnorm2 = Tensor();
   ops::add(dx_mid, dy, dx_mid, s);  // the residual path

@@ -117,6 +117,9 @@ class Trainer {
   double grad_sum(double local) { return sum_over(pm_->grad_group, local); }
   /// The loss of the last pipeline stage, summed into every stage.
   void sum_loss_over_pipeline(Tensor& loss_sum);
+  /// MoE: the step's statistics summed over the world (every rank calls it, also on stages
+  /// without MoE layers), the metrics, and the expert-bias update.
+  IterationMetrics::Moe finish_moe_step();
   bool logging_rank() const { return pm_->rank == 0; }
 
   RunConfig cfg_;
