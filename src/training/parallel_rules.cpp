@@ -722,12 +722,9 @@ void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
   const char* suffix = " is not supported yet by megadlm (data, tensor and pipeline parallelism "
                        "are; see docs/roadmap.md)";
   const std::pair<const char*, const char*> dims[] = {
-      {"context_parallel_size", "context parallelism"},
-      {"expert_model_parallel_size", "expert parallelism"},
-      {"expert_tensor_parallel_size", "expert tensor parallelism"}};
+      {"context_parallel_size", "context parallelism"}};
   for (const auto& [dest, what] : dims) {
     if (a.i(dest) <= 1) continue;
-    if (std::string(dest) == "expert_tensor_parallel_size" && c.etp == c.tp) continue;
     d.unsupported(a.flag_value(dest) + ": " + what + suffix);
   }
 }
