@@ -44,6 +44,8 @@ namespace megadlm {
 
 namespace checkpoint {
 class CheckpointWriter;
+class CheckpointReader;
+struct StateSnapshot;
 }
 
 class Trainer {
@@ -90,6 +92,9 @@ class Trainer {
 
  private:
   void load_checkpoint();
+  /// MoE state that is not a parameter (expert biases): added to a save, read on a load.
+  void add_moe_state(checkpoint::StateSnapshot& snap) const;
+  void load_moe_state(const checkpoint::CheckpointReader& reader);
   /// After each iteration: commits async saves, saves on schedule, decides whether to stop.
   bool checkpoint_boundary();
   /// After the loop: the final save (not when `exiting`: checkpoint_boundary() saved) and
