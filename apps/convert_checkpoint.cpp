@@ -32,6 +32,7 @@
 #include <vector>
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
@@ -377,7 +378,7 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     const int modes = a.has("--to-hf") + a.has("--from-hf") + a.has("--compare") + a.has("--check");
     if (modes != 1) {
-      std::cerr << "give exactly one of --to-hf, --from-hf, --compare, --check\n" << kUsage;
+      logging::error("give exactly one of --to-hf, --from-hf, --compare, --check\n", kUsage);
       return 2;
     }
     if (a.has("--check")) {
@@ -430,7 +431,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    logging::error(e.what());
     return 2;
   }
 }

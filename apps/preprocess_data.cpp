@@ -5,7 +5,8 @@
 //     --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json --append-eod --workers 8
 //
 // Worker threads tokenize batches of lines; the writer keeps the input order, so the output is
-// identical for any --workers. Progress and throughput go to stderr every --log-interval lines.
+// identical for any --workers. Progress and throughput go to stderr (core/logging) every
+// --log-interval lines.
 // Exit codes: 0 success, 2 a reported error (bad flag, unreadable input, bad JSON line).
 #include <atomic>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/data/indexed_dataset.h"
 #include "megadlm/data/tokenizer.h"
 
@@ -104,7 +106,7 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const auto tok = data::load_tokenizer(o.tokenizer);
-    std::cerr << "preprocess_data: " << tok->describe() << "\n";
+    logging::info("preprocess_data: ", tok->describe());
     if (o.append_eod && tok->eod() < 0)
       MDLM_FAIL("--append-eod: the tokenizer has no end-of-document token");
     std::ifstream in(o.input, std::ios::binary);
@@ -114,7 +116,7 @@ int main(int argc, char** argv) {
     for (const std::string& key : o.json_keys) {
       const std::string prefix = o.output_prefix + "_" + key + "_document";
       writers.push_back(std::make_unique<data::IndexedDatasetWriter>(prefix, dtype));
-      std::cerr << "preprocess_data: writing " << prefix << ".bin/.idx (" << data::index_dtype_name(dtype) << ")\n";
+      logging::info("preprocess_data: writing ", prefix, ".bin/.idx (", data::index_dtype_name(dtype), ")");
     }
 
     // Reader (this thread) -> queue of batches -> workers tokenize in place -> writer in order.
@@ -188,11 +190,13 @@ int main(int argc, char** argv) {
     uint64_t bytes = 0;
     auto report = [&](const char* what) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "preprocess_data: %s %lld documents, %lld tokens, %.1f MB of text in %.1f s "
-                   "(%.2f MB/s, %.0f tokens/s, %.0f docs/s)\n", what, static_cast<long long>(docs),
-                   static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6, s,
-                   static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9),
-                   static_cast<double>(tokens) / std::max(s, 1e-9), static_cast<double>(docs) / std::max(s, 1e-9));
+      char line[256];
+      std::snprintf(line, sizeof line, "preprocess_data: %s %lld documents, %lld tokens, %.1f MB of text in %.1f s "
+                    "(%.2f MB/s, %.0f tokens/s, %.0f docs/s)", what, static_cast<long long>(docs),
+                    static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6, s,
+                    static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9),
+                    static_cast<double>(tokens) / std::max(s, 1e-9), static_cast<double>(docs) / std::max(s, 1e-9));
+      logging::info(line);
     };
     // Writes finished batches at the head of the queue (input order).
     auto drain = [&](bool wait) {
@@ -266,11 +270,8 @@ int main(int argc, char** argv) {
     if (docs == 0) MDLM_FAIL(o.input, ": no documents (empty input)");
     report("done:");
     return 0;
-  } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    logging::error(e.what());
     return 2;
   }
 }

@@ -7,7 +7,9 @@
 //   scripts/launch.sh ...                                               (Slurm, several nodes)
 //   pretrain_difflm ... --dry-run --world-size 1024 ...                 (check a layout, no GPU)
 // Exit codes: 0 success (also after a SIGTERM/SIGUSR1 stop); 2 invalid configuration or a
-// reported error; 3 unexpected failure. Only rank 0 prints the configuration and the iteration lines.
+// reported error; 3 unexpected failure. Only rank 0 prints the configuration and the iteration lines
+// (stdout, Megatron's format); diagnostics go through core/logging (stderr, rank 0 unless
+// --log-all-ranks, errors from every rank, "[rank r] " before each line of rank r > 0).
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -18,6 +20,7 @@
 #include "megadlm/parallel/process_groups.h"
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/training/arguments.h"
 #include "megadlm/training/config_agreement.h"
 #include "megadlm/training/data_setup.h"
@@ -54,11 +57,7 @@ int main(int argc, char** argv) {
   std::optional<comm::DistributedRuntime> runtime;
   int rank = 0;
   auto fail = [&](const std::string& what, int code) {
-    if (rank == 0 || !runtime || runtime->environment().world_size == 1) {
-      std::cerr << what << "\n";
-    } else {
-      std::cerr << "[rank " << rank << "] " << what << "\n";
-    }
+    logging::error(what);  // every rank's errors reach the console, with its rank prefix
     // One rank failing must not leave the others blocked in a collective.
     if (runtime && runtime->environment().world_size > 1) runtime->abort_job(code);
     return code;
@@ -66,6 +65,9 @@ int main(int argc, char** argv) {
   try {
     const comm::LaunchEnvironment env = comm::detect_launch_environment();
     rank = env.rank;
+    logging::Options log_options;  // the rank prefix from here on; the flags add the rest below
+    log_options.rank = env.rank;
+    logging::configure(log_options);
     training::LaunchInfo launch;
     launch.world_size = env.world_size;
     launch.rank = env.rank;
@@ -86,14 +88,20 @@ int main(int argc, char** argv) {
                           "supported yet keep this build from running it\n");
       return 0;
     }
+    const RunConfig& cfg = parsed.config;
+    log_options.level = cfg.logging.level;
+    log_options.all_ranks = cfg.logging.all_ranks;
+    log_options.dir = cfg.logging.dir;
+    logging::configure(log_options);
+    logging::debug("rank ", env.rank, " of ", env.world_size, " (", comm::launcher_name(env.launcher),
+                   ", local rank ", env.local_rank, " of ", env.local_world_size, ")");
     NullBuffer null_buffer;
     std::ostream null_stream(&null_buffer);
-    std::ostream& log = rank == 0 ? std::cout : null_stream;
-    for (const std::string& w : parsed.warnings) if (rank == 0) std::cerr << "WARNING: " << w << "\n";
-    log << training::format_arguments(parsed);
-    const RunConfig& cfg = parsed.config;
+    std::ostream& record = rank == 0 ? std::cout : null_stream;  // Megatron's record: rank 0, stdout
+    for (const std::string& w : parsed.warnings) logging::warn(w);
+    record << training::format_arguments(parsed);
     // Data first: a missing or corrupted dataset stops the run before any device is touched.
-    const training::TrainingData data = training::build_training_data(cfg, rank, log);
+    const training::TrainingData data = training::build_training_data(cfg, rank, record);
 
     const bool cuda = cfg.training.device == DeviceKind::Cuda;
     runtime.emplace(env, cuda ? comm::Transport::Nccl : comm::Transport::Mpi,
@@ -104,20 +112,19 @@ int main(int argc, char** argv) {
     const parallel::ProcessGroups groups = parallel::ProcessGroups::build(runtime->world_shared(), cfg.parallel);
     const bool handle_signals = !cfg.checkpoint.save.empty() || cfg.training.exit_signal_handler;
     if (handle_signals) install_stop_handler();
-    Trainer trainer(cfg, data.train, log, &groups);
+    logging::debug("world communicator up: ", env.world_size, " rank(s), device ", runtime->device().str());
+    Trainer trainer(cfg, data.train, record, &groups);
     trainer.set_evaluation_data(data.valid, data.test);
     if (handle_signals) trainer.set_stop_request([] { return g_stop_signal != 0; });
     trainer.train();
     return 0;
   } catch (const ConfigError& e) {
     // Every rank sees the same configuration: only rank 0 explains it.
-    if (rank == 0) std::cerr << "error: invalid configuration:\n" << e.what() << "\n";
+    if (rank == 0) logging::error("invalid configuration:\n", e.what());
     return 2;
-  } catch (const comm::CommTimeoutError& e) {
-    return fail(std::string("error: ") + e.what(), 2);
   } catch (const Error& e) {
-    return fail(std::string("error: ") + e.what(), 2);
+    return fail(e.what(), 2);
   } catch (const std::exception& e) {
-    return fail(std::string("error: unexpected failure: ") + e.what(), 3);
+    return fail(std::string("unexpected failure: ") + e.what(), 3);
   }
 }

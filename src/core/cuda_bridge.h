@@ -43,6 +43,7 @@ void cuda_event_synchronize(const CudaEventHandle* ev);
 
 int cuda_device_count_impl();
 size_t cuda_peak_memory(int device);
+size_t cuda_peak_reserved_memory(int device);
 size_t cuda_used_memory(int device);
 void cuda_reset_peak(int device);
 

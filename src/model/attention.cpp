@@ -16,7 +16,7 @@ SelfAttention::SelfAttention(const TransformerConfig& config, int layer_number,
              config.num_query_groups, " must divide by tensor-parallel size ", tp);
   MDLM_CHECK(mp.cp.size == 1, "layer ", layer_number, ": context parallelism (--context-parallel-size ",
              mp.cp.size, ") is not implemented yet: the core attention over sequence chunks belongs "
-             "in parallel/context_parallel/ (docs/roadmap.md)");
+             "in parallel/context_parallel/ (docs/architecture.md, \"Where each dimension lives\")");
   heads_ = config.num_attention_heads / tp;
   groups_ = config.num_query_groups / tp;
   const int64_t h = config.hidden_size;
@@ -61,7 +61,34 @@ ops::AttentionArgs SelfAttention::core_args(const MicroBatch& mb, const ModelRun
     a.head_offset = heads_ * mp_.tp.rank;  // global head numbers: TP shards drop what TP = 1 drops
   }
   if (mb.document_ids.defined()) a.document_ids = &mb.document_ids;  // packed documents
+  if (mb.document_starts.defined()) a.document_starts = &mb.document_starts;
+  a.backend = c.attention_backend;
+  a.deterministic = c.deterministic_mode;
   return a;
+}
+
+bool SelfAttention::fused_qk(const ModelRuntime& rt) const {
+  const TransformerConfig& c = *cfg_;
+  if (c.qk_layernorm && c.normalization != NormType::RMSNorm) return false;
+  // The CUDA kernel keeps a head in the registers of one warp (head_dim / 32 elements a lane).
+  return !rt.stream.is_cuda() || (c.kv_channels % 32 == 0 && c.kv_channels <= 256);
+}
+
+ops::QkNormRopeArgs SelfAttention::qk_args() const {
+  const TransformerConfig& c = *cfg_;
+  return {.heads = heads_, .kv_heads = groups_, .head_dim = c.kv_channels,
+          .rotary_dim = c.position_embedding_type == PositionEmbeddingType::Rope ? c.rotary_dim() : 0,
+          .base = c.rotary_base, .eps = c.norm_epsilon};
+}
+
+Tensor SelfAttention::rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb,
+                                  const Stream& s) const {
+  Tensor out = Tensor::empty(qkv.shape(), qkv.dtype(), s);
+  const Tensor none;
+  const bool norm = cfg_->qk_layernorm;
+  ops::qk_norm_rope_forward(qkv, norm ? q_norm_.weight() : none, norm ? k_norm_.weight() : none,
+                            mb.positions, out, rstd, qk_args(), s);
+  return out;
 }
 
 Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& saved,
@@ -71,6 +98,16 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   const int64_t hd = cfg_->kv_channels;
   saved.x_full = qkv_.gather_input(x, t, s);
   Tensor qkv = qkv_.forward(saved.x_full, s);
+  if (fused_qk(rt)) {
+    saved.qkv = qkv;
+    if (cfg_->qk_layernorm)
+      saved.qk_rstd = Tensor::empty({t * (heads_ + groups_)}, rt.stat_dtype(), s);
+    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s);
+    saved.out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
+    saved.lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
+    ops::attention_forward_packed(rows, saved.out, saved.lse, core_args(mb, rt), s);
+    return proj_.forward(saved.out, s);
+  }
   Tensor q = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
   Tensor k = Tensor::empty({t, groups_ * hd}, x.dtype(), s);
   Tensor v = Tensor::empty({t, groups_ * hd}, x.dtype(), s);
@@ -99,6 +136,30 @@ Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& sa
   const int64_t t = mb.tokens();
   const int64_t hd = cfg_->kv_channels;
   Tensor dattn = proj_.backward(dy, saved.out, t, s);
+  if (saved.qkv.defined()) {  // the fused path
+    Tensor dqkv = Tensor::empty(saved.qkv.shape(), dy.dtype(), s);
+    {
+      // Recompute the rows attention read (rewrites the same statistics), then drop them.
+      const Tensor rows = rotated_qkv(saved.qkv, saved.qk_rstd, mb, s);
+      ops::attention_backward_packed(dattn, rows, saved.out, saved.lse, dqkv, core_args(mb, rt), s);
+    }
+    saved.out = saved.lse = dattn = Tensor();
+    const Tensor none;
+    Tensor no_grad_q, no_grad_k, dq_weight, dk_weight;
+    const bool norm = cfg_->qk_layernorm;
+    if (norm) {
+      dq_weight = q_norm_.weight_grad();
+      dk_weight = k_norm_.weight_grad();
+    }
+    ops::qk_norm_rope_backward(dqkv, saved.qkv, norm ? q_norm_.weight() : none,
+                               norm ? k_norm_.weight() : none, saved.qk_rstd, mb.positions,
+                               norm ? dq_weight : no_grad_q, norm ? dk_weight : no_grad_k,
+                               qk_args(), s);
+    saved.qkv = saved.qk_rstd = Tensor();
+    Tensor dx = qkv_.backward(dqkv, saved.x_full, s);
+    saved = Saved{};
+    return dx;
+  }
   Tensor dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
   Tensor dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
   Tensor dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);

@@ -4,6 +4,7 @@
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
+#include "megadlm/ops/linear_cross_entropy.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 #include "megadlm/parallel/tensor_parallel/vocab_parallel.h"
@@ -138,10 +139,25 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
   Tensor h = final_norm_.forward(x, rec.final_norm, s);
   rec.final_out = mp_.sequence_parallel ? tp::gather_rows(h, t, mp_.tp.get(), s) : h;
   h = Tensor();
+  rec.losses = Tensor::empty({t}, rt.stat_dtype(), s);
+  if (!mp_.tp.enabled() && grad_scale > 0) {
+    // Training without TP: the output layer and the loss fused over only the rows that carry
+    // loss, in chunks (ops::linear_cross_entropy): no [T, V] logits; its gradients now (dW is
+    // added to the main grad here, d final_out kept for head_backward).
+    rec.dfinal = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
+    Tensor dw = store_.grad(output_layer_);
+    // Without loss_rows (a micro-batch not built by MicroBatch::upload) every row counts.
+    const Tensor* rows = mb.loss_rows.defined() ? &mb.loss_rows : nullptr;
+    ops::linear_cross_entropy(rec.final_out, store_.param(output_layer_), rows, mb.labels,
+                              mb.loss_weights, rec.losses, rec.dfinal, dw,
+                              {.grad_scale = grad_scale}, s);
+    rec.final_out = Tensor();
+    ops::dot(rec.losses, mb.loss_weights, loss_sum, s);
+    return;
+  }
   const int64_t local_vocab = cfg_.padded_vocab_size / mp_.tp.size;
   Tensor logits = Tensor::empty({t, local_vocab}, rt.dtype, s);
   ops::gemm(rec.final_out, store_.param(output_layer_), logits, {.trans_b = true}, s);
-  rec.losses = Tensor::empty({t}, rt.stat_dtype(), s);
   if (!mp_.tp.enabled()) {
     if (grad_scale > 0) {
       ops::cross_entropy_forward_backward(logits, mb.labels, mb.loss_weights, rec.losses,
@@ -160,14 +176,17 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
 
 Tensor GptModel::head_backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
-  MDLM_CHECK(rec.dlogits.defined(), "GptModel::backward without a training forward");
+  MDLM_CHECK(rec.dlogits.defined() || rec.dfinal.defined(), "GptModel::backward without a training forward");
   (void)mb;
-  // Output layer (column-parallel over the vocabulary): dW_out += dlogits^T h; dh sums over TP.
-  Tensor dw = store_.grad(output_layer_);
-  ops::gemm(rec.dlogits, rec.final_out, dw, {.trans_a = true, .beta = 1.0f}, s);
-  Tensor dh = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
-  ops::gemm(rec.dlogits, store_.param(output_layer_), dh, {}, s);
-  rec.dlogits = rec.final_out = Tensor();
+  Tensor dh = rec.dfinal;  // the fused head already computed it (and dW_out)
+  if (!dh.defined()) {
+    // Output layer (column-parallel over the vocabulary): dW_out += dlogits^T h; dh sums over TP.
+    Tensor dw = store_.grad(output_layer_);
+    ops::gemm(rec.dlogits, rec.final_out, dw, {.trans_a = true, .beta = 1.0f}, s);
+    dh = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
+    ops::gemm(rec.dlogits, store_.param(output_layer_), dh, {}, s);
+  }
+  rec.dlogits = rec.final_out = rec.dfinal = Tensor();
   if (mp_.sequence_parallel) {
     dh = tp::scatter_rows(dh, mp_.tp.get(), s);
   } else {

@@ -1,4 +1,5 @@
 #include "megadlm/model/micro_batch.h"
+#include <vector>
 
 namespace megadlm {
 
@@ -23,7 +24,19 @@ MicroBatch MicroBatch::upload(const HostMicroBatch& h, const Stream& stream) {
     MDLM_CHECK(static_cast<int64_t>(h.document_ids.size()) == t,
                "micro-batch document_ids must have batch*seq = ", t, " entries");
     mb.document_ids = Tensor::from_ints(h.document_ids, {t}).to(dev, stream);
+    std::vector<int32_t> starts;
+    for (int64_t b = 0; b < h.batch; ++b)
+      for (int64_t i = 0; i < h.seq; ++i) {
+        const size_t k = static_cast<size_t>(b * h.seq + i);
+        if (i == 0 || h.document_ids[k] != h.document_ids[k - 1]) starts.push_back(static_cast<int32_t>(k));
+      }
+    starts.push_back(static_cast<int32_t>(t));
+    mb.document_starts = Tensor::from_ints(starts, {static_cast<int64_t>(starts.size())}).to(dev, stream);
   }
+  std::vector<int32_t> rows;
+  for (int64_t i = 0; i < t; ++i)
+    if (h.loss_weights[static_cast<size_t>(i)] != 0.0f) rows.push_back(static_cast<int32_t>(i));
+  mb.loss_rows = Tensor::from_ints(rows, {static_cast<int64_t>(rows.size())}).to(dev, stream);
   return mb;
 }
 

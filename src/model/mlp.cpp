@@ -34,16 +34,21 @@ Tensor Mlp::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const M
   const Stream& s = rt.stream;
   saved.x_full = fc1_.gather_input(x, mb.tokens(), s);
   saved.fc1_out = fc1_.forward(saved.x_full, s);
-  saved.act_out = Tensor::empty({mb.tokens(), ffn_}, x.dtype(), s);
-  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(saved.fc1_out, saved.act_out, s);
-  else ops::gelu_forward(saved.fc1_out, saved.act_out, s);
-  return fc2_.forward(saved.act_out, s);
+  // The activation output is fc2's input; fc2's weight gradient needs it again in backward, which
+  // recomputes it from fc1_out (one cheap pass) rather than keeping [rows, ffn] per layer.
+  return fc2_.forward(activate(saved.fc1_out, s), s);
+}
+
+Tensor Mlp::activate(const Tensor& fc1_out, const Stream& s) const {
+  Tensor act = Tensor::empty({fc1_out.rows(), ffn_}, fc1_out.dtype(), s);
+  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(fc1_out, act, s);
+  else ops::gelu_forward(fc1_out, act, s);
+  return act;
 }
 
 Tensor Mlp::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
-  Tensor dact = fc2_.backward(dy, saved.act_out, mb.tokens(), s);
-  saved.act_out = Tensor();
+  Tensor dact = fc2_.backward(dy, activate(saved.fc1_out, s), mb.tokens(), s);
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), dy.dtype(), s);
   if (activation_ == MlpActivation::SwiGLU) ops::swiglu_backward(dact, saved.fc1_out, dfc1, s);
   else ops::gelu_backward(dact, saved.fc1_out, dfc1, s);

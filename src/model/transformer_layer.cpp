@@ -70,11 +70,24 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   if (rt.hooks) rt.hooks->params_needed(handles_);
   rec.x_in = x;
   Tensor attn = attention_.forward(norm1_.forward(x, rec.norm1, s), mb, rec.attention, rt);
-  rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
+  Tensor norm2_out;
+  if (p > 0) {
+    rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
+    norm2_out = norm2_.forward(rec.x_mid, rec.norm2, s);
+  } else {  // no hidden dropout: the residual add fused into the next norm (one pass)
+    rec.x_mid = Tensor::empty(x.shape(), x.dtype(), s);
+    norm2_out = norm2_.forward_add(attn, x, rec.x_mid, rec.norm2, s);
+  }
   attn = Tensor();
-  Tensor normed = norm2_.forward(rec.x_mid, rec.norm2, s);
-  Tensor mlp = moe_ ? moe_layer_.forward(normed, mb, rec.moe, rt) : mlp_.forward(normed, mb, rec.mlp, rt);
-  normed = Tensor();
+  Tensor mlp = moe_ ? moe_layer_.forward(norm2_out, mb, rec.moe, rt) : mlp_.forward(norm2_out, mb, rec.mlp, rt);
+  norm2_out = Tensor();
+  if (!mp_.sequence_parallel) {
+    // The norm outputs are the QKV and fc1 inputs their weight gradients need: recomputed in
+    // backward from the saved norm inputs (x_in, x_mid) instead of kept. (Under sequence
+    // parallelism they are gathered over TP, which a recomputation would repeat.) An MoE
+    // layer keeps its input in rec.moe (router and experts read it).
+    rec.attention.x_full = rec.mlp.x_full = Tensor();
+  }
   return residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
 }
 
@@ -86,17 +99,22 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
 
   // MLP block: out = x_mid + dropout(mlp(norm2(x_mid))).
   Tensor dbranch = branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset);
-  Tensor dnorm2 = moe_ ? moe_layer_.backward(dbranch, mb, rec.moe, rt) : mlp_.backward(dbranch, mb, rec.mlp, rt);
+  Tensor dnorm2;
+  if (moe_) {
+    dnorm2 = moe_layer_.backward(dbranch, mb, rec.moe, rt);
+  } else {
+    if (!rec.mlp.x_full.defined()) rec.mlp.x_full = norm2_.forward(rec.x_mid, rec.norm2, s);
+    dnorm2 = mlp_.backward(dbranch, mb, rec.mlp, rt);
+  }
   dbranch = Tensor();
-  Tensor dx_mid = norm2_.backward(dnorm2, rec.norm2, s);
+  Tensor dx_mid = norm2_.backward_add(dnorm2, dy, rec.norm2, s);  // + the residual path
   dnorm2 = Tensor();
-  ops::add(dx_mid, dy, dx_mid, s);  // the residual path
 
   // Attention block: x_mid = x + dropout(attention(norm1(x))).
+  if (!rec.attention.x_full.defined()) rec.attention.x_full = norm1_.forward(rec.x_in, rec.norm1, s);
   Tensor dnorm1 = attention_.backward(branch_grad(dx_mid, mb, rt, p, 2 * layer_ + 1, row_offset), mb,
                                       rec.attention, rt);
-  Tensor dx = norm1_.backward(dnorm1, rec.norm1, s);
-  ops::add(dx, dx_mid, dx, s);
+  Tensor dx = norm1_.backward_add(dnorm1, dx_mid, rec.norm1, s);
   rec = LayerRecord{};
   if (rt.hooks) rt.hooks->grads_ready(handles_);
   return dx;

@@ -1,5 +1,6 @@
 // Dispatch for the attention family (see include/megadlm/ops/attention.h).
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/elementwise.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/dispatch.h"
 #if MEGADLM_WITH_CUDA
@@ -7,6 +8,15 @@
 #endif
 
 namespace megadlm::ops {
+
+const char* attention_backend_name(AttentionBackend b) {
+  switch (b) {
+    case AttentionBackend::Auto: return "auto";
+    case AttentionBackend::Cudnn: return "cudnn";
+    case AttentionBackend::Flash: return "flash";
+  }
+  return "?";
+}
 
 namespace {
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -37,6 +47,14 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
                    a.document_ids->device() == q.device(),
                op, ": document_ids must be int32 [batch, seq] on the device of q, got ",
                a.document_ids->str());
+  }
+  if (a.document_starts != nullptr) {
+    const Tensor& s = *a.document_starts;
+    MDLM_CHECK(a.document_ids != nullptr, op, ": document_starts needs document_ids");
+    MDLM_CHECK(s.dtype() == DType::I32 && s.numel() >= 2 && s.numel() <= a.batch * a.seq + 1 &&
+                   s.device() == q.device(),
+               op, ": document_starts must be int32 [documents + 1] (2 .. batch * seq + 1 entries) "
+               "on the device of q, got ", s.str());
   }
   if (q.is_cuda()) {
     MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());
@@ -72,6 +90,63 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
     MDLM_CUDA_BACKEND(
         cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream));
   else cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+}
+
+namespace {
+/// q, k, v as separate tensors: column slices of the packed rows (the CPU path and the own
+/// CUDA kernels run on these copies).
+struct SplitQkv {
+  Tensor q, k, v;
+};
+
+SplitQkv split_qkv(const Tensor& qkv, const AttentionArgs& a, const Stream& stream) {
+  const int64_t t = a.batch * a.seq;
+  SplitQkv s{Tensor::empty({t, a.num_heads * a.head_dim}, qkv.dtype(), stream),
+             Tensor::empty({t, a.num_kv_heads * a.head_dim}, qkv.dtype(), stream),
+             Tensor::empty({t, a.num_kv_heads * a.head_dim}, qkv.dtype(), stream)};
+  split_columns(qkv.view({t, qkv.numel() / t}), {&s.q, &s.k, &s.v}, stream);
+  return s;
+}
+
+void check_packed(const char* op, const Tensor& qkv, const AttentionArgs& a) {
+  const int64_t width = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim;
+  detail::check_numel(op, qkv, a.batch * a.seq * width, "qkv");
+}
+}  // namespace
+
+void attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream) {
+  const char* op = "attention_forward_packed";
+  detail::check_device(op, stream, {&qkv, &out, &lse});
+  check_packed(op, qkv, args);
+  if (stream.is_cuda()) {  // cuDNN reads the packed rows in place when it runs the call
+    bool done = false;
+    MDLM_CUDA_BACKEND(done = cuda::attention_forward_packed(qkv, out, lse, args, stream));
+    if (done) return;
+  }
+  const SplitQkv s = split_qkv(qkv, args, stream);
+  attention_forward(s.q, s.k, s.v, out, lse, args, stream);
+}
+
+void attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
+                               const Stream& stream) {
+  const char* op = "attention_backward_packed";
+  detail::check_device(op, stream, {&dout, &qkv, &out, &lse, &dqkv});
+  check_packed(op, qkv, args);
+  check_packed(op, dqkv, args);
+  if (stream.is_cuda()) {
+    bool done = false;
+    MDLM_CUDA_BACKEND(done = cuda::attention_backward_packed(dout, qkv, out, lse, dqkv, args, stream));
+    if (done) return;
+  }
+  const SplitQkv s = split_qkv(qkv, args, stream);
+  SplitQkv g{Tensor::empty(s.q.shape(), qkv.dtype(), stream), Tensor::empty(s.k.shape(), qkv.dtype(), stream),
+             Tensor::empty(s.v.shape(), qkv.dtype(), stream)};
+  attention_backward(dout, s.q, s.k, s.v, out, lse, g.q, g.k, g.v, args, stream);
+  const int64_t t = args.batch * args.seq;
+  Tensor rows = dqkv.view({t, dqkv.numel() / t});
+  concat_columns({&g.q, &g.k, &g.v}, rows, stream);
 }
 
 }  // namespace megadlm::ops

@@ -13,6 +13,9 @@
 //   M-8 --train-iters required unless --dry-run    M-16 one source of LR-scheduler settings
 //                                                  M-17 --checkpoint-steps is a list of iterations
 //                                                  M-18 the blends and the files holding them parse
+//                                                  M-19 rolling (non-persistent) checkpoints
+//                                                  M-20 the logging flags (logging_rules.cpp)
+//                                                  M-21 forced cuDNN attention without dropout
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
 // not-yet precision flags), the GPU half of V-40 and the NCCL_ALGO half of V-54 (the library
 // neither probes devices nor reads the environment), V-46 (documented only, per the spec), C-1
@@ -410,6 +413,14 @@ void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
     const double p = a.f(dest);
     if (p < 0 || p >= 1) d.error("M-15", a.flag_value(dest) + " must lie in [0, 1)");
   }
+  // cuDNN's attention dropout is not keyed by global coordinates: forced cuDNN cannot run it.
+  const std::string backend = a.s("attention_backend");
+  if ((backend == "fused" || backend == "cudnn") && a.f("attention_dropout") > 0)
+    d.error("M-21", a.flag_value("attention_backend") + " cannot run " +
+                        a.flag_value("attention_dropout") +
+                        " (cuDNN's dropout mask is not megadlm's, which is keyed by global "
+                        "coordinates); use `--attention-backend auto` or `flash`, or "
+                        "`--attention-dropout 0`");
 }
 
 // ------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11, M-18)
@@ -579,7 +590,7 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
                          num(padded - 1));
   }
   // D-5 (difflm-noshift ⇒ pp = cp = 1 and no SP) is deliberately not enforced: megadlm keeps the
-  // fixed length S for difflm-noshift (ARCHITECTURE.md, compatibility decisions), so pipeline,
+  // fixed length S for difflm-noshift (docs/architecture.md, compatibility decisions), so pipeline,
   // context and sequence splits stay divisible.
   // D-6: packed (THD) batches.
   if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {
@@ -741,6 +752,11 @@ RunConfig build_run_config(const ArgState& a) {
   m.init_method_std = static_cast<float>(a.f("init_method_std"));
   m.attention_dropout = static_cast<float>(a.f("attention_dropout"));
   m.hidden_dropout = static_cast<float>(a.f("hidden_dropout"));
+  const std::string backend = a.s("attention_backend");
+  m.attention_backend = backend == "auto"                        ? ops::AttentionBackend::Auto
+                        : backend == "fused" || backend == "cudnn" ? ops::AttentionBackend::Cudnn
+                                                                   : ops::AttentionBackend::Flash;
+  m.deterministic_mode = a.b("deterministic_mode");
   // vanilla mode always trains causally (MegaDLMs forces it per layer); causal_bottom_right is
   // the same mask when queries and keys have equal length.
   const std::string mask = a.s("attention_mask_type");

@@ -248,10 +248,12 @@ constexpr FlagSpec kFlags[] = {
      .help = "Dropout probability on the attention probabilities, in [0, 1) (0 disables)."},
     {.name = "--hidden-dropout", .kind = K::Float, .group = G::Model, .default_value = "0.1",
      .help = "Dropout on residual branches."},
-    {.name = "--attention-backend", .kind = K::String, .group = G::Model, .status = S::Ignored,
-     .default_value = "auto", .choices = "flash fused unfused local auto custom",
-     .help = "Transformer Engine attention backend.",
-     .hint = "megadlm has its own attention kernels"},
+    {.name = "--attention-backend", .kind = K::String, .group = G::Model, .default_value = "auto",
+     .choices = "flash fused unfused local auto custom cudnn", .not_yet = "custom",
+     .help = "CUDA attention implementation: auto = cuDNN's fused attention wherever it computes "
+             "the call exactly, megadlm's flash kernels elsewhere (attention dropout, shapes cuDNN "
+             "refuses); fused or cudnn = cuDNN only (an error where it cannot run a call); flash, "
+             "local or unfused = megadlm's own kernels. No effect on CPU (docs/compat.md)."},
     {.name = "--attention-softmax-in-fp32", .kind = K::StoreTrue, .group = G::Model,
      .status = S::Ignored, .help = "Softmax in fp32.", .hint = "megadlm always computes softmax in fp32"},
     {.name = "--apply-query-key-layer-scaling", .kind = K::StoreTrue, .group = G::Model,
@@ -462,7 +464,9 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .default_value = "0", .choices = "0 1 2",
      .help = "Release cached memory after steps."},
     {.name = "--deterministic-mode", .kind = K::StoreTrue, .group = G::Training,
-     .status = S::Ignored, .help = "Deterministic kernels only."},
+     .help = "Deterministic kernels only: the same run twice on the GPU gives bitwise equal "
+             "losses (the attention backward runs cuDNN's deterministic algorithm or the flash "
+             "kernels' per-key-tile dQ sums; slower, docs/benchmarks.md)."},
     {.name = "--manual-gc", .kind = K::StoreTrue, .group = G::Training, .status = S::Ignored,
      .help = "Python garbage collection control."},
     {.name = "--manual-gc-interval", .kind = K::Int, .group = G::Training, .status = S::Ignored,
@@ -783,8 +787,10 @@ constexpr FlagSpec kFlags[] = {
      .default_value = "online", .help = "Weights & Biases knob."},
     {.name = "--wandb-resume", .kind = K::String, .group = G::Logging, .status = S::Ignored,
      .default_value = "auto", .help = "Weights & Biases knob."},
-    {.name = "--logging-level", .kind = K::Int, .group = G::Logging, .status = S::Ignored,
-     .help = "Python logging level."},
+    {.name = "--logging-level", .kind = K::Int, .group = G::Logging,
+     .help = "Megatron's Python logging level, mapped onto --log-level: 10 or below debug, up to 20 "
+             "info, up to 30 warning, above 30 error.",
+     .default_doc = "None (--log-level decides)"},
 
     // ---------------------------------------------------------------- diffusion LM (§2.7, diffusion-lm.md §8)
     {.name = "--model-running-mode", .kind = K::String, .group = G::Diffusion,
@@ -853,6 +859,15 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--world-size", .kind = K::Int, .group = G::Megadlm,
      .help = "World size to validate with --dry-run (a real launch takes it from the launcher).",
      .default_doc = "the launcher's world size"},
+    {.name = "--log-level", .kind = K::String, .group = G::Megadlm, .default_value = "info",
+     .choices = "trace debug info warning error",
+     .help = "Least severe diagnostic message written (stderr and --log-dir files); Megatron's "
+             "record (arguments, iteration lines) is always printed."},
+    {.name = "--log-all-ranks", .kind = K::StoreTrue, .group = G::Megadlm,
+     .help = "Every rank writes its messages to stderr, each line from rank r > 0 prefixed "
+             "`[rank r] ` (default: rank 0 only; errors always come from every rank)."},
+    {.name = "--log-dir", .kind = K::String, .group = G::Megadlm,
+     .help = "Each rank also appends its messages to DIR/rank_<r>.log (created if needed)."},
     {.name = "--help", .kind = K::StoreTrue, .group = G::Megadlm, .help = "Print this help and exit."},
     {.name = "--help-markdown", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Print the flag reference as Markdown (docs/flags.md) and exit."},

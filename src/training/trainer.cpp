@@ -315,7 +315,9 @@ IterationMetrics::Moe Trainer::finish_moe_step() {
 
 void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
   training_log_.iteration(window, skipped_iterations_, nan_iterations_, flops_per_iteration_,
-                          peak_memory_gb(pm_->runtime.stream), pm_->runtime.stream.device().str());
+                          peak_memory_gb(pm_->runtime.stream),
+                          peak_reserved_memory_gb(pm_->runtime.stream),
+                          pm_->runtime.stream.device().str());
 }
 
 std::vector<IterationMetrics> Trainer::train() {

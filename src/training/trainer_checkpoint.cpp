@@ -8,6 +8,7 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include "megadlm/core/logging.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/training_state.h"
@@ -177,9 +178,7 @@ void Trainer::save_checkpoint(bool non_persistent) {
         }
       } catch (const std::exception& e) {
         // The new checkpoint is safe; a stale one left behind is only disk space.
-        if (logging_rank())
-          log_ << "WARNING: could not remove older non-persistent checkpoints in " << dir << ": "
-               << e.what() << std::endl;
+        logging::warn("could not remove older non-persistent checkpoints in ", dir, ": ", e.what());
       }
     };
   }
@@ -297,9 +296,8 @@ void Trainer::load_checkpoint() {
     if (ck.exit_on_missing_checkpoint)
       MDLM_FAIL("--load ", ck.load, " holds no checkpoint (no ", checkpoint::kLatestFileName,
                 ") and --exit-on-missing-checkpoint is set");
-    if (logging_rank())
-      log_ << "WARNING: could not find a checkpoint in --load " << ck.load << " (no "
-           << checkpoint::kLatestFileName << "): training starts from scratch" << std::endl;
+    logging::warn("could not find a checkpoint in --load ", ck.load, " (no ", checkpoint::kLatestFileName,
+              "): training starts from scratch");
     return;
   }
   const checkpoint::CheckpointState& st = reader->index().state;
@@ -320,7 +318,7 @@ void Trainer::load_checkpoint() {
     for (const checkpoint::ConfigMismatch& m : checkpoint::compare_run_configs(*saved, cfg_, !resume)) {
       const std::string line = m.field + ": checkpoint " + m.saved + ", this run " + m.current;
       if (m.fatal) problems.push_back(line);
-      else if (logging_rank()) log_ << "WARNING: checkpoint differs from this run in " << line << std::endl;
+      else logging::warn("checkpoint differs from this run in ", line);
     }
   }
   if (problems.empty()) {
@@ -421,9 +419,8 @@ void Trainer::load_checkpoint() {
     last_checkpoint_iteration_ = iteration_;
     // The RNG state is the seed: every random number is a function of (seed, global position).
     if (ck.load_rng && st.rng_seed && *st.rng_seed != cfg_.training.seed) {
-      if (logging_rank())
-        log_ << "WARNING: using the checkpoint's seed " << *st.rng_seed << " instead of --seed "
-             << cfg_.training.seed << " (its RNG state; --no-load-rng keeps --seed)" << std::endl;
+      logging::warn("using the checkpoint's seed ", *st.rng_seed, " instead of --seed ", cfg_.training.seed,
+                " (its RNG state; --no-load-rng keeps --seed)");
       cfg_.training.seed = *st.rng_seed;
       pm_->runtime.seed = *st.rng_seed;
     }

@@ -39,6 +39,11 @@ double peak_memory_gb(const Stream& stream) {
   return static_cast<double>(ru.ru_maxrss) * 1024.0 / 1e9;  // ru_maxrss is in KiB on Linux
 }
 
+double peak_reserved_memory_gb(const Stream& stream) {
+  return stream.is_cuda() ? static_cast<double>(cuda_peak_reserved_memory_bytes(stream.device())) / 1e9
+                          : 0.0;
+}
+
 TrainingLog::TrainingLog(const RunConfig& config, std::ostream& log, bool logging_rank)
     : cfg_(config), log_(log), logging_rank_(logging_rank) {}
 
@@ -62,7 +67,7 @@ void TrainingLog::startup(const std::string& text) const {
 
 void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t skipped_iterations,
                             int64_t nan_iterations, double flops_per_iteration, double peak_gb,
-                            const std::string& device) const {
+                            double peak_reserved_gb, const std::string& device) const {
   if (window.empty() || !logging_rank_) return;
   const IterationMetrics& last = window.back();
   double loss = 0, ms = 0;
@@ -113,6 +118,7 @@ void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t
   }
   log_ << line.str() << std::endl;
   nlohmann::json j;
+  j["kind"] = "train";  // docs/metrics.md
   j["iteration"] = last.iteration;
   j["lm_loss"] = loss;
   j["grad_norm"] = last.grad_norm;
@@ -122,7 +128,9 @@ void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t
   j["tokens_per_s"] = tokens_per_s;
   j["tflops_per_gpu"] = tflops;
   j["mfu"] = tflops / kH200PeakTflops;
+  j["mfu_989"] = tflops / kH200DatasheetTflops;
   j["peak_mem_gb"] = peak_gb;
+  if (peak_reserved_gb > 0) j["peak_reserved_gb"] = peak_reserved_gb;
   j["skipped_iterations"] = skipped_iterations;
   j["nan_iterations"] = nan_iterations;
   j["global_batch_size"] = cfg_.training.global_batch_size;
@@ -146,6 +154,7 @@ void TrainingLog::validation(double loss, const std::string& what, const std::st
   const std::string rule(line.size() + 1, '-');
   log_ << rule << "\n" << line << "\n" << rule << std::endl;
   nlohmann::json j;
+  j["kind"] = key.substr(0, key.find("_lm_loss"));  // "validation" or "test"
   j["iteration"] = iteration;
   j[key] = loss;
   j[key.substr(0, key.find("_lm_loss")) + "_ppl"] = std::exp(std::min(20.0, loss));
@@ -160,6 +169,7 @@ void TrainingLog::peak_memory_per_stage(const std::vector<float>& gb, int64_t it
   for (float g : gb) line << " " << std::fixed << std::setprecision(1) << g;
   log_ << line.str() << std::endl;
   nlohmann::json j;
+  j["kind"] = "memory";
   j["iteration"] = iteration;
   j["peak_mem_gb_per_stage"] = gb;
   if (cfg_.training.metrics_jsonl.empty()) return;

@@ -3,7 +3,7 @@
 // Every random number in megadlm is a pure function of (key, counter): the key holds the seed
 // and a purpose tag, the counter holds *global* coordinates (sample index in dataset order,
 // token position, parameter id, element index). Never rank, local index or call order, so a
-// value is the same whichever rank computes it (ARCHITECTURE.md, promise 1).
+// value is the same whichever rank computes it (docs/architecture.md, promise 1).
 //
 // Counter layout used across the library (documented here once):
 //   counter = {c0, c1, c2, c3}; key = {seed_lo, seed_hi ^ purpose}

@@ -2,6 +2,11 @@
 //
 //   x ─ QKV (column-parallel) ─ [q/k norm] ─ [RoPE] ─ core attention ─ proj (row-parallel) ─ y
 //
+// The fused path (RMSNorm QK-norm or none; CPU, or CUDA with head_dim a multiple of 32): the QKV
+// rows go through ops::qk_norm_rope_forward and ops::attention_forward_packed without split or
+// concat copies, and only the raw QKV rows and the norm statistics are saved: the backward
+// recomputes the normalised, rotated rows (one cheap pass) instead of keeping them.
+//
 // The input is the output of the layer's first norm (this rank's rows under sequence
 // parallelism); the output is reduced over TP back to the same rows. The layer norm, the
 // residual and the hidden dropout around it are the transformer layer's.
@@ -20,6 +25,7 @@
 #include "megadlm/model/norm_layer.h"
 #include "megadlm/model/transformer_config.h"
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/qk_norm_rope.h"
 #include "megadlm/parallel/model_parallel.h"
 #include "megadlm/parallel/parameter_store.h"
 #include "megadlm/parallel/tensor_parallel/layers.h"
@@ -33,6 +39,7 @@ class SelfAttention {
     Tensor x_full;  ///< the QKV input, all rows (gathered under SP)
     NormRecord q_norm, k_norm;
     Tensor q, k, v;       ///< after norm and RoPE: [rows, heads·d], [rows, groups·d]
+    Tensor qkv, qk_rstd;  ///< fused path: the raw QKV rows and the q/k norm statistics
     Tensor out, lse;      ///< core attention output [rows, heads·d] and its log-sum-exp
   };
 
@@ -49,6 +56,10 @@ class SelfAttention {
 
  private:
   ops::AttentionArgs core_args(const MicroBatch& mb, const ModelRuntime& rt) const;
+  bool fused_qk(const ModelRuntime& rt) const;
+  ops::QkNormRopeArgs qk_args() const;
+  /// Fused path: the rows attention reads (q, k normalised and rotated, v as is).
+  Tensor rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb, const Stream& s) const;
 
   const TransformerConfig* cfg_ = nullptr;
   ModelParallel mp_;

@@ -47,7 +47,8 @@ struct ModelRecord {
   std::vector<Tensor> unit_inputs;  ///< recomputed units: the input each unit re-runs from
   NormRecord final_norm;
   Tensor final_out;  ///< input of the output layer [T, H] (all rows, also under SP)
-  Tensor dlogits;    ///< [T, V/tp]: the gradient left by the fused cross-entropy
+  Tensor dlogits;    ///< [T, V/tp]: the gradient left by the fused cross-entropy (TP > 1)
+  Tensor dfinal;     ///< [T, H]: d loss / d final_out, left by the fused head (no TP)
   Tensor logits;     ///< [T, V]: kept by an evaluation forward (grad_scale 0) without TP
   Tensor losses;     ///< f32 [T]: unweighted per-token CE
 };

@@ -28,6 +28,12 @@ struct MicroBatch {
   int64_t batch = 0, seq = 0, first_sample = 0;
   Tensor input_ids, labels, loss_weights, positions;  ///< on the model's device
   Tensor document_ids;  ///< int32 [B*S] or undefined (see HostMicroBatch)
+  /// With document_ids: int32 [documents + 1], the flat token index where each document starts,
+  /// then B*S (ops::AttentionArgs::document_starts: cuDNN's ragged batch without a host sync).
+  Tensor document_starts;
+  /// int32 [R]: the rows of nonzero loss weight, ascending (the output layer computes logits for
+  /// these rows only, ops::linear_cross_entropy); R may be 0.
+  Tensor loss_rows;
   double loss_tokens = 0;
   int64_t tokens() const { return batch * seq; }
 

@@ -26,7 +26,7 @@ class Mlp {
   struct Saved {
     Tensor x_full;   ///< fc1's input, all rows (gathered under SP)
     Tensor fc1_out;  ///< pre-activation [rows, (2·)ffn/tp]
-    Tensor act_out;  ///< fc2's input [rows, ffn/tp]
+    Tensor act_out;  ///< fc2's input [rows, ffn/tp]: not kept; the backward recomputes it
   };
 
   Mlp() = default;
@@ -44,6 +44,9 @@ class Mlp {
   Tensor backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
 
  private:
+  /// act(fc1_out) [rows, ffn/tp]: the forward's output, and its recomputation in backward.
+  Tensor activate(const Tensor& fc1_out, const Stream& s) const;
+
   MlpActivation activation_ = MlpActivation::SwiGLU;
   int64_t ffn_ = 0;  // this rank's MLP width
   tp::ColumnParallelLinear fc1_;

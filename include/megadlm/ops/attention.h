@@ -25,9 +25,18 @@
 // Per-document (packed, "varlen") attention: with document_ids, an int32 [B, S] tensor whose
 // values are non-decreasing along each row, query i of row b sees key j only when
 // document_ids[b, i] == document_ids[b, j] (and j <= i when causal): each document of a packed
-// row attends only to itself, as THD/cu_seqlens attention does. CPU, and CUDA on both kernel
-// families (the flash kernels visit only the tiles of each tile's documents; see
-// docs/kernels/attention.md).
+// row attends only to itself, as THD/cu_seqlens attention does. CPU, and CUDA on every kernel
+// family (the flash kernels visit only the tiles of each tile's documents; cuDNN runs the
+// documents as one ragged (THD) batch; see docs/kernels/attention.md).
+//
+// CUDA backends (AttentionBackend): cuDNN's fused flash attention (bf16, fp32 softmax, its
+// softmax statistics are exactly this lse: natural log, [B, Hq, S]) and megadlm's own kernels
+// (flash for head_dim 64/128, a simple path otherwise). Auto takes cuDNN wherever it computes
+// the contract exactly (no attention dropout: ours is keyed by global coordinates, cuDNN's is
+// not) and its plan builds, and the own kernels elsewhere; the choice is logged once per kind of
+// call. Forward and backward may run on different backends (same lse convention).
+// deterministic: a bitwise reproducible backward (--deterministic-mode): cuDNN's deterministic
+// algorithm, or the flash backward with one dQ partial per key tile summed in a fixed order.
 #pragma once
 #include <cstdint>
 #include "megadlm/core/stream.h"
@@ -39,6 +48,14 @@ enum class AttentionMask : uint8_t {
   None,    ///< bidirectional (--attention-mask-type no_mask)
   Causal,  ///< query i sees keys j <= i (causal / causal_bottom_right with Sq == Skv)
 };
+
+/// Which CUDA implementation runs (--attention-backend; the CPU backend ignores it).
+enum class AttentionBackend : uint8_t {
+  Auto,   ///< cuDNN where it runs these arguments exactly, else the own kernels
+  Cudnn,  ///< cuDNN only: an error where it cannot (dropout, a refused shape)
+  Flash,  ///< megadlm's own kernels (flash for head_dim 64/128, simple otherwise)
+};
+const char* attention_backend_name(AttentionBackend b);
 
 struct AttentionArgs {
   int64_t batch = 0, seq = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -54,6 +71,13 @@ struct AttentionArgs {
   int64_t key_offset = 0;      ///< global position of key row 0 (context-parallel shards)
   /// int32 [B, S] document of each position (non-decreasing per row), or null: one document.
   const Tensor* document_ids = nullptr;
+  /// Optional with document_ids, for the cuDNN path: int32 [num_documents + 1] on the device,
+  /// the flat token index (b * S + position) where each document starts, ascending, every row
+  /// start among them, last entry B * S. Without it cuDNN derives it from document_ids on the
+  /// host (one device synchronisation per call).
+  const Tensor* document_starts = nullptr;
+  AttentionBackend backend = AttentionBackend::Auto;
+  bool deterministic = false;  ///< bitwise reproducible backward (see the top of this file)
 };
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
@@ -63,5 +87,16 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionArgs& args, const Stream& stream);
+
+/// The same attention on the fused QKV projection's output, without split or concat copies:
+/// qkv [B, S, (Hq + 2 Hkv) D] holds per token the Hq query heads, then the Hkv key heads, then
+/// the Hkv value heads (the layout qk_norm_rope_forward writes); out, lse as attention_forward.
+/// cuDNN reads q, k, v through their strides; the own kernels get split copies.
+void attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream);
+/// dqkv [B, S, (Hq + 2 Hkv) D] written with dq, dk, dv in qkv's layout.
+void attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
+                               const Stream& stream);
 
 }  // namespace megadlm::ops

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "megadlm/core/logging.h"
 #include "megadlm/diffusion/diffusion_config.h"
 #include "megadlm/model/transformer_config.h"
 #include "megadlm/parallel/parallel_config.h"
@@ -113,6 +114,14 @@ struct CheckpointConfig {
   }
 };
 
+/// Where diagnostic messages go (core/logging.h; the program passes it with the rank to
+/// logging::configure). Megatron's record (arguments, iteration lines) is not affected.
+struct LoggingConfig {
+  logging::Level level = logging::Level::Info;  ///< --log-level, or --logging-level mapped onto it
+  bool all_ranks = false;               ///< --log-all-ranks
+  std::string dir;                      ///< --log-dir ("" = no per-rank files)
+};
+
 /// Everything pretrain_difflm needs, after validation.
 struct RunConfig {
   ParallelConfig parallel;
@@ -122,6 +131,7 @@ struct RunConfig {
   TrainingConfig training;
   DataConfig data;
   CheckpointConfig checkpoint;
+  LoggingConfig logging;
 };
 
 }  // namespace megadlm

@@ -35,6 +35,8 @@ struct IterationMetrics {
 /// Peak memory of this process so far, in GB (1e9 bytes): the CUDA pool's peak on a GPU stream,
 /// the resident set's peak on the CPU.
 double peak_memory_gb(const Stream& stream);
+/// Peak bytes the CUDA pool has reserved (in use or cached), in GB; 0 on the CPU.
+double peak_reserved_memory_gb(const Stream& stream);
 
 class TrainingLog {
  public:
@@ -45,11 +47,12 @@ class TrainingLog {
   void check_metrics_file() const;
   /// The start-up lines (already formatted by the caller).
   void startup(const std::string& text) const;
-  /// Megatron's iteration line for the window since the last one (+ a metrics row).
-  /// `flops_per_iteration`: model FLOPs of one iteration (whole job); `peak_gb`: this rank's peak.
+  /// Megatron's iteration line for the window since the last one (+ a metrics row, the fields of
+  /// docs/metrics.md). `flops_per_iteration`: model FLOPs of one iteration (whole job);
+  /// `peak_gb` / `peak_reserved_gb`: this rank's peaks in use / reserved (reserved 0: not recorded).
   void iteration(const std::vector<IterationMetrics>& window, int64_t skipped_iterations,
                  int64_t nan_iterations, double flops_per_iteration, double peak_gb,
-                 const std::string& device) const;
+                 double peak_reserved_gb, const std::string& device) const;
   /// Megatron's validation block " validation loss at <what> | lm loss value: ... " (+ a metrics
   /// row keyed `key`, e.g. "validation_lm_loss").
   void validation(double loss, const std::string& what, const std::string& key, int64_t iteration,

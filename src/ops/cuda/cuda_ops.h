@@ -9,13 +9,23 @@
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
+#include "megadlm/ops/linear_cross_entropy.h"
 #include "megadlm/ops/moe.h"
 #include "megadlm/ops/norm.h"
 #include "megadlm/ops/optimizer.h"
+#include "megadlm/ops/qk_norm_rope.h"
 #include "megadlm/ops/random.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/ops/rope.h"
 
 namespace megadlm::ops::cuda {
 #include "ops/backend_ops.inc"
+
+// CUDA-only fast paths whose dispatch has a generic fallback (split q, k, v and the ordinary
+// entries): true when they ran (cuDNN on the packed rows), false when nothing was queued.
+bool attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream);
+bool attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
+                               const Stream& stream);
 }  // namespace megadlm::ops::cuda

@@ -8,8 +8,7 @@
 //     the same expert: expert-major, tokens ascending, no host loop.
 //   permute / unpermute / unpermute backward: one block per token row, 16-byte vectors over
 //     the hidden size, fp32 accumulation of a token's slots in slot order (deterministic).
-//   grouped GEMM: one cuBLASLt GEMM per group on the caller's stream (gpu-libraries.md §2:
-//     faster than cublasGemmGroupedBatchedEx on MoE shapes with cuBLAS 13.1), empty groups skipped.
+// (The grouped GEMM is host code next to the plain GEMM, in gemm.cpp.)
 // Statistics (moe_router_stats, moe_count_tokens) add with float atomics: counts are exact
 // integers; score sums and logsumexp² only feed logged values.
 // Expert choice, capacity dropping, the expert-choice aux loss and Sinkhorn selection run the
@@ -641,36 +640,6 @@ void moe_unpermute_backward(const Tensor& dout, const Tensor& y, const Tensor& d
         static_cast<int>(dest.cols()), h);
   });
   MDLM_CUDA_CHECK_LAUNCH();
-}
-
-void grouped_gemm(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& group_rows,
-                  const GroupedGemmArgs& args, const Stream& stream) {
-  NvtxRange range("grouped_gemm");
-  const int64_t groups = static_cast<int64_t>(group_rows.size());
-  int64_t row = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t n = group_rows[static_cast<size_t>(g)];
-    GemmArgs ga{.trans_a = args.trans_a, .trans_b = args.trans_b, .alpha = args.alpha, .beta = args.beta};
-    Tensor bias;
-    if (args.bias) {
-      bias = args.bias->slice_flat(g * c.cols(), {c.cols()});
-      ga.bias = &bias;
-    }
-    if (!args.trans_a) {
-      if (n > 0) {
-        const int64_t b_rows = b.rows() / groups;
-        Tensor cg = c.narrow(row, n);
-        cuda::gemm(a.narrow(row, n), b.slice_flat(g * b_rows * b.cols(), {b_rows, b.cols()}), cg, ga, stream);
-      }
-    } else {
-      const int64_t c_rows = c.rows() / groups;
-      Tensor cg = c.slice_flat(g * c_rows * c.cols(), {c_rows, c.cols()});
-      if (n > 0) cuda::gemm(a.narrow(row, n), b.narrow(row, n), cg, ga, stream);
-      else if (args.beta == 0.0f) cuda::fill(cg, 0.0f, stream);
-      else if (args.beta != 1.0f) cuda::scale_inplace(cg, args.beta, stream);
-    }
-    row += n;
-  }
 }
 
 }  // namespace megadlm::ops::cuda

@@ -118,7 +118,7 @@ TEST(Dropout, IsDeterministicAndChangesWithSeedOrSite) {
   EXPECT_GT(differing(mask_of(16, 32, other_site)), 150);
 }
 
-// The promise of ARCHITECTURE.md: an element is dropped or kept whichever rank holds it. The full
+// The promise of docs/architecture.md: an element is dropped or kept whichever rank holds it. The full
 // tensor is 2 samples x 8 positions x 12 columns; each split below is one way a parallel layout
 // (data parallel rows, context parallel positions, tensor parallel columns) cuts it.
 TEST(Dropout, MaskIsTheSameHoweverRowsPositionsOrColumnsAreSplit) {

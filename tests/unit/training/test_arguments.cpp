@@ -150,6 +150,49 @@ std::vector<Row> rows() {
       {"D-1", cmd({"--base-model", "Qwen_2"}), O::Rejected,
        {"`--base-model Qwen_2`: invalid value; valid: vanilla"}},
 
+      // ------------------------------------------------------------------ logging (M-20)
+      {"logging-defaults", cmd(), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Info);
+         EXPECT_FALSE(p.config.logging.all_ranks);
+         EXPECT_EQ(p.config.logging.dir, "");
+         EXPECT_EQ(p.values.at("log_level"), "info");
+         EXPECT_EQ(p.values.at("logging_level"), "None");
+       }},
+      {"logging-flags", cmd({"--log-level", "debug", "--log-all-ranks", "--log-dir", "logs"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Debug);
+         EXPECT_TRUE(p.config.logging.all_ranks);
+         EXPECT_EQ(p.config.logging.dir, "logs");
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);
+       }},
+      {"logging-level-choices", cmd({"--log-level", "verbose"}), O::Rejected,
+       {"`--log-level verbose`: invalid value; valid: trace, debug, info, warning, error"}},
+      // Megatron's --logging-level is a Python threshold: a message shows when its level
+      // (DEBUG 10, INFO 20, WARNING 30, ERROR 40) is at least the threshold.
+      {"logging-python-10", cmd({"--logging-level", "10"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Debug); }},
+      {"logging-python-20", cmd({"--logging-level", "20"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Info);
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);  // no longer "has no effect"
+       }},
+      {"logging-python-25", cmd({"--logging-level", "25"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Warning); }},
+      {"logging-python-40", cmd({"--logging-level", "40"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Error); }},
+      {"M-20-levels-agree", cmd({"--log-level", "warning", "--logging-level", "30"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Warning); }},
+      {"M-20", cmd({"--log-level", "debug", "--logging-level", "30"}), O::Rejected,
+       {"give one of `--log-level debug` and `--logging-level 30` (that Python level means "
+        "`--log-level warning`) [M-20]"}},
+      {"M-20-log-dir-is-a-file", cmd({"--log-dir", "/dev/null"}), O::Rejected,
+       {"`--log-dir /dev/null` is a file; give a directory (it is created when missing) [M-20]"}},
+      // ------------------------------------------------------------------ attention backend (M-21)
+      {"M-21", cmd({"--attention-backend", "fused", "--attention-dropout", "0.1"}), O::Rejected,
+       {"`--attention-backend fused` cannot run `--attention-dropout 0.1`"}},
+      {"M-21-auto-keeps-dropout", cmd({"--attention-backend", "auto", "--attention-dropout", "0.1"}),
+       O::Accepted, {}},
+
       // ------------------------------------------------------------------ flag status
       {"V-12", cmd({"--batch-size", "8"}), O::Rejected,
        {"`--batch-size` is no longer a valid flag: use `--micro-batch-size` instead [V-12]"}},
@@ -850,7 +893,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "R-14"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();

@@ -12,7 +12,7 @@
 // With N distributed-optimizer instances (megatron-compat.md §1.6) the reduce-scatter and the
 // all-gather run inside an instance and the shards are then all-reduced across instances.
 // Gradients are SUMmed, not averaged: the loss is normalised by the global token count up front
-// (ARCHITECTURE.md promise 1), so the sum over ranks is already the gradient of the global loss.
+// (docs/architecture.md promise 1), so the sum over ranks is already the gradient of the global loss.
 // Expert parameters (ParamDesc::expert) sit in buckets of their own that reduce (and shard)
 // over the expert-data-parallel group: the ranks holding the same experts (megatron-compat.md
 // §4.5, §6.7).
