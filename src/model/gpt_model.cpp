@@ -258,6 +258,7 @@ Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, Model
       rec.unit_inputs[u] = Tensor();
       ModelRuntime quiet = rt;
       quiet.hooks = nullptr;  // parameters are already in place; no second "needed" notice
+      quiet.record_moe_stats = false;  // the first forward counted them
       for (int i = first; i < last; ++i)
         x = layers_[static_cast<size_t>(i)].forward(x, mb, rec.layers[static_cast<size_t>(i)], quiet);
     }

@@ -30,8 +30,8 @@
 // (V-44 turns SP off first), C-3 (the pipeline dtype is always the params dtype), C-20
 // (variable_seq_lengths is never on in pre-training), C-22 (init std belongs to model init), G-6
 // (V-53 plus RankGenerator's own checks), R-2 (batch_p2p_comm is !overlap_p2p_comm by
-// construction), R-9…R-13 and D-8 (MoE features not supported yet), and D-5 on
-// purpose (see check_diffusion).
+// construction), R-9…R-13 and D-8 (MoE runtime checks that cannot fail in megadlm's MoE), and
+// D-5 on purpose (see check_diffusion). The MoE rules live in moe_rules.cpp.
 #include <algorithm>
 #include <cctype>
 #include <climits>
@@ -424,73 +424,6 @@ void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
                         "`--attention-dropout 0`");
 }
 
-// --------------------------------------------------------- MoE (V-49, V-51, C-5, C-11…C-19, R-4, R-8)
-
-void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
-  if (a.is_set("num_experts") && a.i("num_experts") == 0) a.set("num_experts", FlagValue());
-  const bool moe = a.is_set("num_experts");
-  if (moe && a.i("num_experts") < 0)
-    d.error("C-11", a.flag_value("num_experts") + " must be > 0");
-  if (moe && !a.strings("spec").empty())
-    d.error("V-49", "`--spec` cannot be combined with " + a.flag_value("num_experts"));
-  if (!a.is_set("moe_ffn_hidden_size") && c.ffn > 0) a.set("moe_ffn_hidden_size", c.ffn);
-  if (a.is_set("moe_expert_capacity_factor") && a.f("moe_expert_capacity_factor") < 0)
-    a.set("moe_expert_capacity_factor", FlagValue());
-  if (!c.sizes_ok) return;
-  // V-51 / C-11
-  if (c.ep > 1) {
-    if (!moe)
-      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") +
-                                " needs `--num-experts` (a multiple of " + num(c.ep) +
-                                ", so that the EP ranks hold equal shares of the experts)");
-    else if (a.i("num_experts") % c.ep != 0)
-      d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not divide " +
-                          a.flag_value("num_experts") + "; valid: " +
-                          divisors_text(a.i("num_experts")));
-    if (a.b("fp16")) d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not support `--fp16`");
-  }
-  // C-5 / R-8: tokens enter the MoE layer sequence-parallel when TP > 1.
-  if (c.tp > 1 && !a.b("sequence_parallel") && (c.ep > 1 || moe))
-    d.error(c.ep > 1 ? "C-5" : "R-8",
-            std::string(c.ep > 1 ? a.flag_value("expert_model_parallel_size") : a.flag_value("num_experts")) +
-                " with " + a.flag_value("tensor_model_parallel_size") +
-                " needs `--sequence-parallel`");
-  const std::string dispatcher = a.s("moe_token_dispatcher_type");
-  // C-12
-  if (a.is_set("moe_shared_expert_intermediate_size") && a.i("moe_shared_expert_intermediate_size") <= 0)
-    d.error("C-12", a.flag_value("moe_shared_expert_intermediate_size") + " must be > 0");
-  if (a.b("moe_shared_expert_overlap") && dispatcher != "alltoall")
-    d.error("C-12", "`--moe-shared-expert-overlap` needs `--moe-token-dispatcher-type alltoall`");
-  // C-13 / C-14
-  if (a.is_set("moe_expert_capacity_factor")) {
-    if (dispatcher != "alltoall" && dispatcher != "alltoall_seq")
-      d.error("C-13", a.flag_value("moe_expert_capacity_factor") + " (token dropping) needs "
-                      "`--moe-token-dispatcher-type alltoall` or `alltoall_seq`");
-    const std::string lb = a.s("moe_router_load_balancing_type");
-    if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none")
-      d.error("C-13", a.flag_value("moe_expert_capacity_factor") + " needs load balancing "
-                      "aux_loss, seq_aux_loss or none (got " +
-                      a.flag_value("moe_router_load_balancing_type") + ")");
-  } else if (a.b("moe_pad_expert_input_to_capacity")) {
-    d.error("C-14", "`--moe-pad-expert-input-to-capacity` needs `--moe-expert-capacity-factor`");
-  }
-  // C-18
-  if (dispatcher == "alltoall_seq" && c.tp != c.etp)
-    d.error("C-18", "`--moe-token-dispatcher-type alltoall_seq` needs " +
-                        a.flag_value("expert_tensor_parallel_size") + " equal to " +
-                        a.flag_value("tensor_model_parallel_size"));
-  // C-19
-  if (a.is_set("moe_router_topk_limited_devices") && a.i("moe_router_topk_limited_devices") > c.ep)
-    d.error("C-19", a.flag_value("moe_router_topk_limited_devices") + " exceeds " +
-                        a.flag_value("expert_model_parallel_size") + "; valid: 1 to " + num(c.ep));
-  // expert MLP width split over expert TP.
-  if (moe && a.i("moe_ffn_hidden_size") > 0 && a.i("moe_ffn_hidden_size") % c.etp != 0)
-    d.error("R-4", a.flag_value("expert_tensor_parallel_size") + " does not divide " +
-                       (a.was_given("moe_ffn_hidden_size") ? a.flag_value("moe_ffn_hidden_size")
-                                                           : "the expert MLP width " + num(a.i("moe_ffn_hidden_size"))) +
-                       "; valid: " + divisors_text(a.i("moe_ffn_hidden_size")));
-}
-
 // ------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11, M-18)
 
 // M-18: reads the files of --data-args-path / --per-split-data-args-path into the flags they
@@ -858,6 +791,7 @@ RunConfig build_run_config(const ArgState& a) {
                       mask == "causal_bottom_right")
                          ? AttentionMaskType::Causal
                          : AttentionMaskType::NoMask;
+  build_moe_config(a, m.moe);
 
   DiffusionConfig& df = r.diffusion;
   df.mode = a.s("model_running_mode") == "vanilla" ? RunningMode::Vanilla : RunningMode::DiffLMNoShift;

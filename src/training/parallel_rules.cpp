@@ -726,17 +726,7 @@ void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
     d.unsupported(a.flag_value("data_parallel_sharding_strategy") +
                   " with `--use-custom-fsdp`: sharding the parameters (FSDP) is not supported yet "
                   "by megadlm; use `optim` or `optim_grads` (see docs/roadmap.md)");
-  if (!c.sizes_ok) return;
-  const char* suffix = " is not supported yet by megadlm (data, tensor, pipeline and context "
-                       "parallelism are; see docs/roadmap.md)";
-  const std::pair<const char*, const char*> dims[] = {
-      {"expert_model_parallel_size", "expert parallelism"},
-      {"expert_tensor_parallel_size", "expert tensor parallelism"}};
-  for (const auto& [dest, what] : dims) {
-    if (a.i(dest) <= 1) continue;
-    if (std::string(dest) == "expert_tensor_parallel_size" && c.etp == c.tp) continue;
-    d.unsupported(a.flag_value(dest) + ": " + what + suffix);
-  }
+  (void)c;  // every parallel dimension of a layout that validates now runs
 }
 
 }  // namespace megadlm::training::detail

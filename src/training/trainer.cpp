@@ -228,6 +228,7 @@ IterationMetrics Trainer::step() {
   const FaultVerdict verdict = fault_detector_.run_step(iteration_ + 1, cfg_.training.seed, [&] {
     pm.store.zero_grads(s);
     pm.data_parallel->start_step();
+    if (pm.moe) pm.moe->begin_step(s);
     Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
     run_schedule(host, loss_sum, static_cast<float>(1.0 / loss_tokens));
     pm.data_parallel->finish_grad_sync();
@@ -243,6 +244,7 @@ IterationMetrics Trainer::step() {
   out.fault_report = verdict.report;
   out.lm_loss = verdict.result.lm_loss;
   out.grad_norm = verdict.result.grad_norm;
+  if (pm.moe) out.moe = finish_moe_step();
   const bool finite = std::isfinite(out.grad_norm) && std::isfinite(out.lm_loss);
   if (verdict.action == FaultAction::Skip) {
     out.skipped = true;
@@ -276,6 +278,62 @@ IterationMetrics Trainer::step() {
   out.elapsed_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
+}
+
+IterationMetrics::Moe Trainer::finish_moe_step() {
+  ParallelModel& pm = *pm_;
+  const Stream& s = pm.runtime.stream;
+  const MoeConfig& mc = cfg_.model.moe;
+  MoeStepState& st = *pm.moe;
+  // Each rank holds its share (its rows, its micro-batches, its layers; zeros elsewhere).
+  if (pm.world && pm.world->size() > 1) {
+    pm.world->all_reduce(st.stats, comm::ReduceOp::Sum, s);
+    pm.world->synchronize(s);
+  }
+  const std::vector<float> stats = st.stats.to_floats(s);
+  const int64_t experts = mc.num_experts, cols = MoeStepState::stat_columns(mc.num_experts);
+  const double micro_batches = static_cast<double>(cfg_.training.global_batch_size) /
+                               static_cast<double>(cfg_.training.micro_batch_size);
+  IterationMetrics::Moe m;
+  m.enabled = true;
+  double routed = 0, kept = 0;
+  int layers = 0;
+  for (int l = 0; l < cfg_.model.num_layers; ++l) {
+    if (!mc.is_moe_layer(l)) continue;
+    const float* row = stats.data() + l * cols;
+    double sum = 0, most = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      routed += row[e];
+      sum += row[experts + e];
+      most = std::max(most, static_cast<double>(row[experts + e]));
+    }
+    kept += sum;
+    const double load = sum > 0 ? most / (sum / static_cast<double>(experts)) : 0.0;
+    m.load_max_over_mean_per_layer.push_back(load);
+    m.load_max_over_mean += load;
+    m.aux_loss += row[2 * experts] / micro_batches;
+    m.z_loss += row[2 * experts + 1] / micro_batches;
+    ++layers;
+    // Aux-loss-free balancing (--moe-router-enable-expert-bias): every rank holding the layer
+    // moves its bias the same way, from the global counts.
+    Tensor& bias = st.expert_bias[static_cast<size_t>(l)];
+    if (!bias.defined()) continue;
+    std::vector<float> b = bias.to_floats(s);
+    const double mean = sum / static_cast<double>(experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      const double offset = mean - row[experts + e];
+      b[static_cast<size_t>(e)] += mc.bias_update_rate * static_cast<float>((offset > 0) - (offset < 0));
+    }
+    Tensor host = Tensor::from_floats(b, {experts});
+    copy_tensor(host, bias, s);
+  }
+  if (layers > 0) {
+    m.load_max_over_mean /= layers;
+    m.aux_loss /= layers;
+    m.z_loss /= layers;
+  }
+  m.dropped_fraction = routed > 0 ? 1.0 - kept / routed : 0.0;
+  return m;
 }
 
 void Trainer::log_interval(const std::vector<IterationMetrics>& window) {

@@ -81,6 +81,54 @@ void Trainer::set_stop_request(std::function<bool()> stop_requested) {
   stop_requested_ = std::move(stop_requested);
 }
 
+namespace {
+std::string expert_bias_name(int layer) {
+  return std::string(checkpoint::kMoeStatePrefix) + "expert_bias/decoder.layers." + std::to_string(layer);
+}
+}  // namespace
+
+void Trainer::add_moe_state(checkpoint::StateSnapshot& snap) const {
+  if (!pm_->moe) return;
+  // Every rank of a stage holds the same biases: the first rank of its gradient and TP groups
+  // writes them.
+  if ((pm_->grad_group && pm_->grad_group->rank() != 0) || pm_->model_parallel.tp.rank != 0) return;
+  auto host = std::make_shared<std::vector<Tensor>>();
+  for (size_t l = 0; l < pm_->moe->expert_bias.size(); ++l) {
+    const Tensor& bias = pm_->moe->expert_bias[l];
+    if (!bias.defined()) continue;
+    bool here = false;  // this rank's stage holds the layer
+    for (const auto& chunk : pm_->chunks)
+      here |= static_cast<int>(l) >= chunk->chunk().first_layer &&
+              static_cast<int>(l) < chunk->chunk().first_layer + chunk->chunk().num_layers;
+    if (!here) continue;
+    host->push_back(bias.to(Device::cpu(), pm_->runtime.stream));
+    checkpoint::OutgoingPiece p;
+    p.tensor = expert_bias_name(static_cast<int>(l));
+    p.global_shape = bias.shape();
+    p.region = checkpoint::Region::whole(bias.shape());
+    p.dtype = DType::F32;
+    p.data = host->back().data_ptr();
+    snap.pieces.push_back(p);
+  }
+  if (host->empty()) return;
+  auto previous = snap.keep_alive;
+  snap.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<std::vector<Tensor>>>>(
+      previous, host);
+}
+
+void Trainer::load_moe_state(const checkpoint::CheckpointReader& reader) {
+  if (!pm_->moe) return;
+  for (size_t l = 0; l < pm_->moe->expert_bias.size(); ++l) {
+    Tensor& bias = pm_->moe->expert_bias[l];
+    const std::string name = expert_bias_name(static_cast<int>(l));
+    if (!bias.defined() || !reader.has_tensor(name)) continue;  // older checkpoints: zero biases
+    Tensor host = Tensor::empty(bias.shape(), DType::F32, Stream::cpu());
+    reader.read(name, bias.shape(), checkpoint::Region::whole(bias.shape()), host);
+    copy_tensor(host, bias, pm_->runtime.stream);
+    pm_->runtime.stream.synchronize();
+  }
+}
+
 void Trainer::save_checkpoint(bool non_persistent) {
   const CheckpointConfig& ck = cfg_.checkpoint;
   const std::string dir = non_persistent ? ck.non_persistent_save_dir() : ck.save;
@@ -97,8 +145,13 @@ void Trainer::save_checkpoint(bool non_persistent) {
     log_ << "saving " << (non_persistent ? "non-persistent " : "") << "checkpoint at iteration "
          << iter_text(iteration_) << " to " << dir << (ck.async_save ? " (asynchronously)" : "") << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
-  checkpoint::StateSnapshot snap =
-      checkpoint::snapshot_state(pm_->store, *pm_->optimizer, writer, ck.save_optim, pm_->runtime.stream);
+  // Expert parameters: their replicas are the expert-dp group (other EP ranks hold other experts).
+  const bool expert_writer = cfg_.parallel.use_distributed_optimizer
+                                 ? writer
+                                 : (!pm_->expert_grad_group || pm_->expert_grad_group->rank() == 0);
+  checkpoint::StateSnapshot snap = checkpoint::snapshot_state(pm_->store, *pm_->optimizer, writer, ck.save_optim,
+                                                              pm_->runtime.stream, expert_writer);
+  add_moe_state(snap);
   checkpoint::CheckpointState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_samples_;
@@ -462,7 +515,7 @@ void Trainer::load_checkpoint_files() {
 
   // Verify the files this load reads (spread over the ranks, agreed), then read. A rank that
   // fails while reading makes every rank fail here, before any step.
-  std::vector<std::string> prefixes = {checkpoint::kModelPrefix};
+  std::vector<std::string> prefixes = {checkpoint::kModelPrefix, checkpoint::kMoeStatePrefix};
   if (load_optim) prefixes.push_back("optimizer/");
   reader->verify_files(reader->files_with(prefixes), world, s);
   error.clear();
@@ -470,6 +523,13 @@ void Trainer::load_checkpoint_files() {
     checkpoint::load_state(*reader, pm_->store, *pm_->optimizer, load_optim, s);
   } catch (const std::exception& e) {
     error = e.what();
+  }
+  if (error.empty()) {
+    try {
+      load_moe_state(*reader);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
   checkpoint::agree(world, s, error, "loading checkpoint " + *dir);
   pm_->optimizer->set_steps(load_optim ? st.optimizer_steps : 0);

@@ -46,6 +46,8 @@ namespace megadlm {
 
 namespace checkpoint {
 class CheckpointWriter;
+class CheckpointReader;
+struct StateSnapshot;
 }
 
 class Trainer {
@@ -97,6 +99,9 @@ class Trainer {
   void lock_save_directories();
   void load_checkpoint_files();
   void check_save_directories();
+  /// MoE state that is not a parameter (expert biases): added to a save, read on a load.
+  void add_moe_state(checkpoint::StateSnapshot& snap) const;
+  void load_moe_state(const checkpoint::CheckpointReader& reader);
   /// After each iteration: commits async saves, saves on schedule, decides whether to stop.
   bool checkpoint_boundary();
   /// After the loop: the final save (not when `exiting`: checkpoint_boundary() saved) and
@@ -127,6 +132,9 @@ class Trainer {
   double grad_sum(double local) { return sum_over(pm_->grad_group, local); }
   /// The loss of the last pipeline stage, summed into every stage.
   void sum_loss_over_pipeline(Tensor& loss_sum);
+  /// MoE: the step's statistics summed over the world (every rank calls it, also on stages
+  /// without MoE layers), the metrics, and the expert-bias update.
+  IterationMetrics::Moe finish_moe_step();
   bool logging_rank() const { return pm_->rank == 0; }
 
   RunConfig cfg_;

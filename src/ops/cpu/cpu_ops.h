@@ -11,6 +11,7 @@
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/linear_cross_entropy.h"
+#include "megadlm/ops/moe.h"
 #include "megadlm/ops/norm.h"
 #include "megadlm/ops/optimizer.h"
 #include "megadlm/ops/qk_norm_rope.h"
