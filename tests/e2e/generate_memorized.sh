@@ -32,7 +32,7 @@ args=$(grep -v '^#' "$src/configs/tiny_dlm.args" | tr '\n' ' ' | sed -e 's/--moc
   -e 's/--train-iters [0-9]*//' -e 's/--seq-length [0-9]*//' -e 's/--max-position-embeddings [0-9]*//' \
   -e 's/--lr [0-9e.-]*//' -e 's/--min-lr [0-9e.-]*//' -e 's/--micro-batch-size [0-9]*//' -e 's/--global-batch-size [0-9]*//')
 # shellcheck disable=SC2086
-"$bin/pretrain_difflm" $args --device cpu --tokenizer-type NullTokenizer --mask-token 127 \
+"$bin/pretrain_difflm" $args --device cpu --tokenizer-type NullTokenizer --mask-token 120 \
   --data-path mem_text_document --split 100,0,0 --seq-length 16 --max-position-embeddings 16 \
   --train-iters 800 --lr 5e-3 --min-lr 5e-4 --micro-batch-size 16 --global-batch-size 16 \
   --difflm-varilen-prob 0 --eval-iters 0 --log-interval 100 --save ckpt --save-interval 800 > train.log 2>&1 \
