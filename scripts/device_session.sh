@@ -6,15 +6,17 @@
 # each stage (a device call returns few files, and a call cut off by its limit keeps what the
 # earlier stages wrote); OUT/summary.txt has one line per stage.
 #
-#   scripts/device_session.sh BUILD OUT [AREA[:SECONDS] ...]
-#     default areas: parity:150 moe:120 cp:60 generation:90 fsdp:60 reliability:30
+#   scripts/device_session.sh BUILD OUT [AREA[:SECONDS[:STAGE,STAGE...]] ...]
+#     default: parity:120 moe:100:train,hf generation:90:cuda,tb,bench fsdp:80 reliability:60 cp:20:bench
+#   (the areas' own parity stages are left out by default: the full suite ran first)
 # Environment: PEER (the PyTorch peer script, passed on to the area scripts).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:?usage: scripts/device_session.sh BUILD OUT [AREA[:SECONDS] ...]}" && pwd)
-final=${2:?usage: scripts/device_session.sh BUILD OUT [AREA[:SECONDS] ...]}
+usage="usage: scripts/device_session.sh BUILD OUT [AREA[:SECONDS[:STAGE,...]] ...]"
+build=$(cd "${1:?$usage}" && pwd)
+final=${2:?$usage}
 shift 2
-areas=${*:-parity:150 moe:120 cp:60 generation:90 fsdp:60 reliability:30}
+areas=${*:-parity:120 moe:100:train,hf generation:90:cuda,tb,bench fsdp:80 reliability:60 cp:20:bench}
 mkdir -p "$final"
 work=${WORK_DIR:-/tmp/device_session}
 rm -rf "$work" && mkdir -p "$work"
@@ -27,9 +29,8 @@ export MEGADLM_BIN=$build/bin NCCL_NVLS_ENABLE=0
 } > "$work/machine.txt" 2>&1
 : > "$work/summary.txt"
 for item in $areas; do
-  area=${item%%:*}
-  limit=${item#*:}
-  [ "$limit" = "$item" ] && limit=120
+  IFS=: read -r area limit stages <<< "$item"
+  limit=${limit:-120}
   start=$(date +%s)
   case $area in
     parity)
@@ -46,7 +47,8 @@ for item in $areas; do
         continue
       fi
       mkdir -p "$work/$area"
-      timeout "$limit" bash "$script" "$build" "$work/$area" > "$work/$area.log" 2>&1
+      # shellcheck disable=SC2086
+      timeout "$limit" bash "$script" "$build" "$work/$area" ${stages//,/ } > "$work/$area.log" 2>&1
       rc=$?
       result=$(tail -n 3 "$work/$area.log" | tr '\n' ' ')
       ;;
