@@ -26,6 +26,10 @@ export NCCL_NVLS_ENABLE=0
 summary=$out/summary.txt
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
+# counts LOG: "N ok, N failed, N skipped" from gtest's per-test lines (those that end in "ms)").
+counts() {
+  echo "$(grep -cE '^\[       OK \].* ms\)' "$1") ok, $(grep -cE '^\[  FAILED  \].* ms\)' "$1") failed, $(grep -cE '^\[  SKIPPED \].* ms\)' "$1") skipped"
+}
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu.txt" 2>&1
 note "device_cp: $gpus GPU(s), build $build"
@@ -38,7 +42,7 @@ if [[ $what == *" parity "* ]]; then
   "$bin/gpu_parity" --gtest_filter='ContextParallelParity.*:DropoutParity.ContextParallelChunkMapsMatchCpuBitForBit' \
     --gtest_output=xml:"$out/gpu_parity_cp.xml" > "$out/gpu_parity_cp.log" 2>&1
   rc=$?
-  note "parity: exit $rc ($((SECONDS - t0)) s): $(grep -cE '^\[       OK \]' "$out/gpu_parity_cp.log") ok, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/gpu_parity_cp.log") failed, $(grep -cE '^\[  SKIPPED \] [A-Z]' "$out/gpu_parity_cp.log") skipped"
+  note "parity: exit $rc ($((SECONDS - t0)) s): $(counts "$out/gpu_parity_cp.log")"
   grep -E '^\[  FAILED  \] [A-Z]|^\[cp parity\].*(e-01|e\+)' "$out/gpu_parity_cp.log" | head -20
 fi
 
@@ -55,7 +59,7 @@ if [[ $what == *" nccl "* ]]; then
     timeout 120 mpirun "${mpirun_flags[@]}" "$bin/gpu_nccl" --gtest_filter='ContextParallelNccl.*' \
       --gtest_output=xml:"$out/gpu_nccl_cp.xml" > "$out/gpu_nccl_cp.log" 2>&1
     rc=$?
-    note "nccl: exit $rc ($((SECONDS - t0)) s): $(grep -cE '^\[       OK \]' "$out/gpu_nccl_cp.log") ok, $(grep -cE '^\[  FAILED  \] [A-Z]' "$out/gpu_nccl_cp.log") failed"
+    note "nccl: exit $rc ($((SECONDS - t0)) s): $(counts "$out/gpu_nccl_cp.log")"
     grep -E '^\[  FAILED  \] [A-Z]|^\[spmd\]' "$out/gpu_nccl_cp.log" | head -20
   else
     note "nccl: skipped (needs 2 GPUs and mpirun; $gpus GPU(s))"
