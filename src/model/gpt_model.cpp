@@ -224,6 +224,26 @@ Tensor GptModel::forward(const MicroBatch& mb, const Tensor& input, ModelRecord&
   return Tensor();
 }
 
+Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt) const {
+  MDLM_CHECK(chunk_.embedding && chunk_.head && !mp_.tp.enabled(),
+             "GptModel::logits_at needs the whole model on one tensor-parallel rank");
+  const Stream& s = rt.stream;
+  Tensor x = embed(mb, rt);
+  for (const TransformerLayer& layer : layers_) {
+    LayerRecord scratch;  // freed when the next layer starts
+    x = layer.forward(x, mb, scratch, rt);
+  }
+  // The final norm is per row: normalising only the wanted rows gives the same values.
+  Tensor picked = Tensor::empty({rows.numel(), cfg_.hidden_size}, rt.dtype, s);
+  ops::embedding_forward(x, rows, picked, 0, s);  // a row gather
+  x = Tensor();
+  NormRecord norm;
+  Tensor h = final_norm_.forward(picked, norm, s);
+  Tensor logits = Tensor::empty({rows.numel(), cfg_.padded_vocab_size}, rt.dtype, s);
+  ops::gemm(h, store_.param(output_layer_), logits, {.trans_b = true}, s);
+  return logits;
+}
+
 Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, ModelRecord& rec,
                           const ModelRuntime& rt) const {
   Tensor dx = chunk_.head ? head_backward(mb, rec, rt) : output_grad;
@@ -238,6 +258,7 @@ Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, Model
       rec.unit_inputs[u] = Tensor();
       ModelRuntime quiet = rt;
       quiet.hooks = nullptr;  // parameters are already in place; no second "needed" notice
+      quiet.record_moe_stats = false;  // the first forward counted them
       for (int i = first; i < last; ++i)
         x = layers_[static_cast<size_t>(i)].forward(x, mb, rec.layers[static_cast<size_t>(i)], quiet);
     }

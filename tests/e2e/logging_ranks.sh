@@ -24,12 +24,12 @@ if grep -q "Open MPI" <<< "$version"; then
   flags+=(--oversubscribe)
   [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
 fi
-# --log-throughput is accepted with a warning on every rank ("has no effect in megadlm").
-warning='WARNING: `--log-throughput` has no effect in megadlm'
+# --log-params-norm is accepted with a warning on every rank ("has no effect in megadlm").
+warning='WARNING: `--log-params-norm` has no effect in megadlm'
 run() {  # run NAME FLAGS...: 2 ranks, 3 iterations; stdout and stderr kept apart
   local name=$1; shift
   mpirun -np 2 "${flags[@]}" "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu \
-    --train-iters 3 --lr-warmup-iters 1 --log-interval 1 --eval-iters 0 --log-throughput "$@" \
+    --train-iters 3 --lr-warmup-iters 1 --log-interval 1 --eval-iters 0 --log-params-norm "$@" \
     > "$tmp/$name.out" 2> "$tmp/$name.err"
 }
 count() { grep -cF -- "$1" "$2" || true; }

@@ -5,12 +5,17 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 #include "megadlm/core/stream.h"
 #include "megadlm/training/training_config.h"
 
 namespace megadlm {
+
+namespace training {
+class TrainingTensorBoard;
+}
 
 struct IterationMetrics {
   int64_t iteration = 0;         ///< 1-based, after the step
@@ -21,6 +26,16 @@ struct IterationMetrics {
   double elapsed_ms = 0;         ///< wall time of this iteration
   bool skipped = false;          ///< update not applied (non-finite gradients)
   bool nan = false;
+  std::string fault_report;      ///< what fault detection found and decided ("" = nothing)
+  /// Mixture of experts (model/moe.h), over the global batch and averaged over the MoE layers:
+  /// the load-balancing loss and the z-loss without their coefficients (mean per micro-batch),
+  /// the experts' load max / mean (tokens each expert processed), the dropped fraction of the
+  /// routed slots (capacity), and the load per layer.
+  struct Moe {
+    bool enabled = false;
+    double aux_loss = 0, z_loss = 0, load_max_over_mean = 0, dropped_fraction = 0;
+    std::vector<double> load_max_over_mean_per_layer;
+  } moe;
 };
 
 /// Peak memory of this process so far, in GB (1e9 bytes): the CUDA pool's peak on a GPU stream,
@@ -31,8 +46,10 @@ double peak_reserved_memory_gb(const Stream& stream);
 
 class TrainingLog {
  public:
-  /// `logging_rank`: whether this rank writes (the others' calls do nothing).
+  /// `logging_rank`: whether this rank writes (the others' calls do nothing). With
+  /// --tensorboard-dir the logging rank creates its event file here (training/tensorboard_writer.h).
   TrainingLog(const RunConfig& config, std::ostream& log, bool logging_rank);
+  ~TrainingLog();
 
   /// Checks at start-up that the metrics file can be appended to.
   void check_metrics_file() const;
@@ -48,6 +65,8 @@ class TrainingLog {
   /// row keyed `key`, e.g. "validation_lm_loss").
   void validation(double loss, const std::string& what, const std::string& key, int64_t iteration,
                   int64_t consumed_samples) const;
+  /// After every iteration: the per-iteration TensorBoard series (nothing without --tensorboard-dir).
+  void step(const IterationMetrics& m) const;
   /// " > peak memory per pipeline stage (GB): ..." (+ a metrics row).
   void peak_memory_per_stage(const std::vector<float>& gb, int64_t iteration) const;
 
@@ -57,6 +76,7 @@ class TrainingLog {
   const RunConfig& cfg_;
   std::ostream& log_;
   bool logging_rank_;
+  std::unique_ptr<training::TrainingTensorBoard> tensorboard_;  // --tensorboard-dir, logging rank
 };
 
 }  // namespace megadlm

@@ -11,12 +11,14 @@
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/linear_cross_entropy.h"
+#include "megadlm/ops/moe.h"
 #include "megadlm/ops/norm.h"
 #include "megadlm/ops/optimizer.h"
 #include "megadlm/ops/qk_norm_rope.h"
 #include "megadlm/ops/random.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/ops/rope.h"
+#include "megadlm/ops/sampling.h"
 
 namespace megadlm::ops::cpu {
 #include "ops/backend_ops.inc"

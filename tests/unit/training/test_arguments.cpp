@@ -305,12 +305,12 @@ std::vector<Row> rows() {
                      "to divide the world size 8 (`--world-size 8`) [V-9]"}},
       {"V-10", dry(2, {"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}), O::Rejected,
        {"`--cp-comm-type a2a+p2p` needs `--hierarchical-context-parallel-sizes`", "[V-10]"}},
-      {"M-22", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
+      {"M-24", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
                        "--hierarchical-context-parallel-sizes", "2", "2", "2"}), O::Rejected,
        {"`--cp-comm-type a2a+p2p` uses two hierarchical levels (the all-to-all size, then the ring "
         "size), but `--hierarchical-context-parallel-sizes 2 2 2` gives 3; valid: two sizes whose "
         "product is `--context-parallel-size 8`, e.g. `--hierarchical-context-parallel-sizes 2 4`",
-        "[M-22]"}},
+        "[M-24]"}},
       {"a2a+p2p-two-levels", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
                                      "--hierarchical-context-parallel-sizes", "2", "4"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
@@ -620,6 +620,82 @@ std::vector<Row> rows() {
        {"`--moe-router-topk-limited-devices 2` exceeds `--expert-model-parallel-size 1`; valid: 1 to 1 [C-19]"}},
       {"R-4-experts", dry(2, {"--expert-tensor-parallel-size", "2", "--num-experts", "2", "--moe-ffn-hidden-size", "33"}),
        O::Rejected, {"`--expert-tensor-parallel-size 2` does not divide `--moe-ffn-hidden-size 33`", "[R-4]"}},
+      // ---- megadlm's MoE rules (moe_rules.cpp)
+      {"MOE-1", cmd({"--num-experts", "4", "--moe-router-topk", "5"}), O::Rejected,
+       {"`--moe-router-topk 5` must lie in [1, 4] (`--num-experts 4`) [MOE-1]"}},
+      {"R-10", cmd({"--num-experts", "4", "--moe-router-topk", "1"}), O::Rejected,
+       {"`--moe-router-topk 1` needs `--moe-router-pre-softmax`", "[R-10]"}},
+      {"R-10-pre-softmax", cmd({"--num-experts", "4", "--moe-router-topk", "1", "--moe-router-pre-softmax"}),
+       O::Accepted, {}},
+      {"R-10-sigmoid", cmd({"--num-experts", "4", "--moe-router-topk", "1", "--moe-router-score-function", "sigmoid"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.score, MoeScoreFunction::Sigmoid);
+       }},
+      {"MOE-3-divide", cmd({"--num-experts", "6", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"}),
+       O::Rejected, {"`--moe-router-num-groups 4` does not divide `--num-experts 6`; valid: 1, 2, 3, 6 [MOE-3]"}},
+      {"MOE-3-both", cmd({"--num-experts", "8", "--moe-router-num-groups", "4"}), O::Rejected,
+       {"group-limited routing needs both `--moe-router-num-groups` and `--moe-router-group-topk` [MOE-3]"}},
+      {"MOE-3-hold", cmd({"--num-experts", "8", "--moe-router-topk", "6", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"}),
+       O::Rejected, {"`--moe-router-group-topk 2` groups of 2 experts cannot hold `--moe-router-topk 6` [MOE-3]"}},
+      {"MOE-3-ok", cmd({"--num-experts", "8", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.num_groups, 4);
+         EXPECT_EQ(p.config.model.moe.group_topk, 2);
+       }},
+      {"R-11", cmd({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0.01"}),
+       O::Rejected, {"sinkhorn` balances without an aux loss; remove `--moe-aux-loss-coeff 0.01` [R-11]"}},
+      {"MOE-5", cmd({"--num-experts", "4", "--moe-router-enable-expert-bias", "--moe-router-load-balancing-type", "softmax_expert_choice"}),
+       O::Rejected, {"`--moe-router-enable-expert-bias` needs top-k routing, not `--moe-router-load-balancing-type softmax_expert_choice` [MOE-5]"}},
+      {"MOE-5-rate", cmd({"--num-experts", "4", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0"}),
+       O::Rejected, {"`--moe-router-bias-update-rate 0.0` must be > 0 [MOE-5]"}},
+      {"MOE-6", cmd({"--num-experts", "4", "--moe-router-load-balancing-type", "softmax_expert_choice", "--moe-router-pre-softmax"}),
+       O::Rejected, {"expert choice takes post-softmax scores; remove `--moe-router-pre-softmax` [MOE-6]"}},
+      {"MOE-6-ok", cmd({"--num-experts", "4", "--moe-router-load-balancing-type", "softmax_expert_choice", "--moe-batch-level-expert-choice"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.load_balancing, MoeLoadBalancing::ExpertChoice);
+         EXPECT_TRUE(p.config.model.moe.batch_level_expert_choice);
+       }},
+      {"MOE-7-length", cmd({"--num-experts", "4", "--moe-layer-freq", "[1,0,1]"}), O::Rejected,
+       {"`--moe-layer-freq [1,0,1]`: the pattern has 3 entries for 2 layers", "[MOE-7]"}},
+      {"MOE-7-syntax", cmd({"--num-experts", "4", "--moe-layer-freq", "[1,2]"}), O::Rejected,
+       {"pattern entries must be 0 or 1, got 2", "[MOE-7]"}},
+      {"MOE-7-none", cmd({"--num-experts", "4", "--moe-layer-freq", "[0]*2"}), O::Rejected,
+       {"`--moe-layer-freq [0]*2` selects no MoE layer; drop `--num-experts 4` for a dense model [MOE-7]"}},
+      {"MOE-7-pattern", cmd({"--num-layers", "6", "--num-experts", "4", "--moe-layer-freq", "([0]+[1]*2)*2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.moe_layers, (std::vector<bool>{false, true, true, false, true, true}));
+       }},
+      {"MOE-7-every-other", cmd({"--num-layers", "5", "--num-experts", "4", "--moe-layer-freq", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.moe_layers, (std::vector<bool>{true, false, true, false, true}));
+       }},
+      {"moe-config", cmd({"--num-experts", "8", "--moe-router-topk", "3", "--moe-ffn-hidden-size", "96",
+                          "--moe-router-score-function", "sigmoid", "--moe-router-topk-scaling-factor", "2.5",
+                          "--moe-z-loss-coeff", "0.001", "--moe-aux-loss-coeff", "0.01",
+                          "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.25",
+                          "--moe-token-drop-policy", "position", "--moe-shared-expert-intermediate-size", "128",
+                          "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.01"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         const MoeConfig& m = p.config.model.moe;
+         EXPECT_EQ(m.topk, 3);
+         EXPECT_EQ(m.ffn_hidden_size, 96);
+         EXPECT_EQ(m.score, MoeScoreFunction::Sigmoid);
+         EXPECT_FLOAT_EQ(*m.topk_scaling_factor, 2.5f);
+         EXPECT_FLOAT_EQ(m.z_loss_coeff, 0.001f);
+         EXPECT_FLOAT_EQ(m.aux_loss_coeff, 0.01f);
+         EXPECT_EQ(m.dispatcher, MoeDispatcher::AllToAll);
+         EXPECT_FLOAT_EQ(*m.capacity_factor, 1.25f);
+         EXPECT_EQ(m.drop_policy, MoeDropPolicy::Position);
+         EXPECT_EQ(m.shared_expert_size, 128);
+         EXPECT_TRUE(m.expert_bias);
+         EXPECT_FLOAT_EQ(m.bias_update_rate, 0.01f);
+       }},
+      {"moe-negative-capacity-is-dropless", cmd({"--num-experts", "4", "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "-1"}),
+       O::Accepted, {}, [](const ParsedArguments& p) { EXPECT_FALSE(p.config.model.moe.capacity_factor.has_value()); }},
+      {"moe-router-dtype-fp64-not-yet", cmd({"--num-experts", "4", "--moe-router-dtype", "fp64"}), O::NotSupported,
+       {"`--moe-router-dtype fp64` is not supported yet by megadlm (see docs/flags.md); supported: fp32"}},
+      {"moe-alltoall-seq-not-yet", cmd({"--num-experts", "4", "--moe-token-dispatcher-type", "alltoall_seq"}), O::NotSupported,
+       {"`--moe-token-dispatcher-type alltoall_seq` is not supported yet", "supported: allgather, alltoall"}},
 
       // ------------------------------------------------------------------ data
       {"V-52", cmd({"--data-path", "corpus"}), O::Rejected, {"give one data source", "[V-52]"}},
@@ -630,6 +706,21 @@ std::vector<Row> rows() {
       {"V-52-files", cmd({"--data-args-path", "a.txt", "--per-split-data-args-path", "b.json"}, {"--mock-data"}),
        O::Rejected, {"give one data source", "(or `--per-split-data-args-path`) [V-52]"}},
       {"V-52-mock", cmd({"--data-args-path", "a.txt"}), O::Rejected, {"give one data source", "[V-52]"}},
+      {"V-52-sft", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer"}), O::Rejected,
+       {"give one data source", "`--sft-data-path`", "[V-52]"}},
+      {"M-22", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--model-running-mode",
+                    "vanilla"}, {"--mock-data"}),
+       O::Rejected, {"needs `--model-running-mode difflm-noshift` [M-22]"}},
+      {"M-23", cmd({"--sft-data-path", "pairs.jsonl"}, {"--mock-data"}), O::Rejected,
+       {"`--sft-data-path` needs `--tokenizer-type`", "[M-23]"}},
+      {"M-23-ok", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--dlm-sft-loss-norm",
+                       "token", "--sft-chat-template", "llada", "--mask-token", "98"}, {"--mock-data", "--mask-token"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.diffusion.sft);
+         EXPECT_EQ(p.config.diffusion.sft_loss_norm, SftLossNorm::Token);
+         EXPECT_EQ(p.config.data.sft_data_path, std::vector<std::string>{"pairs.jsonl"});
+         EXPECT_EQ(p.config.data.sft_chat_template, "llada");
+       }},
       // The blends parse, and the blend files are read, during validation: --dry-run sees them.
       {"M-18", dry(1, {"--data-path", "0.3", "corpus_a", "x", "corpus_b"}, {"--mock-data"}), O::Rejected,
        {"--data-path: unparsable blend weight(s) \"x\"", "[M-18]"}},
@@ -754,16 +845,14 @@ std::vector<Row> rows() {
       {"sharding-strategy-without-fsdp-warns", cmd({"--data-parallel-sharding-strategy", "optim"}), O::Accepted,
        {"`--data-parallel-sharding-strategy optim` has effect only with `--use-custom-fsdp`"}},
       {"pp-cp-ep-real-run", cmd({"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "2"}),
-       O::NotSupported, {"`--expert-model-parallel-size 2`: expert parallelism"},
-       [](const ParsedArguments& p) {
-         for (const std::string& item : p.not_supported)
-           EXPECT_EQ(item.find("context parallelism"), std::string::npos) << item;
-       }, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
-      // Dry runs validate EP/MoE and FSDP layouts that real runs still refuse.
+       O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_TRUE(p.not_supported.empty()); },
+       LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
+      // Dry runs validate FSDP layouts that real runs still refuse; CP and EP run.
       {"ep-moe-dry-run", dry(8, {"--expert-model-parallel-size", "4", "--num-experts", "8", "--bf16", "--moe-grouped-gemm"}),
-       O::Accepted, {"`--num-experts 8` is not supported yet", "`--moe-grouped-gemm` is not supported yet",
-                     "`--expert-model-parallel-size 4`: expert parallelism is not supported yet"},
+       O::Accepted, {},
        [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.not_supported.empty());
          EXPECT_EQ(p.config.parallel.expert_model_parallel_size, 4);
          EXPECT_EQ(p.config.parallel.expert_data_parallel_size, 2);  // 8 / (etp 1 · ep 4)
          // rank 5 = ep 1 + 4 · edp 1: its expert-ep group is 4..7, its expert-dp group {1, 5}
@@ -771,9 +860,18 @@ std::vector<Row> rows() {
          EXPECT_NE(report.find("  expert-ep ................... [4, 5, 6, 7]"), std::string::npos) << report;
          EXPECT_NE(report.find("  expert-dp ................... [1, 5]"), std::string::npos) << report;
        }},
-      {"ep-moe-real-run", cmd({"--expert-model-parallel-size", "4", "--num-experts", "8"}), O::NotSupported,
-       {"`--num-experts 8` is not supported yet", "`--expert-model-parallel-size 4`: expert parallelism"},
-       nullptr, LaunchInfo{.world_size = 8, .rank = 0, .visible_gpus = 0}},
+      {"ep-moe-real-run", cmd({"--expert-model-parallel-size", "4", "--num-experts", "8"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         const MoeConfig& m = p.config.model.moe;
+         EXPECT_EQ(m.num_experts, 8);
+         EXPECT_EQ(m.topk, 2);
+         EXPECT_EQ(m.moe_layers, std::vector<bool>(2, true));
+         EXPECT_EQ(m.ffn_hidden_size, p.config.model.ffn_hidden_size);  // V-49 default
+         EXPECT_EQ(m.dispatcher, MoeDispatcher::AllGather);
+         EXPECT_EQ(m.load_balancing, MoeLoadBalancing::AuxLoss);
+         EXPECT_FALSE(m.capacity_factor.has_value());  // dropless
+       },
+       LaunchInfo{.world_size = 8, .rank = 0, .visible_gpus = 0}},
       {"fsdp-dry-run", dry(4, {"--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"}),
        O::Accepted, {"sharding the parameters (FSDP) is not supported yet"},
        [](const ParsedArguments& p) { EXPECT_EQ(p.config.parallel.data_parallel_size, 4); }},
@@ -837,7 +935,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "R-14"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
