@@ -20,8 +20,9 @@ out=${2:?usage: scripts/device_cp.sh BUILD OUT [parity bench nccl train]}
 shift 2
 what=" ${*:-parity bench nccl train} "
 mkdir -p "$out"
+build=$(cd "$build" && pwd) || exit 2  # relative to the repository root, or absolute
 bin=$build/bin
-export LD_LIBRARY_PATH="$PWD/$build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 summary=$out/summary.txt
 : > "$summary"
