@@ -853,6 +853,11 @@ std::vector<Row> rows() {
        {"`--difflm-varilen-prob 0.01` with `--context-parallel-size 2` and `--num-experts 2`",
         "use `--difflm-varilen-prob 0` (or CP 1)"},
        nullptr, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
+      {"cp-moe-sft-real-run",  // SFT micro-batches are never truncated
+       cmd({"--context-parallel-size", "2", "--num-experts", "2", "--sft-data-path", "pairs.jsonl",
+            "--tokenizer-type", "NullTokenizer", "--mask-token", "98"}, {"--mock-data", "--mask-token"}),
+       O::Accepted, {}, [](const ParsedArguments& p) { EXPECT_TRUE(p.not_supported.empty()); },
+       LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
       {"cp-moe-vanilla-real-run", cmd({"--context-parallel-size", "2", "--num-experts", "2", "--model-running-mode", "vanilla"}),
        O::Accepted, {}, [](const ParsedArguments& p) { EXPECT_TRUE(p.not_supported.empty()); },
        LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
