@@ -306,6 +306,16 @@ void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
     d.error("R-7", "`--attention-mask-type causal_bottom_right` cannot be used with " +
                        a.flag_value("context_parallel_size") +
                        "; valid: causal (the same mask for training) or no_mask");
+  // A varilen-truncated micro-batch is padded to split over the CP ranks (micro_batch.h); the
+  // attention and the loss ignore the padding exactly, but the MoE router would count it (its
+  // load-balancing and z losses, capacity, expert bias), so MoE + CP needs unpadded lengths.
+  // (SFT micro-batches are never truncated.)
+  if (a.i("num_experts") > 0 && a.s("model_running_mode") == "difflm-noshift" &&
+      a.f("difflm_varilen_prob") > 0 && !a.is_set("sft_data_path"))
+    d.unsupported(a.flag_value("difflm_varilen_prob") + " with " + a.flag_value("context_parallel_size") +
+                  " and " + a.flag_value("num_experts") + ": truncated micro-batches are padded to "
+                  "split over the CP ranks and the MoE router would count the padding tokens, which "
+                  "is not supported yet by megadlm; use `--difflm-varilen-prob 0` (or CP 1)");
 }
 
 // ------------------------------------------------------------ pipeline (V-18…V-20, G-2, R-1, R-3)

@@ -138,19 +138,22 @@ void ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& 
     ops::attention_backward(dout, q, kv.k, kv.v, out, lse, dq_b, dk_b, dv_b,
                             ring_block_args(args, ring, src, stream), stream);
     accumulate(dq_acc, dq_b, stream);
+    // The accumulator of this step's block arrived during this step's compute (step 0: our own,
+    // zero); once it is here, the previous step's send from the other buffer is done too.
+    grad_transfer.finish(stream);
     accumulate(dkv[cur][0], dk_b, stream);
     accumulate(dkv[cur][1], dv_b, stream);
-    // The block's gradient goes on with it; the one arriving belongs to the next step's block
-    // (after the last step: to this rank's own K/V).
+    // The block's gradient goes on with it, in flight during the next step's compute; the one
+    // arriving belongs to the next step's block (after the last step: to this rank's own K/V).
     grad_transfer.start(*ring.group, {dkv[cur][0], dkv[cur][1]}, {dkv[cur ^ 1][0], dkv[cur ^ 1][1]},
                         stream, ring.side);
-    grad_transfer.finish(stream);
     cur ^= 1;
     if (more) {
       kv_transfer.finish(stream);
       kv.advance();
     }
   }
+  grad_transfer.finish(stream);
   ops::copy(dq_acc, dq, stream);
   ops::copy(dkv[cur][0], dk, stream);
   ops::copy(dkv[cur][1], dv, stream);

@@ -1,11 +1,12 @@
 // Layout equivalence for context parallelism, as an SPMD program under mpirun: every rank trains
 // the small tiny model for 20 iterations with the sequence split over CP ranks (alone and with
-// TP + SP, PP with and without virtual stages, DP + the distributed optimizer, recomputation)
-// and, on its own, the single-process reference; per-iteration losses and gradient norms must agree to 1e-5
-// (relative). Differences come only from fp32 summation order (the log-sum-exp merge of the
-// ring, the reduce-scatter of dK/dV, gradients summed over dp×cp instead of in one buffer).
+// TP + SP, PP with and without virtual stages, DP + the distributed optimizer, recomputation,
+// MoE with and without EP) and, on its own, the single-process reference; per-iteration losses
+// and gradient norms (and MoE's aux and z losses) must agree to 1e-5 (relative). Differences come
+// only from fp32 summation order (the log-sum-exp merge of the ring, the reduce-scatter of dK/dV,
+// gradients summed over dp×cp instead of in one buffer).
 // Every case has hidden and attention dropout (keyed by global position and head) and, in the
-// diffusion cases, varilen truncation (sequences padded to split over the CP ranks).
+// diffusion cases without MoE, varilen truncation (sequences padded to split over the CP ranks).
 // Cases: the four --cp-comm-type values x bidirectional (no_mask, the DLM default), causal (the
 // vanilla AR mode, GPT-style model with QK-LayerNorm: model/attention's unfused path) and packed
 // documents (--reset-attention-mask --reset-position-ids over documents that cross chunk and rank
@@ -64,8 +65,9 @@ struct Layout {
   std::vector<std::string> comm = {"p2p"};
   Mask mask = Mask::Bidirectional;
   int cp = 0;  // 0: the rest of the world after tp, pp and dp
-  int tp = 1, pp = 1, dp = 1, vpp = 1;
+  int tp = 1, pp = 1, dp = 1, vpp = 1, ep = 1;
   bool sp = false, dist_opt = false, recompute = false;
+  bool moe = false;  // MoE layers (8 experts, top-2, aux and z losses), experts over `ep` ranks
   std::vector<int> hierarchical = {};  // a2a+p2p: {all-to-all size, ring size}; empty: {2, cp / 2}
 };
 
@@ -91,6 +93,12 @@ RunConfig tiny_run(const Layout& l, int cp, int world) {
     r.data.reset_position_ids = r.data.reset_attention_mask = true;
     r.data.per_document_attention = true;
   }
+  if (l.moe) {
+    test::make_moe(r);
+    // MoE + CP refuses varilen truncation (parallel_rules.cpp): the router would count the
+    // padding that splits a truncated micro-batch over the CP ranks.
+    r.diffusion.varilen_prob = 0.0f;
+  }
   r.training.micro_batch_size = 2;
   r.training.global_batch_size = 4 * l.dp;  // 2 micro-batches per data rank
   ParallelConfig& p = r.parallel;
@@ -102,6 +110,9 @@ RunConfig tiny_run(const Layout& l, int cp, int world) {
   p.sequence_parallel = l.sp && l.tp > 1;
   p.data_parallel_size = world / (cp * l.tp * l.pp);
   p.use_distributed_optimizer = l.dist_opt;
+  p.expert_model_parallel_size = l.ep;
+  p.expert_tensor_parallel_size = l.tp;
+  p.expert_data_parallel_size = world / (l.ep * l.tp * l.pp);
   p.cp_comm_type = l.comm;
   for (const std::string& t : l.comm) {
     if (t != "a2a+p2p") continue;
@@ -123,13 +134,14 @@ const std::vector<IterationMetrics>& reference(const Layout& l) {
   static std::map<std::string, std::vector<IterationMetrics>> cache;
   Layout one;
   one.mask = l.mask;
+  one.moe = l.moe;
   one.pp = 1;
   one.dp = l.dp;  // the same global batch
   one.recompute = false;
   RunConfig cfg = tiny_run(one, 1, 1);
   cfg.model.num_layers = 2 * l.pp * l.vpp;
   cfg.parallel.data_parallel_size = 1;
-  const std::string key = std::string(mask_name(l.mask)) + "/" + std::to_string(cfg.model.num_layers) +
+  const std::string key = std::string(mask_name(l.mask)) + (l.moe ? "/moe/" : "/") + std::to_string(cfg.model.num_layers) +
                           "/" + std::to_string(cfg.training.global_batch_size);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, train(cfg, nullptr)).first;
@@ -158,6 +170,13 @@ void expect_same_as_single_process(const Layout& l) {
     EXPECT_NEAR(split[i].grad_norm, ref[i].grad_norm, 1e-5 * ref[i].grad_norm)
         << "rank " << rt.world().rank() << ", iteration " << i + 1 << ", cp " << cp << " " << comm
         << mask_name(l.mask);
+    if (!l.moe) continue;
+    EXPECT_NEAR(split[i].moe.aux_loss, ref[i].moe.aux_loss, 1e-5 * ref[i].moe.aux_loss)
+        << "load-balancing loss, iteration " << i + 1;
+    EXPECT_NEAR(split[i].moe.z_loss, ref[i].moe.z_loss, 1e-5 * ref[i].moe.z_loss) << "z loss, iteration " << i + 1;
+  }
+  if (l.moe) {
+    EXPECT_GT(ref.back().moe.aux_loss, 0.0);
   }
 }
 
@@ -195,6 +214,13 @@ TEST(ContextParallel, WithPipelineParallelMatchesOneProcess) {
   expect_same_as_single_process({.comm = {"all_gather"}, .mask = Mask::PackedDocuments, .cp = 2, .pp = 2});
   // Interleaved 1F1B: 2 virtual stages of 2 layers per rank.
   expect_same_as_single_process({.comm = {"p2p"}, .mask = Mask::Causal, .cp = 2, .pp = 2, .vpp = 2});
+}
+
+TEST(ContextParallel, WithMixtureOfExpertsAndExpertParallelMatchesOneProcess) {
+  // Routing is per token; the load-balancing and z losses count the tokens of the whole
+  // sequence, summed over the CP ranks.
+  expect_same_as_single_process({.comm = {"p2p"}, .moe = true});
+  expect_same_as_single_process({.comm = {"a2a"}, .cp = 2, .dp = 2, .ep = 2, .moe = true});
 }
 
 TEST(ContextParallel, WithDataParallelAndDistributedOptimizerMatchesOneProcess) {

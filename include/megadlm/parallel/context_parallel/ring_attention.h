@@ -17,7 +17,9 @@
 // Backward replays the ring with the final output and log-sum-exp: a block's gradients are the
 // attention backward with P = exp(s − lse_final) and D = rowsum(dO · O_final). dQ accumulates
 // locally; the block's dK/dV accumulator travels with it (one more step than K/V, so that it
-// arrives back at its owner). Accumulators are f32 (f64 in f64 gradient checks).
+// arrives back at its owner). On CUDA both transfers are in flight during the next block's
+// compute (the accumulator is waited for only when that block's gradients are added to it).
+// Accumulators are f32 (f64 in f64 gradient checks).
 #pragma once
 #include "megadlm/comm/communicator.h"
 #include "megadlm/core/stream.h"
