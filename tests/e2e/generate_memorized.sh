@@ -3,7 +3,8 @@
 # memorise four sentences (pretrain_difflm on a real .bin/.idx made by preprocess_data) completes
 # each sentence's first half exactly with generate_difflm, in one left-padded batch and with
 # semi-autoregressive blocks, and evaluate_difflm's multiple-choice task picks the true
-# continuation of every sentence over two corrupted ones (acc 1.0).
+# continuation of every sentence over two corrupted ones (acc 1.0). The fast options (threshold,
+# key/value cache) are scored on the same sentences: the accuracy change they cost, stated.
 set -euo pipefail
 bin=$1; src=$2
 tmp=$(mktemp -d)
@@ -56,6 +57,27 @@ check full.jsonl || { echo "FAIL: the memorised sentences were not completed (on
   --batch-size 3 --device cpu --output blocks.jsonl 2> gen.err || { cat gen.err; exit 1; }
 check blocks.jsonl || { echo "FAIL: the memorised sentences were not completed (two blocks)"; exit 1; }
 grep -q '"text":"' full.jsonl || { echo "FAIL: no decoded text"; exit 1; }
+# The fast options (docs/generation.md) on the same task: the memorised completions are the
+# accuracy they keep. Stated, not all required: the threshold and the cache must still complete
+# at least 3 of the 4 sentences (the exact sampler: 4), and the line says how many.
+score() {  # score FILE: how many completions are the memorised second half
+  "$PY" -c "
+import json, sys
+want = [json.loads(l)['expect'] for l in open('prompts.jsonl')]
+got = [json.loads(l)['token_ids'] for l in open(sys.argv[1])]
+print(sum(g == w for g, w in zip(got, want)))" "$1"
+}
+fast_line="fast options, sentences completed of 4 (exact: 4):"
+for opts in "--confidence-threshold 0.9" "--kv-cache dual" "--kv-cache prefix" "--kv-cache dual --confidence-threshold 0.9"; do
+  # shellcheck disable=SC2086
+  "$bin/generate_difflm" --load ckpt --prompts-jsonl prompts.jsonl --gen-length 8 --steps 8 --block-length 4 \
+    --batch-size 4 --device cpu $opts --output fast.jsonl 2> gen.err || { cat gen.err; exit 1; }
+  n=$(score fast.jsonl)
+  steps=$("$PY" -c "import json; r=[json.loads(l)['steps'] for l in open('fast.jsonl')]; print(sum(r) / len(r))")
+  fast_line="$fast_line $opts: $n ($steps steps per prompt);"
+  [ "$n" -ge 3 ] || { echo "FAIL: $opts completed only $n of 4 memorised sentences"; exit 1; }
+done
+echo "$fast_line"
 "$bin/evaluate_difflm" --load ckpt --task multiple-choice --task-jsonl mc.jsonl --mc-num 32 --mc-batch-size 16 \
   --device cpu --output mc_out.jsonl --summary-json mc_summary.json 2> eval.err || { cat eval.err; exit 1; }
 "$PY" -c "
