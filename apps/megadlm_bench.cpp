@@ -657,7 +657,8 @@ std::vector<OpBench> all_benches() {
   std::vector<OpBench> all;
   for (auto&& group : {gemm_benches(), norm_benches(), rope_benches(), activation_benches(),
                        cross_entropy_benches(), cross_entropy_shard_benches(), optimizer_benches(),
-                       embedding_benches(), elementwise_benches(), attention_benches(), fused_benches()})
+                       embedding_benches(), elementwise_benches(), attention_benches(), fused_benches(),
+                       context_parallel_benches(), moe_benches()})
     all.insert(all.end(), group.begin(), group.end());
   return all;
 }

@@ -7,11 +7,14 @@
 //   scripts/launch.sh ...                                               (Slurm, several nodes)
 //   pretrain_difflm ... --dry-run --world-size 1024 ...                 (check a layout, no GPU)
 // Exit codes: 0 success (also after a SIGTERM/SIGUSR1 stop); 2 invalid configuration or a
-// reported error; 3 unexpected failure. Only rank 0 prints the configuration and the iteration lines
+// reported error; 3 unexpected failure; 16 stopped on a reproducible fault (--rerun-mode
+// validate_results; a checkpoint of the last good state is saved with --save). Only rank 0 prints the configuration and the iteration lines
 // (stdout, Megatron's format); diagnostics go through core/logging (stderr, rank 0 unless
 // --log-all-ranks, errors from every rank, "[rank r] " before each line of rank r > 0).
+#include <algorithm>
 #include <csignal>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +28,7 @@
 #include "megadlm/training/config_agreement.h"
 #include "megadlm/training/data_setup.h"
 #include "megadlm/training/flags.h"
+#include "megadlm/training/memory_estimate.h"
 #include "megadlm/training/trainer.h"
 
 using namespace megadlm;
@@ -50,6 +54,56 @@ void install_stop_handler() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
+// "rank 3", "ranks 1, 4-6", "every rank": who shares one configuration error.
+std::string ranks_text(const std::vector<int>& ranks, int world) {
+  if (static_cast<int>(ranks.size()) == world && world > 1) return "every rank";
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out.append(1, '-').append(std::to_string(ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+
+// Every rank's configuration error reaches the user: rank 0 prints each distinct message once
+// with the ranks that have it (an MPMD launch may be wrong on rank 1 only); a launch that cannot
+// gather them before the runtime exists has each failing rank print its own (logging adds the
+// "[rank r] " prefix).
+void report_configuration_errors(const comm::StartupErrors& errors, int rank, int world) {
+  if (!errors.gathered) {
+    for (const auto& [r, text] : errors.errors) logging::error("invalid configuration:\n", text);
+    return;
+  }
+  if (rank != 0) return;
+  std::map<std::string, std::vector<int>> by_message;
+  for (const auto& [r, text] : errors.errors) by_message[text].push_back(r);
+  for (const auto& [text, ranks] : by_message)
+    logging::error("invalid configuration", world > 1 ? " on " + ranks_text(ranks, world) : std::string(), ":\n",
+                   text);
+}
+
+// A model larger than the memory it gets is a configuration error too, found before anything
+// is allocated: host memory shared by this node's ranks, or the rank's GPU (rule M-31).
+void check_memory(const RunConfig& c, const comm::LaunchEnvironment& env, int visible_gpus) {
+  if (c.training.device == DeviceKind::Cuda) {
+    const int gpus = std::max(1, visible_gpus);
+    const int gpu = gpus == 1 ? 0 : env.local_rank % gpus;
+    const size_t total = cuda_total_memory_bytes(Device::cuda(gpu));
+    training::check_parameter_memory(c, static_cast<double>(total),
+                                     "the " + std::to_string(total >> 30) + " GiB of GPU " + std::to_string(gpu));
+  } else {
+    const double host = training::host_memory_bytes() / std::max(1, env.local_world_size);
+    training::check_parameter_memory(c, host, "this host's memory per rank (" +
+                                                  std::to_string(static_cast<int64_t>(host / (1 << 30))) +
+                                                  " GiB for each of its " + std::to_string(env.local_world_size) +
+                                                  " rank(s))");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,12 +126,27 @@ int main(int argc, char** argv) {
     launch.world_size = env.world_size;
     launch.rank = env.rank;
     launch.visible_gpus = cuda_device_count();
-    const training::ParsedArguments parsed = training::parse_arguments(args, launch);
-    if (parsed.help || parsed.help_markdown) {
+    std::optional<training::ParsedArguments> parsed_or;
+    std::string config_error;
+    try {
+      parsed_or = training::parse_arguments(args, launch);
+      if (!parsed_or->help && !parsed_or->help_markdown && !parsed_or->dry_run)
+        check_memory(parsed_or->config, env, launch.visible_gpus);
+    } catch (const Error& e) {  // ConfigError, or a flag-derived failure of the checks above
+      config_error = e.what();
+    }
+    if (parsed_or && (parsed_or->help || parsed_or->help_markdown)) {
       if (rank == 0)
-        std::cout << (parsed.help ? training::format_help() : training::format_flags_markdown());
+        std::cout << (parsed_or->help ? training::format_help() : training::format_flags_markdown());
       return 0;
     }
+    // Every rank learns whether any rank's configuration failed, before any work.
+    const comm::StartupErrors startup = comm::gather_startup_errors(env, config_error, std::chrono::minutes(10));
+    if (startup.failed_ranks > 0) {
+      report_configuration_errors(startup, rank, env.world_size);
+      return 2;
+    }
+    const training::ParsedArguments& parsed = *parsed_or;
     if (parsed.dry_run) {
       // Validation passed (parse_arguments throws otherwise): report and touch no GPU.
       if (rank != 0) return 0;
@@ -106,6 +175,7 @@ int main(int argc, char** argv) {
     const bool cuda = cfg.training.device == DeviceKind::Cuda;
     runtime.emplace(env, cuda ? comm::Transport::Nccl : comm::Transport::Mpi,
                     std::chrono::minutes(cfg.parallel.distributed_timeout_minutes));
+    runtime->set_collective_log_dir(cfg.training.collective_log_dir);
     // Before the process groups are split: ranks disagreeing on the layout would hang there.
     training::check_same_configuration(runtime->world(), training::configuration_text(parsed.values),
                                        Stream::for_device(runtime->device()));
@@ -119,9 +189,13 @@ int main(int argc, char** argv) {
     trainer.train();
     return 0;
   } catch (const ConfigError& e) {
-    // Every rank sees the same configuration: only rank 0 explains it.
+    // Configuration errors found later than start-up (none today): rank 0 explains them.
     if (rank == 0) logging::error("invalid configuration:\n", e.what());
     return 2;
+  } catch (const FaultStop& e) {
+    // Every rank reached the same verdict from the same global values, and saved together.
+    if (rank == 0) logging::error(e.what());
+    return e.exit_code();
   } catch (const Error& e) {
     return fail(e.what(), 2);
   } catch (const std::exception& e) {

@@ -1,7 +1,8 @@
 // Internal to megadlm_bench: the op-benchmark table's types and the helpers every group of
 // benchmarks uses (defined in apps/megadlm_bench.cpp, the driver). A group lives in its own file
 // under apps/megadlm_bench/ and returns its rows: attention.cpp (both attention backends),
-// fused.cpp (the fused ops of issue 12).
+// fused.cpp (the fused ops of issue 12), context_parallel.cpp (the LSE merge of CP attention),
+// moe.cpp (the MoE ops of issue 14).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -68,5 +69,7 @@ struct OpBench {
 
 std::vector<OpBench> attention_benches();
 std::vector<OpBench> fused_benches();
+std::vector<OpBench> context_parallel_benches();
+std::vector<OpBench> moe_benches();
 
 }  // namespace megadlm::bench

@@ -45,6 +45,7 @@ int cuda_device_count_impl();
 size_t cuda_peak_memory(int device);
 size_t cuda_peak_reserved_memory(int device);
 size_t cuda_used_memory(int device);
+size_t cuda_total_memory(int device);  ///< 0 when the device cannot be queried
 void cuda_reset_peak(int device);
 
 }  // namespace megadlm::detail

@@ -36,6 +36,7 @@ int cuda_device_count_impl() { return 0; }
 size_t cuda_peak_memory(int) { return 0; }
 size_t cuda_peak_reserved_memory(int) { return 0; }
 size_t cuda_used_memory(int) { return 0; }
+size_t cuda_total_memory(int) { return 0; }
 void cuda_reset_peak(int) {}
 }  // namespace megadlm::detail
 #endif

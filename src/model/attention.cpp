@@ -14,9 +14,8 @@ SelfAttention::SelfAttention(const TransformerConfig& config, int layer_number,
   MDLM_CHECK(config.num_attention_heads % tp == 0 && config.num_query_groups % tp == 0, "layer ",
              layer_number, ": heads ", config.num_attention_heads, " and query groups ",
              config.num_query_groups, " must divide by tensor-parallel size ", tp);
-  MDLM_CHECK(mp.cp.size == 1, "layer ", layer_number, ": context parallelism (--context-parallel-size ",
-             mp.cp.size, ") is not implemented yet: the core attention over sequence chunks belongs "
-             "in parallel/context_parallel/ (docs/architecture.md, \"Where each dimension lives\")");
+  if (mp.cp.enabled())
+    cp_attention_ = cp::ContextParallelAttention(cp::comm_type_of_layer(mp.cp_comm_types, layer_number), mp);
   heads_ = config.num_attention_heads / tp;
   groups_ = config.num_query_groups / tp;
   const int64_t h = config.hidden_size;
@@ -91,6 +90,22 @@ Tensor SelfAttention::rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBa
   return out;
 }
 
+SelfAttention::SplitRows SelfAttention::split_rows(const Tensor& rows, int64_t t,
+                                                   const Stream& s) const {
+  const int64_t hd = cfg_->kv_channels;
+  SplitRows r{Tensor::empty({t, heads_ * hd}, rows.dtype(), s),
+              Tensor::empty({t, groups_ * hd}, rows.dtype(), s),
+              Tensor::empty({t, groups_ * hd}, rows.dtype(), s)};
+  ops::split_columns(rows.view({t, rows.numel() / t}), {&r.q, &r.k, &r.v}, s);
+  return r;
+}
+
+const cp::SequenceLayout& SelfAttention::cp_layout(const MicroBatch& mb) const {
+  MDLM_CHECK(mb.cp != nullptr, "layer ", layer_, ": context parallelism needs a micro-batch "
+             "uploaded for its CP rank (MicroBatch::upload with the CP rank and size)");
+  return *mb.cp;
+}
+
 Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& saved,
                               const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
@@ -103,6 +118,14 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
     if (cfg_->qk_layernorm)
       saved.qk_rstd = Tensor::empty({t * (heads_ + groups_)}, rt.stat_dtype(), s);
     const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s);
+    if (mp_.cp.enabled()) {
+      // The CP core takes q, k, v apart and keeps only its lse: backward recomputes the rows
+      // from saved.qkv, as the unsplit fused path does.
+      const SplitRows r = split_rows(rows, t, s);
+      saved.out = cp_attention_.forward(r.q, r.k, r.v, core_args(mb, rt), cp_layout(mb), saved.cp, s);
+      saved.cp.q = saved.cp.k = saved.cp.v = Tensor();
+      return proj_.forward(saved.out, s);
+    }
     saved.out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
     saved.lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
     ops::attention_forward_packed(rows, saved.out, saved.lse, core_args(mb, rt), s);
@@ -120,6 +143,10 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   if (cfg_->position_embedding_type == PositionEmbeddingType::Rope) {
     ops::rope_forward(q, mb.positions, {heads_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
     ops::rope_forward(k, mb.positions, {groups_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
+  }
+  if (mp_.cp.enabled()) {
+    saved.out = cp_attention_.forward(q, k, v, core_args(mb, rt), cp_layout(mb), saved.cp, s);
+    return proj_.forward(saved.out, s);
   }
   saved.q = q;
   saved.k = k;
@@ -141,7 +168,16 @@ Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& sa
     {
       // Recompute the rows attention read (rewrites the same statistics), then drop them.
       const Tensor rows = rotated_qkv(saved.qkv, saved.qk_rstd, mb, s);
-      ops::attention_backward_packed(dattn, rows, saved.out, saved.lse, dqkv, core_args(mb, rt), s);
+      if (mp_.cp.enabled()) {
+        const SplitRows r = split_rows(rows, t, s);
+        cp_attention_.restore_inputs(r.q, r.k, r.v, cp_layout(mb), saved.cp, s);
+        const cp::AttentionGrads g =
+            cp_attention_.backward(dattn, saved.out, saved.cp, core_args(mb, rt), cp_layout(mb), s);
+        Tensor dq_rows = dqkv.view({t, dqkv.numel() / t});
+        ops::concat_columns({&g.dq, &g.dk, &g.dv}, dq_rows, s);
+      } else {
+        ops::attention_backward_packed(dattn, rows, saved.out, saved.lse, dqkv, core_args(mb, rt), s);
+      }
     }
     saved.out = saved.lse = dattn = Tensor();
     const Tensor none;
@@ -160,11 +196,19 @@ Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& sa
     saved = Saved{};
     return dx;
   }
-  Tensor dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
-  Tensor dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
-  Tensor dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);
-  ops::attention_backward(dattn, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
-                          core_args(mb, rt), s);
+  Tensor dq, dk, dv;
+  if (mp_.cp.enabled()) {
+    cp::AttentionGrads g = cp_attention_.backward(dattn, saved.out, saved.cp, core_args(mb, rt), cp_layout(mb), s);
+    dq = g.dq;
+    dk = g.dk;
+    dv = g.dv;
+  } else {
+    dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
+    dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
+    dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);
+    ops::attention_backward(dattn, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
+                            core_args(mb, rt), s);
+  }
   saved.q = saved.k = saved.v = saved.out = saved.lse = Tensor();
   dattn = Tensor();
   if (cfg_->position_embedding_type == PositionEmbeddingType::Rope) {

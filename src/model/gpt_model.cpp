@@ -104,7 +104,8 @@ Tensor GptModel::embed(const MicroBatch& mb, const ModelRuntime& rt) const {
   if (p > 0) {
     Tensor zeros = Tensor::zeros(x.shape(), x.dtype(), s);
     ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
-                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t)};
+                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t),
+                       .chunks = mb.position_map()};
     ops::dropout_add_forward(x, zeros, x, d, s);
   }
   return x;
@@ -117,7 +118,8 @@ void GptModel::embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntim
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
   if (p > 0) {
     ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
-                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t)};
+                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t),
+                       .chunks = mb.position_map()};
     ops::dropout_backward(dx, dx, d, s);
   }
   if (position_embeddings_ >= 0) {
@@ -256,6 +258,7 @@ Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, Model
       rec.unit_inputs[u] = Tensor();
       ModelRuntime quiet = rt;
       quiet.hooks = nullptr;  // parameters are already in place; no second "needed" notice
+      quiet.record_moe_stats = false;  // the first forward counted them
       for (int i = first; i < last; ++i)
         x = layers_[static_cast<size_t>(i)].forward(x, mb, rec.layers[static_cast<size_t>(i)], quiet);
     }

@@ -6,9 +6,12 @@ namespace megadlm {
 
 Mlp::Mlp(const TransformerConfig& config, const std::string& prefix, ParameterStore& store,
          const ModelParallel& mp)
+    : Mlp(config, prefix + "mlp.", config.ffn_hidden_size, store, mp) {}
+
+Mlp::Mlp(const TransformerConfig& config, const std::string& block_prefix, int64_t ffn,
+         ParameterStore& store, const ModelParallel& mp)
     : activation_(config.activation) {
-  const int64_t ffn = config.ffn_hidden_size;
-  MDLM_CHECK(ffn % mp.tp.size == 0, prefix, "mlp: ffn ", ffn,
+  MDLM_CHECK(ffn % mp.tp.size == 0, block_prefix, ": ffn ", ffn,
              " must divide by tensor-parallel size ", mp.tp.size);
   ffn_ = ffn / mp.tp.size;
   const int64_t h = config.hidden_size;
@@ -16,7 +19,7 @@ Mlp::Mlp(const TransformerConfig& config, const std::string& prefix, ParameterSt
   // Megatron scales the init of the output projections by 1/sqrt(2 * num_layers).
   const ParamInit out_init{InitKind::Normal,
                            config.init_method_std / std::sqrt(2.0f * config.num_layers)};
-  const std::string p = prefix + "mlp.";
+  const std::string& p = block_prefix;
   if (activation_ == MlpActivation::SwiGLU) {
     fc1_ = tp::ColumnParallelLinear(store, {{p + "linear_fc1_gate", ffn}, {p + "linear_fc1_up", ffn}},
                                     h, config.add_bias_linear, init, mp);

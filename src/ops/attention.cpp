@@ -39,14 +39,33 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   }
   detail::check_float_activation(op, q, "q");
   detail::check_numel(op, q, a.batch * a.seq * a.num_heads * a.head_dim, "q");
-  detail::check_numel(op, k, a.batch * a.seq * a.num_kv_heads * a.head_dim, "k");
-  detail::check_numel(op, v, a.batch * a.seq * a.num_kv_heads * a.head_dim, "v");
+  MDLM_CHECK(a.kv_seq >= 0, op, ": kv_seq must be >= 0 (0: seq), got ", a.kv_seq);
+  detail::check_numel(op, k, a.batch * a.keys() * a.num_kv_heads * a.head_dim, "k");
+  detail::check_numel(op, v, a.batch * a.keys() * a.num_kv_heads * a.head_dim, "v");
+  for (const ChunkMap* m : {&a.query_chunks, &a.key_chunks}) {
+    MDLM_CHECK(m->len >= 0 && m->first >= 0 && m->second >= 0, op,
+               ": chunk maps must be non-negative");
+  }
+  MDLM_CHECK(a.query_chunks.identity() || 2 * a.query_chunks.len == a.seq, op,
+             ": a chunked query map holds two chunks of ", a.query_chunks.len, " rows, not seq ",
+             a.seq);
+  MDLM_CHECK(a.key_chunks.identity() || 2 * a.key_chunks.len == a.keys(), op,
+             ": a chunked key map holds two chunks of ", a.key_chunks.len, " rows, not kv_seq ",
+             a.keys());
   MDLM_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), op, ": q, k, v dtypes differ");
   if (a.document_ids != nullptr) {
     MDLM_CHECK(a.document_ids->dtype() == DType::I32 && a.document_ids->numel() == a.batch * a.seq &&
                    a.document_ids->device() == q.device(),
                op, ": document_ids must be int32 [batch, seq] on the device of q, got ",
                a.document_ids->str());
+  }
+  if (a.key_document_ids != nullptr) {
+    MDLM_CHECK(a.document_ids != nullptr, op, ": key_document_ids needs document_ids");
+    MDLM_CHECK(a.key_document_ids->dtype() == DType::I32 &&
+                   a.key_document_ids->numel() == a.batch * a.keys() &&
+                   a.key_document_ids->device() == q.device(),
+               op, ": key_document_ids must be int32 [batch, kv_seq] on the device of q, got ",
+               a.key_document_ids->str());
   }
   if (a.document_starts != nullptr) {
     const Tensor& s = *a.document_starts;
@@ -65,6 +84,15 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 }
 }  // namespace
 
+bool needs_context_parallel_kernel(const AttentionArgs& a) {
+  // The flash kernels (and cuDNN) take keys that are the queries' own rows: one length, one
+  // document tensor, a local causal mask and dropout at local positions plus offsets. Equal
+  // increasing maps give the same causal mask as local order; dropout needs identity maps.
+  if (a.keys() != a.seq || a.key_document_ids != nullptr) return true;
+  if (a.mask == AttentionMask::Causal && !a.query_chunks.same_as(a.key_chunks)) return true;
+  return a.dropout_p > 0 && !(a.query_chunks.identity() && a.key_chunks.identity());
+}
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionArgs& args, const Stream& stream) {
   detail::check_device("attention_forward", stream, {&q, &k, &v, &out, &lse});
@@ -72,8 +100,13 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   detail::check_numel("attention_forward", out, q.numel(), "out");
   detail::check_numel("attention_forward", lse, args.batch * args.num_heads * args.seq, "lse");
   detail::check_aux_float("attention_forward", lse, q, "lse");
-  if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
-  else cpu::attention_forward(q, k, v, out, lse, args, stream);
+  if (stream.is_cuda()) {
+    if (needs_context_parallel_kernel(args))
+      MDLM_CUDA_BACKEND(cuda::attention_forward_context_parallel(q, k, v, out, lse, args, stream));
+    else MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
+  } else {
+    cpu::attention_forward(q, k, v, out, lse, args, stream);
+  }
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -86,10 +119,15 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   detail::check_numel("attention_backward", dq, q.numel(), "dq");
   detail::check_numel("attention_backward", dk, k.numel(), "dk");
   detail::check_numel("attention_backward", dv, v.numel(), "dv");
-  if (stream.is_cuda())
-    MDLM_CUDA_BACKEND(
+  if (stream.is_cuda()) {
+    if (needs_context_parallel_kernel(args))
+      MDLM_CUDA_BACKEND(cuda::attention_backward_context_parallel(dout, q, k, v, out, lse, dq, dk,
+                                                                  dv, args, stream));
+    else MDLM_CUDA_BACKEND(
         cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream));
-  else cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+  } else {
+    cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+  }
 }
 
 namespace {
@@ -119,7 +157,8 @@ void attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
   const char* op = "attention_forward_packed";
   detail::check_device(op, stream, {&qkv, &out, &lse});
   check_packed(op, qkv, args);
-  if (stream.is_cuda()) {  // cuDNN reads the packed rows in place when it runs the call
+  // cuDNN reads the packed rows in place when it runs the call (never a context-parallel block).
+  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
     bool done = false;
     MDLM_CUDA_BACKEND(done = cuda::attention_forward_packed(qkv, out, lse, args, stream));
     if (done) return;
@@ -135,7 +174,7 @@ void attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tens
   detail::check_device(op, stream, {&dout, &qkv, &out, &lse, &dqkv});
   check_packed(op, qkv, args);
   check_packed(op, dqkv, args);
-  if (stream.is_cuda()) {
+  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
     bool done = false;
     MDLM_CUDA_BACKEND(done = cuda::attention_backward_packed(dout, qkv, out, lse, dqkv, args, stream));
     if (done) return;

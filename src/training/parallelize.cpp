@@ -14,6 +14,7 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     pm->rank = groups->world ? groups->world->rank() : 0;
     pm->data_group = groups->dp;
     pm->grad_group = groups->dp_cp;
+    pm->expert_grad_group = groups->expert_dp;
     pm->pipeline = groups->pp;
     pm->model_parallel = ModelParallel::from(*groups, pc);
     MDLM_CHECK(!pm->grad_group ||
@@ -73,14 +74,26 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     inter_group = groups->dist_opt_inter;
     pm->dist_opt_inter = inter_group;
   }
+  // Expert parameters reduce (and shard) over expert-dp: the ranks holding the same experts.
+  const int expert_dp = pm->expert_grad_group ? pm->expert_grad_group->size() : 1;
   pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
-                        DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1));
+                        DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1, expert_dp));
+  ExpertGradGroups experts;
+  if (groups != nullptr) experts = {groups->expert_dp, groups->ep, groups->expert_tp};
   pm->data_parallel = std::make_unique<DataParallel>(
       pm->store, shard_group, dpo, rt.stream, inter_group, groups != nullptr ? groups->tp : nullptr,
-      pm->pipeline, groups != nullptr ? groups->embedding : nullptr);
+      pm->pipeline, groups != nullptr ? groups->embedding : nullptr, experts);
   pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
                                                    cfg.optimizer, rt.stream);
   rt.hooks = pm->data_parallel.get();
+  if (cfg.model.moe.enabled()) {
+    pm->moe = std::make_unique<MoeStepState>(cfg.model, rt.stat_dtype(), rt.stream);
+    // The aux and z losses of each micro-batch weigh 1 / (micro-batches of the global batch):
+    // the objective holds their mean over the global batch.
+    pm->moe->aux_grad_scale = static_cast<float>(cfg.training.micro_batch_size) /
+                              static_cast<float>(cfg.training.global_batch_size);
+    rt.moe = pm->moe.get();
+  }
   rt.stream.synchronize();
   return pm;
 }

@@ -95,11 +95,19 @@ void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t
   const IterationMetrics& last = window.back();
   double loss = 0, ms = 0;
   int counted = 0;
+  IterationMetrics::Moe moe;  // window averages, like the loss
   for (const IterationMetrics& m : window) {
     ms += m.elapsed_ms;
     if (!m.skipped) {
       loss += m.lm_loss;
       ++counted;
+    }
+    if (m.moe.enabled) {
+      moe.enabled = true;
+      moe.aux_loss += m.moe.aux_loss / static_cast<double>(window.size());
+      moe.z_loss += m.moe.z_loss / static_cast<double>(window.size());
+      moe.load_max_over_mean += m.moe.load_max_over_mean / static_cast<double>(window.size());
+      moe.dropped_fraction += m.moe.dropped_fraction / static_cast<double>(window.size());
     }
   }
   loss = counted ? loss / counted : NAN;  // Megatron averages the loss over the interval
@@ -122,9 +130,18 @@ void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t
        << " loss scale: 1.0 |"
        << " grad norm: " << std::setprecision(3) << last.grad_norm << " |"
        << " number of skipped iterations: " << std::setw(3) << skipped_iterations << " |"
-       << " number of nan iterations: " << std::setw(3) << nan_iterations << " |"
-       // Not in Megatron's line: appended last so that parsers of its fields keep working.
-       << " estimated time left: " << hms(eta_s) << " |";
+       << " number of nan iterations: " << std::setw(3) << nan_iterations << " |";
+  // MoE fields after Megatron's, so that parsers of the line above keep working.
+  const MoeConfig& mc = cfg_.model.moe;
+  if (moe.enabled) {
+    if (mc.load_balancing != MoeLoadBalancing::None && mc.load_balancing != MoeLoadBalancing::Sinkhorn)
+      line << " load_balancing_loss: " << sci(moe.aux_loss) << " |";
+    if (mc.z_loss_coeff != 0.0f) line << " z_loss: " << sci(moe.z_loss) << " |";
+    line << " expert load max/mean: " << std::setprecision(3) << moe.load_max_over_mean << " |";
+    if (mc.capacity_factor) line << " dropped tokens: " << std::setprecision(4) << moe.dropped_fraction << " |";
+  }
+  // Not in Megatron's line: appended last so that parsers of its fields keep working.
+  line << " estimated time left: " << hms(eta_s) << " |";
   log_ << line.str() << std::endl;
   if (tensorboard_) tensorboard_->interval(last.iteration, ms / 1e3, tflops, peak_gb * 1e9);
   nlohmann::json j;
@@ -145,6 +162,13 @@ void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t
   j["nan_iterations"] = nan_iterations;
   j["global_batch_size"] = cfg_.training.global_batch_size;
   j["device"] = device;
+  if (moe.enabled) {
+    j["moe_load_balancing_loss"] = moe.aux_loss;
+    j["moe_z_loss"] = moe.z_loss;
+    j["moe_load_max_over_mean"] = moe.load_max_over_mean;
+    j["moe_dropped_fraction"] = moe.dropped_fraction;
+    j["moe_load_max_over_mean_per_layer"] = last.moe.load_max_over_mean_per_layer;
+  }
   append_metrics(j.dump());
 }
 

@@ -15,6 +15,7 @@
 //   * dropout:       c0 = hidden element / 4, c1 = position, c2 = sample low bits, c3 = layer site
 //   * attn dropout:  c0 = key position / 4, c1 = query position, c2 = sample low bits,
 //                    c3 = (layer site << 16) | query head
+//   * fault injection: purpose ErrorInjection, c0..c1 = iteration (training/fault_detection)
 //   * sampler:       Gumbel noise c0 = token / 2, c1 = generated position, c2 = request's sample
 //                    index, c3 = step; random remasking c0 = generated position, c1 = 0, c2, c3 as
 //                    Gumbel (ops/sampling.h)
@@ -49,6 +50,7 @@ enum class RngPurpose : uint32_t {
   SamplerGumbel = 0x5001,
   SamplerRemask = 0x5002,
   LikelihoodMC = 0x5003,
+  ErrorInjection = 0x6001,
 };
 
 struct PhiloxWords {

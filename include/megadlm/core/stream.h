@@ -41,6 +41,8 @@ size_t cuda_peak_memory_bytes(Device device);
 size_t cuda_peak_reserved_memory_bytes(Device device);
 /// Bytes currently held in use by the pool of `device`.
 size_t cuda_used_memory_bytes(Device device);
+/// Total memory of `device` (0 on CPU and without CUDA).
+size_t cuda_total_memory_bytes(Device device);
 void cuda_reset_peak_memory(Device device);
 
 }  // namespace megadlm

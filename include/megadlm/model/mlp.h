@@ -33,6 +33,10 @@ class Mlp {
   /// Registers this rank's slices; `prefix` is "decoder.layers.{i}.".
   Mlp(const TransformerConfig& config, const std::string& prefix, ParameterStore& store,
       const ModelParallel& mp);
+  /// An MLP of width `ffn` whose parameters are named `block_prefix` + "linear_fc1...", e.g. the
+  /// shared experts of an MoE layer ("decoder.layers.{i}.mlp.shared_experts.").
+  Mlp(const TransformerConfig& config, const std::string& block_prefix, int64_t ffn,
+      ParameterStore& store, const ModelParallel& mp);
 
   /// x [local rows, H] -> y [local rows, H] (reduced over TP); fills `saved`.
   Tensor forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;

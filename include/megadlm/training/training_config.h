@@ -54,6 +54,9 @@ struct TrainingConfig {
   std::optional<int64_t> exit_duration_in_mins;  ///< save (with --save) and stop after this long
   bool exit_signal_handler = false;  ///< stop cleanly on SIGTERM/SIGUSR1 even without --save
   bool check_for_nan_in_loss_and_grad = true;
+  /// Where a communication timeout or abort writes each rank's last collectives ("" = the
+  /// system's temporary directory); resolved from --collective-log-dir, --metrics-jsonl, --save.
+  std::string collective_log_dir;
 
   int num_micro_batches(int data_parallel_size) const {
     return global_batch_size / (micro_batch_size * data_parallel_size);
@@ -107,6 +110,9 @@ struct CheckpointConfig {
   bool non_persistent_global = false;
   /// --non-persistent-global-ckpt-dir ("" = DIR/non_persistent below --save / --load).
   std::string non_persistent_global_ckpt_dir;
+  /// --keep-last-n-checkpoints: after each persistent save has committed, only the newest N
+  /// complete checkpoints of --save stay (and always the one "latest" names); 0 keeps all.
+  int64_t keep_last_n_checkpoints = 0;
 
   /// Megatron's _NON_PERSISTENT_CKPT_SUBDIR.
   static constexpr const char* kNonPersistentSubdir = "non_persistent";
@@ -131,6 +137,28 @@ struct LoggingConfig {
   std::string dir;                      ///< --log-dir ("" = no per-rank files)
 };
 
+/// --rerun-mode (Megatron's RerunMode): what happens to a rejected step (training/fault_detection.h).
+enum class RerunMode {
+  Disabled,         ///< no replay: a NaN stops the run (with the check on), spikes are reported
+  ValidateResults,  ///< a rejected step is replayed to tell a transient fault from a real result
+  ReportStats,      ///< every step is replayed once; how often the replay differs is reported
+};
+/// --error-injection-type: the fault --error-injection-rate simulates (for testing the replay).
+enum class ErrorInjectionType {
+  CorrectResult,    ///< a correct result flagged as suspicious: the replay confirms it
+  TransientError,   ///< the first computation is corrupted (NaN loss), the replay is clean
+  PersistentError,  ///< every computation of the step is corrupted the same way
+};
+
+struct FaultDetectionConfig {
+  RerunMode rerun_mode = RerunMode::Disabled;
+  bool check_spiky_loss = false;   ///< --check-for-spiky-loss: loss >= spike_factor x reference
+  bool check_large_grads = false;  ///< --check-for-large-grads: the same for the gradient norm
+  double spike_factor = 10.0;      ///< Megatron's factor for both
+  int64_t error_injection_rate = 0;  ///< inject in about one of N checked steps (0: never)
+  ErrorInjectionType error_injection_type = ErrorInjectionType::TransientError;
+};
+
 /// Everything pretrain_difflm needs, after validation.
 struct RunConfig {
   ParallelConfig parallel;
@@ -141,6 +169,7 @@ struct RunConfig {
   DataConfig data;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  FaultDetectionConfig fault_detection;
 };
 
 }  // namespace megadlm

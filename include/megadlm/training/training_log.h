@@ -26,6 +26,16 @@ struct IterationMetrics {
   double elapsed_ms = 0;         ///< wall time of this iteration
   bool skipped = false;          ///< update not applied (non-finite gradients)
   bool nan = false;
+  std::string fault_report;      ///< what fault detection found and decided ("" = nothing)
+  /// Mixture of experts (model/moe.h), over the global batch and averaged over the MoE layers:
+  /// the load-balancing loss and the z-loss without their coefficients (mean per micro-batch),
+  /// the experts' load max / mean (tokens each expert processed), the dropped fraction of the
+  /// routed slots (capacity), and the load per layer.
+  struct Moe {
+    bool enabled = false;
+    double aux_loss = 0, z_loss = 0, load_max_over_mean = 0, dropped_fraction = 0;
+    std::vector<double> load_max_over_mean_per_layer;
+  } moe;
 };
 
 /// Peak memory of this process so far, in GB (1e9 bytes): the CUDA pool's peak on a GPU stream,

@@ -161,6 +161,12 @@ size_t cuda_used_memory(int device) {
   return v;
 }
 
+size_t cuda_total_memory(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return 0;
+  return prop.totalGlobalMem;
+}
+
 void cuda_reset_peak(int device) {
   cudaMemPool_t pool;
   MDLM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
