@@ -14,6 +14,7 @@ cd "$tmp"
 # Four "sentences" of token ids (NullTokenizer: text is whitespace-separated ids), each a
 # document of exactly --seq-length 16 tokens starting with 1: a GPT sample is then one sentence
 # and the next one's leading 1.
+# NullTokenizer over 128 ids: 127 is its end-of-document id, so the mask token is 126 (D-4).
 "$PY" - <<'P'
 import json, random
 random.seed(3)
@@ -33,12 +34,12 @@ args=$(grep -v '^#' "$src/configs/tiny_dlm.args" | tr '\n' ' ' | sed -e 's/--moc
   -e 's/--train-iters [0-9]*//' -e 's/--seq-length [0-9]*//' -e 's/--max-position-embeddings [0-9]*//' \
   -e 's/--lr [0-9e.-]*//' -e 's/--min-lr [0-9e.-]*//' -e 's/--micro-batch-size [0-9]*//' -e 's/--global-batch-size [0-9]*//')
 # shellcheck disable=SC2086
-"$bin/pretrain_difflm" $args --device cpu --tokenizer-type NullTokenizer --mask-token 127 \
+"$bin/pretrain_difflm" $args --device cpu --tokenizer-type NullTokenizer --mask-token 126 \
   --data-path mem_text_document --split 100,0,0 --seq-length 16 --max-position-embeddings 16 \
-  --train-iters 800 --lr 5e-3 --min-lr 5e-4 --micro-batch-size 16 --global-batch-size 16 \
-  --difflm-varilen-prob 0 --eval-iters 0 --log-interval 100 --save ckpt --save-interval 800 > train.log 2>&1 \
+  --train-iters 1200 --lr 5e-3 --min-lr 5e-4 --micro-batch-size 16 --global-batch-size 16 \
+  --difflm-varilen-prob 0 --eval-iters 0 --log-interval 100 --save ckpt --save-interval 1200 > train.log 2>&1 \
   || { cat train.log; exit 1; }
-grep -o "iteration *800/ *800.*lm loss: [^|]*" train.log | grep -o "lm loss: .*"
+grep -o "iteration *1200/ *1200.*lm loss: [^|]*" train.log | grep -o "lm loss: .*"
 check() {  # check FILE: every completion is the sentence's second half
   "$PY" - "$1" <<'P'
 import json, sys
