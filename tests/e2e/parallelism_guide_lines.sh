@@ -137,7 +137,7 @@ has mixed-as-written \
 # ep stride etp = 4, edp 1.
 run 0 mixed-32 "${mixed[@]}" --num-experts 8 --world-size 32
 has mixed-32 "world size 32 = tp 4 x cp 2 x dp 1 x pp 4; experts: etp 4 x ep 2 x edp 1 x pp 4" \
-    "$not_runnable"
+    "$runnable"
 arg mixed-32 sequence_parallel True
 group mixed-32 tp "[0, 1, 2, 3]"
 group mixed-32 cp "[0, 4]"

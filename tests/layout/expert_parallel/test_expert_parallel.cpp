@@ -159,10 +159,14 @@ TEST(ExpertParallel, CapacityDroppingMatchesOneProcess) {
   expect_same_as_single_process({.ep = 2, .tp = 2, .sp = true, .capacity = 0.75f});
   // Dropping by probability ranks near-equal probs (post-softmax top-2 starts at 0.5 ± tiny):
   // after a few steps fp32 reassociation can swap two candidates, a discrete change; the first
-  // iterations, where the weights still agree to rounding, must match.
-  expect_same_as_single_process({.ep = 0, .capacity = 0.75f, .drop = MoeDropPolicy::Probs, .iters = 3});
+  // iterations, where the weights still agree to rounding, must match. (Since the fused
+  // add+RMSNorm the third step already swaps one such pair: 7e-4 in the grad norm.)
+  expect_same_as_single_process({.ep = 0, .capacity = 0.75f, .drop = MoeDropPolicy::Probs, .iters = 2});
 }
 
 TEST(ExpertParallel, ExpertBiasThatStarvesExpertsMatchesOneProcess) {
-  expect_same_as_single_process({.ep = 0, .expert_bias = true});
+  // Bias steps of 10 make the selection a near-tie between the favoured experts; under EP 4 the
+  // fp32 reassociation of the fused ops swaps one pair at step 9, a discrete change. The steps
+  // before it (which include the starving) must match.
+  expect_same_as_single_process({.ep = 0, .expert_bias = true, .iters = 8});
 }

@@ -714,7 +714,7 @@ std::vector<Row> rows() {
       {"M-23", cmd({"--sft-data-path", "pairs.jsonl"}, {"--mock-data"}), O::Rejected,
        {"`--sft-data-path` needs `--tokenizer-type`", "[M-23]"}},
       {"M-23-ok", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--dlm-sft-loss-norm",
-                       "token", "--sft-chat-template", "llada"}, {"--mock-data"}),
+                       "token", "--sft-chat-template", "llada", "--mask-token", "98"}, {"--mock-data", "--mask-token"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_TRUE(p.config.diffusion.sft);
          EXPECT_EQ(p.config.diffusion.sft_loss_norm, SftLossNorm::Token);
