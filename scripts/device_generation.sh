@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything issue 16 (generation, evaluation, TensorBoard) needs proven on a GPU, from a carried
 # build folder (bin/ and lib/; nothing is compiled here), in about 90 s of GPU time on one H200:
-#   parity  gpu_parity SamplingParity.*: sample_proposals (bf16/f32, Gumbel, guidance, random
-#           confidence) and the cache update copy_row_block against the CPU               (~5 s)
+#   parity  gpu_parity SamplingParity.*, KvCacheParity.*: sample_proposals (bf16/f32, Gumbel,
+#           guidance, random confidence), the cache update copy_row_block, and a 2-layer
+#           model's refresh and cached windows (CUDA key-block attention) against the CPU  (~5 s)
 #   cuda    a tiny model (trained 2 steps on the CPU): generate_difflm on CUDA (bf16), exact and
 #           with --kv-cache dual (the cached steps run the key-block attention), against the
 #           CPU (fp32); agreement reported (bf16 vs fp32 may flip near-ties), exit codes checked;
@@ -43,7 +44,7 @@ note "device_generation: $(nvidia-smi --query-gpu=name,driver_version --format=c
 
 if [[ $what == *" parity "* ]]; then
   t0=$SECONDS
-  "$bin/gpu_parity" --gtest_filter='SamplingParity.*' > "$work/parity.log" 2>&1
+  "$bin/gpu_parity" --gtest_filter='SamplingParity.*:KvCacheParity.*' > "$work/parity.log" 2>&1
   note "parity: exit $? ($((SECONDS - t0)) s): $(counts "$work/parity.log")"
   keep "$work/parity.log" 30
 fi
