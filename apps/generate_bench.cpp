@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
     training::InferenceModel model(src, device);
     base.mask_token = apps::inference_mask_token(cli, model.config(), errors);
     for (auto& [name, c] : modes) c.mask_token = base.mask_token;
-    for (const std::string& p : sampler_config_problems(modes["exact"], model.vocab_size())) errors.push_back(p);
+    for (const std::string& p : sampler_config_problems(modes["exact"], model.input_vocab_size())) errors.push_back(p);
     std::vector<std::vector<int32_t>> prompts;
     {
       std::ifstream in(cli.get("--prompts-jsonl"));

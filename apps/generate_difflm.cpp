@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
       sc.eos_token = -1;
     }
     sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
-    for (const std::string& p : sampler_config_problems(sc, model.vocab_size())) errors.push_back(p);
+    for (const std::string& p : sampler_config_problems(sc, model.input_vocab_size())) errors.push_back(p);
     const std::vector<Prompt> prompts = read_prompts(cli, tok.get(), errors);
     size_t longest = 0;
     for (const Prompt& p : prompts) longest = std::max(longest, p.ids.size());

@@ -143,8 +143,8 @@ CanvasBatch forward_canvas(const std::vector<Row*>& rows, int64_t seq, const Can
 
 std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<GenerationRequest>& requests,
                                        const SamplerConfig& cfg) {
-  const int64_t vocab = model.vocab_size();
-  const std::vector<std::string> problems = sampler_config_problems(cfg, vocab);
+  const int64_t vocab = model.vocab_size(), inputs = model.input_vocab_size();
+  const std::vector<std::string> problems = sampler_config_problems(cfg, inputs);
   if (!problems.empty()) {
     std::string msg = "invalid sampler configuration:";
     for (const std::string& p : problems) msg += "\n  " + p;
@@ -156,8 +156,8 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
   std::vector<std::vector<int32_t>> prompts;
   for (size_t r = 0; r < requests.size(); ++r) {
     for (int32_t id : requests[r].prompt)
-      MDLM_CHECK(id >= 0 && id < vocab, "prompt ", requests[r].sample_index, " holds token id ", id,
-                 ", outside the model's vocabulary [0, ", vocab, ")");
+      MDLM_CHECK(id >= 0 && id < inputs, "prompt ", requests[r].sample_index, " holds token id ", id,
+                 ", outside the model's vocabulary [0, ", inputs, ")");
     prompts.push_back(requests[r].prompt);
   }
   std::vector<int64_t> start;

@@ -5,7 +5,8 @@
 # under TP 2 x PP 2 (whose vocabulary is padded to 256 instead of 128) and by 2 ranks with the
 # distributed optimizer give the same completions and log-likelihoods, and so does the Hugging
 # Face export of the TP 2 x PP 2 checkpoint. The sampler sees only the real vocabulary: a padded
-# row (random here) is never proposed. Skips (77) without MPI.
+# row (random here) is never proposed, and a mask token may sit among the padded rows. Skips (77)
+# without MPI.
 set -euo pipefail
 bin=$1; src=$2
 if ! { [ -x "$bin/comm_timeout_probe" ] && "$bin/comm_timeout_probe" --mpi-compiled && command -v mpirun > /dev/null; }; then
@@ -50,4 +51,15 @@ for source in one tp2pp2 dp2; do
   cmp -s <(grep -o '"loglikelihood":[^,]*' ll_one.jsonl) <(grep -o '"loglikelihood":[^,]*' "ll_$source.jsonl") \
     || { echo "FAIL: log-likelihoods of --load $source differ from --load one"; cat ll_one.jsonl "ll_$source.jsonl"; exit 1; }
 done
+# A mask token among the padded rows (vocabulary 120 padded to 128, mask 125): accepted as the
+# canvas's input, never proposed (no id >= 120), and the log-likelihood runs.
+"${train[@]}" --vocab-size 120 --mask-token 125 --save padmask > padmask.log 2>&1 || { cat padmask.log; exit 1; }
+"$bin/generate_difflm" --load padmask --prompts-jsonl prompts.jsonl --gen-length 16 --steps 16 --block-length 8 \
+  --batch-size 3 --device cpu --kv-cache dual --output padmask.jsonl 2> padmask.err || { cat padmask.err; exit 1; }
+if grep -o '"token_ids":\[[^]]*\]' padmask.jsonl | grep -Eq '[[,](12[0-9])[],]'; then
+  echo "FAIL: a padded id (>= 120) was proposed"; cat padmask.jsonl; exit 1
+fi
+"$bin/evaluate_difflm" --load padmask --task loglik --requests-jsonl requests.jsonl --mc-num 4 --mc-batch-size 4 \
+  --device cpu --output padmask_ll.jsonl 2> padmask_ll.err || { cat padmask_ll.err; exit 1; }
+echo "a mask token in the padding (125 of 120 + 8): generation proposes only real ids, loglik runs"
 echo "PASS: checkpoints of 1 process, TP 2 x PP 2 and DP 2 + distributed optimizer (and the HF export) generate and score alike ($(grep -o 'saved under[^)]*' gen___load_tp2pp2.err))"

@@ -99,8 +99,11 @@ struct CanvasBatch {
 class LogitsModel {
  public:
   virtual ~LogitsModel() = default;
-  /// Columns of the logits (the padded vocabulary).
+  /// Columns of the logits: the tokens a sampler may propose.
   virtual int64_t vocab_size() const = 0;
+  /// Token ids the model accepts as input (the mask token and prompts may use any of them):
+  /// the embedding's rows, which can be more than vocab_size() (a padded vocabulary).
+  virtual int64_t input_vocab_size() const { return vocab_size(); }
   /// The stream the returned logits live on.
   virtual const Stream& stream() const = 0;
   /// Logits [rows.size(), vocab_size()] of the flat token indices `rows` (b * seq + i) of

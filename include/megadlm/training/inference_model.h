@@ -38,6 +38,8 @@ class InferenceModel final : public LogitsModel {
   /// The real vocabulary (--vocab-size), not the padded one: a padded row of the output layer
   /// is never proposed or normalised over (docs/generation.md, "The vocabulary").
   int64_t vocab_size() const override;
+  /// The padded vocabulary: every row of the embedding (a mask token may sit among the padding).
+  int64_t input_vocab_size() const override { return cfg_.model.padded_vocab_size; }
   const Stream& stream() const override { return rt_.stream; }
   Tensor logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) override;
   bool supports_kv_cache() const override { return true; }
