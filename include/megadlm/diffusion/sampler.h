@@ -70,7 +70,8 @@ struct SamplerConfig {
   KvCacheMode kv_cache = KvCacheMode::None;  ///< approximate key/value cache (not the reference)
 };
 
-/// Every problem with `config` for a model of `vocab` logits, naming the flag
+/// Every problem with `config` for a model accepting `vocab` input ids
+/// (LogitsModel::input_vocab_size: the mask and EOS ids must be among them), naming the flag
 /// (`--gen-length 100` is not a multiple of `--block-length 32`, ...). Empty = valid. With
 /// vocab <= 0 (model not loaded yet) only the checks that need no vocabulary.
 std::vector<std::string> sampler_config_problems(const SamplerConfig& config, int64_t vocab);
