@@ -1,6 +1,8 @@
 // Opening a model for inference (include/megadlm/training/inference_model.h): the checkpoint's
 // run configuration gives the architecture; every parameter is read whole (the reader assembles
 // it from the pieces of whatever layout saved it) and converted to the device's model dtype.
+// Logits cover the real vocabulary; with the key/value cache a forward runs only the columns it
+// is asked for (window_batch) and the model's attention reads the rest from cache_.
 #include "megadlm/training/inference_model.h"
 #include <filesystem>
 #include "megadlm/core/error.h"

@@ -2,6 +2,7 @@
 // checkpoint saved under any parallel layout, or a Hugging Face Qwen2/Qwen3 folder read through
 // the importer's mapping (checkpoint/huggingface.h), loaded whole (TP 1) on one device, fp32 on
 // the CPU and bf16 on CUDA, with the architecture from the checkpoint's stored configuration.
+// It implements LogitsModel, Fast-dLLM's key/value cache included (model/kv_cache.h).
 #pragma once
 #include <cstdint>
 #include <iosfwd>
