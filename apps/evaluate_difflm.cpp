@@ -356,15 +356,15 @@ int main(int argc, char** argv) {
     std::cerr << " > model: " << model.description() << " on " << device.str() << "\n";
     json summary;
     if (task == "elbo") {
-      if (mask < 0 || mask >= model.vocab_size())
+      if (mask < 0 || mask >= model.input_vocab_size())
         errors.push_back("the mask token " + std::to_string(mask) + " is outside the model's vocabulary [0, " +
-                         std::to_string(model.vocab_size()) + "); give `--mask-token-id`");
+                         std::to_string(model.input_vocab_size()) + "); give `--mask-token-id`");
       RunConfig c = cfg;
       if (mask >= 0) c.diffusion.mask_token = mask;
       summary = run_elbo(cli, model, c, tok.get(), seed, errors, out);
     } else {
       const LikelihoodConfig lc = likelihood_config(cli, mask, seed, errors);
-      for (const std::string& p : likelihood_config_problems(lc, model.vocab_size())) errors.push_back(p);
+      for (const std::string& p : likelihood_config_problems(lc, model.input_vocab_size())) errors.push_back(p);
       summary = task == "loglik" ? run_loglik(cli, model, tok.get(), lc, errors, out)
                                  : run_multiple_choice(cli, model, tok.get(), lc, errors, out);
     }

@@ -49,6 +49,8 @@ std::vector<apps::CliFlag> flags() {
       {"--logits-eos-inf", nullptr, "never propose EOS (LLaDA's logits_eos_inf)"},
       {"--confidence-threshold", "P", "fast decoding: per step unmask every position of the block with confidence "
                                       ">= P (at least one); not the reference sampler (default 0: off)"},
+      {"--kv-cache", "MODE", "fast decoding: Fast-dLLM's approximate key/value cache, none (default), prefix (recompute "
+                             "the block and what follows) or dual (the block only); not the reference sampler"},
   };
   f.insert(f.end() - 1, own.begin(), own.end());
   return f;
@@ -130,6 +132,10 @@ int main(int argc, char** argv) {
     if (remasking == "random") sc.remasking = Remasking::Random;
     else if (remasking != "low_confidence")
       errors.push_back("`--remasking " + remasking + "`: valid: low_confidence, random");
+    const std::string kv_cache = cli.get("--kv-cache", "none");
+    if (kv_cache == "prefix") sc.kv_cache = KvCacheMode::Prefix;
+    else if (kv_cache == "dual") sc.kv_cache = KvCacheMode::Dual;
+    else if (kv_cache != "none") errors.push_back("`--kv-cache " + kv_cache + "`: valid: none, prefix, dual");
     const int64_t batch_size = cli.integer("--batch-size", 1, errors);
     if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
     if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
@@ -152,7 +158,7 @@ int main(int argc, char** argv) {
       sc.eos_token = -1;
     }
     sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
-    for (const std::string& p : sampler_config_problems(sc, model.vocab_size())) errors.push_back(p);
+    for (const std::string& p : sampler_config_problems(sc, model.input_vocab_size())) errors.push_back(p);
     const std::vector<Prompt> prompts = read_prompts(cli, tok.get(), errors);
     size_t longest = 0;
     for (const Prompt& p : prompts) longest = std::max(longest, p.ids.size());
@@ -176,6 +182,8 @@ int main(int argc, char** argv) {
               << (sc.stop_at_eos ? ", stop at EOS " + std::to_string(sc.eos_token) : std::string())
               << (sc.confidence_threshold > 0 ? ", confidence threshold " + std::to_string(sc.confidence_threshold)
                                               : std::string())
+              << (sc.kv_cache != KvCacheMode::None ? std::string(", kv cache ") + kv_cache_mode_name(sc.kv_cache)
+                                                   : std::string())
               << "\n";
     const auto t0 = std::chrono::steady_clock::now();
     int64_t generated = 0;

@@ -12,6 +12,7 @@ tests/golden/llada_reference.py.
 
 usage: bench_generate_reference.py --model HF_DIR --prompts-jsonl F --mask-id M --gen-length 256
        --steps 256 --block-length 32 --batch-size 16 [--output F] [--dtype bf16|fp32] [--warmup 1]
+       [--max-prompts N]
 """
 import argparse
 import json
@@ -99,15 +100,24 @@ def main():
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--warmup", type=int, default=1, help="untimed batches first")
+    ap.add_argument("--max-prompts", type=int, default=0, help="only the first N prompts (0: all)")
     ap.add_argument("--output")
     a = ap.parse_args()
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype, attn_implementation="sdpa").cuda().eval()
+    try:  # transformers >= 4.56 names it dtype; older ones torch_dtype
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype, attn_implementation="sdpa")
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=dtype, attn_implementation="sdpa")
+    model = model.cuda().eval()
     bidirectional(model)
     prompts = [json.loads(l)["prompt_ids"] for l in open(a.prompts_jsonl) if l.strip()]
+    if a.max_prompts:
+        prompts = prompts[:a.max_prompts]
     batches = [prompts[i:i + a.batch_size] for i in range(0, len(prompts), a.batch_size)]
+    warm = argparse.Namespace(**vars(a))  # two steps a block: every shape once, a fraction of the time
+    warm.steps = min(a.steps, 2 * (a.gen_length // a.block_length))
     for w in range(min(a.warmup, len(batches))):
-        generate(model, batches[w], a, dtype)
+        generate(model, batches[w], warm, dtype)
     torch.cuda.synchronize()
     out, forwards, t0 = [], 0, time.perf_counter()
     for batch in batches:

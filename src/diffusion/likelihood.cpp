@@ -95,7 +95,7 @@ std::vector<std::vector<uint8_t>> likelihood_masks(uint64_t seed, int64_t index,
 
 LikelihoodResult conditional_loglikelihood(LogitsModel& model, const LikelihoodRequest& req,
                                            const LikelihoodConfig& cfg) {
-  const std::vector<std::string> problems = likelihood_config_problems(cfg, model.vocab_size());
+  const std::vector<std::string> problems = likelihood_config_problems(cfg, model.input_vocab_size());
   if (!problems.empty()) {
     std::string msg = "invalid likelihood configuration:";
     for (const std::string& p : problems) msg += "\n  " + p;

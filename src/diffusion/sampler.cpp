@@ -14,6 +14,14 @@ const char* remasking_name(Remasking r) {
   return r == Remasking::LowConfidence ? "low_confidence" : "random";
 }
 
+const char* kv_cache_mode_name(KvCacheMode m) {
+  return m == KvCacheMode::None ? "none" : m == KvCacheMode::Prefix ? "prefix" : "dual";
+}
+
+Tensor LogitsModel::cached_logits(const CanvasBatch&, const std::vector<int32_t>&, int64_t, int64_t, bool) {
+  MDLM_FAIL("this model has no key/value cache (`--kv-cache` needs one)");
+}
+
 std::vector<std::string> sampler_config_problems(const SamplerConfig& c, int64_t vocab) {
   std::vector<std::string> out;
   auto flag = [](const char* f, auto v) { return std::string("`") + f + " " + std::to_string(v) + "`"; };
@@ -135,8 +143,8 @@ CanvasBatch forward_canvas(const std::vector<Row*>& rows, int64_t seq, const Can
 
 std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<GenerationRequest>& requests,
                                        const SamplerConfig& cfg) {
-  const int64_t vocab = model.vocab_size();
-  const std::vector<std::string> problems = sampler_config_problems(cfg, vocab);
+  const int64_t vocab = model.vocab_size(), inputs = model.input_vocab_size();
+  const std::vector<std::string> problems = sampler_config_problems(cfg, inputs);
   if (!problems.empty()) {
     std::string msg = "invalid sampler configuration:";
     for (const std::string& p : problems) msg += "\n  " + p;
@@ -148,8 +156,8 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
   std::vector<std::vector<int32_t>> prompts;
   for (size_t r = 0; r < requests.size(); ++r) {
     for (int32_t id : requests[r].prompt)
-      MDLM_CHECK(id >= 0 && id < vocab, "prompt ", requests[r].sample_index, " holds token id ", id,
-                 ", outside the model's vocabulary [0, ", vocab, ")");
+      MDLM_CHECK(id >= 0 && id < inputs, "prompt ", requests[r].sample_index, " holds token id ", id,
+                 ", outside the model's vocabulary [0, ", inputs, ")");
     prompts.push_back(requests[r].prompt);
   }
   std::vector<int64_t> start;
@@ -158,6 +166,9 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
   const int64_t seq = layout.seq, gen0 = seq - cfg.gen_length;  // first generated column
   const bool cfg_on = cfg.cfg_scale > 0;
   const bool threshold = cfg.confidence_threshold > 0;
+  const bool cached = cfg.kv_cache != KvCacheMode::None;
+  MDLM_CHECK(!cached || model.supports_kv_cache(), "`--kv-cache ", kv_cache_mode_name(cfg.kv_cache),
+             "`: this model has no key/value cache");
   const int64_t blocks = cfg.gen_length / cfg.block_length;
   const int64_t steps_per_block = cfg.steps / blocks;
   const std::vector<int64_t> schedule = transfer_schedule(cfg.block_length, steps_per_block);
@@ -195,6 +206,11 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
                                                      : ops::ProposalConfidence::Softmax;
   for (int64_t q = 0; q < blocks && !rows.empty(); ++q) {
     const int64_t block_end = gen0 + (q + 1) * cfg.block_length;
+    const int64_t block_start = block_end - cfg.block_length;
+    // With the cache: the columns a cached step recomputes; `refreshed` once the block's first
+    // step (the refresh) has run.
+    const int64_t col0 = block_start, col1 = cfg.kv_cache == KvCacheMode::Dual ? block_end : seq;
+    bool refreshed = false;
     for (int64_t i = 0;; ++i) {
       // Rows with work this step: all of them in the exact sampler (every row transfers c_i),
       // those whose block still holds a mask with the threshold.
@@ -212,6 +228,10 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
       const uint32_t t = static_cast<uint32_t>(q * (threshold ? cfg.block_length : steps_per_block) + i);
       std::vector<Row*> batch;
       std::vector<size_t> batch_layout;
+      if (cached) {  // the cache holds every row of the block: all stay in the forward
+        work.resize(rows.size());
+        std::iota(work.begin(), work.end(), size_t{0});
+      }
       for (size_t r : work) {
         batch.push_back(&rows[r]);
         batch_layout.push_back(layout_row[r]);
@@ -221,7 +241,9 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
       std::vector<std::pair<size_t, int64_t>> where;  // (row of the batch, column)
       const int64_t live = static_cast<int64_t>(batch.size());
       for (size_t r = 0; r < batch.size(); ++r) {
-        for (int64_t p = batch[r]->start; p < block_end; ++p) {
+        // A cached step sees only its recomputed columns (Fast-dLLM: the block's masks).
+        const int64_t first = cached && refreshed ? std::max(batch[r]->start, col0) : batch[r]->start;
+        for (int64_t p = first; p < block_end; ++p) {
           if (batch[r]->x[static_cast<size_t>(p)] != mask) continue;
           query.push_back(static_cast<int32_t>(static_cast<int64_t>(r) * seq + p));
           keys.push_back(static_cast<int32_t>(requests[batch[r]->request].sample_index));
@@ -233,7 +255,8 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
       if (cfg_on)
         for (size_t k = 0; k < n; ++k) query.push_back(query[k] + static_cast<int32_t>(live * seq));
       const CanvasBatch canvas = forward_canvas(batch, seq, layout, batch_layout, cfg_on, mask);
-      Tensor all = model.logits(canvas, query);
+      Tensor all = cached ? model.cached_logits(canvas, query, col0, col1, !refreshed) : model.logits(canvas, query);
+      refreshed = true;
       MDLM_CHECK(all.rows() == static_cast<int64_t>(query.size()) && all.cols() == vocab,
                  "the model returned logits ", all.str(), " for ", query.size(),
                  " positions of a vocabulary of ", vocab);

@@ -108,6 +108,7 @@ const cp::SequenceLayout& SelfAttention::cp_layout(const MicroBatch& mb) const {
 
 Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& saved,
                               const ModelRuntime& rt) const {
+  if (rt.kv_cache != nullptr) return forward_cached(x, mb, rt);  // inference (attention_cached.cpp)
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
   const int64_t hd = cfg_->kv_channels;

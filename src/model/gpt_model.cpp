@@ -224,9 +224,13 @@ Tensor GptModel::forward(const MicroBatch& mb, const Tensor& input, ModelRecord&
   return Tensor();
 }
 
-Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt) const {
+Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt,
+                           int64_t vocab) const {
   MDLM_CHECK(chunk_.embedding && chunk_.head && !mp_.tp.enabled(),
              "GptModel::logits_at needs the whole model on one tensor-parallel rank");
+  if (vocab <= 0) vocab = cfg_.padded_vocab_size;
+  MDLM_CHECK(vocab <= cfg_.padded_vocab_size, "GptModel::logits_at: ", vocab, " logits of a vocabulary of ",
+             cfg_.padded_vocab_size);
   const Stream& s = rt.stream;
   Tensor x = embed(mb, rt);
   for (const TransformerLayer& layer : layers_) {
@@ -239,8 +243,10 @@ Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const Model
   x = Tensor();
   NormRecord norm;
   Tensor h = final_norm_.forward(picked, norm, s);
-  Tensor logits = Tensor::empty({rows.numel(), cfg_.padded_vocab_size}, rt.dtype, s);
-  ops::gemm(h, store_.param(output_layer_), logits, {.trans_b = true}, s);
+  // The first `vocab` rows of the output layer: a contiguous block, so the GEMM simply skips
+  // the padded rows.
+  Tensor logits = Tensor::empty({rows.numel(), vocab}, rt.dtype, s);
+  ops::gemm(h, store_.param(output_layer_).narrow(0, vocab), logits, {.trans_b = true}, s);
   return logits;
 }
 

@@ -1,6 +1,8 @@
 // Opening a model for inference (include/megadlm/training/inference_model.h): the checkpoint's
 // run configuration gives the architecture; every parameter is read whole (the reader assembles
 // it from the pieces of whatever layout saved it) and converted to the device's model dtype.
+// Logits cover the real vocabulary; with the key/value cache a forward runs only the columns it
+// is asked for (window_batch) and the model's attention reads the rest from cache_.
 #include "megadlm/training/inference_model.h"
 #include <filesystem>
 #include "megadlm/core/error.h"
@@ -73,19 +75,70 @@ InferenceModel::InferenceModel(const InferenceSource& src, Device device) {
 
 InferenceModel::~InferenceModel() = default;
 
-Tensor InferenceModel::logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) {
+int64_t InferenceModel::vocab_size() const {
+  const int64_t real = cfg_.model.vocab_size;
+  return real > 0 && real <= cfg_.model.padded_vocab_size ? real : cfg_.model.padded_vocab_size;
+}
+
+namespace {
+
+// The micro-batch of columns [col0, col1) of every canvas row.
+MicroBatch window_batch(const CanvasBatch& c, int64_t col0, int64_t col1, const Stream& stream) {
   HostMicroBatch h;
-  h.batch = canvas.batch;
-  h.seq = canvas.seq;
-  h.input_ids = canvas.tokens;
-  h.labels = canvas.tokens;  // unused: no loss
-  h.loss_weights.assign(canvas.tokens.size(), 0.0f);
-  h.positions = canvas.positions;
-  h.document_ids = canvas.document_ids;
-  const MicroBatch mb = MicroBatch::upload(h, rt_.stream);
-  Tensor idx = Tensor::from_ints(rows, {static_cast<int64_t>(rows.size())});
-  if (!rt_.stream.device().is_cpu()) idx = idx.to(rt_.stream.device(), rt_.stream);
-  return model_->logits_at(mb, idx, rt_);
+  h.batch = c.batch;
+  h.seq = col1 - col0;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const auto first = static_cast<ptrdiff_t>(b * c.seq + col0), last = static_cast<ptrdiff_t>(b * c.seq + col1);
+    h.input_ids.insert(h.input_ids.end(), c.tokens.begin() + first, c.tokens.begin() + last);
+    h.positions.insert(h.positions.end(), c.positions.begin() + first, c.positions.begin() + last);
+    if (!c.document_ids.empty())
+      h.document_ids.insert(h.document_ids.end(), c.document_ids.begin() + first, c.document_ids.begin() + last);
+  }
+  h.labels = h.input_ids;  // unused: no loss
+  h.loss_weights.assign(h.input_ids.size(), 0.0f);
+  return MicroBatch::upload(h, stream);
+}
+
+Tensor device_ints(const std::vector<int32_t>& v, const Stream& stream) {
+  Tensor t = Tensor::from_ints(v, {static_cast<int64_t>(v.size())});
+  return stream.device().is_cpu() ? t : t.to(stream.device(), stream);
+}
+
+}  // namespace
+
+Tensor InferenceModel::logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) {
+  const MicroBatch mb = window_batch(canvas, 0, canvas.seq, rt_.stream);
+  return model_->logits_at(mb, device_ints(rows, rt_.stream), rt_, vocab_size());
+}
+
+Tensor InferenceModel::cached_logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows, int64_t col0,
+                                     int64_t col1, bool refresh) {
+  if (refresh) {
+    cache_ = KvCache{};
+    cache_.batch = canvas.batch;
+    cache_.seq = canvas.seq;
+    if (!canvas.document_ids.empty()) cache_.document_ids = device_ints(canvas.document_ids, rt_.stream);
+    col0 = 0;
+    col1 = canvas.seq;
+  }
+  MDLM_CHECK(cache_.batch == canvas.batch && cache_.seq == canvas.seq && 0 <= col0 && col0 < col1 &&
+                 col1 <= canvas.seq,
+             "a cached forward of columns [", col0, ", ", col1, ") of ", canvas.batch, " x ", canvas.seq,
+             " canvases, but the cache holds ", cache_.batch, " x ", cache_.seq);
+  std::vector<int32_t> local;  // the rows as flat indices of the window
+  local.reserve(rows.size());
+  for (const int32_t r : rows) {
+    const int64_t b = r / canvas.seq, i = r % canvas.seq;
+    MDLM_CHECK(i >= col0 && i < col1, "cached logits of column ", i, " outside the computed columns [", col0, ", ",
+               col1, ")");
+    local.push_back(static_cast<int32_t>(b * (col1 - col0) + i - col0));
+  }
+  cache_.column0 = col0;
+  cache_.refresh = refresh;
+  ModelRuntime rt = rt_;
+  rt.kv_cache = &cache_;
+  const MicroBatch mb = window_batch(canvas, col0, col1, rt_.stream);
+  return model_->logits_at(mb, device_ints(local, rt_.stream), rt, vocab_size());
 }
 
 }  // namespace megadlm::training

@@ -22,6 +22,7 @@ usage:
   llada_reference.py generate --model HF_DIR --prompts-jsonl F --output F --gen-length G --steps S
                      --block-length K --mask-id M [--remasking low_confidence|random]
                      [--temperature T] [--cfg-scale W] [--seed N] [--eos-id E --logits-eos-inf]
+                     [--kv-cache none|prefix|dual]
   llada_reference.py loglik --model HF_DIR --requests-jsonl F --output F --mask-id M --mc-num N
                      --mc-batch B [--seed N] [--cfg-scale W] [--fixed-masks F]
   llada_reference.py selftest
@@ -128,12 +129,20 @@ class QwenModel:
         half = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
         return x * cos + half * sin
 
-    def logits(self, tokens):
-        """float32 logits [S, V] of one sequence, positions 0..S-1."""
+    def logits(self, tokens, cache=None, cols=None):
+        """float32 logits [S, V] of one sequence, positions 0..S-1.
+
+        Fast-dLLM's approximate key/value cache: with `cache` (a list) and no `cols`, every layer's
+        keys and values (after norm and RoPE) are stored in it; with cols = (c0, c1) only those
+        columns are computed (logits [c1 - c0, V]): their keys and values replace the cached ones
+        and the other columns' come from the cache."""
         tokens = np.asarray(tokens)
-        s = len(tokens)
-        pos = np.arange(s)
-        x = self.w["model.embed_tokens.weight"][tokens]
+        c0, c1 = cols if cols is not None else (0, len(tokens))
+        s = c1 - c0
+        pos = np.arange(c0, c1)
+        x = self.w["model.embed_tokens.weight"][tokens[c0:c1]]
+        if cache is not None and cols is None:
+            cache.clear()
         hd, hq, hk = self.head_dim, self.heads, self.groups
         for i in range(self.layers):
             p = f"model.layers.{i}."
@@ -151,6 +160,12 @@ class QwenModel:
                 q = self.rms(q, self.w[p + "self_attn.q_norm.weight"])
                 k = self.rms(k, self.w[p + "self_attn.k_norm.weight"])
             q, k = self.rope(q, pos), self.rope(k, pos)
+            if cache is not None:
+                if cols is None:
+                    cache.append((k.copy(), v.copy()))
+                else:
+                    cache[i][0][c0:c1], cache[i][1][c0:c1] = k, v
+                    k, v = cache[i]
             rep = hq // hk
             k = np.repeat(k, rep, axis=1)
             v = np.repeat(v, rep, axis=1)
@@ -173,12 +188,14 @@ class QwenModel:
 
 # ------------------------------------------------------------------------------ LLaDA's generate
 
-def guided(model, x, prompt_index, mask_id, cfg_scale):
-    """Logits of canvas x, with classifier-free guidance when cfg_scale > 0 (float32)."""
-    logits = model.logits(x)
+def guided(model, x, prompt_index, mask_id, cfg_scale, caches=None, cols=None):
+    """Logits of canvas x, with classifier-free guidance when cfg_scale > 0 (float32); with
+    `caches` (two lists: the canvas's and the unconditional canvas's) through the key/value cache."""
+    caches = caches or (None, None)
+    logits = model.logits(x, caches[0], cols)
     if cfg_scale > 0:
         un_x = np.where(prompt_index, mask_id, x)
-        un = model.logits(un_x)
+        un = model.logits(un_x, caches[1], cols)
         w1 = np.float32(cfg_scale + 1.0)
         logits = un + w1 * (logits - un)  # float32 arithmetic, one rounding per operation
     return logits
@@ -198,18 +215,30 @@ def generate(model, prompt, a, sample_index):
     prompt_index[p_len:] = False
     blocks = g_len // k_len
     steps = a.steps // blocks
+    caches = ([], [])
     for q in range(blocks):
-        block_end = p_len + (q + 1) * k_len
-        schedule = num_transfer_tokens(int(np.sum(x[p_len + q * k_len:block_end] == a.mask_id)), steps)
+        block_start, block_end = p_len + q * k_len, p_len + (q + 1) * k_len
+        schedule = num_transfer_tokens(int(np.sum(x[block_start:block_end] == a.mask_id)), steps)
+        refreshed = False
         for i in range(steps):
             t = q * steps + i
             if schedule[i] == 0:
                 continue  # top-0 transfers nothing: the forward pass would change nothing
             mask_index = x == a.mask_id
-            logits = guided(model, x, prompt_index, a.mask_id, a.cfg_scale).astype(np.float64)
+            cand_index = mask_index & (np.arange(len(x)) < block_end)
+            if a.kv_cache == "none":
+                logits = guided(model, x, prompt_index, a.mask_id, a.cfg_scale).astype(np.float64)
+            elif not refreshed:  # Fast-dLLM: the block's first step runs everything and fills the cache
+                logits = guided(model, x, prompt_index, a.mask_id, a.cfg_scale, caches).astype(np.float64)
+                refreshed = True
+            else:  # later steps: the block (dual) or the block and what follows (prefix)
+                cols = (block_start, block_end if a.kv_cache == "dual" else len(x))
+                logits = np.zeros((len(x), model.vocab))
+                logits[cols[0]:cols[1]] = guided(model, x, prompt_index, a.mask_id, a.cfg_scale, caches, cols)
+                cand_index &= np.arange(len(x)) >= block_start
             if a.logits_eos_inf:
                 logits[:, a.eos_id] = -np.inf
-            cand = np.nonzero(mask_index & (np.arange(len(x)) < block_end))[0]
+            cand = np.nonzero(cand_index)[0]
             lc = logits[cand]
             j = (cand - p_len).astype(np.int64) & 0xFFFFFFFF  # generated position (mod 2^32)
             if a.temperature == 0:
@@ -292,6 +321,7 @@ def main():
     ap.add_argument("--eos-id", type=int, default=-1)
     ap.add_argument("--logits-eos-inf", action="store_true")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--kv-cache", default="none", choices=["none", "prefix", "dual"])
     ap.add_argument("--mc-num", type=int, default=128)
     ap.add_argument("--mc-batch", type=int, default=16)
     a = ap.parse_args()

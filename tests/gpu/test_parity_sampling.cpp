@@ -1,12 +1,14 @@
-// Sampler proposals parity: CUDA sample_proposals (bf16 and f32 logits) against the CPU reference
-// on the same bf16-representable logits, for the 1.7B model's vocabulary and small ones, greedy
+// Sampler parity: CUDA sample_proposals (bf16 and f32 logits) against the CPU reference on the same
+// bf16-representable logits, for the 1.7B model's vocabulary and small ones, greedy
 // and with float64 Gumbel noise, with and without guidance, softmax and random confidence.
 // Tokens must be identical (both pick the first maximum; guidance is combined in f32 without FMA
 // on both; the Gumbel uniforms are the same Philox numbers); confidences agree to float64
 // rounding of differently ordered sums (1e-12 relative).
+// The last test: the key/value cache update (copy_row_block) against the CPU.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <string>
+#include "megadlm/ops/row_block.h"
 #include "megadlm/ops/sampling.h"
 #include "parity.h"
 
@@ -53,4 +55,17 @@ TEST(SamplingParity, ProposalsMatchTheCpuReference) {
   check(20, 50304, DType::BF16, 0.0, 0.5f, C::Random);
   check(7, 3, DType::BF16, 0.5, 0.0f, C::Softmax);  // fewer tokens than threads
   check(16, 1000, DType::F32, 0.3, 2.0f, C::Softmax);
+}
+
+// The key/value cache update (ops::copy_row_block, one pitched cudaMemcpy2DAsync) writes what the
+// CPU writes, bit for bit, for the 1.7B model's K/V row width (8 groups x 128) in bf16.
+TEST(SamplingParity, CopyRowBlockMatchesTheCpu) {
+  MDLM_REQUIRE_GPU();
+  Stream gpu = gpu_stream();
+  const int64_t batch = 5, dst_rows = 40, src_rows = 8, width = 1024, row0 = 24;
+  Input dst = make_input({batch * dst_rows, width}, DType::BF16, gpu);
+  Input src = make_input({batch * src_rows, width}, DType::BF16, gpu);
+  ops::copy_row_block(src.device, dst.device, batch, row0, gpu);
+  ops::copy_row_block(src.host, dst.host, batch, row0, Stream::cpu());
+  expect_close("copy_row_block", download(dst.device, gpu), test::to_doubles(dst.host), 0.0);
 }

@@ -27,6 +27,15 @@
 // the reference): each step unmasks every masked position of the current block whose confidence
 // is >= the threshold, and at least the most confident one; a block ends when it has no mask
 // left, so a block takes 1..K steps. Global step t = q * K + i then.
+//
+// Approximate block-wise key/value cache (kv_cache != None; Fast-dLLM, not the reference): the
+// first step of each block runs the whole canvas and keeps every layer's keys and values
+// (LogitsModel::cached_logits with refresh); the block's later steps recompute only the columns
+// of the block (Dual) or of the block and everything after it (Prefix) and take the other
+// columns' keys and values from that refresh, stale by the tokens decoded since. The refresh
+// step's candidates are those of the exact sampler; later steps' are the block's masked
+// positions. A block's rows stay in the batch until its last step (the cache holds them).
+// Combines with the threshold (Fast-dLLM's fastest setting).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,6 +48,11 @@ namespace megadlm {
 enum class Remasking { LowConfidence, Random };
 
 const char* remasking_name(Remasking r);
+
+/// --kv-cache: which columns a cached step recomputes (see the top of this file).
+enum class KvCacheMode { None, Prefix, Dual };
+
+const char* kv_cache_mode_name(KvCacheMode m);
 
 struct SamplerConfig {
   int64_t gen_length = 128;    ///< G (--gen-length)
@@ -53,9 +67,11 @@ struct SamplerConfig {
   bool logits_eos_inf = false; ///< LLaDA's logits_eos_inf: EOS is never proposed
   uint64_t seed = 0;
   double confidence_threshold = 0.0;  ///< > 0: parallel decoding (not the reference)
+  KvCacheMode kv_cache = KvCacheMode::None;  ///< approximate key/value cache (not the reference)
 };
 
-/// Every problem with `config` for a model of `vocab` logits, naming the flag
+/// Every problem with `config` for a model accepting `vocab` input ids
+/// (LogitsModel::input_vocab_size: the mask and EOS ids must be among them), naming the flag
 /// (`--gen-length 100` is not a multiple of `--block-length 32`, ...). Empty = valid. With
 /// vocab <= 0 (model not loaded yet) only the checks that need no vocabulary.
 std::vector<std::string> sampler_config_problems(const SamplerConfig& config, int64_t vocab);
@@ -84,13 +100,27 @@ struct CanvasBatch {
 class LogitsModel {
  public:
   virtual ~LogitsModel() = default;
-  /// Columns of the logits (the padded vocabulary).
+  /// Columns of the logits: the tokens a sampler may propose.
   virtual int64_t vocab_size() const = 0;
+  /// Token ids the model accepts as input (the mask token and prompts may use any of them):
+  /// the embedding's rows, which can be more than vocab_size() (a padded vocabulary).
+  virtual int64_t input_vocab_size() const { return vocab_size(); }
   /// The stream the returned logits live on.
   virtual const Stream& stream() const = 0;
   /// Logits [rows.size(), vocab_size()] of the flat token indices `rows` (b * seq + i) of
   /// `canvas`, on stream()'s device (CPU f32/f64, CUDA bf16/f32).
   virtual Tensor logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) = 0;
+
+  /// Whether cached_logits is implemented (SamplerConfig::kv_cache needs it).
+  virtual bool supports_kv_cache() const { return false; }
+  /// Fast-dLLM's approximate key/value cache. refresh: as logits(), and every layer's keys and
+  /// values of every position of `canvas` are kept (replacing the cache). Otherwise only the
+  /// columns [col0, col1) of each row are recomputed: their keys and values replace the cached
+  /// ones and every other column's come from the last refresh, which was of a canvas of the
+  /// same shape; `rows` (flat indices b * seq + i, as for logits()) lie in those columns.
+  /// The default throws: a model without a cache.
+  virtual Tensor cached_logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows, int64_t col0,
+                               int64_t col1, bool refresh);
 };
 
 /// Runs the sampler on `requests` as one batch (the caller chooses the batch size). Throws

@@ -55,6 +55,9 @@ class SelfAttention {
 
   /// x [local rows, H] -> y [local rows, H] (reduced over TP); fills `saved`.
   Tensor forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
+  /// Inference through rt.kv_cache (model/kv_cache.h; attention_cached.cpp): x holds the rows of
+  /// the cache's current columns; forward() comes here when rt.kv_cache is set.
+  Tensor forward_cached(const Tensor& x, const MicroBatch& mb, const ModelRuntime& rt) const;
   /// dy [local rows, H] -> dx [local rows, H]; adds the weight gradients; clears `saved`.
   Tensor backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
 

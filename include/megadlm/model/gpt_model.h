@@ -84,11 +84,12 @@ class GptModel {
     backward(mb, Tensor(), rec, rt);
   }
 
-  /// Inference (whole model on this chunk, TP 1): the logits [rows.numel(), padded vocab] of the
-  /// flat token indices `rows` (i32, on the model's device) of `mb`. No loss, no record: each
-  /// layer's activations are dropped as soon as the next layer has its input. Used by the
-  /// samplers and likelihood estimators (diffusion/sampler.h).
-  Tensor logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt) const;
+  /// Inference (whole model on this chunk, TP 1): the logits [rows.numel(), vocab] of the flat
+  /// token indices `rows` (i32, on the model's device) of `mb`, for the first `vocab` rows of the
+  /// output layer (0: the padded vocabulary). No loss, no record: each layer's activations are
+  /// dropped as soon as the next layer has its input. Used by the samplers and likelihood
+  /// estimators (diffusion/sampler.h); with rt.kv_cache through the key/value cache.
+  Tensor logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt, int64_t vocab = 0) const;
 
   /// Rows of the hidden states exchanged between stages for a micro-batch of `tokens` tokens.
   int64_t hidden_rows(int64_t tokens) const;

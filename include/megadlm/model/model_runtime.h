@@ -10,6 +10,7 @@
 namespace megadlm {
 
 class MoeStepState;  // model/moe.h
+struct KvCache;      // model/kv_cache.h
 
 struct ModelRuntime {
   Stream stream;
@@ -22,6 +23,9 @@ struct ModelRuntime {
   MoeStepState* moe = nullptr;
   /// Off for the forward re-run of recomputed layers: their statistics are already counted.
   bool record_moe_stats = true;
+  /// Inference with Fast-dLLM's key/value cache (model/kv_cache.h): the attention layers read
+  /// and write it (SelfAttention::forward_cached); null: the plain forward.
+  KvCache* kv_cache = nullptr;
 
   /// Dtype of statistics, losses and loss weights: f32, or f64 when the whole model runs in f64
   /// (CPU gradient checks).

@@ -2,6 +2,7 @@
 // checkpoint saved under any parallel layout, or a Hugging Face Qwen2/Qwen3 folder read through
 // the importer's mapping (checkpoint/huggingface.h), loaded whole (TP 1) on one device, fp32 on
 // the CPU and bf16 on CUDA, with the architecture from the checkpoint's stored configuration.
+// It implements LogitsModel, Fast-dLLM's key/value cache included (model/kv_cache.h).
 #pragma once
 #include <cstdint>
 #include <iosfwd>
@@ -11,6 +12,7 @@
 #include <vector>
 #include "megadlm/diffusion/sampler.h"
 #include "megadlm/model/gpt_model.h"
+#include "megadlm/model/kv_cache.h"
 #include "megadlm/parallel/parameter_store.h"
 #include "megadlm/training/training_config.h"
 
@@ -34,9 +36,16 @@ class InferenceModel final : public LogitsModel {
   /// Where the weights came from, for logs ("checkpoint /ckpt/iter_0000100 (saved under ...)").
   const std::string& description() const { return description_; }
 
-  int64_t vocab_size() const override { return cfg_.model.padded_vocab_size; }
+  /// The real vocabulary (--vocab-size), not the padded one: a padded row of the output layer
+  /// is never proposed or normalised over (docs/generation.md, "The vocabulary").
+  int64_t vocab_size() const override;
+  /// The padded vocabulary: every row of the embedding (a mask token may sit among the padding).
+  int64_t input_vocab_size() const override { return cfg_.model.padded_vocab_size; }
   const Stream& stream() const override { return rt_.stream; }
   Tensor logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) override;
+  bool supports_kv_cache() const override { return true; }
+  Tensor cached_logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows, int64_t col0, int64_t col1,
+                       bool refresh) override;
 
  private:
   RunConfig cfg_;
@@ -44,6 +53,7 @@ class InferenceModel final : public LogitsModel {
   ModelRuntime rt_;
   ParameterStore store_;
   std::unique_ptr<GptModel> model_;
+  KvCache cache_;  // the last refresh's keys and values (--kv-cache)
 };
 
 }  // namespace megadlm::training

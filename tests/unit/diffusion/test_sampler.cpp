@@ -63,6 +63,37 @@ class HashModel : public LogitsModel {
   Stream stream_ = Stream::cpu();
 };
 
+// A model with Fast-dLLM's cache as a real one behaves: a cached step sees the current tokens
+// only in its recomputed columns [col0, col1) and, everywhere else, the tokens of the canvas of
+// the last refresh (the cached keys and values are those of that canvas). Records every call.
+class CachedHashModel : public HashModel {
+ public:
+  struct Call {
+    bool refresh;
+    int64_t col0, col1;
+    std::vector<int32_t> rows;
+  };
+  bool supports_kv_cache() const override { return true; }
+  Tensor cached_logits(const CanvasBatch& c, const std::vector<int32_t>& rows, int64_t col0, int64_t col1,
+                       bool refresh) override {
+    cached_calls.push_back({refresh, col0, col1, rows});
+    if (refresh) {
+      refreshed = c;
+      return logits(c, rows);
+    }
+    EXPECT_EQ(c.batch, refreshed.batch);
+    EXPECT_EQ(c.seq, refreshed.seq);
+    CanvasBatch seen = c;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t j = 0; j < c.seq; ++j)
+        if (j < col0 || j >= col1) seen.tokens[static_cast<size_t>(b * c.seq + j)] = refreshed.tokens[static_cast<size_t>(b * c.seq + j)];
+    for (int32_t q : rows) EXPECT_TRUE(q % c.seq >= col0 && q % c.seq < col1) << "row " << q << " outside the columns";
+    return logits(seen, rows);
+  }
+  std::vector<Call> cached_calls;
+  CanvasBatch refreshed;
+};
+
 SamplerConfig config(int64_t gen, int64_t steps, int64_t block) {
   SamplerConfig c;
   c.gen_length = gen;
@@ -267,4 +298,60 @@ TEST(Sampler, ConfidenceThresholdDecodesSeveralPositionsPerStepAndAtLeastOne) {
   cfg.confidence_threshold = 1e-9;  // everything passes: one step per block
   generate(eager, {{{1, 2}, 0}}, cfg);
   EXPECT_EQ(eager.calls, 1);
+}
+
+// The cache: one refresh at the first step of every block, then only the block's columns (dual)
+// or the block and everything after it (prefix), querying only the block's masked positions.
+// Outside those columns nothing changes within a block, so with the model above (stale columns
+// really stale) every row gets the exact sampler's tokens: the columns are the right ones.
+TEST(Sampler, KvCacheRefreshesEachBlockThenRecomputesOnlyItsColumns) {
+  for (const KvCacheMode mode : {KvCacheMode::Dual, KvCacheMode::Prefix}) {
+    for (const double w : {0.0, 1.5}) {
+      SamplerConfig cfg = config(12, 6, 4);  // 3 blocks of 2 steps
+      cfg.cfg_scale = w;
+      const std::vector<GenerationRequest> reqs = {{{1, 2, 3}, 0}, {{4}, 1}};
+      HashModel plain;
+      const auto exact = generate(plain, reqs, cfg);
+      cfg.kv_cache = mode;
+      CachedHashModel model;
+      const auto res = generate(model, reqs, cfg);
+      const std::string what = std::string(kv_cache_mode_name(mode)) + ", cfg " + std::to_string(w);
+      EXPECT_EQ(model.calls, 6) << what;
+      ASSERT_EQ(model.cached_calls.size(), 6u) << what;
+      const int64_t seq = 3 + 12;
+      for (size_t k = 0; k < 6; ++k) {
+        const auto& call = model.cached_calls[k];
+        const int64_t block_start = 3 + 4 * static_cast<int64_t>(k / 2), block_end = block_start + 4;
+        EXPECT_EQ(call.refresh, k % 2 == 0) << what << ", call " << k;
+        if (call.refresh) continue;
+        EXPECT_EQ(call.col0, block_start) << what;
+        EXPECT_EQ(call.col1, mode == KvCacheMode::Dual ? block_end : seq) << what;
+        for (int32_t q : call.rows) EXPECT_LT(q % seq, block_end) << what;
+        EXPECT_EQ(call.rows.size(), (w > 0 ? 2u : 1u) * 2u * 2u) << what;  // 2 masks left per row
+      }
+      for (size_t r = 0; r < reqs.size(); ++r) EXPECT_EQ(res[r].tokens, exact[r].tokens) << what << ", request " << r;
+    }
+  }
+}
+
+TEST(Sampler, KvCacheWithThresholdKeepsTheBlockBatchAndNeedsACachingModel) {
+  SamplerConfig cfg = config(8, 8, 4);
+  cfg.confidence_threshold = 0.2;
+  const std::vector<GenerationRequest> reqs = {{{1, 2}, 0}, {{3, 4, 5}, 1}};
+  HashModel plain;
+  const auto fast = generate(plain, reqs, cfg);
+  cfg.kv_cache = KvCacheMode::Dual;
+  CachedHashModel model;
+  const auto res = generate(model, reqs, cfg);
+  for (size_t r = 0; r < reqs.size(); ++r) EXPECT_EQ(res[r].tokens, fast[r].tokens) << "request " << r;
+  for (const auto& call : model.cached_calls) EXPECT_EQ(call.rows.empty(), false);
+  for (const CanvasBatch& c : model.canvases) EXPECT_EQ(c.batch, 2);  // rows stay while the block runs
+  HashModel no_cache;
+  try {
+    generate(no_cache, reqs, cfg);
+    FAIL() << "a model without a cache ran --kv-cache";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`--kv-cache dual`: this model has no key/value cache"), std::string::npos)
+        << e.what();
+  }
 }

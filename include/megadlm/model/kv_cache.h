@@ -1,0 +1,24 @@
+// Fast-dLLM's approximate key/value cache for inference (docs/generation.md, "Faster decoding";
+// diffusion/sampler.h --kv-cache): per layer, the keys and values (after QK-norm and RoPE) of
+// every column of a batch of canvases, kept by a full forward (a refresh) and reused by later
+// forwards that compute only some columns. The model reads it through ModelRuntime::kv_cache:
+// SelfAttention::forward_cached writes the computed columns' keys and values into it and lets
+// their queries attend to every column. Inference only (TP 1, no CP, no sequence parallelism).
+#pragma once
+#include <cstdint>
+#include <vector>
+#include "megadlm/core/tensor.h"
+
+namespace megadlm {
+
+struct KvCache {
+  int64_t batch = 0, seq = 0;  ///< the cached canvases: rows and columns
+  /// The call in progress: its micro-batch holds columns [column0, column0 + mb.seq) of each
+  /// canvas. refresh: every column (column0 = 0, mb.seq = seq), and the cache is rewritten.
+  int64_t column0 = 0;
+  bool refresh = false;
+  std::vector<Tensor> k, v;  ///< per global layer: [batch * seq, kv groups * head dim]
+  Tensor document_ids;       ///< int32 [batch * seq] of the canvases (undefined: one document a row)
+};
+
+}  // namespace megadlm

@@ -1,0 +1,17 @@
+// Writing a block of rows into every batch row of a larger tensor, in one call: what the
+// approximate key/value cache of the samplers (model/kv_cache.h) needs to put the keys and
+// values of the recomputed columns into the cached ones.
+//
+//   dst [batch * dst_rows, W], src [batch * src_rows, W] (same dtype, contiguous):
+//   dst[b * dst_rows + row0 + i, :] = src[b * src_rows + i, :]   for b < batch, i < src_rows
+// with row0 + src_rows <= dst_rows. Raw bytes: any dtype. CUDA: one strided cudaMemcpy2DAsync.
+#pragma once
+#include <cstdint>
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+
+namespace megadlm::ops {
+
+void copy_row_block(const Tensor& src, Tensor& dst, int64_t batch, int64_t row0, const Stream& stream);
+
+}  // namespace megadlm::ops
