@@ -34,7 +34,8 @@
 #                with and without VPP (bubble against (P-1)/(M V)); CP 2/4/8 at 32k and CP 8 at
 #                64k/128k; EP 8 on the fine-grained MoE against EP 1; FSDP 8 against the
 #                distributed optimizer at 8. tokens/s per GPU, MFU, peak memory, efficiency
-#                against the 1-GPU run of the same shape.
+#                against the 1-GPU run of the same shape; the runs with the 1-GPU run's global
+#                batch (TP, PP) are also compared with it, against the 1.7B shape's own noise.
 #   planner      its predicted peak memory (from --dry-run) against the measured one, when the
 #                build has a memory planner (skipped with the reason otherwise).
 #   fault        DP 2, a rank SIGKILLed, and a rank SIGSTOPped, mid-run: the job must end within
@@ -292,6 +293,7 @@ if [ "$summarize_only" = 0 ]; then
   # Per-GPU work of the DP runs: 4 micro-batches of 4 x 2048 tokens (bench_dp.sh's).
   dopt=(--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather)
   run big_1gpu scaling 1 big "" --global-batch-size 16 --train-iters 8
+  run big_1gpu_mbs2 noise 1 big big_1gpu --global-batch-size 16 --train-iters 8 --micro-batch-size 2
   for n in 2 4 8; do
     run "big_dp${n}_distopt" scaling "$n" big big_1gpu --global-batch-size $((16 * n)) --train-iters 8 "${dopt[@]}"
   done
@@ -407,6 +409,15 @@ for r in runs:
             res["equal"] = (len(mine) == len(theirs) and
                             res["max_rel_loss_diff"] is not None and res["max_rel_loss_diff"] <= res["bound"] and
                             res["max_rel_grad_norm_diff"] is not None and res["max_rel_grad_norm_diff"] <= res["bound"])
+    if (mine and theirs and r["group"] == "scaling" and r["reference"] in noise and
+            mine[0].get("global_batch_size") == theirs[0].get("global_batch_size")):
+        # The 1.7B shape's equivalence: TP, PP, CP runs see the 1-GPU run's samples.
+        res["max_rel_loss_diff"] = max_rel(mine, theirs, "lm_loss")
+        res["max_rel_grad_norm_diff"] = max_rel(mine, theirs, "grad_norm")
+        res["noise"] = noise[r["reference"]]
+        res["bound"] = max(3 * res["noise"], 1e-5)
+        res["equal"] = (res["max_rel_loss_diff"] is not None and res["max_rel_loss_diff"] <= res["bound"] and
+                        res["max_rel_grad_norm_diff"] is not None and res["max_rel_grad_norm_diff"] <= res["bound"])
     if mine and theirs and r["group"] == "scaling" and "tokens_per_s_per_gpu" in res:
         base = statistics.median(x["tokens_per_s"] for x in steady(theirs))
         res["scaling_efficiency"] = res["tokens_per_s_per_gpu"] / base
