@@ -5,7 +5,8 @@
 # below) with OUT/results.md (the same as a table), plus OUT/logs/<run>.log and <run>.jsonl.
 #
 #   scripts/multi_gpu_runs.sh BUILD OUT [GPUS] [--cpu-dry] [--only REGEX] [--iters N] [--limit S]
-#   scripts/multi_gpu_runs.sh --summarize OUT        (re-reads OUT/logs, rewrites the results)
+#   scripts/multi_gpu_runs.sh --summarize OUT [MORE ...]   (re-reads OUT/logs, rewrites the
+#              results; first merges each MORE, the OUT of another call, into OUT)
 #
 #   GPUS       GPUs of this host to use (default: nvidia-smi's count; 4 with --cpu-dry). Runs
 #              needing more ranks are listed as skipped.
@@ -14,7 +15,9 @@
 #              multi_gpu_runs_cpu.sh); the 1.7B and long-context runs are skipped there.
 #   --only RE  only runs whose name matches the extended regex RE (a device call has at most
 #              10 minutes: split the list, e.g. --only '^(ref|dp|tp)', into several calls with
-#              the same OUT; results accumulate, a run is redone only when named again).
+#              the same OUT; results accumulate, a run is redone only when named again. On the
+#              device, where $OUT starts empty in every call, give each call its own OUT and
+#              merge them afterwards: --summarize ALL OUT1 OUT2 ...).
 #   --iters N  training iterations of the equivalence runs (default 12; --cpu-dry: 3).
 #   --limit S  seconds per run before `timeout` ends it (default 240; --cpu-dry: 60).
 #
@@ -54,11 +57,19 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 summarize_only=0
 if [ "${1:-}" = --summarize ]; then
-  [ $# = 2 ] || usage
-  summarize_only=1; out=$2
+  [ $# -ge 2 ] || usage
+  summarize_only=1; out=$2; shift 2
+  mkdir -p "$out/logs"; touch "$out/runs.tsv"
+  for more in "$@"; do  # another call's runs: its lines replace OUT's lines of the same run
+    [ -f "$more/runs.tsv" ] || { echo "multi_gpu_runs.sh: $more has no runs.tsv" >&2; exit 2; }
+    cp -r "$more/logs/." "$out/logs/"
+    awk -F'\t' 'NR == FNR { drop[$1]; next } !($1 in drop)' "$more/runs.tsv" "$out/runs.tsv" > "$out/runs.tsv.tmp"
+    cat "$more/runs.tsv" >> "$out/runs.tsv.tmp"
+    mv "$out/runs.tsv.tmp" "$out/runs.tsv"
+  done
 else
   [ $# -ge 2 ] || usage
   build=$1; out=$2; shift 2
