@@ -22,6 +22,8 @@
 #   --limit S  seconds per run before `timeout` ends it (default 240; --cpu-dry: 60).
 #
 # Groups of runs (issue 18 §1-4):
+#   suite        bin/gpu_nccl under mpirun -np 2 (when carried): NCCL collectives exactly, and
+#                --tp-comm-overlap's rings with the side stream's events against the plain ones.
 #   equivalence  the tiny model (4 layers) under each layout against the same run on one GPU:
 #                DP 2 plain / overlapped / distributed optimizer, TP 2 + SP with and without
 #                --tp-comm-overlap, PP 2 x VPP 2, CP 2 with each --cp-comm-type, EP 2 with each
@@ -236,6 +238,31 @@ if [ "$summarize_only" = 0 ]; then
     echo "$name: $status (exit $rc, ended $((SECONDS - sent)) s after SIG$sig to rank ${victim_rank:-none})"
   }
 
+  # suite NAME NP BINARY [GTEST FLAGS...]: a GoogleTest SPMD suite of the build under mpirun
+  # (the NCCL suite: collectives, and --tp-comm-overlap's rings on the side stream).
+  suite() {
+    local name=$1 np=$2 exe=$3; shift 3
+    wanted "$name" || return 0
+    local cmd="NCCL_NVLS_ENABLE=0 mpirun -np $np bin/$exe $*"
+    if [ "$cpu_dry" = 1 ]; then
+      record "$name" suite "$np" "" "" skipped "" 0 "an NCCL suite: not in --cpu-dry" "$cmd"; return 0
+    fi
+    if [ "$np" -gt "$gpus" ] || [ ! -x "$bin/$exe" ]; then
+      record "$name" suite "$np" "" "" skipped "" 0 "needs $np GPUs and bin/$exe (carry it)" "$cmd"; return 0
+    fi
+    local start=$SECONDS rc status=ok
+    timeout "$limit" mpirun -np "$np" "${mpirun_flags[@]}" "$bin/$exe" "$@" > "$logs/$name.log" 2>&1
+    rc=$?
+    [ "$rc" = 0 ] || status=failed
+    [ "$rc" = 124 ] && status=timeout
+    # Every test skipped (no 2 GPUs visible to it): not a pass.
+    local summary
+    summary=$(sed 's/\x1b\[[0-9;]*m//g' "$logs/$name.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' | sort -u | tr '\n' ' ')
+    [ "$status" = ok ] && grep -q "PASSED  \] 0 tests" <<< "$summary" && status=skipped
+    record "$name" suite "$np" "" "" "$status" "$rc" $((SECONDS - start)) "$summary" "$cmd"
+    echo "$name: $status"
+  }
+
   # planner NAME NP FLAGS...: the dry run's prediction, then the run's measured peak.
   planner() {
     local name=$1 np=$2; shift 2
@@ -262,6 +289,8 @@ if [ "$summarize_only" = 0 ]; then
     echo $((tp * pp * cp))
   }
 
+  # ------------------------------------------------------------- 0. the NCCL suite
+  suite nccl_suite 2 gpu_nccl
   # ------------------------------------------------------------- 1. equivalence (tiny model)
   run ref_1gpu equivalence 1 tiny ""
   run ref_1gpu_mbs2 noise 1 tiny ref_1gpu --micro-batch-size "$mbs_noise"
@@ -394,7 +423,7 @@ for r in runs:
            "exit": int(r["exit"]) if r["exit"] else None, "seconds": int(r["seconds"] or 0),
            "reason": r["reason"] or None, "command": r["command"]}
     mine = rows(r["run"]) if r["status"] == "ok" else []
-    if r["status"] == "ok" and r["group"] != "fault":
+    if r["status"] == "ok" and r["group"] not in ("fault", "suite"):
         res["iterations"] = len(mine)
         if not mine:
             res["status"], res["reason"] = "failed", "no metrics rows in logs/%s.jsonl" % r["run"]
