@@ -17,7 +17,8 @@
 #              10 minutes: split the list, e.g. --only '^(ref|dp|tp)', into several calls with
 #              the same OUT; results accumulate, a run is redone only when named again. On the
 #              device, where $OUT starts empty in every call, give each call its own OUT and
-#              merge them afterwards: --summarize ALL OUT1 OUT2 ...).
+#              merge them afterwards: --summarize ALL OUT1 OUT2 ...; a device call returns few
+#              files, so write OUT under /tmp and pack it: tar czf $OUT/runs.tgz -C /tmp NAME).
 #   --iters N  training iterations of the equivalence runs (default 12; --cpu-dry: 3).
 #   --limit S  seconds per run before `timeout` ends it (default 240; --cpu-dry: 60).
 #
@@ -59,7 +60,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 summarize_only=0
 if [ "${1:-}" = --summarize ]; then
   [ $# -ge 2 ] || usage
@@ -103,7 +104,7 @@ plan="$out/runs.tsv"   # one line per run attempted: name group np model referen
 if [ "$summarize_only" = 0 ]; then
   export NCCL_NVLS_ENABLE=0
   export MEGADLM_BIN="$build/bin"
-  export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   source "$root/scripts/lib/bench_run.sh"   # bench_run NAME NP FLAGS...: $out/NAME.{jsonl,log}
   bin="$build/bin"
   limit=$run_limit
