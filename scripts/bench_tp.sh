@@ -4,6 +4,7 @@
 #   tp1       1 GPU                                   (reference, same samples and masks)
 #   tp2       2 GPUs, --tensor-model-parallel-size 2
 #   tp2_sp    2 GPUs, --tensor-model-parallel-size 2 --sequence-parallel
+#   tp2_sp_overlap  the same with --tp-comm-overlap (SP collectives overlapped with the GEMMs)
 # Reports tokens/s per GPU, MFU and peak memory (compare with bench_dp.sh's DP=2 at the same
 # per-GPU batch), and the largest relative loss difference against one GPU over the iterations.
 #   scripts/bench_tp.sh OUT_DIR [ITERS]
@@ -19,6 +20,7 @@ run() { bench_run "$@"; }
 run tp1 1
 run tp2 2 --tensor-model-parallel-size 2
 run tp2_sp 2 --tensor-model-parallel-size 2 --sequence-parallel
+run tp2_sp_overlap 2 --tensor-model-parallel-size 2 --sequence-parallel --tp-comm-overlap
 python3 - "$out" <<'PY'
 import json, statistics, sys, os
 out = sys.argv[1]
@@ -27,7 +29,7 @@ def rows(name):
     r = [json.loads(l) for l in open(p)] if os.path.exists(p) else []
     return [x for x in r if x.get("kind", "train") == "train" and "elapsed_ms" in x]  # docs/metrics.md
 ref, res = rows("tp1"), {}
-for name, world in [("tp1", 1), ("tp2", 2), ("tp2_sp", 2)]:
+for name, world in [("tp1", 1), ("tp2", 2), ("tp2_sp", 2), ("tp2_sp_overlap", 2)]:
     r = rows(name)
     if len(r) < 3: res[name] = {"error": "no metrics"}; continue
     steady = r[2:]

@@ -112,8 +112,7 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
   const int64_t hd = cfg_->kv_channels;
-  saved.x_full = qkv_.gather_input(x, t, s);
-  Tensor qkv = qkv_.forward(saved.x_full, s);
+  Tensor qkv = qkv_.gather_and_forward(x, t, saved.x_full, s);
   if (fused_qk(rt)) {
     saved.qkv = qkv;
     if (cfg_->qk_layernorm)

@@ -115,8 +115,10 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--accumulate-allreduce-grads-in-fp32", .kind = K::StoreTrue, .group = G::Parallel,
      .status = S::Ignored, .help = "Accumulate and reduce gradients in fp32.",
      .hint = "megadlm always accumulates and reduces gradients in fp32"},
-    {.name = "--tp-comm-overlap", .kind = K::StoreTrue, .group = G::Parallel, .status = S::NotYet,
-     .help = "Overlap TP communication with GEMMs (needs --sequence-parallel)."},
+    {.name = "--tp-comm-overlap", .kind = K::StoreTrue, .group = G::Parallel,
+     .help = "Overlap the sequence-parallel all-gathers and reduce-scatters of the TP linears with "
+             "their GEMMs, one chunk per TP rank's shard, on a communication stream (needs "
+             "--sequence-parallel; docs/parallelism/tensor_parallel.md)."},
     {.name = "--tp-comm-overlap-cfg", .kind = K::String, .group = G::Parallel, .status = S::Ignored,
      .help = "Transformer Engine userbuffer configuration file."},
     {.name = "--disable-tp-comm-overlap-ag", .kind = K::StoreFalse, .group = G::Parallel,

@@ -155,14 +155,22 @@ void check_tensor_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
                             ? a.flag_value("ffn_hidden_size")
                             : num(c.ffn) + " (the default " + a.flag("ffn_hidden_size") + ")") +
                        "; valid: " + divisors_text(c.ffn));
+  // M-25: at TP 1 there is no TP communication to overlap (Megatron fails V-45's assertion
+  // after turning SP off, which names the flag the user did give). Checked before V-44 does so.
+  const bool overlap_without_tp = a.b("tp_comm_overlap") && c.tp == 1;
+  if (overlap_without_tp)
+    d.error("M-25", "`--tp-comm-overlap` overlaps tensor-parallel communication, and " +
+                        a.flag_value("tensor_model_parallel_size") +
+                        " has none; drop it or use a TP size > 1 with `--sequence-parallel`");
   // V-44: sequence parallelism is meaningless without TP.
   if (a.b("sequence_parallel") && c.tp == 1) {
     d.warn("`--sequence-parallel` has no effect with `--tensor-model-parallel-size 1`; turned off");
     a.set("sequence_parallel", false);
   }
   // V-45
-  if (a.b("tp_comm_overlap") && !a.b("sequence_parallel"))
-    d.error("V-45", "`--tp-comm-overlap` requires `--sequence-parallel` (and TP > 1)");
+  if (a.b("tp_comm_overlap") && !a.b("sequence_parallel") && !overlap_without_tp)
+    d.error("V-45", "`--tp-comm-overlap` requires `--sequence-parallel`: it overlaps the "
+                    "sequence-parallel all-gathers and reduce-scatters with the GEMMs");
   // the SP scatter splits the local sequence over TP.
   if (a.b("sequence_parallel") && c.seq > 0 && c.cp >= 1 && (c.seq / c.cp) % c.tp != 0)
     d.error("R-5", "`--sequence-parallel` splits the local sequence " + a.flag_value("seq_length") +

@@ -14,7 +14,7 @@
 namespace megadlm {
 
 namespace cp {
-class SideStream;  // parallel/context_parallel/mappings.h
+class SideStream;  // parallel/context_parallel/mappings.h (also the TP overlap's stream)
 }
 
 /// One parallel dimension: its group (null: a group of one) and this rank's place in it.
@@ -46,6 +46,11 @@ struct ModelParallel {
   /// Sequence parallelism: activations between TP regions are sharded along the rows. Resolved:
   /// true only with tp.size > 1.
   bool sequence_parallel = false;
+  /// --tp-comm-overlap: the SP all-gathers and reduce-scatters of the TP linears run as rings
+  /// overlapped with their GEMMs (tensor_parallel/comm_overlap.h). Resolved: true only with SP.
+  bool tp_comm_overlap = false;
+  /// The stream those rings' transfers run on (CUDA), shared by every layer; null without it.
+  std::shared_ptr<cp::SideStream> tp_side_stream;
 
   /// Rows of activations this rank holds between TP regions for `rows` rows of the full
   /// (per-CP-rank) micro-batch: its SP shard, or all of them.

@@ -1,6 +1,8 @@
 #include "megadlm/parallel/tensor_parallel/layers.h"
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/reduce.h"
+#include "megadlm/parallel/context_parallel/mappings.h"
+#include "megadlm/parallel/tensor_parallel/comm_overlap.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 
 namespace megadlm::tp {
@@ -29,6 +31,14 @@ Tensor reduce_to_local_rows(Tensor partial, const ModelParallel& mp, const Strea
   if (mp.sequence_parallel) return scatter_rows(partial, mp.tp.get(), s);
   all_reduce(partial, mp.tp.get(), s);
   return partial;
+}
+
+/// --tp-comm-overlap in effect: the SP collectives run as rings chunked with the GEMMs.
+bool overlapped(const ModelParallel& mp) { return mp.tp_comm_overlap && mp.sequence_parallel && mp.tp.size > 1; }
+
+/// The stream the rings' transfers run on: CUDA's side stream, none on the CPU.
+const Stream* side_stream(const ModelParallel& mp, const Stream& s) {
+  return mp.tp_side_stream ? mp.tp_side_stream->for_compute(s) : nullptr;
 }
 
 }  // namespace
@@ -63,6 +73,26 @@ Tensor ColumnParallelLinear::gather_input(const Tensor& x, int64_t rows, const S
   return mp_.sequence_parallel ? gather_rows(x, rows, mp_.tp.get(), s) : x;
 }
 
+Tensor ColumnParallelLinear::gather_and_forward(const Tensor& x, int64_t rows, Tensor& x_full,
+                                                const Stream& s) const {
+  if (!overlapped(mp_)) {
+    x_full = gather_input(x, rows, s);
+    return forward(x_full, s);
+  }
+  Tensor b;
+  if (b_first_ >= 0) b = store_->param_span(b_first_, b_last_);
+  const Tensor w = store_->param_span(w_first_, w_last_);
+  Tensor y = Tensor::empty({rows, w.rows()}, x.dtype(), s);
+  // Each gathered shard's rows of y as soon as the shard is here (row-wise: the same numbers).
+  x_full = gather_rows_overlapped(x, rows, *mp_.tp.comm, s, side_stream(mp_, s),
+                                  [&](int64_t first, const Tensor& x_rows) {
+                                    Tensor y_rows = y.narrow(first, x_rows.rows());
+                                    ops::gemm(x_rows, w, y_rows,
+                                              {.trans_b = true, .bias = b_first_ >= 0 ? &b : nullptr}, s);
+                                  });
+  return y;
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x_full, const Stream& s) const {
   Tensor b;
   if (b_first_ >= 0) b = store_->param_span(b_first_, b_last_);
@@ -72,6 +102,19 @@ Tensor ColumnParallelLinear::forward(const Tensor& x_full, const Stream& s) cons
 Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x_full, const Stream& s) const {
   Tensor db;
   if (b_first_ >= 0) db = store_->grad_span(b_first_, b_last_);
+  if (overlapped(mp_)) {
+    // dx = dy W chunk by chunk into the reduce-scatter ring; the weight gradient (which needs
+    // all of dy) overlaps the ring's first transfer.
+    const Tensor w = store_->param_span(w_first_, w_last_);
+    Tensor dw = store_->grad_span(w_first_, w_last_);
+    return scatter_rows_overlapped(
+        dy.rows(), w.cols(), dy.dtype(), *mp_.tp.comm, s, side_stream(mp_, s),
+        [&](int64_t first, Tensor& dx_rows) { ops::gemm(dy.narrow(first, dx_rows.rows()), w, dx_rows, {}, s); },
+        [&] {
+          ops::gemm(dy, x_full, dw, {.trans_a = true, .beta = 1.0f}, s);
+          if (db.defined()) ops::sum_rows(dy, db, s);
+        });
+  }
   Tensor dx = linear_backward(dy, x_full, store_->param_span(w_first_, w_last_),
                               store_->grad_span(w_first_, w_last_), db, s);
   return reduce_to_local_rows(dx, mp_, s);
@@ -95,11 +138,37 @@ Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {
   Tensor b;
   const bool with_bias = bias_ >= 0 && mp_.tp.rank == 0;
   if (with_bias) b = store_->param(bias_);
+  if (overlapped(mp_)) {
+    // The partial output is computed chunk by chunk into the reduce-scatter ring.
+    const Tensor w = store_->param(weight_);
+    return scatter_rows_overlapped(x.rows(), w.rows(), x.dtype(), *mp_.tp.comm, s, side_stream(mp_, s),
+                                   [&](int64_t first, Tensor& y_rows) {
+                                     ops::gemm(x.narrow(first, y_rows.rows()), w, y_rows,
+                                               {.trans_b = true, .bias = with_bias ? &b : nullptr}, s);
+                                   });
+  }
   return reduce_to_local_rows(linear(x, store_->param(weight_), with_bias ? &b : nullptr, s), mp_, s);
 }
 
 Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, int64_t rows,
                                    const Stream& s) const {
+  if (overlapped(mp_)) {
+    // dx = dy W for each gathered shard as it arrives; the weight gradient needs all of dy.
+    const Tensor w = store_->param(weight_);
+    Tensor dx = Tensor::empty({rows, w.cols()}, dy.dtype(), s);
+    const Tensor dy_full = gather_rows_overlapped(dy, rows, *mp_.tp.comm, s, side_stream(mp_, s),
+                                                  [&](int64_t first, const Tensor& dy_rows) {
+                                                    Tensor dx_rows = dx.narrow(first, dy_rows.rows());
+                                                    ops::gemm(dy_rows, w, dx_rows, {}, s);
+                                                  });
+    Tensor dw = store_->grad(weight_);
+    ops::gemm(dy_full, x, dw, {.trans_a = true, .beta = 1.0f}, s);
+    if (bias_ >= 0) {
+      Tensor db = store_->grad(bias_);
+      ops::sum_rows(dy_full, db, s);
+    }
+    return dx;
+  }
   // The gradient of the full rows (the conjugate of the reduce-scatter is an all-gather).
   Tensor dy_full = mp_.sequence_parallel ? gather_rows(dy, rows, mp_.tp.get(), s) : dy;
   Tensor db;

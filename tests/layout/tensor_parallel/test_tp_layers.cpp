@@ -75,13 +75,14 @@ std::vector<double> slice_of(const Tensor& full, const ParamDesc& d) {
   return out;
 }
 
-void compare_model(bool gpt_style, bool sp) {
+void compare_model(bool gpt_style, bool sp, bool overlap = false) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size();
   ParallelConfig pc;
   pc.world_size = world;
   pc.tensor_model_parallel_size = world;
   pc.sequence_parallel = sp;
+  pc.tp_comm_overlap = overlap;
   parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), pc);
   const TransformerConfig cfg = layer_config(gpt_style);
   if (cfg.num_query_groups % world != 0) GTEST_SKIP() << "world does not divide the groups";
@@ -145,4 +146,9 @@ TEST(TensorParallelModel, SequenceParallelMatchesTheUnsplitModel) { compare_mode
 TEST(TensorParallelModel, GptStyleLayersWithBiasesMatchTheUnsplitModel) {
   compare_model(true, false);
   compare_model(true, true);
+}
+
+TEST(TensorParallelModel, CommOverlapMatchesTheUnsplitModel) {
+  compare_model(false, true, true);
+  compare_model(true, true, true);
 }

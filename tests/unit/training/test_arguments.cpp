@@ -282,7 +282,21 @@ std::vector<Row> rows() {
       {"V-44", cmd({"--sequence-parallel"}), O::Accepted,
        {"`--sequence-parallel` has no effect with `--tensor-model-parallel-size 1`; turned off"},
        [](const ParsedArguments& p) { EXPECT_FALSE(p.config.parallel.sequence_parallel); }},
-      {"V-45", cmd({"--tp-comm-overlap"}), O::Rejected, {"`--tp-comm-overlap` requires `--sequence-parallel`", "[V-45]"}},
+      {"V-45", dry(2, {"--tensor-model-parallel-size", "2", "--tp-comm-overlap"}), O::Rejected,
+       {"`--tp-comm-overlap` requires `--sequence-parallel`: it overlaps the sequence-parallel", "[V-45]"}},
+      {"V-45-ok", dry(2, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.parallel.tp_comm_overlap);
+         EXPECT_TRUE(p.config.parallel.sequence_parallel);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
+      // At TP 1 the message names the TP size, not the --sequence-parallel the user gave (V-44
+      // turns it off); TpCommOverlap.AtTpOneIsOneError checks that V-45 does not fire on top.
+      {"M-25", cmd({"--tp-comm-overlap", "--sequence-parallel"}), O::Rejected,
+       {"`--tp-comm-overlap` overlaps tensor-parallel communication, and "
+        "`--tensor-model-parallel-size 1` has none; drop it or use a TP size > 1 with "
+        "`--sequence-parallel` [M-25]"}},
+      {"M-25-without-sp", cmd({"--tp-comm-overlap"}), O::Rejected, {"[M-25]"}},
       {"R-5", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length", "30"}),
        O::Rejected, {"splits the local sequence `--seq-length 30`", "[R-5]"}},
       {"R-5-ok", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel"}), O::Accepted,
@@ -948,7 +962,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "R-14"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "R-14"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
@@ -1010,6 +1024,16 @@ std::string row_name(const ::testing::TestParamInfo<Row>& info) {
 INSTANTIATE_TEST_SUITE_P(Table, ArgumentRows, ::testing::ValuesIn(rows()), row_name);
 
 // ---------------------------------------------------------------------- beyond the table
+
+TEST(TpCommOverlap, AtTpOneIsOneError) {
+  try {
+    parse_arguments(cmd({"--tp-comm-overlap", "--sequence-parallel"}), {});
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    ASSERT_EQ(e.errors().size(), 1u) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[M-25]"), std::string::npos) << e.what();
+  }
+}
 
 TEST(Arguments, RealRunRefusesWhatOnlyADryRunAccepts) {
   // The same valid FSDP layout: a dry run reports the item and returns, a real run throws it.

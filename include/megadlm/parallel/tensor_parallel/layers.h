@@ -11,6 +11,9 @@
 //   row-parallel:    x [rows, in/tp] ── x W^T (+ b on TP rank 0) ── reduced (SP: reduce-scatter)
 //     backward: dy (SP: all-gathered) ── dW += dy^T x, db += Σ dy ── dx = dy W
 //
+// With --tp-comm-overlap (ModelParallel::tp_comm_overlap, SP only) the four SP collectives run
+// as rings chunked with the GEMMs next to them (tensor_parallel/comm_overlap.h).
+//
 // Accumulation contract: weight and bias gradients are ADDED into the store's fp32 main grads;
 // input gradients are written (returned).
 #pragma once
@@ -44,6 +47,10 @@ class ColumnParallelLinear {
   Tensor gather_input(const Tensor& x, int64_t rows, const Stream& stream) const;
   /// y [rows, out/tp] = x_full W^T + b.
   Tensor forward(const Tensor& x_full, const Stream& stream) const;
+  /// gather_input then forward: y [rows, out/tp] from this rank's x [local rows, in], with
+  /// `x_full` (for backward) set to the gathered rows. Under --tp-comm-overlap the gather is
+  /// a ring whose shards feed the GEMM as they arrive (comm_overlap.h); else the two calls.
+  Tensor gather_and_forward(const Tensor& x, int64_t rows, Tensor& x_full, const Stream& stream) const;
   /// dy [rows, out/tp] -> dx [local rows, in] summed over TP (all-reduce, or reduce-scatter to
   /// this rank's rows under SP). Adds dW and db. `x_full`: forward's input (all rows).
   Tensor backward(const Tensor& dy, const Tensor& x_full, const Stream& stream) const;
