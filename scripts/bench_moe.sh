@@ -13,7 +13,7 @@
 # PEER_WARMUP (default 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-bench_out}; iters=${2:-14}; gbs=${3:-4}; shift $(( $# < 3 ? $# : 3 )) || true
+out=${1:-bench_out}; iters=${2:-20}; gbs=${3:-4}; shift $(( $# < 3 ? $# : 3 )) || true
 mkdir -p "$out"
 bin=${MEGADLM_BIN:-build/bin}
 rm -f "$out/moe_metrics.jsonl" "$out/peer.json"
@@ -30,4 +30,4 @@ if [ -n "${PEER:-}" ]; then
   echo "peer exit $? ($SECONDS s)"
   tail -n 2 "$out/peer.log"
 fi
-python3 scripts/moe_bench_report.py "$out" --skip $(( iters > 10 ? 4 : 1 ))
+python3 scripts/moe_bench_report.py "$out" --skip $(( iters >= 20 ? 6 : iters > 10 ? 4 : 1 ))

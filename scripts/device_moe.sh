@@ -20,7 +20,8 @@
 # parity.xml, and results.tgz (every log; packed after each stage, so a stage cut off by the
 # call's limit keeps the earlier ones).
 # Environment: PEER (the peer script; default: the first of shared/bench/, ../shared/bench/,
-# BUILD/.., BUILD, the repo root that has peer_torch_dlm.py), ITERS (megadlm iterations, 14),
+# BUILD/.., BUILD, the repo root that has peer_torch_dlm.py), ITERS (megadlm iterations, 20;
+# the first 6 warm up: new expert row counts still meet cuBLASLt heuristics early on),
 # PEER_STEPS (timed peer steps, 8), PEER_WARMUP (3), DEADLINE_S (skip stages that would start
 # after this many seconds; default 150), HF_DEVICE (where the tiny MoE of `hf` trains, cuda).
 set -uo pipefail
@@ -72,7 +73,7 @@ for stage in $stages; do
       done
       ;;
     train)
-      MEGADLM_BIN=$bin timeout 200 bash "$root/scripts/bench_moe.sh" "$work" "${ITERS:-14}" 4 > "$work/train.log" 2>&1
+      MEGADLM_BIN=$bin timeout 200 bash "$root/scripts/bench_moe.sh" "$work" "${ITERS:-20}" 4 > "$work/train.log" 2>&1
       note "train (bench_moe.sh, gbs 4 = the peer's step): exit $? ($SECONDS s)"
       grep -E "^(megadlm|peer|speed-up|memory):|exit" "$work/train.log" | tee -a "$summary"
       ;;
@@ -97,7 +98,8 @@ for stage in $stages; do
 done
 
 # The benchmark's JSON and Markdown (whatever of megadlm, the peer and the ops rows exists).
-python3 "$root/scripts/moe_bench_report.py" "$work" > "$work/report.log" 2>&1
+it=${ITERS:-20}
+python3 "$root/scripts/moe_bench_report.py" "$work" --skip $(( it >= 20 ? 6 : it > 10 ? 4 : 1 )) > "$work/report.log" 2>&1
 note "report: exit $?"
 for f in bench_moe.json bench_moe.md; do [ -f "$work/$f" ] && cp "$work/$f" "$final/$f"; done
 [ -f "$work/bench_moe.md" ] && cat "$work/bench_moe.md" >> "$summary"

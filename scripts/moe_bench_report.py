@@ -42,7 +42,8 @@ def megadlm_summary(path, skip):
          "peak_in_use_gib": max(r["peak_mem_gb"] for r in train) * 1e9 / GIB,
          "peak_reserved_gib": max(r.get("peak_reserved_gb", 0.0) for r in train) * 1e9 / GIB,
          "first_lm_loss": train[0]["lm_loss"], "last_lm_loss": train[-1]["lm_loss"],
-         "global_batch_size": train[0].get("global_batch_size")}
+         "global_batch_size": train[0].get("global_batch_size"),
+         "ms_every_iteration": [round(r["elapsed_ms"], 1) for r in train]}  # the warm-up's trend
     for k in ("moe_load_balancing_loss", "moe_load_max_over_mean"):
         if k in train[-1]:
             s["last_" + k] = train[-1][k]
@@ -80,7 +81,7 @@ def ops_summary(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
-    ap.add_argument("--skip", type=int, default=4, help="warm-up iterations of megadlm left out")
+    ap.add_argument("--skip", type=int, default=6, help="warm-up iterations of megadlm left out")
     ap.add_argument("--update", help="Markdown file to write the section into (docs/benchmarks.md)")
     a = ap.parse_args()
     d = a.results
@@ -125,7 +126,8 @@ def main():
                "(MFU %.1f%% of 811); lm loss %.3f -> %.3f%s." % (
                    m["iterations_measured"], a.skip, m["tflops_megatron_count"], 100 * m["mfu_811"],
                    m["first_lm_loss"], m["last_lm_loss"],
-                   ", expert load max/mean %.2f" % m["last_moe_load_max_over_mean"] if "last_moe_load_max_over_mean" in m else "")]
+                   ", expert load max/mean %.2f" % m["last_moe_load_max_over_mean"] if "last_moe_load_max_over_mean" in m else ""),
+               "ms per iteration, every iteration: " + " ".join("%.0f" % v for v in m["ms_every_iteration"]) + "."]
     if "goal_met" in res:
         g = res["goal_met"]
         md += ["", "Goals: 5× the peer's tokens/s: %s; ≥ 300 TFLOP/s: %s; memory ≤ the peer's (reserved): %s." % (
