@@ -452,6 +452,9 @@ Tensor MoeLayer::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, co
   Tensor xe = dispatcher_->dispatch(saved.x, dispatched, probs, saved.dispatch, s);
   Tensor ye = experts_.forward(xe, saved.dispatch.rows_per_expert, saved.experts, s);
   xe = Tensor();
+  // Without EP and expert TP the expert input is only a permutation of saved.x: it is rebuilt
+  // in the backward (one permute) instead of kept, [T·k, H] less per layer until then.
+  if (!mp_.ep.enabled() && !mp_.expert_tp.enabled()) saved.experts.x = Tensor();
   Tensor routed = dispatcher_->combine(ye, saved.dispatch, s);
   if (saved.compact.defined()) {  // back to the local rows, zeros on the padding
     Tensor full = Tensor::empty({local_rows, x.cols()}, x.dtype(), s);
@@ -487,6 +490,10 @@ Tensor MoeLayer::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, 
   }
   Tensor dprobs;
   Tensor d_out = dispatcher_->combine_backward(dyv, saved.dispatch, dprobs, s);
+  if (!saved.experts.x.defined()) {  // the same rows the dispatch wrote in the forward
+    saved.experts.x = Tensor::empty({d_out.rows(), saved.x.cols()}, saved.x.dtype(), s);
+    if (d_out.rows() > 0) ops::moe_permute(saved.x, saved.dispatch.dest, saved.experts.x, s);
+  }
   Tensor dxe = experts_.backward(d_out, saved.experts, s);
   d_out = Tensor();
   Tensor d_routed = dispatcher_->dispatch_backward(dxe, saved.dispatch, s);
