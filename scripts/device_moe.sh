@@ -15,10 +15,10 @@
 #
 #   scripts/device_moe.sh BUILD OUT [STAGES...]      STAGES: parity ops train hf (default: all)
 #
-# OUT gets summary.txt (short tables), bench_moe.json and bench_moe.md (the benchmark, for
-# `python3 scripts/moe_bench_report.py OUT --update docs/benchmarks.md` back on the dev machine),
-# parity.xml, and results.tgz (every log; packed after each stage, so a stage cut off by the
-# call's limit keeps the earlier ones).
+# OUT gets summary.txt (short tables), bench_moe.json and bench_moe.md (the benchmark), parity.xml,
+# and results.tgz (every log and the report's inputs; packed after each stage, so a stage cut off
+# by the call's limit keeps the earlier ones). Back on the dev machine:
+#   mkdir r && tar xzf OUT/results.tgz -C r && python3 scripts/moe_bench_report.py r --update docs/benchmarks.md
 # Environment: PEER (the peer script; default: the first of shared/bench/, ../shared/bench/,
 # BUILD/.., BUILD, the repo root that has peer_torch_dlm.py), ITERS (megadlm iterations, 20;
 # the first 6 warm up: new expert row counts still meet cuBLASLt heuristics early on),
