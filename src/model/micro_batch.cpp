@@ -109,6 +109,7 @@ MicroBatch MicroBatch::upload(const HostMicroBatch& full, const Stream& stream, 
   MicroBatch mb = upload_rows(local, stream);
   mb.cp = std::make_shared<const cp::SequenceLayout>(h.batch, h.seq, cp_size, cp_rank,
                                                      h.document_ids);
+  mb.unpadded_seq = full.seq;
   return mb;
 }
 

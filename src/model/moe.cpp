@@ -23,6 +23,22 @@ int64_t valid_rows(int64_t tokens, int rank, int size, bool sp) {
   return std::clamp<int64_t>(tokens - shard * rank, 0, shard);
 }
 
+/// Under CP with padded sequences (cp::padded_length): each of this rank's `local_rows` rows
+/// (its SP shard of the B·S/cp CP-local rows, rows past them SP padding) mapped to its index
+/// among the real tokens, or -1 for padding. Empty when the micro-batch has no CP padding: the
+/// real rows are then the first valid_rows() rows.
+std::vector<int32_t> cp_compaction(const MicroBatch& mb, int64_t local_rows, const ModelParallel& mp) {
+  if (!mb.cp || mb.unpadded_seq <= 0 || mb.unpadded_seq >= mb.cp->seq()) return {};
+  const cp::Split& split = mb.cp->split();
+  const int64_t held = valid_rows(mb.tokens(), mp.tp.rank, mp.tp.size, mp.sequence_parallel);
+  const int64_t first = mp.local_row_offset(mb.tokens());
+  std::vector<int32_t> map(static_cast<size_t>(local_rows), -1);
+  int32_t next = 0;
+  for (int64_t j = 0; j < held; ++j)
+    if (split.global((first + j) % mb.seq) < mb.unpadded_seq) map[static_cast<size_t>(j)] = next++;
+  return map;
+}
+
 /// stats[layer, col .. col + n) += v (v: [n] or [1, n] of the stats dtype).
 void add_stat(MoeStepState& st, int layer, int64_t col, const Tensor& v, const Stream& s) {
   const int64_t cols = st.stats.cols();
@@ -263,6 +279,8 @@ void MoeLayer::route(const MicroBatch& mb, Saved& saved, Tensor& probs, Tensor& 
   const bool capacity = cfg_.capacity_factor.has_value() && !expert_choice;
   // Choices across rows are made on the whole micro-batch, identically on every TP rank.
   const bool gathered = (expert_choice || capacity) && mp_.sequence_parallel;
+  MDLM_CHECK(!(expert_choice || capacity) || !saved.compact.defined(), "MoE layer ", layer_,
+             ": expert choice and capacity dropping cannot run on a CP shard with padding");
   Tensor logits = saved.logits;
   int64_t row0 = 0;
   if (gathered) {
@@ -333,8 +351,7 @@ void MoeLayer::balance(const MicroBatch& mb, Saved& saved, const Tensor& dispatc
   const DType stat = saved.logits.dtype();
   const bool record = rt.moe && rt.record_moe_stats;
   const float scale = rt.moe ? rt.moe->aux_grad_scale : 1.0f;
-  // Tokens of the whole micro-batch (over SP shards and CP chunks): the normaliser.
-  const double tokens = static_cast<double>(mb.tokens()) * mp_.cp.size;
+  const double tokens = micro_batch_tokens(mb);
   auto sum_over_sequence_groups = [&](Tensor& t) {
     if (mp_.sequence_parallel) tp::all_reduce(t, mp_.tp.get(), s);
     if (mp_.cp.enabled()) mp_.cp.comm->all_reduce(t, comm::ReduceOp::Sum, s);
@@ -403,6 +420,11 @@ void MoeLayer::balance(const MicroBatch& mb, Saved& saved, const Tensor& dispatc
   }
 }
 
+double MoeLayer::micro_batch_tokens(const MicroBatch& mb) const {
+  if (mb.cp && mb.unpadded_seq > 0) return static_cast<double>(mb.batch * mb.unpadded_seq);
+  return static_cast<double>(mb.tokens()) * mp_.cp.size;
+}
+
 Tensor MoeLayer::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   saved = Saved{};
@@ -410,7 +432,18 @@ Tensor MoeLayer::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, co
   saved.rows = valid_rows(mb.tokens(), mp_.tp.rank, mp_.tp.size, mp_.sequence_parallel);
   MDLM_CHECK(saved.rows <= local_rows, "MoE layer ", layer_, ": ", local_rows, " rows for ",
              saved.rows, " tokens");
-  saved.x = x.narrow(0, saved.rows);
+  const std::vector<int32_t> compact = cp_compaction(mb, local_rows, mp_);
+  if (!compact.empty()) {
+    // CP padding rows are not tokens: they are neither routed nor counted (the rules refuse
+    // the routings that compare rows across the shard under CP, so the gathered path below
+    // never meets a compacted shard).
+    saved.rows = static_cast<int64_t>(std::count_if(compact.begin(), compact.end(), [](int32_t v) { return v >= 0; }));
+    saved.compact = Tensor::from_ints(compact, {local_rows, 1}).to(s.device(), s);
+    saved.x = Tensor::empty({saved.rows, x.cols()}, x.dtype(), s);
+    ops::moe_permute(x, saved.compact, saved.x, s);
+  } else {
+    saved.x = x.narrow(0, saved.rows);
+  }
   saved.logits = Tensor::empty({saved.rows, cfg_.num_experts}, rt.stat_dtype(), s);
   ops::gemm(saved.x, store_->param(router_.weight()), saved.logits, {.trans_b = true}, s);
   Tensor probs, dispatched;
@@ -419,17 +452,26 @@ Tensor MoeLayer::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, co
   Tensor xe = dispatcher_->dispatch(saved.x, dispatched, probs, saved.dispatch, s);
   Tensor ye = experts_.forward(xe, saved.dispatch.rows_per_expert, saved.experts, s);
   xe = Tensor();
+  // Without EP and expert TP the expert input is only a permutation of saved.x: it is rebuilt
+  // in the backward (one permute) instead of kept, [T·k, H] less per layer until then.
+  if (!mp_.ep.enabled() && !mp_.expert_tp.enabled()) saved.experts.x = Tensor();
   Tensor routed = dispatcher_->combine(ye, saved.dispatch, s);
+  if (saved.compact.defined()) {  // back to the local rows, zeros on the padding
+    Tensor full = Tensor::empty({local_rows, x.cols()}, x.dtype(), s);
+    ops::moe_unpermute(routed, saved.compact, Tensor(), full, s);
+    routed = full;
+  }
+  const int64_t out_rows = routed.rows();
   Tensor y;
   if (shared_) {
     y = shared_mlp_.forward(x, mb, saved.shared, rt);
-  } else if (saved.rows == local_rows) {
+  } else if (out_rows == local_rows) {
     return routed;
   } else {
     y = Tensor::zeros({local_rows, x.cols()}, x.dtype(), s);
   }
-  if (saved.rows > 0) {
-    Tensor head = y.narrow(0, saved.rows);
+  if (out_rows > 0) {
+    Tensor head = y.narrow(0, out_rows);
     ops::add(head, routed, head, s);
   }
   return y;
@@ -439,9 +481,19 @@ Tensor MoeLayer::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, 
   const Stream& s = rt.stream;
   const int64_t n = saved.rows;
   Tensor dx = shared_ ? shared_mlp_.backward(dy, mb, saved.shared, rt) : Tensor();
-  Tensor dyv = dy.narrow(0, n);
+  Tensor dyv;
+  if (saved.compact.defined()) {
+    dyv = Tensor::empty({n, dy.cols()}, dy.dtype(), s);
+    ops::moe_permute(dy, saved.compact, dyv, s);
+  } else {
+    dyv = dy.narrow(0, n);
+  }
   Tensor dprobs;
   Tensor d_out = dispatcher_->combine_backward(dyv, saved.dispatch, dprobs, s);
+  if (!saved.experts.x.defined()) {  // the same rows the dispatch wrote in the forward
+    saved.experts.x = Tensor::empty({d_out.rows(), saved.x.cols()}, saved.x.dtype(), s);
+    if (d_out.rows() > 0) ops::moe_permute(saved.x, saved.dispatch.dest, saved.experts.x, s);
+  }
   Tensor dxe = experts_.backward(d_out, saved.experts, s);
   d_out = Tensor();
   Tensor d_routed = dispatcher_->dispatch_backward(dxe, saved.dispatch, s);
@@ -469,16 +521,22 @@ Tensor MoeLayer::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, 
   Tensor d_router = Tensor::empty({n, hidden_}, saved.x.dtype(), s);
   ops::gemm(dl, store_->param(router_.weight()), d_router, {}, s);
   ops::add(d_routed, d_router, d_routed, s);
+  if (saved.compact.defined()) {  // the padding rows get no gradient
+    Tensor full = Tensor::empty(dy.shape(), dy.dtype(), s);
+    ops::moe_unpermute(d_routed, saved.compact, Tensor(), full, s);
+    d_routed = full;
+  }
+  const int64_t out_rows = d_routed.rows();
 
   if (!dx.defined()) {
-    if (n == dy.rows()) {
+    if (out_rows == dy.rows()) {
       saved = Saved{};
       return d_routed;
     }
     dx = Tensor::zeros(dy.shape(), dy.dtype(), s);
   }
-  if (n > 0) {
-    Tensor head = dx.narrow(0, n);
+  if (out_rows > 0) {
+    Tensor head = dx.narrow(0, out_rows);
     ops::add(head, d_routed, head, s);
   }
   saved = Saved{};

@@ -58,6 +58,9 @@ struct MicroBatch {
   /// Context parallelism: the split of the full sequences and the views CP attention needs
   /// (null without CP).
   std::shared_ptr<const cp::SequenceLayout> cp;
+  /// With CP: the sequences' length before the padding to 2·cp chunks (positions at or past it
+  /// are padding, which MoE layers do not route); 0 without CP.
+  int64_t unpadded_seq = 0;
   int64_t tokens() const { return batch * seq; }
   /// Global position of each of the `seq` local positions (the identity without CP).
   ops::ChunkMap position_map() const { return cp ? cp->split().chunks() : ops::ChunkMap{}; }

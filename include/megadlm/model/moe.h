@@ -5,7 +5,9 @@
 //   x ──────────── dispatch (parallel/expert_parallel) ── experts ── combine ─────┴─ y
 //   x ─ shared experts (a dense TP MLP, optional) ──────────────────────────────── + y
 //
-// Rows are this rank's tokens (its SP shard when TP > 1, padding rows excluded). Experts are
+// Rows are this rank's tokens (its SP shard when TP > 1, padding rows excluded: SP's at the
+// end of the last shard, CP's — sequences padded to split into 2·cp chunks — wherever the
+// padded positions fall in this rank's chunks; those are compacted out before routing). Experts are
 // split over EP (rank e holds experts [e·E/ep, (e+1)·E/ep)) and each over expert TP (fc1
 // column-, fc2 row-parallel). The router's auxiliary losses — load balancing (aux_loss,
 // seq_aux_loss, expert choice) and z-loss — join the objective with weight
@@ -116,6 +118,10 @@ class MoeLayer {
  public:
   struct Saved {
     int64_t rows = 0;       ///< routed rows (this rank's valid rows)
+    /// int32 [local rows, 1]: each local row's index among the routed rows, -1 for padding,
+    /// when the routed rows are not a prefix of the local rows (CP padding inside the shard);
+    /// undefined otherwise.
+    Tensor compact;
     Tensor x;               ///< [rows, H] router and expert input
     Tensor logits;          ///< [rows, E] (stat dtype)
     Tensor indices;         ///< [rows, K] the selection (before capacity dropping)
@@ -146,6 +152,9 @@ class MoeLayer {
   /// Statistics and the aux / z losses of the routing (training only).
   void balance(const MicroBatch& mb, Saved& saved, const Tensor& dispatched, const ModelRuntime& rt) const;
   ops::RouterTopkArgs topk_args(bool training) const;
+  /// Tokens of the whole micro-batch the routing losses are normalised by (over SP shards and
+  /// CP chunks, without CP padding).
+  double micro_batch_tokens(const MicroBatch& mb) const;
 
   MoeConfig cfg_;
   int layer_ = 0;

@@ -16,36 +16,40 @@ std::vector<int64_t> block_sums(const std::vector<int64_t>& v, int64_t block) {
   return out;
 }
 
-/// Reorders row chunks between the received order (a-major, then b, then expert) and the
-/// expert-major order (expert, then a, then b), where chunks[(a * nb + b) * ne + e] counts the
-/// rows. to_expert_major false undoes it.
-Tensor sort_chunks(const Tensor& x, const std::vector<int64_t>& chunks, int64_t na, int64_t nb,
-                   int64_t ne, bool to_expert_major, const Stream& stream) {
+/// gather_rows indices that reorder row chunks between the received order (a-major, then b,
+/// then expert) and the expert-major order (expert, then a, then b), where
+/// chunks[(a * nb + b) * ne + e] counts the rows: `to_expert_major` (dst row in expert-major
+/// order <- src row in received order) and its inverse. One gather each way instead of a copy
+/// per chunk: the host builds the indices once per dispatch; the backward reuses them.
+void sort_indices(const std::vector<int64_t>& chunks, int64_t na, int64_t nb, int64_t ne,
+                  const Stream& stream, Tensor& to_expert_major, Tensor& to_received) {
   auto at = [&](int64_t a, int64_t b, int64_t e) { return chunks[static_cast<size_t>((a * nb + b) * ne + e)]; };
-  // Start row of every chunk in both orders.
-  std::vector<int64_t> received(chunks.size()), expert_major(chunks.size());
-  int64_t row = 0;
+  std::vector<int64_t> received(chunks.size());  // start row of every chunk in the received order
+  int64_t rows = 0;
   for (int64_t a = 0; a < na; ++a)
     for (int64_t b = 0; b < nb; ++b)
       for (int64_t e = 0; e < ne; ++e) {
-        received[static_cast<size_t>((a * nb + b) * ne + e)] = row;
-        row += at(a, b, e);
+        received[static_cast<size_t>((a * nb + b) * ne + e)] = rows;
+        rows += at(a, b, e);
       }
-  row = 0;
+  std::vector<int32_t> to_major(static_cast<size_t>(rows)), to_recv(static_cast<size_t>(rows));
+  int64_t row = 0;
   for (int64_t e = 0; e < ne; ++e)
     for (int64_t a = 0; a < na; ++a)
       for (int64_t b = 0; b < nb; ++b) {
-        expert_major[static_cast<size_t>((a * nb + b) * ne + e)] = row;
-        row += at(a, b, e);
+        const int64_t from = received[static_cast<size_t>((a * nb + b) * ne + e)];
+        for (int64_t i = 0; i < at(a, b, e); ++i, ++row) {
+          to_major[static_cast<size_t>(row)] = static_cast<int32_t>(from + i);
+          to_recv[static_cast<size_t>(from + i)] = static_cast<int32_t>(row);
+        }
       }
+  to_expert_major = Tensor::from_ints(to_major, {rows}).to(stream.device(), stream);
+  to_received = Tensor::from_ints(to_recv, {rows}).to(stream.device(), stream);
+}
+
+Tensor reorder(const Tensor& x, const Tensor& index, const Stream& stream) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), stream);
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    if (chunks[c] == 0) continue;
-    const int64_t from = to_expert_major ? received[c] : expert_major[c];
-    const int64_t to = to_expert_major ? expert_major[c] : received[c];
-    Tensor dst = out.narrow(to, chunks[c]);
-    ops::copy(x.narrow(from, chunks[c]), dst, stream);
-  }
+  if (x.rows() > 0) ops::gather_rows(x, index, out, stream);
   return out;
 }
 
@@ -63,15 +67,13 @@ Tensor TokenDispatcher::to_experts(const Tensor& x_perm, const Saved& s, const S
   Tensor x = x_perm;
   if (mp_.ep.enabled()) x = all_to_all_rows(x, s.send_rows, s.recv_rows, mp_.ep.get(), stream);
   if (mp_.expert_tp.enabled()) x = all_gather_rows_uneven(x, s.etp_rows, mp_.expert_tp.get(), stream);
-  if (local_ > 1 && (mp_.ep.enabled() || mp_.expert_tp.enabled()))
-    x = sort_chunks(x, s.chunks, mp_.expert_tp.size, mp_.ep.size, local_, true, stream);
+  if (s.sort_to_expert_major.defined()) x = reorder(x, s.sort_to_expert_major, stream);
   return x;
 }
 
 Tensor TokenDispatcher::from_experts(const Tensor& y_in, const Saved& s, const Stream& stream) const {
   Tensor y = y_in;
-  if (local_ > 1 && (mp_.ep.enabled() || mp_.expert_tp.enabled()))
-    y = sort_chunks(y, s.chunks, mp_.expert_tp.size, mp_.ep.size, local_, false, stream);
+  if (s.sort_to_received.defined()) y = reorder(y, s.sort_to_received, stream);
   if (mp_.expert_tp.enabled()) y = reduce_scatter_rows_uneven(y, s.etp_rows, mp_.expert_tp.get(), stream);
   if (mp_.ep.enabled()) y = all_to_all_rows(y, s.recv_rows, s.send_rows, mp_.ep.get(), stream);
   return y;
@@ -114,6 +116,9 @@ Tensor TokenDispatcher::dispatch(const Tensor& x, const Tensor& indices, const T
     }
     s.rows_per_expert.assign(static_cast<size_t>(local_), 0);
     for (size_t i = 0; i < s.chunks.size(); ++i) s.rows_per_expert[i % static_cast<size_t>(local_)] += s.chunks[i];
+    if (local_ > 1 && (mp_.ep.enabled() || mp_.expert_tp.enabled()))
+      sort_indices(s.chunks, mp_.expert_tp.size, mp_.ep.size, local_, stream, s.sort_to_expert_major,
+                   s.sort_to_received);
     s.probs = probs;
     return to_experts(x_perm, s, stream);
   }

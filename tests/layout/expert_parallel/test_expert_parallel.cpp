@@ -5,8 +5,9 @@
 // fp32 summation order: the expert-dp and EP reductions, the expert-TP partial sums, the SP
 // shards of the router statistics.
 // Cases: EP = world with each dispatcher, expert TP, EP x TP with SP, PP with a stage without
-// MoE layers, the distributed optimizer, capacity dropping, and an expert bias that leaves
-// experts without tokens. Run at 2 and 4 ranks; a case that does not fit the world skips.
+// MoE layers, the distributed optimizer, capacity dropping, context parallelism (with padded
+// sequences; alone, with EP, with TP + SP), and an expert bias that leaves experts without
+// tokens. Run at 2 and 4 ranks; a case that does not fit the world skips.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <sstream>
@@ -24,7 +25,7 @@ namespace {
 comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
 
 struct Layout {
-  int ep = 1, etp = 1, tp = 1, pp = 1;  // ep 0: the whole world
+  int ep = 1, etp = 1, tp = 1, pp = 1, cp = 1;  // ep 0: the whole world
   bool sp = false, dist_opt = false;
   MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
   std::optional<float> capacity;
@@ -58,7 +59,8 @@ RunConfig tiny_run(const Layout& l, int world) {
   p.tensor_model_parallel_size = l.tp;
   p.pipeline_model_parallel_size = l.pp;
   p.sequence_parallel = l.sp && l.tp > 1;
-  p.data_parallel_size = world / (l.tp * l.pp);
+  p.context_parallel_size = l.cp;
+  p.data_parallel_size = world / (l.tp * l.pp * l.cp);
   p.expert_model_parallel_size = l.ep;
   p.expert_tensor_parallel_size = l.etp;
   p.expert_data_parallel_size = world / (l.ep * l.etp * l.pp);
@@ -76,17 +78,17 @@ std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::Proces
 void expect_close(double got, double want, const char* what, size_t iter, const Layout& l) {
   EXPECT_NEAR(got, want, 1e-5 * std::fabs(want) + 1e-12)
       << what << ", rank " << runtime().world().rank() << ", iteration " << iter + 1 << ", ep " << l.ep
-      << " etp " << l.etp << " tp " << l.tp << " pp " << l.pp;
+      << " etp " << l.etp << " tp " << l.tp << " pp " << l.pp << " cp " << l.cp;
 }
 
 void expect_same_as_single_process(Layout l) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size();
   if (l.ep == 0) l.ep = world;
-  const int expert_ranks = l.ep * l.etp * l.pp, dense_ranks = l.tp * l.pp;
+  const int expert_ranks = l.ep * l.etp * l.pp, dense_ranks = l.tp * l.pp * l.cp;
   if (world % expert_ranks != 0 || world % dense_ranks != 0)
     GTEST_SKIP() << "ep " << l.ep << " x etp " << l.etp << " x pp " << l.pp << " and tp " << l.tp
-                 << " x pp " << l.pp << " must divide the world " << world;
+                 << " x pp " << l.pp << " x cp " << l.cp << " must divide the world " << world;
   const RunConfig cfg = tiny_run(l, world);
   parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
   const auto split = train(cfg, &groups);
@@ -162,6 +164,20 @@ TEST(ExpertParallel, CapacityDroppingMatchesOneProcess) {
   // iterations, where the weights still agree to rounding, must match. (Since the fused
   // add+RMSNorm the third step already swaps one such pair: 7e-4 in the grad norm.)
   expect_same_as_single_process({.ep = 0, .capacity = 0.75f, .drop = MoeDropPolicy::Probs, .iters = 2});
+}
+
+TEST(ExpertParallel, ContextParallelMatchesOneProcess) {
+  // Sequences of 15 (and shorter, varilen) tokens split over CP 2 and 4 are padded to 2·cp
+  // chunks: the padding rows fall inside the shards and must be neither routed nor counted.
+  // CP ranks hold the same experts (expert-dp spans them) or, with EP over them, split them.
+  const int world = runtime().world().size();
+  expect_same_as_single_process({.ep = 1, .cp = 2});
+  expect_same_as_single_process({.ep = 0, .cp = 2});
+  expect_same_as_single_process({.ep = 0, .cp = 2, .dispatcher = MoeDispatcher::AllGather});
+  if (world >= 4) {
+    expect_same_as_single_process({.ep = 2, .cp = 4});
+    expect_same_as_single_process({.ep = 2, .tp = 2, .cp = 2, .sp = true});
+  }
 }
 
 TEST(ExpertParallel, ExpertBiasThatStarvesExpertsMatchesOneProcess) {

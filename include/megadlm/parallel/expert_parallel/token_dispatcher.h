@@ -45,6 +45,9 @@ class TokenDispatcher {
     std::vector<int64_t> send_rows, recv_rows;  ///< per EP member
     std::vector<int64_t> etp_rows;              ///< per expert-TP member, after the all-to-all
     std::vector<int64_t> chunks;                ///< [etp][ep][local expert] rows, received order
+    /// i32 gather_rows indices between the received and the expert-major order (undefined
+    /// when the two orders agree: one local expert, or neither EP nor expert TP)
+    Tensor sort_to_expert_major, sort_to_received;
     // allgather
     std::vector<int64_t> ep_rows, etp_gather_rows;  ///< rows held by each EP / expert-TP member
   };
