@@ -71,7 +71,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
   attn = Tensor();
   Tensor mlp = mlp_.forward(norm2_.forward(rec.x_mid, rec.norm2, s), mb, rec.mlp, rt);
-  return residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
+  Tensor out = residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
+  if (rt.hooks) rt.hooks->params_done(handles_);
+  return out;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,
@@ -79,6 +81,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   const Stream& s = rt.stream;
   const int64_t row_offset = mp_.local_row_offset(mb.tokens());
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
+  if (rt.hooks) rt.hooks->backward_needed(handles_);
 
   // MLP block: out = x_mid + dropout(mlp(norm2(x_mid))).
   Tensor dnorm2 = mlp_.backward(branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset), mb, rec.mlp, rt);
@@ -92,7 +95,10 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   Tensor dx = norm1_.backward(dnorm1, rec.norm1, s);
   ops::add(dx, dx_mid, dx, s);
   rec = LayerRecord{};
-  if (rt.hooks) rt.hooks->grads_ready(handles_);
+  if (rt.hooks) {
+    rt.hooks->grads_ready(handles_);
+    rt.hooks->backward_done(handles_);
+  }
   return dx;
 }
 

@@ -33,7 +33,6 @@ std::string Trainer::startup_summary() const {
   const ParallelModel& pm = *pm_;
   const ModelParallel& mp = pm.model_parallel;
   const int vpp = pm.virtual_stages();
-  const DataParallelOptions& dpo = pm.data_parallel->options();
   std::ostringstream os;
   os << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
      << pm.store.num_parameters() << "\n"
@@ -43,8 +42,7 @@ std::string Trainer::startup_summary() const {
      << ", tensor-parallel size " << mp.tp.size
      << (mp.sequence_parallel ? " (sequence parallel)" : "")
      << (mp.cp.size > 1 ? ", context-parallel size " + std::to_string(mp.cp.size) : std::string())
-     << ", data-parallel size " << pm.data_shard.size << (dpo.distributed_optimizer ? ", distributed optimizer" : "")
-     << (dpo.overlap_grad_reduce ? ", overlapped gradient reduction" : "") << ", "
+     << ", data-parallel size " << pm.data_shard.size << pm.data_parallel->summary() << ", "
      << pm.store.buckets().size() << " gradient bucket(s)\n";
   return os.str();
 }

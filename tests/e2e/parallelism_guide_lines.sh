@@ -2,7 +2,7 @@
 # The parallelism guide's launch lines, each added to the guide's base command for the MegaDLMs
 # 1.7B model: every line (with the sizes that fit, or the world size it needs) passes --dry-run
 # and prints rank 0's groups; the lines that cannot run as written exit 2 with a message saying
-# why and what would be valid. Dry runs accept CP, EP/MoE and FSDP layouts; real runs of them are
+# why and what would be valid. Dry runs accept CP and EP/MoE layouts; real runs of them are
 # still refused as "not supported yet". Expected groups follow Megatron's rank order tp-cp-ep-dp-pp
 # (TP fastest): for rank 0 the group of a dimension is 0, stride, 2·stride, ... where the stride
 # is the product of the sizes of the dimensions before it.
@@ -52,13 +52,11 @@ has dp "world size 8 = tp 1 x cp 1 x dp 8 x pp 1" "$runnable" \
     "\`--data-parallel-sharding-strategy no_shard\` has effect only with \`--use-custom-fsdp\`"
 group dp dp "[0, 1, 2, 3, 4, 5, 6, 7]"
 group dp tp "[0]"
-# With Megatron-FSDP: no_shard runs (DDP); the default optim_grads_params (FSDP) validates and
-# prints its layout but cannot run yet.
+# With Megatron-FSDP: every strategy runs, the default optim_grads_params (FSDP) included.
 run 0 fsdp-no-shard --use-custom-fsdp --data-parallel-sharding-strategy no_shard
 has fsdp-no-shard "$runnable"
 run 0 fsdp --use-custom-fsdp
-has fsdp "sharding the parameters (FSDP) is not supported yet" "$not_runnable" \
-    "world size 8 = tp 1 x cp 1 x dp 8 x pp 1"
+has fsdp "$runnable" "world size 8 = tp 1 x cp 1 x dp 8 x pp 1"
 
 # ---- TP + SP: --tensor-model-parallel-size 4 --sequence-parallel (dp = 8 / 4 = 2, stride 4)
 run 0 tp --tensor-model-parallel-size 4 --sequence-parallel
@@ -143,7 +141,7 @@ group mixed-32 expert-tp "[0, 1, 2, 3]"
 
 # ---- real runs (no --dry-run, one process) still refuse what cannot run yet, before any work.
 tiny=(@"$src/configs/tiny_dlm.args" --device cpu)
-for extra in "--num-experts 4" "--use-custom-fsdp"; do
+for extra in "--num-experts 4"; do
   # shellcheck disable=SC2086
   out=$("$p" "${tiny[@]}" $extra 2>&1)
   rc=$?
