@@ -6,6 +6,7 @@
 //   mpirun -np 8 pretrain_difflm @configs/megadlms_1.7b.args --mock-data --use-distributed-optimizer
 //   scripts/launch.sh ...                                               (Slurm, several nodes)
 //   pretrain_difflm ... --dry-run --world-size 1024 ...                 (check a layout, no GPU)
+//   pretrain_difflm ... --plan --world-size 64 ...                      (rank the layouts that fit)
 // Exit codes: 0 success (also after a SIGTERM/SIGUSR1 stop); 2 invalid configuration or a
 // reported error; 3 unexpected failure. Only rank 0 prints the configuration and the iteration lines.
 #include <csignal>
@@ -22,6 +23,8 @@
 #include "megadlm/training/config_agreement.h"
 #include "megadlm/training/data_setup.h"
 #include "megadlm/training/flags.h"
+#include "megadlm/training/layout_plan.h"
+#include "megadlm/training/memory_plan.h"
 #include "megadlm/training/trainer.h"
 
 using namespace megadlm;
@@ -76,22 +79,42 @@ int main(int argc, char** argv) {
         std::cout << (parsed.help ? training::format_help() : training::format_flags_markdown());
       return 0;
     }
+    const RunConfig& cfg = parsed.config;
     if (parsed.dry_run) {
       // Validation passed (parse_arguments throws otherwise): report and touch no GPU.
       if (rank != 0) return 0;
       std::cout << training::format_dry_run_report(parsed);
+      if (parsed.plan) {
+        std::cout << format_layout_plan(plan_layouts(args, cfg.parallel.world_size), cfg);
+        return 0;
+      }
+      // A layout that cannot fit is refused, with its numbers and what would fit.
+      const MemoryPlan memory = plan_memory(cfg, plan_device(cfg, true, parsed.given.count("device") > 0));
+      if (!memory.fits()) {
+        std::cout << "dry run: refused: " << memory_advice(cfg, memory) << "\n";
+        return 2;
+      }
       std::cout << (parsed.not_supported.empty()
                         ? "dry run: the configuration is valid and runnable by this build\n"
                         : "dry run: the configuration is valid; the items above marked not "
                           "supported yet keep this build from running it\n");
       return 0;
     }
+    {
+      // Before any data or device work: a layout that cannot fit the GPU (or the host, for the
+      // CPU backend, shared by this host's ranks) stops here instead of in an allocation.
+      const MemoryPlan memory = plan_memory(cfg, cfg.training.device == DeviceKind::Cuda ? PlanDevice::Cuda : PlanDevice::Cpu,
+                                            env.local_world_size);
+      if (!memory.fits()) {
+        if (rank == 0) std::cerr << "error: " << memory_advice(cfg, memory) << "\n";
+        return 2;
+      }
+    }
     NullBuffer null_buffer;
     std::ostream null_stream(&null_buffer);
     std::ostream& log = rank == 0 ? std::cout : null_stream;
     for (const std::string& w : parsed.warnings) if (rank == 0) std::cerr << "WARNING: " << w << "\n";
     log << training::format_arguments(parsed);
-    const RunConfig& cfg = parsed.config;
     // Data first: a missing or corrupted dataset stops the run before any device is touched.
     const training::TrainingData data = training::build_training_data(cfg, rank, log);
 

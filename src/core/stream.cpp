@@ -22,6 +22,9 @@ void Stream::synchronize() const {
 size_t cuda_peak_memory_bytes(Device device) {
   return device.is_cuda() ? detail::cuda_peak_memory(device.index) : 0;
 }
+size_t cuda_peak_reserved_bytes(Device device) {
+  return device.is_cuda() ? detail::cuda_peak_reserved(device.index) : 0;
+}
 size_t cuda_used_memory_bytes(Device device) {
   return device.is_cuda() ? detail::cuda_used_memory(device.index) : 0;
 }

@@ -62,16 +62,13 @@ int64_t ParameterStore::num_parameters() const {
   return n;
 }
 
-void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream& stream,
-                                 const BufferLayout& layout) {
-  MDLM_CHECK(!materialized(), "materialize() called twice");
+void ParameterStore::lay_out(const BufferLayout& layout) {
+  MDLM_CHECK(!materialized(), "lay_out() after materialize()");
   MDLM_CHECK(layout.bucket_multiple > 0 && layout.bucket_size >= 0, "bad buffer layout");
   MDLM_CHECK(layout.unit_of.empty() || layout.unit_of.size() == descs_.size(), "buffer layout names ",
              layout.unit_of.size(), " units for ", descs_.size(), " parameters");
-  seed_ = seed;
   layout_ = layout;
-  param_dtype_ = param_dtype;
-  grad_dtype_ = param_dtype == DType::F64 ? DType::F64 : DType::F32;
+  buckets_.clear();
   // Fused groups in reverse registration order, members in registration order.
   std::vector<std::vector<Handle>> groups;
   for (Handle h = 0; h < static_cast<Handle>(descs_.size()); ++h) {
@@ -117,6 +114,15 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
   }
   close_bucket();
   flat_size_ = offset;
+}
+
+void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream& stream,
+                                 const BufferLayout& layout) {
+  MDLM_CHECK(!materialized(), "materialize() called twice");
+  lay_out(layout);
+  seed_ = seed;
+  param_dtype_ = param_dtype;
+  grad_dtype_ = param_dtype == DType::F64 ? DType::F64 : DType::F32;
   bound_params_.assign(buckets_.size(), Tensor());
   bound_grads_.assign(buckets_.size(), Tensor());
 

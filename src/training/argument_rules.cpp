@@ -695,6 +695,8 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
   } else if (a.b("bf16")) {
     d.warn("`--bf16` with `--device cpu`: the CPU backend computes in fp32");
   }
+  if (!(a.f("gpu_memory_gb") > 0))
+    d.error("M-2", a.flag_value("gpu_memory_gb") + " must be a positive number of GB");
 }
 
 }  // namespace
@@ -858,6 +860,7 @@ RunConfig build_run_config(const ArgState& a) {
   t.seed = static_cast<uint64_t>(a.i("seed"));
   t.bf16 = a.b("bf16");
   t.device = a.s("device") == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
+  t.gpu_memory_gb = a.f("gpu_memory_gb");
   t.log_interval = as_int("log_interval");
   t.metrics_jsonl = a.s("metrics_jsonl");
   t.eval_interval = as_int("eval_interval");

@@ -851,6 +851,15 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--dry-run", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Parse and validate for --world-size ranks, print the arguments and the rank "
              "layout, and exit without touching a GPU."},
+    {.name = "--plan", .kind = K::StoreTrue, .group = G::Megadlm,
+     .help = "A dry run that also lists the five fastest layouts for --world-size GPUs that fit "
+             "in --gpu-memory-gb (TP, SP, PP, VPP, CP, DP / distributed optimizer / FSDP, "
+             "recomputation), each with its launch flags, predicted memory and step time "
+             "(docs/planner.md)."},
+    {.name = "--gpu-memory-gb", .kind = K::Float, .group = G::Megadlm, .default_value = "141",
+     .help = "Memory of one GPU in GB (1e9 bytes) for the memory planner: a launch or dry run "
+             "whose predicted peak (plus 1 GB for the CUDA context and NCCL) exceeds it is "
+             "refused. The default is the H200's data-sheet 141 GB."},
     {.name = "--world-size", .kind = K::Int, .group = G::Megadlm,
      .help = "World size to validate with --dry-run (a real launch takes it from the launcher).",
      .default_doc = "the launcher's world size"},

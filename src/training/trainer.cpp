@@ -12,6 +12,7 @@
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/flops.h"
 #include "megadlm/training/lr_schedule.h"
+#include "megadlm/training/memory_plan.h"
 
 namespace megadlm {
 
@@ -24,6 +25,14 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
       training_log_(cfg_, log_, pm_->rank == 0) {
   MDLM_CHECK(data_ != nullptr, "Trainer needs a sample source");
   flops_per_iteration_ = megatron_flops_per_iteration(cfg_.model, cfg_.training.global_batch_size);
+  // The planner's peak for this rank's stage, logged next to the measured one.
+  try {
+    const PlanDevice device = cfg_.training.device == DeviceKind::Cuda ? PlanDevice::Cuda : PlanDevice::Cpu;
+    const MemoryPlan plan = plan_memory(cfg_, device);
+    predicted_peak_gb_ = static_cast<double>(plan.stages.at(static_cast<size_t>(pm_->pp_rank)).peak()) / 1e9;
+  } catch (const std::exception&) {
+    predicted_peak_gb_ = -1;  // a layout the planner cannot describe: no prediction to show
+  }
   training_log_.startup(startup_summary());
   training_log_.check_metrics_file();
   load_checkpoint();
@@ -254,8 +263,10 @@ IterationMetrics Trainer::step() {
 }
 
 void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
+  const Stream& s = pm_->runtime.stream;
   training_log_.iteration(window, skipped_iterations_, nan_iterations_, flops_per_iteration_,
-                          peak_memory_gb(pm_->runtime.stream), pm_->runtime.stream.device().str());
+                          peak_memory_gb(s), s.device().str(), predicted_peak_gb_,
+                          s.is_cuda() ? peak_reserved_gb(s) : -1);
 }
 
 std::vector<IterationMetrics> Trainer::train() {
@@ -265,6 +276,13 @@ std::vector<IterationMetrics> Trainer::train() {
   while (iteration_ < total) {
     IterationMetrics m = step();
     all.push_back(m);
+    if (!memory_logged_) {  // the first iteration has touched everything a step holds
+      memory_logged_ = true;
+      const Stream& s = pm_->runtime.stream;
+      if (predicted_peak_gb_ >= 0)
+        training_log_.memory_check(predicted_peak_gb_, peak_memory_gb(s), s.is_cuda() ? peak_reserved_gb(s) : -1,
+                                   iteration_);
+    }
     window.push_back(m);
     if (iteration_ % log_every == 0 || iteration_ == total) {
       log_interval(window);

@@ -36,6 +36,9 @@ class Stream {
 
 /// Peak bytes held by the stream-ordered pool of `device` since the last reset (0 on CPU).
 size_t cuda_peak_memory_bytes(Device device);
+/// Peak bytes the pool reserved from the driver (>= the peak in use: the pool's granularity and
+/// fragmentation); 0 on CPU.
+size_t cuda_peak_reserved_bytes(Device device);
 /// Bytes currently held in use by the pool of `device`.
 size_t cuda_used_memory_bytes(Device device);
 void cuda_reset_peak_memory(Device device);

@@ -106,6 +106,9 @@ class ParameterStore {
   void materialize(DType param_dtype, uint64_t seed, const Stream& stream,
                    const BufferLayout& layout = {});
 
+  /// Computes the offsets and buckets of `layout` without allocating anything (materialize()
+  /// does this first): what a memory planner needs. May be called again with another layout.
+  void lay_out(const BufferLayout& layout);
   bool materialized() const { return materialized_; }
   DType param_dtype() const { return param_dtype_; }
   uint64_t seed() const { return seed_; }

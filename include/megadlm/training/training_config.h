@@ -47,6 +47,8 @@ struct TrainingConfig {
   std::optional<int64_t> exit_duration_in_mins;  ///< save (with --save) and stop after this long
   bool exit_signal_handler = false;  ///< stop cleanly on SIGTERM/SIGUSR1 even without --save
   bool check_for_nan_in_loss_and_grad = true;
+  /// --gpu-memory-gb: what the memory planner (training/memory_plan.h) may use per GPU.
+  double gpu_memory_gb = 141.0;
 
   int num_micro_batches(int data_parallel_size) const {
     return global_batch_size / (micro_batch_size * data_parallel_size);

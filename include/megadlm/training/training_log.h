@@ -26,6 +26,8 @@ struct IterationMetrics {
 /// Peak memory of this process so far, in GB (1e9 bytes): the CUDA pool's peak on a GPU stream,
 /// the resident set's peak on the CPU.
 double peak_memory_gb(const Stream& stream);
+/// The CUDA pool's peak of reserved memory in GB (what it took from the driver); 0 on the CPU.
+double peak_reserved_gb(const Stream& stream);
 
 class TrainingLog {
  public:
@@ -38,9 +40,15 @@ class TrainingLog {
   void startup(const std::string& text) const;
   /// Megatron's iteration line for the window since the last one (+ a metrics row).
   /// `flops_per_iteration`: model FLOPs of one iteration (whole job); `peak_gb`: this rank's peak.
+  /// `predicted_gb`, `reserved_gb` (>= 0): the memory planner's peak for this rank and the
+  /// pool's reserved peak, added to the metrics row.
   void iteration(const std::vector<IterationMetrics>& window, int64_t skipped_iterations,
                  int64_t nan_iterations, double flops_per_iteration, double peak_gb,
-                 const std::string& device) const;
+                 const std::string& device, double predicted_gb = -1, double reserved_gb = -1) const;
+  /// " > memory after iteration N (GB): predicted peak P (training/memory_plan.h), measured
+  /// peak M, reserved R" — once, after the first iteration, so a user sees how good the
+  /// planner's number is for their layout. `reserved_gb` < 0: not measurable (CPU).
+  void memory_check(double predicted_gb, double measured_gb, double reserved_gb, int64_t iteration) const;
   /// Megatron's validation block " validation loss at <what> | lm loss value: ... " (+ a metrics
   /// row keyed `key`, e.g. "validation_lm_loss").
   void validation(double loss, const std::string& what, const std::string& key, int64_t iteration,

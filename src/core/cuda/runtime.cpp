@@ -145,6 +145,14 @@ size_t cuda_peak_memory(int device) {
   return v;
 }
 
+size_t cuda_peak_reserved(int device) {
+  cudaMemPool_t pool;
+  MDLM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t v = 0;
+  MDLM_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &v));
+  return v;
+}
+
 size_t cuda_used_memory(int device) {
   cudaMemPool_t pool;
   if (cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) return 0;
@@ -158,6 +166,7 @@ void cuda_reset_peak(int device) {
   MDLM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   uint64_t zero = 0;
   MDLM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+  MDLM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
 }
 
 }  // namespace megadlm::detail
