@@ -179,8 +179,12 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     st.grads = 4 * (gsh ? S / d : S);
     st.masters = device == PlanDevice::Cpu ? 0 : 4 * opt;  // CPU: the masters are the weights
     st.moments = 8 * opt;
-    if (wsh) st.comm_buffers += 2 * b.weight * largest_unit;            // two gathered units
-    if (gsh) st.comm_buffers += 2 * 4 * largest_unit + 2 * 4 * (largest_unit / d);  // slots, RS scratch
+    // Two gathered units (the one in use and the prefetched one). Gradient slots: on CUDA with
+    // more than one rank a reduce-scatter runs on its own stream, so two slots (and their
+    // reduce-scatter outputs) are live; otherwise each is reduced before the next is taken.
+    const bool overlap = device == PlanDevice::Cuda && d > 1;
+    if (wsh) st.comm_buffers += 2 * b.weight * largest_unit;
+    if (gsh) st.comm_buffers += (overlap ? 2 : 1) * 4 * (largest_unit + (d > 1 ? largest_unit / d : 0));
   } else {
     DataParallelOptions dpo;
     dpo.overlap_grad_reduce = pc.overlap_grad_reduce;
