@@ -18,7 +18,8 @@
 //     with recomputation), issues the next unit's gather before releasing the current one, holds
 //     at most two gathered units and two gradient slots; reduce-scatters once per unit and
 //     micro-batch (optim_grads*) or reduces each bucket once (no_shard, optim); ends with every
-//     unit released.
+//     unit released; and every rank of the group issues the same collectives in the same order
+//     (FS-9, for FSDP's own collectives).
 #include <gtest/gtest.h>
 #include <cmath>
 #include <map>
@@ -287,6 +288,20 @@ TEST(FsdpSchedule, GathersReleasesAndReductionsFollowTheStrategy) {
           }
           if (sharded_grads) {
             EXPECT_LE(run.stats.max_grad_slot_units, 2);
+          }
+          // FS-9: every rank of the group issues the same collectives in the same order (an
+          // order kept in a set, Megatron-LM#2218, would hang): the traces' fingerprints agree.
+          if (group) {
+            uint64_t h = 1469598103934665603ull;
+            for (const FsdpAction& a : run.trace) {
+              if (a.kind != K::Gather && a.kind != K::ReduceScatter && a.kind != K::Reduce) continue;
+              h = (h ^ (static_cast<uint64_t>(a.kind) * 1000003u + static_cast<uint64_t>(a.bucket))) * 1099511628211ull;
+            }
+            const float fingerprint = static_cast<float>(h % 16777213);  // exact in fp32
+            Tensor lo = Tensor::from_floats({fingerprint}, {1}), hi = Tensor::from_floats({fingerprint}, {1});
+            group->all_reduce(lo, comm::ReduceOp::Min, Stream::cpu());
+            group->all_reduce(hi, comm::ReduceOp::Max, Stream::cpu());
+            EXPECT_EQ(lo.data<float>()[0], hi.data<float>()[0]) << "collective order differs between ranks";
           }
         }
       }
