@@ -191,12 +191,13 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     dpo.distributed_optimizer = pc.use_distributed_optimizer;
     dpo.overlap_param_gather = pc.overlap_param_gather;
     dpo.bucket_size = pc.ddp_bucket_size;
-    const int shard = dpo.distributed_optimizer ? std::max(1, d / std::max(1, pc.num_distributed_optimizer_instances)) : 1;
+    // The wrapper's group: dp×cp, or the distributed optimizer's intra-instance slice of it.
+    const int shard = dpo.distributed_optimizer ? std::max(1, d / std::max(1, pc.num_distributed_optimizer_instances)) : d;
     store.lay_out(DataParallel::buffer_layout(dpo, shard));
     const int64_t S = store.flat_size();
     const int64_t opt = dpo.distributed_optimizer ? S / shard : S;
     st.weights = b.weight * S;
-    st.grads = 4 * S + (dpo.distributed_optimizer ? 4 * (S / shard) : 0);
+    st.grads = 4 * S + (dpo.distributed_optimizer ? 4 * opt : 0);  // + the reduced shard
     st.masters = 4 * opt;
     st.moments = 8 * opt;
   }

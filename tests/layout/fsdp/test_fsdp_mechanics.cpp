@@ -192,6 +192,29 @@ TEST(FsdpBytes, PersistentBytesAreTheStrategysCostTimesThePaddedBuffer) {
   }
 }
 
+TEST(FsdpBytes, ThePlannersDdpAndDistributedOptimizerBytesAreTheAllocationToo) {
+  for (const auto& group : groups_to_test()) {
+    const int d = group ? group->size() : 1;
+    for (bool dist_opt : {false, true}) {
+      SCOPED_TRACE(std::string(dist_opt ? "distributed optimizer" : "DDP") + ", d " + std::to_string(d));
+      RunConfig cfg = test::tiny_run({}, 1);
+      cfg.parallel.world_size = cfg.parallel.data_parallel_size = d;
+      cfg.parallel.use_distributed_optimizer = dist_opt;
+      cfg.parallel.overlap_grad_reduce = true;
+      cfg.parallel.ddp_bucket_size = 20000;  // several buckets, each padded under dist-opt
+      std::unique_ptr<parallel::ProcessGroups> pg;
+      if (group) pg = std::make_unique<parallel::ProcessGroups>(parallel::ProcessGroups::build(group, cfg.parallel));
+      std::unique_ptr<ParallelModel> pm = parallelize(cfg, pg.get());
+      const StageMemory plan = plan_memory(cfg, PlanDevice::Cpu).stages.at(0);
+      EXPECT_EQ(plan.weights, static_cast<int64_t>(pm->store.flat_params().nbytes()));
+      const int64_t grads = static_cast<int64_t>(pm->store.flat_grads().nbytes()) +
+                            (dist_opt ? static_cast<int64_t>(pm->data_parallel->optimizer_grads().nbytes()) : 0);
+      EXPECT_EQ(plan.grads, grads);
+      EXPECT_EQ(plan.masters + plan.moments, pm->optimizer->state_bytes());
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------- schedule
 
 struct ScheduleRun {
