@@ -172,7 +172,9 @@ TEST(LayoutPlan, ListsTheFastestLayoutsThatFitEachALaunchableCommandLine) {
   for (size_t i = 0; i < plan.best.size(); ++i) {
     const LayoutCandidate& c = plan.best[i];
     EXPECT_TRUE(c.memory.fits()) << c.description;
-    if (i > 0) EXPECT_LE(plan.best[i - 1].time.total_ms(), c.time.total_ms());
+    if (i > 0) {
+      EXPECT_LE(plan.best[i - 1].time.total_ms(), c.time.total_ms());
+    }
     // The listed flags on the user's command line are a valid launch of 8 GPUs.
     std::vector<std::string> argv = user;
     argv.insert(argv.end(), c.flags.begin(), c.flags.end());
