@@ -73,17 +73,20 @@ std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::Proces
   return t.train();
 }
 
-// The single-process reference (no FSDP, DP 1) for a global batch, computed once per process.
-const std::vector<IterationMetrics>& reference(const Layout& l, int64_t global_batch) {
+// The single-process reference (no FSDP, DP 1) for a global batch and micro-batch size (varilen
+// is keyed by the global micro-batch, so the micro-batch size is part of the data), computed
+// once per process.
+const std::vector<IterationMetrics>& reference(const Layout& l, int micro_batch, int64_t global_batch) {
   static std::map<std::string, std::vector<IterationMetrics>> cache;
   Layout one;  // same shape, no parallelism, no recomputation (it changes no number)
   one.untied = l.untied;
   one.layers = l.layers;
   RunConfig cfg = tiny_run(one, 1, false);
-  cfg.training.micro_batch_size = 1;  // the same samples: micro-batches do not change the sums
+  cfg.training.micro_batch_size = micro_batch;
   cfg.training.global_batch_size = global_batch;
   const std::string key = std::to_string(cfg.model.hidden_size) + "/" + std::to_string(l.layers) + "/" +
-                          std::to_string(l.untied) + "/" + std::to_string(global_batch);
+                          std::to_string(l.untied) + "/" + std::to_string(micro_batch) + "/" +
+                          std::to_string(global_batch);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, train(cfg, nullptr)).first;
   return it->second;
@@ -97,7 +100,7 @@ void expect_same_as_single_process(const Layout& l, const std::string& what) {
   const RunConfig cfg = tiny_run(l, world, true);
   parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
   const auto got = train(cfg, &groups);
-  const auto& ref = reference(l, cfg.training.global_batch_size);
+  const auto& ref = reference(l, cfg.training.micro_batch_size, cfg.training.global_batch_size);
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i) {
     EXPECT_NEAR(got[i].lm_loss, ref[i].lm_loss, 1e-5 * ref[i].lm_loss)
