@@ -9,6 +9,9 @@
 #
 #   scripts/check_planner.sh OUT_DIR [ITERS] [extra pretrain_difflm flags...]
 #   MEGADLM_BIN=build-cuda/bin scripts/check_planner.sh out 3
+# PLANNER_MICRO_BATCHES (default 2): micro-batches per iteration (1 halves the run time; the
+# peak of a layout without pipelining does not depend on it). PLANNER_TIMEOUT (default 120):
+# seconds per configuration.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-planner_out}; iters=${2:-3}; shift $(( $# < 2 ? $# : 2 )) || true
@@ -19,16 +22,18 @@ common=(@configs/megadlms_1.7b.args --mock-data --device cuda --train-iters "$it
 seq_flags() { echo "--seq-length $1 --max-position-embeddings $1"; }
 recompute="--recompute-granularity full --recompute-method uniform --recompute-num-layers 1"
 
-# name | flags (two micro-batches per iteration each, so accumulation is part of the run)
+m=${PLANNER_MICRO_BATCHES:-2}; limit=${PLANNER_TIMEOUT:-120}
+mb() { echo "--micro-batch-size $1 --global-batch-size $(( $1 * m ))"; }
+# name | flags (by default two micro-batches per iteration, so accumulation is part of the run)
 configs=(
-  "seq2k_mbs4|--micro-batch-size 4 --global-batch-size 8"
-  "seq2k_mbs1|--micro-batch-size 1 --global-batch-size 2"
-  "seq2k_mbs4_recompute|--micro-batch-size 4 --global-batch-size 8 $recompute"
-  "seq8k_mbs1|--micro-batch-size 1 --global-batch-size 2 $(seq_flags 8192)"
-  "seq32k_mbs1|--micro-batch-size 1 --global-batch-size 2 $(seq_flags 32768)"
-  "seq32k_mbs1_recompute|--micro-batch-size 1 --global-batch-size 2 $(seq_flags 32768) $recompute"
-  "seq2k_mbs4_gqa4|--micro-batch-size 4 --global-batch-size 8 --group-query-attention --num-query-groups 4"
-  "seq2k_mbs4_fsdp|--micro-batch-size 4 --global-batch-size 8 --use-megatron-fsdp"
+  "seq2k_mbs4|$(mb 4)"
+  "seq2k_mbs1|$(mb 1)"
+  "seq2k_mbs4_recompute|$(mb 4) $recompute"
+  "seq8k_mbs1|$(mb 1) $(seq_flags 8192)"
+  "seq32k_mbs1|$(mb 1) $(seq_flags 32768)"
+  "seq32k_mbs1_recompute|$(mb 1) $(seq_flags 32768) $recompute"
+  "seq2k_mbs4_gqa4|$(mb 4) --group-query-attention --num-query-groups 4"
+  "seq2k_mbs4_fsdp|$(mb 4) --use-megatron-fsdp"
 )
 
 status=0
@@ -37,9 +42,10 @@ for entry in "${configs[@]}"; do
   metrics="$out/$name.jsonl"
   rm -f "$metrics"
   # shellcheck disable=SC2086
-  "$bin/pretrain_difflm" "${common[@]}" $flags --metrics-jsonl "$metrics" > "$out/$name.log" 2>&1
+  t0=$(date +%s)
+  timeout "$limit" "$bin/pretrain_difflm" "${common[@]}" $flags --metrics-jsonl "$metrics" > "$out/$name.log" 2>&1
   rc=$?
-  echo "$name: exit $rc; $(grep -m1 '> memory after iteration' "$out/$name.log")"
+  echo "$name: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -m1 '> memory after iteration' "$out/$name.log")"
   [ $rc -eq 0 ] || status=1
 done
 

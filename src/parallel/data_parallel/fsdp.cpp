@@ -47,13 +47,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
                                            st == ShardingStrategy::OptimGradsParams),
              "the parameter store was not laid out for FSDP ", sharding_strategy_name(st),
              " (materialise it with FullyShardedDataParallel::buffer_layout)");
-  overlap_ = opt_.overlap && compute.is_cuda() && size_ > 1;
+  overlap_ = opt_.overlap && compute.is_cuda() && (size_ > 1 || opt_.streams_with_one_rank);
   ag_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
   rs_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
   // Gathers and reductions on separate NCCL communicators: one communicator launches its
   // operations in host order, so a prefetch would queue behind a reduce-scatter (spec §4).
-  ag_group_ = overlap_ ? std::shared_ptr<comm::Communicator>(group_->split(0, rank_, group_->name() + "-ag"))
-                       : group_;
+  ag_group_ = overlap_ && size_ > 1
+                  ? std::shared_ptr<comm::Communicator>(group_->split(0, rank_, group_->name() + "-ag"))
+                  : group_;
 
   // Buckets, their units and this rank's shard of each.
   const auto& sb = store.buckets();
@@ -176,7 +177,8 @@ void FullyShardedDataParallel::gather(int bi) {
     Event allocated = Event::create(compute_.device());
     allocated.record(compute_);  // the window (and the optimizer's last write of the shard)
     allocated.wait_on(ag_stream_);
-    ag_group_->all_gather(mine, b.window, ag_stream_);
+    if (size_ > 1) ag_group_->all_gather(mine, b.window, ag_stream_);
+    else copy_tensor(mine, b.window, ag_stream_);
     b.gathered.record(ag_stream_);
     b.waited = false;
   } else {
@@ -403,7 +405,7 @@ void FullyShardedDataParallel::finish_grad_sync() {
       if (!buckets_[b].reduced) launch_reduce(static_cast<int>(b));
   while (!in_flight_.empty()) retire_oldest();
   if (overlap_) {
-    group_->synchronize(rs_stream_);  // the timeout names a hung reduction
+    if (group_) group_->synchronize(rs_stream_);  // the timeout names a hung reduction
     for (const Bucket& b : buckets_) b.reduce_done.wait_on(compute_);
   }
   // Every unit is resharded at the end of backward (a leftover is a hook the model missed).

@@ -6,6 +6,8 @@
 //     micro-batches every owned gradient element equals the exact sum, bit for bit, for every
 //     strategy. A shard rescaled at each micro-batch (#3023) or a slot added twice with one rank
 //     (#6660) fails it.
+//     The gradient norm from the shards with the padding poisoned with NaN is the exact sum of
+//     squares (FS-11).
 //   * Bytes (FS-2): what a rank allocates for weights, gradients and optimizer state equals the
 //     per-element cost of the strategy (CPU profile: weights 4, gradients 4, masters 0 — they
 //     are the fp32 weights —, Adam moments 8) times the padded buffer size, exactly, where the
@@ -122,6 +124,15 @@ TEST(FsdpAccumulation, OwnedGradientsAreTheExactSumOverRanksAndMicroBatches) {
           total = c.data<float>()[0];
         }
         EXPECT_EQ(total, 120 + 70 + 150);
+        // FS-11: the norm comes from the owned shards (summed over the group where they are
+        // disjoint) and never visits padding: poisoned with NaN, the norm stays the exact sum.
+        for (const OwnedRange& o : f.owned_ranges())
+          for (int64_t e = o.begin; e < o.end; ++e) {
+            bool real = false;
+            for (const ParamDesc& p : t.store.descs()) real |= e >= p.offset && e < p.offset + p.numel();
+            if (!real) g.data<float>()[f.optimizer_grads_flat() ? e : o.compact_offset + (e - o.begin)] = NAN;
+          }
+        EXPECT_EQ(f.grad_sq_norm(), 340.0 * want * want);
       }
     }
   }

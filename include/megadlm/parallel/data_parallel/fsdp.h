@@ -54,6 +54,9 @@ struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::OptimGradsParams;
   /// CUDA with more than one rank: gathers and reductions on communication streams.
   bool overlap = true;
+  /// CUDA with one rank: the communication streams and events all the same (the gather is a
+  /// copy on the gather stream), so one GPU exercises the multi-GPU ordering (tests).
+  bool streams_with_one_rank = false;
   /// Record every gather, release, slot and reduction in trace() (tests and debugging).
   bool trace = false;
 };
