@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cctype>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +34,7 @@
 #include <vector>
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
@@ -61,6 +64,7 @@ const char* kUsage =
 struct Args {
   std::map<std::string, std::string> values;
   std::vector<std::string> positional;
+  bool help = false;
   bool has(const std::string& k) const { return values.count(k) != 0; }
   std::string get(const std::string& k, const std::string& def = "") const {
     auto it = values.find(k);
@@ -68,11 +72,26 @@ struct Args {
   }
   double num(const std::string& k, double def) const {
     if (!has(k)) return def;
-    try {
-      return std::stod(get(k));
-    } catch (...) {
-      MDLM_FAIL("`", k, " ", get(k), "`: expected a number");
-    }
+    const std::string& text = values.at(k);
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+      throw Error("`" + k + " " + text + "`: expected a finite number");
+    return v;
+  }
+  /// The whole value as an integer in [low, high] (std::stoll would take "12abc" and say only
+  /// "stoll" for "abc").
+  int64_t integer(const std::string& k, int64_t low, int64_t high) const {
+    const std::string& text = values.at(k);
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
+      throw Error("`" + k + " " + text + "`: expected an integer");
+    if (v < low || v > high)
+      throw Error("`" + k + " " + text + "`: must be between " + std::to_string(low) + " and " +
+                  std::to_string(high));
+    return v;
   }
 };
 
@@ -81,6 +100,10 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string t = argv[i];
+    if (t == "-h" || t == "--help") {
+      a.help = true;
+      continue;
+    }
     if (t.rfind("--", 0) != 0) {
       a.positional.push_back(t);
       continue;
@@ -117,7 +140,7 @@ std::optional<DType> dtype_flag(const Args& a) {
 
 std::string locate_checkpoint(const std::string& dir, const Args& a) {
   std::optional<int64_t> step;
-  if (a.has("--ckpt-step")) step = std::stoll(a.get("--ckpt-step"));
+  if (a.has("--ckpt-step")) step = a.integer("--ckpt-step", 0, INT64_MAX);
   const std::optional<std::string> found = find_checkpoint(dir, step);
   if (!found) MDLM_FAIL(dir, " holds no checkpoint (no ", kLatestFileName, ")");
   return *found;
@@ -375,9 +398,13 @@ int compare(const std::string& a_path, const std::string& b_path, double toleran
 int main(int argc, char** argv) {
   try {
     const Args a = parse(argc, argv);
+    if (a.help) {
+      std::cout << kUsage;
+      return 0;
+    }
     const int modes = a.has("--to-hf") + a.has("--from-hf") + a.has("--compare") + a.has("--check");
     if (modes != 1) {
-      std::cerr << "give exactly one of --to-hf, --from-hf, --compare, --check\n" << kUsage;
+      logging::error("give exactly one of --to-hf, --from-hf, --compare, --check\n", kUsage);
       return 2;
     }
     if (a.has("--check")) {
@@ -418,8 +445,8 @@ int main(int argc, char** argv) {
     if (!a.has("--save")) MDLM_FAIL("--from-hf needs --save DIR\n", kUsage);
     HfImportOptions o;
     o.dtype = dtype_flag(a);
-    if (a.has("--mask-token")) o.mask_token = std::stoll(a.get("--mask-token"));
-    if (a.has("--seq-length")) o.seq_length = std::stoi(a.get("--seq-length"));
+    if (a.has("--mask-token")) o.mask_token = a.integer("--mask-token", 0, INT32_MAX);
+    if (a.has("--seq-length")) o.seq_length = static_cast<int>(a.integer("--seq-length", 1, INT32_MAX));
     import_hf(a.get("--from-hf"), a.get("--save"), o);
     const CheckpointReader reader(checkpoint_dir(a.get("--save"), kReleaseDirName));
     std::cout << "wrote the megadlm checkpoint " << reader.dir() << " (start training from it with --load "
@@ -430,7 +457,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    logging::error(e.what());
     return 2;
   }
 }

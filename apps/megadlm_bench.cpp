@@ -23,6 +23,9 @@
 // algbw · (n−1)/n for the other two: the rate each link must sustain, comparable across n.
 // Before timing, an exact check (rank-tagged integers) must pass. Rank 0 prints and writes.
 //
+// The rows of attention (both backends) and of the fused ops live in apps/megadlm_bench/*.cpp
+// (bench.h declares the helpers they share with this driver).
+//
 // The one exception to "CUDA headers only under src/": this program times with cudaEvent_t, the
 // only way to time single launches of a few microseconds; nothing else here touches the runtime.
 #include <algorithm>
@@ -37,6 +40,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "megadlm/comm/bootstrap.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/core/philox.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
@@ -55,23 +59,84 @@
 #include <cuda_runtime.h>
 #endif
 
-namespace {
+#include "megadlm_bench/bench.h"
+
+// Shared with the other megadlm_bench/*.cpp files (declared in megadlm_bench/bench.h).
+namespace megadlm::bench {
 
 using namespace megadlm;
 
-// Ceilings measured on the benchmark H200 (see the task notes): cuBLASLt bf16 GEMM and a large
-// device-to-device copy counting bytes read plus bytes written.
-constexpr double kCeilingBf16Tflops = 811.0;
-constexpr double kCeilingCopyGBps = 4300.0;
+// ---- data (shared) -----------------------------------------------------------------------------------
+
+uint64_t g_seed = 0;
+
+std::vector<float> bf16_values(int64_t n, float lo, float hi) {
+  std::vector<float> v = std::vector<float>(static_cast<size_t>(n));
+  const PhiloxKey key = PhiloxKey::make(++g_seed, RngPurpose::MockData);
+  for (int64_t i = 0; i < n; ++i) {
+    const float u = uniform_from_u32(philox(key, static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0, 0).w[0]);
+    v[static_cast<size_t>(i)] = round_to_bf16(lo + (hi - lo) * u);
+  }
+  return v;
+}
+
+/// A device tensor of random values in [lo, hi): 4 Mi host-drawn values uploaded once and
+/// tiled (drawing hundreds of millions on the host would dominate the run).
+Tensor random_device(const Shape& shape, DType dtype, const Stream& s, float lo, float hi) {
+  Tensor t = Tensor::empty(shape, dtype, s);
+  const int64_t n = t.numel();
+  const int64_t block = std::min<int64_t>(n, int64_t{1} << 22);
+  if (n == 0) return t;
+  Tensor src = Tensor::from_floats(bf16_values(block, lo, hi), {block}, dtype).to(s.device(), s);
+  Tensor flat = t.view({n});
+  for (int64_t off = 0; off < n; off += block) {
+    const int64_t len = std::min(block, n - off);
+    Tensor dst = flat.slice_flat(off, {len});
+    copy_tensor(src.slice_flat(0, {len}), dst, s);
+  }
+  return t;
+}
+
+Tensor device_ints(const std::vector<int32_t>& v, const Stream& s) {
+  return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}).to(s.device(), s);
+}
+
+std::vector<int32_t> random_ints(int64_t n, int32_t bound) {
+  std::mt19937 rng(static_cast<uint32_t>(++g_seed));
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(bound));
+  return v;
+}
+
+
+Pair make_pair(const Shape& shape, DType dtype, const Stream& s, float lo, float hi) {
+  std::vector<float> v = bf16_values(shape_numel(shape), lo, hi);
+  Tensor host = Tensor::from_floats(v, shape);
+  return {host, Tensor::from_floats(v, shape, dtype).to(s.device(), s)};
+}
+
+/// Relative L2 error of a device result against a host f32 reference (inf on any NaN).
+double rel_err(const Tensor& dev, const Tensor& host, const Stream& s) {
+  const std::vector<float> a = dev.to_floats(s), b = host.to_floats(Stream::cpu());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+}  // namespace megadlm::bench
+
+namespace {
+
+using namespace megadlm;
+using namespace megadlm::bench;
 
 constexpr int kWarmup = 5;
 constexpr int kReps = 25;
 constexpr int64_t kFlushBytes = int64_t{256} << 20;  // > 50 MiB of L2, several times over
-
-// The 1.7B model.
-constexpr int64_t kTokens = 8192, kHidden = 2048, kFfn = 6144, kVocab = 50304;
-constexpr int64_t kHeads = 16, kHeadDim = 128;
-constexpr int64_t kParamsPerRank = 1'700'000'000 / 28;  // AdamW over one 28th of the parameters
 
 // ---- timing ---------------------------------------------------------------------------------
 
@@ -109,126 +174,10 @@ double median_ms(const Stream&, Tensor&, const std::function<void()>&) {
 }
 #endif
 
-// ---- data -----------------------------------------------------------------------------------
-
-uint64_t g_seed = 0;
-
-std::vector<float> bf16_values(int64_t n, float lo = -1.0f, float hi = 1.0f) {
-  std::vector<float> v = std::vector<float>(static_cast<size_t>(n));
-  const PhiloxKey key = PhiloxKey::make(++g_seed, RngPurpose::MockData);
-  for (int64_t i = 0; i < n; ++i) {
-    const float u = uniform_from_u32(philox(key, static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32), 0, 0).w[0]);
-    v[static_cast<size_t>(i)] = round_to_bf16(lo + (hi - lo) * u);
-  }
-  return v;
-}
-
-/// A device tensor of random values in [lo, hi): 4 Mi host-drawn values uploaded once and
-/// tiled (drawing hundreds of millions on the host would dominate the run).
-Tensor random_device(const Shape& shape, DType dtype, const Stream& s, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(shape, dtype, s);
-  const int64_t n = t.numel();
-  const int64_t block = std::min<int64_t>(n, int64_t{1} << 22);
-  if (n == 0) return t;
-  Tensor src = Tensor::from_floats(bf16_values(block, lo, hi), {block}, dtype).to(s.device(), s);
-  Tensor flat = t.view({n});
-  for (int64_t off = 0; off < n; off += block) {
-    const int64_t len = std::min(block, n - off);
-    Tensor dst = flat.slice_flat(off, {len});
-    copy_tensor(src.slice_flat(0, {len}), dst, s);
-  }
-  return t;
-}
-
-Tensor device_ints(const std::vector<int32_t>& v, const Stream& s) {
-  return Tensor::from_ints(v, {static_cast<int64_t>(v.size())}).to(s.device(), s);
-}
-
-std::vector<int32_t> random_ints(int64_t n, int32_t bound) {
-  std::mt19937 rng(static_cast<uint32_t>(++g_seed));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& x : v) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(bound));
-  return v;
-}
-
-/// Same values on both sides: a host f32 tensor for the CPU op, a device tensor in `dtype`.
-struct Pair {
-  Tensor host, dev;
-};
-
-Pair make_pair(const Shape& shape, DType dtype, const Stream& s, float lo = -1.0f, float hi = 1.0f) {
-  std::vector<float> v = bf16_values(shape_numel(shape), lo, hi);
-  Tensor host = Tensor::from_floats(v, shape);
-  return {host, Tensor::from_floats(v, shape, dtype).to(s.device(), s)};
-}
-
-/// Relative L2 error of a device result against a host f32 reference (inf on any NaN).
-double rel_err(const Tensor& dev, const Tensor& host, const Stream& s) {
-  const std::vector<float> a = dev.to_floats(s), b = host.to_floats(Stream::cpu());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
 // ---- the op table ---------------------------------------------------------------------------
 
-constexpr double kTolBf16 = 1e-2;  // bf16 outputs vs the f32 CPU reference (tests/support/tolerances.h)
-constexpr double kTolF32 = 1e-4;   // fp32 outputs (statistics, losses, weight gradients)
 
-struct Check {
-  double err = INFINITY;  ///< worst of the outputs' err / tol ratios, reported as err of that output
-  double tol = 0;
-  void add(double e, double t) {
-    if (tol == 0 || e / t > err / tol) {
-      err = e;
-      tol = t;
-    }
-  }
-  bool pass() const { return tol > 0 && err <= tol; }
-};
 
-/// Attention (forward, and with `backward` the backward too) on the device with `dev_args` and on
-/// the CPU with `host_args` (the same but for the document-id tensor's device), on random q, k,
-/// v of [batch, seq, heads, head_dim]. Both backwards start from the CPU forward's out and lse,
-/// so that only the backward differs.
-Check attention_check(const ops::AttentionArgs& dev_args, const ops::AttentionArgs& host_args,
-                      bool backward, const Stream& s) {
-  const ops::AttentionArgs& a = dev_args;
-  const Shape qs{a.batch, a.seq, a.num_heads, a.head_dim};
-  Pair q = make_pair(qs, DType::BF16, s), k = make_pair(qs, DType::BF16, s), v = make_pair(qs, DType::BF16, s);
-  Pair o = make_pair(qs, DType::BF16, s), lse = make_pair({a.batch, a.num_heads, a.seq}, DType::F32, s);
-  ops::attention_forward(q.dev, k.dev, v.dev, o.dev, lse.dev, dev_args, s);
-  ops::attention_forward(q.host, k.host, v.host, o.host, lse.host, host_args, Stream::cpu());
-  Check c;
-  c.add(rel_err(o.dev, o.host, s), kTolBf16);
-  c.add(rel_err(lse.dev, lse.host, s), kTolF32);
-  if (backward) {
-    Pair dout = make_pair(qs, DType::BF16, s);
-    Pair dq = make_pair(qs, DType::BF16, s), dk = make_pair(qs, DType::BF16, s), dv = make_pair(qs, DType::BF16, s);
-    Tensor o_dev = o.host.to(s.device(), DType::BF16, s), lse_dev = lse.host.to(s.device(), s);
-    ops::attention_backward(dout.dev, q.dev, k.dev, v.dev, o_dev, lse_dev, dq.dev, dk.dev, dv.dev, dev_args, s);
-    ops::attention_backward(dout.host, q.host, k.host, v.host, o.host, lse.host, dq.host, dk.host, dv.host,
-                            host_args, Stream::cpu());
-    c.add(rel_err(dq.dev, dq.host, s), kTolBf16);
-    c.add(rel_err(dk.dev, dk.host, s), kTolBf16);
-    c.add(rel_err(dv.dev, dv.host, s), kTolBf16);
-  }
-  return c;
-}
-
-struct OpBench {
-  std::string name;
-  std::string shape;  ///< the timed case, for the table
-  double flops = 0;   ///< per call, matrix ops
-  double bytes = 0;   ///< per call, memory-bound ops
-  std::function<Check(const Stream&)> check;
-  /// Allocates the big case and returns the call to time.
-  std::function<std::function<void()>(const Stream&)> setup;
-};
 
 struct GemmShape {
   const char* name;
@@ -704,124 +653,12 @@ std::vector<OpBench> elementwise_benches() {
   return out;
 }
 
-std::vector<OpBench> attention_benches() {
-  std::vector<OpBench> out;
-  const int64_t B = 4, H = 16, S = 2048, D = 128;
-  // Attention dropout (Megatron's default p = 0.1) as separate rows: same flops, the difference in
-  // time is the cost of drawing the mask (forward) and redrawing it (backward).
-  for (float dropout : {0.0f, 0.1f}) {
-    for (ops::AttentionMask mask : {ops::AttentionMask::None, ops::AttentionMask::Causal}) {
-      const bool causal = mask == ops::AttentionMask::Causal;
-      // Two matrix products of 2*S*S*D flops per head forward, five backward (2.5x); causal halves.
-      const double fwd_flops = 4.0 * B * H * S * S * D * (causal ? 0.5 : 1.0);
-      for (bool backward : {false, true}) {
-        OpBench b;
-        b.name = detail::concat("attention_", backward ? "bwd" : "fwd", causal ? "_causal" : "",
-                                dropout > 0 ? "_dropout" : "");
-        b.shape = dropout > 0 ? "B=4 H=16 S=2048 D=128 bf16 p=0.1" : "B=4 H=16 S=2048 D=128 bf16";
-        b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
-        b.check = [mask, backward, dropout](const Stream& s) {
-          const int64_t ss = 128, ds = 128;
-          const ops::AttentionArgs a{.batch = 1, .seq = ss, .num_heads = 2, .num_kv_heads = 2,
-                                     .head_dim = ds, .mask = mask,
-                                     .softmax_scale = 1.0f / std::sqrt(static_cast<float>(ds)),
-                                     .dropout_p = dropout, .dropout_seed = 9, .dropout_site = 1};
-          return attention_check(a, a, backward, s);
-        };
-        b.setup = [mask, backward, dropout](const Stream& s) -> std::function<void()> {
-          const ops::AttentionArgs a{.batch = B, .seq = S, .num_heads = H, .num_kv_heads = H,
-                                     .head_dim = D, .mask = mask,
-                                     .softmax_scale = 1.0f / std::sqrt(static_cast<float>(D)),
-                                     .dropout_p = dropout, .dropout_seed = 9, .dropout_site = 1};
-          const Shape qs{B, S, H, D};
-          Tensor q = random_device(qs, DType::BF16, s), k = random_device(qs, DType::BF16, s);
-          Tensor v = random_device(qs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
-          Tensor lse = Tensor::empty({B, H, S}, DType::F32, s);
-          ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
-          Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
-          Tensor dk = Tensor::empty(qs, DType::BF16, s), dv = Tensor::empty(qs, DType::BF16, s);
-          return [=, &s]() mutable {
-            if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
-            else ops::attention_forward(q, k, v, o, lse, a, s);
-          };
-        };
-        out.push_back(b);
-      }
-    }
-  }
-  // Packed rows (per-document attention, --reset-attention-mask): documents of 180..332 tokens
-  // (mean ~256) on the flash kernels, no mask. The flops count only the products inside
-  // documents (4 D per visible (query, key) pair forward, 2.5x backward), so the rate compares
-  // with the dense attention_fwd / attention_bwd rows; work the kernels spend on masked elements
-  // of tiles that straddle documents does not count.
-  {
-    const std::vector<int> lengths = {256, 200, 312, 256, 180, 332};
-    auto packed = [lengths](int64_t batch, int64_t seq) {
-      std::vector<int32_t> ids;
-      double pairs = 0;  // sum over rows and documents of length^2
-      for (int64_t b = 0; b < batch; ++b) {
-        int32_t doc = 0;
-        int64_t i = 0;
-        while (i < seq) {
-          const int64_t len = std::min<int64_t>(lengths[(b + doc) % lengths.size()], seq - i);
-          for (int64_t j = 0; j < len; ++j) ids.push_back(doc);
-          pairs += static_cast<double>(len) * static_cast<double>(len);
-          i += len;
-          ++doc;
-        }
-      }
-      return std::make_pair(ids, pairs);
-    };
-    const auto [ids, pairs] = packed(B, S);
-    const double fwd_flops = 4.0 * H * D * pairs;
-    for (bool backward : {false, true}) {
-      OpBench b;
-      b.name = detail::concat("attention_", backward ? "bwd" : "fwd", "_documents");
-      b.shape = "B=4 H=16 S=2048 D=128 bf16, docs ~256";
-      b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
-      b.check = [backward, packed](const Stream& s) {
-        const int64_t bs = 2, ss = 333, ds = 128;  // two documents a row, ragged end
-        const std::vector<int32_t> small = packed(bs, ss).first;
-        Tensor doc_host = Tensor::from_ints(small, {bs, ss}), doc_dev = device_ints(small, s);
-        ops::AttentionArgs a{.batch = bs, .seq = ss, .num_heads = 2, .num_kv_heads = 2,
-                             .head_dim = ds, .mask = ops::AttentionMask::None,
-                             .softmax_scale = 1.0f / std::sqrt(static_cast<float>(ds))};
-        ops::AttentionArgs a_host = a;
-        a.document_ids = &doc_dev;
-        a_host.document_ids = &doc_host;
-        return attention_check(a, a_host, backward, s);
-      };
-      b.setup = [backward, ids = ids](const Stream& s) -> std::function<void()> {
-        const Shape qs{B, S, H, D};
-        Tensor docs = device_ints(ids, s);
-        ops::AttentionArgs a{.batch = B, .seq = S, .num_heads = H, .num_kv_heads = H,
-                             .head_dim = D, .mask = ops::AttentionMask::None,
-                             .softmax_scale = 1.0f / std::sqrt(static_cast<float>(D))};
-        a.document_ids = &docs;
-        Tensor q = random_device(qs, DType::BF16, s), k = random_device(qs, DType::BF16, s);
-        Tensor v = random_device(qs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
-        Tensor lse = Tensor::empty({B, H, S}, DType::F32, s);
-        ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
-        Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
-        Tensor dk = Tensor::empty(qs, DType::BF16, s), dv = Tensor::empty(qs, DType::BF16, s);
-        // a points at the closure's own copy of docs (a local here would dangle).
-        return [=, &s]() mutable {
-          a.document_ids = &docs;
-          if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
-          else ops::attention_forward(q, k, v, o, lse, a, s);
-        };
-      };
-      out.push_back(b);
-    }
-  }
-  return out;
-}
-
 std::vector<OpBench> all_benches() {
   std::vector<OpBench> all;
   for (auto&& group : {gemm_benches(), norm_benches(), rope_benches(), activation_benches(),
                        cross_entropy_benches(), cross_entropy_shard_benches(), optimizer_benches(),
-                       embedding_benches(), elementwise_benches(), attention_benches()})
+                       embedding_benches(), elementwise_benches(), attention_benches(), fused_benches(),
+                       context_parallel_benches(), moe_benches()})
     all.insert(all.end(), group.begin(), group.end());
   return all;
 }
@@ -855,7 +692,7 @@ int run(int argc, char** argv) {
     else return usage(argv[0]);
   }
   if (cuda_device_count() == 0) {
-    std::fprintf(stderr, "megadlm_bench: no CUDA device visible\n");
+    logging::error("megadlm_bench: no CUDA device visible");
     return 2;
   }
   g_seed = std::random_device{}();
@@ -1024,15 +861,17 @@ int run_comm(int argc, char** argv) {
     else return usage(argv[0]);
   }
   if (mib < 1) {
-    std::fprintf(stderr, "megadlm_bench comm: --mib must be a positive number of MiB\n");
+    logging::error("megadlm_bench comm: --mib must be a positive number of MiB");
     return 2;
   }
   const comm::LaunchEnvironment env = comm::detect_launch_environment();
+  logging::Options log_options;
+  log_options.rank = env.rank;
+  logging::configure(log_options);
   if (env.world_size < 2 || !comm::nccl_compiled() || cuda_device_count() == 0) {
-    std::fprintf(stderr, "megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks "
-                         "(mpirun -np 2 %s comm); world size %d, NCCL %s, %d GPU(s) visible\n",
-                 argv[0], env.world_size, comm::nccl_compiled() ? "built" : "not built",
-                 cuda_device_count());
+    logging::error("megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks (mpirun -np 2 ", argv[0],
+                   " comm); world size ", env.world_size, ", NCCL ", comm::nccl_compiled() ? "built" : "not built",
+                   ", ", cuda_device_count(), " GPU(s) visible");
     return 2;
   }
   comm::DistributedRuntime runtime(env, comm::Transport::Nccl, std::chrono::minutes(10));
@@ -1041,7 +880,7 @@ int run_comm(int argc, char** argv) {
   } catch (const std::exception& e) {
     // One rank's failure ends the job: its peers would wait in their next collective, and a
     // clean NCCL shutdown of this rank would wait for them (up to the 10-minute timeout).
-    std::fprintf(stderr, "megadlm_bench comm: rank %d: %s\n", env.rank, e.what());
+    logging::error("megadlm_bench comm: ", e.what());  // with the rank prefix
     runtime.abort_job(2);
   }
 }
@@ -1117,7 +956,7 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "megadlm_bench: %s\n", e.what());
+    logging::error("megadlm_bench: ", e.what());
     return 2;
   }
 }

@@ -5,10 +5,22 @@
 //     --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json --append-eod --workers 8
 //
 // Worker threads tokenize batches of lines; the writer keeps the input order, so the output is
-// identical for any --workers. Progress and throughput go to stderr every --log-interval lines.
+// identical for any --workers. Progress and throughput go to stderr (core/logging) every
+// --log-interval lines.
+// The output is written to temporary files next to it and renamed into place only when every
+// line has been tokenized: a failed run leaves an earlier dataset of the same prefix untouched.
+// Documents follow Megatron's encoder: a `text` list is one document with one sequence per
+// non-empty element; --append-eod extends the last sequence, and a document without tokens
+// (empty text) has no sequence at all (no EOD-only document).
 // Exit codes: 0 success, 2 a reported error (bad flag, unreadable input, bad JSON line).
+#include <fcntl.h>
+#include <unistd.h>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstring>
+#include <filesystem>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -22,6 +34,7 @@
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
 #include "megadlm/data/indexed_dataset.h"
 #include "megadlm/data/tokenizer.h"
 
@@ -47,12 +60,29 @@ const char* kUsage =
     "  GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer.\n"
     "Accepted for compatibility and ignored: --partitions 1, --split-sentences (not supported), --keep-newlines.\n";
 
+// The whole of `text` as an integer in [low, high], else an error naming the flag.
+int64_t integer_flag(const std::string& flag, const std::string& text, int64_t low, int64_t high) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
+    throw Error("`" + flag + " " + text + "`: expected an integer");
+  if (v < low || v > high)
+    throw Error("`" + flag + " " + text + "`: must be between " + std::to_string(low) + " and " +
+                std::to_string(high));
+  return v;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   std::vector<std::string> a(argv + 1, argv + argc);
   auto value = [&](size_t& i) -> std::string {
     if (i + 1 >= a.size()) MDLM_FAIL(a[i], " needs a value\n", kUsage);
     return a[++i];
+  };
+  auto int_value = [&](size_t& i, int64_t low, int64_t high) {
+    const std::string flag = a[i];
+    return integer_flag(flag, value(i), low, high);
   };
   for (size_t i = 0; i < a.size(); ++i) {
     const std::string& f = a[i];
@@ -62,10 +92,10 @@ Options parse(int argc, char** argv) {
     else if (f == "--tokenizer-model") o.tokenizer.model = value(i);
     else if (f == "--vocab-file") o.tokenizer.vocab_file = value(i);
     else if (f == "--merge-file") o.tokenizer.merge_file = value(i);
-    else if (f == "--vocab-size") o.tokenizer.vocab_size = std::stoll(value(i));
+    else if (f == "--vocab-size") o.tokenizer.vocab_size = int_value(i, 1, INT32_MAX);
     else if (f == "--append-eod") o.append_eod = true;
-    else if (f == "--workers") o.workers = std::stoi(value(i));
-    else if (f == "--log-interval") o.log_interval = std::stoll(value(i));
+    else if (f == "--workers") o.workers = static_cast<int>(int_value(i, 1, 4096));
+    else if (f == "--log-interval") o.log_interval = int_value(i, 0, INT64_MAX);
     else if (f == "--keep-newlines") continue;
     else if (f == "--partitions") {
       if (value(i) != "1") MDLM_FAIL("--partitions other than 1 is not supported (use --workers)");
@@ -84,15 +114,78 @@ Options parse(int argc, char** argv) {
   }
   if (o.input.empty() || o.output_prefix.empty() || o.tokenizer.type.empty())
     MDLM_FAIL("--input, --output-prefix and --tokenizer-type are required\n", kUsage);
-  if (o.workers < 1) MDLM_FAIL("--workers must be >= 1, got ", o.workers);
   return o;
 }
+
+// The tokens of one JSON key of a line, Megatron's way: a string is one sequence, a list of
+// strings one sequence per element; empty sequences are dropped, and --append-eod goes on the
+// last sequence only when the document has tokens.
+std::vector<std::vector<int32_t>> encode_field(const data::Tokenizer& tok, const nlohmann::json& field,
+                                               bool append_eod, uint64_t& bytes) {
+  std::vector<std::vector<int32_t>> sequences;
+  auto add = [&](const std::string& text) {
+    std::vector<int32_t> ids = tok.encode(text);
+    bytes += text.size();
+    if (!ids.empty()) sequences.push_back(std::move(ids));
+  };
+  if (field.is_string()) {
+    add(field.get_ref<const std::string&>());
+  } else {
+    for (const nlohmann::json& element : field) add(element.get_ref<const std::string&>());
+  }
+  if (append_eod && !sequences.empty()) sequences.back().push_back(tok.eod());
+  return sequences;
+}
+
+bool string_or_strings(const nlohmann::json& v) {
+  if (v.is_string()) return true;
+  if (!v.is_array()) return false;
+  for (const nlohmann::json& e : v)
+    if (!e.is_string()) return false;
+  return true;
+}
+
+// fsync of a file or directory, so that a rename publishes data that is on disk.
+void sync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) MDLM_FAIL("cannot open ", path, " to sync it: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) MDLM_FAIL("fsync of ", path, " failed: ", std::strerror(err));
+}
+
+// The output files of one key: written under a temporary prefix, renamed into place by
+// commit(), removed by the destructor when the run did not get that far.
+struct StagedOutput {
+  std::string prefix, temp_prefix;
+  bool committed = false;
+  StagedOutput(std::string final_prefix)
+      : prefix(std::move(final_prefix)), temp_prefix(prefix + ".tmp-" + std::to_string(::getpid())) {}
+  ~StagedOutput() {
+    if (committed) return;
+    std::error_code ec;
+    std::filesystem::remove(temp_prefix + ".bin", ec);
+    std::filesystem::remove(temp_prefix + ".idx", ec);
+  }
+  // .bin first, .idx last: a reader opening the pair between the two renames sees sizes that
+  // disagree and says so (data/indexed_dataset.h checks them), never a silently mixed dataset.
+  void commit() {
+    for (const char* ext : {".bin", ".idx"}) {
+      sync_path(temp_prefix + ext);
+      std::filesystem::rename(temp_prefix + ext, prefix + ext);
+    }
+    const std::filesystem::path dir = std::filesystem::path(prefix).parent_path();
+    sync_path(dir.empty() ? std::string(".") : dir.string());
+    committed = true;
+  }
+};
 
 // A batch of input lines and, once a worker is done, their token ids per key.
 struct Batch {
   int64_t first_line = 0;
   std::vector<std::string> lines;
-  std::vector<std::vector<std::vector<int32_t>>> ids;  // [line][key]
+  std::vector<std::vector<std::vector<std::vector<int32_t>>>> ids;  // [line][key][sequence]
   uint64_t bytes = 0;                                  // text bytes tokenized
   std::string error;
   bool done = false;
@@ -104,17 +197,19 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const auto tok = data::load_tokenizer(o.tokenizer);
-    std::cerr << "preprocess_data: " << tok->describe() << "\n";
+    logging::info("preprocess_data: ", tok->describe());
     if (o.append_eod && tok->eod() < 0)
       MDLM_FAIL("--append-eod: the tokenizer has no end-of-document token");
     std::ifstream in(o.input, std::ios::binary);
     if (!in) MDLM_FAIL("cannot open --input ", o.input);
     const data::IndexDType dtype = data::optimal_index_dtype(tok->vocab_size());
+    std::vector<std::unique_ptr<StagedOutput>> outputs;
     std::vector<std::unique_ptr<data::IndexedDatasetWriter>> writers;
     for (const std::string& key : o.json_keys) {
-      const std::string prefix = o.output_prefix + "_" + key + "_document";
-      writers.push_back(std::make_unique<data::IndexedDatasetWriter>(prefix, dtype));
-      std::cerr << "preprocess_data: writing " << prefix << ".bin/.idx (" << data::index_dtype_name(dtype) << ")\n";
+      outputs.push_back(std::make_unique<StagedOutput>(o.output_prefix + "_" + key + "_document"));
+      writers.push_back(std::make_unique<data::IndexedDatasetWriter>(outputs.back()->temp_prefix, dtype));
+      logging::info("preprocess_data: writing ", outputs.back()->prefix, ".bin/.idx (",
+                    data::index_dtype_name(dtype), ")");
     }
 
     // Reader (this thread) -> queue of batches -> workers tokenize in place -> writer in order.
@@ -146,14 +241,10 @@ int main(int argc, char** argv) {
               MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1, ": not a JSON object (", e.what(), ")");
             }
             for (const std::string& key : o.json_keys) {
-              if (!j.is_object() || !j.contains(key) || !j[key].is_string())
+              if (!j.is_object() || !j.contains(key) || !string_or_strings(j[key]))
                 MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1,
-                          ": no string field \"", key, "\" (--json-keys)");
-              const std::string& text = j[key].get_ref<const std::string&>();
-              std::vector<int32_t> ids = tok->encode(text);
-              if (o.append_eod) ids.push_back(tok->eod());
-              b->bytes += text.size();
-              b->ids[l].push_back(std::move(ids));
+                          ": no field \"", key, "\" holding a string or a list of strings (--json-keys)");
+              b->ids[l].push_back(encode_field(*tok, j[key], o.append_eod, b->bytes));
             }
           }
         } catch (const std::exception& e) {
@@ -188,11 +279,13 @@ int main(int argc, char** argv) {
     uint64_t bytes = 0;
     auto report = [&](const char* what) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "preprocess_data: %s %lld documents, %lld tokens, %.1f MB of text in %.1f s "
-                   "(%.2f MB/s, %.0f tokens/s, %.0f docs/s)\n", what, static_cast<long long>(docs),
-                   static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6, s,
-                   static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9),
-                   static_cast<double>(tokens) / std::max(s, 1e-9), static_cast<double>(docs) / std::max(s, 1e-9));
+      char line[256];
+      std::snprintf(line, sizeof line, "preprocess_data: %s %lld documents, %lld tokens, %.1f MB of text in %.1f s "
+                    "(%.2f MB/s, %.0f tokens/s, %.0f docs/s)", what, static_cast<long long>(docs),
+                    static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6, s,
+                    static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9),
+                    static_cast<double>(tokens) / std::max(s, 1e-9), static_cast<double>(docs) / std::max(s, 1e-9));
+      logging::info(line);
     };
     // Writes finished batches at the head of the queue (input order).
     auto drain = [&](bool wait) {
@@ -210,8 +303,11 @@ int main(int argc, char** argv) {
         for (const auto& per_key : b->ids) {
           if (per_key.empty()) continue;
           for (size_t k = 0; k < per_key.size(); ++k) {
-            writers[k]->add_document(per_key[k]);
-            tokens += static_cast<int64_t>(per_key[k].size());
+            for (const std::vector<int32_t>& sequence : per_key[k]) {
+              writers[k]->add_sequence(sequence);
+              tokens += static_cast<int64_t>(sequence.size());
+            }
+            writers[k]->end_document();
           }
           ++docs;
         }
@@ -262,15 +358,13 @@ int main(int argc, char** argv) {
       }
       drain(true);
     }
-    for (auto& w : writers) w->finalize();
     if (docs == 0) MDLM_FAIL(o.input, ": no documents (empty input)");
+    for (auto& w : writers) w->finalize();
+    for (auto& out : outputs) out->commit();
     report("done:");
     return 0;
-  } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    logging::error(e.what());
     return 2;
   }
 }

@@ -32,7 +32,8 @@ import json, statistics, sys, os
 out = sys.argv[1]
 def rows(name):
     p = os.path.join(out, name + ".jsonl")
-    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+    r = [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+    return [x for x in r if x.get("kind", "train") == "train" and "elapsed_ms" in x]  # docs/metrics.md
 res, ref = {}, rows("dp1_gbs32")
 for name in ["dp1", "dp2", "dp2_ovl", "dp2_dopt"]:
     r = rows(name)

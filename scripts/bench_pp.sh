@@ -31,7 +31,7 @@ out = sys.argv[1]
 def rows(name):
     p = os.path.join(out, name + ".jsonl")
     r = [json.loads(l) for l in open(p)] if os.path.exists(p) else []
-    return [x for x in r if "lm_loss" in x], next((x["peak_mem_gb_per_stage"] for x in r if "peak_mem_gb_per_stage" in x), None)
+    return [x for x in r if x.get("kind", "train") == "train" and "elapsed_ms" in x], next((x["peak_mem_gb_per_stage"] for x in r if "peak_mem_gb_per_stage" in x), None)
 ref, _ = rows("pp1")
 t1 = statistics.median(x["elapsed_ms"] for x in ref[2:]) if len(ref) > 2 else None
 res = {}

@@ -24,7 +24,8 @@ import json, statistics, sys, os
 out = sys.argv[1]
 def rows(name):
     p = os.path.join(out, name + ".jsonl")
-    return [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+    r = [json.loads(l) for l in open(p)] if os.path.exists(p) else []
+    return [x for x in r if x.get("kind", "train") == "train" and "elapsed_ms" in x]  # docs/metrics.md
 ref, res = rows("tp1"), {}
 for name, world in [("tp1", 1), ("tp2", 2), ("tp2_sp", 2)]:
     r = rows(name)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Training benchmark of the MegaDLMs 1.7B architecture on one GPU (issue 2's acceptance run).
 # Runs pretrain_difflm with configs/megadlms_1.7b.args on mock data (the schedule shortened so a
-# few iterations are a valid run; it does not change the speed), one log line per iteration,
-# and writes tokens/s, TFLOP/s per GPU, MFU (against 811 TFLOP/s, the cuBLASLt bf16 GEMM rate
-# measured on the H200) and peak memory to OUT_DIR/bench_train.json and .md.
+# few iterations are a valid run; it does not change the speed), one log line per iteration, no
+# evaluation passes (--eval-iters 0: they would only add time), and writes tokens/s, TFLOP/s per
+# GPU, MFU (against 811 TFLOP/s, the cuBLASLt bf16 GEMM rate measured on the H200, and against
+# 989, the datasheet rate) and peak memory (in use and reserved) to OUT_DIR/bench_train.json and
+# .md. The metrics rows are described in docs/metrics.md. MEGADLM_BIN: folder of pretrain_difflm.
 #
 #   scripts/bench_train.sh OUT_DIR [ITERS] [GLOBAL_BATCH] [extra pretrain_difflm flags...]
 set -euo pipefail
@@ -15,7 +17,7 @@ bin=${MEGADLM_BIN:-build/bin}
 metrics="$out/train_metrics.jsonl"
 rm -f "$metrics"
 "$bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda \
-  --global-batch-size "$gbs" --train-iters "$iters" --log-interval 1 \
+  --global-batch-size "$gbs" --train-iters "$iters" --log-interval 1 --eval-iters 0 \
   --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000 \
   --metrics-jsonl "$metrics" "$@" 2>&1 | tee "$out/train_log.txt"
 python3 scripts/summarize_metrics.py "$metrics" --skip "$skip" \

@@ -3,7 +3,7 @@
 # MegaDLMs 1.7B model for a few iterations per configuration on one GPU, and the logged
 # prediction (metrics row `predicted_peak_gb`, the planner's peak for the rank) is compared with
 # the stream-ordered pool's measured peaks: in use (`peak_mem_gb`) and reserved from the driver
-# (`reserved_peak_gb`, what the GPU actually gave up). A configuration passes when its reserved
+# (`peak_reserved_gb`, what the GPU actually gave up). A configuration passes when its reserved
 # peak is within 10 % of the prediction. Writes OUT_DIR/check_planner.md and .json; exit 1 when
 # any configuration misses (or fails to run).
 #
@@ -62,7 +62,7 @@ for e in entries:
         rows.append(dict(config=name, flags=flags, error="no metrics (see the log)")); bad = True; continue
     pred = its[0]["predicted_peak_gb"]
     used = max(r["peak_mem_gb"] for r in its)
-    reserved = max(r.get("reserved_peak_gb", 0) for r in its)
+    reserved = max(r.get("peak_reserved_gb", 0) for r in its)
     ratio = reserved / pred if pred > 0 else float("inf")
     ok = abs(ratio - 1) <= 0.10
     bad |= not ok

@@ -31,7 +31,7 @@ mkdir -p "$work"
 summary="$out/ckpt_summary.txt"
 has() { [[ " $what " == *" $1 "* || " $what " == *" all "* ]]; }
 note() { echo "$*" | tee -a "$summary"; }
-det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|peak_mem_gb)":[^,}]*,?//g' "$1"; }
+det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|mfu_989|peak_mem_gb|peak_reserved_gb)":[^,}]*,?//g' "$1"; }
 big=(@configs/megadlms_1.7b.args --mock-data --device cuda --global-batch-size 16 --lr-decay-style cosine
      --lr-warmup-iters 1 --lr-decay-iters 3 --train-iters 3 --log-interval 1 --eval-iters 0)
 

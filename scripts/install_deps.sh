@@ -10,8 +10,9 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake git ca-certificates \
   libgtest-dev libgmock-dev nlohmann-json3-dev \
+  libcli11-dev libspdlog-dev libfmt-dev \
   libopenmpi-dev openmpi-bin \
-  libsentencepiece-dev sentencepiece python3 >/dev/null
+  libsentencepiece-dev sentencepiece python3 python3-numpy >/dev/null
 # npm for the tokenizer files below (a NodeSource nodejs already brings its own npm).
 if ! command -v npm >/dev/null 2>&1; then
   $SUDO apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null

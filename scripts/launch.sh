@@ -28,6 +28,8 @@ environment exported to every rank:
   NCCL_NVLS_ENABLE=0      NVLink SHARP / multicast stays off unless you set it yourself
   NCCL_*                  every NCCL variable set here (NCCL_DEBUG, NCCL_SOCKET_IFNAME, ...)
   MASTER_ADDR, MASTER_PORT  rank 0's host and a port (used only when MPI is not running)
+  MEGADLM_RENDEZVOUS_TOKEN  a random token of this launch that rank 0's TCP rendezvous demands
+                          (yours if set; docs/launching.md)
   PATH, LD_LIBRARY_PATH
 
 examples:
@@ -83,6 +85,12 @@ is_number "$gpus" || { echo "launch.sh: --gpus must be a positive integer, got '
 # NCCL's environment: NVLink SHARP off by default, the user's NCCL_* passed along.
 export NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}"
 export MASTER_PORT="$master_port"
+# The token rank 0's rendezvous socket demands: random per launch, so that another job (or
+# anything else) reaching MASTER_PORT is refused. Not printed by --dry-run (it is a secret).
+if [ -z "${MEGADLM_RENDEZVOUS_TOKEN:-}" ]; then
+  MEGADLM_RENDEZVOUS_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+fi
+export MEGADLM_RENDEZVOUS_TOKEN
 nccl_vars=$(compgen -e | grep '^NCCL_' || true)
 
 cmd=()
@@ -113,7 +121,7 @@ case "$launcher" in
       cmd+=(--hostfile "$gen")
     fi
     [ "$(id -u)" = 0 ] && cmd+=(--allow-run-as-root)
-    for v in $nccl_vars MASTER_ADDR MASTER_PORT PATH LD_LIBRARY_PATH; do cmd+=(-x "$v"); done
+    for v in $nccl_vars MASTER_ADDR MASTER_PORT MEGADLM_RENDEZVOUS_TOKEN PATH LD_LIBRARY_PATH; do cmd+=(-x "$v"); done
     ;;
   srun)
     if [ -z "$nodes" ]; then nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}; fi

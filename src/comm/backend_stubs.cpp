@@ -25,6 +25,10 @@ std::shared_ptr<Communicator> mpi_world_communicator(const std::string&, std::ch
 void mpi_broadcast_bytes(void*, size_t, int, std::chrono::milliseconds, const char* what) {
   no_mpi(what);
 }
+std::vector<std::pair<int, std::string>> mpi_gather_strings(const std::string&, std::chrono::milliseconds,
+                                                            int*) {
+  no_mpi("gathering the ranks' start-up errors");
+}
 void mpi_abort(int code) noexcept { std::_Exit(code); }
 #endif
 

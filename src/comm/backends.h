@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 #include "comm/comm_common.h"
 
 namespace megadlm::comm::detail {
@@ -30,6 +32,12 @@ std::shared_ptr<Communicator> mpi_world_communicator(const std::string& name,
 /// hand the NCCL unique id to every rank).
 void mpi_broadcast_bytes(void* data, size_t bytes, int root, std::chrono::milliseconds timeout,
                          const char* what);
+/// Collective over MPI_COMM_WORLD within `timeout`: every rank passes a string (usually empty);
+/// world rank 0 gets every non-empty one with its rank, the other ranks only how many ranks
+/// passed one (`count`). One small all-reduce when every string is empty.
+std::vector<std::pair<int, std::string>> mpi_gather_strings(const std::string& mine,
+                                                            std::chrono::milliseconds timeout,
+                                                            int* count);
 /// MPI_Abort(MPI_COMM_WORLD, code): ends every process of the job.
 [[noreturn]] void mpi_abort(int code) noexcept;
 

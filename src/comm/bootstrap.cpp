@@ -104,6 +104,23 @@ void check_consistency(const LaunchEnvironment& e, const char* v_world, const ch
 void read_master(const Reader& r, LaunchEnvironment& e) {
   if (auto a = r.lookup("MASTER_ADDR")) e.master_addr = *a;
   if (auto p = r.optional_int("MASTER_PORT")) e.master_port = *p;
+  // The rendezvous token: explicit (scripts/launch.sh makes a random one), else an id every
+  // process of this launch shares and other launches do not: torchrun's run id (a fresh uuid
+  // with --standalone), Slurm's job and step.
+  if (auto t = r.lookup("MEGADLM_RENDEZVOUS_TOKEN")) {
+    e.job_token = *t;
+    e.job_token_source = "MEGADLM_RENDEZVOUS_TOKEN";
+  } else if (auto t = r.lookup("TORCHELASTIC_RUN_ID")) {
+    e.job_token = "torchrun:" + *t;
+    e.job_token_source = "TORCHELASTIC_RUN_ID";
+  } else if (auto t = r.lookup("SLURM_JOB_ID")) {
+    const auto step = r.lookup("SLURM_STEP_ID") ? r.lookup("SLURM_STEP_ID") : r.lookup("SLURM_STEPID");
+    e.job_token = "slurm:" + *t + "." + step.value_or("");
+    e.job_token_source = "SLURM_JOB_ID and SLURM_STEP_ID";
+  }
+  if (e.job_token.size() > 256)
+    MDLM_FAIL(e.job_token_source, " is ", e.job_token.size(), " bytes long; the rendezvous token "
+              "takes at most 256");
 }
 
 }  // namespace
@@ -174,6 +191,26 @@ LaunchEnvironment detect_launch_environment() {
     if (!v) return std::nullopt;
     return std::string(v);
   });
+}
+
+StartupErrors gather_startup_errors(const LaunchEnvironment& env, const std::string& error,
+                                    std::chrono::milliseconds timeout) {
+  StartupErrors out;
+  const bool launched_by_mpi = env.launcher == Launcher::MpiRun || env.launcher == Launcher::Slurm;
+  if (env.world_size > 1 && launched_by_mpi && mpi_compiled()) {
+    detail::mpi_start();
+    // Messages are a few lines; a bound keeps a runaway one from flooding rank 0.
+    constexpr size_t kMaxError = 16384;
+    const std::string mine = error.size() > kMaxError ? error.substr(0, kMaxError) + "..." : error;
+    out.errors = detail::mpi_gather_strings(mine, timeout, &out.failed_ranks);
+    out.gathered = true;
+    return out;
+  }
+  if (!error.empty()) {
+    out.failed_ranks = 1;
+    out.errors.emplace_back(env.rank, error);
+  }
+  return out;
 }
 
 // ---- DistributedRuntime --------------------------------------------------------------------------
@@ -266,10 +303,10 @@ DistributedRuntime::DistributedRuntime(const LaunchEnvironment& env, Transport t
                 "MASTER_ADDR='", env_.master_addr, "' MASTER_PORT=", env_.master_port);
     if (env_.rank == 0) {
       detail::TcpRendezvousServer server(env_.master_port);
-      server.serve(env_.world_size, std::vector<uint8_t>(id.begin(), id.end()), timeout);
+      server.serve(env_.world_size, std::vector<uint8_t>(id.begin(), id.end()), env_.job_token, timeout);
     } else {
       const std::vector<uint8_t> got = detail::tcp_rendezvous_fetch(
-          env_.master_addr, env_.master_port, env_.rank, env_.world_size, timeout);
+          env_.master_addr, env_.master_port, env_.rank, env_.world_size, env_.job_token, timeout);
       MDLM_CHECK(got.size() == id.size(), "rank 0 sent an NCCL id of ", got.size(),
                  " bytes; expected ", id.size());
       std::copy(got.begin(), got.end(), id.begin());
@@ -284,9 +321,20 @@ DistributedRuntime::~DistributedRuntime() {
   if (mpi_started_here_) detail::mpi_stop();
 }
 
+void DistributedRuntime::set_collective_log_dir(const std::string& dir) { registry_->set_log_dir(dir); }
+
+std::string DistributedRuntime::write_collective_log(const std::string& reason) {
+  return registry_->write_collective_log(reason);
+}
+
 void DistributedRuntime::abort_job(int exit_code) noexcept {
   std::fflush(stdout);
   std::fflush(stderr);
+  if (registry_ && env_.world_size > 1) {
+    const std::string file = registry_->write_collective_log(concat("abort_job(", exit_code, ")"));
+    if (!file.empty()) std::fprintf(stderr, "rank %d: last collectives written to %s\n", env_.rank, file.c_str());
+    std::fflush(stderr);
+  }
   if (registry_) registry_->abort_all();
   if (detail::mpi_is_up()) detail::mpi_abort(exit_code);
   std::_Exit(exit_code);

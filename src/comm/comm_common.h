@@ -23,9 +23,17 @@ class CommRegistry {
   /// Calls abort() on every live communicator (newest first, so splits go before the world).
   void abort_all() noexcept;
 
+  /// Where write_collective_log() puts its file ("" = the system's temporary directory).
+  void set_log_dir(std::string dir);
+  /// Writes the collective records of every live communicator of this process to
+  /// <dir>/collectives_rank<R>.txt (in the temporary directory: megadlm_collectives_rank<R>_pid<P>.txt)
+  /// with `reason` in its header; returns the path, or "" when it could not be written. Never throws.
+  std::string write_collective_log(const std::string& reason) noexcept;
+
  private:
   std::mutex mu_;
   std::vector<Communicator*> live_;
+  std::string log_dir_;
 };
 
 /// "group 'dp' (rank 1 of 4, global rank 5, host gpu-node-3, device cuda:1)".
@@ -37,8 +45,10 @@ std::string host_name();
 std::string describe_op(const char* op, uint64_t seq, const std::string& detail);
 
 /// Raises CommTimeoutError: what did not finish, who is waiting, for how long, and what to do.
+/// With `registry`, this rank's last collectives are written first and the message names the file.
 [[noreturn]] void throw_timeout(const Communicator& c, const std::string& op_text,
-                                std::chrono::milliseconds waited, const std::string& extra);
+                                std::chrono::milliseconds waited, const std::string& extra,
+                                CommRegistry* registry = nullptr);
 
 /// The one cold function behind MDLM_MPI_CHECK / MDLM_NCCL_CHECK: the failing call, the
 /// library's error code and text, who (group/rank/host/device) and where (file:line).

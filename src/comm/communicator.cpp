@@ -4,6 +4,10 @@
 #include <unistd.h>
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include "comm/comm_common.h"
 
@@ -36,6 +40,48 @@ void CommRegistry::abort_all() noexcept {
   for (auto it = live_.rbegin(); it != live_.rend(); ++it) (*it)->abort();
 }
 
+void CommRegistry::set_log_dir(std::string dir) {
+  std::lock_guard<std::mutex> lock(mu_);
+  log_dir_ = std::move(dir);
+}
+
+std::string CommRegistry::write_collective_log(const std::string& reason) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (live_.empty()) return "";
+    const Communicator* world = live_.front();  // the world is created first
+    const int rank = world->global_rank(world->rank());
+    char name[96];
+    std::filesystem::path dir = log_dir_;
+    if (dir.empty()) {
+      dir = std::filesystem::temp_directory_path();
+      std::snprintf(name, sizeof name, "megadlm_collectives_rank%05d_pid%ld.txt", rank, static_cast<long>(::getpid()));
+    } else {
+      std::snprintf(name, sizeof name, "collectives_rank%05d.txt", rank);
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string path = (dir / name).string();
+    const auto now = std::chrono::system_clock::now();
+    std::ostringstream os;
+    os << "# megadlm: the last collectives of world rank " << rank << " (host " << host_name() << ", pid "
+       << ::getpid() << "), written because: " << reason << "\n"
+       << "# One block per group of this rank; oldest first; compare with the other ranks' files: the\n"
+       << "# rank that stopped earlier, or waits in another operation, is where the hang started.\n";
+    for (const Communicator* c : live_) {
+      const CollectiveRecord* r = c->collective_record();
+      if (r == nullptr) continue;
+      os << "\n" << r->format(concat("group '", c->name(), "' (rank ", c->rank(), " of ", c->size(), ")"), now);
+    }
+    std::ofstream f(path, std::ios::trunc);
+    f << os.str();
+    f.close();
+    return f ? path : std::string();
+  } catch (...) {
+    return "";
+  }
+}
+
 std::string host_name() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
@@ -57,7 +103,7 @@ std::string tensor_text(const Tensor& t) {
 }
 
 void throw_timeout(const Communicator& c, const std::string& op_text,
-                   std::chrono::milliseconds waited, const std::string& extra) {
+                   std::chrono::milliseconds waited, const std::string& extra, CommRegistry* registry) {
   std::string msg = concat(
       "CommTimeoutError: ", op_text, " on ", describe(c), " did not complete within ",
       waited.count(), " ms (timeout ", c.timeout().count(), " ms",
@@ -66,6 +112,10 @@ void throw_timeout(const Communicator& c, const std::string& op_text,
       "' must call the same operations in the same order; a rank that skipped this one, waits in "
       "another one, or died causes this.");
   if (!extra.empty()) msg += " " + extra;
+  if (registry != nullptr) {
+    const std::string file = registry->write_collective_log(concat("timeout: ", op_text, " on ", describe(c)));
+    if (!file.empty()) msg += " This rank's last collectives are in " + file + " (compare with the other ranks').";
+  }
   msg += " The group is unusable now: end the job (DistributedRuntime::abort_job).";
   throw CommTimeoutError(msg);
 }

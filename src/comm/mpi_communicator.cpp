@@ -8,6 +8,7 @@
 
 #if MEGADLM_WITH_MPI
 #include <mpi.h>
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -142,6 +143,7 @@ class MpiCommunicator final : public Communicator {
     check_all_reduce(*this, t, op, /*reduces_16bit=*/false);
     const std::string what = describe_op("all_reduce", ++seq_,
                                          concat(tensor_text(t), ", ", reduce_op_name(op)));
+    record_.begin(seq_, "all_reduce", t.numel(), t.dtype(), reduce_op_name(op));
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count("all_reduce", t.numel()),
                                   mpi_type(t.dtype()), mpi_op(op), comm_, &req[0]),
@@ -156,6 +158,7 @@ class MpiCommunicator final : public Communicator {
     const std::string what = describe_op("reduce_scatter", ++seq_,
                                          concat(tensor_text(in), " -> ", tensor_text(out), ", ",
                                                 reduce_op_name(op)));
+    record_.begin(seq_, "reduce_scatter", in.numel(), in.dtype(), reduce_op_name(op));
     // MPI forbids overlapping send and receive buffers: an in-place call reduces into a copy.
     Tensor target = a == Aliasing::InPlace ? Tensor::empty(out.shape(), out.dtype(), Stream::cpu()) : out;
     std::vector<MPI_Request> req(1);
@@ -174,6 +177,7 @@ class MpiCommunicator final : public Communicator {
     const Aliasing a = check_all_gather(*this, in, out);
     const std::string what = describe_op("all_gather", ++seq_,
                                          concat(tensor_text(in), " -> ", tensor_text(out)));
+    record_.begin(seq_, "all_gather", in.numel(), in.dtype(), "");
     const int n = count("all_gather", in.numel());
     const MPI_Datatype type = mpi_type(in.dtype());
     std::vector<MPI_Request> req(1);
@@ -193,6 +197,7 @@ class MpiCommunicator final : public Communicator {
     check_broadcast(*this, t, root);
     const std::string what = describe_op("broadcast", ++seq_,
                                          concat(tensor_text(t), ", root ", root));
+    record_.begin(seq_, "broadcast", t.numel(), t.dtype(), concat("root ", root));
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Ibcast(t.data_ptr(), count("broadcast", t.numel()), mpi_type(t.dtype()),
                               root, comm_, &req[0]),
@@ -206,6 +211,7 @@ class MpiCommunicator final : public Communicator {
     const AllToAllPlan plan = check_all_to_all(*this, in, send_counts, out, recv_counts);
     const std::string what = describe_op("all_to_all", ++seq_,
                                          concat(tensor_text(in), " -> ", tensor_text(out)));
+    record_.begin(seq_, "all_to_all", in.numel(), in.dtype(), "");
     // MPI-3 counts and displacements are int; the totals bound every entry.
     count("all_to_all", in.numel());
     count("all_to_all", out.numel());
@@ -245,6 +251,7 @@ class MpiCommunicator final : public Communicator {
   void barrier(const Stream& stream) override {
     begin("barrier", stream);
     const std::string what = describe_op("barrier", ++seq_, "");
+    record_.begin(seq_, "barrier", 0, std::nullopt, "");
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Ibarrier(comm_, &req[0]), who());
     wait(req, what);
@@ -258,6 +265,7 @@ class MpiCommunicator final : public Communicator {
     // missing rank is reported instead of hanging inside the split.
     const std::string what = describe_op("split", ++seq_, concat("into '", name, "', color ",
                                                                  color, ", key ", key));
+    record_.begin(seq_, "split", 0, std::nullopt, concat("into '", name, "'"));
     std::vector<MPI_Request> req(1);
     MDLM_MPI_CHECK(MPI_Ibarrier(comm_, &req[0]), who());
     wait(req, what);
@@ -268,6 +276,8 @@ class MpiCommunicator final : public Communicator {
   }
 
   void abort() noexcept override { aborted_ = true; }
+
+  const CollectiveRecord* collective_record() const override { return &record_; }
 
  private:
   std::string who() const { return describe(*this); }
@@ -289,6 +299,10 @@ class MpiCommunicator final : public Communicator {
   /// Posts every transfer, then waits for all; receives must get exactly their element count.
   void batch(const std::vector<P2POp>& ops, const char* op) {
     const std::string what = describe_op(op, ++seq_, concat(ops.size(), " transfer(s)"));
+    int64_t elements = 0;
+    for (const P2POp& o : ops) elements += o.tensor.numel();
+    record_.begin(seq_, op, elements, ops.empty() ? std::nullopt : std::optional<DType>(ops[0].tensor.dtype()),
+                  concat(ops.size(), " transfer(s)"));
     std::vector<MPI_Request> reqs(ops.size(), MPI_REQUEST_NULL);
     for (size_t i = 0; i < ops.size(); ++i) {
       const P2POp& o = ops[i];
@@ -324,10 +338,12 @@ class MpiCommunicator final : public Communicator {
     milliseconds waited{0};
     int rc = MPI_SUCCESS;
     switch (wait_all(reqs, statuses, timeout_, &waited, &rc)) {
-      case WaitResult::Done: return;
+      case WaitResult::Done:
+        record_.complete(seq_);  // every op waits for itself before the next one starts
+        return;
       case WaitResult::TimedOut:
         failed_ = true;
-        throw_timeout(*this, what, waited, "");
+        throw_timeout(*this, what, waited, "", registry_.get());
       case WaitResult::Failed:
         failed_ = true;
         if (rc == MPI_ERR_IN_STATUS) {
@@ -356,6 +372,7 @@ class MpiCommunicator final : public Communicator {
   uint64_t seq_ = 0;
   bool aborted_ = false;
   bool failed_ = false;
+  CollectiveRecord record_;
 };
 
 }  // namespace
@@ -375,6 +392,9 @@ bool mpi_start() {
     const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) throw_mpi("MPI_Init_thread", rc, "this process", __FILE__, __LINE__);
     started = true;
+    // Whoever started MPI, a normal exit finalises it (a launcher counts a process that exits
+    // without MPI_Finalize as failed); mpi_stop is a no-op once the runtime has finalised.
+    std::atexit([] { mpi_stop(); });
   }
   // SERIALIZED: the library may call MPI from a communication thread, never from two at once.
   MDLM_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI provides thread level ", provided,
@@ -431,6 +451,60 @@ void mpi_broadcast_bytes(void* data, size_t bytes, int root, std::chrono::millis
                                     who, "; every rank must start and reach the same point"));
     case WaitResult::Failed: throw_mpi("MPI_Testall", rc, who, __FILE__, __LINE__);
   }
+}
+
+std::vector<std::pair<int, std::string>> mpi_gather_strings(const std::string& mine,
+                                                            std::chrono::milliseconds timeout,
+                                                            int* count) {
+  const std::string who = concat("world rank ", mpi_world_rank(), " of ", mpi_world_size(),
+                                 " on host ", host_name());
+  const int size = mpi_world_size(), rank = mpi_world_rank();
+  // Each step is a non-blocking collective polled against the deadline, as every MPI call here.
+  auto finish = [&](MPI_Request req, const char* what) {
+    std::vector<MPI_Request> reqs{req};
+    std::vector<MPI_Status> statuses;
+    milliseconds waited{0};
+    int rc = MPI_SUCCESS;
+    switch (wait_all(reqs, statuses, timeout, &waited, &rc)) {
+      case WaitResult::Done: return;
+      case WaitResult::TimedOut:
+        throw CommTimeoutError(concat("CommTimeoutError: ", what, " did not complete within ",
+                                      waited.count(), " ms on ", who,
+                                      "; every rank must start and reach the same point"));
+      case WaitResult::Failed: throw_mpi("MPI_Testall", rc, who, __FILE__, __LINE__);
+    }
+  };
+  int64_t flag = mine.empty() ? 0 : 1, failed = 0;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallreduce(&flag, &failed, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) throw_mpi("MPI_Iallreduce", rc, who, __FILE__, __LINE__);
+  finish(req, "agreeing whether any rank's start-up failed");
+  *count = static_cast<int>(failed);
+  if (failed == 0) return {};
+  const int len = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<size_t>(size), 0);
+  rc = MPI_Igather(&len, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) throw_mpi("MPI_Igather", rc, who, __FILE__, __LINE__);
+  finish(req, "gathering the start-up errors' lengths");
+  std::vector<int> displs(static_cast<size_t>(size), 0);
+  int64_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    displs[static_cast<size_t>(r)] = static_cast<int>(total);
+    total += lengths[static_cast<size_t>(r)];
+  }
+  MDLM_CHECK(rank != 0 || total <= INT_MAX, "start-up errors of ", total, " bytes in all");
+  std::vector<char> all(static_cast<size_t>(rank == 0 ? std::max<int64_t>(total, 1) : 1));
+  rc = MPI_Igatherv(mine.data(), len, MPI_CHAR, all.data(), lengths.data(), displs.data(), MPI_CHAR, 0,
+                    MPI_COMM_WORLD, &req);
+  if (rc != MPI_SUCCESS) throw_mpi("MPI_Igatherv", rc, who, __FILE__, __LINE__);
+  finish(req, "gathering the start-up errors");
+  std::vector<std::pair<int, std::string>> out;
+  if (rank != 0) return out;
+  for (int r = 0; r < size; ++r)
+    if (lengths[static_cast<size_t>(r)] > 0)
+      out.emplace_back(r, std::string(all.data() + displs[static_cast<size_t>(r)],
+                                      static_cast<size_t>(lengths[static_cast<size_t>(r)])));
+  return out;
 }
 
 void mpi_abort(int code) noexcept {

@@ -43,9 +43,9 @@ void cuda_event_synchronize(const CudaEventHandle* ev);
 
 int cuda_device_count_impl();
 size_t cuda_peak_memory(int device);
-/// The pool's reserved bytes high-water mark (what it took from the driver).
-size_t cuda_peak_reserved(int device);
+size_t cuda_peak_reserved_memory(int device);
 size_t cuda_used_memory(int device);
+size_t cuda_total_memory(int device);  ///< 0 when the device cannot be queried
 void cuda_reset_peak(int device);
 
 }  // namespace megadlm::detail

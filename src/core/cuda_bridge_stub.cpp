@@ -34,8 +34,9 @@ bool cuda_event_query(const CudaEventHandle*) { no_cuda("querying a CUDA event")
 void cuda_event_synchronize(const CudaEventHandle*) { no_cuda("synchronizing a CUDA event"); }
 int cuda_device_count_impl() { return 0; }
 size_t cuda_peak_memory(int) { return 0; }
-size_t cuda_peak_reserved(int) { return 0; }
+size_t cuda_peak_reserved_memory(int) { return 0; }
 size_t cuda_used_memory(int) { return 0; }
+size_t cuda_total_memory(int) { return 0; }
 void cuda_reset_peak(int) {}
 }  // namespace megadlm::detail
 #endif

@@ -22,11 +22,14 @@ void Stream::synchronize() const {
 size_t cuda_peak_memory_bytes(Device device) {
   return device.is_cuda() ? detail::cuda_peak_memory(device.index) : 0;
 }
-size_t cuda_peak_reserved_bytes(Device device) {
-  return device.is_cuda() ? detail::cuda_peak_reserved(device.index) : 0;
+size_t cuda_peak_reserved_memory_bytes(Device device) {
+  return device.is_cuda() ? detail::cuda_peak_reserved_memory(device.index) : 0;
 }
 size_t cuda_used_memory_bytes(Device device) {
   return device.is_cuda() ? detail::cuda_used_memory(device.index) : 0;
+}
+size_t cuda_total_memory_bytes(Device device) {
+  return device.is_cuda() ? detail::cuda_total_memory(device.index) : 0;
 }
 void cuda_reset_peak_memory(Device device) {
   if (device.is_cuda()) detail::cuda_reset_peak(device.index);

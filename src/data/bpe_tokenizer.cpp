@@ -416,13 +416,22 @@ json read_json(const std::string& path, const char* what) {
   }
 }
 
+// Token ids index tables: a damaged file must not make us allocate for id 2^31 or write at -1.
+constexpr int32_t kMaxTokenId = 1 << 24;  // no published tokenizer comes near 16.7M ids
+
+int32_t checked_id(const json& v, const std::string& path, const std::string& what) {
+  const int64_t id = v.get<int64_t>();
+  if (id < 0 || id >= kMaxTokenId)
+    MDLM_FAIL(path, ": ", what, " has id ", id, "; token ids lie in [0, ", kMaxTokenId, ")");
+  return static_cast<int32_t>(id);
+}
+
 void set_vocab(ByteLevelBpe& t, const json& vocab, const std::string& path) {
   if (!vocab.is_object()) MDLM_FAIL(path, ": the vocabulary is not a JSON object of token -> id");
   t.vocab.reserve(vocab.size());
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int32_t id = it.value().get<int32_t>();
-    if (id < 0) MDLM_FAIL(path, ": negative id ", id, " for token \"", it.key(), "\"");
+    const int32_t id = checked_id(it.value(), path, "token \"" + it.key() + "\"");
     t.vocab.emplace(it.key(), id);
     max_id = std::max(max_id, id);
   }
@@ -516,7 +525,7 @@ void read_post_processor(ByteLevelBpe& t, const json& p, const std::string& path
       } else if (item.contains("SpecialToken")) {
         const std::string id = item.at("SpecialToken").at("id").get<std::string>();
         for (const json& v : specials.at(id).at("ids"))
-          (seen_sequence ? t.suffix_ids : t.prefix_ids).push_back(v.get<int32_t>());
+          (seen_sequence ? t.suffix_ids : t.prefix_ids).push_back(checked_id(v, path, "special token " + id));
       }
     }
     return;
@@ -533,6 +542,11 @@ std::string token_text(const json& v) {
 
 }  // namespace
 
+namespace {
+std::unique_ptr<Tokenizer> huggingface_tokenizer_from_json(const json& j, const std::string& path,
+                                                           const std::filesystem::path& dir);
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_huggingface_tokenizer(const std::string& given) {
   namespace fs = std::filesystem;
   std::string path = given;
@@ -547,6 +561,20 @@ std::unique_ptr<Tokenizer> load_huggingface_tokenizer(const std::string& given) 
     dir = fs::path(given).parent_path();
   }
   const json j = read_json(path, "--tokenizer-model");
+  // A field of the wrong JSON type anywhere below is the file's fault: say which file.
+  try {
+    return huggingface_tokenizer_from_json(j, path, dir);
+  } catch (const json::exception& e) {
+    MDLM_FAIL(path, ": not a tokenizer.json megadlm can read: a field is missing or has the wrong "
+              "type (", e.what(), ")");
+  }
+}
+
+namespace {
+
+std::unique_ptr<Tokenizer> huggingface_tokenizer_from_json(const json& j, const std::string& path,
+                                                           const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
   auto t = std::make_unique<ByteLevelBpe>();
   t->source = path;
   t->type_name = "HuggingFaceTokenizer";
@@ -576,12 +604,17 @@ std::unique_ptr<Tokenizer> load_huggingface_tokenizer(const std::string& given) 
   for (const json& a : j.value("added_tokens", json::array())) {
     AddedToken at;
     at.content = a.at("content").get<std::string>();
-    at.id = a.at("id").get<int32_t>();
+    at.id = checked_id(a.at("id"), path, "added token \"" + at.content + "\"");
     at.lstrip = a.value("lstrip", false);
     at.rstrip = a.value("rstrip", false);
     t->added.push_back(at);
   }
   t->index_added();
+  for (const std::vector<int32_t>* ids : {&t->prefix_ids, &t->suffix_ids})
+    for (int32_t id : *ids)
+      if (static_cast<size_t>(id) >= t->id_to_token.size())
+        MDLM_FAIL(path, ": the post-processor adds token id ", id, ", which is not in the vocabulary (",
+                  t->id_to_token.size(), " ids)");
   // EOS from the tokenizer's config files, else the usual names among the added tokens.
   std::string eos;
   for (const char* cfg : {"tokenizer_config.json", "special_tokens_map.json"}) {
@@ -602,6 +635,8 @@ std::unique_ptr<Tokenizer> load_huggingface_tokenizer(const std::string& given) 
     if (t->eod_id < 0) t->eod_id = id_of(guess);
   return t;
 }
+
+}  // namespace
 
 std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file,
                                                    const std::string& merge_file) {

@@ -592,6 +592,7 @@ SplitDatasets build_gpt_datasets(const DataSources& sources,
     const bool weighted = !blend.weights.empty();
     const std::vector<double> w = weighted ? normalize(blend.weights) : std::vector<double>{};
     std::array<std::vector<std::shared_ptr<const GptDataset>>, 3> mid;
+    std::array<std::vector<int64_t>, 3> requested;  // samples each dataset was asked for
     for (size_t b = 0; b < blend.prefixes.size(); ++b) {
       auto data = open(blend.prefixes[b]);
       const int64_t n = data->num_sequences();
@@ -604,6 +605,7 @@ SplitDatasets build_gpt_datasets(const DataSources& sources,
           want = num_samples[s];
         } else if (weighted) {  // 0.5% margin so the blend is satisfied
           want = static_cast<int64_t>(std::ceil(static_cast<double>(*num_samples[s]) * w[b] * 1.005));
+          requested[s].push_back(*want);
         }
         mid[s].push_back(std::make_shared<const GptDataset>(data, static_cast<Split>(s), beg, end, want, options));
       }
@@ -618,9 +620,12 @@ SplitDatasets build_gpt_datasets(const DataSources& sources,
       int64_t size = *num_samples[s];
       if (weighted) {
         ws = w;
+        // Megatron-Core (MegaDLMs' version): the weights become the requested sample counts
+        // (weight x samples x 1.005, rounded up), not the larger counts the datasets built
+        // (whole epochs), which would flatten a 0.3/0.7 blend towards the datasets' sizes.
         if (options.renormalize_blend_weights) {
           ws.clear();
-          for (const auto& d : mid[s]) ws.push_back(static_cast<double>(d->size()));
+          for (int64_t n : requested[s]) ws.push_back(static_cast<double>(n));
         }
       } else {
         int64_t total = 0;

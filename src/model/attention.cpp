@@ -14,9 +14,8 @@ SelfAttention::SelfAttention(const TransformerConfig& config, int layer_number,
   MDLM_CHECK(config.num_attention_heads % tp == 0 && config.num_query_groups % tp == 0, "layer ",
              layer_number, ": heads ", config.num_attention_heads, " and query groups ",
              config.num_query_groups, " must divide by tensor-parallel size ", tp);
-  MDLM_CHECK(mp.cp.size == 1, "layer ", layer_number, ": context parallelism (--context-parallel-size ",
-             mp.cp.size, ") is not implemented yet: the core attention over sequence chunks belongs "
-             "in parallel/context_parallel/ (docs/roadmap.md)");
+  if (mp.cp.enabled())
+    cp_attention_ = cp::ContextParallelAttention(cp::comm_type_of_layer(mp.cp_comm_types, layer_number), mp);
   heads_ = config.num_attention_heads / tp;
   groups_ = config.num_query_groups / tp;
   const int64_t h = config.hidden_size;
@@ -61,7 +60,50 @@ ops::AttentionArgs SelfAttention::core_args(const MicroBatch& mb, const ModelRun
     a.head_offset = heads_ * mp_.tp.rank;  // global head numbers: TP shards drop what TP = 1 drops
   }
   if (mb.document_ids.defined()) a.document_ids = &mb.document_ids;  // packed documents
+  if (mb.document_starts.defined()) a.document_starts = &mb.document_starts;
+  a.backend = c.attention_backend;
+  a.deterministic = c.deterministic_mode;
   return a;
+}
+
+bool SelfAttention::fused_qk(const ModelRuntime& rt) const {
+  const TransformerConfig& c = *cfg_;
+  if (c.qk_layernorm && c.normalization != NormType::RMSNorm) return false;
+  // The CUDA kernel keeps a head in the registers of one warp (head_dim / 32 elements a lane).
+  return !rt.stream.is_cuda() || (c.kv_channels % 32 == 0 && c.kv_channels <= 256);
+}
+
+ops::QkNormRopeArgs SelfAttention::qk_args() const {
+  const TransformerConfig& c = *cfg_;
+  return {.heads = heads_, .kv_heads = groups_, .head_dim = c.kv_channels,
+          .rotary_dim = c.position_embedding_type == PositionEmbeddingType::Rope ? c.rotary_dim() : 0,
+          .base = c.rotary_base, .eps = c.norm_epsilon};
+}
+
+Tensor SelfAttention::rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb,
+                                  const Stream& s) const {
+  Tensor out = Tensor::empty(qkv.shape(), qkv.dtype(), s);
+  const Tensor none;
+  const bool norm = cfg_->qk_layernorm;
+  ops::qk_norm_rope_forward(qkv, norm ? q_norm_.weight() : none, norm ? k_norm_.weight() : none,
+                            mb.positions, out, rstd, qk_args(), s);
+  return out;
+}
+
+SelfAttention::SplitRows SelfAttention::split_rows(const Tensor& rows, int64_t t,
+                                                   const Stream& s) const {
+  const int64_t hd = cfg_->kv_channels;
+  SplitRows r{Tensor::empty({t, heads_ * hd}, rows.dtype(), s),
+              Tensor::empty({t, groups_ * hd}, rows.dtype(), s),
+              Tensor::empty({t, groups_ * hd}, rows.dtype(), s)};
+  ops::split_columns(rows.view({t, rows.numel() / t}), {&r.q, &r.k, &r.v}, s);
+  return r;
+}
+
+const cp::SequenceLayout& SelfAttention::cp_layout(const MicroBatch& mb) const {
+  MDLM_CHECK(mb.cp != nullptr, "layer ", layer_, ": context parallelism needs a micro-batch "
+             "uploaded for its CP rank (MicroBatch::upload with the CP rank and size)");
+  return *mb.cp;
 }
 
 Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& saved,
@@ -71,6 +113,24 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   const int64_t hd = cfg_->kv_channels;
   saved.x_full = qkv_.gather_input(x, t, s);
   Tensor qkv = qkv_.forward(saved.x_full, s);
+  if (fused_qk(rt)) {
+    saved.qkv = qkv;
+    if (cfg_->qk_layernorm)
+      saved.qk_rstd = Tensor::empty({t * (heads_ + groups_)}, rt.stat_dtype(), s);
+    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s);
+    if (mp_.cp.enabled()) {
+      // The CP core takes q, k, v apart and keeps only its lse: backward recomputes the rows
+      // from saved.qkv, as the unsplit fused path does.
+      const SplitRows r = split_rows(rows, t, s);
+      saved.out = cp_attention_.forward(r.q, r.k, r.v, core_args(mb, rt), cp_layout(mb), saved.cp, s);
+      saved.cp.q = saved.cp.k = saved.cp.v = Tensor();
+      return proj_.forward(saved.out, s);
+    }
+    saved.out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
+    saved.lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
+    ops::attention_forward_packed(rows, saved.out, saved.lse, core_args(mb, rt), s);
+    return proj_.forward(saved.out, s);
+  }
   Tensor q = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
   Tensor k = Tensor::empty({t, groups_ * hd}, x.dtype(), s);
   Tensor v = Tensor::empty({t, groups_ * hd}, x.dtype(), s);
@@ -83,6 +143,10 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   if (cfg_->position_embedding_type == PositionEmbeddingType::Rope) {
     ops::rope_forward(q, mb.positions, {heads_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
     ops::rope_forward(k, mb.positions, {groups_, hd, cfg_->rotary_dim(), cfg_->rotary_base}, s);
+  }
+  if (mp_.cp.enabled()) {
+    saved.out = cp_attention_.forward(q, k, v, core_args(mb, rt), cp_layout(mb), saved.cp, s);
+    return proj_.forward(saved.out, s);
   }
   saved.q = q;
   saved.k = k;
@@ -99,11 +163,52 @@ Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& sa
   const int64_t t = mb.tokens();
   const int64_t hd = cfg_->kv_channels;
   Tensor dattn = proj_.backward(dy, saved.out, t, s);
-  Tensor dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
-  Tensor dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
-  Tensor dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);
-  ops::attention_backward(dattn, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
-                          core_args(mb, rt), s);
+  if (saved.qkv.defined()) {  // the fused path
+    Tensor dqkv = Tensor::empty(saved.qkv.shape(), dy.dtype(), s);
+    {
+      // Recompute the rows attention read (rewrites the same statistics), then drop them.
+      const Tensor rows = rotated_qkv(saved.qkv, saved.qk_rstd, mb, s);
+      if (mp_.cp.enabled()) {
+        const SplitRows r = split_rows(rows, t, s);
+        cp_attention_.restore_inputs(r.q, r.k, r.v, cp_layout(mb), saved.cp, s);
+        const cp::AttentionGrads g =
+            cp_attention_.backward(dattn, saved.out, saved.cp, core_args(mb, rt), cp_layout(mb), s);
+        Tensor dq_rows = dqkv.view({t, dqkv.numel() / t});
+        ops::concat_columns({&g.dq, &g.dk, &g.dv}, dq_rows, s);
+      } else {
+        ops::attention_backward_packed(dattn, rows, saved.out, saved.lse, dqkv, core_args(mb, rt), s);
+      }
+    }
+    saved.out = saved.lse = dattn = Tensor();
+    const Tensor none;
+    Tensor no_grad_q, no_grad_k, dq_weight, dk_weight;
+    const bool norm = cfg_->qk_layernorm;
+    if (norm) {
+      dq_weight = q_norm_.weight_grad();
+      dk_weight = k_norm_.weight_grad();
+    }
+    ops::qk_norm_rope_backward(dqkv, saved.qkv, norm ? q_norm_.weight() : none,
+                               norm ? k_norm_.weight() : none, saved.qk_rstd, mb.positions,
+                               norm ? dq_weight : no_grad_q, norm ? dk_weight : no_grad_k,
+                               qk_args(), s);
+    saved.qkv = saved.qk_rstd = Tensor();
+    Tensor dx = qkv_.backward(dqkv, saved.x_full, s);
+    saved = Saved{};
+    return dx;
+  }
+  Tensor dq, dk, dv;
+  if (mp_.cp.enabled()) {
+    cp::AttentionGrads g = cp_attention_.backward(dattn, saved.out, saved.cp, core_args(mb, rt), cp_layout(mb), s);
+    dq = g.dq;
+    dk = g.dk;
+    dv = g.dv;
+  } else {
+    dq = Tensor::empty(saved.q.shape(), dy.dtype(), s);
+    dk = Tensor::empty(saved.k.shape(), dy.dtype(), s);
+    dv = Tensor::empty(saved.v.shape(), dy.dtype(), s);
+    ops::attention_backward(dattn, saved.q, saved.k, saved.v, saved.out, saved.lse, dq, dk, dv,
+                            core_args(mb, rt), s);
+  }
   saved.q = saved.k = saved.v = saved.out = saved.lse = Tensor();
   dattn = Tensor();
   if (cfg_->position_embedding_type == PositionEmbeddingType::Rope) {

@@ -4,6 +4,7 @@
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
+#include "megadlm/ops/linear_cross_entropy.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 #include "megadlm/parallel/tensor_parallel/vocab_parallel.h"
@@ -113,7 +114,8 @@ Tensor GptModel::embed(const MicroBatch& mb, const ModelRuntime& rt) const {
   if (p > 0) {
     Tensor zeros = Tensor::zeros(x.shape(), x.dtype(), s);
     ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
-                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t)};
+                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t),
+                       .chunks = mb.position_map()};
     ops::dropout_add_forward(x, zeros, x, d, s);
   }
   if (rt.hooks) rt.hooks->params_done(embedding_handles_);
@@ -128,7 +130,8 @@ void GptModel::embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntim
   if (rt.hooks) rt.hooks->backward_needed(embedding_handles_);
   if (p > 0) {
     ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
-                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t)};
+                       .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t),
+                       .chunks = mb.position_map()};
     ops::dropout_backward(dx, dx, d, s);
   }
   if (position_embeddings_ >= 0) {
@@ -153,10 +156,31 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
   Tensor h = final_norm_.forward(x, rec.final_norm, s);
   rec.final_out = mp_.sequence_parallel ? tp::gather_rows(h, t, mp_.tp.get(), s) : h;
   h = Tensor();
+  rec.losses = Tensor::empty({t}, rt.stat_dtype(), s);
+  if (!mp_.tp.enabled() && grad_scale > 0) {
+    // Training without TP: the output layer and the loss fused over only the rows that carry
+    // loss, in chunks (ops::linear_cross_entropy): no [T, V] logits; its gradients now (dW is
+    // added to the main grad here, d final_out kept for head_backward). For the hooks this is
+    // part of the head's backward: under FSDP its gradient slot is bound only around it.
+    if (rt.hooks) rt.hooks->backward_needed(head_reads_);
+    rec.dfinal = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
+    Tensor dw = store_.grad(output_layer_);
+    // Without loss_rows (a micro-batch not built by MicroBatch::upload) every row counts.
+    const Tensor* rows = mb.loss_rows.defined() ? &mb.loss_rows : nullptr;
+    ops::linear_cross_entropy(rec.final_out, store_.param(output_layer_), rows, mb.labels,
+                              mb.loss_weights, rec.losses, rec.dfinal, dw,
+                              {.grad_scale = grad_scale}, s);
+    rec.final_out = Tensor();
+    ops::dot(rec.losses, mb.loss_weights, loss_sum, s);
+    if (rt.hooks) {
+      rt.hooks->backward_done(head_reads_);
+      rt.hooks->params_done(head_reads_);
+    }
+    return;
+  }
   const int64_t local_vocab = cfg_.padded_vocab_size / mp_.tp.size;
   Tensor logits = Tensor::empty({t, local_vocab}, rt.dtype, s);
   ops::gemm(rec.final_out, store_.param(output_layer_), logits, {.trans_b = true}, s);
-  rec.losses = Tensor::empty({t}, rt.stat_dtype(), s);
   if (!mp_.tp.enabled()) {
     if (grad_scale > 0) {
       ops::cross_entropy_forward_backward(logits, mb.labels, mb.loss_weights, rec.losses,
@@ -176,15 +200,20 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
 
 Tensor GptModel::head_backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
-  MDLM_CHECK(rec.dlogits.defined(), "GptModel::backward without a training forward");
+  MDLM_CHECK(rec.dlogits.defined() || rec.dfinal.defined(), "GptModel::backward without a training forward");
   (void)mb;
+  // The head's unit is gathered again for its backward (with the fused head, for the final
+  // norm's: the output layer's gradients were written in the forward).
   if (rt.hooks) rt.hooks->backward_needed(head_reads_);
-  // Output layer (column-parallel over the vocabulary): dW_out += dlogits^T h; dh sums over TP.
-  Tensor dw = store_.grad(output_layer_);
-  ops::gemm(rec.dlogits, rec.final_out, dw, {.trans_a = true, .beta = 1.0f}, s);
-  Tensor dh = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
-  ops::gemm(rec.dlogits, store_.param(output_layer_), dh, {}, s);
-  rec.dlogits = rec.final_out = Tensor();
+  Tensor dh = rec.dfinal;  // the fused head already computed it (and dW_out)
+  if (!dh.defined()) {
+    // Output layer (column-parallel over the vocabulary): dW_out += dlogits^T h; dh sums over TP.
+    Tensor dw = store_.grad(output_layer_);
+    ops::gemm(rec.dlogits, rec.final_out, dw, {.trans_a = true, .beta = 1.0f}, s);
+    dh = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
+    ops::gemm(rec.dlogits, store_.param(output_layer_), dh, {}, s);
+  }
+  rec.dlogits = rec.final_out = rec.dfinal = Tensor();
   if (mp_.sequence_parallel) {
     dh = tp::scatter_rows(dh, mp_.tp.get(), s);
   } else {
@@ -223,6 +252,26 @@ Tensor GptModel::forward(const MicroBatch& mb, const Tensor& input, ModelRecord&
   return Tensor();
 }
 
+Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt) const {
+  MDLM_CHECK(chunk_.embedding && chunk_.head && !mp_.tp.enabled(),
+             "GptModel::logits_at needs the whole model on one tensor-parallel rank");
+  const Stream& s = rt.stream;
+  Tensor x = embed(mb, rt);
+  for (const TransformerLayer& layer : layers_) {
+    LayerRecord scratch;  // freed when the next layer starts
+    x = layer.forward(x, mb, scratch, rt);
+  }
+  // The final norm is per row: normalising only the wanted rows gives the same values.
+  Tensor picked = Tensor::empty({rows.numel(), cfg_.hidden_size}, rt.dtype, s);
+  ops::embedding_forward(x, rows, picked, 0, s);  // a row gather
+  x = Tensor();
+  NormRecord norm;
+  Tensor h = final_norm_.forward(picked, norm, s);
+  Tensor logits = Tensor::empty({rows.numel(), cfg_.padded_vocab_size}, rt.dtype, s);
+  ops::gemm(h, store_.param(output_layer_), logits, {.trans_b = true}, s);
+  return logits;
+}
+
 Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, ModelRecord& rec,
                           const ModelRuntime& rt) const {
   Tensor dx = chunk_.head ? head_backward(mb, rec, rt) : output_grad;
@@ -245,7 +294,8 @@ Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, Model
       Tensor x = rec.unit_inputs[u];
       rec.unit_inputs[u] = Tensor();
       ModelRuntime quiet = rt;
-      quiet.hooks = nullptr;
+      quiet.hooks = nullptr;  // parameters are already in place; no second "needed" notice
+      quiet.record_moe_stats = false;  // the first forward counted them
       for (int i = first; i < last; ++i)
         x = layers_[static_cast<size_t>(i)].forward(x, mb, rec.layers[static_cast<size_t>(i)], quiet);
     }

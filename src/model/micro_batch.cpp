@@ -1,14 +1,37 @@
 #include "megadlm/model/micro_batch.h"
+#include <algorithm>
+#include <vector>
+#include "megadlm/parallel/context_parallel/sequence_split.h"
 
 namespace megadlm {
 
-MicroBatch MicroBatch::upload(const HostMicroBatch& h, const Stream& stream) {
+namespace {
+
+void check_sizes(const HostMicroBatch& h) {
   const int64_t t = h.batch * h.seq;
   MDLM_CHECK(static_cast<int64_t>(h.input_ids.size()) == t &&
                  static_cast<int64_t>(h.labels.size()) == t &&
                  static_cast<int64_t>(h.loss_weights.size()) == t &&
                  static_cast<int64_t>(h.positions.size()) == t,
              "micro-batch arrays must have batch*seq = ", t, " entries");
+  MDLM_CHECK(h.document_ids.empty() || static_cast<int64_t>(h.document_ids.size()) == t,
+             "micro-batch document_ids must have batch*seq = ", t, " entries");
+}
+
+/// Each row of `v` ([batch, seq]) extended to `len` values, new ones from fill(b, i).
+template <typename T, typename F>
+std::vector<T> pad_rows(const std::vector<T>& v, int64_t batch, int64_t seq, int64_t len, F fill) {
+  std::vector<T> out(static_cast<size_t>(batch * len));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::copy(v.begin() + b * seq, v.begin() + (b + 1) * seq, out.begin() + b * len);
+    for (int64_t i = seq; i < len; ++i) out[static_cast<size_t>(b * len + i)] = fill(b, i);
+  }
+  return out;
+}
+
+/// The device tensors of the rows `h` holds (all of them, or one CP rank's shard).
+MicroBatch upload_rows(const HostMicroBatch& h, const Stream& stream) {
+  const int64_t t = h.batch * h.seq;
   MicroBatch mb;
   mb.batch = h.batch;
   mb.seq = h.seq;
@@ -20,10 +43,72 @@ MicroBatch MicroBatch::upload(const HostMicroBatch& h, const Stream& stream) {
   mb.positions = Tensor::from_ints(h.positions, {t}).to(dev, stream);
   mb.loss_weights = Tensor::from_floats(h.loss_weights, {t}).to(dev, stream);
   if (!h.document_ids.empty()) {
-    MDLM_CHECK(static_cast<int64_t>(h.document_ids.size()) == t,
-               "micro-batch document_ids must have batch*seq = ", t, " entries");
     mb.document_ids = Tensor::from_ints(h.document_ids, {t}).to(dev, stream);
+    std::vector<int32_t> starts;
+    for (int64_t b = 0; b < h.batch; ++b)
+      for (int64_t i = 0; i < h.seq; ++i) {
+        const size_t k = static_cast<size_t>(b * h.seq + i);
+        if (i == 0 || h.document_ids[k] != h.document_ids[k - 1]) starts.push_back(static_cast<int32_t>(k));
+      }
+    starts.push_back(static_cast<int32_t>(t));
+    mb.document_starts = Tensor::from_ints(starts, {static_cast<int64_t>(starts.size())}).to(dev, stream);
   }
+  std::vector<int32_t> rows;
+  for (int64_t i = 0; i < t; ++i)
+    if (h.loss_weights[static_cast<size_t>(i)] != 0.0f) rows.push_back(static_cast<int32_t>(i));
+  mb.loss_rows = Tensor::from_ints(rows, {static_cast<int64_t>(rows.size())}).to(dev, stream);
+  return mb;
+}
+
+}  // namespace
+
+HostMicroBatch pad_for_context_parallel(const HostMicroBatch& h, int cp) {
+  check_sizes(h);
+  const int64_t len = cp::padded_length(h.seq, cp);
+  if (len == h.seq) return h;
+  HostMicroBatch p = h;
+  p.seq = len;
+  const int64_t B = h.batch, S = h.seq;
+  const auto zero_i = [](int64_t, int64_t) { return int32_t{0}; };
+  p.input_ids = pad_rows(h.input_ids, B, S, len, zero_i);
+  p.labels = pad_rows(h.labels, B, S, len, zero_i);
+  p.loss_weights = pad_rows(h.loss_weights, B, S, len, [](int64_t, int64_t) { return 0.0f; });
+  p.noise_mask = h.noise_mask.empty()
+                     ? h.noise_mask
+                     : pad_rows(h.noise_mask, B, S, len, [](int64_t, int64_t) { return uint8_t{0}; });
+  // Positions continue the row (they stay below the unpadded length S of the run, which
+  // splits already: varilen only ever shortens).
+  p.positions = pad_rows(h.positions, B, S, len, [&](int64_t b, int64_t i) {
+    return static_cast<int32_t>(h.positions[static_cast<size_t>(b * S + S - 1)] + (i - S + 1));
+  });
+  const std::vector<int32_t> docs =
+      h.document_ids.empty() ? std::vector<int32_t>(static_cast<size_t>(B * S), 0) : h.document_ids;
+  p.document_ids = pad_rows(docs, B, S, len, [&](int64_t b, int64_t) {
+    return docs[static_cast<size_t>(b * S + S - 1)] + 1;  // a document of its own
+  });
+  return p;
+}
+
+MicroBatch MicroBatch::upload(const HostMicroBatch& full, const Stream& stream, int cp_rank,
+                              int cp_size) {
+  check_sizes(full);
+  if (cp_size <= 1) return upload_rows(full, stream);
+  const HostMicroBatch h = pad_for_context_parallel(full, cp_size);
+  const cp::Split split{cp_size, cp_rank, h.seq};
+  split.check();
+  HostMicroBatch local;
+  local.batch = h.batch;
+  local.seq = split.local_len();
+  local.first_sample = h.first_sample;
+  local.loss_tokens = h.loss_tokens;  // the normaliser counts the whole micro-batch
+  local.input_ids = cp::shard_rows(h.input_ids, h.batch, split);
+  local.labels = cp::shard_rows(h.labels, h.batch, split);
+  local.positions = cp::shard_rows(h.positions, h.batch, split);
+  local.loss_weights = cp::shard_rows(h.loss_weights, h.batch, split);
+  if (!h.document_ids.empty()) local.document_ids = cp::shard_rows(h.document_ids, h.batch, split);
+  MicroBatch mb = upload_rows(local, stream);
+  mb.cp = std::make_shared<const cp::SequenceLayout>(h.batch, h.seq, cp_size, cp_rank,
+                                                     h.document_ids);
   return mb;
 }
 

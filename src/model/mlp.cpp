@@ -6,9 +6,12 @@ namespace megadlm {
 
 Mlp::Mlp(const TransformerConfig& config, const std::string& prefix, ParameterStore& store,
          const ModelParallel& mp)
+    : Mlp(config, prefix + "mlp.", config.ffn_hidden_size, store, mp) {}
+
+Mlp::Mlp(const TransformerConfig& config, const std::string& block_prefix, int64_t ffn,
+         ParameterStore& store, const ModelParallel& mp)
     : activation_(config.activation) {
-  const int64_t ffn = config.ffn_hidden_size;
-  MDLM_CHECK(ffn % mp.tp.size == 0, prefix, "mlp: ffn ", ffn,
+  MDLM_CHECK(ffn % mp.tp.size == 0, block_prefix, ": ffn ", ffn,
              " must divide by tensor-parallel size ", mp.tp.size);
   ffn_ = ffn / mp.tp.size;
   const int64_t h = config.hidden_size;
@@ -16,7 +19,7 @@ Mlp::Mlp(const TransformerConfig& config, const std::string& prefix, ParameterSt
   // Megatron scales the init of the output projections by 1/sqrt(2 * num_layers).
   const ParamInit out_init{InitKind::Normal,
                            config.init_method_std / std::sqrt(2.0f * config.num_layers)};
-  const std::string p = prefix + "mlp.";
+  const std::string& p = block_prefix;
   if (activation_ == MlpActivation::SwiGLU) {
     fc1_ = tp::ColumnParallelLinear(store, {{p + "linear_fc1_gate", ffn}, {p + "linear_fc1_up", ffn}},
                                     h, config.add_bias_linear, init, mp);
@@ -31,16 +34,21 @@ Tensor Mlp::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const M
   const Stream& s = rt.stream;
   saved.x_full = fc1_.gather_input(x, mb.tokens(), s);
   saved.fc1_out = fc1_.forward(saved.x_full, s);
-  saved.act_out = Tensor::empty({mb.tokens(), ffn_}, x.dtype(), s);
-  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(saved.fc1_out, saved.act_out, s);
-  else ops::gelu_forward(saved.fc1_out, saved.act_out, s);
-  return fc2_.forward(saved.act_out, s);
+  // The activation output is fc2's input; fc2's weight gradient needs it again in backward, which
+  // recomputes it from fc1_out (one cheap pass) rather than keeping [rows, ffn] per layer.
+  return fc2_.forward(activate(saved.fc1_out, s), s);
+}
+
+Tensor Mlp::activate(const Tensor& fc1_out, const Stream& s) const {
+  Tensor act = Tensor::empty({fc1_out.rows(), ffn_}, fc1_out.dtype(), s);
+  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(fc1_out, act, s);
+  else ops::gelu_forward(fc1_out, act, s);
+  return act;
 }
 
 Tensor Mlp::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
-  Tensor dact = fc2_.backward(dy, saved.act_out, mb.tokens(), s);
-  saved.act_out = Tensor();
+  Tensor dact = fc2_.backward(dy, activate(saved.fc1_out, s), mb.tokens(), s);
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), dy.dtype(), s);
   if (activation_ == MlpActivation::SwiGLU) ops::swiglu_backward(dact, saved.fc1_out, dfc1, s);
   else ops::gelu_backward(dact, saved.fc1_out, dfc1, s);

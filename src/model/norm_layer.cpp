@@ -1,4 +1,5 @@
 #include "megadlm/model/norm_layer.h"
+#include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/norm.h"
 
 namespace megadlm {
@@ -40,6 +41,33 @@ Tensor NormLayer::backward(const Tensor& dy, NormRecord& rec, const Stream& stre
     ops::layer_norm_backward(dy, rec.x, store_->param(weight_), rec.mean, rec.rstd, dx, dw, db,
                              stream);
   }
+  rec = NormRecord{};
+  return dx;
+}
+
+Tensor NormLayer::forward_add(const Tensor& x, const Tensor& residual, Tensor& sum, NormRecord& rec,
+                              const Stream& stream) const {
+  if (type_ != NormType::RMSNorm) {
+    ops::add(x, residual, sum, stream);
+    return forward(sum, rec, stream);
+  }
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), stream);
+  rec.x = sum;
+  rec.rstd = Tensor::empty({x.rows()}, x.dtype() == DType::F64 ? DType::F64 : DType::F32, stream);
+  ops::add_rms_norm_forward(x, residual, store_->param(weight_), sum, y, rec.rstd, eps_, stream);
+  return y;
+}
+
+Tensor NormLayer::backward_add(const Tensor& dy, const Tensor& dresidual, NormRecord& rec,
+                               const Stream& stream) const {
+  if (type_ != NormType::RMSNorm) {
+    Tensor dx = backward(dy, rec, stream);
+    ops::add(dx, dresidual, dx, stream);
+    return dx;
+  }
+  Tensor dx = Tensor::empty(rec.x.shape(), rec.x.dtype(), stream);
+  Tensor dw = store_->grad(weight_);
+  ops::rms_norm_backward_add(dy, rec.x, store_->param(weight_), rec.rstd, dresidual, dx, dw, stream);
   rec = NormRecord{};
   return dx;
 }

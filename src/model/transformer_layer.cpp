@@ -17,6 +17,7 @@ ops::DropoutArgs dropout_args(const MicroBatch& mb, const ModelRuntime& rt, floa
   d.seed = rt.seed;
   d.site = site;
   d.seq_len = mb.seq;
+  d.chunks = mb.position_map();  // CP shards keep the global positions' masks
   d.sample_offset = mb.first_sample;
   d.row_offset = row_offset;
   return d;
@@ -56,7 +57,9 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int layer_nu
   norm1_ = NormLayer(config.normalization, config.norm_epsilon, p + "input_layernorm", h, store, norm);
   attention_ = SelfAttention(config, layer_number, p, store, mp);
   norm2_ = NormLayer(config.normalization, config.norm_epsilon, p + "pre_mlp_layernorm", h, store, norm);
-  mlp_ = Mlp(config, p, store, mp);
+  moe_ = config.moe.is_moe_layer(layer_number);
+  if (moe_) moe_layer_ = MoeLayer(config, layer_number, p, store, mp);
+  else mlp_ = Mlp(config, p, store, mp);
   for (int i = first_handle; i < static_cast<int>(store.descs().size()); ++i) handles_.push_back(i);
 }
 
@@ -68,9 +71,24 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   if (rt.hooks) rt.hooks->params_needed(handles_);
   rec.x_in = x;
   Tensor attn = attention_.forward(norm1_.forward(x, rec.norm1, s), mb, rec.attention, rt);
-  rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
+  Tensor norm2_out;
+  if (p > 0) {
+    rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
+    norm2_out = norm2_.forward(rec.x_mid, rec.norm2, s);
+  } else {  // no hidden dropout: the residual add fused into the next norm (one pass)
+    rec.x_mid = Tensor::empty(x.shape(), x.dtype(), s);
+    norm2_out = norm2_.forward_add(attn, x, rec.x_mid, rec.norm2, s);
+  }
   attn = Tensor();
-  Tensor mlp = mlp_.forward(norm2_.forward(rec.x_mid, rec.norm2, s), mb, rec.mlp, rt);
+  Tensor mlp = moe_ ? moe_layer_.forward(norm2_out, mb, rec.moe, rt) : mlp_.forward(norm2_out, mb, rec.mlp, rt);
+  norm2_out = Tensor();
+  if (!mp_.sequence_parallel) {
+    // The norm outputs are the QKV and fc1 inputs their weight gradients need: recomputed in
+    // backward from the saved norm inputs (x_in, x_mid) instead of kept. (Under sequence
+    // parallelism they are gathered over TP, which a recomputation would repeat.) An MoE
+    // layer keeps its input in rec.moe (router and experts read it).
+    rec.attention.x_full = rec.mlp.x_full = Tensor();
+  }
   Tensor out = residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
   if (rt.hooks) rt.hooks->params_done(handles_);
   return out;
@@ -84,16 +102,23 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   if (rt.hooks) rt.hooks->backward_needed(handles_);
 
   // MLP block: out = x_mid + dropout(mlp(norm2(x_mid))).
-  Tensor dnorm2 = mlp_.backward(branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset), mb, rec.mlp, rt);
-  Tensor dx_mid = norm2_.backward(dnorm2, rec.norm2, s);
+  Tensor dbranch = branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset);
+  Tensor dnorm2;
+  if (moe_) {
+    dnorm2 = moe_layer_.backward(dbranch, mb, rec.moe, rt);
+  } else {
+    if (!rec.mlp.x_full.defined()) rec.mlp.x_full = norm2_.forward(rec.x_mid, rec.norm2, s);
+    dnorm2 = mlp_.backward(dbranch, mb, rec.mlp, rt);
+  }
+  dbranch = Tensor();
+  Tensor dx_mid = norm2_.backward_add(dnorm2, dy, rec.norm2, s);  // + the residual path
   dnorm2 = Tensor();
-  ops::add(dx_mid, dy, dx_mid, s);  // the residual path
 
   // Attention block: x_mid = x + dropout(attention(norm1(x))).
+  if (!rec.attention.x_full.defined()) rec.attention.x_full = norm1_.forward(rec.x_in, rec.norm1, s);
   Tensor dnorm1 = attention_.backward(branch_grad(dx_mid, mb, rt, p, 2 * layer_ + 1, row_offset), mb,
                                       rec.attention, rt);
-  Tensor dx = norm1_.backward(dnorm1, rec.norm1, s);
-  ops::add(dx, dx_mid, dx, s);
+  Tensor dx = norm1_.backward_add(dnorm1, dx_mid, rec.norm1, s);
   rec = LayerRecord{};
   if (rt.hooks) {
     rt.hooks->grads_ready(handles_);

@@ -28,6 +28,19 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, const Stream
   else cpu::swiglu_backward(dy, x, dx, stream);
 }
 
+void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& y,
+                               const Stream& stream) {
+  const char* op = "swiglu_backward_recompute";
+  detail::check_device(op, stream, {&dy, &x, &dx, &y});
+  detail::check_float_activation(op, x, "x");
+  MDLM_CHECK(dy.rows() == x.rows() && dy.cols() * 2 == x.cols() && dx.numel() == x.numel() &&
+                 y.numel() == dy.numel() && y.dtype() == x.dtype(),
+             op, ": dy ", dy.str(), ", x ", x.str(), ", dx ", dx.str(), ", y ", y.str(),
+             " must be [R, F], [R, 2F], [R, 2F], [R, F]");
+  if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::swiglu_backward_recompute(dy, x, dx, y, stream));
+  else cpu::swiglu_backward_recompute(dy, x, dx, y, stream);
+}
+
 void gelu_forward(const Tensor& x, Tensor& y, const Stream& stream) {
   detail::check_device("gelu_forward", stream, {&x, &y});
   detail::check_float_activation("gelu_forward", x, "x");

@@ -1,5 +1,6 @@
 // Dispatch for the attention family (see include/megadlm/ops/attention.h).
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/elementwise.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/dispatch.h"
 #if MEGADLM_WITH_CUDA
@@ -7,6 +8,15 @@
 #endif
 
 namespace megadlm::ops {
+
+const char* attention_backend_name(AttentionBackend b) {
+  switch (b) {
+    case AttentionBackend::Auto: return "auto";
+    case AttentionBackend::Cudnn: return "cudnn";
+    case AttentionBackend::Flash: return "flash";
+  }
+  return "?";
+}
 
 namespace {
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -29,14 +39,41 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   }
   detail::check_float_activation(op, q, "q");
   detail::check_numel(op, q, a.batch * a.seq * a.num_heads * a.head_dim, "q");
-  detail::check_numel(op, k, a.batch * a.seq * a.num_kv_heads * a.head_dim, "k");
-  detail::check_numel(op, v, a.batch * a.seq * a.num_kv_heads * a.head_dim, "v");
+  MDLM_CHECK(a.kv_seq >= 0, op, ": kv_seq must be >= 0 (0: seq), got ", a.kv_seq);
+  detail::check_numel(op, k, a.batch * a.keys() * a.num_kv_heads * a.head_dim, "k");
+  detail::check_numel(op, v, a.batch * a.keys() * a.num_kv_heads * a.head_dim, "v");
+  for (const ChunkMap* m : {&a.query_chunks, &a.key_chunks}) {
+    MDLM_CHECK(m->len >= 0 && m->first >= 0 && m->second >= 0, op,
+               ": chunk maps must be non-negative");
+  }
+  MDLM_CHECK(a.query_chunks.identity() || 2 * a.query_chunks.len == a.seq, op,
+             ": a chunked query map holds two chunks of ", a.query_chunks.len, " rows, not seq ",
+             a.seq);
+  MDLM_CHECK(a.key_chunks.identity() || 2 * a.key_chunks.len == a.keys(), op,
+             ": a chunked key map holds two chunks of ", a.key_chunks.len, " rows, not kv_seq ",
+             a.keys());
   MDLM_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), op, ": q, k, v dtypes differ");
   if (a.document_ids != nullptr) {
     MDLM_CHECK(a.document_ids->dtype() == DType::I32 && a.document_ids->numel() == a.batch * a.seq &&
                    a.document_ids->device() == q.device(),
                op, ": document_ids must be int32 [batch, seq] on the device of q, got ",
                a.document_ids->str());
+  }
+  if (a.key_document_ids != nullptr) {
+    MDLM_CHECK(a.document_ids != nullptr, op, ": key_document_ids needs document_ids");
+    MDLM_CHECK(a.key_document_ids->dtype() == DType::I32 &&
+                   a.key_document_ids->numel() == a.batch * a.keys() &&
+                   a.key_document_ids->device() == q.device(),
+               op, ": key_document_ids must be int32 [batch, kv_seq] on the device of q, got ",
+               a.key_document_ids->str());
+  }
+  if (a.document_starts != nullptr) {
+    const Tensor& s = *a.document_starts;
+    MDLM_CHECK(a.document_ids != nullptr, op, ": document_starts needs document_ids");
+    MDLM_CHECK(s.dtype() == DType::I32 && s.numel() >= 2 && s.numel() <= a.batch * a.seq + 1 &&
+                   s.device() == q.device(),
+               op, ": document_starts must be int32 [documents + 1] (2 .. batch * seq + 1 entries) "
+               "on the device of q, got ", s.str());
   }
   if (q.is_cuda()) {
     MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());
@@ -47,6 +84,15 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 }
 }  // namespace
 
+bool needs_context_parallel_kernel(const AttentionArgs& a) {
+  // The flash kernels (and cuDNN) take keys that are the queries' own rows: one length, one
+  // document tensor, a local causal mask and dropout at local positions plus offsets. Equal
+  // increasing maps give the same causal mask as local order; dropout needs identity maps.
+  if (a.keys() != a.seq || a.key_document_ids != nullptr) return true;
+  if (a.mask == AttentionMask::Causal && !a.query_chunks.same_as(a.key_chunks)) return true;
+  return a.dropout_p > 0 && !(a.query_chunks.identity() && a.key_chunks.identity());
+}
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionArgs& args, const Stream& stream) {
   detail::check_device("attention_forward", stream, {&q, &k, &v, &out, &lse});
@@ -54,8 +100,13 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   detail::check_numel("attention_forward", out, q.numel(), "out");
   detail::check_numel("attention_forward", lse, args.batch * args.num_heads * args.seq, "lse");
   detail::check_aux_float("attention_forward", lse, q, "lse");
-  if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
-  else cpu::attention_forward(q, k, v, out, lse, args, stream);
+  if (stream.is_cuda()) {
+    if (needs_context_parallel_kernel(args))
+      MDLM_CUDA_BACKEND(cuda::attention_forward_context_parallel(q, k, v, out, lse, args, stream));
+    else MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
+  } else {
+    cpu::attention_forward(q, k, v, out, lse, args, stream);
+  }
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -68,10 +119,73 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   detail::check_numel("attention_backward", dq, q.numel(), "dq");
   detail::check_numel("attention_backward", dk, k.numel(), "dk");
   detail::check_numel("attention_backward", dv, v.numel(), "dv");
-  if (stream.is_cuda())
-    MDLM_CUDA_BACKEND(
+  if (stream.is_cuda()) {
+    if (needs_context_parallel_kernel(args))
+      MDLM_CUDA_BACKEND(cuda::attention_backward_context_parallel(dout, q, k, v, out, lse, dq, dk,
+                                                                  dv, args, stream));
+    else MDLM_CUDA_BACKEND(
         cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream));
-  else cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+  } else {
+    cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+  }
+}
+
+namespace {
+/// q, k, v as separate tensors: column slices of the packed rows (the CPU path and the own
+/// CUDA kernels run on these copies).
+struct SplitQkv {
+  Tensor q, k, v;
+};
+
+SplitQkv split_qkv(const Tensor& qkv, const AttentionArgs& a, const Stream& stream) {
+  const int64_t t = a.batch * a.seq;
+  SplitQkv s{Tensor::empty({t, a.num_heads * a.head_dim}, qkv.dtype(), stream),
+             Tensor::empty({t, a.num_kv_heads * a.head_dim}, qkv.dtype(), stream),
+             Tensor::empty({t, a.num_kv_heads * a.head_dim}, qkv.dtype(), stream)};
+  split_columns(qkv.view({t, qkv.numel() / t}), {&s.q, &s.k, &s.v}, stream);
+  return s;
+}
+
+void check_packed(const char* op, const Tensor& qkv, const AttentionArgs& a) {
+  const int64_t width = (a.num_heads + 2 * a.num_kv_heads) * a.head_dim;
+  detail::check_numel(op, qkv, a.batch * a.seq * width, "qkv");
+}
+}  // namespace
+
+void attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream) {
+  const char* op = "attention_forward_packed";
+  detail::check_device(op, stream, {&qkv, &out, &lse});
+  check_packed(op, qkv, args);
+  // cuDNN reads the packed rows in place when it runs the call (never a context-parallel block).
+  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
+    bool done = false;
+    MDLM_CUDA_BACKEND(done = cuda::attention_forward_packed(qkv, out, lse, args, stream));
+    if (done) return;
+  }
+  const SplitQkv s = split_qkv(qkv, args, stream);
+  attention_forward(s.q, s.k, s.v, out, lse, args, stream);
+}
+
+void attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
+                               const Stream& stream) {
+  const char* op = "attention_backward_packed";
+  detail::check_device(op, stream, {&dout, &qkv, &out, &lse, &dqkv});
+  check_packed(op, qkv, args);
+  check_packed(op, dqkv, args);
+  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
+    bool done = false;
+    MDLM_CUDA_BACKEND(done = cuda::attention_backward_packed(dout, qkv, out, lse, dqkv, args, stream));
+    if (done) return;
+  }
+  const SplitQkv s = split_qkv(qkv, args, stream);
+  SplitQkv g{Tensor::empty(s.q.shape(), qkv.dtype(), stream), Tensor::empty(s.k.shape(), qkv.dtype(), stream),
+             Tensor::empty(s.v.shape(), qkv.dtype(), stream)};
+  attention_backward(dout, s.q, s.k, s.v, out, lse, g.q, g.k, g.v, args, stream);
+  const int64_t t = args.batch * args.seq;
+  Tensor rows = dqkv.view({t, dqkv.numel() / t});
+  concat_columns({&g.q, &g.k, &g.v}, rows, stream);
 }
 
 }  // namespace megadlm::ops

@@ -5,7 +5,8 @@
 //
 // Element (b, h, i, j) of the probability matrix has global coordinates
 //   sample = sample_offset + b    head = head_offset + h
-//   query  = query_offset + i     key  = key_offset + j
+//   query  = query_offset + query_chunks.global(i)    key = key_offset + key_chunks.global(j)
+// (the chunk maps place context-parallel shards; identity otherwise: query_offset + i, ...)
 // and is kept iff uniform_from_u32(philox(key(seed, AttentionDropout),
 //                 {key / 4, query, sample mod 2^32, (site << 16) | head}).w[key % 4]) >= p.
 // Worked example: sample_offset 3, head_offset 4, query_offset 0, key_offset 8, site 2: element
@@ -31,6 +32,7 @@ struct AttentionDropoutMask {
   float p;
   float scale;  ///< 1 / (1 - p) in fp32, the factor applied to kept probabilities
   int64_t sample_offset, head_offset, query_offset, key_offset;
+  ChunkMap query_chunks, key_chunks;
 
   static AttentionDropoutMask from_args(const AttentionArgs& a) {
     // p * 2^24 is exact in double (p is a float); p < 1 keeps the product below 2^32 / 256.
@@ -45,13 +47,18 @@ struct AttentionDropoutMask {
                                 a.sample_offset,
                                 a.head_offset,
                                 a.query_offset,
-                                a.key_offset};
+                                a.key_offset,
+                                a.query_chunks,
+                                a.key_chunks};
   }
+
+  /// Global key position of local key row j.
+  MDLM_HOST_DEVICE int64_t global_key(int64_t j) const { return key_offset + key_chunks.global(j); }
 
   /// The four words of local (b, h, query row i) for the global keys 4 * key_group + 0..3.
   MDLM_HOST_DEVICE PhiloxWords group_words(int64_t b, int64_t h, int64_t i,
                                            uint32_t key_group) const {
-    return philox(key, key_group, static_cast<uint32_t>(query_offset + i),
+    return philox(key, key_group, static_cast<uint32_t>(query_offset + query_chunks.global(i)),
                   static_cast<uint32_t>(sample_offset + b),
                   (site << 16) | static_cast<uint32_t>(head_offset + h));
   }
@@ -67,7 +74,7 @@ struct AttentionDropoutMask {
 
   /// Whether element (b, h, i, j) of the local probability matrix is kept.
   MDLM_HOST_DEVICE bool keep(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    const int64_t gkey = key_offset + j;
+    const int64_t gkey = global_key(j);
     const PhiloxWords w = words(b, h, i, gkey);
     // A select chain, not w.w[gkey % 4]: a runtime index would put the words in local memory
     // on the device.

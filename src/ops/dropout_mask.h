@@ -2,7 +2,8 @@
 // written once for host and device so the CPU and CUDA backends drop exactly the same elements.
 //
 // Element (r, c) of x [R, C] is micro-batch row g = row_offset + r and has global coordinates
-//   sample   = sample_offset + g / seq_len      position = position_offset + g % seq_len
+//   sample   = sample_offset + g / seq_len
+//   position = position_offset + chunks.global(g % seq_len)   (chunks: identity without CP)
 //   column   = column_offset + c
 // and is kept iff uniform_from_u32(philox(key(seed, HiddenDropout),
 //                                  {column / 4, position, sample mod 2^32, site}).w[column % 4]) >= p.
@@ -28,6 +29,7 @@ struct DropoutMask {
   int64_t position_offset;
   int64_t column_offset;
   int64_t row_offset;
+  ChunkMap chunks;
 
   static DropoutMask from_args(const DropoutArgs& a) {
     return DropoutMask{PhiloxKey::make(a.seed, RngPurpose::HiddenDropout),
@@ -38,14 +40,15 @@ struct DropoutMask {
                        a.sample_offset,
                        a.position_offset,
                        a.column_offset,
-                       a.row_offset};
+                       a.row_offset,
+                       a.chunks};
   }
 
   /// The four words of row r for the group of four global columns containing global column g.
   MDLM_HOST_DEVICE PhiloxWords words(int64_t r, int64_t g) const {
     const int64_t row = row_offset + r;
     const int64_t sample = sample_offset + row / seq_len;
-    const int64_t position = position_offset + row % seq_len;
+    const int64_t position = position_offset + chunks.global(row % seq_len);
     return philox(key, static_cast<uint32_t>(g / 4), static_cast<uint32_t>(position),
                   static_cast<uint32_t>(sample), site);
   }

@@ -64,4 +64,14 @@ void concat_columns(const std::vector<const Tensor*>& parts, Tensor& out, const 
   else cpu::concat_columns(parts, out, stream);
 }
 
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst, const Stream& stream) {
+  detail::check_device("gather_rows", stream, {&src, &index, &dst});
+  MDLM_CHECK(index.dtype() == DType::I32 && dst.dtype() == src.dtype() &&
+                 dst.numel() == index.numel() * src.cols(),
+             "gather_rows: src ", src.str(), ", int32 index ", index.str(), " -> dst ", dst.str(),
+             " (dst must be [index, src cols] of src's dtype)");
+  if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::gather_rows(src, index, dst, stream));
+  else cpu::gather_rows(src, index, dst, stream);
+}
+
 }  // namespace megadlm::ops

@@ -42,6 +42,33 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
   else cpu::rms_norm_backward(dy, x, weight, rstd, dx, dweight, stream);
 }
 
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          Tensor& sum, Tensor& y, Tensor& rstd, float eps, const Stream& stream) {
+  const char* op = "add_rms_norm_forward";
+  detail::check_device(op, stream, {&x, &residual, &weight, &sum, &y, &rstd});
+  check_common(op, x, weight, y, rstd);
+  check_common(op, x, weight, residual, rstd);
+  check_common(op, x, weight, sum, rstd);
+  if (stream.is_cuda())
+    MDLM_CUDA_BACKEND(cuda::add_rms_norm_forward(x, residual, weight, sum, y, rstd, eps, stream));
+  else cpu::add_rms_norm_forward(x, residual, weight, sum, y, rstd, eps, stream);
+}
+
+void rms_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                           const Tensor& rstd, const Tensor& dresidual, Tensor& dx,
+                           Tensor& dweight, const Stream& stream) {
+  const char* op = "rms_norm_backward_add";
+  detail::check_device(op, stream, {&dy, &x, &weight, &rstd, &dresidual, &dx, &dweight});
+  check_common(op, x, weight, dy, rstd);
+  check_common(op, x, weight, dx, rstd);
+  check_common(op, x, weight, dresidual, rstd);
+  detail::check_numel(op, dweight, x.cols(), "dweight");
+  if (x.is_cuda()) detail::check_dtype(op, dweight, DType::F32, "dweight");
+  if (stream.is_cuda())
+    MDLM_CUDA_BACKEND(cuda::rms_norm_backward_add(dy, x, weight, rstd, dresidual, dx, dweight, stream));
+  else cpu::rms_norm_backward_add(dy, x, weight, rstd, dresidual, dx, dweight, stream);
+}
+
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                         Tensor& mean, Tensor& rstd, float eps, const Stream& stream) {
   detail::check_device("layer_norm_forward", stream, {&x, &weight, &bias, &y, &mean, &rstd});

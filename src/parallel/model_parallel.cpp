@@ -1,5 +1,6 @@
 #include "megadlm/parallel/model_parallel.h"
 #include "megadlm/core/error.h"
+#include "megadlm/parallel/context_parallel/mappings.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 
 namespace megadlm {
@@ -38,6 +39,8 @@ ModelParallel ModelParallel::from(const parallel::ProcessGroups& groups, const P
   check(mp.expert_tp, config.expert_tensor_parallel_size, "expert-tensor-parallel",
         "--expert-tensor-parallel-size");
   mp.sequence_parallel = config.sequence_parallel && mp.tp.size > 1;
+  for (const std::string& t : config.cp_comm_type) mp.cp_comm_types.push_back(cp::comm_type_from_name(t));
+  if (mp.cp.size > 1) mp.cp_side_stream = std::make_shared<cp::SideStream>();
   return mp;
 }
 

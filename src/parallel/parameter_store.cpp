@@ -56,6 +56,11 @@ void ParameterStore::set_pipeline_share(Handle h, PipelineShare share) {
   descs_.at(static_cast<size_t>(h)).pipeline_share = share;
 }
 
+void ParameterStore::set_expert(Handle h) {
+  MDLM_CHECK(!materialized(), "set_expert after materialize()");
+  descs_.at(static_cast<size_t>(h)).expert = true;
+}
+
 int64_t ParameterStore::num_parameters() const {
   int64_t n = 0;
   for (const ParamDesc& d : descs_) n += d.numel();
@@ -83,34 +88,49 @@ void ParameterStore::lay_out(const BufferLayout& layout) {
   bucket_of_.assign(descs_.size(), -1);
   int64_t offset = 0;
   GradBucket current;
+  int64_t multiple = layout.bucket_multiple;
   auto close_bucket = [&] {
     if (current.params.empty()) return;
-    offset = align_up(offset, std::lcm(kAlign, layout.bucket_multiple));
+    offset = align_up(offset, std::lcm(kAlign, multiple));
     current.end = offset;
     buckets_.push_back(current);
+    const bool expert = current.expert;
     current = GradBucket{};
     current.begin = offset;
+    current.expert = expert;
   };
-  for (const auto& g : groups) {
-    // A weight shared across pipeline stages gets a bucket of its own, laid out the same on both
-    // stages, so that its gradient can be summed over the embedding group before its bucket is
-    // reduced (and its distributed-optimizer shards line up on both stages).
-    const bool shared = descs_[static_cast<size_t>(g.front())].pipeline_share != PipelineShare::None;
-    if (shared) close_bucket();
-    // FSDP: a unit's parameters are gathered and freed together, so a bucket holds one unit.
-    if (!current.params.empty() && unit_of(current.params.front()) != unit_of(g.front())) close_bucket();
-    offset = align_up(offset, kAlign);
-    for (Handle h : g) {
-      MDLM_CHECK(unit_of(h) == unit_of(g.front()), "fused parameters ", descs_[static_cast<size_t>(g.front())].name,
-                 " and ", descs_[static_cast<size_t>(h)].name, " are in different units");
-      ParamDesc& d = descs_[static_cast<size_t>(h)];
-      d.offset = offset;
-      offset += d.numel();
-      current.params.push_back(h);
-      bucket_of_[static_cast<size_t>(h)] = static_cast<int>(buckets_.size());
-    }
-    if (shared || (layout.bucket_size > 0 && offset - current.begin >= layout.bucket_size))
+  // Dense parameters, then the expert ones: their buckets reduce over another group.
+  for (const bool expert_region : {false, true}) {
+    if (expert_region) {
       close_bucket();
+      current.expert = true;
+      current.begin = offset;
+      if (layout.expert_bucket_multiple > 0) multiple = layout.expert_bucket_multiple;
+    }
+    for (const auto& g : groups) {
+      if (descs_[static_cast<size_t>(g.front())].expert != expert_region) continue;
+      // A weight shared across pipeline stages gets a bucket of its own, laid out the same on
+      // both stages, so that its gradient can be summed over the embedding group before its
+      // bucket is reduced (and its distributed-optimizer shards line up on both stages).
+      const bool shared = descs_[static_cast<size_t>(g.front())].pipeline_share != PipelineShare::None;
+      if (shared) close_bucket();
+      // FSDP: a unit's parameters are gathered and freed together, so a bucket holds one unit.
+      if (!current.params.empty() && unit_of(current.params.front()) != unit_of(g.front())) close_bucket();
+      offset = align_up(offset, kAlign);
+      for (Handle h : g) {
+        ParamDesc& d = descs_[static_cast<size_t>(h)];
+        MDLM_CHECK(d.expert == expert_region, "parameter ", d.name,
+                   " is fused with parameters of the other kind (expert / dense)");
+        MDLM_CHECK(unit_of(h) == unit_of(g.front()), "fused parameters ", descs_[static_cast<size_t>(g.front())].name,
+                   " and ", d.name, " are in different units");
+        d.offset = offset;
+        offset += d.numel();
+        current.params.push_back(h);
+        bucket_of_[static_cast<size_t>(h)] = static_cast<int>(buckets_.size());
+      }
+      if (shared || (layout.bucket_size > 0 && offset - current.begin >= layout.bucket_size))
+        close_bucket();
+    }
   }
   close_bucket();
   flat_size_ = offset;

@@ -13,14 +13,25 @@
 //   M-8 --train-iters required unless --dry-run    M-16 one source of LR-scheduler settings
 //                                                  M-17 --checkpoint-steps is a list of iterations
 //                                                  M-18 the blends and the files holding them parse
+//                                                  M-19 rolling (non-persistent) checkpoints
+//                                                  M-20 the logging flags (logging_rules.cpp)
+//                                                  M-21 forced cuDNN attention without dropout
+//                                                  M-22 SFT needs difflm-noshift
+//                                                  M-23 SFT needs a tokenizer
+//                                                  M-24 a2a+p2p takes two hierarchical CP levels
+//                                                  M-30 output directories usable at start-up
+//                                                  M-31 the parameters fit the memory (the program)
+//                                                  M-32 error injection needs validate_results
+// Every number flag is finite and inside its flag-table range (M-2, or the rule named in
+// argument_safety.cpp): the single-value ranges below are rows of the table, not code.
 // Not checked here: V-14 (program defaults live in the flag table), V-24 (dtype mapping of
 // not-yet precision flags), the GPU half of V-40 and the NCCL_ALGO half of V-54 (the library
 // neither probes devices nor reads the environment), V-46 (documented only, per the spec), C-1
 // (V-44 turns SP off first), C-3 (the pipeline dtype is always the params dtype), C-20
 // (variable_seq_lengths is never on in pre-training), C-22 (init std belongs to model init), G-6
 // (V-53 plus RankGenerator's own checks), R-2 (batch_p2p_comm is !overlap_p2p_comm by
-// construction), R-9…R-13 and D-8 (MoE features not supported yet), and D-5 on
-// purpose (see check_diffusion).
+// construction), R-9…R-13 and D-8 (MoE runtime checks that cannot fail in megadlm's MoE), and
+// D-5 on purpose (see check_diffusion). The MoE rules live in moe_rules.cpp.
 #include <algorithm>
 #include <cctype>
 #include <climits>
@@ -30,6 +41,7 @@
 #include "megadlm/core/error.h"
 #include "megadlm/data/gpt_dataset.h"
 #include "megadlm/data/tokenizer.h"
+#include "training/argument_safety.h"
 #include "training/rules_common.h"
 
 namespace megadlm::training::detail {
@@ -214,13 +226,13 @@ void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
   if (!a.is_set("lr")) {
     d.error("M-9", "`--lr` is required");
   } else {
+    // Each value's own range (finite, >= 0) is the table's (argument_safety.cpp); these rules
+    // compare values, and stay quiet when one of them is already out of range.
     const double lr = a.f("lr"), min_lr = a.f("min_lr"), init = a.f("lr_warmup_init");
-    if (lr < 0) d.error("V-60", a.flag_value("lr") + " must be >= 0");
-    if (min_lr < 0) d.error("V-60", a.flag_value("min_lr") + " must be >= 0");
-    if (min_lr > lr)
+    if (min_lr > lr && std::isfinite(lr) && std::isfinite(min_lr) && lr >= 0)
       d.error("V-37", a.flag_value("min_lr") + " exceeds " + a.flag_value("lr") +
                           "; valid: 0 to " + num(lr));
-    if (init < 0 || init > lr)
+    if (init > lr && std::isfinite(lr) && std::isfinite(init) && lr >= 0)
       d.error("V-60", a.flag_value("lr_warmup_init") + " must lie in [0, " + a.flag_value("lr") + "]");
   }
   if (iters) {
@@ -229,10 +241,9 @@ void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
     if (decay < 1) d.error("V-60", a.flag_value("lr_decay_iters") + " must be >= 1");
     if (a.is_set("lr_warmup_fraction")) {
       const double frac = a.f("lr_warmup_fraction");
-      if (frac < 0 || frac >= 1)
-        d.error("V-60", a.flag_value("lr_warmup_fraction") + " must lie in [0, 1)");
-      // Megatron keeps the fractional sample count; iterations are whole here (rounds down).
-      else
+      // Out of [0, 1) (or not finite) is the table range's error; Megatron keeps the fractional
+      // sample count, iterations are whole here (rounds down).
+      if (frac >= 0 && frac < 1)
         a.set("lr_warmup_iters", static_cast<int64_t>(frac * static_cast<double>(decay)));
     }
     const int64_t warmup = a.i("lr_warmup_iters");
@@ -261,17 +272,12 @@ void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
     d.error("V-41", a.flag_value("weight_decay_incr_style") +
                         " needs both `--start-weight-decay` and `--end-weight-decay`");
   }
+  // Each weight decay's own range is the table's; the schedule must not decrease.
   const double swd = a.f("start_weight_decay"), ewd = a.f("end_weight_decay");
-  if (swd < 0 || ewd < swd)
+  if (swd >= 0 && ewd >= 0 && ewd < swd)
     d.error("V-60", "weight decay must satisfy 0 <= start (" + num(swd) + ") <= end (" + num(ewd) + ")");
-  // M-2: optimizer hyper-parameters.
-  if (a.f("adam_beta1") < 0 || a.f("adam_beta1") >= 1)
-    d.error("M-2", a.flag_value("adam_beta1") + " must lie in [0, 1)");
-  if (a.f("adam_beta2") < 0 || a.f("adam_beta2") >= 1)
-    d.error("M-2", a.flag_value("adam_beta2") + " must lie in [0, 1)");
-  if (a.f("adam_eps") <= 0) d.error("M-2", a.flag_value("adam_eps") + " must be > 0");
-  if (a.f("clip_grad") < 0) d.error("M-2", a.flag_value("clip_grad") + " must be >= 0 (0 disables)");
-  if (a.f("weight_decay") < 0) d.error("M-2", a.flag_value("weight_decay") + " must be >= 0");
+  // M-2: the optimizer hyper-parameters' ranges (betas in [0, 1), eps > 0, clip and decay >= 0)
+  // are rows of the flag table, checked with every other number (argument_safety.cpp).
   for (const char* dest : {"log_interval", "eval_interval"})
     if (a.i(dest) < 1) d.error("M-2", a.flag_value(dest) + " must be >= 1");
   if (a.i("eval_iters") < 0) d.error("M-2", a.flag_value("eval_iters") + " must be >= 0");
@@ -354,6 +360,12 @@ void check_checkpoint(ArgState& a, Diagnostics& d) {
   }
   for (const char* dest : {"finetune", "no_load_optim", "no_load_rng", "exit_on_missing_checkpoint"})
     if (a.b(dest) && !a.is_set("load")) d.warn(a.flag(dest) + " has no effect without `--load`");
+  // M-32: injected faults exercise the replay; without it they would only be silently ignored.
+  if (a.i("error_injection_rate") > 0 && a.s("rerun_mode") != "validate_results")
+    d.error("M-32", a.flag_value("error_injection_rate") + " needs `--rerun-mode validate_results` (got " +
+                        a.flag_value("rerun_mode") + "): faults are injected where results are replayed");
+  if (a.is_set("keep_last_n_checkpoints") && !a.is_set("save"))
+    d.warn(a.flag_value("keep_last_n_checkpoints") + " has no effect without `--save`");
   for (const char* dest : {"no_save_optim", "no_save_rng", "async_save"})
     if (a.b(dest) && !a.is_set("save")) d.warn(a.flag(dest) + " has no effect without `--save`");
   if (a.is_set("ckpt_convert_format") && (!a.is_set("ckpt_convert_save") || !a.is_set("load")))
@@ -399,84 +411,17 @@ void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
   if (a.i("inference_batch_times_seqlen_threshold") > -1 && c.pp <= 1)
     d.error("V-56", a.flag_value("inference_batch_times_seqlen_threshold") + " needs " +
                         a.flag_value("pipeline_model_parallel_size") + " > 1");
-  // M-14 and friends: values the model code relies on.
-  const double rp = a.f("rotary_percent");
-  if (rp <= 0 || rp > 1) d.error("M-14", a.flag_value("rotary_percent") + " must lie in (0, 1]");
+  // M-14 (--rotary-percent in (0, 1]), M-15 (drop probabilities in [0, 1): 1 would drop
+  // everything), --norm-epsilon and --init-method-std >= 0: ranges of the flag table.
   if (a.i("rotary_base") < 1) d.error("M-2", a.flag_value("rotary_base") + " must be >= 1");
-  if (a.f("norm_epsilon") < 0) d.error("M-2", a.flag_value("norm_epsilon") + " must be >= 0");
-  if (a.f("init_method_std") < 0) d.error("M-2", a.flag_value("init_method_std") + " must be >= 0");
-  // M-15: drop probabilities (1 would drop everything).
-  for (const char* dest : {"attention_dropout", "hidden_dropout"}) {
-    const double p = a.f(dest);
-    if (p < 0 || p >= 1) d.error("M-15", a.flag_value(dest) + " must lie in [0, 1)");
-  }
-}
-
-// --------------------------------------------------------- MoE (V-49, V-51, C-5, C-11…C-19, R-4, R-8)
-
-void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
-  if (a.is_set("num_experts") && a.i("num_experts") == 0) a.set("num_experts", FlagValue());
-  const bool moe = a.is_set("num_experts");
-  if (moe && a.i("num_experts") < 0)
-    d.error("C-11", a.flag_value("num_experts") + " must be > 0");
-  if (moe && !a.strings("spec").empty())
-    d.error("V-49", "`--spec` cannot be combined with " + a.flag_value("num_experts"));
-  if (!a.is_set("moe_ffn_hidden_size") && c.ffn > 0) a.set("moe_ffn_hidden_size", c.ffn);
-  if (a.is_set("moe_expert_capacity_factor") && a.f("moe_expert_capacity_factor") < 0)
-    a.set("moe_expert_capacity_factor", FlagValue());
-  if (!c.sizes_ok) return;
-  // V-51 / C-11
-  if (c.ep > 1) {
-    if (!moe)
-      d.error("V-51, C-11", a.flag_value("expert_model_parallel_size") +
-                                " needs `--num-experts` (a multiple of " + num(c.ep) +
-                                ", so that the EP ranks hold equal shares of the experts)");
-    else if (a.i("num_experts") % c.ep != 0)
-      d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not divide " +
-                          a.flag_value("num_experts") + "; valid: " +
-                          divisors_text(a.i("num_experts")));
-    if (a.b("fp16")) d.error("V-51", a.flag_value("expert_model_parallel_size") + " does not support `--fp16`");
-  }
-  // C-5 / R-8: tokens enter the MoE layer sequence-parallel when TP > 1.
-  if (c.tp > 1 && !a.b("sequence_parallel") && (c.ep > 1 || moe))
-    d.error(c.ep > 1 ? "C-5" : "R-8",
-            std::string(c.ep > 1 ? a.flag_value("expert_model_parallel_size") : a.flag_value("num_experts")) +
-                " with " + a.flag_value("tensor_model_parallel_size") +
-                " needs `--sequence-parallel`");
-  const std::string dispatcher = a.s("moe_token_dispatcher_type");
-  // C-12
-  if (a.is_set("moe_shared_expert_intermediate_size") && a.i("moe_shared_expert_intermediate_size") <= 0)
-    d.error("C-12", a.flag_value("moe_shared_expert_intermediate_size") + " must be > 0");
-  if (a.b("moe_shared_expert_overlap") && dispatcher != "alltoall")
-    d.error("C-12", "`--moe-shared-expert-overlap` needs `--moe-token-dispatcher-type alltoall`");
-  // C-13 / C-14
-  if (a.is_set("moe_expert_capacity_factor")) {
-    if (dispatcher != "alltoall" && dispatcher != "alltoall_seq")
-      d.error("C-13", a.flag_value("moe_expert_capacity_factor") + " (token dropping) needs "
-                      "`--moe-token-dispatcher-type alltoall` or `alltoall_seq`");
-    const std::string lb = a.s("moe_router_load_balancing_type");
-    if (lb != "aux_loss" && lb != "seq_aux_loss" && lb != "none")
-      d.error("C-13", a.flag_value("moe_expert_capacity_factor") + " needs load balancing "
-                      "aux_loss, seq_aux_loss or none (got " +
-                      a.flag_value("moe_router_load_balancing_type") + ")");
-  } else if (a.b("moe_pad_expert_input_to_capacity")) {
-    d.error("C-14", "`--moe-pad-expert-input-to-capacity` needs `--moe-expert-capacity-factor`");
-  }
-  // C-18
-  if (dispatcher == "alltoall_seq" && c.tp != c.etp)
-    d.error("C-18", "`--moe-token-dispatcher-type alltoall_seq` needs " +
-                        a.flag_value("expert_tensor_parallel_size") + " equal to " +
-                        a.flag_value("tensor_model_parallel_size"));
-  // C-19
-  if (a.is_set("moe_router_topk_limited_devices") && a.i("moe_router_topk_limited_devices") > c.ep)
-    d.error("C-19", a.flag_value("moe_router_topk_limited_devices") + " exceeds " +
-                        a.flag_value("expert_model_parallel_size") + "; valid: 1 to " + num(c.ep));
-  // expert MLP width split over expert TP.
-  if (moe && a.i("moe_ffn_hidden_size") > 0 && a.i("moe_ffn_hidden_size") % c.etp != 0)
-    d.error("R-4", a.flag_value("expert_tensor_parallel_size") + " does not divide " +
-                       (a.was_given("moe_ffn_hidden_size") ? a.flag_value("moe_ffn_hidden_size")
-                                                           : "the expert MLP width " + num(a.i("moe_ffn_hidden_size"))) +
-                       "; valid: " + divisors_text(a.i("moe_ffn_hidden_size")));
+  // cuDNN's attention dropout is not keyed by global coordinates: forced cuDNN cannot run it.
+  const std::string backend = a.s("attention_backend");
+  if ((backend == "fused" || backend == "cudnn") && a.f("attention_dropout") > 0)
+    d.error("M-21", a.flag_value("attention_backend") + " cannot run " +
+                        a.flag_value("attention_dropout") +
+                        " (cuDNN's dropout mask is not megadlm's, which is keyed by global "
+                        "coordinates); use `--attention-backend auto` or `flash`, or "
+                        "`--attention-dropout 0`");
 }
 
 // ------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11, M-18)
@@ -526,14 +471,22 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   const bool per_split_paths =
       a.is_set("train_data_path") || a.is_set("valid_data_path") || a.is_set("test_data_path");
   const bool per_split_args = a.is_set("per_split_data_args_path");
+  const bool sft = a.is_set("sft_data_path");
   // The files stand for the flags they replace.
   const bool single_blend = data_path || data_args;
   const bool per_split = per_split_paths || per_split_args;
   // V-52
-  if (static_cast<int>(mock) + static_cast<int>(single_blend) + static_cast<int>(per_split) > 1)
+  if (static_cast<int>(mock) + static_cast<int>(single_blend) + static_cast<int>(per_split) +
+          static_cast<int>(sft) > 1)
     d.error("V-52", "give one data source: `--mock-data`, `--data-path` (or `--data-args-path`), "
-                    "or the per-split `--train/valid/test-data-path` (or "
+                    "`--sft-data-path`, or the per-split `--train/valid/test-data-path` (or "
                     "`--per-split-data-args-path`)");
+  if (sft && a.s("model_running_mode") == "vanilla")
+    d.error("M-22", "`--sft-data-path` fine-tunes a masked-diffusion model: it needs "
+                     "`--model-running-mode difflm-noshift`");
+  if (sft && a.s("tokenizer_type").empty())
+    d.error("M-23", "`--sft-data-path` needs `--tokenizer-type` (responses end with its end-of-document "
+                     "token; NullTokenizer takes token ids as text)");
   // V-16
   if (data_path && data_args)
     d.error("V-16", "give only one of `--data-path` and `--data-args-path`");
@@ -541,7 +494,7 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
     d.error("V-16", "give only one of the per-split `--*-data-path` flags and "
                     "`--per-split-data-args-path`");
   // M-10
-  if (!mock && !single_blend && !per_split)
+  if (!mock && !single_blend && !per_split && !sft)
     d.error("M-10", "no training data: pass `--mock-data` or `--data-path`");
   // V-15. Megatron applies the legacy default to --data-path only and fails later without
   // --split for --data-args-path; the file stands for --data-path here too (docs/compat.md).
@@ -589,6 +542,11 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("V-59", std::string("cannot load the tokenizer: ") + e.what());
       return;
     }
+  } else if (!tok.empty() && tok != "NullTokenizer") {
+    // The tokenizer was not loaded because of the errors above: its vocabulary is unknown, and
+    // --vocab-size (which it overrides) would only produce follow-up complaints (the mask token
+    // outside a vocabulary that is not the real one).
+    return;
   }
   // M-11 (V-59 for NullTokenizer): without a tokenizer the vocabulary comes from --vocab-size.
   if (!a.is_set("vocab_size")) {
@@ -608,6 +566,11 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   // vocab_size + 1; megadlm takes --vocab-size as the full vocabulary (the EOD id included),
   // which is what the MegaDLMs 1.7B example means by --vocab-size 50289 with its HF tokenizer.
   const int64_t vocab = a.i("vocab_size");
+  // Mock documents need their end-of-document id (0), the mask token and one token to count.
+  if (mock && vocab >= 1 && vocab < 3)
+    d.error("M-2", a.flag_value("vocab_size") + " is too small for `--mock-data` (its documents "
+                   "use the end-of-document id 0, the mask token and at least one other id); "
+                   "valid: at least 3");
   const int64_t multiple = a.i("make_vocab_size_divisible_by") * (c.sizes_ok ? c.tp : 1);
   if (multiple > 0) a.set("padded_vocab_size", (vocab + multiple - 1) / multiple * multiple);
 }
@@ -644,17 +607,25 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
                          num(padded) + " (" + a.flag_value("vocab_size") + " padded to a multiple of " +
                          a.flag_value("make_vocab_size_divisible_by") + " × TP); valid: 0 to " +
                          num(padded - 1));
+    // A mask token that is also the end-of-document id would be a masked position the data
+    // itself contains (reliability-tests.md A1).
+    const int64_t eod = a.b("mock_data") ? 0 : a.is_set("tokenizer_eod") ? a.i("tokenizer_eod") : -1;
+    if (difflm && eod >= 0 && m == eod)
+      d.error("D-4", a.flag_value("mask_token") + " is the end-of-document id of " +
+                         (a.b("mock_data") ? std::string("`--mock-data`") : a.flag_value("tokenizer_type")) +
+                         "; the mask token must be an id that no document contains");
   }
   // D-5 (difflm-noshift ⇒ pp = cp = 1 and no SP) is deliberately not enforced: megadlm keeps the
-  // fixed length S for difflm-noshift (ARCHITECTURE.md, compatibility decisions), so pipeline,
+  // fixed length S for difflm-noshift (docs/architecture.md, compatibility decisions), so pipeline,
   // context and sequence splits stay divisible.
   // D-6: packed (THD) batches.
   if (difflm && a.b("reset_position_ids") && a.b("reset_attention_mask")) {
+    // MegaDLMs also refuses packing with CP (its cu_seqlens use multiples of S, not of the
+    // local length); megadlm's CP attention keeps documents by global document id, so packed
+    // batches split over CP ranks compute what they compute at CP = 1.
     if (!a.b("cut_off_varlen_to_seqlen"))
       d.error("D-6", "packed batches (`--reset-position-ids --reset-attention-mask`) with "
                      "difflm-noshift need `--cut-off-varlen-to-seqlen`");
-    if (c.cp > 1)
-      d.error("D-6", "packed batches cannot be combined with " + a.flag_value("context_parallel_size"));
   }
   // Per-document attention: MegaDLMs' packed difflm batches, or Megatron's blocked causal mask.
   const bool per_document = a.b("reset_attention_mask") &&
@@ -664,9 +635,7 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
     d.warn("`--reset-attention-mask` without `--reset-position-ids --cut-off-varlen-to-seqlen` "
            "has no effect with difflm-noshift (bidirectional attention ignores the dataloader "
            "mask, as in MegaDLMs)");
-  // D-7
-  const double p = a.f("difflm_varilen_prob");
-  if (p < 0 || p > 1) d.error("D-7", a.flag_value("difflm_varilen_prob") + " must lie in [0, 1]");
+  // D-7 (--difflm-varilen-prob in [0, 1]) is a range of the flag table.
   // M-12
   const int64_t min_masked = a.i("dlm_min_masked");
   if (min_masked < 0 || (c.seq > 0 && min_masked > c.seq))
@@ -705,6 +674,8 @@ void resolve_and_validate(ArgState& a, bool dry_run, Diagnostics& d) {
   Ctx c;
   c.dry_run = dry_run;
   check_removed_and_ignored(a, d);
+  check_value_ranges(a, d);
+  check_output_paths(a, dry_run, d);
   resolve_world(a, c, d);
   resolve_model_shape(a, c, d);
   check_tensor_parallel(a, c, d);
@@ -812,6 +783,11 @@ RunConfig build_run_config(const ArgState& a) {
   m.init_method_std = static_cast<float>(a.f("init_method_std"));
   m.attention_dropout = static_cast<float>(a.f("attention_dropout"));
   m.hidden_dropout = static_cast<float>(a.f("hidden_dropout"));
+  const std::string backend = a.s("attention_backend");
+  m.attention_backend = backend == "auto"                        ? ops::AttentionBackend::Auto
+                        : backend == "fused" || backend == "cudnn" ? ops::AttentionBackend::Cudnn
+                                                                   : ops::AttentionBackend::Flash;
+  m.deterministic_mode = a.b("deterministic_mode");
   // vanilla mode always trains causally (MegaDLMs forces it per layer); causal_bottom_right is
   // the same mask when queries and keys have equal length.
   const std::string mask = a.s("attention_mask_type");
@@ -819,12 +795,15 @@ RunConfig build_run_config(const ArgState& a) {
                       mask == "causal_bottom_right")
                          ? AttentionMaskType::Causal
                          : AttentionMaskType::NoMask;
+  build_moe_config(a, m.moe);
 
   DiffusionConfig& df = r.diffusion;
   df.mode = a.s("model_running_mode") == "vanilla" ? RunningMode::Vanilla : RunningMode::DiffLMNoShift;
   df.mask_token = a.i("mask_token");
   df.varilen_prob = static_cast<float>(a.f("difflm_varilen_prob"));
   const std::string w = a.s("dlm_loss_weight");
+  df.sft = a.is_set("sft_data_path");
+  df.sft_loss_norm = a.s("dlm_sft_loss_norm") == "token" ? SftLossNorm::Token : SftLossNorm::AnswerLength;
   df.loss_weight = w == "inv_t" ? DlmLossWeight::InvT
                    : w == "inv_t_eps" ? DlmLossWeight::InvTEps
                                       : DlmLossWeight::ExactRatio;
@@ -863,16 +842,31 @@ RunConfig build_run_config(const ArgState& a) {
   t.gpu_memory_gb = a.f("gpu_memory_gb");
   t.log_interval = as_int("log_interval");
   t.metrics_jsonl = a.s("metrics_jsonl");
+  t.tensorboard_dir = a.s("tensorboard_dir");
+  t.tensorboard_log_interval = as_int("tensorboard_log_interval");
+  t.log_timers_to_tensorboard = a.b("log_timers_to_tensorboard");
+  t.log_throughput = a.b("log_throughput");
+  t.log_memory_to_tensorboard = a.b("log_memory_to_tensorboard");
+  t.log_validation_ppl_to_tensorboard = a.b("log_validation_ppl_to_tensorboard");
   t.eval_interval = as_int("eval_interval");
   t.eval_iters = as_int("eval_iters");
   if (a.is_set("exit_interval")) t.exit_interval = a.i("exit_interval");
   if (a.is_set("exit_duration_in_mins")) t.exit_duration_in_mins = a.i("exit_duration_in_mins");
   t.exit_signal_handler = a.b("exit_signal_handler");
   t.check_for_nan_in_loss_and_grad = a.b("check_for_nan_in_loss_and_grad");
+  // Next to the logs: the metrics file's directory, else the checkpoints'.
+  if (a.is_set("collective_log_dir")) t.collective_log_dir = a.s("collective_log_dir");
+  else if (a.is_set("metrics_jsonl"))
+    t.collective_log_dir = std::filesystem::path(a.s("metrics_jsonl")).parent_path().string();
+  else if (a.is_set("save")) t.collective_log_dir = a.s("save");
+  if (a.is_set("metrics_jsonl") && !a.is_set("collective_log_dir") && t.collective_log_dir.empty())
+    t.collective_log_dir = ".";
 
   DataConfig& dc = r.data;
   dc.mock_data = a.b("mock_data");
   dc.data_path = a.strings("data_path");
+  dc.sft_data_path = a.strings("sft_data_path");
+  dc.sft_chat_template = a.s("sft_chat_template");
   if (a.is_set("split")) dc.split = a.s("split");
   dc.data_cache_path = a.s("data_cache_path");
   dc.reset_position_ids = a.b("reset_position_ids");
@@ -910,6 +904,20 @@ RunConfig build_run_config(const ArgState& a) {
   ck.override_opt_param_scheduler = a.b("override_opt_param_scheduler");
   ck.use_checkpoint_opt_param_scheduler = a.b("use_checkpoint_opt_param_scheduler");
   if (a.is_set("non_persistent_save_interval")) ck.non_persistent_save_interval = a.i("non_persistent_save_interval");
+  if (a.is_set("keep_last_n_checkpoints")) ck.keep_last_n_checkpoints = a.i("keep_last_n_checkpoints");
+
+  FaultDetectionConfig& fd = r.fault_detection;
+  const std::string rerun = a.s("rerun_mode");
+  fd.rerun_mode = rerun == "validate_results" ? RerunMode::ValidateResults
+                  : rerun == "report_stats"   ? RerunMode::ReportStats
+                                              : RerunMode::Disabled;
+  fd.check_spiky_loss = a.b("check_for_spiky_loss");
+  fd.check_large_grads = a.b("check_for_large_grads");
+  fd.error_injection_rate = a.i("error_injection_rate");
+  const std::string injected = a.s("error_injection_type");
+  fd.error_injection_type = injected == "correct_result"     ? ErrorInjectionType::CorrectResult
+                            : injected == "persistent_error" ? ErrorInjectionType::PersistentError
+                                                             : ErrorInjectionType::TransientError;
   ck.non_persistent_global = a.is_set("non_persistent_ckpt_type") && a.s("non_persistent_ckpt_type") == "global";
   ck.non_persistent_global_ckpt_dir = a.s("non_persistent_global_ckpt_dir");
   return r;

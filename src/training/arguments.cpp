@@ -1,14 +1,15 @@
-// Command-line parsing (argparse semantics plus @file expansion), the argument state, and the
-// start-up / dry-run reports. The rules that combine flags live in argument_rules.cpp.
+// Command-line parsing (argparse semantics plus @file expansion; the lexing itself is CLI11 in
+// command_line.cpp), the argument state, and the start-up / dry-run reports. The rules that
+// combine flags live in argument_rules.cpp.
 #include "megadlm/training/arguments.h"
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 #include "megadlm/parallel/rank_layout.h"
 #include "megadlm/training/checkpoint_args.h"
 #include "megadlm/training/flags.h"
 #include "megadlm/training/memory_plan.h"
 #include "training/argument_state.h"
+#include "training/command_line.h"
+#include "training/logging_rules.h"
 
 namespace megadlm {
 
@@ -134,146 +135,48 @@ namespace {
 using detail::ArgState;
 using detail::FlagValue;
 
-constexpr int kMaxFileDepth = 16;
-
-// Whitespace-separated words of an @file; '#' at the start of a word comments out the rest of
-// the line; "..." and '...' group words that contain spaces (e.g. --split "969, 30, 1").
-bool read_flag_file(const std::filesystem::path& path, std::vector<std::string>& out,
-                    std::string& error) {
-  std::ifstream in(path);
-  if (!in) {
-    error = "cannot read flag file `@" + path.string() + "` (does it exist?)";
-    return false;
-  }
-  std::string line;
-  int line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    size_t i = 0;
-    while (i < line.size()) {
-      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
-      if (i >= line.size() || line[i] == '#') break;
-      std::string word;
-      while (i < line.size() && !std::isspace(static_cast<unsigned char>(line[i]))) {
-        const char c = line[i];
-        if (c == '"' || c == '\'') {
-          const size_t close = line.find(c, i + 1);
-          if (close == std::string::npos) {
-            error = "flag file `@" + path.string() + "` line " + std::to_string(line_no) +
-                    ": unterminated quote";
-            return false;
-          }
-          word += line.substr(i + 1, close - i - 1);
-          i = close + 1;
-        } else {
-          word += c;
-          ++i;
-        }
-      }
-      out.push_back(word);
-    }
-  }
-  return true;
-}
-
-// Expands @file tokens (anywhere, as argparse's fromfile_prefix_chars does). Nested @files
-// resolve relative paths against the directory of the file that names them.
-void expand(const std::vector<std::string>& in, const std::filesystem::path& base, int depth,
-            std::vector<std::string>& out, std::vector<std::string>& errors) {
-  for (const std::string& tok : in) {
-    if (tok.size() < 2 || tok[0] != '@') {
-      out.push_back(tok);
-      continue;
-    }
-    if (depth >= kMaxFileDepth) {
-      errors.push_back("`" + tok + "`: @file nesting deeper than " +
-                       std::to_string(kMaxFileDepth) + " levels (does a file include itself?)");
-      continue;
-    }
-    std::filesystem::path p(tok.substr(1));
-    if (p.is_relative() && !base.empty()) p = base / p;
-    std::vector<std::string> words;
-    std::string error;
-    if (!read_flag_file(p, words, error)) {
-      errors.push_back(error);
-      continue;
-    }
-    expand(words, p.parent_path(), depth + 1, out, errors);
-  }
-}
-
-bool looks_like_number(const std::string& t) {
-  if (t.size() < 2 || t[0] != '-') return false;
-  const char c = t[1];
-  return std::isdigit(static_cast<unsigned char>(c)) || c == '.' || t == "-inf" || t == "-nan";
-}
-
-// argparse treats "--x", "-h" and any "-x" that is not a negative number as an option string.
-bool looks_like_flag(const std::string& t) {
-  return t.size() >= 2 && t[0] == '-' && !looks_like_number(t);
-}
-
 }  // namespace
 
 std::vector<std::string> expand_flag_files(const std::vector<std::string>& args) {
-  std::vector<std::string> tokens, errors;
-  expand(args, {}, 0, tokens, errors);
+  std::vector<std::string> errors;
+  std::vector<std::string> tokens = detail::expand_flag_files(args, errors);
   if (!errors.empty()) throw ConfigError(std::move(errors), {});
   return tokens;
 }
 
 ParsedArguments parse_arguments(const std::vector<std::string>& argv, const LaunchInfo& launch) {
   std::vector<std::string> errors;
-  std::vector<std::string> tokens;
-  expand(argv, {}, 0, tokens, errors);
+  std::vector<std::string> tokens = detail::expand_flag_files(argv, errors);
   tokens = with_checkpoint_args(tokens, errors);  // §3 step (c): before validation
 
+  // CLI11 splits the words into flag occurrences (training/command_line.h); their values are
+  // converted and checked here, in command-line order, so that every problem is reported.
+  const detail::LexedCommandLine lexed = detail::lex_command_line(tokens);
   ArgState state(launch);
   bool help = false, help_markdown = false;
-  for (size_t i = 0; i < tokens.size();) {
-    const std::string tok = tokens[i++];
-    if (tok == "-h" || tok == "--help") {
+  for (const detail::FlagOccurrence& occ : lexed.occurrences) {
+    errors.insert(errors.end(), occ.errors_before.begin(), occ.errors_before.end());
+    const FlagSpec& spec = *occ.flag;
+    if (spec.name == "--help") {
       help = true;
       continue;
     }
-    if (tok.rfind("--", 0) != 0 || tok.size() == 2) {
-      errors.push_back("unexpected argument `" + tok + "`: values must follow a flag");
+    if (spec.name == "--help-markdown") help_markdown = true;
+    const bool is_list = spec.kind == FlagKind::IntList || spec.kind == FlagKind::FloatList ||
+                         spec.kind == FlagKind::StringList;
+    if (flag_takes_value(spec) && !is_list && occ.values.empty()) {
+      errors.push_back(detail::backticked(spec.name) + " expects a value");
       continue;
-    }
-    const size_t eq = tok.find('=');
-    const std::string name = tok.substr(0, eq);
-    std::vector<std::string> values;
-    if (eq != std::string::npos) values.push_back(tok.substr(eq + 1));
-    const FlagSpec* spec = find_flag(name);
-    if (spec == nullptr) {
-      std::string msg = "unknown flag `" + name + "`";
-      const std::string near = nearest_flag(name);
-      if (!near.empty()) msg += "; did you mean `" + near + "`?";
-      errors.push_back(msg);
-      while (i < tokens.size() && !looks_like_flag(tokens[i])) ++i;  // skip its values
-      continue;
-    }
-    if (spec->name == "--help-markdown") help_markdown = true;
-    const bool is_list = spec->kind == FlagKind::IntList || spec->kind == FlagKind::FloatList ||
-                         spec->kind == FlagKind::StringList;
-    if (eq == std::string::npos && flag_takes_value(*spec)) {
-      if (is_list) {
-        while (i < tokens.size() && !looks_like_flag(tokens[i])) values.push_back(tokens[i++]);
-      } else if (i < tokens.size() && !looks_like_flag(tokens[i])) {
-        values.push_back(tokens[i++]);
-      } else {
-        errors.push_back("`" + name + "` expects a value");
-        continue;
-      }
     }
     FlagValue v;
     std::string error;
-    if (!detail::parse_flag_value(*spec, values, v, error)) {
+    if (!detail::parse_flag_value(spec, occ.values, v, error)) {
       errors.push_back(error);
       continue;
     }
-    state.set_given(*spec, std::move(v));
+    state.set_given(spec, std::move(v));  // a repeated flag: the last one wins (argparse)
   }
+  errors.insert(errors.end(), lexed.trailing_errors.begin(), lexed.trailing_errors.end());
 
   ParsedArguments out;
   out.rank = launch.rank;
@@ -288,6 +191,7 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   const bool dry_run = state.b("dry_run") || state.b("plan");
   detail::Diagnostics diag;
   detail::resolve_and_validate(state, dry_run, diag);
+  detail::check_logging(state, diag);
   // The one place where a dry run and a real run part: a violated rule refuses both; a valid
   // setting this build cannot run yet (context/expert parallelism, FSDP parameter sharding,
   // not-yet flags) refuses only a real run, so that --dry-run can still check such a layout and
@@ -296,6 +200,7 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   if (refused) throw ConfigError(std::move(diag.errors), std::move(diag.not_supported));
 
   out.config = detail::build_run_config(state);
+  out.config.logging = detail::build_logging_config(state);
   out.dry_run = dry_run;
   out.plan = state.b("plan");
   for (const FlagSpec* f : state.given_flags()) out.given.insert(flag_dest(*f));

@@ -3,6 +3,7 @@
 #include "megadlm/core/error.h"
 #include "megadlm/data/gpt_dataset.h"
 #include "megadlm/data/mock_dataset.h"
+#include "megadlm/data/sft_dataset.h"
 
 namespace megadlm::training {
 
@@ -19,6 +20,19 @@ TrainingData build_training_data(const RunConfig& cfg, int rank, std::ostream& l
     t.vocab_size = cfg.model.vocab_size;
     out.tokenizer = data::load_tokenizer(t);
     log << " > tokenizer: " << out.tokenizer->describe() << "\n";
+  }
+  if (!dc.sft_data_path.empty()) {
+    data::SftOptions o;
+    o.seq_length = cfg.model.seq_length;
+    o.chat_template = dc.sft_chat_template;
+    o.seed = tc.seed;
+    o.eos = out.tokenizer ? out.tokenizer->eod() : -1;
+    auto sft = std::make_shared<data::SftDataset>(dc.sft_data_path, out.tokenizer.get(), o);
+    log << " > supervised fine-tuning data: " << sft->num_examples() << " examples (" << sft->dropped()
+        << " dropped: prompt longer than --seq-length; " << sft->truncated() << " responses cut), template "
+        << dc.sft_chat_template << "\n";
+    out.train = sft;
+    return out;
   }
   if (dc.mock_data) {
     // Megatron's mock data has its own validation and test sets; ours differ by seed.

@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include "training/argument_safety.h"
 #include "training/flag_value.h"
 
 namespace megadlm::training {
@@ -415,6 +416,7 @@ std::vector<std::string> check_flag_table(std::span<const FlagSpec> table) {
       }
     }
   }
+  for (std::string& p : detail::check_flag_ranges(table)) problems.push_back(std::move(p));
   return problems;
 }
 
@@ -501,6 +503,7 @@ std::string format_help(std::string_view program) {
       if (!mv.empty()) head += " " + mv;
       os << head << "\n";
       std::string body(f.help);
+      if (!f.range.empty()) body += " Valid: " + std::string(f.range) + ".";
       if (flag_takes_value(f) || f.default_value != nullptr) body += " (default: " + default_text(f) + ")";
       const std::string note = status_note(f);
       if (!note.empty()) body += " [" + note + "]";
@@ -540,6 +543,7 @@ std::string format_flags_markdown() {
         status += "; not yet: " + values;
       }
       std::string description(f.help);
+      if (!f.range.empty()) description += " Valid: " + std::string(f.range) + ".";
       if (!f.hint.empty()) description += " *" + std::string(f.hint) + ".*";
       const std::string mv = metavar(f);
       os << "| `" << f.name << "` | " << (mv.empty() ? std::string() : detail::backticked(markdown_cell(mv)))

@@ -8,8 +8,16 @@ double megatron_flops_per_iteration(const TransformerConfig& m, int64_t global_b
                f = m.ffn_hidden_size, v = static_cast<double>(m.padded_vocab_size);
   const double q_ratio = static_cast<double>(m.query_projection_size()) / h;
   const double gated = m.activation == MlpActivation::SwiGLU ? 1.5 : 1.0;
+  // MoE layers count the active experts: topk experts of the expert width plus the shared
+  // experts (Megatron 0.10 multiplies --ffn-hidden-size by topk instead: see docs/compat.md).
+  double mlp = f;
+  if (m.moe.enabled() && l > 0) {
+    const double moe_layers = m.moe.num_moe_layers();
+    const double moe_width = static_cast<double>(m.moe.ffn_hidden_size) * m.moe.topk + m.moe.shared_expert_size;
+    mlp = ((l - moe_layers) * f + moe_layers * moe_width) / l;
+  }
   return 12.0 * b * s * l * h * h *
-         ((1.0 + g / n + s / h) * q_ratio + (f / h) * gated + v / (2.0 * l * h));
+         ((1.0 + g / n + s / h) * q_ratio + (mlp / h) * gated + v / (2.0 * l * h));
 }
 
 }  // namespace megadlm

@@ -73,26 +73,47 @@ void AdamWOptimizer::step(const Tensor& grads, double lr, const Stream& stream) 
   MDLM_CHECK(grads.numel() >= needed, "optimizer gradients have ", grads.numel(),
              " elements, the owned ranges need ", needed);
   ++steps_;
+  if (compact_size_ == 0) return;
+  ops::AdamWArgs a;
+  a.lr = static_cast<float>(lr);
+  a.beta1 = cfg_.adam_beta1;
+  a.beta2 = cfg_.adam_beta2;
+  a.eps = cfg_.adam_eps;
+  a.step = steps_;
+  if (layout_.alias_master || layout_.model_shards.defined() || layout_.flat_grads) {
+    // FSDP's layouts (masters that are the weights, weights in FSDP's shards, gradients indexed
+    // by flat offset): one adamw_step per owned piece, bitwise what the multi-tensor step gives.
+    for (const OwnedRange& r : owned_) {
+      for (const ParamDesc& d : store_.descs()) {
+        const int64_t s = std::max(r.begin, d.offset), e = std::min(r.end, d.offset + d.numel());
+        if (s >= e) continue;
+        a.weight_decay = d.weight_decay ? cfg_.weight_decay : 0.0f;
+        const int64_t c = r.compact_offset + (s - r.begin);
+        Tensor master = master_slice(c, e - s);
+        Tensor g = grads.slice_flat(layout_.flat_grads ? s : c, {e - s});
+        Tensor m = exp_avg_.slice_flat(c, {e - s});
+        Tensor v = exp_avg_sq_.slice_flat(c, {e - s});
+        Tensor model = model_slice(r, c, e - s);  // the master itself when it aliases the weights
+        ops::adamw_step(master, g, m, v, model, a, stream);
+      }
+    }
+    return;
+  }
+  Tensor params = store_.flat_params();
+  // Every owned piece of every parameter in one launch (multi-tensor AdamW; bitwise the same as
+  // one adamw_step per piece): weight decay per parameter, state at the compact offsets.
+  std::vector<ops::AdamWSegment> segments;
   for (const OwnedRange& r : owned_) {
     for (const ParamDesc& d : store_.descs()) {
       const int64_t s = std::max(r.begin, d.offset), e = std::min(r.end, d.offset + d.numel());
       if (s >= e) continue;
-      ops::AdamWArgs a;
-      a.lr = static_cast<float>(lr);
-      a.beta1 = cfg_.adam_beta1;
-      a.beta2 = cfg_.adam_beta2;
-      a.eps = cfg_.adam_eps;
-      a.weight_decay = d.weight_decay ? cfg_.weight_decay : 0.0f;
-      a.step = steps_;
-      const int64_t c = r.compact_offset + (s - r.begin);
-      Tensor master = master_slice(c, e - s);
-      Tensor g = grads.slice_flat(layout_.flat_grads ? s : c, {e - s});
-      Tensor m = exp_avg_.slice_flat(c, {e - s});
-      Tensor v = exp_avg_sq_.slice_flat(c, {e - s});
-      Tensor model = model_slice(r, c, e - s);
-      ops::adamw_step(master, g, m, v, model, a, stream);
+      segments.push_back({.state_offset = r.compact_offset + (s - r.begin), .param_offset = s,
+                          .numel = e - s, .decay = d.weight_decay});
     }
   }
+  a.weight_decay = cfg_.weight_decay;
+  Tensor g = grads.slice_flat(0, {master_.numel()});
+  ops::adamw_step_multi(master_, g, exp_avg_, exp_avg_sq_, params, segments, a, stream);
 }
 
 }  // namespace megadlm

@@ -257,6 +257,14 @@ void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   if (a2a_p2p && hier.empty())
     d.error("V-10", a.flag_value("cp_comm_type") + " needs `--hierarchical-context-parallel-sizes` "
                     "(level sizes whose product is the CP size)");
+  // M-24: a2a+p2p runs the all-to-all inside level 1 and the ring across level 2 (Transformer
+  // Engine takes exactly these two groups).
+  if (a2a_p2p && hier.size() != 0 && hier.size() != 2)
+    d.error("M-24", a.flag_value("cp_comm_type") + " uses two hierarchical levels (the "
+                    "all-to-all size, then the ring size), but " +
+                    a.flag_value("hierarchical_context_parallel_sizes") + " gives " +
+                    num(static_cast<int64_t>(hier.size())) + "; valid: two sizes whose product is " +
+                    a.flag_value("context_parallel_size") + hierarchical_cp_examples(c.cp, 2));
   // C-21: one type for all layers, or one per layer.
   if (types.size() > 1 && c.num_layers > 0 && static_cast<int64_t>(types.size()) != c.num_layers)
     d.error("C-21", a.flag_value("cp_comm_type") + " gives " + num(static_cast<int64_t>(types.size())) +
@@ -752,18 +760,11 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
 // issues), its row goes from here.
 
 void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
-  if (!c.sizes_ok) return;
-  const char* suffix = " is not supported yet by megadlm (data, tensor and pipeline parallelism "
-                       "are; see docs/roadmap.md)";
-  const std::pair<const char*, const char*> dims[] = {
-      {"context_parallel_size", "context parallelism"},
-      {"expert_model_parallel_size", "expert parallelism"},
-      {"expert_tensor_parallel_size", "expert tensor parallelism"}};
-  for (const auto& [dest, what] : dims) {
-    if (a.i(dest) <= 1) continue;
-    if (std::string(dest) == "expert_tensor_parallel_size" && c.etp == c.tp) continue;
-    d.unsupported(a.flag_value(dest) + ": " + what + suffix);
-  }
+  // Every parallel dimension and FSDP strategy of a layout that validates now runs (HSDP is
+  // reported by check_data_parallel).
+  (void)a;
+  (void)c;
+  (void)d;
 }
 
 }  // namespace megadlm::training::detail

@@ -14,6 +14,7 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     pm->rank = groups->world ? groups->world->rank() : 0;
     pm->data_group = groups->dp;
     pm->grad_group = groups->dp_cp;
+    pm->expert_grad_group = groups->expert_dp;
     pm->pipeline = groups->pp;
     pm->model_parallel = ModelParallel::from(*groups, pc);
     MDLM_CHECK(!pm->grad_group ||
@@ -64,6 +65,10 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
   // all-reduced across instances.
   std::shared_ptr<comm::Communicator> tp_group = groups != nullptr ? groups->tp : nullptr;
   std::shared_ptr<comm::Communicator> embedding_group = groups != nullptr ? groups->embedding : nullptr;
+  // Expert parameters reduce (and shard) over expert-dp: the ranks holding the same experts.
+  const int expert_dp = pm->expert_grad_group ? pm->expert_grad_group->size() : 1;
+  ExpertGradGroups experts;
+  if (groups != nullptr) experts = {groups->expert_dp, groups->ep, groups->expert_tp};
   if (pc.use_custom_fsdp) {
     // FSDP: the chunks' blocks are the units, in forward order; one bucket per unit.
     std::vector<FsdpUnit> units;
@@ -75,10 +80,10 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     const int d = pm->grad_group ? pm->grad_group->size() : 1;
     pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
                           FullyShardedDataParallel::buffer_layout(
-                              fo.strategy, d, units, static_cast<int>(pm->store.descs().size())));
+                              fo.strategy, d, units, static_cast<int>(pm->store.descs().size()), expert_dp));
     auto fsdp = std::make_unique<FullyShardedDataParallel>(pm->store, std::move(units), pm->grad_group,
                                                            fo, rt.stream, tp_group, pm->pipeline,
-                                                           embedding_group);
+                                                           embedding_group, experts);
     pm->fsdp = fsdp.get();
     OptimizerLayout ol;
     ol.flat_grads = fsdp->optimizer_grads_flat();
@@ -101,14 +106,22 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
       pm->dist_opt_inter = inter_group;
     }
     pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
-                          DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1));
+                          DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1, expert_dp));
     pm->data_parallel = std::make_unique<DataParallel>(pm->store, shard_group, dpo, rt.stream,
                                                        inter_group, tp_group, pm->pipeline,
-                                                       embedding_group);
+                                                       embedding_group, experts);
     pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
                                                      cfg.optimizer, rt.stream);
   }
   rt.hooks = pm->data_parallel.get();
+  if (cfg.model.moe.enabled()) {
+    pm->moe = std::make_unique<MoeStepState>(cfg.model, rt.stat_dtype(), rt.stream);
+    // The aux and z losses of each micro-batch weigh 1 / (micro-batches of the global batch):
+    // the objective holds their mean over the global batch.
+    pm->moe->aux_grad_scale = static_cast<float>(cfg.training.micro_batch_size) /
+                              static_cast<float>(cfg.training.global_batch_size);
+    rt.moe = pm->moe.get();
+  }
   rt.stream.synchronize();
   return pm;
 }

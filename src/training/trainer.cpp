@@ -4,12 +4,14 @@
 #include <map>
 #include <ostream>
 #include <sstream>
+#include "megadlm/core/logging.h"
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/optimizer.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/parallel/pipeline_parallel/executor.h"
 #include "megadlm/parallel/pipeline_parallel/schedule.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/diffusion/sft_process.h"
 #include "megadlm/training/flops.h"
 #include "megadlm/training/lr_schedule.h"
 #include "megadlm/training/memory_plan.h"
@@ -103,7 +105,13 @@ std::vector<HostMicroBatch> Trainer::host_micro_batches(const SampleSource& data
     samples.reserve(static_cast<size_t>(mbs));
     const int64_t mb_first = shard.first_sample(first, m, mbs);
     for (int64_t b = 0; b < mbs; ++b) samples.push_back(data.sample(mb_first + b));
-    host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
+    if (cfg_.diffusion.sft) {  // prompt/response data: masks on the response only
+      std::vector<int64_t> prompts;
+      for (int64_t b = 0; b < mbs; ++b) prompts.push_back(data.prompt_length(mb_first + b));
+      host[static_cast<size_t>(m)] = build_sft_micro_batch(samples, prompts, mb_first, cfg_.diffusion, ctx);
+    } else {
+      host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
+    }
     for (int32_t id : host[static_cast<size_t>(m)].labels)
       MDLM_CHECK(id >= 0 && id < cfg_.model.padded_vocab_size, "sample ", mb_first, "..",
                  mb_first + mbs - 1, " holds token id ", id, ", outside the vocabulary [0, ",
@@ -162,14 +170,16 @@ void Trainer::run_schedule(const std::vector<HostMicroBatch>& host, Tensor& loss
   sc.forward_only = grad_scale <= 0;
   sc.microbatch_group_size = cfg_.parallel.microbatch_group_size_per_vp_stage;
   // The model side of the schedule: each micro-batch uploaded once (at its first use on this
-  // rank) and dropped after its last; one record per in-flight (micro-batch, chunk).
+  // rank; under CP only this rank's shard of the sequences) and dropped after its last; one
+  // record per in-flight (micro-batch, chunk).
+  const ParallelGroup& cp = pm.model_parallel.cp;
   using Key = std::pair<int, int>;
   std::map<int, MicroBatch> uploaded;
   std::map<Key, ModelRecord> records;
   auto batch = [&](int m) -> const MicroBatch& {
     auto it = uploaded.find(m);
     if (it == uploaded.end())
-      it = uploaded.emplace(m, MicroBatch::upload(host[static_cast<size_t>(m)], s)).first;
+      it = uploaded.emplace(m, MicroBatch::upload(host[static_cast<size_t>(m)], s, cp.rank, cp.size)).first;
     return it->second;
   };
   pp::StageFunctions stage;
@@ -218,20 +228,35 @@ IterationMetrics Trainer::step() {
 
   // 2. The pipeline schedule: forwards and backwards of every (micro-batch, chunk) of this
   //    rank, with the transfers to the neighbouring stages batched as the schedule says.
-  pm.store.zero_grads(s);
-  pm.data_parallel->start_step();
-  Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
-  run_schedule(host, loss_sum, static_cast<float>(1.0 / loss_tokens));
-  pm.data_parallel->finish_grad_sync();
-
   // 3-4. Loss and gradient norm (global). Only the last stage has a loss: the sum over the
   //      pipeline brings it to every stage; each rank of the gradient group holds its share.
+  //    The fault detector runs this once, or again to replay a rejected result (same batch,
+  //    same masks: training/fault_detection.h); the gradients left are those of its verdict.
+  const FaultVerdict verdict = fault_detector_.run_step(iteration_ + 1, cfg_.training.seed, [&] {
+    pm.store.zero_grads(s);
+    pm.data_parallel->start_step();
+    if (pm.moe) pm.moe->begin_step(s);
+    Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
+    run_schedule(host, loss_sum, static_cast<float>(1.0 / loss_tokens));
+    pm.data_parallel->finish_grad_sync();
+    sum_loss_over_pipeline(loss_sum);
+    StepResult r;
+    r.lm_loss = grad_sum(static_cast<double>(loss_sum.to_floats(s)[0])) / loss_tokens;
+    r.grad_norm = std::sqrt(pm.data_parallel->grad_sq_norm());
+    return r;
+  });
+  if (!verdict.report.empty()) logging::warn(verdict.report);
+  if (verdict.action == FaultAction::Stop) stop_on_fault(verdict.report);
   IterationMetrics out;
-  sum_loss_over_pipeline(loss_sum);
-  out.lm_loss = grad_sum(static_cast<double>(loss_sum.to_floats(s)[0])) / loss_tokens;
-  out.grad_norm = std::sqrt(pm.data_parallel->grad_sq_norm());
+  out.fault_report = verdict.report;
+  out.lm_loss = verdict.result.lm_loss;
+  out.grad_norm = verdict.result.grad_norm;
+  if (pm.moe) out.moe = finish_moe_step();
   const bool finite = std::isfinite(out.grad_norm) && std::isfinite(out.lm_loss);
-  if (!finite) {
+  if (verdict.action == FaultAction::Skip) {
+    out.skipped = true;
+    ++skipped_iterations_;
+  } else if (!finite) {
     out.nan = true;
     out.skipped = true;
     ++nan_iterations_;
@@ -262,11 +287,68 @@ IterationMetrics Trainer::step() {
   return out;
 }
 
+IterationMetrics::Moe Trainer::finish_moe_step() {
+  ParallelModel& pm = *pm_;
+  const Stream& s = pm.runtime.stream;
+  const MoeConfig& mc = cfg_.model.moe;
+  MoeStepState& st = *pm.moe;
+  // Each rank holds its share (its rows, its micro-batches, its layers; zeros elsewhere).
+  if (pm.world && pm.world->size() > 1) {
+    pm.world->all_reduce(st.stats, comm::ReduceOp::Sum, s);
+    pm.world->synchronize(s);
+  }
+  const std::vector<float> stats = st.stats.to_floats(s);
+  const int64_t experts = mc.num_experts, cols = MoeStepState::stat_columns(mc.num_experts);
+  const double micro_batches = static_cast<double>(cfg_.training.global_batch_size) /
+                               static_cast<double>(cfg_.training.micro_batch_size);
+  IterationMetrics::Moe m;
+  m.enabled = true;
+  double routed = 0, kept = 0;
+  int layers = 0;
+  for (int l = 0; l < cfg_.model.num_layers; ++l) {
+    if (!mc.is_moe_layer(l)) continue;
+    const float* row = stats.data() + l * cols;
+    double sum = 0, most = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      routed += row[e];
+      sum += row[experts + e];
+      most = std::max(most, static_cast<double>(row[experts + e]));
+    }
+    kept += sum;
+    const double load = sum > 0 ? most / (sum / static_cast<double>(experts)) : 0.0;
+    m.load_max_over_mean_per_layer.push_back(load);
+    m.load_max_over_mean += load;
+    m.aux_loss += row[2 * experts] / micro_batches;
+    m.z_loss += row[2 * experts + 1] / micro_batches;
+    ++layers;
+    // Aux-loss-free balancing (--moe-router-enable-expert-bias): every rank holding the layer
+    // moves its bias the same way, from the global counts.
+    Tensor& bias = st.expert_bias[static_cast<size_t>(l)];
+    if (!bias.defined()) continue;
+    std::vector<float> b = bias.to_floats(s);
+    const double mean = sum / static_cast<double>(experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      const double offset = mean - row[experts + e];
+      b[static_cast<size_t>(e)] += mc.bias_update_rate * static_cast<float>((offset > 0) - (offset < 0));
+    }
+    Tensor host = Tensor::from_floats(b, {experts});
+    copy_tensor(host, bias, s);
+  }
+  if (layers > 0) {
+    m.load_max_over_mean /= layers;
+    m.aux_loss /= layers;
+    m.z_loss /= layers;
+  }
+  m.dropped_fraction = routed > 0 ? 1.0 - kept / routed : 0.0;
+  return m;
+}
+
 void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
   const Stream& s = pm_->runtime.stream;
   training_log_.iteration(window, skipped_iterations_, nan_iterations_, flops_per_iteration_,
-                          peak_memory_gb(s), s.device().str(), predicted_peak_gb_,
-                          s.is_cuda() ? peak_reserved_gb(s) : -1);
+                          peak_memory_gb(s), peak_reserved_memory_gb(s), s.device().str(), predicted_peak_gb_);
+  const std::string stats = fault_detector_.stats_report();  // --rerun-mode report_stats
+  if (!stats.empty()) logging::info(stats);
 }
 
 std::vector<IterationMetrics> Trainer::train() {
@@ -280,10 +362,11 @@ std::vector<IterationMetrics> Trainer::train() {
       memory_logged_ = true;
       const Stream& s = pm_->runtime.stream;
       if (predicted_peak_gb_ >= 0)
-        training_log_.memory_check(predicted_peak_gb_, peak_memory_gb(s), s.is_cuda() ? peak_reserved_gb(s) : -1,
+        training_log_.memory_check(predicted_peak_gb_, peak_memory_gb(s), s.is_cuda() ? peak_reserved_memory_gb(s) : -1,
                                    iteration_);
     }
     window.push_back(m);
+    training_log_.step(m);  // the per-iteration series (TensorBoard)
     if (iteration_ % log_every == 0 || iteration_ == total) {
       log_interval(window);
       window.clear();

@@ -8,8 +8,10 @@
 #include <ostream>
 #include <set>
 #include <sstream>
+#include "megadlm/core/logging.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
+#include "megadlm/training/checkpoint/directory_lock.h"
 #include "megadlm/training/checkpoint/training_state.h"
 #include "megadlm/training/checkpoint_args.h"
 #include "megadlm/training/trainer.h"
@@ -82,6 +84,54 @@ void Trainer::set_stop_request(std::function<bool()> stop_requested) {
   stop_requested_ = std::move(stop_requested);
 }
 
+namespace {
+std::string expert_bias_name(int layer) {
+  return std::string(checkpoint::kMoeStatePrefix) + "expert_bias/decoder.layers." + std::to_string(layer);
+}
+}  // namespace
+
+void Trainer::add_moe_state(checkpoint::StateSnapshot& snap) const {
+  if (!pm_->moe) return;
+  // Every rank of a stage holds the same biases: the first rank of its gradient and TP groups
+  // writes them.
+  if ((pm_->grad_group && pm_->grad_group->rank() != 0) || pm_->model_parallel.tp.rank != 0) return;
+  auto host = std::make_shared<std::vector<Tensor>>();
+  for (size_t l = 0; l < pm_->moe->expert_bias.size(); ++l) {
+    const Tensor& bias = pm_->moe->expert_bias[l];
+    if (!bias.defined()) continue;
+    bool here = false;  // this rank's stage holds the layer
+    for (const auto& chunk : pm_->chunks)
+      here |= static_cast<int>(l) >= chunk->chunk().first_layer &&
+              static_cast<int>(l) < chunk->chunk().first_layer + chunk->chunk().num_layers;
+    if (!here) continue;
+    host->push_back(bias.to(Device::cpu(), pm_->runtime.stream));
+    checkpoint::OutgoingPiece p;
+    p.tensor = expert_bias_name(static_cast<int>(l));
+    p.global_shape = bias.shape();
+    p.region = checkpoint::Region::whole(bias.shape());
+    p.dtype = DType::F32;
+    p.data = host->back().data_ptr();
+    snap.pieces.push_back(p);
+  }
+  if (host->empty()) return;
+  auto previous = snap.keep_alive;
+  snap.keep_alive = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<std::vector<Tensor>>>>(
+      previous, host);
+}
+
+void Trainer::load_moe_state(const checkpoint::CheckpointReader& reader) {
+  if (!pm_->moe) return;
+  for (size_t l = 0; l < pm_->moe->expert_bias.size(); ++l) {
+    Tensor& bias = pm_->moe->expert_bias[l];
+    const std::string name = expert_bias_name(static_cast<int>(l));
+    if (!bias.defined() || !reader.has_tensor(name)) continue;  // older checkpoints: zero biases
+    Tensor host = Tensor::empty(bias.shape(), DType::F32, Stream::cpu());
+    reader.read(name, bias.shape(), checkpoint::Region::whole(bias.shape()), host);
+    copy_tensor(host, bias, pm_->runtime.stream);
+    pm_->runtime.stream.synchronize();
+  }
+}
+
 void Trainer::save_checkpoint(bool non_persistent) {
   const CheckpointConfig& ck = cfg_.checkpoint;
   const std::string dir = non_persistent ? ck.non_persistent_save_dir() : ck.save;
@@ -97,8 +147,13 @@ void Trainer::save_checkpoint(bool non_persistent) {
     log_ << "saving " << (non_persistent ? "non-persistent " : "") << "checkpoint at iteration "
          << iter_text(iteration_) << " to " << dir << (ck.async_save ? " (asynchronously)" : "") << std::endl;
   const auto t0 = std::chrono::steady_clock::now();
-  checkpoint::StateSnapshot snap =
-      checkpoint::snapshot_state(pm_->store, *pm_->optimizer, writer, ck.save_optim, pm_->runtime.stream);
+  // Expert parameters: their replicas are the expert-dp group (other EP ranks hold other experts).
+  const bool expert_writer = cfg_.parallel.use_distributed_optimizer
+                                 ? writer
+                                 : (!pm_->expert_grad_group || pm_->expert_grad_group->rank() == 0);
+  checkpoint::StateSnapshot snap = checkpoint::snapshot_state(pm_->store, *pm_->optimizer, writer, ck.save_optim,
+                                                              pm_->runtime.stream, expert_writer);
+  add_moe_state(snap);
   checkpoint::CheckpointState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_samples_;
@@ -126,9 +181,23 @@ void Trainer::save_checkpoint(bool non_persistent) {
         }
       } catch (const std::exception& e) {
         // The new checkpoint is safe; a stale one left behind is only disk space.
-        if (logging_rank())
-          log_ << "WARNING: could not remove older non-persistent checkpoints in " << dir << ": "
-               << e.what() << std::endl;
+        logging::warn("could not remove older non-persistent checkpoints in ", dir, ": ", e.what());
+      }
+    };
+  } else if (ck.keep_last_n_checkpoints > 0) {
+    // --keep-last-n-checkpoints: pruned only once this save has committed ("latest" names it),
+    // so the newest complete checkpoint is never the one removed and a crash keeps N.
+    const int64_t keep = ck.keep_last_n_checkpoints;
+    after_commit = [this, dir, keep] {
+      try {
+        const std::vector<std::string> removed = checkpoint::remove_checkpoints_beyond(dir, keep);
+        if (logging_rank() && !removed.empty()) {
+          log_ << "  removed checkpoints beyond the newest " << keep << " (--keep-last-n-checkpoints):";
+          for (const std::string& r : removed) log_ << " " << r;
+          log_ << std::endl;
+        }
+      } catch (const std::exception& e) {
+        logging::warn("could not remove old checkpoints in ", dir, ": ", e.what());
       }
     };
   }
@@ -198,7 +267,115 @@ void Trainer::finish_checkpoints(bool exiting) {
   }
 }
 
+void Trainer::stop_on_fault(const std::string& report) {
+  // The update of this step was not applied: the weights are those after iteration_ (the last
+  // good state). A checkpoint of it lets the run be resumed elsewhere (Megatron's exit code 16:
+  // "resume to disambiguate" a device fault from the model's own result).
+  std::string where;
+  if (!cfg_.checkpoint.save.empty()) {
+    if (last_checkpoint_iteration_ != iteration_) save_checkpoint();
+    if (ckpt_writer_ && ckpt_writer_->pending()) ckpt_writer_->wait();
+    where = "; the last good state (iteration " + std::to_string(iteration_) + ") is the checkpoint " +
+            checkpoint::checkpoint_dir(cfg_.checkpoint.save, std::to_string(iteration_)) +
+            " (resume it, on other hardware to rule out a device fault)";
+  } else {
+    where = "; no checkpoint was saved (no --save)";
+  }
+  throw FaultStop(report + ". Stopping the run" + where, kExitReproducibleFault);
+}
+
 void Trainer::load_checkpoint() {
+  lock_save_directories();
+  load_checkpoint_files();
+  check_save_directories();
+}
+
+namespace {
+
+// The directories a run saves into: --save, and the rolling directory when it saves there.
+std::vector<std::pair<std::string, std::string>> save_directories(const CheckpointConfig& ck) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!ck.save.empty()) out.emplace_back(ck.save, "--save");
+  if (ck.non_persistent_save_interval > 0 && !ck.non_persistent_save_dir().empty()) {
+    const bool inside = ck.non_persistent_global_ckpt_dir.empty();
+    out.emplace_back(ck.non_persistent_save_dir(),
+                     inside ? "--save (its non_persistent directory)" : "--non-persistent-global-ckpt-dir");
+  }
+  return out;
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const std::filesystem::path x = std::filesystem::weakly_canonical(a, ec);
+  const std::filesystem::path y = std::filesystem::weakly_canonical(b, ec);
+  return (x / "").lexically_normal() == (y / "").lexically_normal();
+}
+
+}  // namespace
+
+void Trainer::lock_save_directories() {
+  // Rank 0 writes the index and "latest": it holds the lock for the whole job. Rolling saves
+  // inside --save (its non_persistent directory) are covered by its lock; an explicit rolling
+  // directory gets one of its own.
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  std::vector<std::pair<std::string, std::string>> dirs;
+  if (!ck.save.empty()) dirs.emplace_back(ck.save, "--save");
+  if (ck.non_persistent_save_interval > 0 && !ck.non_persistent_global_ckpt_dir.empty())
+    dirs.emplace_back(ck.non_persistent_global_ckpt_dir, "--non-persistent-global-ckpt-dir");
+  if (dirs.empty()) return;  // the same on every rank: no collective either
+  std::string error, warning;
+  if (logging_rank()) {
+    try {
+      for (const auto& [dir, flag] : dirs) {
+        std::string w;
+        save_locks_.push_back(std::make_unique<checkpoint::DirectoryLock>(dir, flag, &w));
+        if (!w.empty()) warning += (warning.empty() ? "" : "\n") + w;
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  checkpoint::agree(pm_->world.get(), pm_->runtime.stream, error, "locking the checkpoint directory");
+  if (!warning.empty()) logging::warn(warning);
+}
+
+void Trainer::check_save_directories() {
+  // A save directory that holds checkpoints must be the one this run continues: otherwise its
+  // saves would interleave with (and its "latest" would replace) another run's. Megatron
+  // overwrites silently; a run resumed from the directory (also at an explicit --ckpt-step)
+  // continues its own history and may replace later iterations.
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  if (save_directories(ck).empty()) return;
+  std::string error;
+  if (logging_rank()) {
+    std::vector<std::string> continued;
+    if (resumed_) {
+      continued.push_back(std::filesystem::path(loaded_from_).parent_path().string());
+      continued.push_back(ck.load);
+      if (ck.non_persistent_global) continued.push_back(ck.non_persistent_load_dir());
+    }
+    for (const auto& [dir, flag] : save_directories(ck)) {
+      const std::vector<int64_t> held = checkpoint::list_checkpoint_iterations(dir);
+      if (held.empty()) continue;
+      bool ours = false;
+      for (const std::string& c : continued) ours = ours || (!c.empty() && same_directory(c, dir));
+      if (ours) continue;
+      std::ostringstream msg;
+      msg << flag << " " << dir << " already holds " << held.size() << " checkpoint(s) of another run (newest: "
+          << checkpoint::iteration_dir_name(held.back()) << ") and this run "
+          << (loaded_from_.empty() ? "does not resume from it"
+              : !resumed_          ? "starts anew from " + loaded_from_ + " (fine-tuning or a release checkpoint)"
+                                   : "resumes from " + loaded_from_)
+          << ": its saves would overwrite them. Resume from it with --load " << dir
+          << ", or save into an empty directory";
+      error = msg.str();
+      break;
+    }
+  }
+  checkpoint::agree(pm_->world.get(), pm_->runtime.stream, error, "checking the checkpoint directory");
+}
+
+void Trainer::load_checkpoint_files() {
   const CheckpointConfig& ck = cfg_.checkpoint;
   if (ck.load.empty()) return;
   const auto t0 = std::chrono::steady_clock::now();
@@ -246,9 +423,8 @@ void Trainer::load_checkpoint() {
     if (ck.exit_on_missing_checkpoint)
       MDLM_FAIL("--load ", ck.load, " holds no checkpoint (no ", checkpoint::kLatestFileName,
                 ") and --exit-on-missing-checkpoint is set");
-    if (logging_rank())
-      log_ << "WARNING: could not find a checkpoint in --load " << ck.load << " (no "
-           << checkpoint::kLatestFileName << "): training starts from scratch" << std::endl;
+    logging::warn("could not find a checkpoint in --load ", ck.load, " (no ", checkpoint::kLatestFileName,
+              "): training starts from scratch");
     return;
   }
   const checkpoint::CheckpointState& st = reader->index().state;
@@ -269,7 +445,7 @@ void Trainer::load_checkpoint() {
     for (const checkpoint::ConfigMismatch& m : checkpoint::compare_run_configs(*saved, cfg_, !resume)) {
       const std::string line = m.field + ": checkpoint " + m.saved + ", this run " + m.current;
       if (m.fatal) problems.push_back(line);
-      else if (logging_rank()) log_ << "WARNING: checkpoint differs from this run in " << line << std::endl;
+      else logging::warn("checkpoint differs from this run in ", line);
     }
   }
   if (problems.empty()) {
@@ -341,7 +517,7 @@ void Trainer::load_checkpoint() {
 
   // Verify the files this load reads (spread over the ranks, agreed), then read. A rank that
   // fails while reading makes every rank fail here, before any step.
-  std::vector<std::string> prefixes = {checkpoint::kModelPrefix};
+  std::vector<std::string> prefixes = {checkpoint::kModelPrefix, checkpoint::kMoeStatePrefix};
   if (load_optim) prefixes.push_back("optimizer/");
   reader->verify_files(reader->files_with(prefixes), world, s);
   error.clear();
@@ -349,6 +525,13 @@ void Trainer::load_checkpoint() {
     checkpoint::load_state(*reader, pm_->store, *pm_->optimizer, load_optim, s);
   } catch (const std::exception& e) {
     error = e.what();
+  }
+  if (error.empty()) {
+    try {
+      load_moe_state(*reader);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
   checkpoint::agree(world, s, error, "loading checkpoint " + *dir);
   pm_->optimizer->set_steps(load_optim ? st.optimizer_steps : 0);
@@ -361,11 +544,11 @@ void Trainer::load_checkpoint() {
     skipped_iterations_ = st.skipped_iterations;
     nan_iterations_ = st.nan_iterations;
     last_checkpoint_iteration_ = iteration_;
+    resumed_ = true;
     // The RNG state is the seed: every random number is a function of (seed, global position).
     if (ck.load_rng && st.rng_seed && *st.rng_seed != cfg_.training.seed) {
-      if (logging_rank())
-        log_ << "WARNING: using the checkpoint's seed " << *st.rng_seed << " instead of --seed "
-             << cfg_.training.seed << " (its RNG state; --no-load-rng keeps --seed)" << std::endl;
+      logging::warn("using the checkpoint's seed ", *st.rng_seed, " instead of --seed ", cfg_.training.seed,
+                " (its RNG state; --no-load-rng keeps --seed)");
       cfg_.training.seed = *st.rng_seed;
       pm_->runtime.seed = *st.rng_seed;
     }

@@ -21,7 +21,7 @@ train() { "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --lo
 train_bg() { exec "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --log-interval 1 \
                --lr-warmup-iters 2 --lr-decay-iters 12 "$@"; }
 # A metrics file without its timing fields: what must be identical between runs.
-det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|peak_mem_gb)":[^,}]*,?//g' "$1"; }
+det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|mfu_989|peak_mem_gb|peak_reserved_gb)":[^,}]*,?//g' "$1"; }
 # Training iterations logged (the final validation/test lines are not counted).
 lines() { local n=0; [ -f "$1" ] && n=$(grep -c '"lm_loss"' "$1"); echo "${n:-0}"; }
 

@@ -2,8 +2,9 @@
 # A rank that skips a collective must not hang the job: under mpirun -np 2, rank 1 skips an
 # all_reduce (tests/e2e/comm_timeout_probe.cpp); with a 3 s timeout set through the API, rank 0
 # raises CommTimeoutError naming the group, the operation and its rank, and abort_job ends the
-# job. Pass: non-zero exit in under 30 s with that message on stderr. Exit 77 (skipped) when the
-# build or the machine has no MPI.
+# job. Pass: non-zero exit in under 30 s with that message on stderr, and rank 0's last
+# collectives in the directory given to the probe (all_reduce #1 completed, #2 not), named by the
+# error. Exit 77 (skipped) when the build or the machine has no MPI.
 set -uo pipefail
 bin=$1
 probe=$bin/comm_timeout_probe
@@ -20,7 +21,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 start=$(date +%s%N)
 # The outer timeout only guards CI against a regression that hangs; the test demands < 30 s.
-timeout 120 mpirun -np 2 "${flags[@]}" "$probe" 3 > "$tmp/out" 2> "$tmp/err"
+timeout 120 mpirun -np 2 "${flags[@]}" "$probe" 3 "$tmp/logs" > "$tmp/out" 2> "$tmp/err"
 rc=$?
 elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
 echo "mpirun -np 2 ${flags[*]} comm_timeout_probe 3: exit $rc after ${elapsed_ms} ms"
@@ -33,5 +34,13 @@ for want in "CommTimeoutError" "group 'world'" "all_reduce #2" "rank 0 of 2" "30
   grep -qF "$want" "$tmp/err" || fail "stderr does not mention \"$want\""
 done
 ! grep -q "still alive after 60 s" "$tmp/err" || fail "rank 1 outlived abort_job"
+record="$tmp/logs/collectives_rank00000.txt"
+grep -qF "This rank's last collectives are in $record" "$tmp/err" || fail "the error does not name $record"
+[ -f "$record" ] || fail "$record was not written"
+grep -qE "^group 'world' \(rank 0 of 2\): 2 operation\(s\) issued" "$record" || fail "no world block: $(cat "$record")"
+grep -qE "^  #1 +all_reduce +3 f32 .* after [0-9]+ ms  sum" "$record" || fail "#1 not recorded as completed: $(cat "$record")"
+grep -qE "^  #2 +all_reduce +3 f32 .* NOT COMPLETED \(waiting [0-9]+ ms\)  sum" "$record" ||
+  fail "#2 not recorded as pending: $(cat "$record")"
+echo "--- $record"; cat "$record"
 grep -F "CommTimeoutError" "$tmp/err" | head -1
 echo "PASS: the skipped all_reduce ended the job in ${elapsed_ms} ms with the group, operation and rank named"

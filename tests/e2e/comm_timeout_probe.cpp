@@ -2,7 +2,7 @@
 // rank joins, rank 1 skips the next one and idles as a stuck rank would. The other ranks must
 // raise CommTimeoutError within the timeout (seconds, argv[1]) and end the whole job through
 // DistributedRuntime::abort_job, as a program does on any fatal error.
-//   comm_timeout_probe SECONDS       the probe
+//   comm_timeout_probe SECONDS [DIR]  the probe; with DIR, the ranks' last collectives go there
 //   comm_timeout_probe --mpi-compiled   exit 0 when this build has MPI, 77 otherwise
 // Exit codes: 3 the timeout fired and the job was aborted (expected), 4 the skipped all_reduce
 // completed, 5 rank 1 outlived the abort, 2 bad usage.
@@ -17,8 +17,8 @@
 using namespace megadlm;
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s SECONDS | --mpi-compiled\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s SECONDS [DIR] | --mpi-compiled\n", argv[0]);
     return 2;
   }
   if (std::strcmp(argv[1], "--mpi-compiled") == 0) return comm::mpi_compiled() ? 0 : 77;
@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
     const comm::LaunchEnvironment env = comm::detect_launch_environment();
     rank = env.rank;
     runtime = std::make_unique<comm::DistributedRuntime>(env, comm::Transport::Mpi, timeout);
+    if (argc == 3) runtime->set_collective_log_dir(argv[2]);
     comm::Communicator& world = runtime->world();
     const Stream cpu = Stream::cpu();
     Tensor t = Tensor::from_floats({1.0f, 2.0f, 3.0f}, {3});

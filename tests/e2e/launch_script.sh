@@ -17,7 +17,7 @@ out=$(NCCL_DEBUG=WARN bash "$launch" --dry-run --launcher mpirun --gpus 8 --host
       -- prog @flags.args --train-iters 3)
 echo "$out"
 for want in "mpirun -np 16 --map-by ppr:8:node" "--hostfile" "node-a slots=8,node-b slots=8" \
-            "-x NCCL_NVLS_ENABLE" "-x NCCL_DEBUG" "MASTER_ADDR=node-a" "NCCL_NVLS_ENABLE=0" \
+            "-x NCCL_NVLS_ENABLE" "-x NCCL_DEBUG" "-x MEGADLM_RENDEZVOUS_TOKEN" "MASTER_ADDR=node-a" "NCCL_NVLS_ENABLE=0" \
             "prog @flags.args --train-iters 3"; do
   grep -qF -- "$want" <<< "$out" || fail "mpirun dry run lacks '$want'"
 done

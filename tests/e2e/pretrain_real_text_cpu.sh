@@ -67,7 +67,7 @@ grep -q "loaded the GPTDataset train indices" "$tmp/b.log" || { cat "$tmp/b.log"
 
 # The blend files stand for the flags: 2 iterations (each logged, then the final validation)
 # give the same metrics, timings aside, and the file runs reuse the flag runs' cache.
-det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|peak_mem_gb)":[^,}]*,?//g' "$1"; }
+det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|mfu_989|peak_mem_gb|peak_reserved_gb)":[^,}]*,?//g' "$1"; }
 short() {
   train 2 "$1" --log-interval 1 --lr-warmup-iters 1 ||
     { cat "$tmp/$1.log" "$tmp/$1.err"; echo "FAIL: training with ${data[*]}"; exit 1; }

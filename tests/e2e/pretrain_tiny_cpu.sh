@@ -21,9 +21,11 @@ if ! cmp -s "$tmp/a.cols" "$tmp/b.cols"; then
   echo "FAIL: two identical runs logged different losses"; diff "$tmp/a.cols" "$tmp/b.cols" | head; exit 1
 fi
 [ "$(grep -c "\"lm_loss\"" "$tmp/a.jsonl")" -eq 100 ] || { echo "FAIL: expected 100 metrics lines"; exit 1; }
-for key in iteration lm_loss grad_norm lr consumed_samples elapsed_ms tokens_per_s tflops_per_gpu peak_mem_gb; do
+for key in kind iteration lm_loss grad_norm lr consumed_samples elapsed_ms tokens_per_s tflops_per_gpu mfu mfu_989 peak_mem_gb; do
   grep -q "\"$key\":" "$tmp/a.jsonl" || { echo "FAIL: metrics lack $key"; exit 1; }
 done
+# Every training row says what it is (docs/metrics.md).
+[ "$(grep -c '"kind":"train"' "$tmp/a.jsonl")" -eq 100 ] || { echo "FAIL: expected 100 rows of kind train"; exit 1; }
 # Mean of the first and last 10 losses (diffusion losses are noisy per iteration).
 awk -F'lm loss: ' '{split($2, v, " "); loss[++n] = v[1]}
   END { for (i = 1; i <= 10; i++) { a += loss[i]; b += loss[n - 10 + i] }

@@ -14,6 +14,7 @@
 #include <vector>
 #include "megadlm/ops/attention.h"
 #include "ops/attention_dropout_mask.h"
+#include "parity.h"
 #include "support/attention_cases.h"
 #include "support/op_testing.h"
 #include "support/tolerances.h"
@@ -21,6 +22,7 @@
 // name and timing with CUDA events. Every test using it starts with MDLM_REQUIRE_GPU().
 #if MEGADLM_WITH_CUDA
 #include <cuda_runtime.h>
+#include "ops/cuda/attention_cudnn.h"
 #include "ops/cuda/attention_impl.h"
 #endif
 
@@ -108,14 +110,53 @@ Tensor poisoned(const Shape& shape, DType dtype, const Stream& cuda) {
       .to(Device::cuda(0), cuda);
 }
 
-/// Default: the public op (flash for head_dim 64/128, packed rows included; simple otherwise).
-enum class Kernel { Default, Simple, Flash };
+/// Default: the public op with --attention-backend auto (cuDNN where it runs the call, else
+/// flash for head_dim 64/128 and simple otherwise). Cudnn: cuDNN forced (a refusal fails the
+/// test), packed rows with document_starts; CudnnHostStarts: the same without document_starts
+/// (cuDNN derives them from document_ids on the host).
+enum class Kernel { Default, Simple, Flash, Cudnn, CudnnHostStarts };
 
-const char* kernel_name(Kernel k, const Case& c) {
-  if (k == Kernel::Simple) return "simple";
-  if (k == Kernel::Flash) return "flash";
-  return c.dim == 64 || c.dim == 128 ? "flash" : "simple";
+const char* kernel_name(Kernel k, const Case&) {
+  switch (k) {
+    case Kernel::Simple: return "simple";
+    case Kernel::Flash: return "flash";
+    case Kernel::Cudnn: return "cudnn";
+    case Kernel::CudnnHostStarts: return "cudnn-h";
+    default: return "auto";
+  }
 }
+
+bool is_cudnn(Kernel k) { return k == Kernel::Cudnn || k == Kernel::CudnnHostStarts; }
+
+/// The flat token index where each document of packed rows starts, then B * S (the
+/// document_starts contract of include/megadlm/ops/attention.h).
+std::vector<int32_t> document_starts_of(const std::vector<int32_t>& ids, int64_t batch, int64_t seq) {
+  std::vector<int32_t> starts;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < seq; ++i) {
+      const size_t t = static_cast<size_t>(b * seq + i);
+      if (i == 0 || ids[t] != ids[t - 1]) starts.push_back(static_cast<int32_t>(t));
+    }
+  starts.push_back(static_cast<int32_t>(batch * seq));
+  return starts;
+}
+
+/// Why this build or machine cannot run the cuDNN cases (empty: it can).
+std::string cudnn_unavailable() {
+#if MEGADLM_WITH_CUDA
+  const Case c{1, 64, 2, 2, 64, AttentionMask::None};
+  return ops::cuda::cudnn_attention_unsupported(test::attention_args(c, {}, 1, 0), true);
+#else
+  return "built without CUDA";
+#endif
+}
+
+#define MDLM_REQUIRE_CUDNN()                                                    \
+  do {                                                                          \
+    MDLM_REQUIRE_GPU();                                                         \
+    if (const std::string why = cudnn_unavailable(); !why.empty())              \
+      GTEST_SKIP() << "cuDNN attention not available: " << why;                 \
+  } while (0)
 
 struct Errors {
   double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
@@ -149,9 +190,12 @@ class AttentionCase {
     vd_ = v.to(Device::cuda(0), cuda);
     doutd_ = dout.to(Device::cuda(0), cuda);
     if (drop.documents) {
-      docs_cpu_ = Tensor::from_ints(packed_documents(c.batch, c.seq, drop.document_pattern),
-                                    {c.batch, c.seq});
+      const std::vector<int32_t> ids = packed_documents(c.batch, c.seq, drop.document_pattern);
+      docs_cpu_ = Tensor::from_ints(ids, {c.batch, c.seq});
       docs_cuda_ = docs_cpu_.to(Device::cuda(0), cuda);
+      const std::vector<int32_t> starts = document_starts_of(ids, c.batch, c.seq);
+      starts_cuda_ = Tensor::from_ints(starts, {static_cast<int64_t>(starts.size())})
+                         .to(Device::cuda(0), cuda);
     }
     // CPU f32 reference.
     AttentionArgs a = args_of(c, drop);
@@ -170,9 +214,14 @@ class AttentionCase {
     ref_dv_ = test::to_doubles(dv);
   }
 
-  Errors run(Kernel kernel) const {
+  /// Runs one kernel family; with `grads`, also returns the downloaded dq, dk, dv (in that
+  /// order) for determinism checks.
+  Errors run(Kernel kernel, bool deterministic = false,
+             std::vector<std::vector<double>>* grads = nullptr) const {
     AttentionArgs a = args_of(c_, drop_);
+    a.deterministic = deterministic;
     if (drop_.documents) a.document_ids = &docs_cuda_;
+    if (drop_.documents && kernel == Kernel::Cudnn) a.document_starts = &starts_cuda_;
     Tensor out = poisoned(q_shape(c_), DType::BF16, cuda_);
     Tensor lse = poisoned(lse_shape(c_), DType::F32, cuda_);
     Tensor dq = poisoned(q_shape(c_), DType::BF16, cuda_);
@@ -184,8 +233,9 @@ class AttentionCase {
     } else {
 #if MEGADLM_WITH_CUDA
       using ops::cuda::AttentionKernel;
-      const AttentionKernel which =
-          kernel == Kernel::Flash ? AttentionKernel::Flash : AttentionKernel::Simple;
+      const AttentionKernel which = is_cudnn(kernel)         ? AttentionKernel::Cudnn
+                                    : kernel == Kernel::Flash ? AttentionKernel::Flash
+                                                              : AttentionKernel::Simple;
       ops::cuda::attention_forward_with(which, qd_, kd_, vd_, out, lse, a, cuda_);
       ops::cuda::attention_backward_with(which, doutd_, qd_, kd_, vd_, out, lse, dq, dk, dv, a,
                                          cuda_);
@@ -197,9 +247,12 @@ class AttentionCase {
     for (size_t i = 0; i < l.size(); ++i) {
       e.lse = std::max(e.lse, std::isnan(l[i]) ? INFINITY : std::fabs(l[i] - ref_lse_[i]));
     }
-    e.dq = rel_l2_floored(test::to_doubles(dq, cuda_), ref_dq_);
-    e.dk = rel_l2_floored(test::to_doubles(dk, cuda_), ref_dk_);
-    e.dv = rel_l2_floored(test::to_doubles(dv, cuda_), ref_dv_);
+    std::vector<double> gq = test::to_doubles(dq, cuda_), gk = test::to_doubles(dk, cuda_),
+                        gv = test::to_doubles(dv, cuda_);
+    e.dq = rel_l2_floored(gq, ref_dq_);
+    e.dk = rel_l2_floored(gk, ref_dk_);
+    e.dv = rel_l2_floored(gv, ref_dv_);
+    if (grads != nullptr) *grads = {std::move(gq), std::move(gk), std::move(gv)};
     return e;
   }
 
@@ -207,7 +260,7 @@ class AttentionCase {
   Case c_;
   Dropout drop_;
   Stream cuda_;
-  Tensor q32_, k32_, v32_, dout32_, qd_, kd_, vd_, doutd_, docs_cpu_, docs_cuda_;
+  Tensor q32_, k32_, v32_, dout32_, qd_, kd_, vd_, doutd_, docs_cpu_, docs_cuda_, starts_cuda_;
   std::vector<double> ref_out_, ref_lse_, ref_dq_, ref_dk_, ref_dv_;
 };
 
@@ -219,6 +272,8 @@ void check_cases(const std::vector<Case>& cases, const std::vector<Kernel>& kern
     SCOPED_TRACE(name_of(c) + (drop.p > 0 ? " dropout " + std::to_string(drop.p) : ""));
     const AttentionCase ac(c, seed += 10, cuda, drop);
     for (Kernel k : kernels) {
+      // cuDNN has no backward with one key (s = 1; gpu-libraries.md §1.8): auto falls back.
+      if (is_cudnn(k) && c.seq == 1) continue;
       SCOPED_TRACE(kernel_name(k, c));
       const Errors e = ac.run(k);
       std::printf("[attention parity] %-36s %-6s%s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
@@ -251,7 +306,7 @@ TEST(AttentionParity, FlashAndSimpleMatchCpuOnShortSequences) {
         for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{2, 2}, {6, 2}})
           for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal})
             cases.push_back({batch, seq, heads, kv_heads, dim, mask});
-  check_cases(cases, {Kernel::Default, Kernel::Simple}, 1000);
+  check_cases(cases, {Kernel::Default, Kernel::Flash, Kernel::Simple}, 1000);
 }
 
 TEST(AttentionParity, FlashAndSimpleMatchCpuOnLongSequences) {
@@ -264,7 +319,7 @@ TEST(AttentionParity, FlashAndSimpleMatchCpuOnLongSequences) {
       {1, 2047, 2, 2, 128, AttentionMask::Causal}, {1, 2047, 2, 1, 64, AttentionMask::None},
       {2, 300, 4, 2, 128, AttentionMask::None},  {2, 300, 4, 2, 128, AttentionMask::Causal},
   };
-  check_cases(cases, {Kernel::Default, Kernel::Simple}, 2000);
+  check_cases(cases, {Kernel::Default, Kernel::Flash, Kernel::Simple}, 2000);
 }
 
 TEST(AttentionParity, SimplePathMatchesCpuForOtherHeadDims) {
@@ -276,7 +331,7 @@ TEST(AttentionParity, SimplePathMatchesCpuForOtherHeadDims) {
     for (int64_t seq : {17, 141})
       for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal})
         cases.push_back({2, seq, 4, 2, dim, mask});
-  check_cases(cases, {Kernel::Default}, 3000);
+  check_cases(cases, {Kernel::Default, Kernel::Simple}, 3000);
 }
 
 TEST(AttentionParity, FlashAndSimpleMatchCpuWithDropout) {
@@ -432,5 +487,140 @@ TEST(AttentionParity, PackedDocumentEdgeCasesOnFlashAndSimpleMatchCpu) {
     check_cases(p > 0 ? edge_dropout : edge, {Kernel::Flash, Kernel::Simple}, p > 0 ? 7100 : 7000, docs);
     docs.document_pattern = 2;
     check_cases(long_rows, {Kernel::Flash, Kernel::Simple}, p > 0 ? 8100 : 8000, docs);
+  }
+}
+
+// ---- cuDNN backend --------------------------------------------------------------------------
+// The same CPU comparison and tolerances as the own kernels (cuDNN also rounds P and dS to bf16
+// before its tensor-core products and accumulates in fp32), with cuDNN forced: a refused plan
+// fails the test instead of falling back.
+
+TEST(AttentionParity, CudnnMatchesCpuOnShortAndLongSequences) {
+  MDLM_REQUIRE_CUDNN();
+  // S = 17 and 141: a partial tile and a ragged multi-tile end; MHA and GQA; both masks. (Few
+  // shapes: every distinct shape builds two cuDNN plans.)
+  std::vector<Case> cases;
+  for (int64_t dim : {64, 128})
+    for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal}) {
+      cases.push_back({2, 17, 6, 2, dim, mask});
+      cases.push_back({2, 141, 6, 2, dim, mask});
+      cases.push_back({1, 141, 2, 2, dim, mask});
+    }
+  // Long rows: an exact multiple of 128 and ragged ends (the backward adds cuDNN's padding mask
+  // when S % 128 != 0 on cuDNN <= 9.15), GQA groups of 2 and 4.
+  cases.insert(cases.end(), {{1, 2048, 4, 1, 128, AttentionMask::None},
+                             {1, 2047, 2, 2, 128, AttentionMask::Causal},
+                             {2, 300, 8, 2, 128, AttentionMask::Causal}});
+  check_cases(cases, {Kernel::Cudnn}, 9000);
+}
+
+TEST(AttentionParity, CudnnMatchesCpuForOtherHeadDims) {
+  MDLM_REQUIRE_CUDNN();
+  std::vector<Case> cases;
+  for (int64_t dim : {32, 96})
+    cases.push_back({2, 141, 4, 2, dim, dim == 32 ? AttentionMask::None : AttentionMask::Causal});
+  check_cases(cases, {Kernel::Cudnn}, 9100);
+}
+
+TEST(AttentionParity, CudnnPackedDocumentsMatchCpu) {
+  MDLM_REQUIRE_CUDNN();
+  // The ragged (THD) route: irregular documents (pattern 0), the edge cases of pattern 1
+  // (length-1 documents only, one document a row, documents straddling tiles) and many short
+  // documents in long rows (pattern 2); with document_starts and derived on the host.
+  Dropout docs;
+  docs.documents = true;
+  std::vector<Case> irregular, edge, long_rows;
+  for (AttentionMask mask : {AttentionMask::None, AttentionMask::Causal}) {
+    irregular.push_back({2, 17, 4, 2, 128, mask});
+    irregular.push_back({2, 300, 4, 2, 64, mask});
+    edge.push_back({3, 64, 4, 2, 128, mask});
+    edge.push_back({3, 333, 4, 4, 128, mask});
+    long_rows.push_back({2, 2048, 4, 4, 128, mask});
+  }
+  docs.document_pattern = 0;
+  check_cases(irregular, {Kernel::Cudnn, Kernel::CudnnHostStarts}, 9200, docs);
+  docs.document_pattern = 1;
+  check_cases(edge, {Kernel::Cudnn}, 9300, docs);
+  docs.document_pattern = 2;
+  check_cases(long_rows, {Kernel::Cudnn}, 9400, docs);
+}
+
+TEST(AttentionParity, AutoRunsCudnnWhereItCanAndTheOwnKernelsElsewhere) {
+  MDLM_REQUIRE_CUDNN();
+  // The forward is deterministic on both paths, so the auto result equals, bit for bit, the
+  // result of the path it chose: cuDNN without dropout, flash with dropout.
+  const Stream cuda = Stream::create(Device::cuda(0));
+  const Case c{2, 141, 4, 2, 128, AttentionMask::Causal};
+  for (float p : {0.0f, 0.1f}) {
+    SCOPED_TRACE(p > 0 ? "dropout" : "no dropout");
+    Dropout drop;
+    drop.p = p;
+    const AttentionArgs a = args_of(c, drop);
+    const Tensor q = test::random_tensor(q_shape(c), 9500, DType::BF16).to(Device::cuda(0), cuda);
+    const Tensor k = test::random_tensor(kv_shape(c), 9501, DType::BF16).to(Device::cuda(0), cuda);
+    const Tensor v = test::random_tensor(kv_shape(c), 9502, DType::BF16).to(Device::cuda(0), cuda);
+    auto forward = [&](ops::AttentionBackend backend, bool forced_cudnn) {
+      AttentionArgs b = a;
+      b.backend = backend;
+      Tensor out = poisoned(q_shape(c), DType::BF16, cuda), lse = poisoned(lse_shape(c), DType::F32, cuda);
+#if MEGADLM_WITH_CUDA
+      if (forced_cudnn)
+        ops::cuda::attention_forward_with(ops::cuda::AttentionKernel::Cudnn, q, k, v, out, lse, b, cuda);
+      else
+        ops::attention_forward(q, k, v, out, lse, b, cuda);
+#else
+      (void)forced_cudnn;
+      (void)b;
+#endif
+      return std::make_pair(test::to_doubles(out, cuda), test::to_doubles(lse, cuda));
+    };
+    const auto automatic = forward(ops::AttentionBackend::Auto, false);
+    const auto chosen = p > 0 ? forward(ops::AttentionBackend::Flash, false)
+                              : forward(ops::AttentionBackend::Cudnn, true);
+    test::parity::expect_identical("auto vs chosen path out", automatic.first, chosen.first);
+    test::parity::expect_identical("auto vs chosen path lse", automatic.second, chosen.second);
+    if (p > 0) {
+      // --attention-backend cudnn with dropout is an error naming the reason.
+      AttentionArgs forced = a;
+      forced.backend = ops::AttentionBackend::Cudnn;
+      Tensor out = poisoned(q_shape(c), DType::BF16, cuda), lse = poisoned(lse_shape(c), DType::F32, cuda);
+      EXPECT_THROW(ops::attention_forward(q, k, v, out, lse, forced, cuda), Error);
+    }
+  }
+}
+
+TEST(AttentionParity, DeterministicBackwardIsBitwiseReproducible) {
+  MDLM_REQUIRE_GPU();
+  // --deterministic-mode: two backwards on the same inputs give identical bits, on cuDNN's
+  // deterministic algorithm and on the flash kernels' per-key-tile dQ slabs (with and without
+  // dropout, which only the flash kernels run), and stay within the parity tolerances.
+  const Stream cuda = Stream::create(Device::cuda(0));
+  const bool cudnn = cudnn_unavailable().empty();
+  const std::vector<Case> cases = {{2, 300, 4, 2, 128, AttentionMask::None},
+                                   {1, 2048, 4, 4, 128, AttentionMask::Causal},
+                                   {2, 333, 4, 2, 64, AttentionMask::None}};
+  for (float p : {0.0f, 0.1f}) {
+    Dropout drop;
+    drop.p = p;
+    for (const Case& c : cases) {
+      const AttentionCase ac(c, 9600 + static_cast<uint64_t>(c.seq), cuda, drop);
+      std::vector<Kernel> kernels = {Kernel::Flash};
+      if (cudnn && p == 0) kernels.push_back(Kernel::Cudnn);
+      for (Kernel k : kernels) {
+        SCOPED_TRACE(name_of(c) + " " + kernel_name(k, c) + (p > 0 ? " dropout" : ""));
+        std::vector<std::vector<double>> first, second;
+        const Errors e = ac.run(k, true, &first);
+        ac.run(k, true, &second);
+        std::printf("[attention parity] %-36s %-6s%s deterministic dq %.2e dk %.2e dv %.2e\n",
+                    name_of(c).c_str(), kernel_name(k, c), p > 0 ? " drop" : "", e.dq, e.dk, e.dv);
+        EXPECT_LT(e.dq, test::kBf16ParityRelL2);
+        EXPECT_LT(e.dk, test::kBf16ParityRelL2);
+        EXPECT_LT(e.dv, test::kBf16ParityRelL2);
+        const char* names[] = {"dq", "dk", "dv"};
+        for (int i = 0; i < 3; ++i)
+          test::parity::expect_identical(name_of(c) + " " + kernel_name(k, c) + " " + names[i],
+                                         first[static_cast<size_t>(i)], second[static_cast<size_t>(i)]);
+      }
+    }
   }
 }

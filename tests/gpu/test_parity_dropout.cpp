@@ -70,3 +70,16 @@ TEST(DropoutParity, CudaMaskEqualsCpuMaskBitForBit) {
   check(257, 1001, unaligned, DType::BF16);
   check(70000, 5, unaligned, DType::F32);  // more rows than the grid's 65535 y-blocks
 }
+
+TEST(DropoutParity, ContextParallelChunkMapsMatchCpuBitForBit) {
+  MDLM_REQUIRE_GPU();
+  // A CP rank's shard: 4 samples of 256 local positions, chunks 1 and 6 of 128 (rank 1 of 4 of
+  // a 1024-token sequence), and under SP a row shard of it.
+  ops::DropoutArgs cp_shard{.p = 0.1f, .seed = 0xc0ffee, .site = 5, .seq_len = 256,
+                            .sample_offset = 8, .position_offset = 0, .column_offset = 0};
+  cp_shard.chunks = ops::ChunkMap{128, 1, 6};
+  check(1024, 512, cp_shard, DType::BF16);
+  cp_shard.row_offset = 300;
+  check(301, 1000, cp_shard, DType::F32);
+}
+

@@ -70,16 +70,18 @@ void compare_backends(bool swiglu_rope) {
                 "cuda %.5f (rel %.2e)\n",
                 swiglu_rope ? "dlm" : "ar", static_cast<long long>(i + 1), a.lm_loss, b.lm_loss, dl,
                 a.grad_norm, b.grad_norm, dg);
-    // bf16 activations (8-bit mantissa) through 2 layers: reliability-tests.md C3 allows 2e-2
-    // relative loss difference for bf16 runs; the gradient norm gets twice that.
-    EXPECT_LT(dl, 2e-2) << "iteration " << i + 1;
-    EXPECT_LT(dg, 4e-2) << "iteration " << i + 1;
+    // bf16 activations (8-bit mantissa) through 2 layers. Measured on the H200 before the fused
+    // ops (2026-11-29): loss within 3.0e-4, grad norm within 9.2e-3, first-step gradients 1.0e-2;
+    // the bounds keep a margin of about 3x for the fused paths' different rounding points (not
+    // yet re-measured with them: see docs/benchmarks.md).
+    EXPECT_LT(dl, 1e-3) << "iteration " << i + 1;
+    EXPECT_LT(dg, 3e-2) << "iteration " << i + 1;
     if (i == 0) {
       auto g_cpu = test::to_doubles(cpu.parameters().flat_grads(), cpu.runtime().stream);
       auto g_gpu = test::to_doubles(gpu.parameters().flat_grads(), gpu.runtime().stream);
       const double rel = test::rel_l2(g_gpu, g_cpu);
       std::printf("[parity %s] first-step gradient rel L2 %.3e\n", swiglu_rope ? "dlm" : "ar", rel);
-      EXPECT_LT(rel, 5e-2) << "all gradients of the first step (after clipping)";
+      EXPECT_LT(rel, 3e-2) << "all gradients of the first step (after clipping)";
     }
   }
 }
@@ -94,4 +96,23 @@ TEST(TrainingParity, DiffusionStepOnCudaMatchesCpu) {
 TEST(TrainingParity, AutoregressiveStepWithBiasesOnCudaMatchesCpu) {
   MDLM_REQUIRE_GPU();
   compare_backends(false);
+}
+
+TEST(TrainingParity, DeterministicModeRepeatsARunBitForBit) {
+  MDLM_REQUIRE_GPU();
+  // --deterministic-mode: two identical CUDA runs give bitwise equal losses and gradient norms
+  // (without it the attention dQ accumulation may reorder fp32 additions between runs).
+  const int64_t iters = 3;
+  auto data = std::make_shared<MockGptDataset>(500, 128, 499);
+  std::ostringstream log;
+  RunConfig cfg = parity_run(DeviceKind::Cuda, iters, true);
+  cfg.model.deterministic_mode = true;
+  Trainer a(cfg, data, log), b(cfg, data, log);
+  for (int64_t i = 0; i < iters; ++i) {
+    const IterationMetrics x = a.step(), y = b.step();
+    std::printf("[parity deterministic] iteration %lld: loss %.9g / %.9g, grad norm %.9g / %.9g\n",
+                static_cast<long long>(i + 1), x.lm_loss, y.lm_loss, x.grad_norm, y.grad_norm);
+    EXPECT_EQ(x.lm_loss, y.lm_loss) << "iteration " << i + 1;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "iteration " << i + 1;
+  }
 }

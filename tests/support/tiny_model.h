@@ -5,6 +5,7 @@
 // is about (sizes, dropout, varilen, batch sizes, the parallel layout).
 #pragma once
 #include <cstdint>
+#include <vector>
 #include "megadlm/training/training_config.h"
 
 namespace megadlm::test {
@@ -64,6 +65,18 @@ inline RunConfig tiny_run(const TinyShape& shape = {}, int64_t iters = 20) {
   r.training.log_interval = 1000;
   r.training.device = DeviceKind::Cpu;
   return r;
+}
+
+/// Makes every layer (or the layers `pattern` marks) a mixture of `experts` experts, top-`topk`,
+/// of width ffn / 2 (fine-grained), with aux and z losses: the tiny MoE of the EP suites.
+inline void make_moe(RunConfig& r, int experts = 8, int topk = 2, std::vector<bool> pattern = {}) {
+  MoeConfig& moe = r.model.moe;
+  moe.num_experts = experts;
+  moe.topk = topk;
+  moe.ffn_hidden_size = r.model.ffn_hidden_size / 2;
+  moe.aux_loss_coeff = 1e-2f;
+  moe.z_loss_coeff = 1e-3f;
+  moe.moe_layers = pattern.empty() ? std::vector<bool>(static_cast<size_t>(r.model.num_layers), true) : pattern;
 }
 
 /// The GPT-2-style variant of the architecture: learned positions, LayerNorm, GELU, biases,

@@ -3,6 +3,7 @@
 //   mpirun (OpenMPI): OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE
 //   Slurm srun:       SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NTASKS_PER_NODE
 //   torchrun-style:   RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT
+//   rendezvous token: MEGADLM_RENDEZVOUS_TOKEN, else TORCHELASTIC_RUN_ID or SLURM_JOB_ID (+ step)
 //   none of these:    a single process (world size 1)
 // CPU runs use MPI (they need mpirun or an MPI-enabled srun). CUDA runs use NCCL; its unique id
 // travels over MPI when MPI is initialised, otherwise over a TCP rendezvous at
@@ -15,6 +16,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 #include "megadlm/comm/communicator.h"
 
 namespace megadlm::comm {
@@ -30,6 +33,11 @@ struct LaunchEnvironment {
   int local_world_size = 1;
   std::string master_addr;  ///< TorchRun (and Slurm without MPI): rendezvous host
   int master_port = 0;
+  /// What a process must present to rank 0's TCP rendezvous: MEGADLM_RENDEZVOUS_TOKEN, else
+  /// the launcher's job id (torchrun's TORCHELASTIC_RUN_ID, Slurm's SLURM_JOB_ID.SLURM_STEP_ID),
+  /// else "" (every process of the launch then presents the same empty token).
+  std::string job_token;
+  std::string job_token_source;  ///< the variable(s) it came from, for messages ("" = none)
 };
 
 /// Value of an environment variable, or nullopt when it is unset.
@@ -46,6 +54,24 @@ LaunchEnvironment detect_launch_environment();
 /// Slurm's tasks on this node come from SLURM_STEP_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE or
 /// SLURM_TASKS_PER_NODE (first set wins; "2(x3),1" lists are read at SLURM_NODEID).
 LaunchEnvironment detect_launch_environment(const EnvLookup& lookup);
+
+/// What gather_startup_errors learnt.
+struct StartupErrors {
+  int failed_ranks = 0;  ///< how many ranks passed an error (known on every rank)
+  /// (world rank, error) of every failing rank; filled on rank 0 only, and on every rank of a
+  /// launch that cannot communicate before the runtime exists (then: this rank's own error).
+  std::vector<std::pair<int, std::string>> errors;
+  bool gathered = false;  ///< true when the ranks did exchange their errors
+};
+
+/// Collective before any communicator exists, for errors every rank finds on its own (its
+/// command line, say): each rank passes its error ("" = none). Under mpirun or srun with an
+/// MPI build the ranks exchange them over MPI (started here when needed; the runtime reuses
+/// it), so that rank 0 can report a failure that happened only on rank 1 of an MPMD launch.
+/// Other launches (torchrun-style, a single process) exchange nothing: the result holds this
+/// rank's own error, and each rank must report it itself.
+StartupErrors gather_startup_errors(const LaunchEnvironment& env, const std::string& error,
+                                    std::chrono::milliseconds timeout);
 
 /// True when this libmegadlm carries the MPI communicator (MEGADLM_WITH_MPI).
 bool mpi_compiled();
@@ -80,10 +106,18 @@ class DistributedRuntime {
   Communicator& world() const { return *world_; }
   std::shared_ptr<Communicator> world_shared() const { return world_; }
 
+  /// Where a timeout or abort_job writes this rank's last collectives (comm/collective_record.h):
+  /// DIR/collectives_rank<R>.txt; "" (the default) = the system's temporary directory, as
+  /// megadlm_collectives_rank<R>_pid<P>.txt. pretrain_difflm passes --collective-log-dir.
+  void set_collective_log_dir(const std::string& dir);
+  /// Writes that file now (with `reason` in its header); returns its path ("" if it failed).
+  std::string write_collective_log(const std::string& reason);
+
   /// After a fatal error: abort every communicator and the MPI job so no rank hangs.
   /// (The one place a distributed program ends other processes; called by apps, not the library.)
-  /// Aborts every communicator created from this runtime's world (splits included), then
-  /// MPI_Abort when MPI is up, else std::_Exit(exit_code).
+  /// Writes this rank's last collectives first (again after a timeout: the same file), then aborts every
+  /// communicator created from this runtime's world (splits included), then MPI_Abort when MPI
+  /// is up, else std::_Exit(exit_code).
   [[noreturn]] void abort_job(int exit_code) noexcept;
 
  private:

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "megadlm/comm/collective_record.h"
 #include "megadlm/core/error.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
@@ -95,6 +96,10 @@ class Communicator {
   /// (ties by rank in this group). `color` < 0: this rank joins no group (returns nullptr).
   /// The new group has this group's timeout and device; `name` appears in its messages.
   virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  /// The last operations this group issued (comm/collective_record.h); null when the
+  /// communicator keeps none (a one-rank group never waits on anybody).
+  virtual const CollectiveRecord* collective_record() const { return nullptr; }
 
   /// Tears the group down after a failure so that no rank stays blocked in it (ncclCommAbort).
   /// Every later call on it throws. MPI: marks the group dead; ending the other processes is

@@ -3,7 +3,7 @@
 // Every random number in megadlm is a pure function of (key, counter): the key holds the seed
 // and a purpose tag, the counter holds *global* coordinates (sample index in dataset order,
 // token position, parameter id, element index). Never rank, local index or call order, so a
-// value is the same whichever rank computes it (ARCHITECTURE.md, promise 1).
+// value is the same whichever rank computes it (docs/architecture.md, promise 1).
 //
 // Counter layout used across the library (documented here once):
 //   counter = {c0, c1, c2, c3}; key = {seed_lo, seed_hi ^ purpose}
@@ -15,6 +15,13 @@
 //   * dropout:       c0 = hidden element / 4, c1 = position, c2 = sample low bits, c3 = layer site
 //   * attn dropout:  c0 = key position / 4, c1 = query position, c2 = sample low bits,
 //                    c3 = (layer site << 16) | query head
+//   * fault injection: purpose ErrorInjection, c0..c1 = iteration (training/fault_detection)
+//   * sampler:       Gumbel noise c0 = token / 2, c1 = generated position, c2 = request's sample
+//                    index, c3 = step; random remasking c0 = generated position, c1 = 0, c2, c3 as
+//                    Gumbel (ops/sampling.h)
+//   * SFT order:     c0..c1 = example, c2..c3 = epoch (data/sft_dataset.h)
+//   * likelihood MC: c0 = answer position (or 0 for the draw of k), c1 = 1 + row of the
+//                    mini-batch (0 for k), c2 = request index, c3 = repeat (diffusion/likelihood.h)
 // Each call returns 4 independent 32-bit words; callers that need fewer use word 0.
 #pragma once
 #include <cstdint>
@@ -39,6 +46,11 @@ enum class RngPurpose : uint32_t {
   HiddenDropout = 0x3001,
   AttentionDropout = 0x3002,
   MockData = 0x4001,
+  SftShuffle = 0x4002,
+  SamplerGumbel = 0x5001,
+  SamplerRemask = 0x5002,
+  LikelihoodMC = 0x5003,
+  ErrorInjection = 0x6001,
 };
 
 struct PhiloxWords {

@@ -36,11 +36,13 @@ class Stream {
 
 /// Peak bytes held by the stream-ordered pool of `device` since the last reset (0 on CPU).
 size_t cuda_peak_memory_bytes(Device device);
-/// Peak bytes the pool reserved from the driver (>= the peak in use: the pool's granularity and
-/// fragmentation); 0 on CPU.
-size_t cuda_peak_reserved_bytes(Device device);
+/// Peak bytes the pool of `device` has reserved from the driver since the last reset (what it
+/// holds, in use or cached for reuse: PyTorch's max_memory_reserved). 0 on CPU.
+size_t cuda_peak_reserved_memory_bytes(Device device);
 /// Bytes currently held in use by the pool of `device`.
 size_t cuda_used_memory_bytes(Device device);
+/// Total memory of `device` (0 on CPU and without CUDA).
+size_t cuda_total_memory_bytes(Device device);
 void cuda_reset_peak_memory(Device device);
 
 }  // namespace megadlm

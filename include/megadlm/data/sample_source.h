@@ -15,6 +15,9 @@ class SampleSource {
   virtual int32_t eod_token() const = 0;
   /// Number of samples available, or -1 when any index works (mock data).
   virtual int64_t num_samples() const { return -1; }
+  /// Supervised fine-tuning data: tokens of sample `index`'s prompt, counted in the model's input
+  /// (tokens 1..S of the sample); 0 for pre-training data (data/sft_dataset.h).
+  virtual int64_t prompt_length(int64_t index) const { return 0; }
 };
 
 }  // namespace megadlm

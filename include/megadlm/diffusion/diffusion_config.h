@@ -16,12 +16,20 @@ enum class DlmLossWeight {
   InvTEps,     ///< 1 / ((1 - eps) t + eps), eps = 1e-3: LLaDA
 };
 
+/// How supervised fine-tuning normalises the loss (diffusion-lm.md §7, §8 --dlm-sft-loss-norm).
+enum class SftLossNorm {
+  AnswerLength,  ///< answer_len: (1/B) sum_b [sum_masked CE / p_b] / answer_length_b (LLaDA)
+  Token,         ///< token: sum_b sum_masked CE / p_b over sum_b answer_length_b (SMDM)
+};
+
 struct DiffusionConfig {
   RunningMode mode = RunningMode::DiffLMNoShift;
   int64_t mask_token = 151656;       ///< --mask-token (MegaDLMs default: Qwen2.5 <|video_pad|>)
   float varilen_prob = 0.01f;        ///< --difflm-varilen-prob
   DlmLossWeight loss_weight = DlmLossWeight::ExactRatio;
   int min_masked = 1;                ///< --dlm-min-masked: at least this many masks per sequence
+  bool sft = false;                  ///< supervised fine-tuning (--sft-data-path): diffusion/sft_process.h
+  SftLossNorm sft_loss_norm = SftLossNorm::AnswerLength;
 };
 
 const char* running_mode_name(RunningMode m);

@@ -1,6 +1,6 @@
 // The forward (noising) process and loss weighting of masked-diffusion training, and the
 // autoregressive alternative: turns raw dataset samples into the micro-batch the model sees.
-// The only place that knows what "diffusion" means (ARCHITECTURE.md).
+// The only place that knows what "diffusion" means (docs/architecture.md).
 //
 // difflm-noshift (diffusion-lm.md §1.2, §2.2, §3.3; our fixed-length rule in docs/compat.md):
 //   sample w_0..w_S (S+1 tokens) -> clean x = w_1..w_S (length S; MegaDLMs uses S-1)

@@ -2,13 +2,20 @@
 //
 //   x ─ QKV (column-parallel) ─ [q/k norm] ─ [RoPE] ─ core attention ─ proj (row-parallel) ─ y
 //
+// The fused path (RMSNorm QK-norm or none; CPU, or CUDA with head_dim a multiple of 32): the QKV
+// rows go through ops::qk_norm_rope_forward and ops::attention_forward_packed without split or
+// concat copies, and only the raw QKV rows and the norm statistics are saved: the backward
+// recomputes the normalised, rotated rows (one cheap pass) instead of keeping them.
+//
 // The input is the output of the layer's first norm (this rank's rows under sequence
 // parallelism); the output is reduced over TP back to the same rows. The layer norm, the
 // residual and the hidden dropout around it are the transformer layer's.
 // Tensor parallelism: each TP rank holds num_heads/tp query heads and num_query_groups/tp KV
 // groups (docs/parallelism/tensor_parallel.md). The core — softmax(q kᵀ / √d) v over the
-// sequence, with its log-sum-exp — is the part context parallelism replaces
-// (parallel/context_parallel/): with CP the core sees only this rank's chunks of the sequence.
+// sequence, with its log-sum-exp — is the part context parallelism replaces: with CP this rank
+// holds only its chunks of the sequence, RoPE rotates them by their global positions, and the
+// layer's cp::ContextParallelAttention (parallel/context_parallel/attention.h, of the layer's
+// --cp-comm-type) computes the attention over the whole sequence with the other CP ranks.
 // Parameters (global names):
 //   decoder.layers.{i}.self_attention.linear_{q,k,v}.{weight,bias}
 //   decoder.layers.{i}.self_attention.{q,k}_layernorm.{weight,bias}
@@ -20,6 +27,8 @@
 #include "megadlm/model/norm_layer.h"
 #include "megadlm/model/transformer_config.h"
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/qk_norm_rope.h"
+#include "megadlm/parallel/context_parallel/attention.h"
 #include "megadlm/parallel/model_parallel.h"
 #include "megadlm/parallel/parameter_store.h"
 #include "megadlm/parallel/tensor_parallel/layers.h"
@@ -32,8 +41,10 @@ class SelfAttention {
   struct Saved {
     Tensor x_full;  ///< the QKV input, all rows (gathered under SP)
     NormRecord q_norm, k_norm;
-    Tensor q, k, v;       ///< after norm and RoPE: [rows, heads·d], [rows, groups·d]
-    Tensor out, lse;      ///< core attention output [rows, heads·d] and its log-sum-exp
+    Tensor q, k, v;       ///< after norm and RoPE: [rows, heads·d], [rows, groups·d] (no CP)
+    Tensor qkv, qk_rstd;  ///< fused path: the raw QKV rows and the q/k norm statistics
+    Tensor out, lse;      ///< core attention output [rows, heads·d] and its log-sum-exp (no CP)
+    cp::AttentionSaved cp;  ///< with CP: what the context-parallel core keeps instead of q, k, v, lse
   };
 
   SelfAttention() = default;
@@ -49,6 +60,16 @@ class SelfAttention {
 
  private:
   ops::AttentionArgs core_args(const MicroBatch& mb, const ModelRuntime& rt) const;
+  bool fused_qk(const ModelRuntime& rt) const;
+  ops::QkNormRopeArgs qk_args() const;
+  /// Fused path: the rows attention reads (q, k normalised and rotated, v as is).
+  Tensor rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb, const Stream& s) const;
+  /// Fused path under CP: the rotated rows as separate q, k, v (the CP core's inputs).
+  struct SplitRows {
+    Tensor q, k, v;
+  };
+  SplitRows split_rows(const Tensor& rows, int64_t t, const Stream& s) const;
+  const cp::SequenceLayout& cp_layout(const MicroBatch& mb) const;
 
   const TransformerConfig* cfg_ = nullptr;
   ModelParallel mp_;
@@ -57,6 +78,7 @@ class SelfAttention {
   tp::ColumnParallelLinear qkv_;
   NormLayer q_norm_, k_norm_;
   tp::RowParallelLinear proj_;
+  cp::ContextParallelAttention cp_attention_;  // used when mp_.cp.size > 1
 };
 
 }  // namespace megadlm

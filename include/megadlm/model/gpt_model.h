@@ -48,7 +48,8 @@ struct ModelRecord {
   std::vector<Tensor> unit_inputs;  ///< recomputed units: the input each unit re-runs from
   NormRecord final_norm;
   Tensor final_out;  ///< input of the output layer [T, H] (all rows, also under SP)
-  Tensor dlogits;    ///< [T, V/tp]: the gradient left by the fused cross-entropy
+  Tensor dlogits;    ///< [T, V/tp]: the gradient left by the fused cross-entropy (TP > 1)
+  Tensor dfinal;     ///< [T, H]: d loss / d final_out, left by the fused head (no TP)
   Tensor logits;     ///< [T, V]: kept by an evaluation forward (grad_scale 0) without TP
   Tensor losses;     ///< f32 [T]: unweighted per-token CE
 };
@@ -83,6 +84,12 @@ class GptModel {
   void backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
     backward(mb, Tensor(), rec, rt);
   }
+
+  /// Inference (whole model on this chunk, TP 1): the logits [rows.numel(), padded vocab] of the
+  /// flat token indices `rows` (i32, on the model's device) of `mb`. No loss, no record: each
+  /// layer's activations are dropped as soon as the next layer has its input. Used by the
+  /// samplers and likelihood estimators (diffusion/sampler.h).
+  Tensor logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt) const;
 
   /// Rows of the hidden states exchanged between stages for a micro-batch of `tokens` tokens.
   int64_t hidden_rows(int64_t tokens) const;

@@ -1,11 +1,21 @@
 // One micro-batch as the model consumes it: token ids already noised (diffusion) or shifted
 // (autoregressive), the clean targets, per-token loss weights, positions. Built by
 // diffusion/forward_process (or the AR path) on the host, then uploaded.
+//
+// Context parallelism: every rank of a CP group builds the same full host micro-batch (the
+// data group decides the samples), and upload() keeps this rank's shard of it: each sequence
+// padded to split into 2·cp chunks (see pad_for_context_parallel), then the rows of chunks r and
+// 2cp−1−r (parallel/context_parallel/sequence_split.h). Positions stay the global ones (RoPE),
+// loss weights and labels those of the global tokens; `seq` becomes the local length S/cp and
+// `cp` describes the split for the attention and the dropout masks.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
+#include "megadlm/ops/chunk_map.h"
+#include "megadlm/parallel/context_parallel/sequence_layout.h"
 
 namespace megadlm {
 
@@ -24,14 +34,37 @@ struct HostMicroBatch {
   double loss_tokens = 0;             ///< sum of the Megatron loss mask: the normaliser's share
 };
 
-struct MicroBatch {
-  int64_t batch = 0, seq = 0, first_sample = 0;
-  Tensor input_ids, labels, loss_weights, positions;  ///< on the model's device
-  Tensor document_ids;  ///< int32 [B*S] or undefined (see HostMicroBatch)
-  double loss_tokens = 0;
-  int64_t tokens() const { return batch * seq; }
+/// The micro-batch padded so its sequences split over `cp` ranks: each row extended to
+/// cp::padded_length(seq, cp) with padding tokens (id 0, label 0, loss weight 0, positions
+/// continuing the row) placed in a document of their own, so no real token attends to them and
+/// they attend to nothing real: every real token computes exactly what it computes unpadded,
+/// and the padding contributes nothing to the loss or any gradient. Without document ids the
+/// real tokens become document 0 and the padding document 1. Unchanged when nothing is missing.
+HostMicroBatch pad_for_context_parallel(const HostMicroBatch& h, int cp);
 
-  static MicroBatch upload(const HostMicroBatch& h, const Stream& stream);
+struct MicroBatch {
+  int64_t batch = 0;
+  int64_t seq = 0;  ///< positions per sample on this rank (S / cp under context parallelism)
+  int64_t first_sample = 0;
+  Tensor input_ids, labels, loss_weights, positions;  ///< on the model's device, [B*seq]
+  Tensor document_ids;  ///< int32 [B*seq] or undefined (see HostMicroBatch)
+  /// With document_ids: int32 [documents + 1], the flat token index where each document starts,
+  /// then B*seq (ops::AttentionArgs::document_starts: cuDNN's ragged batch without a host sync).
+  Tensor document_starts;
+  /// int32 [R]: the rows of nonzero loss weight, ascending (the output layer computes logits for
+  /// these rows only, ops::linear_cross_entropy); R may be 0.
+  Tensor loss_rows;
+  double loss_tokens = 0;  ///< of the whole (unsplit) micro-batch
+  /// Context parallelism: the split of the full sequences and the views CP attention needs
+  /// (null without CP).
+  std::shared_ptr<const cp::SequenceLayout> cp;
+  int64_t tokens() const { return batch * seq; }
+  /// Global position of each of the `seq` local positions (the identity without CP).
+  ops::ChunkMap position_map() const { return cp ? cp->split().chunks() : ops::ChunkMap{}; }
+
+  /// Uploads `h`, or with cp_size > 1 this CP rank's shard of it (see the top of the file).
+  static MicroBatch upload(const HostMicroBatch& h, const Stream& stream, int cp_rank = 0,
+                           int cp_size = 1);
 };
 
 }  // namespace megadlm

@@ -26,13 +26,17 @@ class Mlp {
   struct Saved {
     Tensor x_full;   ///< fc1's input, all rows (gathered under SP)
     Tensor fc1_out;  ///< pre-activation [rows, (2·)ffn/tp]
-    Tensor act_out;  ///< fc2's input [rows, ffn/tp]
+    Tensor act_out;  ///< fc2's input [rows, ffn/tp]: not kept; the backward recomputes it
   };
 
   Mlp() = default;
   /// Registers this rank's slices; `prefix` is "decoder.layers.{i}.".
   Mlp(const TransformerConfig& config, const std::string& prefix, ParameterStore& store,
       const ModelParallel& mp);
+  /// An MLP of width `ffn` whose parameters are named `block_prefix` + "linear_fc1...", e.g. the
+  /// shared experts of an MoE layer ("decoder.layers.{i}.mlp.shared_experts.").
+  Mlp(const TransformerConfig& config, const std::string& block_prefix, int64_t ffn,
+      ParameterStore& store, const ModelParallel& mp);
 
   /// x [local rows, H] -> y [local rows, H] (reduced over TP); fills `saved`.
   Tensor forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
@@ -40,6 +44,9 @@ class Mlp {
   Tensor backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
 
  private:
+  /// act(fc1_out) [rows, ffn/tp]: the forward's output, and its recomputation in backward.
+  Tensor activate(const Tensor& fc1_out, const Stream& s) const;
+
   MlpActivation activation_ = MlpActivation::SwiGLU;
   int64_t ffn_ = 0;  // this rank's MLP width
   tp::ColumnParallelLinear fc1_;

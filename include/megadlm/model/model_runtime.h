@@ -9,12 +9,19 @@
 
 namespace megadlm {
 
+class MoeStepState;  // model/moe.h
+
 struct ModelRuntime {
   Stream stream;
   DType dtype = DType::F32;  ///< activations and model weights: f32 on CPU, bf16 on CUDA
   uint64_t seed = 1234;
   bool training = true;      ///< dropout only while training
   ParamHooks* hooks = nullptr;  ///< data-parallel wrapper to notify (none: single process)
+  /// MoE state (expert biases, the aux-loss weight, the step's statistics); null: no MoE
+  /// layer, or a bare model (aux losses then weigh 1 per micro-batch, nothing is recorded).
+  MoeStepState* moe = nullptr;
+  /// Off for the forward re-run of recomputed layers: their statistics are already counted.
+  bool record_moe_stats = true;
 
   /// Dtype of statistics, losses and loss weights: f32, or f64 when the whole model runs in f64
   /// (CPU gradient checks).

@@ -25,6 +25,21 @@ class NormLayer {
   /// dy -> dx; adds weight (and bias) gradients; clears rec.
   Tensor backward(const Tensor& dy, NormRecord& rec, const Stream& stream) const;
 
+  /// The residual add fused with the norm: sum = x + residual (the new residual stream, written
+  /// to `sum`), returns norm(sum); rec as forward(sum). One pass for RMSNorm
+  /// (ops::add_rms_norm_forward), add then forward for LayerNorm.
+  Tensor forward_add(const Tensor& x, const Tensor& residual, Tensor& sum, NormRecord& rec,
+                     const Stream& stream) const;
+  /// backward(dy) + dresidual in one pass for RMSNorm (ops::rms_norm_backward_add).
+  Tensor backward_add(const Tensor& dy, const Tensor& dresidual, NormRecord& rec,
+                      const Stream& stream) const;
+
+  NormType type() const { return type_; }
+  float eps() const { return eps_; }
+  /// The weight and its fp32 main grad (for ops that fuse the norm into another pass).
+  Tensor weight() const { return store_->param(weight_); }
+  Tensor weight_grad() const { return store_->grad(weight_); }
+
  private:
   NormType type_ = NormType::RMSNorm;
   float eps_ = 1e-5f;

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include "megadlm/model/moe_config.h"
+#include "megadlm/ops/attention.h"
 
 namespace megadlm {
 
@@ -47,6 +49,13 @@ struct TransformerConfig {
   /// input; Block: the first recompute_num_layers layers of each pipeline chunk are recomputed.
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int recompute_num_layers = 1;
+  /// Mixture of experts: the MLP of the layers moe.moe_layers selects (model/moe.h).
+  MoeConfig moe;
+  /// Runtime choices (not architecture; not saved in checkpoints): the CUDA attention
+  /// implementation (--attention-backend) and --deterministic-mode (bitwise reproducible
+  /// backward passes).
+  ops::AttentionBackend attention_backend = ops::AttentionBackend::Auto;
+  bool deterministic_mode = false;
 
   int rotary_dim() const {
     return static_cast<int>(static_cast<float>(kv_channels) * rotary_percent) / 2 * 2;

@@ -5,6 +5,9 @@
 //   x ─ norm1 ─ SelfAttention ─ dropout ─ + ─ x2
 //   x2 ─ norm2 ─ Mlp ─ dropout ─ + ─ out
 //
+// In the layers --moe-layer-freq selects, a mixture of experts (model/moe.h) takes the MLP's
+// place with the same shapes.
+//
 // Without sequence parallelism the residual stream x is replicated on every TP rank; with it,
 // each rank holds a contiguous shard of the rows (tensor_parallel/mappings.h) and the blocks
 // gather rows in / reduce-scatter rows out (tensor_parallel/layers.h).
@@ -19,6 +22,7 @@
 #include "megadlm/model/attention.h"
 #include "megadlm/model/micro_batch.h"
 #include "megadlm/model/mlp.h"
+#include "megadlm/model/moe.h"
 #include "megadlm/model/model_runtime.h"
 #include "megadlm/model/norm_layer.h"
 #include "megadlm/model/transformer_config.h"
@@ -33,6 +37,7 @@ struct LayerRecord {
   SelfAttention::Saved attention;
   Tensor x_mid;  ///< the residual stream after the attention block
   Mlp::Saved mlp;
+  MoeLayer::Saved moe;  ///< MoE layers: the mixture of experts in place of the MLP
 };
 
 class TransformerLayer {
@@ -59,6 +64,8 @@ class TransformerLayer {
   NormLayer norm1_, norm2_;
   SelfAttention attention_;
   Mlp mlp_;
+  bool moe_ = false;
+  MoeLayer moe_layer_;
   std::vector<int> handles_;
 };
 

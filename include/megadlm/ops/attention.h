@@ -3,7 +3,8 @@
 // parallelism). CUDA: flash-attention style kernels (bf16 in/out, fp32 softmax and
 // accumulation, never materialising the [S,S] matrix). CPU: direct loops, the reference.
 //
-// Shapes (contiguous): q [B, S, Hq, D]; k, v [B, S, Hkv, D]; out [B, S, Hq, D];
+// Shapes (contiguous): q [B, S, Hq, D]; k, v [B, S, Hkv, D] (S = kv_seq when given, below);
+// out [B, S, Hq, D];
 // lse f32 [B, Hq, S] (natural log of sum_j exp(scale * q.k_j)). Query head h uses key/value
 // head h / (Hq / Hkv). CUDA: D <= 256 (tensor-core flash kernels for D = 64 and 128, a simple
 // fp32 kernel otherwise); CPU: any D.
@@ -22,23 +23,58 @@
 // Limits: global heads and dropout_site below 2^16; the CUDA flash kernels need
 // key_offset % 4 == 0.
 //
+// Context-parallel shards (parallel/context_parallel/, docs/parallelism/context_parallel.md):
+// the keys may be another shard of the sequence than the queries, so
+//  - k, v hold kv_seq rows per batch row (0: seq): k, v, dk, dv [B, kv_seq, Hkv, D];
+//  - query_chunks / key_chunks (ops/chunk_map.h) give the global position of each local row:
+//    the causal mask shows key j to query i iff key_chunks.global(j) <= query_chunks.global(i),
+//    and attention dropout keys element (i, j) by query_offset + query_chunks.global(i) and
+//    key_offset + key_chunks.global(j) (the offsets shift the dropout coordinates only);
+//  - key_document_ids (int32 [B, kv_seq]) are the keys' documents when they differ from the
+//    queries' (document ids are global: equal ids are one document, whichever shard holds it);
+//    it needs document_ids, and a query sees only keys of its own document.
+// A query that sees no key of the block (possible only with these fields) gets out = 0 and
+// lse = -inf, and receives no gradient; ops/attention_merge.h merges such blocks exactly.
+// With the defaults (identity maps, kv_seq = seq, no key documents) nothing changes. CUDA runs
+// what the flash kernels cannot (a separate key length or key documents, a causal mask between
+// different maps, dropout with a chunked map) on the simple kernels (src/ops/attention.cpp).
+//
 // Per-document (packed, "varlen") attention: with document_ids, an int32 [B, S] tensor whose
 // values are non-decreasing along each row, query i of row b sees key j only when
 // document_ids[b, i] == document_ids[b, j] (and j <= i when causal): each document of a packed
-// row attends only to itself, as THD/cu_seqlens attention does. CPU, and CUDA on both kernel
-// families (the flash kernels visit only the tiles of each tile's documents; see
-// docs/kernels/attention.md).
+// row attends only to itself, as THD/cu_seqlens attention does. CPU, and CUDA on every kernel
+// family (the flash kernels visit only the tiles of each tile's documents; cuDNN runs the
+// documents as one ragged (THD) batch; see docs/kernels/attention.md).
+//
+// CUDA backends (AttentionBackend): cuDNN's fused flash attention (bf16, fp32 softmax, its
+// softmax statistics are exactly this lse: natural log, [B, Hq, S]) and megadlm's own kernels
+// (flash for head_dim 64/128, a simple path otherwise). Auto takes cuDNN wherever it computes
+// the contract exactly (no attention dropout: ours is keyed by global coordinates, cuDNN's is
+// not) and its plan builds, and the own kernels elsewhere; the choice is logged once per kind of
+// call. Forward and backward may run on different backends (same lse convention).
+// deterministic: a bitwise reproducible backward (--deterministic-mode): cuDNN's deterministic
+// algorithm, or the flash backward with one dQ partial per key tile summed in a fixed order.
 #pragma once
 #include <cstdint>
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
+#include "megadlm/ops/chunk_map.h"
 
 namespace megadlm::ops {
 
 enum class AttentionMask : uint8_t {
   None,    ///< bidirectional (--attention-mask-type no_mask)
-  Causal,  ///< query i sees keys j <= i (causal / causal_bottom_right with Sq == Skv)
+  Causal,  ///< query i sees keys j <= i (causal / causal_bottom_right with Sq == Skv; by
+           ///< global position with chunk maps)
 };
+
+/// Which CUDA implementation runs (--attention-backend; the CPU backend ignores it).
+enum class AttentionBackend : uint8_t {
+  Auto,   ///< cuDNN where it runs these arguments exactly, else the own kernels
+  Cudnn,  ///< cuDNN only: an error where it cannot (dropout, a refused shape)
+  Flash,  ///< megadlm's own kernels (flash for head_dim 64/128, simple otherwise)
+};
+const char* attention_backend_name(AttentionBackend b);
 
 struct AttentionArgs {
   int64_t batch = 0, seq = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -52,9 +88,29 @@ struct AttentionArgs {
   int64_t head_offset = 0;     ///< global index of query head 0 (tensor-parallel head shards)
   int64_t query_offset = 0;    ///< global position of query row 0 (context-parallel shards)
   int64_t key_offset = 0;      ///< global position of key row 0 (context-parallel shards)
+  // Context-parallel shards (see the top of this file); the defaults change nothing.
+  int64_t kv_seq = 0;          ///< key rows per batch row (0: seq)
+  ChunkMap query_chunks = {};  ///< global position of each query row (mask and dropout)
+  ChunkMap key_chunks = {};    ///< global position of each key row (mask and dropout)
+  /// int32 [B, kv_seq] document of each key when the keys are another shard (null: document_ids).
+  const Tensor* key_document_ids = nullptr;
+  /// Keys per batch row.
+  int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
   /// int32 [B, S] document of each position (non-decreasing per row), or null: one document.
   const Tensor* document_ids = nullptr;
+  /// Optional with document_ids, for the cuDNN path: int32 [num_documents + 1] on the device,
+  /// the flat token index (b * S + position) where each document starts, ascending, every row
+  /// start among them, last entry B * S. Without it cuDNN derives it from document_ids on the
+  /// host (one device synchronisation per call).
+  const Tensor* document_starts = nullptr;
+  AttentionBackend backend = AttentionBackend::Auto;
+  bool deterministic = false;  ///< bitwise reproducible backward (see the top of this file)
 };
+
+/// Whether CUDA runs these arguments on the simple kernels: the context-parallel cases the flash
+/// kernels cannot (a separate key length or key documents, a causal mask between different
+/// chunk maps, dropout with a chunked map). False for every call without the CP fields.
+bool needs_context_parallel_kernel(const AttentionArgs& args);
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionArgs& args, const Stream& stream);
@@ -63,5 +119,16 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionArgs& args, const Stream& stream);
+
+/// The same attention on the fused QKV projection's output, without split or concat copies:
+/// qkv [B, S, (Hq + 2 Hkv) D] holds per token the Hq query heads, then the Hkv key heads, then
+/// the Hkv value heads (the layout qk_norm_rope_forward writes); out, lse as attention_forward.
+/// cuDNN reads q, k, v through their strides; the own kernels get split copies.
+void attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream);
+/// dqkv [B, S, (Hq + 2 Hkv) D] written with dq, dk, dv in qkv's layout.
+void attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
+                               const Stream& stream);
 
 }  // namespace megadlm::ops

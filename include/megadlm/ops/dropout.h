@@ -3,14 +3,16 @@
 // storing it. Used as Megatron's bias-dropout-add on the residual path.
 //
 // Element (r, c) of x [R, C] is row g = row_offset + r of its micro-batch and belongs to global
-// sample sample_offset + g / seq_len, position position_offset + g % seq_len, hidden column
-// column_offset + c.
+// sample sample_offset + g / seq_len, position position_offset + chunks.global(g % seq_len),
+// hidden column column_offset + c. `chunks` (ops/chunk_map.h) places a context-parallel shard's
+// rows in the full sequence (identity without CP), so every layout drops the same elements.
 // It is kept iff uniform(philox(key(seed, HiddenDropout), {col/4, position, sample, site})[col%4]) >= p,
 // and kept values are scaled by 1/(1-p).
 #pragma once
 #include <cstdint>
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
+#include "megadlm/ops/chunk_map.h"
 
 namespace megadlm::ops {
 
@@ -23,6 +25,7 @@ struct DropoutArgs {
   int64_t position_offset = 0;   ///< global position of row 0 within its sample
   int64_t row_offset = 0;        ///< x's row 0 is row `row_offset` of the micro-batch (SP shards)
   int64_t column_offset = 0;     ///< global column of column 0
+  ChunkMap chunks = {};          ///< global position of each of the seq_len local positions
 };
 
 /// out = residual + dropout(x) (written; out may alias residual).

@@ -22,4 +22,10 @@ void split_columns(const Tensor& x, const std::vector<Tensor*>& outs, const Stre
 /// Inverse of split_columns: out [R, sum] = concat(parts, along columns) (written).
 void concat_columns(const std::vector<const Tensor*>& parts, Tensor& out, const Stream& stream);
 
+/// dst[m, :] = src[index[m], :] (written): src [N, W], index int32 [M] with values in [0, N)
+/// (on the tensors' device), dst [M, W], same dtype (any). Context parallelism reorders
+/// sequence chunks and head blocks with it; its backward is gather_rows with the inverse
+/// permutation.
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst, const Stream& stream);
+
 }  // namespace megadlm::ops

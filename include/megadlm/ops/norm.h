@@ -18,6 +18,18 @@ void rms_norm_forward(const Tensor& x, const Tensor& weight, Tensor& y, Tensor& 
 void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& rstd,
                        Tensor& dx, Tensor& dweight, const Stream& stream);
 
+/// The residual add fused with the next RMSNorm (pre-norm blocks): sum = x + residual, rounded
+/// to the activation dtype exactly as ops::add rounds it (written: the new residual stream),
+/// then y and rstd as rms_norm_forward(sum). One pass over the rows instead of two.
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          Tensor& sum, Tensor& y, Tensor& rstd, float eps, const Stream& stream);
+/// rms_norm_backward with the residual stream's gradient added: dx = d/dx + dresidual (written;
+/// on CUDA added in fp32 before the one rounding, so dx may be the dresidual tensor itself);
+/// dweight += as rms_norm_backward.
+void rms_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                           const Tensor& rstd, const Tensor& dresidual, Tensor& dx,
+                           Tensor& dweight, const Stream& stream);
+
 /// y = (x - mean) * rstd * weight + bias (bias may be undefined).
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                         Tensor& mean, Tensor& rstd, float eps, const Stream& stream);

@@ -6,6 +6,7 @@
 //   p = p - lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p)
 // All in fp32. `step` counts from 1.
 #pragma once
+#include <vector>
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
 
@@ -25,5 +26,22 @@ struct AdamWArgs {
 /// undefined when the master *is* the model parameter (CPU fp32 training).
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                 Tensor& model_param, const AdamWArgs& args, const Stream& stream);
+
+/// One parameter of adamw_step_multi: elements [state_offset, state_offset + numel) of master,
+/// grad, exp_avg and exp_avg_sq, and [param_offset, param_offset + numel) of model_param.
+struct AdamWSegment {
+  int64_t state_offset = 0;
+  int64_t param_offset = 0;
+  int64_t numel = 0;
+  bool decay = true;  ///< false: weight decay 0 for this parameter (norms, biases)
+};
+
+/// adamw_step over every segment in one launch (multi-tensor AdamW): each segment with
+/// args.weight_decay when it decays and 0 otherwise, bitwise the same as one adamw_step per
+/// segment. Segments must not overlap; the buffers are as in adamw_step (model_param undefined
+/// when the master is the model parameter).
+void adamw_step_multi(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                      Tensor& model_param, const std::vector<AdamWSegment>& segments,
+                      const AdamWArgs& args, const Stream& stream);
 
 }  // namespace megadlm::ops

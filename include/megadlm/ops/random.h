@@ -4,7 +4,7 @@
 // g = (row_offset + r) * global_cols + col_offset + c and value
 //   std * normal(philox(key(seed, WeightInit), {g lo, g hi, param_id, 0}))
 // (Box-Muller on words 0 and 1, computed in double), so every tensor-parallel slice of a weight
-// holds exactly the values of the unsplit weight (ARCHITECTURE.md promise 1).
+// holds exactly the values of the unsplit weight (docs/architecture.md promise 1).
 #pragma once
 #include <cstdint>
 #include "megadlm/core/philox.h"

@@ -7,10 +7,15 @@
 #include <memory>
 #include <vector>
 #include "megadlm/comm/communicator.h"
+#include "megadlm/parallel/context_parallel/comm_type.h"
 #include "megadlm/parallel/parallel_config.h"
 #include "megadlm/parallel/process_groups.h"
 
 namespace megadlm {
+
+namespace cp {
+class SideStream;  // parallel/context_parallel/mappings.h
+}
 
 /// One parallel dimension: its group (null: a group of one) and this rank's place in it.
 struct ParallelGroup {
@@ -32,6 +37,12 @@ struct ModelParallel {
   ParallelGroup expert_tp;  ///< tensor parallel inside each expert
   /// --hierarchical-context-parallel-sizes: one group per level (empty: not hierarchical).
   std::vector<ParallelGroup> hierarchical_cp;
+  /// --cp-comm-type: how each layer's attention talks over the CP group (one value: every
+  /// layer; see cp::comm_type_of_layer).
+  std::vector<cp::CommType> cp_comm_types;
+  /// The stream the CP ring's transfers overlap compute on (CUDA), shared by every layer; null
+  /// without CP.
+  std::shared_ptr<cp::SideStream> cp_side_stream;
   /// Sequence parallelism: activations between TP regions are sharded along the rows. Resolved:
   /// true only with tp.size > 1.
   bool sequence_parallel = false;

@@ -4,7 +4,8 @@
 // which may own only a shard of the flat range (distributed optimizer).
 //
 // Layout: parameters in *reverse* registration order (≈ the order backward finishes them, so a
-// bucket at the front of the buffer is ready first), each start padded to 64 elements, except
+// bucket at the front of the buffer is ready first), dense parameters first and expert ones
+// after them in buckets of their own, each start padded to 64 elements, except
 // that parameters registered with `fuse_with_previous` stay right after their predecessor, in
 // registration order, so they form one matrix (q, k, v -> one QKV GEMM; gate, up -> one fc1 GEMM).
 // The buffer is cut into buckets of about `bucket_size` elements at parameter boundaries; each
@@ -60,6 +61,10 @@ struct ParamDesc {
   Shape global_shape;  ///< the unsplit tensor's shape
   TpSlice tp;          ///< how this rank's tensor sits in the global one
   PipelineShare pipeline_share = PipelineShare::None;
+  /// An expert parameter (model/moe.h): laid out in expert buckets after the dense ones and
+  /// reduced over the expert-data-parallel group instead of dp×cp; `tp` then describes its
+  /// split over expert TP. Each EP rank holds other experts (names carry the global index).
+  bool expert = false;
   int64_t row_offset = 0, col_offset = 0;  ///< global coordinates of local element [0, 0]
   int64_t numel() const { return shape_numel(shape); }
   /// Gradient norms count a replicated parameter on one TP rank only.
@@ -69,6 +74,7 @@ struct ParamDesc {
 struct BufferLayout {
   int64_t bucket_size = 0;      ///< elements per bucket; 0: one bucket for everything
   int64_t bucket_multiple = 64; ///< each bucket's length is a multiple of this
+  int64_t expert_bucket_multiple = 0;  ///< the same for expert buckets (0: bucket_multiple)
   /// Per parameter handle: the unit it belongs to (FSDP). A bucket closes wherever the unit
   /// changes, so no bucket spans two units. Empty: no units.
   std::vector<int> unit_of;
@@ -88,6 +94,7 @@ struct OwnedRange {
 struct GradBucket {
   int64_t begin = 0, end = 0;  ///< flat element range (end - begin is a multiple of bucket_multiple)
   std::vector<int> params;     ///< handles of the parameters inside
+  bool expert = false;         ///< holds expert parameters only (reduced over expert-dp)
 };
 
 class ParameterStore {
@@ -100,6 +107,8 @@ class ParameterStore {
              bool fuse_with_previous = false, TpSlice tp = {});
   /// Marks a parameter shared with another pipeline stage (before materialize).
   void set_pipeline_share(Handle h, PipelineShare share);
+  /// Marks an expert parameter (before materialize; see ParamDesc::expert).
+  void set_expert(Handle h);
 
   /// Lays out and allocates the buffers on `stream`'s device, zeroes the gradients and
   /// initialises the weights from `seed` in `param_dtype` (f32 on CPU, bf16 on CUDA).

@@ -71,6 +71,10 @@ struct FlagSpec {
   std::string_view hint;
   /// Shown instead of the default in --help when the default is derived ("4 × hidden-size").
   std::string_view default_doc;
+  /// Number flags: the valid values as an interval, "[0, 1)", "(0, inf)", "[0, inf)" (checked
+  /// by argument validation, shown in --help). Every Float value must also be finite, range or
+  /// not (nan and inf parse, as in Python, and are then rejected naming the flag).
+  std::string_view range;
 };
 
 /// Every flag, grouped, in --help order. The only global of this module (immutable).

@@ -12,5 +12,7 @@ double megatron_flops_per_iteration(const TransformerConfig& m, int64_t global_b
 
 /// bf16 dense GEMM rate measured with cuBLASLt on the H200 (docs/benchmarks.md): the MFU denominator.
 inline constexpr double kH200PeakTflops = 811.0;
+/// The H200's dense bf16 datasheet rate, Megatron's MFU convention (the metrics' mfu_989).
+inline constexpr double kH200DatasheetTflops = 989.0;
 
 }  // namespace megadlm

@@ -18,6 +18,7 @@
 #include <vector>
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/model/model_runtime.h"
+#include "megadlm/model/moe.h"
 #include "megadlm/parallel/data_parallel/data_parallel.h"
 #include "megadlm/parallel/data_parallel/data_shard.h"
 #include "megadlm/parallel/data_parallel/fsdp.h"
@@ -40,12 +41,15 @@ struct ParallelModel {
   std::unique_ptr<DataParallelWrapper> data_parallel;  ///< DataParallel or FullyShardedDataParallel
   FullyShardedDataParallel* fsdp = nullptr;           ///< data_parallel when it is FSDP, else null
   std::unique_ptr<AdamWOptimizer> optimizer;
+  /// MoE models: expert biases, the aux-loss weight and the step's statistics (runtime.moe).
+  std::unique_ptr<MoeStepState> moe;
 
   // The groups the training loop talks over (null: a single process).
   int rank = 0;                                    ///< world rank
   std::shared_ptr<comm::Communicator> world;
   std::shared_ptr<comm::Communicator> data_group;  ///< dp: decides which samples this rank reads
   std::shared_ptr<comm::Communicator> grad_group;  ///< dp×cp: gradients and loss sums
+  std::shared_ptr<comm::Communicator> expert_grad_group;  ///< expert-dp: expert gradients
   std::shared_ptr<comm::Communicator> pipeline;    ///< pp
   /// The distributed optimizer's across-instance group (null with one instance).
   std::shared_ptr<comm::Communicator> dist_opt_inter;

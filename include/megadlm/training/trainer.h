@@ -35,6 +35,8 @@
 #include "megadlm/data/sample_source.h"
 #include "megadlm/diffusion/forward_process.h"
 #include "megadlm/parallel/process_groups.h"
+#include "megadlm/training/checkpoint/directory_lock.h"
+#include "megadlm/training/fault_detection.h"
 #include "megadlm/training/optimizer.h"
 #include "megadlm/training/parallelize.h"
 #include "megadlm/training/training_config.h"
@@ -44,6 +46,8 @@ namespace megadlm {
 
 namespace checkpoint {
 class CheckpointWriter;
+class CheckpointReader;
+struct StateSnapshot;
 }
 
 class Trainer {
@@ -89,12 +93,23 @@ class Trainer {
   const std::string& loaded_checkpoint() const { return loaded_from_; }
 
  private:
+  /// At construction: locks the save directories, loads --load, and refuses to save over
+  /// another run's checkpoints (trainer_checkpoint.cpp).
   void load_checkpoint();
+  void lock_save_directories();
+  void load_checkpoint_files();
+  void check_save_directories();
+  /// MoE state that is not a parameter (expert biases): added to a save, read on a load.
+  void add_moe_state(checkpoint::StateSnapshot& snap) const;
+  void load_moe_state(const checkpoint::CheckpointReader& reader);
   /// After each iteration: commits async saves, saves on schedule, decides whether to stop.
   bool checkpoint_boundary();
   /// After the loop: the final save (not when `exiting`: checkpoint_boundary() saved) and
   /// waiting for an async one.
   void finish_checkpoints(bool exiting = false);
+  /// A reproducible fault at the current step: saves the state before it (with --save) and
+  /// throws FaultStop naming the checkpoint.
+  [[noreturn]] void stop_on_fault(const std::string& report);
   void log_interval(const std::vector<IterationMetrics>& window);
   void log_peak_memory_per_stage();
   std::string startup_summary() const;
@@ -117,6 +132,9 @@ class Trainer {
   double grad_sum(double local) { return sum_over(pm_->grad_group, local); }
   /// The loss of the last pipeline stage, summed into every stage.
   void sum_loss_over_pipeline(Tensor& loss_sum);
+  /// MoE: the step's statistics summed over the world (every rank calls it, also on stages
+  /// without MoE layers), the metrics, and the expert-bias update.
+  IterationMetrics::Moe finish_moe_step();
   bool logging_rank() const { return pm_->rank == 0; }
 
   RunConfig cfg_;
@@ -125,6 +143,8 @@ class Trainer {
   std::ostream& log_;
   std::unique_ptr<ParallelModel> pm_;
   TrainingLog training_log_;
+  // --rerun-mode and the checks (training/fault_detection.h); cfg_ is initialised before it.
+  FaultDetector fault_detector_{cfg_.fault_detection, cfg_.training.check_for_nan_in_loss_and_grad};
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   int64_t adam_steps_ = 0;
@@ -137,6 +157,8 @@ class Trainer {
   std::unique_ptr<checkpoint::CheckpointWriter> ckpt_writer_;
   std::function<bool()> stop_requested_;
   std::string loaded_from_;
+  bool resumed_ = false;  // loaded_from_ holds this run's own state (not --finetune, not release)
+  std::vector<std::unique_ptr<checkpoint::DirectoryLock>> save_locks_;  // rank 0
   int64_t last_checkpoint_iteration_ = -1;  // iteration of the last persistent save or load
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };

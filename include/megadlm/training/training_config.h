@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <vector>
+#include "megadlm/core/logging.h"
 #include "megadlm/diffusion/diffusion_config.h"
 #include "megadlm/model/transformer_config.h"
 #include "megadlm/parallel/parallel_config.h"
@@ -41,6 +42,12 @@ struct TrainingConfig {
   DeviceKind device = DeviceKind::Cpu;  ///< resolved: cuda when a GPU is visible, unless --device
   int log_interval = 100;
   std::string metrics_jsonl;     ///< --metrics-jsonl PATH ("" = off)
+  std::string tensorboard_dir;   ///< --tensorboard-dir ("" = off; training/tensorboard_writer.h)
+  int tensorboard_log_interval = 1;
+  bool log_timers_to_tensorboard = false;
+  bool log_throughput = false;
+  bool log_memory_to_tensorboard = false;
+  bool log_validation_ppl_to_tensorboard = false;
   int eval_interval = 1000;
   int eval_iters = 100;
   std::optional<int64_t> exit_interval;
@@ -49,6 +56,9 @@ struct TrainingConfig {
   bool check_for_nan_in_loss_and_grad = true;
   /// --gpu-memory-gb: what the memory planner (training/memory_plan.h) may use per GPU.
   double gpu_memory_gb = 141.0;
+  /// Where a communication timeout or abort writes each rank's last collectives ("" = the
+  /// system's temporary directory); resolved from --collective-log-dir, --metrics-jsonl, --save.
+  std::string collective_log_dir;
 
   int num_micro_batches(int data_parallel_size) const {
     return global_batch_size / (micro_batch_size * data_parallel_size);
@@ -74,6 +84,9 @@ struct DataConfig {
   std::string tokenizer_model;
   std::string vocab_file;
   std::string merge_file;
+  /// --sft-data-path: supervised fine-tuning JSONL (data/sft_dataset.h); with --sft-chat-template.
+  std::vector<std::string> sft_data_path;
+  std::string sft_chat_template = "plain";
 };
 
 /// Checkpoint saving and loading (--save, --load, ...; docs/checkpoints.md).
@@ -99,6 +112,9 @@ struct CheckpointConfig {
   bool non_persistent_global = false;
   /// --non-persistent-global-ckpt-dir ("" = DIR/non_persistent below --save / --load).
   std::string non_persistent_global_ckpt_dir;
+  /// --keep-last-n-checkpoints: after each persistent save has committed, only the newest N
+  /// complete checkpoints of --save stay (and always the one "latest" names); 0 keeps all.
+  int64_t keep_last_n_checkpoints = 0;
 
   /// Megatron's _NON_PERSISTENT_CKPT_SUBDIR.
   static constexpr const char* kNonPersistentSubdir = "non_persistent";
@@ -115,6 +131,36 @@ struct CheckpointConfig {
   }
 };
 
+/// Where diagnostic messages go (core/logging.h; the program passes it with the rank to
+/// logging::configure). Megatron's record (arguments, iteration lines) is not affected.
+struct LoggingConfig {
+  logging::Level level = logging::Level::Info;  ///< --log-level, or --logging-level mapped onto it
+  bool all_ranks = false;               ///< --log-all-ranks
+  std::string dir;                      ///< --log-dir ("" = no per-rank files)
+};
+
+/// --rerun-mode (Megatron's RerunMode): what happens to a rejected step (training/fault_detection.h).
+enum class RerunMode {
+  Disabled,         ///< no replay: a NaN stops the run (with the check on), spikes are reported
+  ValidateResults,  ///< a rejected step is replayed to tell a transient fault from a real result
+  ReportStats,      ///< every step is replayed once; how often the replay differs is reported
+};
+/// --error-injection-type: the fault --error-injection-rate simulates (for testing the replay).
+enum class ErrorInjectionType {
+  CorrectResult,    ///< a correct result flagged as suspicious: the replay confirms it
+  TransientError,   ///< the first computation is corrupted (NaN loss), the replay is clean
+  PersistentError,  ///< every computation of the step is corrupted the same way
+};
+
+struct FaultDetectionConfig {
+  RerunMode rerun_mode = RerunMode::Disabled;
+  bool check_spiky_loss = false;   ///< --check-for-spiky-loss: loss >= spike_factor x reference
+  bool check_large_grads = false;  ///< --check-for-large-grads: the same for the gradient norm
+  double spike_factor = 10.0;      ///< Megatron's factor for both
+  int64_t error_injection_rate = 0;  ///< inject in about one of N checked steps (0: never)
+  ErrorInjectionType error_injection_type = ErrorInjectionType::TransientError;
+};
+
 /// Everything pretrain_difflm needs, after validation.
 struct RunConfig {
   ParallelConfig parallel;
@@ -124,6 +170,8 @@ struct RunConfig {
   TrainingConfig training;
   DataConfig data;
   CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  FaultDetectionConfig fault_detection;
 };
 
 }  // namespace megadlm

@@ -5,12 +5,17 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <string>
 #include <vector>
 #include "megadlm/core/stream.h"
 #include "megadlm/training/training_config.h"
 
 namespace megadlm {
+
+namespace training {
+class TrainingTensorBoard;
+}
 
 struct IterationMetrics {
   int64_t iteration = 0;         ///< 1-based, after the step
@@ -21,30 +26,42 @@ struct IterationMetrics {
   double elapsed_ms = 0;         ///< wall time of this iteration
   bool skipped = false;          ///< update not applied (non-finite gradients)
   bool nan = false;
+  std::string fault_report;      ///< what fault detection found and decided ("" = nothing)
+  /// Mixture of experts (model/moe.h), over the global batch and averaged over the MoE layers:
+  /// the load-balancing loss and the z-loss without their coefficients (mean per micro-batch),
+  /// the experts' load max / mean (tokens each expert processed), the dropped fraction of the
+  /// routed slots (capacity), and the load per layer.
+  struct Moe {
+    bool enabled = false;
+    double aux_loss = 0, z_loss = 0, load_max_over_mean = 0, dropped_fraction = 0;
+    std::vector<double> load_max_over_mean_per_layer;
+  } moe;
 };
 
 /// Peak memory of this process so far, in GB (1e9 bytes): the CUDA pool's peak on a GPU stream,
 /// the resident set's peak on the CPU.
 double peak_memory_gb(const Stream& stream);
-/// The CUDA pool's peak of reserved memory in GB (what it took from the driver); 0 on the CPU.
-double peak_reserved_gb(const Stream& stream);
+/// Peak bytes the CUDA pool has reserved (in use or cached), in GB; 0 on the CPU.
+double peak_reserved_memory_gb(const Stream& stream);
 
 class TrainingLog {
  public:
-  /// `logging_rank`: whether this rank writes (the others' calls do nothing).
+  /// `logging_rank`: whether this rank writes (the others' calls do nothing). With
+  /// --tensorboard-dir the logging rank creates its event file here (training/tensorboard_writer.h).
   TrainingLog(const RunConfig& config, std::ostream& log, bool logging_rank);
+  ~TrainingLog();
 
   /// Checks at start-up that the metrics file can be appended to.
   void check_metrics_file() const;
   /// The start-up lines (already formatted by the caller).
   void startup(const std::string& text) const;
-  /// Megatron's iteration line for the window since the last one (+ a metrics row).
-  /// `flops_per_iteration`: model FLOPs of one iteration (whole job); `peak_gb`: this rank's peak.
-  /// `predicted_gb`, `reserved_gb` (>= 0): the memory planner's peak for this rank and the
-  /// pool's reserved peak, added to the metrics row.
+  /// Megatron's iteration line for the window since the last one (+ a metrics row, the fields of
+  /// docs/metrics.md). `flops_per_iteration`: model FLOPs of one iteration (whole job);
+  /// `peak_gb` / `peak_reserved_gb`: this rank's peaks in use / reserved (reserved 0: not recorded).
+  /// `predicted_gb` (>= 0): the memory planner's peak for this rank, added to the metrics row.
   void iteration(const std::vector<IterationMetrics>& window, int64_t skipped_iterations,
                  int64_t nan_iterations, double flops_per_iteration, double peak_gb,
-                 const std::string& device, double predicted_gb = -1, double reserved_gb = -1) const;
+                 double peak_reserved_gb, const std::string& device, double predicted_gb = -1) const;
   /// " > memory after iteration N (GB): predicted peak P (training/memory_plan.h), measured
   /// peak M, reserved R" — once, after the first iteration, so a user sees how good the
   /// planner's number is for their layout. `reserved_gb` < 0: not measurable (CPU).
@@ -53,6 +70,8 @@ class TrainingLog {
   /// row keyed `key`, e.g. "validation_lm_loss").
   void validation(double loss, const std::string& what, const std::string& key, int64_t iteration,
                   int64_t consumed_samples) const;
+  /// After every iteration: the per-iteration TensorBoard series (nothing without --tensorboard-dir).
+  void step(const IterationMetrics& m) const;
   /// " > peak memory per pipeline stage (GB): ..." (+ a metrics row).
   void peak_memory_per_stage(const std::vector<float>& gb, int64_t iteration) const;
 
@@ -62,6 +81,7 @@ class TrainingLog {
   const RunConfig& cfg_;
   std::ostream& log_;
   bool logging_rank_;
+  std::unique_ptr<training::TrainingTensorBoard> tensorboard_;  // --tensorboard-dir, logging rank
 };
 
 }  // namespace megadlm

@@ -152,7 +152,7 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(Tensor& t, ReduceOp op, const Stream& stream) override {
     begin("all_reduce", stream);
     check_all_reduce(*this, t, op, /*reduces_16bit=*/true);
-    enqueue("all_reduce", concat(tensor_text(t), ", ", reduce_op_name(op)), stream, [&] {
+    enqueue("all_reduce", concat(tensor_text(t), ", ", reduce_op_name(op)), {t.numel(), t.dtype()}, stream, [&] {
       return ncclAllReduce(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
                            nccl_type(t.dtype()), nccl_op(op), comm_, native_stream(stream));
     });
@@ -162,7 +162,8 @@ class NcclCommunicator final : public Communicator {
     begin("reduce_scatter", stream);
     check_reduce_scatter(*this, in, out, op, /*reduces_16bit=*/true);  // NCCL's in-place = our slot rule
     enqueue("reduce_scatter",
-            concat(tensor_text(in), " -> ", tensor_text(out), ", ", reduce_op_name(op)), stream, [&] {
+            concat(tensor_text(in), " -> ", tensor_text(out), ", ", reduce_op_name(op)), {in.numel(), in.dtype()},
+            stream, [&] {
               return ncclReduceScatter(in.data_ptr(), out.data_ptr(),
                                        static_cast<size_t>(out.numel()), nccl_type(in.dtype()),
                                        nccl_op(op), comm_, native_stream(stream));
@@ -172,7 +173,7 @@ class NcclCommunicator final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out, const Stream& stream) override {
     begin("all_gather", stream);
     check_all_gather(*this, in, out);
-    enqueue("all_gather", concat(tensor_text(in), " -> ", tensor_text(out)), stream, [&] {
+    enqueue("all_gather", concat(tensor_text(in), " -> ", tensor_text(out)), {in.numel(), in.dtype()}, stream, [&] {
       return ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
                            nccl_type(in.dtype()), comm_, native_stream(stream));
     });
@@ -181,7 +182,7 @@ class NcclCommunicator final : public Communicator {
   void broadcast(Tensor& t, int root, const Stream& stream) override {
     begin("broadcast", stream);
     check_broadcast(*this, t, root);
-    enqueue("broadcast", concat(tensor_text(t), ", root ", root), stream, [&] {
+    enqueue("broadcast", concat(tensor_text(t), ", root ", root), {t.numel(), t.dtype()}, stream, [&] {
       return ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()),
                            nccl_type(t.dtype()), root, comm_, native_stream(stream));
     });
@@ -228,7 +229,7 @@ class NcclCommunicator final : public Communicator {
     begin("barrier", stream);
     // A one-element all-reduce; the buffer is freed on `stream` after the operation (pool order).
     Tensor one = Tensor::zeros({1}, DType::F32, stream);
-    enqueue("barrier", "", stream, [&] {
+    enqueue("barrier", "", {0, std::nullopt}, stream, [&] {
       return ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, comm_,
                            native_stream(stream));
     });
@@ -249,6 +250,7 @@ class NcclCommunicator final : public Communicator {
           continue;
         }
         if (oldest == nullptr && it->event.query()) {
+          record_.complete(it->seq);
           recycle(std::move(it->event));
           it = pending_.erase(it);
           last_progress = Clock::now();
@@ -267,7 +269,8 @@ class NcclCommunicator final : public Communicator {
         throw_timeout(*this, oldest->what,
                       std::chrono::duration_cast<milliseconds>(now - last_progress),
                       concat("It was queued ", queued.count(), " ms ago; ", later,
-                             " later operation(s) of this group wait behind it on the stream."));
+                             " later operation(s) of this group wait behind it on the stream."),
+                      registry_.get());
       }
       poll_pause(spins, now - last_progress);
     }
@@ -277,6 +280,7 @@ class NcclCommunicator final : public Communicator {
     check_usable(*this, aborted_, failed_, "split");
     const std::string what = describe_op("split", ++seq_, concat("into '", name, "', color ",
                                                                  color, ", key ", key));
+    record_.begin(seq_, "split", 0, std::nullopt, concat("into '", name, "'"));
     MDLM_CUDA_CHECK(cudaSetDevice(device_));
     auto child_name = std::make_unique<const std::string>(name);
     ncclConfig_t cfg = make_config(*child_name);
@@ -294,7 +298,7 @@ class NcclCommunicator final : public Communicator {
     if (wait_ready(comm_, deadline, "ncclCommSplit", describe(*this)) == Ready::TimedOut) {
       child_name.release();  // NCCL's job may still read it
       failed_ = true;
-      throw_timeout(*this, what, timeout_, "Some rank of the group did not call split.");
+      throw_timeout(*this, what, timeout_, "Some rank of the group did not call split.", registry_.get());
     }
     const ncclComm_t child = *child_slot;
     delete child_slot;
@@ -303,13 +307,16 @@ class NcclCommunicator final : public Communicator {
       ncclCommAbort(child);
       child_name.release();
       failed_ = true;
-      throw_timeout(*this, what, timeout_, "The new group did not finish connecting.");
+      throw_timeout(*this, what, timeout_, "The new group did not finish connecting.", registry_.get());
     }
+    record_.complete(seq_);
     const std::vector<int> members =
         gather_global_ranks(child, name, global_rank(rank_), deadline);
     return std::make_unique<NcclCommunicator>(child, std::move(child_name), device_, timeout_,
                                               registry_, members);
   }
+
+  const CollectiveRecord* collective_record() const override { return &record_; }
 
   void abort() noexcept override {
     if (aborted_) return;
@@ -398,11 +405,18 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  /// Elements and dtype an operation moves, for the collective record.
+  struct Shape1 {
+    int64_t count = 0;
+    std::optional<DType> dtype;
+  };
+
   /// Issues one NCCL call (or group) and records its event on `stream`.
   template <typename Call>
-  void enqueue(const char* op, const std::string& detail, const Stream& stream, Call&& call) {
+  void enqueue(const char* op, const std::string& detail, Shape1 size, const Stream& stream, Call&& call) {
     const uint64_t seq = ++seq_;
     const std::string what = describe_op(op, seq, detail);
+    record_.begin(seq, op, size.count, size.dtype, detail);
     const ncclResult_t r = call();
     if (r != ncclSuccess && r != ncclInProgress) {
       failed_ = true;
@@ -413,7 +427,8 @@ class NcclCommunicator final : public Communicator {
         wait_ready(comm_, Clock::now() + timeout_, op, concat(describe(*this), " in ", what)) ==
             Ready::TimedOut) {
       failed_ = true;
-      throw_timeout(*this, what, timeout_, "NCCL did not finish queueing it (peers never connected).");
+      throw_timeout(*this, what, timeout_, "NCCL did not finish queueing it (peers never connected).",
+                    registry_.get());
     }
     Event ev = take_event();
     ev.record(stream);
@@ -423,7 +438,9 @@ class NcclCommunicator final : public Communicator {
 
   void grouped(const char* op, const std::string& detail, const std::vector<P2POp>& ops,
                const Stream& stream) {
-    enqueue(op, detail, stream, [&] {
+    Shape1 size{0, ops.empty() ? std::nullopt : std::optional<DType>(ops[0].tensor.dtype())};
+    for (const P2POp& o : ops) size.count += o.tensor.numel();
+    enqueue(op, detail, size, stream, [&] {
       ncclResult_t first = ncclGroupStart();
       if (first != ncclSuccess) return first;
       for (const P2POp& o : ops) {
@@ -457,6 +474,7 @@ class NcclCommunicator final : public Communicator {
   void prune() {
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (it->event.query()) {
+        record_.complete(it->seq);
         recycle(std::move(it->event));
         it = pending_.erase(it);
       } else {
@@ -480,6 +498,7 @@ class NcclCommunicator final : public Communicator {
   bool failed_ = false;
   std::deque<Pending> pending_;
   std::vector<Event> free_events_;
+  CollectiveRecord record_;
 };
 
 }  // namespace

@@ -145,7 +145,7 @@ size_t cuda_peak_memory(int device) {
   return v;
 }
 
-size_t cuda_peak_reserved(int device) {
+size_t cuda_peak_reserved_memory(int device) {
   cudaMemPool_t pool;
   MDLM_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
   uint64_t v = 0;
@@ -159,6 +159,12 @@ size_t cuda_used_memory(int device) {
   uint64_t v = 0;
   cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &v);
   return v;
+}
+
+size_t cuda_total_memory(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return 0;
+  return prop.totalGlobalMem;
 }
 
 void cuda_reset_peak(int device) {

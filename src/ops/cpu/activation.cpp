@@ -88,6 +88,13 @@ void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, const Stream
                           [&](auto t) { swiglu_bwd<decltype(t)>(dy, x, dx); });
 }
 
+// The definition: the backward and the forward, from the same x.
+void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& y,
+                               const Stream& stream) {
+  swiglu_backward(dy, x, dx, stream);
+  swiglu_forward(x, y, stream);
+}
+
 void gelu_forward(const Tensor& x, Tensor& y, const Stream& stream) {
   detail::with_float_type("gelu_forward", x, [&](auto t) { gelu_fwd<decltype(t)>(x, y); });
 }

@@ -16,34 +16,61 @@
 namespace megadlm::ops::cpu {
 namespace {
 
-// Index arithmetic for q/out/dq [B, S, Hq, D], k/v/dk/dv [B, S, Hkv, D] and lse [B, Hq, S].
+// Index arithmetic for q/out/dq [B, S, Hq, D], k/v/dk/dv [B, Skv, Hkv, D] and lse [B, Hq, S].
 struct Layout {
-  int64_t batch, seq, heads, kv_heads, dim, group;
+  int64_t batch, seq, kv_seq, heads, kv_heads, dim, group;
   bool causal;
 
   explicit Layout(const AttentionArgs& a)
-      : batch(a.batch), seq(a.seq), heads(a.num_heads), kv_heads(a.num_kv_heads), dim(a.head_dim),
-        group(a.num_heads / a.num_kv_heads), causal(a.mask == AttentionMask::Causal) {}
+      : batch(a.batch), seq(a.seq), kv_seq(a.keys()), heads(a.num_heads), kv_heads(a.num_kv_heads),
+        dim(a.head_dim), group(a.num_heads / a.num_kv_heads), causal(a.mask == AttentionMask::Causal) {}
   int64_t q_at(int64_t b, int64_t s, int64_t h) const { return ((b * seq + s) * heads + h) * dim; }
   int64_t kv_at(int64_t b, int64_t s, int64_t kh) const {
-    return ((b * seq + s) * kv_heads + kh) * dim;
+    return ((b * kv_seq + s) * kv_heads + kh) * dim;
   }
   int64_t lse_at(int64_t b, int64_t h, int64_t s) const { return (b * heads + h) * seq + s; }
 };
 
-// The keys query i of one row may see: [first, last). Documents are contiguous runs of equal
-// ids, so a query sees the run holding it (cut at i + 1 when causal).
+// The keys query i of one row may see. When the keys are the queries' own rows (no key
+// documents, one chunk map for both, kv_seq == seq) they are one range [first, last):
+// documents are contiguous runs of equal ids, so a query sees the run holding it (cut at i + 1
+// when causal; the maps are increasing, so local order is global order). Otherwise (another
+// context-parallel shard) the range is every key and visible() decides each one: same document,
+// and with the causal mask a global key position not after the query's.
 struct KeyRange {
   std::vector<int64_t> first, last;  // [S]
+  bool per_key = false;              // test every key with visible()
+  const int32_t* query_docs = nullptr;
+  const int32_t* key_docs = nullptr;
+  bool causal = false;
+  ChunkMap query_chunks, key_chunks;
 
-  KeyRange(const AttentionArgs& a, int64_t b, bool causal) : first(a.seq, 0), last(a.seq, a.seq) {
-    if (a.document_ids != nullptr) {
-      const int32_t* d = a.document_ids->data<int32_t>() + b * a.seq;
+  KeyRange(const AttentionArgs& a, int64_t b, bool causal_mask)
+      : first(a.seq, 0), last(a.seq, a.keys()), causal(causal_mask), query_chunks(a.query_chunks),
+        key_chunks(a.key_chunks) {
+    per_key = a.key_document_ids != nullptr || a.keys() != a.seq ||
+              (causal && !a.query_chunks.same_as(a.key_chunks));
+    if (a.document_ids != nullptr) query_docs = a.document_ids->data<int32_t>() + b * a.seq;
+    if (per_key) {
+      if (a.document_ids != nullptr) {
+        key_docs = a.key_document_ids != nullptr ? a.key_document_ids->data<int32_t>() + b * a.keys()
+                                                 : query_docs;
+      }
+      return;
+    }
+    if (query_docs != nullptr) {
+      const int32_t* d = query_docs;
       for (int64_t i = 1; i < a.seq; ++i) first[i] = d[i] == d[i - 1] ? first[i - 1] : i;
       for (int64_t i = a.seq - 1; i-- > 0;) last[i] = d[i] == d[i + 1] ? last[i + 1] : i + 1;
     }
     if (causal)
       for (int64_t i = 0; i < a.seq; ++i) last[i] = std::min(last[i], i + 1);
+  }
+
+  bool visible(int64_t i, int64_t j) const {
+    if (!per_key) return true;
+    if (query_docs != nullptr && query_docs[i] != key_docs[j]) return false;
+    return !causal || key_chunks.global(j) <= query_chunks.global(i);
   }
 };
 
@@ -97,7 +124,7 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out
   const bool dropout = args.dropout_p > 0.0f;
   const auto mask = detail::AttentionDropoutMask::from_args(args);
   const T keep = keep_scale<T>(mask);
-  std::vector<T> p(static_cast<size_t>(L.seq));
+  std::vector<T> p(static_cast<size_t>(L.kv_seq));
   for (int64_t b = 0; b < L.batch; ++b) {
     const KeyRange keys(args, b, L.causal);
     for (int64_t h = 0; h < L.heads; ++h) {
@@ -108,17 +135,24 @@ void forward_impl(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out
         // Max-subtracted softmax: exp never overflows, the largest term is exactly 1.
         T row_max = -std::numeric_limits<T>::infinity();
         for (int64_t j = j0; j < n; ++j) {
+          if (!keys.visible(i, j)) continue;
           p[j] = scale * dot(qi, K + L.kv_at(b, j, kh), L.dim);
           row_max = std::max(row_max, p[j]);
         }
+        T* oi = O + L.q_at(b, i, h);
+        for (int64_t d = 0; d < L.dim; ++d) oi[d] = 0;
+        if (row_max == -std::numeric_limits<T>::infinity()) {  // sees no key of this block
+          write_lse(lse, L.lse_at(b, h, i), -std::numeric_limits<double>::infinity());
+          continue;
+        }
         T sum = 0;
         for (int64_t j = j0; j < n; ++j) {
+          if (!keys.visible(i, j)) continue;
           p[j] = std::exp(p[j] - row_max);
           sum += p[j];
         }
-        T* oi = O + L.q_at(b, i, h);
-        for (int64_t d = 0; d < L.dim; ++d) oi[d] = 0;
         for (int64_t j = j0; j < n; ++j) {
+          if (!keys.visible(i, j)) continue;
           T w = p[j] / sum;
           // The normaliser (and lse) stay those of the undropped row.
           if (dropout) w = mask.keep(b, h, i, j) ? w * keep : T(0);
@@ -168,6 +202,7 @@ void backward_impl(const Tensor& dout, const Tensor& q, const Tensor& k, const T
         T* dqi = dQ + L.q_at(b, i, h);
         for (int64_t d = 0; d < L.dim; ++d) dqi[d] = 0;
         for (int64_t j = keys.first[i]; j < keys.last[i]; ++j) {
+          if (!keys.visible(i, j)) continue;
           const T* kj = K + L.kv_at(b, j, kh);
           const T* vj = V + L.kv_at(b, j, kh);
           const T p = std::exp(scale * dot(qi, kj, L.dim) - lse_i);

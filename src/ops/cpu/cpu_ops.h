@@ -4,16 +4,21 @@
 #include <vector>
 #include "megadlm/ops/activation.h"
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/attention_merge.h"
 #include "megadlm/ops/cross_entropy.h"
 #include "megadlm/ops/dropout.h"
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
+#include "megadlm/ops/linear_cross_entropy.h"
+#include "megadlm/ops/moe.h"
 #include "megadlm/ops/norm.h"
 #include "megadlm/ops/optimizer.h"
+#include "megadlm/ops/qk_norm_rope.h"
 #include "megadlm/ops/random.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/ops/rope.h"
+#include "megadlm/ops/sampling.h"
 
 namespace megadlm::ops::cpu {
 #include "ops/backend_ops.inc"

@@ -1,6 +1,7 @@
 // CPU reference elementwise and column-layout ops. add/scale/fill compute on f32 or f64 (fill also
 // writes bf16, f16 and integer tensors); copy converts between any dtypes (core's copy_tensor);
-// split/concat move whole row segments and so work for every dtype.
+// split/concat and gather_rows move whole row segments and so work for every dtype.
+#include <algorithm>
 #include <cstring>
 #include "ops/cpu/cpu_common.h"
 #include "ops/cpu/cpu_ops.h"
@@ -89,6 +90,20 @@ void concat_columns(const std::vector<const Tensor*>& parts, Tensor& out, const 
                   pp + static_cast<size_t>(r) * part, part);
     }
     col_byte += part;
+  }
+}
+
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst, const Stream& stream) {
+  const size_t bytes = row_bytes(src, src.cols());
+  const int64_t rows = src.numel() / std::max<int64_t>(src.cols(), 1);
+  const int32_t* idx = index.data<int32_t>();
+  const auto* from = static_cast<const unsigned char*>(src.data_ptr());
+  auto* to = static_cast<unsigned char*>(dst.data_ptr());
+  for (int64_t m = 0; m < index.numel(); ++m) {
+    MDLM_CHECK(idx[m] >= 0 && idx[m] < rows, "gather_rows: index ", idx[m], " at ", m,
+               " outside the ", rows, " rows of src");
+    std::memcpy(to + static_cast<size_t>(m) * bytes, from + static_cast<size_t>(idx[m]) * bytes,
+                bytes);
   }
 }
 

@@ -151,6 +151,22 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
   });
 }
 
+// The fused residual forms are, on the CPU, exactly their definitions: add then normalise;
+// normalise backward then add (through a temporary, so dx may be dresidual itself).
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          Tensor& sum, Tensor& y, Tensor& rstd, float eps, const Stream& stream) {
+  cpu::add(x, residual, sum, stream);
+  cpu::rms_norm_forward(sum, weight, y, rstd, eps, stream);
+}
+
+void rms_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                           const Tensor& rstd, const Tensor& dresidual, Tensor& dx,
+                           Tensor& dweight, const Stream& stream) {
+  Tensor norm_dx = Tensor::empty(dx.shape(), dx.dtype(), stream);
+  cpu::rms_norm_backward(dy, x, weight, rstd, norm_dx, dweight, stream);
+  cpu::add(norm_dx, dresidual, dx, stream);
+}
+
 void layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y,
                         Tensor& mean, Tensor& rstd, float eps, const Stream& stream) {
   MDLM_CHECK(!bias.defined() || bias.dtype() == x.dtype(), "layer_norm_forward: bias ", bias.str(),

@@ -30,4 +30,21 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
   }
 }
 
+// The definition: one adamw_step per segment.
+void adamw_step_multi(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                      Tensor& model_param, const std::vector<AdamWSegment>& segments,
+                      const AdamWArgs& args, const Stream& stream) {
+  for (const AdamWSegment& s : segments) {
+    if (s.numel == 0) continue;
+    AdamWArgs a = args;
+    a.weight_decay = s.decay ? args.weight_decay : 0.0f;
+    Tensor p = master.slice_flat(s.state_offset, {s.numel});
+    Tensor g = grad.slice_flat(s.state_offset, {s.numel});
+    Tensor m = exp_avg.slice_flat(s.state_offset, {s.numel});
+    Tensor v = exp_avg_sq.slice_flat(s.state_offset, {s.numel});
+    Tensor param = model_param.defined() ? model_param.slice_flat(s.param_offset, {s.numel}) : Tensor();
+    cpu::adamw_step(p, g, m, v, param, a, stream);
+  }
+}
+
 }  // namespace megadlm::ops::cpu

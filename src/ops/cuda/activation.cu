@@ -40,10 +40,11 @@ swiglu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, 
 }
 
 /// dgate = dy * up * silu'(gate), dup = dy * silu(gate), silu'(g) = s (1 + g (1 - s)).
+/// With y (swiglu_backward_recompute) also y = silu(gate) * up, the forward's expression.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kThreads)
 swiglu_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx,
-                       int64_t rows, int64_t f) {
+                       int64_t rows, int64_t f, T* __restrict__ y = nullptr) {
   const int64_t j = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
   if (j >= f) return;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
@@ -61,6 +62,12 @@ swiglu_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __r
     T* dxr = dx + r * 2 * f;
     store_vec<kVec>(dxr + j, dg);
     store_vec<kVec>(dxr + f + j, du);
+    if (y != nullptr) {
+      float out[kVec];
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) out[i] = g[i] * sigmoid(g[i]) * u[i];
+      store_vec<kVec>(y + r * f + j, out);
+    }
   }
 }
 
@@ -119,26 +126,42 @@ void swiglu_forward(const Tensor& x, Tensor& y, const Stream& stream) {
   MDLM_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, const Stream& stream) {
-  NvtxRange range("swiglu_backward");
+namespace {
+void launch_swiglu_backward(const char* op, const Tensor& dy, const Tensor& x, Tensor& dx,
+                            Tensor* y, const Stream& stream) {
   const int64_t rows = x.rows(), f = dy.cols();
   if (rows == 0 || f == 0) return;
-  MDLM_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(), "swiglu_backward: dy ", dy.str(),
-             " and dx ", dx.str(), " must have x's dtype ", x.str());
+  MDLM_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype() && (!y || y->dtype() == x.dtype()),
+             op, ": dy ", dy.str(), " and dx ", dx.str(), " must have x's dtype ", x.str());
   cudaStream_t s = megadlm::detail::native_stream(stream);
-  dispatch_activation_dtype(x.dtype(), "swiglu_backward", [&](auto tag) {
+  dispatch_activation_dtype(x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     constexpr int kVec = kVec16<T>;
     const T* pdy = static_cast<const T*>(dy.data_ptr());
     const T* px = static_cast<const T*>(x.data_ptr());
     T* pdx = static_cast<T*>(dx.data_ptr());
-    if (f % kVec == 0 && is_aligned(pdy, 16) && is_aligned(px, 16) && is_aligned(pdx, 16))
+    T* py = y ? static_cast<T*>(y->data_ptr()) : nullptr;
+    if (f % kVec == 0 && is_aligned(pdy, 16) && is_aligned(px, 16) && is_aligned(pdx, 16) &&
+        (!py || is_aligned(py, 16)))
       swiglu_backward_kernel<T, kVec><<<swiglu_grid(rows, f, kVec), kThreads, 0, s>>>(pdy, px, pdx,
-                                                                                      rows, f);
+                                                                                      rows, f, py);
     else
-      swiglu_backward_kernel<T, 1><<<swiglu_grid(rows, f, 1), kThreads, 0, s>>>(pdy, px, pdx, rows, f);
+      swiglu_backward_kernel<T, 1><<<swiglu_grid(rows, f, 1), kThreads, 0, s>>>(pdy, px, pdx, rows,
+                                                                                f, py);
   });
   MDLM_CUDA_CHECK_LAUNCH();
+}
+}  // namespace
+
+void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx, const Stream& stream) {
+  NvtxRange range("swiglu_backward");
+  launch_swiglu_backward("swiglu_backward", dy, x, dx, nullptr, stream);
+}
+
+void swiglu_backward_recompute(const Tensor& dy, const Tensor& x, Tensor& dx, Tensor& y,
+                               const Stream& stream) {
+  NvtxRange range("swiglu_backward_recompute");
+  launch_swiglu_backward("swiglu_backward_recompute", dy, x, dx, &y, stream);
 }
 
 void gelu_forward(const Tensor& x, Tensor& y, const Stream& stream) {

@@ -1,9 +1,14 @@
 // CUDA entries of the attention family (cuda_ops.h, attention_impl.h): argument checks, scratch
-// buffers from the stream-ordered pool, and the choice between the flash kernels
-// (attention_forward.cu, attention_backward.cu) and the simple ones (attention_simple.cu).
+// buffers from the stream-ordered pool, and the choice between cuDNN (attention_cudnn.cpp), the
+// flash kernels (attention_forward.cu, attention_backward.cu) and the simple ones
+// (attention_simple.cu). Which path runs is printed once per kind of call (stderr).
 #include <climits>
+#include <cstdio>
+#include <mutex>
+#include <set>
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/attention_cudnn.h"
 #include "ops/cuda/attention_impl.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -68,6 +73,51 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
+const char* kernel_label(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::Flash: return "megadlm flash kernels";
+    case AttentionKernel::Simple: return "megadlm simple kernels";
+    case AttentionKernel::Cudnn: return "cuDNN fused attention";
+  }
+  return "?";
+}
+
+/// Prints a line the first time it is seen in the process (which path a kind of call takes).
+void note_once(const std::string& line) {
+  static std::mutex mutex;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (seen.insert(line).second) std::fprintf(stderr, "megadlm: %s\n", line.c_str());
+}
+
+std::string call_kind(const char* direction, const AttentionArgs& a) {
+  return megadlm::detail::concat("attention ", direction, " (head_dim ", a.head_dim,
+                        a.num_heads != a.num_kv_heads ? ", GQA" : "",
+                        a.mask == AttentionMask::Causal ? ", causal" : "",
+                        a.document_ids != nullptr ? ", packed documents" : "",
+                        a.dropout_p > 0 ? ", dropout" : "",
+                        a.deterministic && direction[0] == 'b' ? ", deterministic" : "", ")");
+}
+
+/// Runs cuDNN unless the backend is Flash; true when it ran. A refusal is an error for the
+/// Cudnn backend and a logged fallback for Auto.
+template <typename Call>
+bool try_cudnn(const char* direction, const AttentionArgs& a, Call&& call) {
+  if (a.backend == AttentionBackend::Flash) return false;
+  const CudnnRun run = call();
+  if (run.ran) {
+    note_once(call_kind(direction, a) + ": " + kernel_label(AttentionKernel::Cudnn) + " (" +
+              cudnn_attention_version() + ")");
+    return true;
+  }
+  MDLM_CHECK(a.backend != AttentionBackend::Cudnn, "attention ", direction,
+             ": --attention-backend cudnn (fused), but cuDNN cannot run this call: ", run.refusal,
+             "; use --attention-backend auto or flash");
+  note_once(call_kind(direction, a) + ": " + kernel_label(default_attention_kernel(a)) +
+            " (cuDNN: " + run.refusal + ")");
+  return false;
+}
+
 }  // namespace
 
 AttentionKernel default_attention_kernel(const AttentionArgs& args) {
@@ -81,6 +131,12 @@ void attention_forward_with(AttentionKernel kernel, const Tensor& q, const Tenso
                             const Tensor& v, Tensor& out, Tensor& lse, const AttentionArgs& args,
                             const Stream& stream) {
   const char* op = "cuda::attention_forward";
+  if (kernel == AttentionKernel::Cudnn) {
+    AttentionArgs forced = args;
+    forced.backend = AttentionBackend::Cudnn;
+    try_cudnn("forward", forced, [&] { return cudnn_attention_forward(q, k, v, out, lse, forced, stream); });
+    return;
+  }
   check_args(op, kernel, args);
   const int64_t q_numel = args.batch * args.seq * args.num_heads * args.head_dim;
   const int64_t kv_numel = args.batch * args.seq * args.num_kv_heads * args.head_dim;
@@ -105,6 +161,14 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
                              Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
                              const Stream& stream) {
   const char* op = "cuda::attention_backward";
+  if (kernel == AttentionKernel::Cudnn) {
+    AttentionArgs forced = args;
+    forced.backend = AttentionBackend::Cudnn;
+    try_cudnn("backward", forced, [&] {
+      return cudnn_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, forced, stream);
+    });
+    return;
+  }
   check_args(op, kernel, args);
   const int64_t q_numel = args.batch * args.seq * args.num_heads * args.head_dim;
   const int64_t kv_numel = args.batch * args.seq * args.num_kv_heads * args.head_dim;
@@ -122,11 +186,15 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
   // after the kernels queued below.
   Tensor delta = Tensor::empty({args.batch, args.num_heads, args.seq}, DType::F32, stream);
   Tensor dq_accum;
+  // Deterministic: one dQ slab per 128-key tile (attention_common.cuh), ceil(S / 128) times the
+  // accumulator's memory; the simple kernels need none (no atomics).
+  const int64_t slab = args.batch * args.seq * args.num_heads * args.head_dim;
+  const int slabs = args.deterministic ? static_cast<int>((args.seq + 127) / 128) : 1;
   if (kernel == AttentionKernel::Flash) {
-    dq_accum = Tensor::empty({args.batch, args.seq, args.num_heads, args.head_dim}, DType::F32,
-                             stream);
+    dq_accum = Tensor::empty({slabs * args.batch, args.seq, args.num_heads, args.head_dim},
+                             DType::F32, stream);
   }
-  const attn::BackwardPtrs p{ptr<const attn::bf16>(dout),
+  attn::BackwardPtrs p{ptr<const attn::bf16>(dout),
                              ptr<const attn::bf16>(q),
                              ptr<const attn::bf16>(k),
                              ptr<const attn::bf16>(v),
@@ -137,6 +205,10 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
                              ptr<attn::bf16>(dv),
                              ptr<float>(delta),
                              dq_accum.defined() ? ptr<float>(dq_accum) : nullptr};
+  if (kernel == AttentionKernel::Flash && slabs > 1) {
+    p.dq_slab_stride = slab;
+    p.dq_slabs = slabs;
+  }
   if (kernel == AttentionKernel::Flash) {
     check_aligned(op, {&dout, &q, &k, &v, &out, &dq, &dk, &dv});
     attn::flash_backward(shape_of(args), p, st);
@@ -145,14 +217,45 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
   }
 }
 
+bool attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream) {
+  if (args.backend == AttentionBackend::Flash) return false;
+  const CudnnRun run = cudnn_attention_forward_packed(qkv, out, lse, args, stream);
+  note_once(call_kind("forward", args) + ", packed QKV: " +
+            (run.ran ? std::string("cuDNN in place") : "split copies (cuDNN: " + run.refusal + ")"));
+  return run.ran;
+}
+
+bool attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
+                               const Stream& stream) {
+  if (args.backend == AttentionBackend::Flash) return false;
+  const CudnnRun run = cudnn_attention_backward_packed(dout, qkv, out, lse, dqkv, args, stream);
+  note_once(call_kind("backward", args) + ", packed QKV: " +
+            (run.ran ? std::string("cuDNN in place") : "split and concat copies (cuDNN: " + run.refusal + ")"));
+  return run.ran;
+}
+
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionArgs& args, const Stream& stream) {
+  if (try_cudnn("forward", args, [&] { return cudnn_attention_forward(q, k, v, out, lse, args, stream); }))
+    return;
+  if (args.backend == AttentionBackend::Flash)
+    note_once(call_kind("forward", args) + ": " + kernel_label(default_attention_kernel(args)) +
+              " (--attention-backend flash)");
   attention_forward_with(default_attention_kernel(args), q, k, v, out, lse, args, stream);
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionArgs& args, const Stream& stream) {
+  if (try_cudnn("backward", args, [&] {
+        return cudnn_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+      }))
+    return;
+  if (args.backend == AttentionBackend::Flash)
+    note_once(call_kind("backward", args) + ": " + kernel_label(default_attention_kernel(args)) +
+              " (--attention-backend flash)");
   attention_backward_with(default_attention_kernel(args), dout, q, k, v, out, lse, dq, dk, dv,
                           args, stream);
 }

@@ -2,8 +2,8 @@
 // kernels: (1) delta = rowsum(dO * O) per query row, zeroing the fp32 dQ accumulator; (2) one
 // block per (key tile, KV head, batch) that loops over every query head of the KV group and every
 // query tile, recomputes P from Q, K and the forward's LSE, keeps dK and dV in fp32 registers and
-// adds each tile's dQ into the accumulator with vector atomics; (3) dQ fp32 -> bf16 with the
-// softmax scale. Layout, budgets and the reasons: docs/kernels/attention.md.
+// adds each tile's dQ into the accumulator with vector atomics (deterministic mode: into its key
+// tile's own slab); (3) dQ fp32 -> bf16 with the softmax scale (summing the slabs in order). Layout, budgets and the reasons: docs/kernels/attention.md.
 #include <algorithm>
 #include <cmath>
 #include "core/cuda/cuda_utils.h"
@@ -58,7 +58,8 @@ using Bwd64 = BackwardConfig<64>;
 // it too); bf16 pairs when D is even.
 __global__ void attention_delta_kernel(const bf16* __restrict__ dout, const bf16* __restrict__ out,
                                        float* __restrict__ delta, float* __restrict__ dq_accum,
-                                       int64_t rows, int seq, int heads, int dim) {
+                                       int64_t rows, int seq, int heads, int dim, int slabs,
+                                       int64_t slab_stride) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
@@ -80,7 +81,8 @@ __global__ void attention_delta_kernel(const bf16* __restrict__ dout, const bf16
   const int64_t b = bs / seq, s = bs % seq;
   if (lane == 0) delta[(b * heads + h) * seq + s] = sum;
   if (dq_accum != nullptr) {
-    for (int d = lane; d < dim; d += 32) dq_accum[row * dim + d] = 0.0f;
+    for (int sl = 0; sl < slabs; ++sl)
+      for (int d = lane; d < dim; d += 32) dq_accum[sl * slab_stride + row * dim + d] = 0.0f;
   }
 }
 
@@ -433,8 +435,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     // atomic (sm_90 float4 atomicAdd) instead of two 8-byte ones.
     const bool odd = t & 1;
     const int q_row = q0 + wq * 16 + g + (odd ? 8 : 0);
-    float* dq_row = p.dq_accum + ((b * seq + q_row) * heads + h) * kDim + wd * (kDim / 2) +
-                    2 * (t & ~1);
+    // Deterministic mode: this key tile's own slab (dq_slab_stride 0 otherwise).
+    float* dq_row = p.dq_accum + blockIdx.x * p.dq_slab_stride +
+                    ((b * seq + q_row) * heads + h) * kDim + wd * (kDim / 2) + 2 * (t & ~1);
 #pragma unroll
     for (int dt = 0; dt < C::kDqDTiles; ++dt) {
       const float send0 = odd ? acc_dq[dt][0] : acc_dq[dt][2];
@@ -470,12 +473,21 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   }
 }
 
-// dq = bf16(scale * dq_accum), 4 elements per thread (numel is a multiple of 64 here).
+// dq = bf16(scale * dq_accum), 4 elements per thread (numel is a multiple of 64 here); with
+// slabs, the sum over the slabs in slab order (a fixed order: deterministic).
 __global__ void attention_dq_convert_kernel(const float4* __restrict__ acc, uint2* __restrict__ dq,
-                                            int64_t n4, float scale) {
+                                            int64_t n4, float scale, int slabs,
+                                            int64_t slab_stride4) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float4 v = acc[i];
+    float4 v = acc[i];
+    for (int sl = 1; sl < slabs; ++sl) {
+      const float4 w = acc[sl * slab_stride4 + i];
+      v.x += w.x;
+      v.y += w.y;
+      v.z += w.z;
+      v.w += w.w;
+    }
     dq[i] = make_uint2(pack_bf16(v.x * scale, v.y * scale), pack_bf16(v.z * scale, v.w * scale));
   }
 }
@@ -519,7 +531,7 @@ void launch_attention_delta(const Shape& s, const BackwardPtrs& p, cudaStream_t 
   attention_delta_kernel<<<megadlm::detail::grid_for(rows, kWarpsPerBlock), kWarpsPerBlock * 32, 0,
                            stream>>>(
       p.dout, p.out, p.delta, p.dq_accum, rows, static_cast<int>(s.seq),
-      static_cast<int>(s.heads), s.dim);
+      static_cast<int>(s.heads), s.dim, p.dq_slabs, p.dq_slab_stride);
   MDLM_CUDA_CHECK_LAUNCH();
 }
 
@@ -530,7 +542,8 @@ void flash_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) 
   const int64_t n4 = s.batch * s.seq * s.heads * s.dim / 4;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n4 + 255) / 256, 8192));
   attention_dq_convert_kernel<<<blocks, 256, 0, stream>>>(
-      reinterpret_cast<const float4*>(p.dq_accum), reinterpret_cast<uint2*>(p.dq), n4, s.scale);
+      reinterpret_cast<const float4*>(p.dq_accum), reinterpret_cast<uint2*>(p.dq), n4, s.scale,
+      p.dq_slabs, p.dq_slab_stride / 4);
   MDLM_CUDA_CHECK_LAUNCH();
 }
 

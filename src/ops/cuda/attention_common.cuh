@@ -45,6 +45,11 @@ struct BackwardPtrs {
   bf16* dv;
   float* delta;     ///< scratch [B, Hq, S]: rowsum(dout * out)
   float* dq_accum;  ///< scratch [B, S, Hq, D] fp32 (flash only; null for the simple kernels)
+  /// Deterministic flash backward: dq_accum holds dq_slabs = ceil(S / 128) slabs of
+  /// dq_slab_stride elements, one per key tile (each element of a slab receives one add, so no
+  /// order dependence), summed in slab order by the conversion. 0: one accumulator, atomics.
+  int64_t dq_slab_stride = 0;
+  int dq_slabs = 1;
 };
 
 // Launchers (each checks its launches; the stream comes from the entry).

@@ -1,7 +1,8 @@
-// Internal: the two CUDA implementations of the attention family, selectable by name so the GPU
-// parity test can run both on one shape. Plain C++ (no CUDA headers) so tests can include it.
-// cuda::attention_forward/backward (cuda_ops.h) pick AttentionKernel::Flash for head_dim 64 and
-// 128 and AttentionKernel::Simple otherwise. See docs/kernels/attention.md.
+// Internal: the CUDA implementations of the attention family, selectable by name so the GPU
+// parity test can run each on one shape. Plain C++ (no CUDA headers) so tests can include it.
+// cuda::attention_forward/backward (cuda_ops.h) follow AttentionArgs::backend: Auto takes cuDNN
+// where it runs the arguments, else AttentionKernel::Flash for head_dim 64 and 128 and
+// AttentionKernel::Simple otherwise. See docs/kernels/attention.md.
 #pragma once
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
@@ -12,9 +13,10 @@ namespace megadlm::ops::cuda {
 enum class AttentionKernel : uint8_t {
   Flash,   ///< tensor-core flash attention (bf16 mma.sync, fp32 softmax); head_dim 64 or 128
   Simple,  ///< one warp per query (forward, dq) or key row (dk, dv), fp32 on CUDA cores; D <= 256
+  Cudnn,   ///< cuDNN's fused attention (attention_cudnn.h); an error where cuDNN refuses
 };
 
-/// The kernel cuda::attention_forward/backward use for these arguments.
+/// The own kernel (Flash or Simple) for these arguments: the fallback of the cuDNN path.
 AttentionKernel default_attention_kernel(const AttentionArgs& args);
 
 /// Same contract as ops::attention_forward (bf16 q, k, v, out; f32 lse) with a chosen kernel.

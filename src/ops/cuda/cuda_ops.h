@@ -4,17 +4,42 @@
 #include <vector>
 #include "megadlm/ops/activation.h"
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/attention_merge.h"
 #include "megadlm/ops/cross_entropy.h"
 #include "megadlm/ops/dropout.h"
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/embedding.h"
 #include "megadlm/ops/gemm.h"
+#include "megadlm/ops/linear_cross_entropy.h"
+#include "megadlm/ops/moe.h"
 #include "megadlm/ops/norm.h"
 #include "megadlm/ops/optimizer.h"
+#include "megadlm/ops/qk_norm_rope.h"
 #include "megadlm/ops/random.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/ops/rope.h"
+#include "megadlm/ops/sampling.h"
 
 namespace megadlm::ops::cuda {
+// CUDA-only: the context-parallel attention calls the flash kernels cannot run (a separate key
+// length, key documents, a causal mask between different chunk maps, dropout with a chunked
+// map), on the simple kernels (attention_simple.cu). src/ops/attention.cpp routes them here
+// (ops::needs_context_parallel_kernel); same contract as attention_forward/backward.
+void attention_forward_context_parallel(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        Tensor& out, Tensor& lse, const AttentionArgs& args,
+                                        const Stream& stream);
+void attention_backward_context_parallel(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& lse,
+                                         Tensor& dq, Tensor& dk, Tensor& dv,
+                                         const AttentionArgs& args, const Stream& stream);
+
 #include "ops/backend_ops.inc"
+
+// CUDA-only fast paths whose dispatch has a generic fallback (split q, k, v and the ordinary
+// entries): true when they ran (cuDNN on the packed rows), false when nothing was queued.
+bool attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream);
+bool attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
+                               const Stream& stream);
 }  // namespace megadlm::ops::cuda

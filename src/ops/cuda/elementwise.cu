@@ -1,8 +1,9 @@
-// Elementwise and layout ops on CUDA: add, scale_inplace, fill, copy, split/concat_columns, and
-// the row-bias adder gemm uses for f32 outputs. Entry -> launch_* -> *_kernel.
+// Elementwise and layout ops on CUDA: add, scale_inplace, fill, copy, split/concat_columns,
+// gather_rows, and the row-bias adder gemm uses for f32 outputs. Entry -> launch_* -> *_kernel.
 // add/scale/fill run through flat_kernel (16-byte accesses when every pointer allows it);
-// split/concat move raw bytes in the widest unit (16/8/4/2/1 bytes) that every row, offset and
-// pointer allows, so they serve every dtype; copy with dtype conversion is core's copy_tensor.
+// split/concat and gather_rows move raw bytes in the widest unit (16/8/4/2/1 bytes) that every
+// row, offset and pointer allows, so they serve every dtype; copy with dtype conversion is core's
+// copy_tensor.
 #include <cmath>
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -181,6 +182,52 @@ void fill(Tensor& x, float value, const Stream& stream) {
     case DType::I32: launch_fill<int32_t>(x, static_cast<int32_t>(value), s); break;
     case DType::I64: launch_fill<int64_t>(x, static_cast<int64_t>(value), s); break;
   }
+}
+
+namespace {
+
+/// dst[m, :] = src[index[m], :] in units of U (row_units per row): grid.x covers a row, grid.y
+/// strides over the rows of dst.
+template <typename U>
+__global__ void gather_rows_kernel(const U* __restrict__ src, const int32_t* __restrict__ index,
+                                   U* __restrict__ dst, int64_t rows, int64_t row_units) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= row_units) return;
+  for (int64_t m = blockIdx.y; m < rows; m += gridDim.y)
+    dst[m * row_units + c] = src[static_cast<int64_t>(index[m]) * row_units + c];
+}
+
+}  // namespace
+
+void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst, const Stream& stream) {
+  NvtxRange range("gather_rows");
+  const int64_t rows = index.numel();
+  const int64_t row_bytes = src.cols() * static_cast<int64_t>(dtype_size(src.dtype()));
+  if (rows == 0 || row_bytes == 0) return;
+  const uint64_t bits = reinterpret_cast<uintptr_t>(src.data_ptr()) |
+                        reinterpret_cast<uintptr_t>(dst.data_ptr()) |
+                        static_cast<uint64_t>(row_bytes);
+  int64_t unit = 16;
+  while (bits % static_cast<uint64_t>(unit) != 0) unit /= 2;
+  const int64_t units = row_bytes / unit;
+  constexpr int kThreads = 256;
+  const dim3 grid(static_cast<unsigned>(ceil_div(units, kThreads)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  cudaStream_t s = megadlm::detail::native_stream(stream);
+  const auto* idx = static_cast<const int32_t*>(index.data_ptr());
+  auto launch = [&](auto tag) {
+    using U = typename decltype(tag)::type;
+    gather_rows_kernel<U><<<grid, kThreads, 0, s>>>(static_cast<const U*>(src.data_ptr()), idx,
+                                                     static_cast<U*>(dst.data_ptr()), rows, units);
+  };
+  switch (unit) {
+    case 16: launch(TypeTag<int4>{}); break;
+    case 8: launch(TypeTag<int2>{}); break;
+    case 4: launch(TypeTag<int32_t>{}); break;
+    case 2: launch(TypeTag<int16_t>{}); break;
+    default: launch(TypeTag<int8_t>{}); break;
+  }
+  MDLM_CUDA_CHECK_LAUNCH();
 }
 
 void copy(const Tensor& src, Tensor& dst, const Stream& stream) {

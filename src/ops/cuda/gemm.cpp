@@ -15,6 +15,7 @@
 // in a file-local map guarded by a mutex: the one piece of global state in the CUDA backend.
 #include <cublasLt.h>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include "core/cuda/cuda_utils.h"
@@ -242,6 +243,98 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
                                    problem.lt_c.layout, &chosen.algo, res->workspace,
                                    res->workspace_bytes, s));
   if (args.bias && !chosen.bias_in_epilogue) launch_add_row_bias(c, *args.bias, s);
+}
+
+// ---- grouped GEMM (MoE experts) -----------------------------------------------------------
+//
+// One cuBLASLt matmul per group on the caller's stream, in group order (gpu-libraries.md §2:
+// on MoE shapes this beats cublasGemmGroupedBatchedEx, which runs sm_80 kernels). A layer
+// issues hundreds of these per micro-batch, so the host side must stay short: each distinct
+// problem keeps its descriptors and algorithm in a plan (built once: the heuristic call), and a
+// group costs one map lookup and one cublasLtMatmul. Plans hold no pointers (no bias epilogue),
+// so concurrent streams can share them; groups with a bias take the plain gemm() above.
+
+namespace {
+
+struct GroupPlan {
+  LtProblem problem;
+  cublasLtMatmulAlgo_t algo;
+  GroupPlan(cudaDataType_t ab, cudaDataType_t c, int64_t m, int64_t n, int64_t k, bool ta, bool tb)
+      : problem(ab, c, m, n, k, ta, tb) {}
+};
+
+std::mutex g_plan_mutex;
+std::unordered_map<AlgoKey, std::unique_ptr<GroupPlan>, AlgoKeyHash> g_plans;
+
+/// C[m, n] = alpha * op(A) op(B) + beta * C (no bias) through the cached plan of its shape.
+void planned_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int64_t k,
+                  bool ta, bool tb, float alpha, float beta, const Stream& stream) {
+  auto* res = stream.cuda_resources().get();
+  const AlgoKey key{res->device, m, n, k, ta, tb, false, a.dtype(), c.dtype(),
+                    pointer_alignment(a.data_ptr()), pointer_alignment(b.data_ptr()),
+                    pointer_alignment(c.data_ptr()), 256};
+  GroupPlan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    auto it = g_plans.find(key);
+    if (it != g_plans.end()) plan = it->second.get();
+  }
+  if (plan == nullptr) {
+    auto fresh = std::make_unique<GroupPlan>(lt_type(a.dtype()), lt_type(c.dtype()), m, n, k, ta, tb);
+    fresh->problem.set_bias(nullptr);
+    const cublasStatus_t st = fresh->problem.heuristic(res->cublaslt, key, res->workspace_bytes, &fresh->algo);
+    MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "grouped_gemm: cuBLASLt has no algorithm for C[", m, ", ", n,
+               "] with K = ", k, " (", cublasLtGetStatusString(st), ")");
+    std::lock_guard<std::mutex> lock(g_plan_mutex);
+    plan = g_plans.emplace(key, std::move(fresh)).first->second.get();  // a racing twin is dropped
+  }
+  MDLM_CUBLAS_CHECK(cublasLtMatmul(res->cublaslt, plan->problem.desc.desc, &alpha, b.data_ptr(),
+                                   plan->problem.lt_a.layout, a.data_ptr(), plan->problem.lt_b.layout, &beta,
+                                   c.data_ptr(), plan->problem.lt_c.layout, c.data_ptr(),
+                                   plan->problem.lt_c.layout, &plan->algo, res->workspace,
+                                   res->workspace_bytes, megadlm::detail::native_stream(stream)));
+}
+
+}  // namespace
+
+void grouped_gemm(const Tensor& a, const Tensor& b, Tensor& c, const std::vector<int64_t>& group_rows,
+                  const GroupedGemmArgs& args, const Stream& stream) {
+  NvtxRange range("grouped_gemm");
+  MDLM_CHECK(a.dtype() == DType::BF16 || c.dtype() == DType::F32, "grouped_gemm: f32 operands need an f32 C, got ",
+             c.str());
+  const int64_t groups = static_cast<int64_t>(group_rows.size());
+  int64_t row = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t rows = group_rows[static_cast<size_t>(g)];
+    if (!args.trans_a) {
+      // C_g [rows, n] = A_g [rows, k] op(B_g)
+      const int64_t b_rows = b.rows() / groups;
+      if (rows > 0) {
+        Tensor ag = a.narrow(row, rows), cg = c.narrow(row, rows);
+        Tensor bg = b.slice_flat(g * b_rows * b.cols(), {b_rows, b.cols()});
+        const int64_t n = args.trans_b ? b_rows : b.cols();
+        if (args.bias) {
+          Tensor bias = args.bias->slice_flat(g * c.cols(), {c.cols()});
+          cuda::gemm(ag, bg, cg, {.trans_b = args.trans_b, .alpha = args.alpha, .beta = args.beta, .bias = &bias}, stream);
+        } else {
+          planned_gemm(ag, bg, cg, rows, n, a.cols(), false, args.trans_b, args.alpha, args.beta, stream);
+        }
+      }
+    } else {
+      // C_g [m, n] = A_g^T [m, rows] B_g [rows, n]: an empty group leaves beta * C_g.
+      const int64_t c_rows = c.rows() / groups;
+      Tensor cg = c.slice_flat(g * c_rows * c.cols(), {c_rows, c.cols()});
+      if (rows > 0) {
+        planned_gemm(a.narrow(row, rows), b.narrow(row, rows), cg, c_rows, c.cols(), rows, true, false,
+                     args.alpha, args.beta, stream);
+      } else if (args.beta == 0.0f) {
+        fill(cg, 0.0f, stream);
+      } else if (args.beta != 1.0f) {
+        scale_inplace(cg, args.beta, stream);
+      }
+    }
+    row += rows;
+  }
 }
 
 }  // namespace megadlm::ops::cuda

@@ -1,4 +1,6 @@
-// RMSNorm and LayerNorm on CUDA: bf16 (or f32) storage, fp32 statistics and arithmetic.
+// RMSNorm and LayerNorm on CUDA: bf16 (or f32) storage, fp32 statistics and arithmetic; the
+// fused residual forms (add_rms_norm_forward, rms_norm_backward_add) run the same kernels with
+// the residual read (and the sum written) in the same pass.
 // Entry (validates, picks the row layout) -> launch_* (grid, stream) -> *_kernel.
 //
 // A row is held in registers by a group of blockDim.x threads (1..512, see RowConfig), several
@@ -28,11 +30,14 @@ __device__ __forceinline__ void zero(float (&v)[N]) {
 // ---- kernels ------------------------------------------------------------------------------
 
 /// One row per threadIdx.y slot. kLayer: LayerNorm (mean subtracted, optional bias), else RMSNorm.
+/// With residual (add_rms_norm_forward): the row normalised is sum = T(x + residual), rounded to
+/// T exactly as ops::add rounds it, and written to sum_out.
 template <typename T, int kVec, int kPacks, bool kLayer>
 __global__ void __launch_bounds__(kMaxRowBlockThreads)
 norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
                     const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ mean_out,
-                    float* __restrict__ rstd_out, int64_t rows, int cols, float eps) {
+                    float* __restrict__ rstd_out, int64_t rows, int cols, float eps,
+                    const T* __restrict__ residual = nullptr, T* __restrict__ sum_out = nullptr) {
   __shared__ float red[kMaxRowBlockWarps];
   const int npacks = cols / kVec;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -44,8 +49,18 @@ norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
 #pragma unroll
   for (int p = 0; p < kPacks; ++p) {
     const int idx = p * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-    if (row_ok && idx < npacks) load_vec<kVec>(xr + idx * kVec, v[p]);
-    else zero(v[p]);
+    if (row_ok && idx < npacks) {
+      load_vec<kVec>(xr + idx * kVec, v[p]);
+      if (residual != nullptr) {
+        float r[kVec];
+        load_vec<kVec>(residual + (xr - x) + idx * kVec, r);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[p][i] = to_float(from_float<T>(v[p][i] + r[i]));
+        store_vec<kVec>(sum_out + (xr - x) + idx * kVec, v[p]);
+      }
+    } else {
+      zero(v[p]);
+    }
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[0] += kLayer ? v[p][i] : v[p][i] * v[p][i];
   }
@@ -90,14 +105,16 @@ norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
 
 /// Row groups (blockDim.y rows each) are visited in a grid-stride loop; every thread keeps the
 /// dweight/dbias sums of its columns in registers across its rows, then the block writes one
-/// partial row: partial_dw[blockIdx.x, :] (and partial_db when not null).
+/// partial row: partial_dw[blockIdx.x, :] (and partial_db when not null). With dresidual
+/// (rms_norm_backward_add) the residual gradient is added to dx in fp32 before the rounding; dx
+/// may alias dresidual (each element is read before it is written, by the same thread).
 template <typename T, int kVec, int kPacks, bool kLayer>
 __global__ void __launch_bounds__(kMaxRowBlockThreads)
 norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
                      const T* __restrict__ weight, const float* __restrict__ mean,
-                     const float* __restrict__ rstd, T* __restrict__ dx,
+                     const float* __restrict__ rstd, T* dx,
                      float* __restrict__ partial_dw, float* __restrict__ partial_db, int64_t rows,
-                     int cols) {
+                     int cols, const T* dresidual = nullptr) {
   extern __shared__ float combine[];  // [quantities][blockDim.y][cols], only when blockDim.y > 1
   __shared__ float red[2 * kMaxRowBlockWarps];
   constexpr int kSums = kLayer ? 2 : 1;
@@ -158,10 +175,12 @@ norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
       for (int p = 0; p < kPacks; ++p) {
         const int idx = p * tpr + tx;
         if (idx >= npacks) continue;
-        float out[kVec];
+        float out[kVec], add[kVec];
+        if (dresidual != nullptr) load_vec<kVec>(dresidual + base + idx * kVec, add);
+        else zero(add);
 #pragma unroll
         for (int i = 0; i < kVec; ++i)
-          out[i] = r * (dyv[p][i] * w[p][i] - mean_g - xhat[p][i] * mean_gx);
+          out[i] = r * (dyv[p][i] * w[p][i] - mean_g - xhat[p][i] * mean_gx) + add[i];
         store_vec<kVec>(dx + base + idx * kVec, out);
       }
     }
@@ -212,12 +231,15 @@ norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
 template <typename T, bool kLayer>
 void launch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y,
                          Tensor* mean, Tensor& rstd, float eps, const char* op,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const Tensor* residual = nullptr,
+                         Tensor* sum = nullptr) {
   const int64_t rows = x.rows(), cols = x.cols();
   if (rows == 0) return;
   const bool aligned = is_aligned(x.data_ptr(), 16) && is_aligned(y.data_ptr(), 16) &&
                        is_aligned(weight.data_ptr(), 16) &&
-                       (bias == nullptr || is_aligned(bias->data_ptr(), 16));
+                       (bias == nullptr || is_aligned(bias->data_ptr(), 16)) &&
+                       (residual == nullptr || (is_aligned(residual->data_ptr(), 16) &&
+                                                is_aligned(sum->data_ptr(), 16)));
   const RowConfig cfg = make_row_config<T>(cols, aligned, op);
   const dim3 block(cfg.tpr, cfg.rpb);
   const unsigned grid = static_cast<unsigned>(ceil_div(rows, cfg.rpb));
@@ -227,7 +249,8 @@ void launch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor* bi
             static_cast<const T*>(x.data_ptr()), static_cast<const T*>(weight.data_ptr()),
             bias ? static_cast<const T*>(bias->data_ptr()) : nullptr, static_cast<T*>(y.data_ptr()),
             mean ? mean->data<float>() : nullptr, rstd.data<float>(), rows, static_cast<int>(cols),
-            eps);
+            eps, residual ? static_cast<const T*>(residual->data_ptr()) : nullptr,
+            sum ? static_cast<T*>(sum->data_ptr()) : nullptr);
   });
   MDLM_CUDA_CHECK_LAUNCH();
 }
@@ -235,12 +258,14 @@ void launch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor* bi
 template <typename T, bool kLayer>
 void launch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight,
                           const Tensor* mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
-                          Tensor* dbias, const char* op, const Stream& stream) {
+                          Tensor* dbias, const char* op, const Stream& stream,
+                          const Tensor* dresidual = nullptr) {
   const int64_t rows = x.rows(), cols = x.cols();
   if (rows == 0) return;
   cudaStream_t s = megadlm::detail::native_stream(stream);
   const bool aligned = is_aligned(x.data_ptr(), 16) && is_aligned(dy.data_ptr(), 16) &&
-                       is_aligned(dx.data_ptr(), 16) && is_aligned(weight.data_ptr(), 16);
+                       is_aligned(dx.data_ptr(), 16) && is_aligned(weight.data_ptr(), 16) &&
+                       (dresidual == nullptr || is_aligned(dresidual->data_ptr(), 16));
   const RowConfig cfg = make_row_config<T>(cols, aligned, op);
   const int64_t groups = ceil_div(rows, cfg.rpb);
   const int64_t blocks = std::min(groups, kBackwardMaxBlocks);
@@ -258,7 +283,8 @@ void launch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weigh
             static_cast<const T*>(dy.data_ptr()), static_cast<const T*>(x.data_ptr()),
             static_cast<const T*>(weight.data_ptr()), mean ? mean->data<float>() : nullptr,
             rstd.data<float>(), static_cast<T*>(dx.data_ptr()), partial_dw, partial_db, rows,
-            static_cast<int>(cols));
+            static_cast<int>(cols),
+            dresidual ? static_cast<const T*>(dresidual->data_ptr()) : nullptr);
   });
   MDLM_CUDA_CHECK_LAUNCH();
   launch_add_partial_rows(partial_dw, blocks, cols, dweight.data<float>(), s);
@@ -290,6 +316,28 @@ void rms_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, 
     using T = typename decltype(tag)::type;
     launch_norm_backward<T, false>(dy, x, weight, nullptr, rstd, dx, dweight, nullptr,
                                    "rms_norm_backward", stream);
+  });
+}
+
+void add_rms_norm_forward(const Tensor& x, const Tensor& residual, const Tensor& weight,
+                          Tensor& sum, Tensor& y, Tensor& rstd, float eps, const Stream& stream) {
+  NvtxRange range("add_rms_norm_forward");
+  cudaStream_t s = megadlm::detail::native_stream(stream);
+  dispatch_activation_dtype(x.dtype(), "add_rms_norm_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_norm_forward<T, false>(x, weight, nullptr, y, nullptr, rstd, eps,
+                                  "add_rms_norm_forward", s, &residual, &sum);
+  });
+}
+
+void rms_norm_backward_add(const Tensor& dy, const Tensor& x, const Tensor& weight,
+                           const Tensor& rstd, const Tensor& dresidual, Tensor& dx,
+                           Tensor& dweight, const Stream& stream) {
+  NvtxRange range("rms_norm_backward_add");
+  dispatch_activation_dtype(x.dtype(), "rms_norm_backward_add", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_norm_backward<T, false>(dy, x, weight, nullptr, rstd, dx, dweight, nullptr,
+                                   "rms_norm_backward_add", stream, &dresidual);
   });
 }
 

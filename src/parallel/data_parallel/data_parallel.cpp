@@ -4,7 +4,7 @@
 
 namespace megadlm {
 
-BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_size) {
+BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_size, int expert_dp_size) {
   BufferLayout l;
   if (o.overlap_grad_reduce) {
     l.bucket_size = o.bucket_size > 0 ? o.bucket_size
@@ -14,6 +14,8 @@ BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_si
   }
   // Under the distributed optimizer every bucket splits into dp equal, 64-aligned shards.
   l.bucket_multiple = o.distributed_optimizer ? 64LL * dp_size : 64;
+  if (expert_dp_size <= 0) expert_dp_size = dp_size;
+  l.expert_bucket_multiple = o.distributed_optimizer ? 64LL * expert_dp_size : 64;
   return l;
 }
 
@@ -22,9 +24,13 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
                            std::shared_ptr<comm::Communicator> inter,
                            std::shared_ptr<comm::Communicator> tp,
                            std::shared_ptr<comm::Communicator> pp,
-                           std::shared_ptr<comm::Communicator> embedding)
+                           std::shared_ptr<comm::Communicator> embedding,
+                           ExpertGradGroups expert)
     : store_(store), group_(std::move(group)), inter_(std::move(inter)), tp_(std::move(tp)),
-      pp_(std::move(pp)), embedding_(std::move(embedding)), opt_(options), compute_(compute) {
+      pp_(std::move(pp)), embedding_(std::move(embedding)), expert_(std::move(expert)),
+      opt_(options), compute_(compute) {
+  for (auto* g : {&expert_.dp, &expert_.ep, &expert_.tp})
+    if (*g && (*g)->size() == 1) g->reset();
   if (inter_ && inter_->size() == 1) inter_.reset();
   if (tp_ && tp_->size() == 1) tp_.reset();
   if (pp_ && pp_->size() == 1) pp_.reset();
@@ -34,18 +40,26 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
   MDLM_CHECK(store.materialized(), "DataParallel needs a materialised parameter store");
   size_ = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
-  // A second stream only where it buys overlap: CUDA with more than one rank.
-  overlap_ = compute.is_cuda() && size_ > 1 && (opt_.overlap_grad_reduce || opt_.overlap_param_gather);
-  comm_ = overlap_ ? Stream::create(compute.device()) : compute;
   const auto& buckets = store.buckets();
+  bool any_expert = false;
+  for (const GradBucket& b : buckets) any_expert |= b.expert;
+  MDLM_CHECK(!any_expert || !inter_, "expert parameters with several distributed-optimizer "
+             "instances are not supported");
+  const int most = std::max(size_, expert_.dp ? expert_.dp->size() : 1);
+  // A second stream only where it buys overlap: CUDA with more than one rank.
+  overlap_ = compute.is_cuda() && most > 1 && (opt_.overlap_grad_reduce || opt_.overlap_param_gather);
+  comm_ = overlap_ ? Stream::create(compute.device()) : compute;
   if (opt_.distributed_optimizer) {
     int64_t compact = 0;
-    for (const GradBucket& b : buckets) {
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const GradBucket& b = buckets[i];
       const int64_t len = b.end - b.begin;
-      MDLM_CHECK(len % size_ == 0, "bucket of ", len, " elements does not split into ", size_,
+      const int n = group_size(i);
+      const int r = group_of(i) ? group_of(i)->rank() : 0;
+      MDLM_CHECK(len % n == 0, "bucket of ", len, " elements does not split into ", n,
                  " shards (materialise the store with DataParallel::buffer_layout)");
-      const int64_t shard = len / size_;
-      owned_.push_back({b.begin + rank_ * shard, b.begin + (rank_ + 1) * shard, compact});
+      const int64_t shard = len / n;
+      owned_.push_back({b.begin + r * shard, b.begin + (r + 1) * shard, compact});
       compact += shard;
     }
     grad_shards_ = Tensor::zeros({std::max<int64_t>(compact, 1)}, store.flat_grads().dtype(), compute);
@@ -61,6 +75,15 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
         if (store.desc(h).pipeline_share != PipelineShare::None) deferred_[b] = true;
   param_ready_.assign(buckets.size(), true);
   for (size_t i = 0; i < buckets.size(); ++i) done_.push_back(Event::create(compute.device()));
+}
+
+comm::Communicator* DataParallel::group_of(size_t b) const {
+  return store_.buckets()[b].expert ? expert_.dp.get() : group_.get();
+}
+
+int DataParallel::group_size(size_t b) const {
+  comm::Communicator* g = group_of(b);
+  return g ? g->size() : 1;
 }
 
 template <typename Fn>
@@ -105,9 +128,19 @@ void DataParallel::grads_ready(const std::vector<int>& handles) {
 void DataParallel::launch_bucket(size_t b) {
   MDLM_CHECK(!launched_[b], "bucket ", b, " reduced twice in one step");
   launched_[b] = true;
-  if (size_ == 1 && !inter_) return;
   const GradBucket& bucket = store_.buckets()[b];
+  comm::Communicator* group = group_of(b);
+  const int n = group_size(b);
+  comm::Communicator* inter = bucket.expert ? nullptr : inter_.get();
   Tensor grads = store_.flat_grads().slice_flat(bucket.begin, {bucket.end - bucket.begin});
+  if (n == 1 && !inter) {
+    if (opt_.distributed_optimizer) {  // one rank owns the bucket: the "shard" is all of it
+      const OwnedRange& r = owned_[b];
+      Tensor shard = grad_shards_.slice_flat(r.compact_offset, {r.end - r.begin});
+      copy_tensor(grads, shard, compute_);
+    }
+    return;
+  }
   const Stream& s = comm_stream();
   if (overlap_) {
     Event ready = Event::create(compute_.device());
@@ -117,14 +150,14 @@ void DataParallel::launch_bucket(size_t b) {
   if (opt_.distributed_optimizer) {
     const OwnedRange& r = owned_[b];
     Tensor shard = grad_shards_.slice_flat(r.compact_offset, {r.end - r.begin});
-    if (size_ > 1) {
-      group_->reduce_scatter(grads, shard, comm::ReduceOp::Sum, s);
+    if (n > 1) {
+      group->reduce_scatter(grads, shard, comm::ReduceOp::Sum, s);
     } else {
       copy_tensor(grads, shard, s);
     }
-    if (inter_) inter_->all_reduce(shard, comm::ReduceOp::Sum, s);
+    if (inter) inter->all_reduce(shard, comm::ReduceOp::Sum, s);
   } else {
-    group_->all_reduce(grads, comm::ReduceOp::Sum, s);
+    group->all_reduce(grads, comm::ReduceOp::Sum, s);
   }
   done_[b].record(s);
 }
@@ -136,22 +169,13 @@ void DataParallel::finish_grad_sync() {
   reduce_embedding_group_grads();
   for (size_t b = 0; b < launched_.size(); ++b)
     if (!launched_[b]) launch_bucket(b);
-  if (size_ == 1 && !inter_) {
-    if (opt_.distributed_optimizer) {  // one rank owns everything: the "shard" is the buffer
-      Tensor all = store_.flat_grads();
-      for (size_t b = 0; b < owned_.size(); ++b) {
-        const OwnedRange& r = owned_[b];
-        Tensor dst = grad_shards_.slice_flat(r.compact_offset, {r.end - r.begin});
-        copy_tensor(all.slice_flat(r.begin, {r.end - r.begin}), dst, compute_);
-      }
-    }
-    reduce_tp_partial_grads();
-    return;
-  }
   if (overlap_) {
-    group_->synchronize(comm_);  // the timeout names a hung bucket collective
+    // The timeout names a hung bucket collective.
+    if (group_) group_->synchronize(comm_);
+    if (expert_.dp) expert_.dp->synchronize(comm_);
     if (inter_) inter_->synchronize(comm_);
-    for (Event& e : done_) e.wait_on(compute_);
+    for (size_t b = 0; b < done_.size(); ++b)
+      if (group_size(b) > 1 || (inter_ && !store_.buckets()[b].expert)) done_[b].wait_on(compute_);
   }
   reduce_tp_partial_grads();
 }
@@ -182,24 +206,31 @@ double DataParallel::grad_sq_norm() {
   Tensor g = optimizer_grads();
   const bool cpu = compute_.device().is_cpu();
   const DType acc = cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  double local = 0;
+  double dense = 0, expert = 0;
   bool has_copy = false;  // a tied embedding's last-stage copy is counted on the first stage only
   for (const ParamDesc& d : store_.descs()) has_copy |= d.pipeline_share == PipelineShare::Copy;
-  if (!tp_ && !has_copy) {
+  bool has_experts = false;
+  for (const GradBucket& b : store_.buckets()) has_experts |= b.expert;
+  if (!tp_ && !has_copy && !has_experts) {
     Tensor sq = Tensor::zeros({1}, acc, compute_);
     ops::sum_squares(g, sq, compute_);
-    local = static_cast<double>(sq.to_floats(compute_)[0]);
+    dense = static_cast<double>(sq.to_floats(compute_)[0]);
   } else {
-    // Split parameters hold different elements on each TP rank; replicated ones hold the same
-    // values everywhere and are counted on TP rank 0 only.
+    // Split parameters hold different elements on each (expert-)TP rank; replicated ones hold
+    // the same values everywhere and are counted on (expert-)TP rank 0 only.
     Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
+    Tensor e_split = Tensor::zeros({1}, acc, compute_), e_replicated = Tensor::zeros({1}, acc, compute_);
     for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
       if (d.pipeline_share == PipelineShare::Copy) return;
-      ops::sum_squares(g.slice_flat(compact, {count}), d.replicated() && tp_ ? replicated : split,
-                       compute_);
+      Tensor& into = d.expert ? (d.replicated() && expert_.tp ? e_replicated : e_split)
+                              : (d.replicated() && tp_ ? replicated : split);
+      ops::sum_squares(g.slice_flat(compact, {count}), into, compute_);
     });
-    local = static_cast<double>(split.to_floats(compute_)[0]);
-    if (!tp_ || tp_->rank() == 0) local += static_cast<double>(replicated.to_floats(compute_)[0]);
+    dense = static_cast<double>(split.to_floats(compute_)[0]);
+    if (!tp_ || tp_->rank() == 0) dense += static_cast<double>(replicated.to_floats(compute_)[0]);
+    expert = static_cast<double>(e_split.to_floats(compute_)[0]);
+    if (!expert_.tp || expert_.tp->rank() == 0)
+      expert += static_cast<double>(e_replicated.to_floats(compute_)[0]);
   }
   auto sum_over = [&](comm::Communicator& c, double v) {
     Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
@@ -211,27 +242,39 @@ double DataParallel::grad_sq_norm() {
   };
   // Shards of one instance are disjoint and cover the model once: the global norm is their sum
   // (the other instances hold the same values); full replicas are already global.
-  if (opt_.distributed_optimizer && size_ > 1) local = sum_over(*group_, local);
-  if (tp_) local = sum_over(*tp_, local);
+  if (opt_.distributed_optimizer && size_ > 1) dense = sum_over(*group_, dense);
+  if (tp_) dense = sum_over(*tp_, dense);
+  // Expert parameters: shards over expert-dp, other experts over EP, slices over expert TP.
+  // (Every rank of these groups holds the same layers, so all of them take this branch.)
+  if (has_experts) {
+    if (opt_.distributed_optimizer && expert_.dp) expert = sum_over(*expert_.dp, expert);
+    if (expert_.ep) expert = sum_over(*expert_.ep, expert);
+    if (expert_.tp) expert = sum_over(*expert_.tp, expert);
+  }
+  double local = dense + expert;
   if (pp_) local = sum_over(*pp_, local);  // stages hold disjoint parameters
   return local;
 }
 
 void DataParallel::start_param_gather() {
-  if (!opt_.distributed_optimizer || size_ == 1) return;
+  if (!opt_.distributed_optimizer) return;
+  const auto& buckets = store_.buckets();
+  bool any = false;
+  for (size_t b = 0; b < buckets.size(); ++b) any |= group_size(b) > 1;
+  if (!any) return;
   const Stream& s = opt_.overlap_param_gather && overlap_ ? comm_ : compute_;
   if (&s != &compute_) {
     Event stepped = Event::create(compute_.device());
     stepped.record(compute_);
     stepped.wait_on(s);
   }
-  const auto& buckets = store_.buckets();
   Tensor params = store_.flat_params();
   for (size_t b = 0; b < buckets.size(); ++b) {
+    if (group_size(b) == 1) continue;
     const OwnedRange& r = owned_[b];
     Tensor full = params.slice_flat(buckets[b].begin, {buckets[b].end - buckets[b].begin});
     Tensor mine = params.slice_flat(r.begin, {r.end - r.begin});
-    group_->all_gather(mine, full, s);
+    group_of(b)->all_gather(mine, full, s);
     done_[b].record(s);
     param_ready_[b] = false;
   }
@@ -253,7 +296,8 @@ void DataParallel::params_needed(const std::vector<int>& handles) {
 void DataParallel::finish_param_gather() {
   if (!gather_in_flight_) return;
   const Stream& s = opt_.overlap_param_gather && overlap_ ? comm_ : compute_;
-  group_->synchronize(s);
+  if (group_) group_->synchronize(s);
+  if (expert_.dp) expert_.dp->synchronize(s);
   for (size_t b = 0; b < param_ready_.size(); ++b) {
     if (!param_ready_[b]) done_[b].wait_on(compute_);
     param_ready_[b] = true;

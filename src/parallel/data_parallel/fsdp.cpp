@@ -7,12 +7,14 @@ namespace megadlm {
 
 BufferLayout FullyShardedDataParallel::buffer_layout(ShardingStrategy strategy, int d,
                                                      const std::vector<FsdpUnit>& units,
-                                                     int num_params) {
+                                                     int num_params, int expert_d) {
   MDLM_CHECK(d >= 1, "FSDP over ", d, " ranks");
+  if (expert_d <= 0) expert_d = d;
   BufferLayout l;
   l.bucket_size = 0;  // buckets are the units, whatever their size
   // Every shard whole and 64-aligned (the distributed optimizer's rule, data_parallel.h).
   l.bucket_multiple = strategy == ShardingStrategy::NoShard ? 64 : 64LL * d;
+  l.expert_bucket_multiple = strategy == ShardingStrategy::NoShard ? 64 : 64LL * expert_d;
   l.unit_of.assign(static_cast<size_t>(num_params), -1);
   for (size_t u = 0; u < units.size(); ++u)
     for (int h : units[u].handles) {
@@ -32,13 +34,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
                                                    FsdpOptions options, const Stream& compute,
                                                    std::shared_ptr<comm::Communicator> tp,
                                                    std::shared_ptr<comm::Communicator> pp,
-                                                   std::shared_ptr<comm::Communicator> embedding)
+                                                   std::shared_ptr<comm::Communicator> embedding,
+                                                   ExpertGradGroups expert)
     : store_(store), units_(std::move(units)), group_(std::move(group)), tp_(std::move(tp)),
-      pp_(std::move(pp)), embedding_(std::move(embedding)), opt_(options), compute_(compute) {
+      pp_(std::move(pp)), embedding_(std::move(embedding)), expert_(std::move(expert)), opt_(options),
+      compute_(compute) {
   MDLM_CHECK(store.materialized(), "FSDP needs a materialised parameter store");
   if (tp_ && tp_->size() == 1) tp_.reset();
   if (pp_ && pp_->size() == 1) pp_.reset();
   if (embedding_ && embedding_->size() == 1) embedding_.reset();
+  for (auto* g : {&expert_.dp, &expert_.ep, &expert_.tp})
+    if (*g && (*g)->size() == 1) g->reset();
   size_ = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
   const ShardingStrategy st = opt_.strategy;
@@ -47,7 +53,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
                                            st == ShardingStrategy::OptimGradsParams),
              "the parameter store was not laid out for FSDP ", sharding_strategy_name(st),
              " (materialise it with FullyShardedDataParallel::buffer_layout)");
-  overlap_ = opt_.overlap && compute.is_cuda() && (size_ > 1 || opt_.streams_with_one_rank);
+  const int expert_size = expert_.dp ? expert_.dp->size() : 1;
+  overlap_ = opt_.overlap && compute.is_cuda() &&
+             (size_ > 1 || expert_size > 1 || opt_.streams_with_one_rank);
   ag_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
   rs_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
   // Gathers and reductions on separate NCCL communicators: one communicator launches its
@@ -55,6 +63,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
   ag_group_ = overlap_ && size_ > 1
                   ? std::shared_ptr<comm::Communicator>(group_->split(0, rank_, group_->name() + "-ag"))
                   : group_;
+  expert_ag_group_ = overlap_ && expert_size > 1
+                         ? std::shared_ptr<comm::Communicator>(
+                               expert_.dp->split(0, expert_.dp->rank(), expert_.dp->name() + "-ag"))
+                         : expert_.dp;
 
   // Buckets, their units and this rank's shard of each.
   const auto& sb = store.buckets();
@@ -73,15 +85,20 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
       b.shared |= store.desc(h).pipeline_share != PipelineShare::None;
     }
     MDLM_CHECK(b.unit >= 0, "bucket ", i, " belongs to no FSDP unit");
+    b.expert = sb[i].expert;
+    b.group = b.expert ? expert_.dp.get() : group_.get();
+    b.ag_group = b.expert ? expert_ag_group_.get() : ag_group_.get();
+    b.size = b.group ? b.group->size() : 1;
+    b.rank = b.group ? b.group->rank() : 0;
     b.gathered = Event::create(compute.device());
     b.reduce_done = Event::create(compute.device());
     b.param_ready = Event::create(compute.device());
     unit_buckets_[static_cast<size_t>(b.unit)].push_back(static_cast<int>(i));
     const int64_t len = b.end - b.begin;
     if (sharded()) {
-      MDLM_CHECK(len % size_ == 0, "bucket of ", len, " elements does not split into ", size_, " shards");
-      owned_.push_back({b.begin + rank_ * (len / size_), b.begin + (rank_ + 1) * (len / size_), compact});
-      compact += len / size_;
+      MDLM_CHECK(len % b.size == 0, "bucket of ", len, " elements does not split into ", b.size, " shards");
+      owned_.push_back({b.begin + b.rank * (len / b.size), b.begin + (b.rank + 1) * (len / b.size), compact});
+      compact += len / b.size;
     } else {
       // Replicated optimizer state: the compact layout is the flat one.
       owned_.push_back({b.begin, b.end, b.begin});
@@ -117,8 +134,12 @@ FsdpBytes FullyShardedDataParallel::persistent_bytes() const {
 }
 
 std::string FullyShardedDataParallel::summary() const {
+  bool experts = false;
+  for (const Bucket& b : buckets_) experts |= b.expert;
   return std::string(", Megatron-FSDP ") + sharding_strategy_name(opt_.strategy) + " over " +
-         std::to_string(size_) + " rank(s), " + std::to_string(units_.size()) + " unit(s)";
+         std::to_string(size_) + " rank(s)" +
+         (experts ? " (experts over " + std::to_string(expert_.dp ? expert_.dp->size() : 1) + ")" : "") +
+         ", " + std::to_string(units_.size()) + " unit(s)";
 }
 
 bool FullyShardedDataParallel::checkpoint_writer() const {
@@ -177,12 +198,12 @@ void FullyShardedDataParallel::gather(int bi) {
     Event allocated = Event::create(compute_.device());
     allocated.record(compute_);  // the window (and the optimizer's last write of the shard)
     allocated.wait_on(ag_stream_);
-    if (size_ > 1) ag_group_->all_gather(mine, b.window, ag_stream_);
+    if (b.size > 1) b.ag_group->all_gather(mine, b.window, ag_stream_);
     else copy_tensor(mine, b.window, ag_stream_);
     b.gathered.record(ag_stream_);
     b.waited = false;
   } else {
-    if (size_ > 1) group_->all_gather(mine, b.window, compute_);
+    if (b.size > 1) b.group->all_gather(mine, b.window, compute_);
     else copy_tensor(mine, b.window, compute_);
     b.waited = true;
   }
@@ -275,7 +296,7 @@ void FullyShardedDataParallel::reduce_scatter_slot(int bi) {
   const Stream& s = rs_stream_;
   // The scratch comes from the compute stream's pool (freed there once the reduction is done);
   // allocated before the event so that the reduction stream sees it allocated.
-  if (size_ > 1) f.scratch = Tensor::empty({r.end - r.begin}, store_.grad_dtype(), compute_);
+  if (b.size > 1) f.scratch = Tensor::empty({r.end - r.begin}, store_.grad_dtype(), compute_);
   if (overlap_) {
     Event produced = Event::create(compute_.device());
     produced.record(compute_);
@@ -284,8 +305,8 @@ void FullyShardedDataParallel::reduce_scatter_slot(int bi) {
   // This micro-batch's contribution, summed over the group, ADDED into the shard: the
   // accumulated shard is never rescaled (#3023), and with one rank the slot is added once, not
   // twice (#6660).
-  if (size_ > 1) {
-    group_->reduce_scatter(f.slot, f.scratch, comm::ReduceOp::Sum, s);
+  if (b.size > 1) {
+    b.group->reduce_scatter(f.slot, f.scratch, comm::ReduceOp::Sum, s);
     ops::add(shard, f.scratch, shard, s);
   } else {
     ops::add(shard, f.slot, shard, s);
@@ -355,7 +376,7 @@ void FullyShardedDataParallel::launch_reduce(int bi) {
   Bucket& b = buckets_[static_cast<size_t>(bi)];
   MDLM_CHECK(!b.reduced, "FSDP bucket ", bi, " reduced twice in one step");
   b.reduced = true;
-  if (size_ == 1) return;
+  if (b.size == 1) return;
   Tensor full = store_.flat_grads().slice_flat(b.begin, {b.end - b.begin});
   const Stream& s = rs_stream_;
   if (overlap_) {
@@ -364,13 +385,13 @@ void FullyShardedDataParallel::launch_reduce(int bi) {
     produced.wait_on(s);
   }
   if (opt_.strategy == ShardingStrategy::NoShard) {
-    group_->all_reduce(full, comm::ReduceOp::Sum, s);
+    b.group->all_reduce(full, comm::ReduceOp::Sum, s);
     ++stats_.all_reduces;
   } else {
     // optim: in place, into this rank's slice of the same buffer (no second gradient buffer).
     const OwnedRange& r = owned_[static_cast<size_t>(bi)];
     Tensor mine = store_.flat_grads().slice_flat(r.begin, {r.end - r.begin});
-    group_->reduce_scatter(full, mine, comm::ReduceOp::Sum, s);
+    b.group->reduce_scatter(full, mine, comm::ReduceOp::Sum, s);
     ++stats_.reduce_scatters;
   }
   b.reduce_done.record(s);
@@ -406,6 +427,7 @@ void FullyShardedDataParallel::finish_grad_sync() {
   while (!in_flight_.empty()) retire_oldest();
   if (overlap_) {
     if (group_) group_->synchronize(rs_stream_);  // the timeout names a hung reduction
+    if (expert_.dp) expert_.dp->synchronize(rs_stream_);
     for (const Bucket& b : buckets_) b.reduce_done.wait_on(compute_);
   }
   // Every unit is resharded at the end of backward (a leftover is a hook the model missed).
@@ -440,15 +462,23 @@ double FullyShardedDataParallel::grad_sq_norm() {
   Tensor g = optimizer_grads();
   const bool cpu = compute_.device().is_cpu();
   const DType acc = cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  // Split parameters hold different elements on each TP rank; replicated ones are counted on TP
-  // rank 0; a tied weight's last-stage copy is not counted; padding is never visited.
+  // Split parameters hold different elements on each (expert-)TP rank; replicated ones are
+  // counted on (expert-)TP rank 0; a tied weight's last-stage copy is not counted; padding is
+  // never visited.
   Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
+  Tensor e_split = Tensor::zeros({1}, acc, compute_), e_replicated = Tensor::zeros({1}, acc, compute_);
+  bool has_experts = false;
+  for (const Bucket& b : buckets_) has_experts |= b.expert;
   for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
     if (d.pipeline_share == PipelineShare::Copy) return;
-    ops::sum_squares(g.slice_flat(off, {count}), d.replicated() && tp_ ? replicated : split, compute_);
+    Tensor& into = d.expert ? (d.replicated() && expert_.tp ? e_replicated : e_split)
+                            : (d.replicated() && tp_ ? replicated : split);
+    ops::sum_squares(g.slice_flat(off, {count}), into, compute_);
   });
-  double local = static_cast<double>(split.to_floats(compute_)[0]);
-  if (!tp_ || tp_->rank() == 0) local += static_cast<double>(replicated.to_floats(compute_)[0]);
+  double dense = static_cast<double>(split.to_floats(compute_)[0]);
+  if (!tp_ || tp_->rank() == 0) dense += static_cast<double>(replicated.to_floats(compute_)[0]);
+  double expert = static_cast<double>(e_split.to_floats(compute_)[0]);
+  if (!expert_.tp || expert_.tp->rank() == 0) expert += static_cast<double>(e_replicated.to_floats(compute_)[0]);
   auto sum_over = [&](comm::Communicator& c, double v) {
     Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
     t.data<double>()[0] = v;
@@ -457,8 +487,16 @@ double FullyShardedDataParallel::grad_sq_norm() {
     c.synchronize(compute_);
     return t.to(Device::cpu(), compute_).data<double>()[0];
   };
-  if (sharded() && size_ > 1) local = sum_over(*group_, local);  // disjoint shards
-  if (tp_) local = sum_over(*tp_, local);
+  if (sharded() && size_ > 1) dense = sum_over(*group_, dense);  // disjoint shards
+  if (tp_) dense = sum_over(*tp_, dense);
+  // Expert parameters: shards over expert-dp, other experts over EP, slices over expert TP
+  // (every rank of these groups holds the same layers, so all of them take this branch).
+  if (has_experts) {
+    if (sharded() && expert_.dp) expert = sum_over(*expert_.dp, expert);
+    if (expert_.ep) expert = sum_over(*expert_.ep, expert);
+    if (expert_.tp) expert = sum_over(*expert_.tp, expert);
+  }
+  double local = dense + expert;
   if (pp_) local = sum_over(*pp_, local);
   return local;
 }
@@ -466,7 +504,10 @@ double FullyShardedDataParallel::grad_sq_norm() {
 // ---------------------------------------------------- optim / optim_grads: weights after the step
 
 void FullyShardedDataParallel::start_param_gather() {
-  if (store_.params_sharded() || !sharded() || size_ == 1) return;  // nothing another rank owns
+  if (store_.params_sharded() || !sharded()) return;
+  bool any = false;  // does another rank own anything?
+  for (const Bucket& b : buckets_) any |= b.size > 1;
+  if (!any) return;
   const Stream& s = overlap_ ? ag_stream_ : compute_;
   if (overlap_) {
     Event stepped = Event::create(compute_.device());
@@ -476,10 +517,11 @@ void FullyShardedDataParallel::start_param_gather() {
   Tensor params = store_.flat_params();
   for (size_t i = 0; i < buckets_.size(); ++i) {
     Bucket& b = buckets_[i];
+    if (b.size == 1) continue;  // this rank owns the whole bucket
     const OwnedRange& r = owned_[i];
     Tensor full = params.slice_flat(b.begin, {b.end - b.begin});
     Tensor mine = params.slice_flat(r.begin, {r.end - r.begin});
-    ag_group_->all_gather(mine, full, s);
+    b.ag_group->all_gather(mine, full, s);
     b.param_ready.record(s);
     b.param_stale = overlap_;
     ++stats_.all_gathers;
@@ -497,7 +539,8 @@ void FullyShardedDataParallel::wait_param_gather(int bi) {
 
 void FullyShardedDataParallel::finish_param_gather() {
   if (!gather_in_flight_) return;
-  ag_group_->synchronize(ag_stream_);
+  if (ag_group_) ag_group_->synchronize(ag_stream_);
+  if (expert_ag_group_) expert_ag_group_->synchronize(ag_stream_);
   for (size_t b = 0; b < buckets_.size(); ++b) wait_param_gather(static_cast<int>(b));
   gather_in_flight_ = false;
 }

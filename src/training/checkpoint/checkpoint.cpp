@@ -361,27 +361,28 @@ void CheckpointWriter::finish(Job& job) {
   if (rank_ == 0 && job.after_commit) job.after_commit();
 }
 
-std::vector<std::string> remove_older_checkpoints(const std::string& dir, const std::string& keep_tag) {
+namespace {
+
+bool is_iteration_dir_name(const std::string& n) {
+  if (n.size() <= 5 || n.rfind("iter_", 0) != 0) return false;
+  return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Removes the iter_* directories of `dir` that `doomed` names: each is renamed out of the iter_*
+// namespace first (one atomic rename), then deleted, so a crash half-way leaves no partial
+// iter_*; leftovers of an earlier interrupted removal go too.
+std::vector<std::string> remove_iteration_dirs(const std::string& dir, std::vector<fs::path> doomed) {
   static constexpr const char* kRemovingSuffix = ".removing";
-  std::set<std::string> keep = {fs::path(checkpoint_dir(dir, keep_tag)).filename().string()};
-  if (const std::optional<std::string> latest = read_latest(dir))
-    keep.insert(fs::path(checkpoint_dir(dir, *latest)).filename().string());
-  auto is_iteration_dir = [](const std::string& n) {
-    if (n.size() <= 5 || n.rfind("iter_", 0) != 0) return false;
-    return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
-  };
-  std::vector<fs::path> doomed, leftovers;
+  std::vector<fs::path> leftovers;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (!e.is_directory()) continue;
     const std::string n = e.path().filename().string();
-    if (is_iteration_dir(n) && keep.count(n) == 0) doomed.push_back(e.path());
     if (n.size() > std::strlen(kRemovingSuffix) && n.ends_with(kRemovingSuffix)) leftovers.push_back(e.path());
   }
   std::sort(doomed.begin(), doomed.end());
   std::vector<std::string> removed;
   for (const fs::path& p : leftovers) fs::remove_all(p);
   for (const fs::path& p : doomed) {
-    // Out of the iter_* namespace first (one rename), then the slow part.
     const fs::path gone = p.string() + kRemovingSuffix;
     fs::remove_all(gone);
     fs::rename(p, gone);
@@ -390,6 +391,56 @@ std::vector<std::string> remove_older_checkpoints(const std::string& dir, const 
   }
   if (!doomed.empty()) fsync_directory(dir);
   return removed;
+}
+
+// (iteration, directory name) of the complete iter_* checkpoints of `dir`, ascending.
+std::vector<std::pair<int64_t, std::string>> complete_iteration_dirs(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!is_iteration_dir_name(n) || n.size() > 24) continue;
+    if (file_size_or_missing((e.path() / kIndexFileName).string()) < 0) continue;  // not complete
+    out.emplace_back(std::stoll(n.substr(5)), n);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string latest_dir_name(const std::string& dir) {
+  const std::optional<std::string> latest = read_latest(dir);
+  return latest ? fs::path(checkpoint_dir(dir, *latest)).filename().string() : std::string();
+}
+
+}  // namespace
+
+std::vector<std::string> remove_older_checkpoints(const std::string& dir, const std::string& keep_tag) {
+  const std::set<std::string> keep = {fs::path(checkpoint_dir(dir, keep_tag)).filename().string(),
+                                      latest_dir_name(dir)};
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && is_iteration_dir_name(n) && keep.count(n) == 0) doomed.push_back(e.path());
+  }
+  return remove_iteration_dirs(dir, std::move(doomed));
+}
+
+std::vector<std::string> remove_checkpoints_beyond(const std::string& dir, int64_t keep) {
+  MDLM_CHECK(keep >= 1, "--keep-last-n-checkpoints must keep at least one checkpoint, got ", keep);
+  const auto complete = complete_iteration_dirs(dir);  // ascending
+  const std::string latest = latest_dir_name(dir);
+  std::vector<fs::path> doomed;
+  const size_t n = complete.size(), kept = static_cast<size_t>(std::min<int64_t>(keep, static_cast<int64_t>(n)));
+  for (size_t i = 0; i + kept < n; ++i)
+    if (complete[i].second != latest) doomed.push_back(fs::path(dir) / complete[i].second);
+  return remove_iteration_dirs(dir, std::move(doomed));
+}
+
+std::vector<int64_t> list_checkpoint_iterations(const std::string& dir) {
+  std::vector<int64_t> out;
+  for (const auto& [iteration, name] : complete_iteration_dirs(dir)) out.push_back(iteration);
+  return out;
 }
 
 // ------------------------------------------------------------------------------------ reader
@@ -402,7 +453,18 @@ std::optional<std::string> find_checkpoint(const std::string& dir, std::optional
     return path;
   }
   const std::optional<std::string> latest = read_latest(dir);
-  if (!latest) return std::nullopt;
+  if (!latest) {
+    const std::vector<int64_t> found = list_checkpoint_iterations(dir);
+    if (found.empty()) return std::nullopt;
+    std::string names;
+    for (size_t i = 0; i < found.size() && i < 8; ++i)
+      names += (i ? ", " : "") + iteration_dir_name(found[i]);
+    if (found.size() > 8) names += ", ... (" + std::to_string(found.size()) + " in all)";
+    MDLM_FAIL(dir, " has no ", kLatestFileName, " but holds the checkpoint(s) ", names,
+              ": starting from scratch would overwrite them. Pick one with --ckpt-step (the newest: "
+              "--ckpt-step ", found.back(), "), or restore ", kLatestFileName, " (it holds the iteration "
+              "number)");
+  }
   const std::string path = checkpoint_dir(dir, *latest);
   if (!fs::is_directory(path))
     MDLM_FAIL((fs::path(dir) / kLatestFileName).string(), " names ", *latest, ", but ", path,

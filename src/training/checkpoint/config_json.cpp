@@ -1,4 +1,5 @@
 #include "megadlm/training/checkpoint/config_json.h"
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
 
@@ -43,6 +44,15 @@ const EnumNames<WsdDecayStyle> kWsd{{{WsdDecayStyle::Exponential, "exponential"}
                                      {WsdDecayStyle::Linear, "linear"},
                                      {WsdDecayStyle::Cosine, "cosine"}}};
 const EnumNames<DeviceKind> kDevice{{{DeviceKind::Cpu, "cpu"}, {DeviceKind::Cuda, "cuda"}}};
+const EnumNames<MoeScoreFunction> kScore{{{MoeScoreFunction::Softmax, "softmax"},
+                                          {MoeScoreFunction::Sigmoid, "sigmoid"}}};
+const EnumNames<MoeLoadBalancing> kBalancing{{{MoeLoadBalancing::AuxLoss, "aux_loss"},
+                                              {MoeLoadBalancing::SeqAuxLoss, "seq_aux_loss"},
+                                              {MoeLoadBalancing::Sinkhorn, "sinkhorn"},
+                                              {MoeLoadBalancing::None, "none"},
+                                              {MoeLoadBalancing::ExpertChoice, "softmax_expert_choice"}}};
+const EnumNames<MoeDispatcher> kDispatcher{{{MoeDispatcher::AllGather, "allgather"},
+                                            {MoeDispatcher::AllToAll, "alltoall"}}};
 
 // One table per struct: field name, and how to move it to and from JSON. Keeping both
 // directions on one line makes a forgotten field visible.
@@ -70,6 +80,19 @@ const std::vector<Field<TransformerConfig>>& model_fields() {
       MDLM_FIELD(m, vocab_size), MDLM_FIELD(m, padded_vocab_size), MDLM_FIELD(m, init_method_std),
       MDLM_FIELD(m, attention_dropout), MDLM_FIELD(m, hidden_dropout),
       MDLM_ENUM(m, attention_mask, kMask)};
+  return f;
+}
+
+const std::vector<Field<MoeConfig>>& moe_fields() {
+  static const std::vector<Field<MoeConfig>> f = {
+      MDLM_FIELD(m, num_experts), MDLM_FIELD(m, moe_layers), MDLM_FIELD(m, topk),
+      MDLM_ENUM(m, score, kScore), MDLM_FIELD(m, pre_softmax), MDLM_FIELD(m, num_groups),
+      MDLM_FIELD(m, group_topk), MDLM_FIELD(m, topk_limited_devices),
+      MDLM_ENUM(m, load_balancing, kBalancing), MDLM_FIELD(m, aux_loss_coeff),
+      MDLM_FIELD(m, z_loss_coeff), MDLM_FIELD(m, expert_bias), MDLM_FIELD(m, bias_update_rate),
+      MDLM_FIELD(m, pad_to_capacity), MDLM_FIELD(m, batch_level_expert_choice),
+      MDLM_FIELD(m, ffn_hidden_size), MDLM_FIELD(m, shared_expert_size), MDLM_FIELD(m, grouped_gemm),
+      MDLM_ENUM(m, dispatcher, kDispatcher)};
   return f;
 }
 
@@ -148,11 +171,19 @@ std::string show(const json& v) { return v.is_string() ? v.get<std::string>() : 
 std::string run_config_to_json(const RunConfig& c) {
   json j;
   j["model"] = to_json(c.model, model_fields());
+  j["moe"] = to_json(c.model.moe, moe_fields());
   j["diffusion"] = to_json(c.diffusion, diffusion_fields());
   j["optimizer"] = to_json(c.optimizer, optimizer_fields());
   j["training"] = to_json(c.training, training_fields());
   j["data"] = to_json(c.data, data_fields());
   j["parallel"] = to_json(c.parallel, parallel_fields());
+  // JSON has no NaN: it would be written as null and make the checkpoint unloadable. Validation
+  // refuses non-finite flags; a configuration built in code is refused here, naming the field.
+  for (const auto& [section, fields] : j.items())
+    for (const auto& [name, value] : fields.items())
+      if (value.is_number_float() && !std::isfinite(value.get<double>()))
+        MDLM_FAIL("the run configuration holds a non-finite ", section, ".", name, " (", value.get<double>(),
+                  "); a checkpoint of it could not be read back");
   return j.dump(2);
 }
 
@@ -163,6 +194,7 @@ RunConfig run_config_from_json(const std::string& text, const std::string& where
     if (!j.is_object() || !j.contains("model"))
       MDLM_FAIL(where, ": no run configuration (expected an object with a \"model\" section)");
     from_json(j, c.model, model_fields(), "model");
+    from_json(j, c.model.moe, moe_fields(), "moe");
     from_json(j, c.diffusion, diffusion_fields(), "diffusion");
     from_json(j, c.optimizer, optimizer_fields(), "optimizer");
     from_json(j, c.training, training_fields(), "training");
@@ -213,6 +245,23 @@ std::vector<ConfigMismatch> compare_run_configs(const RunConfig& saved, const Ru
   for (const Rule& r : rules) {
     if (a.value(r.field, json()) == b.value(r.field, json())) continue;
     out.push_back({r.flag, show(a.value(r.field, json())), show(b.value(r.field, json())), r.fatal});
+  }
+  // Mixture of experts: which layers hold experts and their shapes decide the tensors; the
+  // router settings change the function, not the weights.
+  const json ma = to_json(saved.model.moe, moe_fields()), mb = to_json(current.model.moe, moe_fields());
+  const Rule moe_rules[] = {
+      {"num_experts", "--num-experts", true},
+      {"moe_layers", "--moe-layer-freq", true},
+      {"ffn_hidden_size", "--moe-ffn-hidden-size", true},
+      {"shared_expert_size", "--moe-shared-expert-intermediate-size", true},
+      {"topk", "--moe-router-topk", false},
+      {"score", "--moe-router-score-function", false},
+      {"load_balancing", "--moe-router-load-balancing-type", false},
+      {"expert_bias", "--moe-router-enable-expert-bias", false},
+  };
+  for (const Rule& r : moe_rules) {
+    if (ma.value(r.field, json()) == mb.value(r.field, json())) continue;
+    out.push_back({r.flag, show(ma.value(r.field, json())), show(mb.value(r.field, json())), r.fatal});
   }
   if (saved.diffusion.mode != current.diffusion.mode)
     out.push_back({"--model-running-mode", kMode.to_str(saved.diffusion.mode),

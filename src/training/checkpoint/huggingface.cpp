@@ -90,6 +90,20 @@ HfArchitecture hf_architecture_for(const TransformerConfig& m) {
   if (m.add_bias_linear) no("its linear layers have biases (needs `--disable-bias-linear`)");
   if (!m.qk_layernorm && m.kv_channels * m.num_attention_heads != m.hidden_size)
     no("Qwen2 (no `--qk-layernorm`) needs `--kv-channels` = hidden size / heads");
+  if (m.moe.enabled()) {
+    // Qwen3-MoE: softmax top-k over the experts, optionally renormalised, dropless, no extras.
+    const MoeConfig& e = m.moe;
+    if (!m.qk_layernorm) no("a mixture of experts exports as Qwen3-MoE, which needs `--qk-layernorm`");
+    if (e.score != MoeScoreFunction::Softmax) no("its router scores are sigmoids (Qwen3-MoE: softmax)");
+    if (e.load_balancing == MoeLoadBalancing::Sinkhorn || e.load_balancing == MoeLoadBalancing::ExpertChoice)
+      no("its routing is not top-k per token (Qwen3-MoE routes each token to its top-k experts)");
+    if (e.topk_scaling_factor && *e.topk_scaling_factor != 1.0f) no("its routing weights are scaled (`--moe-router-topk-scaling-factor`)");
+    if (e.num_groups > 0 || e.topk_limited_devices > 0) no("its routing is group-limited");
+    if (e.expert_bias) no("its router has an expert bias (`--moe-router-enable-expert-bias`)");
+    if (e.capacity_factor) no("it drops tokens (`--moe-expert-capacity-factor`; Qwen3-MoE is dropless)");
+    if (e.shared_expert_size > 0) no("it has shared experts (Qwen3-MoE has none)");
+    return HfArchitecture::Qwen3Moe;
+  }
   return m.qk_layernorm ? HfArchitecture::Qwen3 : HfArchitecture::Qwen2;
 }
 
@@ -97,10 +111,18 @@ std::string hf_tensor_name(const std::string& ours) {
   for (const auto& [a, b] : kGlobalNames)
     if (ours == a) return b;
   static const std::regex layer(R"(decoder\.layers\.(\d+)\.(.+))");
-  std::smatch m;
-  if (std::regex_match(ours, m, layer))
+  static const std::regex expert(R"(mlp\.experts\.(\d+)\.(linear_fc1_gate|linear_fc1_up|linear_fc2)\.weight)");
+  std::smatch m, e;
+  if (std::regex_match(ours, m, layer)) {
+    const std::string local = m[2].str();
     for (const auto& [a, b] : kLayerNames)
-      if (m[2] == a) return "model.layers." + m[1].str() + "." + b;
+      if (local == a) return "model.layers." + m[1].str() + "." + b;
+    if (local == "mlp.router.weight") return "model.layers." + m[1].str() + ".mlp.gate.weight";
+    if (std::regex_match(local, e, expert)) {
+      const std::string part = e[2] == "linear_fc1_gate" ? "gate_proj" : e[2] == "linear_fc1_up" ? "up_proj" : "down_proj";
+      return "model.layers." + m[1].str() + ".mlp.experts." + e[1].str() + "." + part + ".weight";
+    }
+  }
   MDLM_FAIL("parameter ", ours, " has no Hugging Face name");
 }
 
@@ -108,20 +130,45 @@ std::optional<std::string> megadlm_tensor_name(const std::string& hf) {
   for (const auto& [a, b] : kGlobalNames)
     if (hf == b) return std::string(a);
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
-  std::smatch m;
-  if (std::regex_match(hf, m, layer))
+  static const std::regex expert(R"(mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight)");
+  std::smatch m, e;
+  if (std::regex_match(hf, m, layer)) {
+    const std::string local = m[2].str();
     for (const auto& [a, b] : kLayerNames)
-      if (m[2] == b) return "decoder.layers." + m[1].str() + "." + a;
+      if (local == b) return "decoder.layers." + m[1].str() + "." + a;
+    if (local == "mlp.gate.weight") return "decoder.layers." + m[1].str() + ".mlp.router.weight";
+    if (std::regex_match(local, e, expert)) {
+      const std::string part = e[2] == "gate_proj" ? "linear_fc1_gate" : e[2] == "up_proj" ? "linear_fc1_up" : "linear_fc2";
+      return "decoder.layers." + m[1].str() + ".mlp.experts." + e[1].str() + "." + part + ".weight";
+    }
+  }
   return std::nullopt;
 }
 
 std::string hf_config_json(const RunConfig& c, DType dtype) {
   const TransformerConfig& m = c.model;
   const HfArchitecture arch = hf_architecture_for(m);
-  const bool qwen3 = arch == HfArchitecture::Qwen3;
+  const bool moe = arch == HfArchitecture::Qwen3Moe;
+  const bool qwen3 = arch == HfArchitecture::Qwen3 || moe;
   json j;
-  j["architectures"] = {qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"};
-  j["model_type"] = qwen3 ? "qwen3" : "qwen2";
+  j["architectures"] = {moe ? "Qwen3MoeForCausalLM" : qwen3 ? "Qwen3ForCausalLM" : "Qwen2ForCausalLM"};
+  j["model_type"] = moe ? "qwen3_moe" : qwen3 ? "qwen3" : "qwen2";
+  if (moe) {
+    // Layer i is sparse in Qwen3-MoE iff i is not in mlp_only_layers and (i + 1) % step == 0:
+    // step 1 and the dense layers listed say exactly what --moe-layer-freq said.
+    const MoeConfig& e = m.moe;
+    j["num_experts"] = e.num_experts;
+    j["num_experts_per_tok"] = e.topk;
+    j["moe_intermediate_size"] = e.ffn_hidden_size;
+    j["norm_topk_prob"] = !e.pre_softmax;
+    j["decoder_sparse_step"] = 1;
+    json dense = json::array();
+    for (int l = 0; l < m.num_layers; ++l)
+      if (!e.is_moe_layer(l)) dense.push_back(l);
+    j["mlp_only_layers"] = dense;
+    j["router_aux_loss_coef"] = static_cast<double>(e.aux_loss_coeff);
+    j["output_router_logits"] = false;
+  }
   j["vocab_size"] = m.padded_vocab_size;
   j["hidden_size"] = m.hidden_size;
   j["intermediate_size"] = m.ffn_hidden_size;
@@ -162,9 +209,9 @@ RunConfig run_config_from_hf(const std::string& text, const std::string& where) 
   TransformerConfig& m = c.model;
   try {
     const std::string type = j.value("model_type", std::string());
-    if (type != "qwen2" && type != "qwen3")
-      MDLM_FAIL(where, ": model_type '", type, "' is not supported; megadlm imports qwen2 and qwen3");
-    const bool qwen3 = type == "qwen3";
+    if (type != "qwen2" && type != "qwen3" && type != "qwen3_moe")
+      MDLM_FAIL(where, ": model_type '", type, "' is not supported; megadlm imports qwen2, qwen3 and qwen3_moe");
+    const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
     if (j.value("hidden_act", std::string("silu")) != "silu")
       MDLM_FAIL(where, ": hidden_act '", j.at("hidden_act").get<std::string>(), "' is not supported; valid: silu");
     if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
@@ -201,6 +248,22 @@ RunConfig run_config_from_hf(const std::string& text, const std::string& where) 
     m.hidden_dropout = 0.0f;
     m.attention_mask = AttentionMaskType::NoMask;
     m.seq_length = std::min(m.max_position_embeddings, 2048);
+    if (type == "qwen3_moe" && j.value("num_experts", 0) > 0) {
+      MoeConfig& e = m.moe;
+      e.num_experts = j.at("num_experts").get<int>();
+      e.topk = j.value("num_experts_per_tok", 8);
+      e.ffn_hidden_size = j.at("moe_intermediate_size").get<int>();
+      e.pre_softmax = !j.value("norm_topk_prob", false);
+      e.aux_loss_coeff = static_cast<float>(j.value("router_aux_loss_coef", 0.001));
+      const int step = j.value("decoder_sparse_step", 1);
+      if (step < 1) MDLM_FAIL(where, ": decoder_sparse_step ", step, " must be >= 1");
+      std::set<int> dense;
+      if (j.contains("mlp_only_layers") && j.at("mlp_only_layers").is_array())
+        for (const auto& l : j.at("mlp_only_layers")) dense.insert(l.get<int>());
+      for (int l = 0; l < m.num_layers; ++l)
+        e.moe_layers.push_back(dense.count(l) == 0 && (l + 1) % step == 0);
+      if (e.num_moe_layers() == 0) e.num_experts = 0;  // every layer dense: a plain Qwen3
+    }
     c.diffusion.mask_token = -1;  // unknown unless recorded
     if (j.contains("megadlm") && j.at("megadlm").is_object()) {
       const json& x = j.at("megadlm");
@@ -247,7 +310,7 @@ void export_hf(const CheckpointReader& reader, const std::string& out_dir, const
     if ((q || k || v) && arch == HfArchitecture::Qwen2 && !cfg.model.add_qkv_bias)
       add(hf_tensor_name(d.name.substr(0, d.name.size() - 6) + "bias"),
           Tensor::zeros({d.shape[0]}, tensors.back().t.dtype(), Stream::cpu()));
-    if (d.name.find("linear_proj.weight") != std::string::npos && arch == HfArchitecture::Qwen3 &&
+    if (d.name.find("linear_proj.weight") != std::string::npos && arch != HfArchitecture::Qwen2 &&
         cfg.model.add_qkv_bias)  // Qwen3's attention_bias covers o_proj too
       add(hf_tensor_name(d.name.substr(0, d.name.size() - 6) + "bias"),
           Tensor::zeros({d.shape[0]}, tensors.back().t.dtype(), Stream::cpu()));

@@ -43,9 +43,11 @@ ParamPlacement placement_of(const ParamDesc& d) {
 }
 
 StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& optimizer,
-                             bool writer, bool moments, const Stream& stream) {
+                             bool writer, bool moments, const Stream& stream,
+                             std::optional<bool> expert_writer) {
   StateSnapshot snap;
-  if (!writer) return snap;
+  const bool experts = expert_writer.value_or(writer);
+  if (!writer && !experts) return snap;
   auto buffers = std::make_shared<HostBuffers>();
   // Always a copy (even on the host): an asynchronous save writes while training goes on. The
   // masters may be views of the model weights (fp32 weights): copied range by range.
@@ -71,7 +73,7 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
   };
   for_each_owned_piece(store, optimizer,
                        [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
-                         if (!pl.primary) return;
+                         if (!pl.primary || !(d.expert ? experts : writer)) return;
                          const DType dt = buffers->master.dtype();
                          snap.pieces.push_back({kModelPrefix + d.name, pl.global_shape, region, dt,
                                                 at(buffers->master, c), false});

@@ -213,3 +213,67 @@ TEST(CheckpointLayouts, AllRanksWithTheDistributedOptimizerAndHalvesWithoutExcha
 TEST(CheckpointLayouts, HalvesWithTheDistributedOptimizerAndAllRanksWithoutExchangeCheckpoints) {
   save_and_load_across(false);
 }
+
+// Experts are stored by their global index: a checkpoint saved with EP = world (every rank
+// writing its own experts, and the expert biases) loads with EP = 1 (one process) and EP = 2
+// (each half of the ranks, on 4), holds the same tensors bit for bit, and continues as the
+// uninterrupted run.
+TEST(CheckpointLayouts, ExpertParallelCheckpointsLoadUnderOtherExpertLayouts) {
+  comm::DistributedRuntime& rt = runtime();
+  const int world = rt.world().size(), rank = rt.world().rank();
+  constexpr int64_t kIters = 6, kStop = 3;
+  SharedTempDir dir(rt.world());
+  auto moe_run = [&](int ranks, int ep) {
+    RunConfig r = tiny_run(ranks, false, kIters);
+    test::make_moe(r, 8, 2);
+    r.model.moe.dispatcher = MoeDispatcher::AllToAll;
+    r.model.moe.expert_bias = true;
+    r.model.moe.score = MoeScoreFunction::Sigmoid;
+    r.model.moe.bias_update_rate = 0.01f;
+    r.parallel.expert_model_parallel_size = ep;
+    r.parallel.expert_data_parallel_size = ranks / ep;
+    return r;
+  };
+  const RunConfig a = moe_run(world, world);
+  Job job_a(rt.world_shared(), a.parallel);
+  const auto straight = train(a, job_a.groups.get());
+  RunConfig save_a = a;
+  save_a.checkpoint.save = dir / "ep";
+  save_a.training.exit_interval = kStop;
+  train(save_a, job_a.groups.get());
+  rt.world().barrier(Stream::cpu());
+  {
+    checkpoint::CheckpointReader reader(*checkpoint::find_checkpoint(dir / "ep", std::nullopt));
+    EXPECT_TRUE(reader.has_tensor("model/decoder.layers.1.mlp.experts.7.linear_fc2.weight"));
+    EXPECT_TRUE(reader.has_tensor("moe_state/expert_bias/decoder.layers.0"));
+  }
+  std::vector<std::pair<int, std::shared_ptr<comm::Communicator>>> targets = {{1, nullptr}};
+  std::shared_ptr<comm::Communicator> half;
+  if (world == 4) {
+    half = std::shared_ptr<comm::Communicator>(rt.world().split(rank / 2, rank, "half"));
+    targets.push_back({2, half});
+  }
+  for (const auto& [ep, comm] : targets) {
+    const int ranks = comm ? comm->size() : 1;
+    const RunConfig b = moe_run(ranks, ep);
+    std::unique_ptr<Job> job_b;
+    if (comm) job_b = std::make_unique<Job>(comm, b.parallel);
+    const parallel::ProcessGroups* groups = job_b ? job_b->groups.get() : nullptr;
+    // One copy per job: per rank for the single processes, per half for the 2-rank jobs.
+    const std::string copy = "ep_as_ep" + std::to_string(ep) + (comm ? "_half" + std::to_string(rank / 2)
+                                                                      : "_rank" + std::to_string(rank));
+    {
+      RunConfig load_b = b;
+      load_b.checkpoint.load = dir / "ep";
+      load_b.checkpoint.save = dir / copy;
+      auto t = make_trainer(load_b, groups);
+      t->save_checkpoint();
+    }
+    if (!comm || comm->rank() == 0) expect_same_tensors(dir / "ep", dir / copy);
+    RunConfig load_b = b;
+    load_b.checkpoint.load = dir / "ep";
+    expect_close(train(load_b, groups), straight, "saved under EP " + std::to_string(world) +
+                                                      ", continued under EP " + std::to_string(ep));
+    rt.world().barrier(Stream::cpu());
+  }
+}

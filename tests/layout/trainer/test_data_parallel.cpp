@@ -1,4 +1,4 @@
-// Layout equivalence for data parallelism (ARCHITECTURE.md promise 1), as an SPMD program under
+// Layout equivalence for data parallelism (docs/architecture.md promise 1), as an SPMD program under
 // mpirun: every rank trains the tiny diffusion LM with DP = world size and, on its own, the
 // single-process reference (DP = 1) with the same global batch; the per-iteration losses and
 // gradient norms must agree to 1e-5 (relative) for plain DDP, overlapped bucket reduction and

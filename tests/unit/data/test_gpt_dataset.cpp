@@ -1,6 +1,7 @@
 // GPT sample construction: Megatron's indices (numpy RandomState shuffles), coverage of an
 // epoch, determinism under the seed, the index cache, --split and blending.
 #include <gtest/gtest.h>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -236,6 +237,33 @@ TEST(BuildGptDatasets, SplitsAndBlendsDrawFromTheRightFiles) {
   auto s2 = build_gpt_datasets(per, {100, 10, std::nullopt}, o);
   EXPECT_TRUE(s2.train() && s2.valid());
   EXPECT_FALSE(s2.test());
+}
+
+// Issue 17 item 7: --renormalize-blend-weights weighs each dataset by the samples it was asked
+// for (Megatron-Core's sizes_per_dataset: ceil(n * w * 1.005)), not by the whole epochs it
+// built. Both datasets here build one epoch of the same size, so weighing by built samples
+// would turn the 0.3/0.7 blend into 200/200.
+TEST(BuildGptDatasets, RenormalizedBlendWeightsAreTheRequestedSampleCounts) {
+  const std::string dir = temp_dir("renormalize");
+  std::vector<int32_t> many(200, 20);
+  make_dataset(dir + "/a", many);
+  make_dataset(dir + "/b", many);
+  GptDatasetOptions o;
+  o.seq_length = 8;
+  o.renormalize_blend_weights = true;
+  DataSources src;
+  src.blend = parse_blend({"0.3", dir + "/a", "0.7", dir + "/b"}, "--data-path");
+  src.split = "90,10,0";
+  auto splits = build_gpt_datasets(src, {400, 20, std::nullopt}, o);
+  auto* blend = dynamic_cast<const BlendedDataset*>(splits.train().get());
+  ASSERT_NE(blend, nullptr);
+  const int64_t asked_a = 121, asked_b = 282;  // ceil(400 * 0.3 * 1.005), ceil(400 * 0.7 * 1.005)
+  ASSERT_EQ(blend->size(), 400);
+  int64_t from_a = 0;
+  for (int16_t d : blend->dataset_index()) from_a += d == 0;
+  // Greedy blending keeps every prefix within one sample of its share.
+  const double share_a = 400.0 * asked_a / (asked_a + asked_b);  // 120.1
+  EXPECT_LE(std::abs(static_cast<double>(from_a) - share_a), 1.0) << from_a << " samples from a";
 }
 
 TEST(BuildGptDatasets, TokenIdsOutsideTheVocabularyStopTheBuild) {

@@ -67,6 +67,23 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
             test::kFiniteDiffRelTolF64);
 }
 
+TEST(SwiGlu, BackwardRecomputeGivesTheBackwardAndTheForward) {
+  // One pass over x for both: dx of swiglu_backward and y of swiglu_forward, bit for bit.
+  Stream s = Stream::cpu();
+  const int64_t rows = 5, f = 6;
+  const Tensor x = test::random_tensor({rows, 2 * f}, 13, DType::F32, -4.0f, 4.0f);
+  const Tensor dy = test::random_tensor({rows, f}, 14);
+  Tensor dx = Tensor::empty({rows, 2 * f}, DType::F32, s), y = Tensor::empty({rows, f}, DType::F32, s);
+  ops::swiglu_backward_recompute(dy, x, dx, y, s);
+  Tensor want_dx = Tensor::empty({rows, 2 * f}, DType::F32, s), want_y = Tensor::empty({rows, f}, DType::F32, s);
+  ops::swiglu_backward(dy, x, want_dx, s);
+  ops::swiglu_forward(x, want_y, s);
+  EXPECT_EQ(dx.to_floats(s), want_dx.to_floats(s));
+  EXPECT_EQ(y.to_floats(s), want_y.to_floats(s));
+  Tensor wrong = Tensor::empty({rows, 2 * f}, DType::F32, s);
+  EXPECT_THROW(ops::swiglu_backward_recompute(dy, x, dx, wrong, s), Error);
+}
+
 TEST(SwiGlu, F32AgreesWithF64) {
   Stream s = Stream::cpu();
   Tensor x32 = test::random_tensor({5, 12}, 5, DType::F32, -4.0f, 4.0f);

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/elementwise.h"
 #include "ops/attention_dropout_mask.h"
 #include "ops/cpu/cpu_ops.h"
 #include "support/attention_cases.h"
@@ -594,4 +595,31 @@ TEST(Attention, DocumentIdsKeepPackedDocumentsApart) {
       EXPECT_EQ(test::to_doubles(rows(dv, lo, hi, 1, 4)), test::to_doubles(dvp)) << "document " << part;
     }
   }
+}
+
+TEST(Attention, PackedQkvEqualsSeparateTensors) {
+  // The packed entries read q, k, v from one [B, S, (Hq + 2 Hkv) D] buffer and write dq, dk, dv
+  // into one: the same numbers as the separate-tensor op on the split columns.
+  const Stream s = Stream::cpu();
+  const Case c{2, 9, 4, 2, 8, AttentionMask::Causal};
+  const AttentionArgs a = args_of(c);
+  const int64_t t = c.batch * c.seq, width = (c.heads + 2 * c.kv_heads) * c.dim;
+  const Tensor qkv = test::random_tensor({t, width}, 71, DType::F32, -2.0f, 2.0f);
+  Tensor q = Tensor::empty({t, c.heads * c.dim}, DType::F32, s), k = Tensor::empty({t, c.kv_heads * c.dim}, DType::F32, s);
+  Tensor v = Tensor::empty({t, c.kv_heads * c.dim}, DType::F32, s);
+  ops::split_columns(qkv, {&q, &k, &v}, s);
+  Tensor out = poisoned(q_shape(c), DType::F32), lse = poisoned(lse_shape(c), DType::F32);
+  Tensor out_p = poisoned(q_shape(c), DType::F32), lse_p = poisoned(lse_shape(c), DType::F32);
+  ops::attention_forward(q, k, v, out, lse, a, s);
+  ops::attention_forward_packed(qkv, out_p, lse_p, a, s);
+  EXPECT_EQ(out.to_floats(s), out_p.to_floats(s));
+  EXPECT_EQ(lse.to_floats(s), lse_p.to_floats(s));
+  const Tensor dout = test::random_tensor(q_shape(c), 72);
+  Tensor dq = poisoned(q_shape(c), DType::F32), dk = poisoned(kv_shape(c), DType::F32), dv = poisoned(kv_shape(c), DType::F32);
+  ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, a, s);
+  Tensor dqkv = poisoned({t, width}, DType::F32), want = Tensor::empty({t, width}, DType::F32, s);
+  ops::attention_backward_packed(dout, qkv, out, lse, dqkv, a, s);
+  Tensor dq2 = dq.view({t, c.heads * c.dim}), dk2 = dk.view({t, c.kv_heads * c.dim}), dv2 = dv.view({t, c.kv_heads * c.dim});
+  ops::concat_columns({&dq2, &dk2, &dv2}, want, s);
+  EXPECT_EQ(dqkv.to_floats(s), want.to_floats(s));
 }

@@ -1,6 +1,6 @@
 // Dropout keyed by global coordinates: the documented counter layout (checked against Philox
-// directly), keep rate, scaling, determinism, layout invariance (row, position and column splits),
-// the exact p = 0 path, and backward as the same mask.
+// directly), keep rate, scaling, determinism, layout invariance (row, position and column splits,
+// context-parallel chunk maps), the exact p = 0 path, and backward as the same mask.
 #include <gtest/gtest.h>
 #include <cmath>
 #include "megadlm/core/philox.h"
@@ -118,7 +118,7 @@ TEST(Dropout, IsDeterministicAndChangesWithSeedOrSite) {
   EXPECT_GT(differing(mask_of(16, 32, other_site)), 150);
 }
 
-// The promise of ARCHITECTURE.md: an element is dropped or kept whichever rank holds it. The full
+// The promise of docs/architecture.md: an element is dropped or kept whichever rank holds it. The full
 // tensor is 2 samples x 8 positions x 12 columns; each split below is one way a parallel layout
 // (data parallel rows, context parallel positions, tensor parallel columns) cuts it.
 TEST(Dropout, MaskIsTheSameHoweverRowsPositionsOrColumnsAreSplit) {
@@ -185,4 +185,28 @@ TEST(Dropout, BackwardMatchesFiniteDifferences) {
   // The residual's gradient is dy itself.
   EXPECT_LT(test::rel_l2(test::to_doubles(dy), test::finite_difference(res, loss)),
             test::kFiniteDiffRelTolF64);
+}
+
+TEST(Dropout, ContextParallelShardsDropWhatTheWholeSequenceDrops) {
+  // Two samples of 8 positions; CP rank 1 of 2 holds positions 2..5 of each (chunks 1 and 2).
+  // Its 8 local rows, with the chunk map, drop exactly the elements of those global rows.
+  const ops::DropoutArgs whole{.p = 0.5f, .seed = 77, .site = 2, .seq_len = 8, .sample_offset = 4};
+  const int64_t cols = 12;
+  const std::vector<double> full = mask_of(16, cols, whole);
+  ops::DropoutArgs shard = whole;
+  shard.seq_len = 4;
+  shard.chunks = ops::ChunkMap{2, 1, 2};
+  // With SP on top the rows are cut again: rows 4.. of the shard are row_offset 4.
+  for (int64_t row_offset : {0, 4}) {
+    shard.row_offset = row_offset;
+    const int64_t rows = 8 - row_offset;
+    const std::vector<double> local = mask_of(rows, cols, shard);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t g = row_offset + r;                    // row of the shard
+      const int64_t full_row = (g / 4) * 8 + 2 + g % 4;  // sample g / 4, position 2 + g % 4
+      for (int64_t c = 0; c < cols; ++c)
+        EXPECT_EQ(local[static_cast<size_t>(r * cols + c)], full[static_cast<size_t>(full_row * cols + c)])
+            << "shard row " << g << ", column " << c;
+    }
+  }
 }

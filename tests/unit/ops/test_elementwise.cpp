@@ -76,3 +76,24 @@ TEST(ConcatColumns, RejectsPartsWhoseWidthsDoNotAddUp) {
   Tensor a = Tensor::zeros({2, 2}, DType::F32, s), out = Tensor::zeros({2, 3}, DType::F32, s);
   EXPECT_THROW(ops::concat_columns({&a}, out, s), Error);
 }
+
+TEST(GatherRows, PicksTheIndexedRowsInOrder) {
+  Stream s = Stream::cpu();
+  Tensor x = Tensor::from_floats({0, 1, 10, 11, 20, 21}, {3, 2});
+  Tensor idx = Tensor::from_ints({2, 0, 2, 1}, {4});
+  Tensor out = Tensor::empty({4, 2}, DType::F32, s);
+  ops::gather_rows(x, idx, out, s);
+  EXPECT_EQ(out.to_floats(s), (std::vector<float>{20, 21, 0, 1, 20, 21, 10, 11}));
+}
+
+TEST(GatherRows, MovesIntegerRowsAndRejectsIndicesOutsideTheSource) {
+  Stream s = Stream::cpu();
+  Tensor x = Tensor::from_ints({5, 6, 7}, {3, 1});
+  Tensor out = Tensor::empty({2, 1}, DType::I32, s);
+  ops::gather_rows(x, Tensor::from_ints({1, 2}, {2}), out, s);
+  EXPECT_EQ(out.data<int32_t>()[0], 6);
+  EXPECT_EQ(out.data<int32_t>()[1], 7);
+  EXPECT_THROW(ops::gather_rows(x, Tensor::from_ints({3, 0}, {2}), out, s), Error);
+  Tensor wide = Tensor::empty({2, 2}, DType::I32, s);
+  EXPECT_THROW(ops::gather_rows(x, Tensor::from_ints({0, 1}, {2}), wide, s), Error);
+}

@@ -217,3 +217,37 @@ TEST(LayerNorm, BackwardWritesDxAndAccumulatesDweightAndDbias) {
     EXPECT_NEAR(gb[static_cast<size_t>(c)], sum, 1e-6);
   }
 }
+
+TEST(AddRmsNorm, ForwardIsAddThenNormAndBackwardAddsTheResidualGradient) {
+  // The fused residual forms against their definitions, and their gradients against finite
+  // differences of L = <dy, y> + <dsum, sum> (both outputs of the forward carry gradient).
+  Stream s = Stream::cpu();
+  const int64_t rows = 5, cols = 7;
+  Tensor x = test::random_tensor({rows, cols}, 31, DType::F64), r = test::random_tensor({rows, cols}, 32, DType::F64);
+  Tensor w = test::random_tensor({cols}, 33, DType::F64, 0.5f, 1.5f);
+  Tensor sum = Tensor::empty({rows, cols}, DType::F64, s), y = Tensor::empty({rows, cols}, DType::F64, s);
+  Tensor rstd = Tensor::empty({rows}, DType::F64, s);
+  ops::add_rms_norm_forward(x, r, w, sum, y, rstd, 1e-5f, s);
+  Tensor want_sum = Tensor::empty({rows, cols}, DType::F64, s), want_y = Tensor::empty({rows, cols}, DType::F64, s);
+  Tensor want_rstd = Tensor::empty({rows}, DType::F64, s);
+  ops::add(x, r, want_sum, s);
+  ops::rms_norm_forward(want_sum, w, want_y, want_rstd, 1e-5f, s);
+  EXPECT_EQ(test::to_doubles(sum), test::to_doubles(want_sum));
+  EXPECT_EQ(test::to_doubles(y), test::to_doubles(want_y));
+
+  const Tensor dy = test::random_tensor({rows, cols}, 34, DType::F64);
+  const Tensor dsum = test::random_tensor({rows, cols}, 35, DType::F64);
+  auto loss = [&] {
+    Tensor s2 = Tensor::empty({rows, cols}, DType::F64, s), y2 = Tensor::empty({rows, cols}, DType::F64, s);
+    Tensor r2 = Tensor::empty({rows}, DType::F64, s);
+    ops::add_rms_norm_forward(x, r, w, s2, y2, r2, 1e-5f, s);
+    return test::inner(y2, dy) + test::inner(s2, dsum);
+  };
+  // dL/dsum = dsum + norm backward; dL/dx = dL/dresidual = that.
+  Tensor dx = dsum.to(Device::cpu(), DType::F64, s);  // in place: dx is the dresidual tensor
+  Tensor dw = Tensor::zeros({cols}, DType::F64, s);
+  ops::rms_norm_backward_add(dy, sum, w, rstd, dx, dx, dw, s);
+  EXPECT_LT(test::rel_l2(test::to_doubles(dx), test::finite_difference(x, loss)), test::kFiniteDiffRelTolF64);
+  EXPECT_LT(test::rel_l2(test::to_doubles(dx), test::finite_difference(r, loss)), test::kFiniteDiffRelTolF64);
+  EXPECT_LT(test::rel_l2(test::to_doubles(dw), test::finite_difference(w, loss)), test::kFiniteDiffRelTolF64);
+}

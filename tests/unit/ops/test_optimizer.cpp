@@ -98,3 +98,37 @@ TEST(AdamW, WritesTheUpdatedMasterIntoTheModelParamInItsDtype) {
     }
   }
 }
+
+TEST(AdamW, MultiTensorStepEqualsOneStepPerSegment) {
+  // Segments of odd sizes and offsets (state and parameter offsets differ, as under the
+  // distributed optimizer), with and without weight decay, and a gap that must stay untouched.
+  Stream s = Stream::cpu();
+  const int64_t n = 40;
+  const std::vector<ops::AdamWSegment> segs = {
+      {.state_offset = 0, .param_offset = 3, .numel = 7, .decay = true},
+      {.state_offset = 7, .param_offset = 10, .numel = 13, .decay = false},
+      {.state_offset = 25, .param_offset = 25, .numel = 15, .decay = true}};  // state 20..24 unused
+  const ops::AdamWArgs args{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 3};
+  auto state = [&](uint64_t seed) {
+    return std::vector<Tensor>{test::random_tensor({n}, seed), test::random_tensor({n}, seed + 1, DType::F32, -0.1f, 0.1f),
+                               test::random_tensor({n}, seed + 2, DType::F32, -0.01f, 0.01f),
+                               test::random_tensor({n}, seed + 3, DType::F32, 0.0f, 0.001f),
+                               Tensor::zeros({n}, DType::BF16, s)};
+  };
+  std::vector<Tensor> a = state(50), b = state(50);
+  ops::adamw_step_multi(a[0], a[1], a[2], a[3], a[4], segs, args, s);
+  for (const ops::AdamWSegment& g : segs) {
+    Tensor p = b[0].slice_flat(g.state_offset, {g.numel}), gr = b[1].slice_flat(g.state_offset, {g.numel});
+    Tensor m = b[2].slice_flat(g.state_offset, {g.numel}), v = b[3].slice_flat(g.state_offset, {g.numel});
+    Tensor model = b[4].slice_flat(g.param_offset, {g.numel});
+    ops::AdamWArgs one = args;
+    one.weight_decay = g.decay ? args.weight_decay : 0.0f;
+    ops::adamw_step(p, gr, m, v, model, one, s);
+  }
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a[i].to_floats(s), b[i].to_floats(s)) << "buffer " << i;
+  const std::vector<float> untouched = state(50)[0].to_floats(s), after = a[0].to_floats(s);
+  for (int64_t i = 20; i < 25; ++i) EXPECT_EQ(after[static_cast<size_t>(i)], untouched[static_cast<size_t>(i)]);
+  // A segment outside the buffers is rejected.
+  std::vector<ops::AdamWSegment> bad = {{.state_offset = 35, .param_offset = 0, .numel = 10}};
+  EXPECT_THROW(ops::adamw_step_multi(a[0], a[1], a[2], a[3], a[4], bad, args, s), Error);
+}

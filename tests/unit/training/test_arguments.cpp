@@ -150,6 +150,49 @@ std::vector<Row> rows() {
       {"D-1", cmd({"--base-model", "Qwen_2"}), O::Rejected,
        {"`--base-model Qwen_2`: invalid value; valid: vanilla"}},
 
+      // ------------------------------------------------------------------ logging (M-20)
+      {"logging-defaults", cmd(), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Info);
+         EXPECT_FALSE(p.config.logging.all_ranks);
+         EXPECT_EQ(p.config.logging.dir, "");
+         EXPECT_EQ(p.values.at("log_level"), "info");
+         EXPECT_EQ(p.values.at("logging_level"), "None");
+       }},
+      {"logging-flags", cmd({"--log-level", "debug", "--log-all-ranks", "--log-dir", "logs"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Debug);
+         EXPECT_TRUE(p.config.logging.all_ranks);
+         EXPECT_EQ(p.config.logging.dir, "logs");
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);
+       }},
+      {"logging-level-choices", cmd({"--log-level", "verbose"}), O::Rejected,
+       {"`--log-level verbose`: invalid value; valid: trace, debug, info, warning, error"}},
+      // Megatron's --logging-level is a Python threshold: a message shows when its level
+      // (DEBUG 10, INFO 20, WARNING 30, ERROR 40) is at least the threshold.
+      {"logging-python-10", cmd({"--logging-level", "10"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Debug); }},
+      {"logging-python-20", cmd({"--logging-level", "20"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.logging.level, logging::Level::Info);
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);  // no longer "has no effect"
+       }},
+      {"logging-python-25", cmd({"--logging-level", "25"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Warning); }},
+      {"logging-python-40", cmd({"--logging-level", "40"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Error); }},
+      {"M-20-levels-agree", cmd({"--log-level", "warning", "--logging-level", "30"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_EQ(p.config.logging.level, logging::Level::Warning); }},
+      {"M-20", cmd({"--log-level", "debug", "--logging-level", "30"}), O::Rejected,
+       {"give one of `--log-level debug` and `--logging-level 30` (that Python level means "
+        "`--log-level warning`) [M-20]"}},
+      {"M-20-log-dir-is-a-file", cmd({"--log-dir", "/dev/null"}), O::Rejected,
+       {"`--log-dir /dev/null` is a file; give a directory (it is created when missing) [M-20]"}},
+      // ------------------------------------------------------------------ attention backend (M-21)
+      {"M-21", cmd({"--attention-backend", "fused", "--attention-dropout", "0.1"}), O::Rejected,
+       {"`--attention-backend fused` cannot run `--attention-dropout 0.1`"}},
+      {"M-21-auto-keeps-dropout", cmd({"--attention-backend", "auto", "--attention-dropout", "0.1"}),
+       O::Accepted, {}},
+
       // ------------------------------------------------------------------ flag status
       {"V-12", cmd({"--batch-size", "8"}), O::Rejected,
        {"`--batch-size` is no longer a valid flag: use `--micro-batch-size` instead [V-12]"}},
@@ -262,6 +305,18 @@ std::vector<Row> rows() {
                      "to divide the world size 8 (`--world-size 8`) [V-9]"}},
       {"V-10", dry(2, {"--context-parallel-size", "2", "--cp-comm-type", "a2a+p2p"}), O::Rejected,
        {"`--cp-comm-type a2a+p2p` needs `--hierarchical-context-parallel-sizes`", "[V-10]"}},
+      {"M-24", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
+                       "--hierarchical-context-parallel-sizes", "2", "2", "2"}), O::Rejected,
+       {"`--cp-comm-type a2a+p2p` uses two hierarchical levels (the all-to-all size, then the ring "
+        "size), but `--hierarchical-context-parallel-sizes 2 2 2` gives 3; valid: two sizes whose "
+        "product is `--context-parallel-size 8`, e.g. `--hierarchical-context-parallel-sizes 2 4`",
+        "[M-24]"}},
+      {"a2a+p2p-two-levels", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a+p2p",
+                                     "--hierarchical-context-parallel-sizes", "2", "4"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+         EXPECT_EQ(p.config.parallel.hierarchical_context_parallel_sizes, (std::vector<int>{2, 4}));
+       }},
       {"C-21", cmd({"--cp-comm-type", "p2p", "a2a", "p2p"}), O::Rejected,
        {"`--cp-comm-type p2p a2a p2p` gives 3 values; valid: one value, or one per layer (`--num-layers 2`) [C-21]"}},
       {"R-6", dry(8, {"--context-parallel-size", "8", "--cp-comm-type", "a2a"}), O::Rejected,
@@ -567,6 +622,82 @@ std::vector<Row> rows() {
        {"`--moe-router-topk-limited-devices 2` exceeds `--expert-model-parallel-size 1`; valid: 1 to 1 [C-19]"}},
       {"R-4-experts", dry(2, {"--expert-tensor-parallel-size", "2", "--num-experts", "2", "--moe-ffn-hidden-size", "33"}),
        O::Rejected, {"`--expert-tensor-parallel-size 2` does not divide `--moe-ffn-hidden-size 33`", "[R-4]"}},
+      // ---- megadlm's MoE rules (moe_rules.cpp)
+      {"MOE-1", cmd({"--num-experts", "4", "--moe-router-topk", "5"}), O::Rejected,
+       {"`--moe-router-topk 5` must lie in [1, 4] (`--num-experts 4`) [MOE-1]"}},
+      {"R-10", cmd({"--num-experts", "4", "--moe-router-topk", "1"}), O::Rejected,
+       {"`--moe-router-topk 1` needs `--moe-router-pre-softmax`", "[R-10]"}},
+      {"R-10-pre-softmax", cmd({"--num-experts", "4", "--moe-router-topk", "1", "--moe-router-pre-softmax"}),
+       O::Accepted, {}},
+      {"R-10-sigmoid", cmd({"--num-experts", "4", "--moe-router-topk", "1", "--moe-router-score-function", "sigmoid"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.score, MoeScoreFunction::Sigmoid);
+       }},
+      {"MOE-3-divide", cmd({"--num-experts", "6", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"}),
+       O::Rejected, {"`--moe-router-num-groups 4` does not divide `--num-experts 6`; valid: 1, 2, 3, 6 [MOE-3]"}},
+      {"MOE-3-both", cmd({"--num-experts", "8", "--moe-router-num-groups", "4"}), O::Rejected,
+       {"group-limited routing needs both `--moe-router-num-groups` and `--moe-router-group-topk` [MOE-3]"}},
+      {"MOE-3-hold", cmd({"--num-experts", "8", "--moe-router-topk", "6", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"}),
+       O::Rejected, {"`--moe-router-group-topk 2` groups of 2 experts cannot hold `--moe-router-topk 6` [MOE-3]"}},
+      {"MOE-3-ok", cmd({"--num-experts", "8", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.num_groups, 4);
+         EXPECT_EQ(p.config.model.moe.group_topk, 2);
+       }},
+      {"R-11", cmd({"--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn", "--moe-aux-loss-coeff", "0.01"}),
+       O::Rejected, {"sinkhorn` balances without an aux loss; remove `--moe-aux-loss-coeff 0.01` [R-11]"}},
+      {"MOE-5", cmd({"--num-experts", "4", "--moe-router-enable-expert-bias", "--moe-router-load-balancing-type", "softmax_expert_choice"}),
+       O::Rejected, {"`--moe-router-enable-expert-bias` needs top-k routing, not `--moe-router-load-balancing-type softmax_expert_choice` [MOE-5]"}},
+      {"MOE-5-rate", cmd({"--num-experts", "4", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0"}),
+       O::Rejected, {"`--moe-router-bias-update-rate 0.0` must be > 0 [MOE-5]"}},
+      {"MOE-6", cmd({"--num-experts", "4", "--moe-router-load-balancing-type", "softmax_expert_choice", "--moe-router-pre-softmax"}),
+       O::Rejected, {"expert choice takes post-softmax scores; remove `--moe-router-pre-softmax` [MOE-6]"}},
+      {"MOE-6-ok", cmd({"--num-experts", "4", "--moe-router-load-balancing-type", "softmax_expert_choice", "--moe-batch-level-expert-choice"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.load_balancing, MoeLoadBalancing::ExpertChoice);
+         EXPECT_TRUE(p.config.model.moe.batch_level_expert_choice);
+       }},
+      {"MOE-7-length", cmd({"--num-experts", "4", "--moe-layer-freq", "[1,0,1]"}), O::Rejected,
+       {"`--moe-layer-freq [1,0,1]`: the pattern has 3 entries for 2 layers", "[MOE-7]"}},
+      {"MOE-7-syntax", cmd({"--num-experts", "4", "--moe-layer-freq", "[1,2]"}), O::Rejected,
+       {"pattern entries must be 0 or 1, got 2", "[MOE-7]"}},
+      {"MOE-7-none", cmd({"--num-experts", "4", "--moe-layer-freq", "[0]*2"}), O::Rejected,
+       {"`--moe-layer-freq [0]*2` selects no MoE layer; drop `--num-experts 4` for a dense model [MOE-7]"}},
+      {"MOE-7-pattern", cmd({"--num-layers", "6", "--num-experts", "4", "--moe-layer-freq", "([0]+[1]*2)*2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.moe_layers, (std::vector<bool>{false, true, true, false, true, true}));
+       }},
+      {"MOE-7-every-other", cmd({"--num-layers", "5", "--num-experts", "4", "--moe-layer-freq", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.moe.moe_layers, (std::vector<bool>{true, false, true, false, true}));
+       }},
+      {"moe-config", cmd({"--num-experts", "8", "--moe-router-topk", "3", "--moe-ffn-hidden-size", "96",
+                          "--moe-router-score-function", "sigmoid", "--moe-router-topk-scaling-factor", "2.5",
+                          "--moe-z-loss-coeff", "0.001", "--moe-aux-loss-coeff", "0.01",
+                          "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.25",
+                          "--moe-token-drop-policy", "position", "--moe-shared-expert-intermediate-size", "128",
+                          "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.01"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         const MoeConfig& m = p.config.model.moe;
+         EXPECT_EQ(m.topk, 3);
+         EXPECT_EQ(m.ffn_hidden_size, 96);
+         EXPECT_EQ(m.score, MoeScoreFunction::Sigmoid);
+         EXPECT_FLOAT_EQ(*m.topk_scaling_factor, 2.5f);
+         EXPECT_FLOAT_EQ(m.z_loss_coeff, 0.001f);
+         EXPECT_FLOAT_EQ(m.aux_loss_coeff, 0.01f);
+         EXPECT_EQ(m.dispatcher, MoeDispatcher::AllToAll);
+         EXPECT_FLOAT_EQ(*m.capacity_factor, 1.25f);
+         EXPECT_EQ(m.drop_policy, MoeDropPolicy::Position);
+         EXPECT_EQ(m.shared_expert_size, 128);
+         EXPECT_TRUE(m.expert_bias);
+         EXPECT_FLOAT_EQ(m.bias_update_rate, 0.01f);
+       }},
+      {"moe-negative-capacity-is-dropless", cmd({"--num-experts", "4", "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "-1"}),
+       O::Accepted, {}, [](const ParsedArguments& p) { EXPECT_FALSE(p.config.model.moe.capacity_factor.has_value()); }},
+      {"moe-router-dtype-fp64-not-yet", cmd({"--num-experts", "4", "--moe-router-dtype", "fp64"}), O::NotSupported,
+       {"`--moe-router-dtype fp64` is not supported yet by megadlm (see docs/flags.md); supported: fp32"}},
+      {"moe-alltoall-seq-not-yet", cmd({"--num-experts", "4", "--moe-token-dispatcher-type", "alltoall_seq"}), O::NotSupported,
+       {"`--moe-token-dispatcher-type alltoall_seq` is not supported yet", "supported: allgather, alltoall"}},
 
       // ------------------------------------------------------------------ data
       {"V-52", cmd({"--data-path", "corpus"}), O::Rejected, {"give one data source", "[V-52]"}},
@@ -577,6 +708,21 @@ std::vector<Row> rows() {
       {"V-52-files", cmd({"--data-args-path", "a.txt", "--per-split-data-args-path", "b.json"}, {"--mock-data"}),
        O::Rejected, {"give one data source", "(or `--per-split-data-args-path`) [V-52]"}},
       {"V-52-mock", cmd({"--data-args-path", "a.txt"}), O::Rejected, {"give one data source", "[V-52]"}},
+      {"V-52-sft", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer"}), O::Rejected,
+       {"give one data source", "`--sft-data-path`", "[V-52]"}},
+      {"M-22", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--model-running-mode",
+                    "vanilla"}, {"--mock-data"}),
+       O::Rejected, {"needs `--model-running-mode difflm-noshift` [M-22]"}},
+      {"M-23", cmd({"--sft-data-path", "pairs.jsonl"}, {"--mock-data"}), O::Rejected,
+       {"`--sft-data-path` needs `--tokenizer-type`", "[M-23]"}},
+      {"M-23-ok", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer", "--dlm-sft-loss-norm",
+                       "token", "--sft-chat-template", "llada", "--mask-token", "98"}, {"--mock-data", "--mask-token"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.diffusion.sft);
+         EXPECT_EQ(p.config.diffusion.sft_loss_norm, SftLossNorm::Token);
+         EXPECT_EQ(p.config.data.sft_data_path, std::vector<std::string>{"pairs.jsonl"});
+         EXPECT_EQ(p.config.data.sft_chat_template, "llada");
+       }},
       // The blends parse, and the blend files are read, during validation: --dry-run sees them.
       {"M-18", dry(1, {"--data-path", "0.3", "corpus_a", "x", "corpus_b"}, {"--mock-data"}), O::Rejected,
        {"--data-path: unparsable blend weight(s) \"x\"", "[M-18]"}},
@@ -665,9 +811,23 @@ std::vector<Row> rows() {
          EXPECT_EQ(p.config.model.recompute_method, RecomputeMethod::Block);
          EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
        }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
-      {"cp-real-run", cmd({"--context-parallel-size", "2"}), O::NotSupported,
-       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm (data, tensor and pipeline parallelism are; see docs/roadmap.md)"},
-       nullptr, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      {"cp-real-run", cmd({"--context-parallel-size", "2"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.context_parallel_size, 2);
+         EXPECT_EQ(p.config.parallel.data_parallel_size, 1);
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"p2p"}));
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
+      // Packed documents split over CP ranks (MegaDLMs refuses them; megadlm keeps documents by
+      // global id), with one comm type per layer.
+      {"cp-packed-per-layer-types-real-run",
+       cmd({"--context-parallel-size", "2", "--reset-position-ids", "--reset-attention-mask",
+            "--cut-off-varlen-to-seqlen", "--num-layers", "2", "--cp-comm-type", "a2a", "all_gather"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.data.per_document_attention);
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"a2a", "all_gather"}));
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
       {"dp-real-run", cmd({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.parallel.data_parallel_size, 4);
@@ -727,14 +887,14 @@ std::vector<Row> rows() {
       {"sharding-strategy-without-fsdp-warns", cmd({"--data-parallel-sharding-strategy", "optim"}), O::Accepted,
        {"`--data-parallel-sharding-strategy optim` has effect only with `--use-custom-fsdp`"}},
       {"pp-cp-ep-real-run", cmd({"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "2"}),
-       O::NotSupported, {"`--context-parallel-size 2`: context parallelism",
-        "`--expert-model-parallel-size 2`: expert parallelism"},
-       nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
-      // Dry runs validate EP/MoE layouts that real runs still refuse.
+       O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_TRUE(p.not_supported.empty()); },
+       LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
+      // Dry runs and real runs accept the same layouts now (CP, EP and FSDP run).
       {"ep-moe-dry-run", dry(8, {"--expert-model-parallel-size", "4", "--num-experts", "8", "--bf16", "--moe-grouped-gemm"}),
-       O::Accepted, {"`--num-experts 8` is not supported yet", "`--moe-grouped-gemm` is not supported yet",
-                     "`--expert-model-parallel-size 4`: expert parallelism is not supported yet"},
+       O::Accepted, {},
        [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.not_supported.empty());
          EXPECT_EQ(p.config.parallel.expert_model_parallel_size, 4);
          EXPECT_EQ(p.config.parallel.expert_data_parallel_size, 2);  // 8 / (etp 1 · ep 4)
          // rank 5 = ep 1 + 4 · edp 1: its expert-ep group is 4..7, its expert-dp group {1, 5}
@@ -742,22 +902,31 @@ std::vector<Row> rows() {
          EXPECT_NE(report.find("  expert-ep ................... [4, 5, 6, 7]"), std::string::npos) << report;
          EXPECT_NE(report.find("  expert-dp ................... [1, 5]"), std::string::npos) << report;
        }},
-      {"ep-moe-real-run", cmd({"--expert-model-parallel-size", "4", "--num-experts", "8"}), O::NotSupported,
-       {"`--num-experts 8` is not supported yet", "`--expert-model-parallel-size 4`: expert parallelism"},
-       nullptr, LaunchInfo{.world_size = 8, .rank = 0, .visible_gpus = 0}},
+      {"ep-moe-real-run", cmd({"--expert-model-parallel-size", "4", "--num-experts", "8"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         const MoeConfig& m = p.config.model.moe;
+         EXPECT_EQ(m.num_experts, 8);
+         EXPECT_EQ(m.topk, 2);
+         EXPECT_EQ(m.moe_layers, std::vector<bool>(2, true));
+         EXPECT_EQ(m.ffn_hidden_size, p.config.model.ffn_hidden_size);  // V-49 default
+         EXPECT_EQ(m.dispatcher, MoeDispatcher::AllGather);
+         EXPECT_EQ(m.load_balancing, MoeLoadBalancing::AuxLoss);
+         EXPECT_FALSE(m.capacity_factor.has_value());  // dropless
+       },
+       LaunchInfo{.world_size = 8, .rank = 0, .visible_gpus = 0}},
       {"fsdp-dry-run", dry(4, {"--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.parallel.data_parallel_size, 4);
          EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
        }},
       {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2", "--context-parallel-size", "2"}), O::Accepted,
-       {"`--context-parallel-size 2`: context parallelism is not supported yet by megadlm"},
-       [](const ParsedArguments& p) {
+       {}, [](const ParsedArguments& p) {
          EXPECT_TRUE(p.dry_run);
          EXPECT_EQ(p.config.parallel.world_size, 16);
          EXPECT_EQ(p.config.parallel.data_parallel_size, 4);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
          const std::string report = format_dry_run_report(p, 3);
-         EXPECT_NE(report.find("valid configuration; not supported yet by megadlm (1 item):"), std::string::npos) << report;
+         EXPECT_NE(report.find("  cp .......................... [1, 3]"), std::string::npos) << report;
          EXPECT_NE(report.find("  tp .......................... [2, 3]"), std::string::npos) << report;
          // rank 3 = tp 1 + 2 * (cp 1 + 2 * dp): its dp group is {1 + 2 * (1 + 2d)} = 3, 7, 11, 15
          EXPECT_NE(report.find("  dp .......................... [3, 7, 11, 15]"), std::string::npos) << report;
@@ -810,7 +979,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "R-14", "F-7", "F-8", "F-10", "F-13"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "R-14", "F-7", "F-8", "F-10", "F-13"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
@@ -874,11 +1043,11 @@ INSTANTIATE_TEST_SUITE_P(Table, ArgumentRows, ::testing::ValuesIn(rows()), row_n
 // ---------------------------------------------------------------------- beyond the table
 
 TEST(Arguments, RealRunRefusesWhatOnlyADryRunAccepts) {
-  // The same valid CP layout: a dry run reports the item and returns, a real run throws it.
-  const ParsedArguments p = parse_arguments(dry(2, {"--context-parallel-size", "2"}), {});
+  // The same valid FSDP layout: a dry run reports the item and returns, a real run throws it.
+  const ParsedArguments p = parse_arguments(dry(2, {"--use-custom-fsdp"}), {});
   ASSERT_EQ(p.not_supported.size(), 1u) << joined(p.not_supported);
   try {
-    parse_arguments(cmd({"--context-parallel-size", "2"}), LaunchInfo{.world_size = 2});
+    parse_arguments(cmd({"--use-custom-fsdp"}), LaunchInfo{.world_size = 2});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_TRUE(e.errors().empty()) << e.what();

@@ -12,7 +12,10 @@
 // With N distributed-optimizer instances (megatron-compat.md §1.6) the reduce-scatter and the
 // all-gather run inside an instance and the shards are then all-reduced across instances.
 // Gradients are SUMmed, not averaged: the loss is normalised by the global token count up front
-// (ARCHITECTURE.md promise 1), so the sum over ranks is already the gradient of the global loss.
+// (docs/architecture.md promise 1), so the sum over ranks is already the gradient of the global loss.
+// Expert parameters (ParamDesc::expert) sit in buckets of their own that reduce (and shard)
+// over the expert-data-parallel group: the ranks holding the same experts (megatron-compat.md
+// §4.5, §6.7).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -24,6 +27,13 @@
 
 namespace megadlm {
 
+/// The groups of expert parameters (all null: no experts, or a single rank).
+struct ExpertGradGroups {
+  std::shared_ptr<comm::Communicator> dp;  ///< expert-dp: expert gradients reduce over it
+  std::shared_ptr<comm::Communicator> ep;  ///< expert model parallel: disjoint experts (norm)
+  std::shared_ptr<comm::Communicator> tp;  ///< expert tensor parallel: split experts (norm)
+};
+
 struct DataParallelOptions {
   bool overlap_grad_reduce = false;
   bool distributed_optimizer = false;
@@ -33,8 +43,10 @@ struct DataParallelOptions {
 
 class DataParallel final : public DataParallelWrapper {
  public:
-  /// The layout the store must be materialised with for these options and `dp_size` ranks.
-  static BufferLayout buffer_layout(const DataParallelOptions& options, int dp_size);
+  /// The layout the store must be materialised with for these options, `dp_size` ranks in the
+  /// gradient group and `expert_dp_size` in the expert-dp group (0: dp_size).
+  static BufferLayout buffer_layout(const DataParallelOptions& options, int dp_size,
+                                    int expert_dp_size = 0);
 
   /// `group`: the gradient-reduction group (dp-cp, or under the distributed optimizer with
   /// several instances its intra-instance slice); null means a single rank. `inter`: with
@@ -47,12 +59,14 @@ class DataParallel final : public DataParallelWrapper {
   /// `pp`: the pipeline group (null: one stage): the gradient norm sums over the stages.
   /// `embedding`: the first and last stage's embedding group (null or size 1: no tied weight
   /// across stages): the two copies' gradients are summed over it before their bucket reduces.
+  /// `expert`: the groups of the expert parameters' buckets.
   DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
                DataParallelOptions options, const Stream& compute,
                std::shared_ptr<comm::Communicator> inter = nullptr,
                std::shared_ptr<comm::Communicator> tp = nullptr,
                std::shared_ptr<comm::Communicator> pp = nullptr,
-               std::shared_ptr<comm::Communicator> embedding = nullptr);
+               std::shared_ptr<comm::Communicator> embedding = nullptr,
+               ExpertGradGroups expert = {});
 
   const DataParallelOptions& options() const { return opt_; }
   int size() const { return size_; }
@@ -90,6 +104,9 @@ class DataParallel final : public DataParallelWrapper {
 
  private:
   void launch_bucket(size_t b);
+  /// The reduction group of bucket b (null: one rank) and this rank's place in it.
+  comm::Communicator* group_of(size_t b) const;
+  int group_size(size_t b) const;
   void reduce_tp_partial_grads();
   void reduce_embedding_group_grads();
   const Stream& comm_stream() const { return overlap_ ? comm_ : compute_; }
@@ -101,6 +118,7 @@ class DataParallel final : public DataParallelWrapper {
   void for_each_owned_piece(Fn&& fn) const;
 
   std::shared_ptr<comm::Communicator> group_, inter_, tp_, pp_, embedding_;
+  ExpertGradGroups expert_;
   std::vector<bool> deferred_;        // per bucket: waits for the embedding-group reduction
   DataParallelOptions opt_;
   Stream compute_, comm_;

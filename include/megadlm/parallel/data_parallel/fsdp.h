@@ -27,8 +27,9 @@
 // compute stream. Windows and slots come from the compute stream's pool, so their frees are
 // ordered after the compute that read them. CPU/MPI: the same calls, blocking.
 // Gradients are SUMmed (the loss is normalised globally up front), as in data_parallel.h.
-// Expert parameters will form a second kind of bucket over the expert-dp group (the `group`
-// index of a bucket); today every bucket is dense.
+// Expert parameters (ParamDesc::expert, model/moe.h) form a second kind of bucket, sharded over
+// the expert-data-parallel group (the ranks holding the same experts) instead of dp×cp: a MoE
+// layer is one unit with a dense and an expert bucket, each cut into its own group's shards.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -37,6 +38,7 @@
 #include <vector>
 #include "megadlm/comm/communicator.h"
 #include "megadlm/core/event.h"
+#include "megadlm/parallel/data_parallel/data_parallel.h"
 #include "megadlm/parallel/data_parallel/wrapper.h"
 #include "megadlm/parallel/parallel_config.h"
 #include "megadlm/parallel/parameter_store.h"
@@ -91,22 +93,25 @@ struct FsdpBytes {
 
 class FullyShardedDataParallel final : public DataParallelWrapper {
  public:
-  /// The store layout for `units` over `d` ranks: one bucket per unit; buckets padded to 64·d
-  /// elements unless no_shard; the weight / gradient buffers the strategy shards left to the
-  /// wrapper. `num_params`: the store's parameter count.
+  /// The store layout for `units` over `d` ranks (expert buckets over `expert_d`, 0: d): one
+  /// bucket per unit and parameter kind; buckets padded to 64·d (64·expert_d) elements unless
+  /// no_shard; the weight / gradient buffers the strategy shards left to the wrapper.
+  /// `num_params`: the store's parameter count.
   static BufferLayout buffer_layout(ShardingStrategy strategy, int d, const std::vector<FsdpUnit>& units,
-                                    int num_params);
+                                    int num_params, int expert_d = 0);
 
   /// `store`: materialised with buffer_layout(...). `group`: the gradient group (dp×cp; null: a
-  /// single rank). `tp`, `pp`, `embedding` as in DataParallel (partial gradients summed over TP;
-  /// the norm summed over stages; a tied weight's two copies summed over the embedding group).
+  /// single rank). `tp`, `pp`, `embedding`, `expert` as in DataParallel (partial gradients summed
+  /// over TP; the norm summed over stages; a tied weight's two copies summed over the embedding
+  /// group; expert buckets sharded over expert.dp, their norm summed over EP and expert TP).
   /// Initialises this rank's weight shards by global element index. Collective over `group` on
   /// CUDA (it splits off the all-gather communicator).
   FullyShardedDataParallel(ParameterStore& store, std::vector<FsdpUnit> units,
                            std::shared_ptr<comm::Communicator> group, FsdpOptions options,
                            const Stream& compute, std::shared_ptr<comm::Communicator> tp = nullptr,
                            std::shared_ptr<comm::Communicator> pp = nullptr,
-                           std::shared_ptr<comm::Communicator> embedding = nullptr);
+                           std::shared_ptr<comm::Communicator> embedding = nullptr,
+                           ExpertGradGroups expert = {});
   ~FullyShardedDataParallel() override;
 
   const FsdpOptions& options() const { return opt_; }
@@ -144,6 +149,10 @@ class FullyShardedDataParallel final : public DataParallelWrapper {
     int unit = -1;
     int64_t begin = 0, end = 0;  // flat range
     bool shared = false;         // a tied weight shared across pipeline stages
+    bool expert = false;         // expert parameters: sharded over expert-dp
+    comm::Communicator* group = nullptr;     // the bucket's FSDP group (null: one rank)
+    comm::Communicator* ag_group = nullptr;  // its all-gather communicator
+    int size = 1, rank = 0;      // the group's size and this rank's place in it
     // optim_grads_params: the gathered window (bound in the store) and who is reading it.
     int users = 0;
     Tensor window;
@@ -167,7 +176,7 @@ class FullyShardedDataParallel final : public DataParallelWrapper {
     Event done;
   };
 
-  int64_t shard_size(const Bucket& b) const { return (b.end - b.begin) / size_; }
+  int64_t shard_size(const Bucket& b) const { return (b.end - b.begin) / b.size; }
   std::vector<int> buckets_of(const std::vector<int>& handles) const;
   int unit_of(const std::vector<int>& handles) const;
   void record(FsdpAction::Kind kind, int unit, int bucket = -1);
@@ -194,6 +203,8 @@ class FullyShardedDataParallel final : public DataParallelWrapper {
   ParameterStore& store_;
   std::vector<FsdpUnit> units_;
   std::shared_ptr<comm::Communicator> group_, ag_group_, tp_, pp_, embedding_;
+  ExpertGradGroups expert_;
+  std::shared_ptr<comm::Communicator> expert_ag_group_;
   FsdpOptions opt_;
   Stream compute_, ag_stream_, rs_stream_;
   bool overlap_ = false;

@@ -94,9 +94,15 @@ class CheckpointWriter {
 };
 
 /// The iteration directory to load from DIR: DIR/iter_<step> with `step`, else what
-/// latest_checkpointed_iteration.txt names; nullopt when DIR holds no checkpoint (no latest
-/// file). Throws when latest names a directory that does not exist.
+/// latest_checkpointed_iteration.txt names; nullopt when DIR holds no checkpoint at all. Throws
+/// when latest names a directory that does not exist, and when there is no latest file but
+/// complete iter_* checkpoints are there (a lost or deleted pointer must not turn a resume into
+/// a fresh run that overwrites them): the error lists them and names --ckpt-step.
 std::optional<std::string> find_checkpoint(const std::string& dir, std::optional<int64_t> step);
+
+/// The iterations of the complete checkpoints in DIR (iter_* directories holding an index;
+/// interrupted saves, *.incomplete, are not), ascending. Empty when DIR does not exist.
+std::vector<int64_t> list_checkpoint_iterations(const std::string& dir);
 
 /// Rolling (non-persistent) checkpoints: removes every iter_* checkpoint of DIR except the one
 /// of `keep_tag` and the one latest_checkpointed_iteration.txt names, and the leftovers of an
@@ -104,6 +110,12 @@ std::optional<std::string> find_checkpoint(const std::string& dir, std::optional
 /// crash half-way leaves no partial iter_* behind. Call on one rank, after the commit of
 /// `keep_tag`. Returns the removed checkpoint directories; throws on a file-system error.
 std::vector<std::string> remove_older_checkpoints(const std::string& dir, const std::string& keep_tag);
+
+/// Retention (--keep-last-n-checkpoints): removes the complete iter_* checkpoints of DIR beyond
+/// the `keep` newest by iteration (keep >= 1), never the one latest_checkpointed_iteration.txt
+/// names, never release/ or a directory without an index. Same removal protocol as above; call
+/// on one rank after a commit. Returns the removed directories.
+std::vector<std::string> remove_checkpoints_beyond(const std::string& dir, int64_t keep);
 
 /// An opened checkpoint directory: the index is read and checked; files are opened on use.
 class CheckpointReader {

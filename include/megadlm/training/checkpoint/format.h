@@ -33,6 +33,8 @@ inline constexpr const char* kIncompleteSuffix = ".incomplete";
 
 /// Tensor-name prefixes of the three kinds of state ("model/decoder.layers.0....weight").
 inline constexpr const char* kModelPrefix = "model/";
+/// State of the model that is not a parameter: "moe_state/expert_bias/decoder.layers.{i}" (f32 [E]).
+inline constexpr const char* kMoeStatePrefix = "moe_state/";
 inline constexpr const char* kExpAvgPrefix = "optimizer/exp_avg/";
 inline constexpr const char* kExpAvgSqPrefix = "optimizer/exp_avg_sq/";
 

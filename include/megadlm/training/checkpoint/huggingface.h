@@ -1,5 +1,8 @@
-// Hugging Face import and export for the Qwen2 / Qwen3 architecture family (docs/checkpoints.md
-// has the complete name and config mapping), and the forward pass that --verify compares.
+// Hugging Face import and export for the Qwen2 / Qwen3 / Qwen3-MoE architecture family
+// (docs/checkpoints.md has the complete name and config mapping), and the forward pass that
+// --verify compares. A mixture-of-experts model is Qwen3-MoE: softmax top-k routing
+// (norm_topk_prob = post-softmax, else --moe-router-pre-softmax), SwiGLU experts by global
+// index, dense layers listed in mlp_only_layers, no shared experts, dropless.
 //
 // A megadlm model is exportable when it is a Qwen-style decoder: RMSNorm, SwiGLU, RoPE over the
 // whole head, no learned positions, no biases except (optionally) on q/k/v. With
@@ -23,7 +26,7 @@
 
 namespace megadlm::checkpoint {
 
-enum class HfArchitecture { Qwen2, Qwen3 };
+enum class HfArchitecture { Qwen2, Qwen3, Qwen3Moe };
 
 /// The Hugging Face architecture that represents `model`; throws naming the flag that keeps
 /// the model from being one.

@@ -14,6 +14,7 @@
 // embedding are not). A pipeline stage simply has fewer parameters, under global names.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 #include "megadlm/core/stream.h"
 #include "megadlm/parallel/parameter_store.h"
@@ -40,9 +41,11 @@ struct StateSnapshot {
 
 /// Copies the owned masters (and with `moments` the Adam moments) to host memory on `stream`
 /// and describes them as pieces. `writer`: this rank writes its owned ranges (false on
-/// data-parallel replicas).
+/// data-parallel replicas); `expert_writer`: the same for expert parameters, whose replicas are
+/// the expert-data-parallel group (unset: `writer`).
 StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& optimizer,
-                             bool writer, bool moments, const Stream& stream);
+                             bool writer, bool moments, const Stream& stream,
+                             std::optional<bool> expert_writer = std::nullopt);
 
 /// Reads the owned ranges' weights (and with `moments` the Adam moments, else zeros) from
 /// `reader` into the optimizer, one piece at a time through a host buffer of that piece's size

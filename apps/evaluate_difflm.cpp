@@ -1,0 +1,389 @@
+// evaluate_difflm: likelihood evaluation of a masked-diffusion LM (diffusion/likelihood.h;
+// docs/evaluation.md). Thin by design: model loading, estimators and tokenizers are library calls.
+//
+//   evaluate_difflm --load CKPT --task elbo (--data-path PREFIX | --text-jsonl FILE) [--mc-num D]
+//       Monte-Carlo ELBO per token under the fixed evaluation noise (D draws; default 1)
+//   evaluate_difflm --load CKPT --task loglik --requests-jsonl FILE [--mc-num 128 --mc-batch-size 16]
+//       log p(continuation | context) per request, LLaDA's estimator; requests as lm-evaluation-
+//       harness `loglikelihood` arguments: {"arguments": [context, continuation]} (or "args", or
+//       {"context": ..., "continuation": ...}, or token ids "context_ids" / "continuation_ids")
+//   evaluate_difflm --load CKPT --task multiple-choice --task-jsonl FILE
+//       accuracy (acc) and length-normalised accuracy (acc_norm) over {"context", "choices",
+//       "gold"} documents, one loglik request per choice (context, target_delimiter + choice)
+// Per-request results go to --output (JSONL) or stdout; the summary line goes to stderr and, with
+// --summary-json FILE, to that file. Exit codes: 0 success; 2 invalid arguments or a reported
+// error; 3 unexpected failure.
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include "inference_cli.h"
+#include "megadlm/data/indexed_dataset.h"
+#include "megadlm/diffusion/likelihood.h"
+
+using namespace megadlm;
+using nlohmann::json;
+
+namespace {
+
+const char* kUsage =
+    "usage: evaluate_difflm (--load DIR | --hf-dir DIR) --task elbo|loglik|multiple-choice ...\n"
+    "  elbo:            (--data-path PREFIX | --text-jsonl FILE) [--seq-length S] [--max-samples N] [--mc-num D]\n"
+    "  loglik:          --requests-jsonl FILE [--mc-num N] [--mc-batch-size B] [--cfg-scale W] [--check-greedy]\n"
+    "  multiple-choice: --task-jsonl FILE [--target-delimiter STR] [--mc-num N] [--mc-batch-size B]\n"
+    "LLaDA's estimators (get_log_likelihood.py, eval_llada.py); docs/evaluation.md.";
+
+std::vector<apps::CliFlag> flags() {
+  std::vector<apps::CliFlag> f = apps::common_inference_flags();
+  const std::vector<apps::CliFlag> own = {
+      {"--task", "NAME", "elbo, loglik or multiple-choice"},
+      {"--data-path", "PREFIX", "elbo: a Megatron indexed dataset PREFIX.bin/.idx (documents concatenated in order)"},
+      {"--text-jsonl", "FILE", "elbo: JSONL with \"text\" per line (tokenized, EOD appended when the tokenizer has one)"},
+      {"--seq-length", "S", "elbo: tokens scored per sample (default: the checkpoint's --seq-length)"},
+      {"--max-samples", "N", "elbo: score at most N samples"},
+      {"--micro-batch-size", "B", "elbo: samples per forward pass (default 4)"},
+      {"--requests-jsonl", "FILE", "loglik: one (context, continuation) request per line"},
+      {"--task-jsonl", "FILE", "multiple-choice: one {\"context\", \"choices\", \"gold\"} document per line"},
+      {"--target-delimiter", "STR", "multiple-choice: between context and choice (lm-eval's default \" \")"},
+      {"--mc-num", "N", "Monte-Carlo samples per request (loglik default 128; elbo: noise draws, default 1)"},
+      {"--mc-batch-size", "B", "loglik: rows evaluated together, LLaDA's batch_size (default 16); divides --mc-num"},
+      {"--cfg-scale", "W", "classifier-free guidance for the likelihood (default 0)"},
+      {"--check-greedy", nullptr, "loglik: also report is_greedy (Ly extra forward passes per request)"},
+      {"--output", "FILE", "per-request JSONL results (default: stdout)"},
+      {"--summary-json", "FILE", "write the summary as one JSON object"},
+  };
+  f.insert(f.end() - 1, own.begin(), own.end());
+  return f;
+}
+
+std::vector<json> read_jsonl(const std::string& flag, const std::string& path, std::vector<std::string>& errors) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  if (!in) {
+    errors.push_back("`" + flag + " " + path + "`: cannot read the file");
+    return out;
+  }
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      out.push_back(json::parse(line));
+    } catch (const json::exception& e) {
+      errors.push_back(path + " line " + std::to_string(n) + ": not JSON (" + e.what() + ")");
+    }
+  }
+  return out;
+}
+
+/// lm-eval's pair encoding (diffusion-lm.md §9.4): trailing spaces of the context move to the
+/// continuation; context + continuation is tokenized as one text and the continuation is what
+/// follows the context's own tokens.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> encode_pair(const data::Tokenizer& tok, std::string context,
+                                                                  std::string continuation) {
+  const size_t end = context.find_last_not_of(' ');
+  const size_t keep = end == std::string::npos ? 0 : end + 1;
+  continuation = context.substr(keep) + continuation;
+  context.resize(keep);
+  const std::vector<int32_t> whole = tok.encode(context + continuation);
+  std::vector<int32_t> ctx = tok.encode(context);
+  const size_t n = std::min(ctx.size(), whole.size());
+  return {std::vector<int32_t>(whole.begin(), whole.begin() + static_cast<int64_t>(n)),
+          std::vector<int32_t>(whole.begin() + static_cast<int64_t>(n), whole.end())};
+}
+
+/// A request from one JSONL object (text through the tokenizer, or token ids).
+bool request_of(const json& j, const data::Tokenizer* tok, LikelihoodRequest& r, std::string& error) {
+  if (j.contains("context_ids") && j.contains("continuation_ids")) {
+    r.context = j.at("context_ids").get<std::vector<int32_t>>();
+    r.continuation = j.at("continuation_ids").get<std::vector<int32_t>>();
+    return true;
+  }
+  std::string ctx, cont;
+  if (j.contains("arguments") || j.contains("args")) {
+    const json& a = j.contains("arguments") ? j.at("arguments") : j.at("args");
+    if (!a.is_array() || a.size() != 2) {
+      error = "\"arguments\" must be [context, continuation]";
+      return false;
+    }
+    ctx = a[0].get<std::string>();
+    cont = a[1].get<std::string>();
+  } else if (j.contains("context") && j.contains("continuation")) {
+    ctx = j.at("context").get<std::string>();
+    cont = j.at("continuation").get<std::string>();
+  } else {
+    error = "needs \"arguments\": [context, continuation], \"context\" + \"continuation\", or token ids";
+    return false;
+  }
+  if (tok == nullptr) {
+    error = "text requests need a tokenizer (`--tokenizer-type`)";
+    return false;
+  }
+  std::tie(r.context, r.continuation) = encode_pair(*tok, ctx, cont);
+  return true;
+}
+
+size_t utf8_chars(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// ---- tasks -------------------------------------------------------------------------------
+
+json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, const data::Tokenizer* tok,
+              uint64_t seed, std::vector<std::string>& errors, std::ostream& out) {
+  const int64_t seq = cli.integer("--seq-length", cfg.model.seq_length, errors);
+  const int64_t max_samples = cli.integer("--max-samples", -1, errors);
+  const int64_t draws = cli.integer("--mc-num", 1, errors);
+  const int64_t mbs = cli.integer("--micro-batch-size", 4, errors);
+  if (seq < 1 || draws < 1 || mbs < 1) errors.push_back("`--seq-length`, `--mc-num` and `--micro-batch-size` must be >= 1");
+  if (cli.has("--data-path") == cli.has("--text-jsonl"))
+    errors.push_back("--task elbo needs exactly one of `--data-path PREFIX` and `--text-jsonl FILE`");
+  std::vector<int32_t> stream;
+  if (errors.empty() && cli.has("--data-path")) {
+    const data::IndexedDataset ds(cli.get("--data-path"));
+    ds.check_token_ids(cfg.model.vocab_size);
+    for (int64_t i = 0; i < ds.num_sequences(); ++i) {
+      const std::vector<int32_t> s = ds.sequence(i);
+      stream.insert(stream.end(), s.begin(), s.end());
+    }
+  } else if (errors.empty()) {
+    if (tok == nullptr) errors.push_back("`--text-jsonl` needs a tokenizer (`--tokenizer-type`)");
+    for (const json& j : read_jsonl("--text-jsonl", cli.get("--text-jsonl"), errors)) {
+      if (!j.contains("text") || tok == nullptr) continue;
+      const std::vector<int32_t> ids = tok->encode(j.at("text").get<std::string>());
+      stream.insert(stream.end(), ids.begin(), ids.end());
+      if (tok->eod() >= 0) stream.push_back(tok->eod());
+    }
+  }
+  if (!errors.empty()) throw ConfigError(errors, {});
+  // Megatron's GPT samples without shuffling: sample i = tokens [i*S, i*S + S]; difflm-noshift
+  // scores tokens 1..S of each, so every token after the first is scored once.
+  int64_t samples = stream.size() > 1 ? (static_cast<int64_t>(stream.size()) - 1) / seq : 0;
+  if (max_samples >= 0) samples = std::min(samples, max_samples);
+  if (samples == 0) MDLM_FAIL("the data holds ", stream.size(), " tokens: fewer than one sample of --seq-length ", seq, " + 1");
+  ElboResult total;
+  total.per_draw.assign(static_cast<size_t>(draws), 0.0);
+  std::vector<double> draw_tokens(static_cast<size_t>(draws), 0.0);
+  for (int64_t first = 0; first < samples; first += mbs) {
+    std::vector<std::vector<int32_t>> batch;
+    for (int64_t i = first; i < std::min(samples, first + mbs); ++i)
+      batch.emplace_back(stream.begin() + i * seq, stream.begin() + i * seq + seq + 1);
+    for (int64_t d = 0; d < draws; ++d) {
+      const ElboResult r = monte_carlo_elbo(model, batch, first, cfg.diffusion, seed + static_cast<uint64_t>(d), 1);
+      total.nll_sum += r.nll_sum;
+      total.tokens += r.tokens;
+      total.per_draw[static_cast<size_t>(d)] += r.nll_sum;
+      draw_tokens[static_cast<size_t>(d)] += r.tokens;
+    }
+  }
+  for (int64_t d = 0; d < draws; ++d) total.per_draw[static_cast<size_t>(d)] /= draw_tokens[static_cast<size_t>(d)];
+  json s;
+  s["task"] = "elbo";
+  s["elbo_per_token"] = total.per_token();
+  s["ppl_upper_bound"] = std::exp(std::min(50.0, total.per_token()));
+  s["samples"] = samples;
+  s["seq_length"] = seq;
+  s["draws"] = draws;
+  s["tokens"] = total.tokens / static_cast<double>(draws);
+  s["per_draw"] = total.per_draw;
+  s["loss_weight"] = dlm_loss_weight_name(cfg.diffusion.loss_weight);
+  out << s.dump() << "\n";
+  return s;
+}
+
+LikelihoodConfig likelihood_config(const apps::Cli& cli, int64_t mask, uint64_t seed, std::vector<std::string>& errors) {
+  LikelihoodConfig lc;
+  lc.mc_num = cli.integer("--mc-num", 128, errors);
+  lc.mc_batch = cli.integer("--mc-batch-size", std::min<int64_t>(16, lc.mc_num), errors);
+  lc.cfg_scale = cli.number("--cfg-scale", 0.0, errors);
+  lc.mask_token = mask;
+  lc.seed = seed;
+  return lc;
+}
+
+json run_loglik(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer* tok, const LikelihoodConfig& lc,
+                std::vector<std::string>& errors, std::ostream& out) {
+  if (!cli.has("--requests-jsonl")) errors.push_back("--task loglik needs `--requests-jsonl FILE`");
+  std::vector<LikelihoodRequest> reqs;
+  const std::string path = cli.get("--requests-jsonl");
+  for (const json& j : read_jsonl("--requests-jsonl", path, errors)) {
+    LikelihoodRequest r;
+    std::string error;
+    if (!request_of(j, tok, r, error)) errors.push_back(path + " request " + std::to_string(reqs.size()) + ": " + error);
+    r.index = static_cast<int64_t>(reqs.size());
+    reqs.push_back(std::move(r));
+  }
+  if (!errors.empty()) throw ConfigError(errors, {});
+  double sum = 0;
+  for (const LikelihoodRequest& r : reqs) {
+    const LikelihoodResult res = conditional_loglikelihood(model, r, lc);
+    json j;
+    j["index"] = r.index;
+    j["loglikelihood"] = res.loglikelihood;
+    j["standard_error"] = res.standard_error;
+    j["is_greedy"] = cli.has("--check-greedy") ? json(greedy_reproduces(model, r, lc)) : json(false);
+    j["context_tokens"] = r.context.size();
+    j["continuation_tokens"] = r.continuation.size();
+    out << j.dump() << "\n";
+    sum += res.loglikelihood;
+  }
+  json s;
+  s["task"] = "loglik";
+  s["requests"] = reqs.size();
+  s["mean_loglikelihood"] = reqs.empty() ? 0.0 : sum / static_cast<double>(reqs.size());
+  s["mc_num"] = lc.mc_num;
+  s["mc_batch_size"] = lc.mc_batch;
+  return s;
+}
+
+json run_multiple_choice(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer* tok,
+                         const LikelihoodConfig& lc, std::vector<std::string>& errors, std::ostream& out) {
+  if (!cli.has("--task-jsonl")) errors.push_back("--task multiple-choice needs `--task-jsonl FILE`");
+  const std::string path = cli.get("--task-jsonl");
+  const std::string delimiter = cli.get("--target-delimiter", " ");
+  struct Doc {
+    std::vector<LikelihoodRequest> choices;
+    std::vector<size_t> lengths;  // characters (token count for id choices), for acc_norm
+    int64_t gold = 0;
+  };
+  std::vector<Doc> docs;
+  int64_t next_index = 0;
+  for (const json& j : read_jsonl("--task-jsonl", path, errors)) {
+    const std::string where = path + " document " + std::to_string(docs.size());
+    Doc d;
+    try {
+      d.gold = j.contains("gold") ? j.at("gold").get<int64_t>() : j.at("label").get<int64_t>();
+      if (j.contains("choices_ids")) {
+        const auto ctx = j.at("context_ids").get<std::vector<int32_t>>();
+        for (const auto& c : j.at("choices_ids")) {
+          d.choices.push_back({ctx, c.get<std::vector<int32_t>>(), next_index++});
+          d.lengths.push_back(d.choices.back().continuation.size());
+        }
+      } else {
+        if (tok == nullptr) {
+          errors.push_back(where + ": text choices need a tokenizer (`--tokenizer-type`)");
+          continue;
+        }
+        const std::string ctx = j.contains("context") ? j.at("context").get<std::string>() : j.at("query").get<std::string>();
+        for (const auto& c : j.at("choices")) {
+          LikelihoodRequest r;
+          const std::string cont = delimiter + c.get<std::string>();
+          std::tie(r.context, r.continuation) = encode_pair(*tok, ctx, cont);
+          r.index = next_index++;
+          d.choices.push_back(std::move(r));
+          d.lengths.push_back(utf8_chars(cont));
+        }
+      }
+    } catch (const json::exception& e) {
+      errors.push_back(where + ": needs \"context\", \"choices\" and \"gold\" (" + e.what() + ")");
+      continue;
+    }
+    if (d.choices.empty() || d.gold < 0 || d.gold >= static_cast<int64_t>(d.choices.size()))
+      errors.push_back(where + ": gold index " + std::to_string(d.gold) + " is not one of its " +
+                       std::to_string(d.choices.size()) + " choices");
+    docs.push_back(std::move(d));
+  }
+  if (docs.empty()) errors.push_back(path + ": no document");
+  if (!errors.empty()) throw ConfigError(errors, {});
+  int64_t correct = 0, correct_norm = 0;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    const Doc& d = docs[i];
+    std::vector<double> ll;
+    for (const LikelihoodRequest& r : d.choices) ll.push_back(conditional_loglikelihood(model, r, lc).loglikelihood);
+    size_t best = 0, best_norm = 0;
+    for (size_t c = 1; c < ll.size(); ++c) {
+      if (ll[c] > ll[best]) best = c;
+      if (ll[c] / std::max<double>(1.0, static_cast<double>(d.lengths[c])) >
+          ll[best_norm] / std::max<double>(1.0, static_cast<double>(d.lengths[best_norm])))
+        best_norm = c;
+    }
+    correct += static_cast<int64_t>(best) == d.gold;
+    correct_norm += static_cast<int64_t>(best_norm) == d.gold;
+    json j;
+    j["doc"] = i;
+    j["loglikelihoods"] = ll;
+    j["pred"] = best;
+    j["pred_norm"] = best_norm;
+    j["gold"] = d.gold;
+    out << j.dump() << "\n";
+  }
+  json s;
+  s["task"] = "multiple-choice";
+  s["documents"] = docs.size();
+  s["acc"] = static_cast<double>(correct) / static_cast<double>(docs.size());
+  s["acc_norm"] = static_cast<double>(correct_norm) / static_cast<double>(docs.size());
+  s["mc_num"] = lc.mc_num;
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    apps::Cli cli("evaluate_difflm", kUsage, flags());
+    cli.parse(argc, argv);
+    if (cli.has("--help")) {
+      std::cout << cli.help();
+      return 0;
+    }
+    std::vector<std::string> errors;
+    const training::InferenceSource src = apps::inference_source(cli, errors);
+    const Device device = apps::inference_device(cli, errors);
+    const std::string task = cli.get("--task");
+    if (task != "elbo" && task != "loglik" && task != "multiple-choice")
+      errors.push_back("`--task " + (task.empty() ? std::string("(missing)") : task) +
+                       "`: valid: elbo, loglik, multiple-choice");
+    const uint64_t seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
+    if (task != "elbo") {
+      for (const std::string& p : likelihood_config_problems(likelihood_config(cli, 0, seed, errors), 0))
+        errors.push_back(p);
+    }
+    if (!errors.empty()) throw ConfigError(errors, {});
+
+    training::InferenceModel model(src, device);
+    const RunConfig& cfg = model.config();
+    if (cfg.diffusion.mode == RunningMode::Vanilla)
+      errors.push_back(model.description() + " is an autoregressive model; evaluate_difflm scores masked-diffusion models");
+    const int64_t mask = apps::inference_mask_token(cli, cfg, errors);
+    const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
+    std::ofstream file;
+    if (cli.has("--output")) {
+      file.open(cli.get("--output"));
+      if (!file) errors.push_back("`--output " + cli.get("--output") + "`: cannot create the file");
+    }
+    std::ostream& out = cli.has("--output") ? static_cast<std::ostream&>(file) : std::cout;
+    std::cerr << " > model: " << model.description() << " on " << device.str() << "\n";
+    json summary;
+    if (task == "elbo") {
+      if (mask < 0 || mask >= model.vocab_size())
+        errors.push_back("the mask token " + std::to_string(mask) + " is outside the model's vocabulary [0, " +
+                         std::to_string(model.vocab_size()) + "); give `--mask-token-id`");
+      RunConfig c = cfg;
+      if (mask >= 0) c.diffusion.mask_token = mask;
+      summary = run_elbo(cli, model, c, tok.get(), seed, errors, out);
+    } else {
+      const LikelihoodConfig lc = likelihood_config(cli, mask, seed, errors);
+      for (const std::string& p : likelihood_config_problems(lc, model.vocab_size())) errors.push_back(p);
+      summary = task == "loglik" ? run_loglik(cli, model, tok.get(), lc, errors, out)
+                                 : run_multiple_choice(cli, model, tok.get(), lc, errors, out);
+    }
+    out.flush();
+    std::cerr << " > " << summary.dump() << "\n";
+    if (cli.has("--summary-json")) {
+      std::ofstream s(cli.get("--summary-json"));
+      s << summary.dump(2) << "\n";
+      if (!s) MDLM_FAIL("`--summary-json ", cli.get("--summary-json"), "`: write failed");
+    }
+    return 0;
+  } catch (const ConfigError& e) {
+    std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: unexpected failure: " << e.what() << "\n";
+    return 3;
+  }
+}

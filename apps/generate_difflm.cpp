@@ -1,0 +1,220 @@
+// generate_difflm: completions from a masked-diffusion LM with LLaDA's sampler
+// (diffusion/sampler.h; docs/generation.md). Thin by design: the model loading, the sampler and
+// the tokenizers are library calls.
+//
+//   generate_difflm --load CKPT --prompt "The capital of France is" --gen-length 64 --steps 64
+//                   --block-length 32 [--remasking low_confidence|random] [--temperature T]
+//                   [--cfg-scale W] [--output out.jsonl]
+//   generate_difflm --hf-dir HF_MODEL --prompts-jsonl prompts.jsonl --batch-size 16 ...
+//
+// Output: one JSON object per prompt, in input order, to --output (or stdout):
+//   {"index", "prompt", "prompt_ids", "text", "token_ids", "steps", "stopped_at_eos"}
+// `token_ids` are the generated tokens (all G, or up to and including the first EOS when stopping
+// at EOS); `text` is their decoding up to the first EOS; `steps` counts the forward passes.
+// Exit codes: 0 success; 2 invalid arguments or a reported error; 3 unexpected failure.
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include "inference_cli.h"
+#include "megadlm/diffusion/sampler.h"
+
+using namespace megadlm;
+using nlohmann::json;
+
+namespace {
+
+const char* kUsage =
+    "usage: generate_difflm (--load DIR | --hf-dir DIR) (--prompt TEXT ... | --prompts-jsonl FILE)\n"
+    "                       [--gen-length G] [--steps S] [--block-length K] [--remasking low_confidence|random]\n"
+    "                       [--temperature T] [--cfg-scale W] [--batch-size B] [--output FILE] ...\n"
+    "LLaDA's sampler (generate.py): G masked tokens after the prompt, decoded in G/K semi-autoregressive\n"
+    "blocks with S/(G/K) steps each; docs/generation.md.";
+
+std::vector<apps::CliFlag> flags() {
+  std::vector<apps::CliFlag> f = apps::common_inference_flags();
+  const std::vector<apps::CliFlag> own = {
+      {"--prompt", "TEXT", "a prompt (tokenized with the tokenizer)", true},
+      {"--prompts-jsonl", "FILE", "one JSON object per line with \"prompt\" (text) or \"prompt_ids\" (token ids)"},
+      {"--output", "FILE", "write the JSONL completions here (default: stdout)"},
+      {"--gen-length", "G", "tokens to generate (LLaDA gen_length; default 128)"},
+      {"--steps", "S", "sampling steps in all (default 128); a multiple of G/K"},
+      {"--block-length", "K", "semi-autoregressive block length (default: G); divides G"},
+      {"--remasking", "MODE", "low_confidence (default) or random: which masked positions are decoded first"},
+      {"--temperature", "T", "Gumbel-max sampling temperature in float64 (default 0: greedy)"},
+      {"--cfg-scale", "W", "classifier-free guidance scale (default 0: off); the unconditional canvas has the prompt masked"},
+      {"--batch-size", "B", "prompts per forward batch (left padded; every row equals its run alone; default 1)"},
+      {"--eos-token-id", "ID", "EOS id (default: the tokenizer's end-of-document token)"},
+      {"--no-stop-at-eos", nullptr, "generate all G tokens even after an EOS (the reference's full output)"},
+      {"--logits-eos-inf", nullptr, "never propose EOS (LLaDA's logits_eos_inf)"},
+      {"--confidence-threshold", "P", "fast decoding: per step unmask every position of the block with confidence "
+                                      ">= P (at least one); not the reference sampler (default 0: off)"},
+  };
+  f.insert(f.end() - 1, own.begin(), own.end());
+  return f;
+}
+
+struct Prompt {
+  std::string text;
+  bool has_text = false;
+  std::vector<int32_t> ids;
+};
+
+std::vector<Prompt> read_prompts(const apps::Cli& cli, const data::Tokenizer* tok, std::vector<std::string>& errors) {
+  std::vector<Prompt> out;
+  for (const std::string& p : cli.all("--prompt")) out.push_back({p, true, {}});
+  if (cli.has("--prompts-jsonl")) {
+    const std::string path = cli.get("--prompts-jsonl");
+    std::ifstream in(path);
+    if (!in) {
+      errors.push_back("`--prompts-jsonl " + path + "`: cannot read the file");
+      return out;
+    }
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      try {
+        const json j = json::parse(line);
+        Prompt p;
+        if (j.contains("prompt_ids")) {
+          p.ids = j.at("prompt_ids").get<std::vector<int32_t>>();
+        } else if (j.contains("prompt")) {
+          p.text = j.at("prompt").get<std::string>();
+          p.has_text = true;
+        } else {
+          errors.push_back(path + " line " + std::to_string(n) + ": needs \"prompt\" or \"prompt_ids\"");
+          continue;
+        }
+        out.push_back(std::move(p));
+      } catch (const json::exception& e) {
+        errors.push_back(path + " line " + std::to_string(n) + ": not a JSON object with \"prompt\" (" + e.what() + ")");
+      }
+    }
+  }
+  if (out.empty()) errors.push_back("no prompt: give `--prompt TEXT` or `--prompts-jsonl FILE`");
+  for (Prompt& p : out) {
+    if (!p.has_text) continue;
+    if (tok == nullptr) {
+      errors.push_back("prompt \"" + p.text.substr(0, 40) + "\" is text but there is no tokenizer: give "
+                       "`--tokenizer-type` (and `--tokenizer-model`), or \"prompt_ids\" in the JSONL");
+      continue;
+    }
+    p.ids = tok->encode(p.text);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    apps::Cli cli("generate_difflm", kUsage, flags());
+    cli.parse(argc, argv);
+    if (cli.has("--help")) {
+      std::cout << cli.help();
+      return 0;
+    }
+    std::vector<std::string> errors;
+    const training::InferenceSource src = apps::inference_source(cli, errors);
+    const Device device = apps::inference_device(cli, errors);
+    SamplerConfig sc;
+    sc.gen_length = cli.integer("--gen-length", 128, errors);
+    sc.steps = cli.integer("--steps", 128, errors);
+    sc.block_length = cli.integer("--block-length", sc.gen_length, errors);
+    sc.temperature = cli.number("--temperature", 0.0, errors);
+    sc.cfg_scale = cli.number("--cfg-scale", 0.0, errors);
+    sc.confidence_threshold = cli.number("--confidence-threshold", 0.0, errors);
+    sc.seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
+    sc.logits_eos_inf = cli.has("--logits-eos-inf");
+    const std::string remasking = cli.get("--remasking", "low_confidence");
+    if (remasking == "random") sc.remasking = Remasking::Random;
+    else if (remasking != "low_confidence")
+      errors.push_back("`--remasking " + remasking + "`: valid: low_confidence, random");
+    const int64_t batch_size = cli.integer("--batch-size", 1, errors);
+    if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
+    if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
+      errors.push_back("no prompt: give `--prompt TEXT` or `--prompts-jsonl FILE`");
+    for (const std::string& p : sampler_config_problems(sc, 0)) errors.push_back(p);
+    if (!errors.empty()) throw ConfigError(errors, {});
+
+    // The model, then what depends on it (vocabulary, mask token, tokenizer).
+    training::InferenceModel model(src, device);
+    const RunConfig& cfg = model.config();
+    if (cfg.diffusion.mode == RunningMode::Vanilla)
+      errors.push_back(model.description() + " is an autoregressive model (--model-running-mode vanilla); "
+                       "generate_difflm samples masked-diffusion models");
+    sc.mask_token = apps::inference_mask_token(cli, cfg, errors);
+    const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
+    sc.eos_token = cli.integer("--eos-token-id", tok ? tok->eod() : -1, errors);
+    if (!cli.has("--eos-token-id") && sc.eos_token >= 0 && sc.eos_token == sc.mask_token) {
+      std::cerr << "note: the tokenizer's end-of-document id " << sc.eos_token
+                << " is the mask token: not stopping at EOS (give --eos-token-id)\n";
+      sc.eos_token = -1;
+    }
+    sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
+    for (const std::string& p : sampler_config_problems(sc, model.vocab_size())) errors.push_back(p);
+    const std::vector<Prompt> prompts = read_prompts(cli, tok.get(), errors);
+    size_t longest = 0;
+    for (const Prompt& p : prompts) longest = std::max(longest, p.ids.size());
+    if (cfg.model.position_embedding_type == PositionEmbeddingType::LearnedAbsolute &&
+        static_cast<int64_t>(longest) + sc.gen_length > cfg.model.max_position_embeddings)
+      errors.push_back("the longest prompt (" + std::to_string(longest) + " tokens) plus `--gen-length " +
+                       std::to_string(sc.gen_length) + "` exceeds the model's learned positions (" +
+                       std::to_string(cfg.model.max_position_embeddings) + ")");
+    if (!errors.empty()) throw ConfigError(errors, {});
+
+    std::ofstream file;
+    if (cli.has("--output")) {
+      file.open(cli.get("--output"));
+      if (!file) MDLM_FAIL("`--output ", cli.get("--output"), "`: cannot create the file");
+    }
+    std::ostream& out = cli.has("--output") ? static_cast<std::ostream&>(file) : std::cout;
+    std::cerr << " > model: " << model.description() << " on " << device.str() << "\n"
+              << " > sampler: gen length " << sc.gen_length << ", steps " << sc.steps << ", block length "
+              << sc.block_length << ", remasking " << remasking_name(sc.remasking) << ", temperature "
+              << sc.temperature << ", cfg scale " << sc.cfg_scale << ", mask token " << sc.mask_token
+              << (sc.stop_at_eos ? ", stop at EOS " + std::to_string(sc.eos_token) : std::string())
+              << (sc.confidence_threshold > 0 ? ", confidence threshold " + std::to_string(sc.confidence_threshold)
+                                              : std::string())
+              << "\n";
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t generated = 0;
+    for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(batch_size)) {
+      std::vector<GenerationRequest> batch;
+      for (size_t i = first; i < std::min(prompts.size(), first + static_cast<size_t>(batch_size)); ++i)
+        batch.push_back({prompts[i].ids, static_cast<int64_t>(i)});
+      const std::vector<GenerationResult> results = generate(model, batch, sc);
+      for (size_t k = 0; k < results.size(); ++k) {
+        const Prompt& p = prompts[first + k];
+        const GenerationResult& r = results[k];
+        std::vector<int32_t> shown = r.tokens;
+        const auto eos = std::find(shown.begin(), shown.end(), static_cast<int32_t>(sc.eos_token));
+        if (sc.eos_token >= 0) shown.erase(eos, shown.end());
+        json j;
+        j["index"] = first + k;
+        j["prompt"] = p.has_text ? json(p.text) : json(nullptr);
+        j["prompt_ids"] = p.ids;
+        j["text"] = tok ? json(tok->decode(shown)) : json(nullptr);
+        j["token_ids"] = r.tokens;
+        j["steps"] = r.steps;
+        j["stopped_at_eos"] = r.stopped_at_eos;
+        out << j.dump() << "\n";
+        generated += static_cast<int64_t>(r.tokens.size());
+      }
+      out.flush();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cerr << " > generated " << generated << " tokens for " << prompts.size() << " prompts in " << s
+              << " s (" << (s > 0 ? static_cast<double>(generated) / s : 0.0) << " tokens/s)\n";
+    return 0;
+  } catch (const ConfigError& e) {
+    std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: unexpected failure: " << e.what() << "\n";
+    return 3;
+  }
+}

@@ -1,0 +1,213 @@
+// megadlm_bench ops: the attention rows, each timed on both CUDA backends (suffix _cudnn: cuDNN's
+// fused attention forced; _flash: megadlm's own kernels), at the 1.7B shape B=4 H=16 S=2048
+// D=128 unless the name says otherwise:
+//   attention_{fwd,bwd}[_causal]_{cudnn,flash}  dense rows, no mask / causal
+//   attention_{fwd,bwd}_gqa4_{cudnn,flash}      4 query groups (Hkv = 4)
+//   attention_{fwd,bwd}_s8192_{cudnn,flash}     B=1 S=8192 (the long-sequence shape)
+//   attention_bwd_det_{cudnn,flash}             --deterministic-mode backward (the cost of it)
+//   attention_{fwd,bwd}[_causal]_dropout_flash  p = 0.1 (own kernels only: global-coordinate mask)
+//   attention_{fwd,bwd}_documents_{cudnn,flash} packed documents of ~256 tokens
+// FLOPs: 4 B H S^2 D forward (causal: half), 2.5x that backward; packed rows count only the
+// products inside documents, so their rate compares with the dense rows per useful FLOP.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include "megadlm/core/error.h"
+#include "megadlm/ops/attention.h"
+#include "megadlm_bench/bench.h"
+
+namespace megadlm::bench {
+namespace {
+
+/// Attention (forward, and with `backward` the backward too) on the device with `dev_args` and on
+/// the CPU with `host_args` (the same but for the document tensors' device), on random q of
+/// [batch, seq, heads, head_dim] and k, v with num_kv_heads. Both backwards start from the CPU
+/// forward's out and lse, so that only the backward differs.
+Check attention_check(const ops::AttentionArgs& dev_args, const ops::AttentionArgs& host_args,
+                      bool backward, const Stream& s) {
+  const ops::AttentionArgs& a = dev_args;
+  const Shape qs{a.batch, a.seq, a.num_heads, a.head_dim};
+  const Shape kvs{a.batch, a.seq, a.num_kv_heads, a.head_dim};
+  Pair q = make_pair(qs, DType::BF16, s), k = make_pair(kvs, DType::BF16, s), v = make_pair(kvs, DType::BF16, s);
+  Pair o = make_pair(qs, DType::BF16, s), lse = make_pair({a.batch, a.num_heads, a.seq}, DType::F32, s);
+  ops::attention_forward(q.dev, k.dev, v.dev, o.dev, lse.dev, dev_args, s);
+  ops::attention_forward(q.host, k.host, v.host, o.host, lse.host, host_args, Stream::cpu());
+  Check c;
+  c.add(rel_err(o.dev, o.host, s), kTolBf16);
+  c.add(rel_err(lse.dev, lse.host, s), kTolF32);
+  if (backward) {
+    Pair dout = make_pair(qs, DType::BF16, s);
+    Pair dq = make_pair(qs, DType::BF16, s), dk = make_pair(kvs, DType::BF16, s), dv = make_pair(kvs, DType::BF16, s);
+    Tensor o_dev = o.host.to(s.device(), DType::BF16, s), lse_dev = lse.host.to(s.device(), s);
+    ops::attention_backward(dout.dev, q.dev, k.dev, v.dev, o_dev, lse_dev, dq.dev, dk.dev, dv.dev, dev_args, s);
+    ops::attention_backward(dout.host, q.host, k.host, v.host, o.host, lse.host, dq.host, dk.host, dv.host,
+                            host_args, Stream::cpu());
+    c.add(rel_err(dq.dev, dq.host, s), kTolBf16);
+    c.add(rel_err(dk.dev, dk.host, s), kTolBf16);
+    c.add(rel_err(dv.dev, dv.host, s), kTolBf16);
+  }
+  return c;
+}
+
+/// Documents of 180..332 tokens (mean ~256) packed into rows; the ids, the starts of the
+/// document_starts contract, and the sum of squared lengths (the visible (query, key) pairs).
+struct Packing {
+  std::vector<int32_t> ids, starts;
+  double pairs = 0;
+};
+
+Packing pack_documents(int64_t batch, int64_t seq) {
+  const std::vector<int> lengths = {256, 200, 312, 256, 180, 332};
+  Packing p;
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t doc = 0;
+    int64_t i = 0;
+    while (i < seq) {
+      const int64_t len = std::min<int64_t>(lengths[static_cast<size_t>(b + doc) % lengths.size()], seq - i);
+      p.starts.push_back(static_cast<int32_t>(b * seq + i));
+      for (int64_t j = 0; j < len; ++j) p.ids.push_back(doc);
+      p.pairs += static_cast<double>(len) * static_cast<double>(len);
+      i += len;
+      ++doc;
+    }
+  }
+  p.starts.push_back(static_cast<int32_t>(batch * seq));
+  return p;
+}
+
+struct Shape4 {
+  int64_t batch, seq, heads, kv_heads, dim;
+};
+
+struct RowSpec {
+  std::string name, shape;
+  Shape4 big;  ///< the timed case
+  ops::AttentionMask mask = ops::AttentionMask::None;
+  ops::AttentionBackend backend = ops::AttentionBackend::Flash;
+  float dropout = 0.0f;
+  bool deterministic = false;
+  bool documents = false;
+  bool backward = false;
+};
+
+ops::AttentionArgs args_for(const Shape4& x, const RowSpec& r) {
+  ops::AttentionArgs a{.batch = x.batch, .seq = x.seq, .num_heads = x.heads, .num_kv_heads = x.kv_heads,
+                       .head_dim = x.dim, .mask = r.mask,
+                       .softmax_scale = 1.0f / std::sqrt(static_cast<float>(x.dim)),
+                       .dropout_p = r.dropout, .dropout_seed = 9, .dropout_site = 1};
+  a.backend = r.backend;
+  a.deterministic = r.deterministic;
+  return a;
+}
+
+OpBench attention_row(const RowSpec& r) {
+  OpBench b;
+  b.name = r.name;
+  b.shape = r.shape;
+  const Shape4 x = r.big;
+  const double causal = r.mask == ops::AttentionMask::Causal ? 0.5 : 1.0;
+  const double pairs = r.documents ? pack_documents(x.batch, x.seq).pairs
+                                   : causal * static_cast<double>(x.batch) * x.seq * x.seq;
+  const double fwd_flops = 4.0 * x.heads * x.dim * pairs;
+  b.flops = r.backward ? 2.5 * fwd_flops : fwd_flops;
+  b.check = [r](const Stream& s) {
+    // Small case with the row's options: 2 rows of 333 (two documents a row when packed, a
+    // ragged end), the row's head grouping scaled down.
+    const Shape4 c{2, r.documents ? 333 : 128, 4, r.big.kv_heads == r.big.heads ? 4 : 1, r.big.dim};
+    ops::AttentionArgs a = args_for(c, r), a_host = a;
+    Tensor doc_host, doc_dev, starts_dev;
+    if (r.documents) {
+      const Packing p = pack_documents(c.batch, c.seq);
+      doc_host = Tensor::from_ints(p.ids, {c.batch, c.seq});
+      doc_dev = device_ints(p.ids, s);
+      starts_dev = device_ints(p.starts, s);
+      a.document_ids = &doc_dev;
+      a.document_starts = &starts_dev;
+      a_host.document_ids = &doc_host;
+    }
+    return attention_check(a, a_host, r.backward, s);
+  };
+  b.setup = [r, x](const Stream& s) -> std::function<void()> {
+    const Shape qs{x.batch, x.seq, x.heads, x.dim}, kvs{x.batch, x.seq, x.kv_heads, x.dim};
+    ops::AttentionArgs a = args_for(x, r);
+    Tensor docs, starts;
+    if (r.documents) {
+      const Packing p = pack_documents(x.batch, x.seq);
+      docs = device_ints(p.ids, s);
+      starts = device_ints(p.starts, s);
+      a.document_ids = &docs;
+      a.document_starts = &starts;
+    }
+    Tensor q = random_device(qs, DType::BF16, s), k = random_device(kvs, DType::BF16, s);
+    Tensor v = random_device(kvs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
+    Tensor lse = Tensor::empty({x.batch, x.heads, x.seq}, DType::F32, s);
+    ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
+    Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
+    Tensor dk = Tensor::empty(kvs, DType::BF16, s), dv = Tensor::empty(kvs, DType::BF16, s);
+    const bool documents = r.documents, backward = r.backward;
+    // a points at the closure's own copies of docs/starts (locals here would dangle).
+    return [=, &s]() mutable {
+      if (documents) {
+        a.document_ids = &docs;
+        a.document_starts = &starts;
+      }
+      if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
+      else ops::attention_forward(q, k, v, o, lse, a, s);
+    };
+  };
+  return b;
+}
+
+}  // namespace
+
+std::vector<OpBench> attention_benches() {
+  std::vector<OpBench> out;
+  const Shape4 dense{4, 2048, 16, 16, 128}, gqa{4, 2048, 16, 4, 128}, long_rows{1, 8192, 16, 16, 128};
+  const std::pair<ops::AttentionBackend, const char*> backends[] = {
+      {ops::AttentionBackend::Cudnn, "_cudnn"}, {ops::AttentionBackend::Flash, "_flash"}};
+  auto add = [&](RowSpec r, const char* stem, const char* shape) {
+    for (bool backward : {false, true}) {
+      r.backward = backward;
+      r.name = detail::concat("attention_", backward ? "bwd" : "fwd", stem);
+      r.shape = shape;
+      out.push_back(attention_row(r));
+    }
+  };
+  for (const auto& [backend, suffix] : backends) {
+    RowSpec r;
+    r.backend = backend;
+    r.big = dense;
+    for (ops::AttentionMask mask : {ops::AttentionMask::None, ops::AttentionMask::Causal}) {
+      r.mask = mask;
+      add(r, detail::concat(mask == ops::AttentionMask::Causal ? "_causal" : "", suffix).c_str(),
+          "B=4 H=16 S=2048 D=128 bf16");
+    }
+    r.mask = ops::AttentionMask::None;
+    r.big = gqa;
+    add(r, detail::concat("_gqa4", suffix).c_str(), "B=4 H=16 Hkv=4 S=2048 D=128");
+    r.big = long_rows;
+    add(r, detail::concat("_s8192", suffix).c_str(), "B=1 H=16 S=8192 D=128 bf16");
+    r.big = dense;
+    r.deterministic = true;
+    r.backward = true;
+    r.name = detail::concat("attention_bwd_det", suffix);
+    r.shape = "B=4 H=16 S=2048 D=128, deterministic";
+    out.push_back(attention_row(r));
+    r.deterministic = false;
+    r.documents = true;
+    add(r, detail::concat("_documents", suffix).c_str(), "B=4 H=16 S=2048 D=128, docs ~256");
+  }
+  // Attention dropout (Megatron's default p = 0.1): same flops; the difference in time is the
+  // cost of drawing the mask (forward) and redrawing it (backward). Own kernels only.
+  for (ops::AttentionMask mask : {ops::AttentionMask::None, ops::AttentionMask::Causal}) {
+    RowSpec r;
+    r.big = dense;
+    r.mask = mask;
+    r.dropout = 0.1f;
+    add(r, mask == ops::AttentionMask::Causal ? "_causal_dropout_flash" : "_dropout_flash",
+        "B=4 H=16 S=2048 D=128 bf16 p=0.1");
+  }
+  return out;
+}
+
+}  // namespace megadlm::bench

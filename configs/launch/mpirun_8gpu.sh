@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# mpirun launch for 8 GPUs (1 node(s) x 8), without Slurm: `configs/launch/mpirun_8gpu.sh
+# HOSTFILE` from the repository root on the first host; HOSTFILE lists 1 host name(s), one per
+# line (configs/launch/hosts.example). RECIPE and DATA_FLAGS as for the Slurm script. `kill -USR1`
+# on mpirun (which forwards SIGUSR1 to every rank) saves a checkpoint and stops (docs/recipes.md).
+set -euo pipefail
+hostfile=${1:?usage: $0 HOSTFILE (1 host(s), one per line)}
+hosts=$(grep -cv '^[[:space:]]*\(#\|$\)' "$hostfile")
+[ "$hosts" -ge 1 ] || { echo "$0: $hostfile lists $hosts host(s); this launch needs 1" >&2; exit 2; }
+RECIPE=${RECIPE:-configs/recipes/megadlms_1.7b_8gpu.args}
+source configs/launch/cluster_env.sh
+read -r -a data <<< "${DATA_FLAGS:---mock-data}"
+exec scripts/launch.sh --launcher mpirun --gpus 8 --nodes 1 --hostfile "$hostfile" \
+  "$MEGADLM_BIN/pretrain_difflm" @"$RECIPE" "${data[@]}" "${RUN_FLAGS[@]}"

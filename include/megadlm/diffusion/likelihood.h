@@ -1,0 +1,80 @@
+// Likelihood evaluation of a masked-diffusion LM (diffusion-lm.md §9; docs/evaluation.md):
+//   * the conditional log-likelihood log p(y | c) as LLaDA estimates it (§9.2,
+//     get_log_likelihood.py / eval_llada.py), with classifier-free guidance (§9.3);
+//   * the Monte-Carlo ELBO per token of whole sequences (§9.1): the training objective under the
+//     fixed evaluation noise of diffusion/forward_process, averaged over noise draws.
+//
+// LLaDA's estimator, for a request of answer length Ly and a mini-batch of B rows, repeated
+// mc_num / B times (repeat r of request g):
+//   k       = 1 + floor(U * Ly),  U = uniform53 of words (0, 1) of philox(key(seed, LikelihoodMC),
+//                                                                  {0, 0, g, r})
+//   n_m     = round_half_even(k + m * Ly / B) (in double), then ((n_m - 1) mod Ly) + 1, m < B
+//   mask of row m: the n_m answer positions a with the smallest keys uniform53 of
+//             philox(key(seed, LikelihoodMC), {a, 1 + m, g, r}) (lower a on ties): exactly n_m
+//             positions uniformly at random, the context untouched
+//   score_m = sum over masked a of CE_a * Ly / n_m;   estimate_r = (1/B) sum_m score_m
+//   log p(y | c) ~= -(mean over r of estimate_r)
+// The random numbers replace torch's randint/randperm by counter-based draws (promise 1 of
+// ARCHITECTURE.md): the same request gives the same masks in any order or batch, and
+// tests/golden/llada_reference.py reproduces them.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "megadlm/diffusion/diffusion_config.h"
+#include "megadlm/diffusion/sampler.h"
+
+namespace megadlm {
+
+struct LikelihoodConfig {
+  int64_t mc_num = 128;    ///< --mc-num: Monte-Carlo samples in all (a multiple of mc_batch)
+  int64_t mc_batch = 16;   ///< --mc-batch-size: rows evaluated together (LLaDA's batch_size)
+  double cfg_scale = 0.0;  ///< --cfg-scale
+  int64_t mask_token = -1;
+  uint64_t seed = 0;
+};
+
+/// Every problem with `config`, by flag; vocab <= 0 skips the vocabulary checks.
+std::vector<std::string> likelihood_config_problems(const LikelihoodConfig& config, int64_t vocab);
+
+struct LikelihoodRequest {
+  std::vector<int32_t> context, continuation;
+  int64_t index = 0;  ///< keys the request's random numbers (its index in the input)
+};
+
+struct LikelihoodResult {
+  double loglikelihood = 0;        ///< -(mean of the estimates)
+  std::vector<double> estimates;   ///< one negative-log-likelihood estimate per repeat
+  double standard_error = 0;       ///< of the mean of the estimates (0 with one repeat)
+};
+
+/// The masks of repeat `repeat` of request `index`: masks[m][a] for row m and answer position
+/// a, and the counts n_m (the layout above).
+std::vector<std::vector<uint8_t>> likelihood_masks(uint64_t seed, int64_t index, int64_t repeat,
+                                                   int64_t answer_length, int64_t batch,
+                                                   std::vector<int64_t>& counts);
+
+/// LLaDA's estimate of log p(continuation | context) (above).
+LikelihoodResult conditional_loglikelihood(LogitsModel& model, const LikelihoodRequest& request,
+                                           const LikelihoodConfig& config);
+
+/// Whether greedy decoding from [context ; M^Ly] (one token per step, the most confident first:
+/// LLaDA's suffix_greedy_prediction, §9.5) reproduces the continuation.
+bool greedy_reproduces(LogitsModel& model, const LikelihoodRequest& request, const LikelihoodConfig& config);
+
+struct ElboResult {
+  double nll_sum = 0;               ///< sum over draws and tokens of loss weight * CE
+  double tokens = 0;                ///< loss tokens over all draws (the normaliser)
+  std::vector<double> per_draw;     ///< ELBO per token of each draw
+  double per_token() const { return tokens > 0 ? nll_sum / tokens : 0.0; }
+};
+
+/// Monte-Carlo ELBO per token of `samples` (each S+1 tokens, Megatron's GPT sample; sample i has
+/// global index first_index + i) under the evaluation noise of build_micro_batch (training
+/// false); draw d uses seed + d. Equals the trainer's validation loss of the same samples and
+/// seed for one draw.
+ElboResult monte_carlo_elbo(LogitsModel& model, const std::vector<std::vector<int32_t>>& samples,
+                            int64_t first_index, const DiffusionConfig& diffusion, uint64_t seed,
+                            int64_t draws);
+
+}  // namespace megadlm

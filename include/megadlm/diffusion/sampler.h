@@ -1,0 +1,111 @@
+// Generation from a masked-diffusion LM: LLaDA's reference sampler (diffusion-lm.md §10.1,
+// `generate.py`), exactly, plus optional faster decoding (off by default). docs/generation.md
+// has the algorithm with the choices made where the reference leaves one open.
+//
+// The canvas of request b is [pads ; prompt_b ; M^G]: prompts of different lengths are left
+// padded to the longest one, so the generated region (and its blocks) start at the same column
+// in every row. Pad tokens form document 0 and the row's own tokens document 1
+// (MicroBatch::document_ids), so neither attends to the other, and the row's positions count from
+// its first prompt token: every row computes what it computes alone (bit for bit on the CPU).
+//
+// One step (block q, step i of s = S / (G / K) per block, global step t = q * s + i):
+//   the model's logits at every masked position before the end of block q (with classifier-free
+//   guidance also at the same positions of the canvas whose prompt tokens are all M),
+//   ops::sample_proposals -> proposed token and confidence per position, then per row the
+//   c_i most confident positions take their proposal (c = LLaDA's get_num_transfer_tokens: K // s
+//   per step and one more for the first K % s steps; ties go to the lower position). Steps with
+//   c_i = 0 change nothing in the reference and are not run. Decoded tokens are never remasked.
+// Randomness (Gumbel noise, random remasking) is keyed by (seed, request's sample_index,
+// position in the generated region, t): a request gives the same tokens alone or in any batch.
+//
+// Stopping at EOS (stop_at_eos): after each block, a row whose generated tokens so far contain
+// eos_token is finished and leaves the batch. Decoded tokens never change, so its tokens up to
+// and including the first EOS are exactly the reference's; the reference would go on to fill the
+// blocks after it, which this skips (GenerationResult::tokens ends at the EOS).
+//
+// Confidence-threshold decoding (confidence_threshold > 0; Fast-dLLM's parallel decoding, not
+// the reference): each step unmasks every masked position of the current block whose confidence
+// is >= the threshold, and at least the most confident one; a block ends when it has no mask
+// left, so a block takes 1..K steps. Global step t = q * K + i then.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+
+namespace megadlm {
+
+enum class Remasking { LowConfidence, Random };
+
+const char* remasking_name(Remasking r);
+
+struct SamplerConfig {
+  int64_t gen_length = 128;    ///< G (--gen-length)
+  int64_t steps = 128;         ///< S (--steps)
+  int64_t block_length = 128;  ///< K (--block-length)
+  Remasking remasking = Remasking::LowConfidence;
+  double temperature = 0.0;    ///< tau (--temperature): 0 = greedy
+  double cfg_scale = 0.0;      ///< w (--cfg-scale): 0 = no guidance
+  int64_t mask_token = -1;     ///< M
+  int64_t eos_token = -1;      ///< EOS id for stop_at_eos and logits_eos_inf (-1: none)
+  bool stop_at_eos = false;
+  bool logits_eos_inf = false; ///< LLaDA's logits_eos_inf: EOS is never proposed
+  uint64_t seed = 0;
+  double confidence_threshold = 0.0;  ///< > 0: parallel decoding (not the reference)
+};
+
+/// Every problem with `config` for a model of `vocab` logits, naming the flag
+/// (`--gen-length 100` is not a multiple of `--block-length 32`, ...). Empty = valid. With
+/// vocab <= 0 (model not loaded yet) only the checks that need no vocabulary.
+std::vector<std::string> sampler_config_problems(const SamplerConfig& config, int64_t vocab);
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;  ///< token ids (may be empty)
+  int64_t sample_index = 0;     ///< keys this request's random numbers (its index in the input)
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  ///< the G generated tokens, or up to the first EOS when stopped
+  int64_t steps = 0;            ///< model evaluations (forward passes) this request took part in
+  bool stopped_at_eos = false;
+};
+
+/// A batch of canvases as the model is asked to evaluate it (bidirectional attention).
+struct CanvasBatch {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> tokens;        ///< [batch * seq]
+  std::vector<int32_t> positions;     ///< [batch * seq]
+  std::vector<int32_t> document_ids;  ///< [batch * seq], or empty when no row is padded
+};
+
+/// What the sampler (and the likelihood estimator) needs of a model: logits at chosen tokens.
+/// A small interface so that tests can drive the sampler with a deterministic fake model.
+class LogitsModel {
+ public:
+  virtual ~LogitsModel() = default;
+  /// Columns of the logits (the padded vocabulary).
+  virtual int64_t vocab_size() const = 0;
+  /// The stream the returned logits live on.
+  virtual const Stream& stream() const = 0;
+  /// Logits [rows.size(), vocab_size()] of the flat token indices `rows` (b * seq + i) of
+  /// `canvas`, on stream()'s device (CPU f32/f64, CUDA bf16/f32).
+  virtual Tensor logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) = 0;
+};
+
+/// Runs the sampler on `requests` as one batch (the caller chooses the batch size). Throws
+/// megadlm::Error on an invalid configuration (sampler_config_problems) or a prompt token outside
+/// the vocabulary.
+std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<GenerationRequest>& requests,
+                                       const SamplerConfig& config);
+
+/// LLaDA's get_num_transfer_tokens for one block: `masked` tokens over `steps` steps.
+std::vector<int64_t> transfer_schedule(int64_t masked, int64_t steps);
+
+/// The canvas rows of `prompts` with `gen_length` mask tokens after each (the layout above):
+/// left padding with `pad_token`, positions from each row's first prompt token, document ids
+/// when any row is padded. `prompt_start[b]` receives the column of row b's first prompt token.
+CanvasBatch build_canvas(const std::vector<std::vector<int32_t>>& prompts, int64_t gen_length,
+                         int32_t mask_token, int32_t pad_token, std::vector<int64_t>& prompt_start);
+
+}  // namespace megadlm

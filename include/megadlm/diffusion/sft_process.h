@@ -1,0 +1,27 @@
+// The noising of supervised fine-tuning (diffusion-lm.md §7.1, LLaDA's SFT recipe; docs/finetuning.md):
+// prompt tokens always visible, masking on the response (and its EOS padding) only.
+//
+// A sample is S+1 tokens whose tokens 1..S are the model's input (difflm-noshift; token 0 is a
+// filler), the first P_b of them the prompt. Per sample b with global index g:
+//   t_b = U[0,1) from philox(seed, DiffusionTime, {0, 0, g}),  p_b = (1 - 1e-3) t_b + 1e-3
+//   m_{b,i} = [i >= P_b] * [U from philox(seed, DiffusionMask, {i, 0, g}) < p_b]
+//   (the same counters as pre-training; evaluation uses EvalNoise with c1 = 1 / 2, as there)
+// No at-least-one rule: a sample may have no masked token (it then adds nothing), as in LLaDA.
+// answer_length_b = S - P_b (the EOS padding included: it is how the model learns to stop).
+// Loss weight of a masked token and the sample's share of the normaliser (loss = sum w CE / sum n):
+//   answer_len: w = 1 / (p_b * answer_length_b), n = 1   -> (1/B) sum_b [sum CE/p_b] / answer_length_b
+//   token:      w = 1 / p_b,                     n = answer_length_b
+#pragma once
+#include <cstdint>
+#include <vector>
+#include "megadlm/diffusion/forward_process.h"
+
+namespace megadlm {
+
+/// The micro-batch of SFT `samples` (each S+1 tokens) with prompt lengths `prompt_lengths`
+/// (in input tokens, 0 <= P_b < S); samples[b] has global index first_sample + b.
+HostMicroBatch build_sft_micro_batch(const std::vector<std::vector<int32_t>>& samples,
+                                     const std::vector<int64_t>& prompt_lengths, int64_t first_sample,
+                                     const DiffusionConfig& config, const BatchContext& ctx);
+
+}  // namespace megadlm

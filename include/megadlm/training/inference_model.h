@@ -1,0 +1,49 @@
+// A trained model opened for inference (generation, likelihood evaluation): a megadlm
+// checkpoint saved under any parallel layout, or a Hugging Face Qwen2/Qwen3 folder read through
+// the importer's mapping (checkpoint/huggingface.h), loaded whole (TP 1) on one device, fp32 on
+// the CPU and bf16 on CUDA, with the architecture from the checkpoint's stored configuration.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+#include "megadlm/diffusion/sampler.h"
+#include "megadlm/model/gpt_model.h"
+#include "megadlm/parallel/parameter_store.h"
+#include "megadlm/training/training_config.h"
+
+namespace megadlm::training {
+
+struct InferenceSource {
+  std::string load;                   ///< megadlm checkpoint directory (--load), or ""
+  std::optional<int64_t> ckpt_step;   ///< --ckpt-step: this iteration instead of the latest
+  std::string hf_dir;                 ///< Hugging Face folder (--hf-dir), or ""
+};
+
+class InferenceModel final : public LogitsModel {
+ public:
+  /// Opens `source` (exactly one of load / hf_dir), verifies the checkpoint's files (sizes and
+  /// SHA-256) and loads the weights onto `device`. Throws naming the directory and the problem.
+  InferenceModel(const InferenceSource& source, Device device);
+  ~InferenceModel() override;
+
+  /// The stored configuration (model architecture, mask token, sequence length, ...).
+  const RunConfig& config() const { return cfg_; }
+  /// Where the weights came from, for logs ("checkpoint /ckpt/iter_0000100 (saved under ...)").
+  const std::string& description() const { return description_; }
+
+  int64_t vocab_size() const override { return cfg_.model.padded_vocab_size; }
+  const Stream& stream() const override { return rt_.stream; }
+  Tensor logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) override;
+
+ private:
+  RunConfig cfg_;
+  std::string description_;
+  ModelRuntime rt_;
+  ParameterStore store_;
+  std::unique_ptr<GptModel> model_;
+};
+
+}  // namespace megadlm::training

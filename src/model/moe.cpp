@@ -1,0 +1,488 @@
+#include "megadlm/model/moe.h"
+#include <algorithm>
+#include <cmath>
+#include "megadlm/ops/activation.h"
+#include "megadlm/ops/elementwise.h"
+#include "megadlm/ops/gemm.h"
+#include "megadlm/ops/reduce.h"
+#include "megadlm/parallel/expert_parallel/communication.h"
+#include "megadlm/parallel/tensor_parallel/mappings.h"
+
+namespace megadlm {
+
+namespace {
+
+std::string expert_name(const std::string& prefix, int expert, const char* part) {
+  return prefix + std::to_string(expert) + "." + part;
+}
+
+/// Rows of the micro-batch's T rows that TP rank r holds under SP (padding excluded).
+int64_t valid_rows(int64_t tokens, int rank, int size, bool sp) {
+  if (!sp) return tokens;
+  const int64_t shard = tp::shard_rows(tokens, size);
+  return std::clamp<int64_t>(tokens - shard * rank, 0, shard);
+}
+
+/// stats[layer, col .. col + n) += v (v: [n] or [1, n] of the stats dtype).
+void add_stat(MoeStepState& st, int layer, int64_t col, const Tensor& v, const Stream& s) {
+  const int64_t cols = st.stats.cols();
+  Tensor slot = st.stats.slice_flat(layer * cols + col, {v.numel()});
+  ops::add(slot, v.view({v.numel()}), slot, s);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ MoeStepState
+
+MoeStepState::MoeStepState(const TransformerConfig& config, DType stat_dtype, const Stream& stream)
+    : num_experts(config.moe.num_experts) {
+  stats = Tensor::zeros({config.num_layers, stat_columns(num_experts)}, stat_dtype, stream);
+  expert_bias.resize(static_cast<size_t>(config.num_layers));
+  if (config.moe.expert_bias)
+    for (int l = 0; l < config.num_layers; ++l)
+      if (config.moe.is_moe_layer(l)) expert_bias[static_cast<size_t>(l)] = Tensor::zeros({num_experts}, DType::F32, stream);
+}
+
+void MoeStepState::begin_step(const Stream& stream) { ops::fill(stats, 0.0f, stream); }
+
+// ------------------------------------------------------------------------------ MoeRouter
+
+MoeRouter::MoeRouter(const TransformerConfig& config, int, const std::string& prefix,
+                     ParameterStore& store, const ModelParallel& mp)
+    : store_(&store) {
+  // Replicated over TP; under SP each rank routes only its rows: partial gradients.
+  const TpSlice slice{TpSplit::Replicated, mp.tp.rank, mp.tp.size, mp.sequence_parallel};
+  weight_ = store.add(prefix + "weight", {config.moe.num_experts, config.hidden_size},
+                      ParamInit{InitKind::Normal, config.init_method_std}, true, false, slice);
+}
+
+// ------------------------------------------------------------------------------ MoeExperts
+
+MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefix, int first_expert,
+                       int local_experts, ParameterStore& store, const ModelParallel& mp)
+    : store_(&store), activation_(config.activation), grouped_(config.moe.grouped_gemm),
+      local_(local_experts) {
+  const int64_t f = config.moe.ffn_hidden_size, h = config.hidden_size;
+  const ParallelGroup& etp = mp.expert_tp;
+  MDLM_CHECK(f > 0 && f % etp.size == 0, prefix, ": the expert width ", f,
+             " does not split over ", etp.size, " expert-tensor-parallel ranks");
+  ffn_ = f / etp.size;
+  fc2_bias_here_ = etp.rank == 0;
+  const ParamInit init{InitKind::Normal, config.init_method_std};
+  const ParamInit out_init{InitKind::Normal,
+                           config.init_method_std / std::sqrt(2.0f * config.num_layers)};
+  const ParamInit zero{InitKind::Zeros, 0.0f};
+  const TpSlice column{TpSplit::Rows, etp.rank, etp.size};
+  const TpSlice row{TpSplit::Cols, etp.rank, etp.size};
+  const TpSlice replicated{TpSplit::Replicated, etp.rank, etp.size};
+  const bool swiglu = activation_ == MlpActivation::SwiGLU;
+  auto add = [&](const std::string& name, const Shape& shape, ParamInit pi, bool wd, bool fuse,
+                 TpSlice slice, ParameterStore::Handle& first, ParameterStore::Handle& last) {
+    const ParameterStore::Handle hd = store.add(name, shape, pi, wd, fuse, slice);
+    store.set_expert(hd);
+    if (first < 0) first = hd;
+    last = hd;
+  };
+  // One fused matrix per kind over the local experts, in expert order.
+  for (int e = 0; e < local_; ++e) {
+    const int g = first_expert + e;
+    if (swiglu) {
+      add(expert_name(prefix, g, "linear_fc1_gate.weight"), {f, h}, init, true, e > 0, column, w1_first_, w1_last_);
+      add(expert_name(prefix, g, "linear_fc1_up.weight"), {f, h}, init, true, true, column, w1_first_, w1_last_);
+    } else {
+      add(expert_name(prefix, g, "linear_fc1.weight"), {f, h}, init, true, e > 0, column, w1_first_, w1_last_);
+    }
+  }
+  for (int e = 0; e < local_; ++e)
+    add(expert_name(prefix, first_expert + e, "linear_fc2.weight"), {h, f}, out_init, true, e > 0, row,
+        w2_first_, w2_last_);
+  if (config.add_bias_linear) {
+    for (int e = 0; e < local_; ++e) {
+      const int g = first_expert + e;
+      if (swiglu) {
+        add(expert_name(prefix, g, "linear_fc1_gate.bias"), {f}, zero, false, e > 0, column, b1_first_, b1_last_);
+        add(expert_name(prefix, g, "linear_fc1_up.bias"), {f}, zero, false, true, column, b1_first_, b1_last_);
+      } else {
+        add(expert_name(prefix, g, "linear_fc1.bias"), {f}, zero, false, e > 0, column, b1_first_, b1_last_);
+      }
+    }
+    for (int e = 0; e < local_; ++e)
+      add(expert_name(prefix, first_expert + e, "linear_fc2.bias"), {h}, zero, false, e > 0, replicated,
+          b2_first_, b2_last_);
+  }
+}
+
+void MoeExperts::gemm_forward(const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& y,
+                              const std::vector<int64_t>& rows, const Stream& s) const {
+  if (grouped_) {
+    ops::grouped_gemm(x, w, y, rows, {.trans_b = true, .bias = bias}, s);
+    return;
+  }
+  // One GEMM per expert (Megatron's SequentialMLP): the same products, the same order.
+  const int64_t out = w.rows() / local_;
+  int64_t r = 0;
+  for (int e = 0; e < local_; ++e) {
+    const int64_t n = rows[static_cast<size_t>(e)];
+    if (n > 0) {
+      Tensor ye = y.narrow(r, n);
+      Tensor be;
+      if (bias) be = bias->slice_flat(e * out, {out});
+      ops::gemm(x.narrow(r, n), w.slice_flat(e * out * w.cols(), {out, w.cols()}), ye,
+                {.trans_b = true, .bias = bias ? &be : nullptr}, s);
+    }
+    r += n;
+  }
+}
+
+void MoeExperts::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                               Tensor* db, Tensor& dx, const std::vector<int64_t>& rows,
+                               const Stream& s) const {
+  const int64_t out = w.rows() / local_;
+  if (grouped_) {
+    ops::grouped_gemm(dy, w, dx, rows, {}, s);
+    ops::grouped_gemm(dy, x, dw, rows, {.trans_a = true, .beta = 1.0f}, s);
+  } else {
+    int64_t r = 0;
+    for (int e = 0; e < local_; ++e) {
+      const int64_t n = rows[static_cast<size_t>(e)];
+      if (n > 0) {
+        Tensor dxe = dx.narrow(r, n);
+        Tensor dwe = dw.slice_flat(e * out * w.cols(), {out, w.cols()});
+        ops::gemm(dy.narrow(r, n), w.slice_flat(e * out * w.cols(), {out, w.cols()}), dxe, {}, s);
+        ops::gemm(dy.narrow(r, n), x.narrow(r, n), dwe, {.trans_a = true, .beta = 1.0f}, s);
+      }
+      r += n;
+    }
+  }
+  if (db) {
+    int64_t r = 0;
+    for (int e = 0; e < local_; ++e) {
+      const int64_t n = rows[static_cast<size_t>(e)];
+      if (n > 0) {
+        Tensor dbe = db->slice_flat(e * out, {out});
+        ops::sum_rows(dy.narrow(r, n), dbe, s);
+      }
+      r += n;
+    }
+  }
+}
+
+Tensor MoeExperts::forward(const Tensor& x, const std::vector<int64_t>& rows, Saved& saved,
+                           const Stream& s) const {
+  saved.x = x;
+  saved.rows = rows;
+  const int64_t n = x.rows();
+  Tensor y = Tensor::empty({n, x.cols()}, x.dtype(), s);
+  if (n == 0) return y;  // no rows for this rank's experts (kernels need work)
+  Tensor w1 = store_->param_span(w1_first_, w1_last_);
+  Tensor b1, b2;
+  if (b1_first_ >= 0) b1 = store_->param_span(b1_first_, b1_last_);
+  if (b2_first_ >= 0 && fc2_bias_here_) b2 = store_->param_span(b2_first_, b2_last_);
+  saved.fc1_out = Tensor::empty({n, w1.rows() / local_}, x.dtype(), s);
+  gemm_forward(x, w1, b1.defined() ? &b1 : nullptr, saved.fc1_out, rows, s);
+  saved.act_out = Tensor::empty({n, ffn_}, x.dtype(), s);
+  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(saved.fc1_out, saved.act_out, s);
+  else ops::gelu_forward(saved.fc1_out, saved.act_out, s);
+  gemm_forward(saved.act_out, store_->param_span(w2_first_, w2_last_), b2.defined() ? &b2 : nullptr,
+               y, rows, s);
+  return y;
+}
+
+Tensor MoeExperts::backward(const Tensor& dy, Saved& saved, const Stream& s) const {
+  const int64_t n = dy.rows();
+  Tensor dx = Tensor::empty({n, dy.cols()}, dy.dtype(), s);
+  if (n == 0) {
+    saved = Saved{};
+    return dx;
+  }
+  Tensor db1, db2;
+  if (b1_first_ >= 0) db1 = store_->grad_span(b1_first_, b1_last_);
+  if (b2_first_ >= 0) db2 = store_->grad_span(b2_first_, b2_last_);
+  Tensor dw2 = store_->grad_span(w2_first_, w2_last_);
+  Tensor dact = Tensor::empty(saved.act_out.shape(), dy.dtype(), s);
+  gemm_backward(dy, saved.act_out, store_->param_span(w2_first_, w2_last_), dw2,
+                db2.defined() ? &db2 : nullptr, dact, saved.rows, s);
+  saved.act_out = Tensor();
+  Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), dy.dtype(), s);
+  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_backward(dact, saved.fc1_out, dfc1, s);
+  else ops::gelu_backward(dact, saved.fc1_out, dfc1, s);
+  saved.fc1_out = Tensor();
+  dact = Tensor();
+  Tensor dw1 = store_->grad_span(w1_first_, w1_last_);
+  gemm_backward(dfc1, saved.x, store_->param_span(w1_first_, w1_last_), dw1,
+                db1.defined() ? &db1 : nullptr, dx, saved.rows, s);
+  saved = Saved{};
+  return dx;
+}
+
+// ------------------------------------------------------------------------------ MoeLayer
+
+MoeLayer::MoeLayer(const TransformerConfig& config, int layer, const std::string& prefix,
+                   ParameterStore& store, const ModelParallel& mp)
+    : cfg_(config.moe), layer_(layer), hidden_(config.hidden_size), mp_(mp), store_(&store) {
+  MDLM_CHECK(cfg_.num_experts > 0, "MoeLayer without experts");
+  router_ = MoeRouter(config, layer, prefix + "mlp.router.", store, mp);
+  const auto kind = cfg_.dispatcher == MoeDispatcher::AllToAll ? ep::DispatcherKind::AllToAll
+                                                               : ep::DispatcherKind::AllGather;
+  dispatcher_ = std::make_shared<const ep::TokenDispatcher>(kind, cfg_.num_experts, mp);
+  experts_ = MoeExperts(config, prefix + "mlp.experts.", dispatcher_->first_expert(),
+                        dispatcher_->local_experts(), store, mp);
+  shared_ = cfg_.shared_expert_size > 0;
+  if (shared_) shared_mlp_ = Mlp(config, prefix + "mlp.shared_experts.", cfg_.shared_expert_size, store, mp);
+}
+
+ops::RouterTopkArgs MoeLayer::topk_args(bool training) const {
+  ops::RouterTopkArgs a;
+  a.topk = cfg_.topk;
+  a.score = cfg_.score == MoeScoreFunction::Sigmoid ? ops::RouterScore::Sigmoid : ops::RouterScore::Softmax;
+  a.pre_softmax = cfg_.pre_softmax;
+  a.scaling = cfg_.topk_scaling_factor.value_or(1.0f);
+  if (cfg_.num_groups > 0) {
+    a.num_groups = cfg_.num_groups;
+    a.group_topk = cfg_.group_topk;
+  } else if (cfg_.topk_limited_devices > 0) {
+    a.num_groups = mp_.ep.size;  // one group per EP rank: its experts
+    a.group_topk = cfg_.topk_limited_devices;
+    a.group_score = ops::RouterGroupScore::Max;
+  }
+  if (cfg_.load_balancing == MoeLoadBalancing::Sinkhorn) {
+    // Megatron: the selection is Sinkhorn's (training), the probs the plain scores of the
+    // selected experts: sigmoid for k = 1, else the softmax over all experts.
+    a.selection = training ? ops::RouterSelection::Sinkhorn : ops::RouterSelection::TopK;
+    a.pre_softmax = true;
+    a.score = cfg_.topk == 1 ? ops::RouterScore::Sigmoid : ops::RouterScore::Softmax;
+  }
+  return a;
+}
+
+void MoeLayer::route(const MicroBatch& mb, Saved& saved, Tensor& probs, Tensor& dispatched,
+                     const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  const int64_t experts = cfg_.num_experts, k = cfg_.topk;
+  const bool expert_choice = cfg_.load_balancing == MoeLoadBalancing::ExpertChoice;
+  const bool capacity = cfg_.capacity_factor.has_value() && !expert_choice;
+  // Choices across rows are made on the whole micro-batch, identically on every TP rank.
+  const bool gathered = (expert_choice || capacity) && mp_.sequence_parallel;
+  Tensor logits = saved.logits;
+  int64_t row0 = 0;
+  if (gathered) {
+    std::vector<int64_t> rows_of(static_cast<size_t>(mp_.tp.size));
+    for (int r = 0; r < mp_.tp.size; ++r) rows_of[static_cast<size_t>(r)] = valid_rows(mb.tokens(), r, mp_.tp.size, true);
+    logits = ep::all_gather_rows_uneven(saved.logits, rows_of, mp_.tp.get(), s);
+    row0 = mp_.local_row_offset(mb.tokens());
+  }
+  const int64_t rows = logits.rows();
+  const DType stat = logits.dtype();
+  Tensor p_all, idx_all, kept_all;
+  if (expert_choice) {
+    p_all = Tensor::empty({rows, experts}, stat, s);
+    idx_all = Tensor::empty({rows, experts}, DType::I32, s);
+    const int64_t seq = cfg_.batch_level_expert_choice ? rows : mb.seq;
+    const ops::ExpertChoiceArgs ec{.capacity = std::max<int64_t>(seq * k / experts, 1), .seq = seq,
+                                   .score = cfg_.score == MoeScoreFunction::Sigmoid ? ops::RouterScore::Sigmoid
+                                                                                     : ops::RouterScore::Softmax};
+    ops::moe_expert_choice_forward(logits, p_all, idx_all, ec, s);
+    if (rt.training) {
+      // Its balancing loss: sum_t (sum_e softmax_over_rows(logits)_te) n_t / (E k), n_t the
+      // experts that chose row t; gradient now (it needs every row), kept for these rows.
+      Tensor per_row = Tensor::zeros({rows, experts}, stat, s);
+      ops::moe_count_tokens(idx_all, per_row, {.rows_per_group = 1}, s);
+      Tensor ones = Tensor::empty({experts, 1}, stat, s);
+      ops::fill(ones, 1.0f, s);
+      Tensor n = Tensor::empty({rows, 1}, stat, s);
+      ops::gemm(per_row, ones, n, {}, s);
+      Tensor value = Tensor::zeros({1}, stat, s);
+      Tensor dl = Tensor::zeros({rows, experts}, stat, s);
+      const float scale = rt.moe ? rt.moe->aux_grad_scale : 1.0f;
+      const float grad = scale * cfg_.aux_loss_coeff / static_cast<float>(experts * k);
+      ops::moe_expert_choice_aux(logits, n.view({rows}), value, dl, grad, s);
+      saved.ec_dlogits = cfg_.aux_loss_coeff != 0.0f ? dl.narrow(row0, saved.rows) : Tensor();
+      // Every TP rank holds the whole value; TP rank 0 reports it.
+      if (rt.moe && rt.record_moe_stats && (!gathered || mp_.tp.rank == 0)) {
+        ops::scale_inplace(value, 1.0f / static_cast<float>(experts * k), s);
+        add_stat(*rt.moe, layer_, 2 * experts, value, s);
+      }
+    }
+  } else {
+    p_all = Tensor::empty({rows, k}, stat, s);
+    idx_all = Tensor::empty({rows, k}, DType::I32, s);
+    Tensor bias;
+    if (rt.moe) bias = rt.moe->expert_bias[static_cast<size_t>(layer_)];
+    ops::moe_router_topk_forward(logits, bias, p_all, idx_all, topk_args(rt.training), s);
+    if (capacity) {
+      // Megatron's get_capacity over the micro-batch's T·k slots.
+      const auto cap = static_cast<int64_t>(std::ceil(static_cast<double>(rows * k) / static_cast<double>(experts) *
+                                                      static_cast<double>(*cfg_.capacity_factor)));
+      kept_all = Tensor::empty(idx_all.shape(), DType::I32, s);
+      ops::moe_capacity_drop(p_all, idx_all, kept_all, cap, cfg_.num_experts,
+                             cfg_.drop_policy == MoeDropPolicy::Position ? ops::CapacityDropPolicy::Position
+                                                                         : ops::CapacityDropPolicy::Probs,
+                             s);
+    }
+  }
+  auto local = [&](const Tensor& t) { return gathered ? t.narrow(row0, saved.rows) : t; };
+  probs = local(p_all);
+  saved.indices = local(idx_all);
+  dispatched = kept_all.defined() ? local(kept_all) : saved.indices;
+}
+
+void MoeLayer::balance(const MicroBatch& mb, Saved& saved, const Tensor& dispatched,
+                       const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  const int64_t experts = cfg_.num_experts, k = cfg_.topk;
+  const DType stat = saved.logits.dtype();
+  const bool record = rt.moe && rt.record_moe_stats;
+  const float scale = rt.moe ? rt.moe->aux_grad_scale : 1.0f;
+  // Tokens of the whole micro-batch (over SP shards and CP chunks): the normaliser.
+  const double tokens = static_cast<double>(mb.tokens()) * mp_.cp.size;
+  auto sum_over_sequence_groups = [&](Tensor& t) {
+    if (mp_.sequence_parallel) tp::all_reduce(t, mp_.tp.get(), s);
+    if (mp_.cp.enabled()) mp_.cp.comm->all_reduce(t, comm::ReduceOp::Sum, s);
+  };
+  Tensor routed = Tensor::zeros({1, experts}, stat, s);
+  ops::moe_count_tokens(saved.indices, routed, {}, s);
+  if (record) {
+    add_stat(*rt.moe, layer_, 0, routed, s);
+    const bool dropping = cfg_.capacity_factor.has_value() && cfg_.load_balancing != MoeLoadBalancing::ExpertChoice;
+    if (!dropping) {
+      add_stat(*rt.moe, layer_, experts, routed, s);
+    } else {
+      Tensor kept = Tensor::zeros({1, experts}, stat, s);
+      ops::moe_count_tokens(dispatched, kept, {}, s);
+      add_stat(*rt.moe, layer_, experts, kept, s);
+    }
+  }
+  Tensor value = Tensor::zeros({1}, stat, s);
+  bool has_value = false;
+  if (cfg_.load_balancing == MoeLoadBalancing::AuxLoss) {
+    // aux = E / (T^2 k) sum_e (sum_t s_te) f_e, f the routed counts of the whole micro-batch.
+    Tensor f = routed;
+    sum_over_sequence_groups(f);
+    Tensor score_sums = Tensor::zeros({1, experts}, stat, s);
+    Tensor none;
+    ops::moe_router_stats(saved.logits, score_sums, none, {}, s);
+    const double c = static_cast<double>(experts) / (tokens * tokens * static_cast<double>(k));
+    ops::dot(score_sums.view({experts}), f.view({experts}), value, s);
+    ops::scale_inplace(value, static_cast<float>(c), s);
+    has_value = true;
+    if (cfg_.aux_loss_coeff != 0.0f) {
+      saved.aux_weights = f;
+      saved.loss.aux_coeff = static_cast<float>(scale * cfg_.aux_loss_coeff * c);
+    }
+  } else if (cfg_.load_balancing == MoeLoadBalancing::SeqAuxLoss) {
+    // Per sequence b: c_be = (slots of b routed to e) / (S k / E), and
+    // aux = mean_b sum_e c_be mean_s s_sbe.
+    const int64_t seq = mb.seq, batch = mb.batch;
+    const ops::RowGroups groups{.rows_per_group = seq, .row_offset = mp_.local_row_offset(mb.tokens())};
+    Tensor c = Tensor::zeros({batch, experts}, stat, s);
+    ops::moe_count_tokens(saved.indices, c, groups, s);
+    sum_over_sequence_groups(c);
+    ops::scale_inplace(c, static_cast<float>(static_cast<double>(experts) / static_cast<double>(seq * k)), s);
+    Tensor score_sums = Tensor::zeros({batch, experts}, stat, s);
+    Tensor none;
+    ops::moe_router_stats(saved.logits, score_sums, none, groups, s);
+    ops::dot(score_sums.view({batch * experts}), c.view({batch * experts}), value, s);
+    const double norm = 1.0 / static_cast<double>(batch * seq);
+    ops::scale_inplace(value, static_cast<float>(norm), s);
+    has_value = true;
+    if (cfg_.aux_loss_coeff != 0.0f) {
+      saved.aux_weights = c;
+      saved.loss.aux_coeff = static_cast<float>(scale * cfg_.aux_loss_coeff * norm);
+      saved.loss.groups = groups;
+    }
+  }
+  if (record && has_value) add_stat(*rt.moe, layer_, 2 * experts, value, s);
+  if (cfg_.z_loss_coeff != 0.0f) {
+    // z = mean over the micro-batch's tokens of logsumexp(logits)^2.
+    Tensor lse_sq = Tensor::zeros({1}, stat, s);
+    Tensor none;
+    ops::moe_router_stats(saved.logits, none, lse_sq, {}, s);
+    ops::scale_inplace(lse_sq, static_cast<float>(1.0 / tokens), s);
+    if (record) add_stat(*rt.moe, layer_, 2 * experts + 1, lse_sq, s);
+    saved.loss.z_coeff = static_cast<float>(scale * cfg_.z_loss_coeff / tokens);
+  }
+}
+
+Tensor MoeLayer::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  saved = Saved{};
+  const int64_t local_rows = x.rows();
+  saved.rows = valid_rows(mb.tokens(), mp_.tp.rank, mp_.tp.size, mp_.sequence_parallel);
+  MDLM_CHECK(saved.rows <= local_rows, "MoE layer ", layer_, ": ", local_rows, " rows for ",
+             saved.rows, " tokens");
+  saved.x = x.narrow(0, saved.rows);
+  saved.logits = Tensor::empty({saved.rows, cfg_.num_experts}, rt.stat_dtype(), s);
+  ops::gemm(saved.x, store_->param(router_.weight()), saved.logits, {.trans_b = true}, s);
+  Tensor probs, dispatched;
+  route(mb, saved, probs, dispatched, rt);
+  if (rt.training) balance(mb, saved, dispatched, rt);
+  Tensor xe = dispatcher_->dispatch(saved.x, dispatched, probs, saved.dispatch, s);
+  Tensor ye = experts_.forward(xe, saved.dispatch.rows_per_expert, saved.experts, s);
+  xe = Tensor();
+  Tensor routed = dispatcher_->combine(ye, saved.dispatch, s);
+  Tensor y;
+  if (shared_) {
+    y = shared_mlp_.forward(x, mb, saved.shared, rt);
+  } else if (saved.rows == local_rows) {
+    return routed;
+  } else {
+    y = Tensor::zeros({local_rows, x.cols()}, x.dtype(), s);
+  }
+  if (saved.rows > 0) {
+    Tensor head = y.narrow(0, saved.rows);
+    ops::add(head, routed, head, s);
+  }
+  return y;
+}
+
+Tensor MoeLayer::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
+  const Stream& s = rt.stream;
+  const int64_t n = saved.rows;
+  Tensor dx = shared_ ? shared_mlp_.backward(dy, mb, saved.shared, rt) : Tensor();
+  Tensor dyv = dy.narrow(0, n);
+  Tensor dprobs;
+  Tensor d_out = dispatcher_->combine_backward(dyv, saved.dispatch, dprobs, s);
+  Tensor dxe = experts_.backward(d_out, saved.experts, s);
+  d_out = Tensor();
+  Tensor d_routed = dispatcher_->dispatch_backward(dxe, saved.dispatch, s);
+  dxe = Tensor();
+
+  // Router: through the probs, plus the aux / z losses.
+  Tensor dlogits = Tensor::empty(saved.logits.shape(), saved.logits.dtype(), s);
+  ops::RouterTopkArgs a = topk_args(rt.training);
+  if (cfg_.load_balancing == MoeLoadBalancing::ExpertChoice) {
+    a = ops::RouterTopkArgs{};
+    a.topk = cfg_.num_experts;
+    a.score = cfg_.score == MoeScoreFunction::Sigmoid ? ops::RouterScore::Sigmoid : ops::RouterScore::Softmax;
+  }
+  ops::moe_router_topk_backward(dprobs, saved.logits, saved.indices, dlogits, a, s);
+  if (saved.aux_weights.defined() || saved.loss.z_coeff != 0.0f)
+    ops::moe_router_loss_backward(saved.logits, saved.aux_weights, dlogits, saved.loss, s);
+  if (saved.ec_dlogits.defined()) ops::add(dlogits, saved.ec_dlogits, dlogits, s);
+  Tensor dl = dlogits;
+  if (dl.dtype() != saved.x.dtype()) {  // bf16 activations: the GEMMs take bf16 operands
+    dl = Tensor::empty(dlogits.shape(), saved.x.dtype(), s);
+    ops::copy(dlogits, dl, s);
+  }
+  Tensor dw = store_->grad(router_.weight());
+  ops::gemm(dl, saved.x, dw, {.trans_a = true, .beta = 1.0f}, s);
+  Tensor d_router = Tensor::empty({n, hidden_}, saved.x.dtype(), s);
+  ops::gemm(dl, store_->param(router_.weight()), d_router, {}, s);
+  ops::add(d_routed, d_router, d_routed, s);
+
+  if (!dx.defined()) {
+    if (n == dy.rows()) {
+      saved = Saved{};
+      return d_routed;
+    }
+    dx = Tensor::zeros(dy.shape(), dy.dtype(), s);
+  }
+  if (n > 0) {
+    Tensor head = dx.narrow(0, n);
+    ops::add(head, d_routed, head, s);
+  }
+  saved = Saved{};
+  return dx;
+}
+
+}  // namespace megadlm

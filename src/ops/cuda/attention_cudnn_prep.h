@@ -1,0 +1,29 @@
+// Internal: the small kernels around the cuDNN attention graphs (attention_cudnn_prep.cu):
+// ragged (THD) offsets of packed documents and the conversion of the softmax statistics between
+// megadlm's lse layout [B, Hq, S] and cuDNN's ragged one [B * S, Hq].
+#pragma once
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace megadlm::ops::cuda::cudnn_prep {
+
+/// From the document starts (flat token indices, ascending, starts[num_docs] = total tokens) to
+/// the per-document tensors of a ragged batch of `bucket` >= num_docs documents (the extra ones
+/// empty, at the end of the buffer): seq_len[n] (int32, [bucket]) and the element offsets of
+/// document n in q, k/v, o and the ragged statistics (int64, [bucket + 1] each): start times the
+/// elements per token of each.
+struct RaggedPerToken {
+  int64_t q, kv, o, stats;
+};
+void launch_ragged_layout(const int32_t* starts, int64_t num_docs, int64_t bucket,
+                          RaggedPerToken per_token, int32_t* seq_len, int64_t* q_offsets,
+                          int64_t* kv_offsets, int64_t* o_offsets, int64_t* stats_offsets,
+                          cudaStream_t stream);
+
+/// thd[(b * S + s) * H + h] = bhs[(b * H + h) * S + s] (to_thd), or the reverse.
+void launch_lse_to_thd(const float* bhs, float* thd, int64_t batch, int64_t heads, int64_t seq,
+                       cudaStream_t stream);
+void launch_lse_from_thd(const float* thd, float* bhs, int64_t batch, int64_t heads, int64_t seq,
+                         cudaStream_t stream);
+
+}  // namespace megadlm::ops::cuda::cudnn_prep

@@ -1,0 +1,269 @@
+// Fused QK-norm + RoPE on CUDA (include/megadlm/ops/qk_norm_rope.h). One block per token
+// (grid-stride), 8 warps: the block first forms the token's rotary angles once (cos/sin of
+// theta_i = p / base^(2i/rotary_dim), fp32 as rope.cu), then each warp takes whole query/key
+// heads: a lane holds the elements lane + 32 j of a head (coalesced), the RMS statistic is a warp
+// sum, and the rotation partner (i +- rotary_dim/2) comes through a per-warp row in shared
+// memory. Value heads are copied with 16-byte accesses. Backward does the rotation by -theta,
+// the RMSNorm backward, writes the gradient over dqkv in place (each head is read whole before
+// it is written), and reduces dq_weight/dk_weight deterministically: per-lane registers, a fixed
+// order over the block's warps into one partial row per block, then launch_add_partial_rows in
+// block order (no float atomics).
+#include <algorithm>
+#include <type_traits>
+#include "core/cuda/cuda_utils.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/internal.h"
+
+namespace megadlm::ops::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxDim = 256;
+constexpr int64_t kBackwardMaxBlocks = 1024;
+
+struct Dims {
+  int heads, kv_heads, dim, rotary_dim;
+  float base, eps;
+  __host__ __device__ int row() const { return (heads + 2 * kv_heads) * dim; }
+};
+
+/// The token's angles: cs[i], sn[i] for i < rotary_dim / 2 (block-wide, then a barrier).
+__device__ __forceinline__ void token_angles(int32_t position, const Dims& d, float* cs, float* sn) {
+  const int half = d.rotary_dim / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const float inv_freq =
+        1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
+    sincosf(static_cast<float>(position) * inv_freq, &sn[i], &cs[i]);
+  }
+  __syncthreads();
+}
+
+/// Element e of a head rotated by sign * theta, from the head's values in `row` (shared).
+__device__ __forceinline__ float rotated(const float* row, int e, const Dims& d, const float* cs,
+                                         const float* sn, float sign) {
+  const int half = d.rotary_dim / 2;
+  if (e < half) return row[e] * cs[e] - sign * row[e + half] * sn[e];
+  if (e < d.rotary_dim) return row[e] * cs[e - half] + sign * row[e - half] * sn[e - half];
+  return row[e];
+}
+
+template <typename T, int E>
+__global__ void __launch_bounds__(kThreads)
+qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const T* __restrict__ q_weight,
+                            const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
+                            T* __restrict__ out, float* __restrict__ rstd, int64_t tokens, Dims d) {
+  __shared__ float cs[kMaxDim / 2], sn[kMaxDim / 2];
+  __shared__ float rows[kWarps][kMaxDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int normed = d.heads + d.kv_heads;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    __syncthreads();  // the previous token's angles and rows are no longer read
+    if (d.rotary_dim > 0) token_angles(positions[t], d, cs, sn);
+    const T* xt = qkv + t * d.row();
+    T* yt = out + t * d.row();
+    for (int h = warp; h < normed; h += kWarps) {
+      const T* xh = xt + h * d.dim;
+      float v[E];
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[j] = to_float(xh[lane + 32 * j]);
+      if (q_weight != nullptr) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) ss += v[j] * v[j];
+        ss = warp_sum(ss);
+        const float r = 1.0f / sqrtf(ss / static_cast<float>(d.dim) + d.eps);
+        const T* w = h < d.heads ? q_weight : k_weight;
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = v[j] * r * to_float(w[lane + 32 * j]);
+        if (lane == 0) rstd[t * normed + h] = r;
+      }
+      if (d.rotary_dim > 0) {
+        float* row = rows[warp];
+#pragma unroll
+        for (int j = 0; j < E; ++j) row[lane + 32 * j] = v[j];
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < E; ++j) v[j] = rotated(row, lane + 32 * j, d, cs, sn, 1.0f);
+        __syncwarp();  // the row is rewritten for the warp's next head
+      }
+      T* yh = yt + h * d.dim;
+#pragma unroll
+      for (int j = 0; j < E; ++j) yh[lane + 32 * j] = from_float<T>(v[j]);
+    }
+    // Value heads: a plain copy of the row's tail.
+    const int64_t v_begin = static_cast<int64_t>(normed) * d.dim, v_len = static_cast<int64_t>(d.kv_heads) * d.dim;
+    if ((v_len * sizeof(T)) % 16 == 0 && (v_begin * sizeof(T)) % 16 == 0 && (d.row() * sizeof(T)) % 16 == 0) {
+      const uint4* src = reinterpret_cast<const uint4*>(xt + v_begin);
+      uint4* dst = reinterpret_cast<uint4*>(yt + v_begin);
+      for (int64_t i = threadIdx.x; i < static_cast<int64_t>(v_len * sizeof(T) / 16); i += blockDim.x) dst[i] = src[i];
+    } else {
+      for (int64_t i = threadIdx.x; i < v_len; i += blockDim.x) yt[v_begin + i] = xt[v_begin + i];
+    }
+  }
+}
+
+template <typename T, int E>
+__global__ void __launch_bounds__(kThreads)
+qk_norm_rope_backward_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
+                             const T* __restrict__ q_weight, const T* __restrict__ k_weight,
+                             const float* __restrict__ rstd, const int32_t* __restrict__ positions,
+                             float* __restrict__ partial_q, float* __restrict__ partial_k,
+                             int64_t tokens, Dims d) {
+  __shared__ float cs[kMaxDim / 2], sn[kMaxDim / 2];
+  __shared__ float rows[kWarps][kMaxDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int normed = d.heads + d.kv_heads;
+  const bool norm = q_weight != nullptr;
+  float acc_q[E], acc_k[E];
+#pragma unroll
+  for (int j = 0; j < E; ++j) acc_q[j] = acc_k[j] = 0.0f;
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    __syncthreads();
+    if (d.rotary_dim > 0) token_angles(positions[t], d, cs, sn);
+    for (int h = warp; h < normed; h += kWarps) {
+      T* gh = dqkv + t * d.row() + h * d.dim;
+      float dn[E];
+#pragma unroll
+      for (int j = 0; j < E; ++j) dn[j] = to_float(gh[lane + 32 * j]);
+      if (d.rotary_dim > 0) {
+        float* row = rows[warp];
+#pragma unroll
+        for (int j = 0; j < E; ++j) row[lane + 32 * j] = dn[j];
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < E; ++j) dn[j] = rotated(row, lane + 32 * j, d, cs, sn, -1.0f);
+        __syncwarp();
+      }
+      if (norm) {
+        const T* xh = qkv + t * d.row() + h * d.dim;
+        const T* w = h < d.heads ? q_weight : k_weight;
+        const float r = rstd[t * normed + h];
+        float x[E], wv[E], gx = 0.0f;
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+          x[j] = to_float(xh[lane + 32 * j]);
+          wv[j] = to_float(w[lane + 32 * j]);
+          gx += dn[j] * wv[j] * x[j];
+        }
+        gx = warp_sum(gx);
+        const float coef = r * r * r * gx / static_cast<float>(d.dim);
+#pragma unroll
+        for (int j = 0; j < E; ++j) {
+          if (h < d.heads) acc_q[j] += dn[j] * x[j] * r;
+          else acc_k[j] += dn[j] * x[j] * r;
+          dn[j] = r * dn[j] * wv[j] - x[j] * coef;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < E; ++j) gh[lane + 32 * j] = from_float<T>(dn[j]);
+    }
+  }
+  if (!norm) return;
+  // Block partial rows: the warps' sums in warp order (fixed), one row per weight.
+  __syncthreads();
+  float* comb_q = &rows[0][0];  // [kWarps][dim], reused
+#pragma unroll
+  for (int j = 0; j < E; ++j) comb_q[warp * d.dim + lane + 32 * j] = acc_q[j];
+  __syncthreads();
+  for (int c = threadIdx.x; c < d.dim; c += blockDim.x) {
+    float s = 0.0f;
+    for (int w = 0; w < kWarps; ++w) s += comb_q[w * d.dim + c];
+    partial_q[static_cast<int64_t>(blockIdx.x) * d.dim + c] = s;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < E; ++j) comb_q[warp * d.dim + lane + 32 * j] = acc_k[j];
+  __syncthreads();
+  for (int c = threadIdx.x; c < d.dim; c += blockDim.x) {
+    float s = 0.0f;
+    for (int w = 0; w < kWarps; ++w) s += comb_q[w * d.dim + c];
+    partial_k[static_cast<int64_t>(blockIdx.x) * d.dim + c] = s;
+  }
+}
+
+Dims dims_of(const QkNormRopeArgs& a) {
+  MDLM_CHECK(a.head_dim % 32 == 0 && a.head_dim <= kMaxDim, "CUDA qk_norm_rope needs head_dim a "
+             "multiple of 32 up to ", kMaxDim, ", got ", a.head_dim, " (--kv-channels)");
+  return {static_cast<int>(a.heads), static_cast<int>(a.kv_heads), static_cast<int>(a.head_dim),
+          static_cast<int>(a.rotary_dim), a.base, a.eps};
+}
+
+/// Calls f(std::integral_constant<int, E>) for E = head_dim / 32.
+template <typename F>
+void with_elements(int dim, F&& f) {
+  switch (dim / 32) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
+template <typename T>
+const T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.data_ptr()) : nullptr;
+}
+
+}  // namespace
+
+void qk_norm_rope_forward(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
+                          const Tensor& positions, Tensor& out, Tensor& rstd,
+                          const QkNormRopeArgs& args, const Stream& stream) {
+  NvtxRange range("qk_norm_rope_forward");
+  const Dims d = dims_of(args);
+  const int64_t tokens = qkv.rows();
+  if (tokens == 0) return;
+  MDLM_CHECK(!q_weight.defined() || rstd.dtype() == DType::F32, "qk_norm_rope_forward: rstd must be f32, got ",
+             rstd.str());
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, 65535));
+  dispatch_activation_dtype(qkv.dtype(), "qk_norm_rope_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_elements(d.dim, [&](auto e) {
+      qk_norm_rope_forward_kernel<T, decltype(e)::value>
+          <<<grid, kThreads, 0, megadlm::detail::native_stream(stream)>>>(
+              static_cast<const T*>(qkv.data_ptr()), ptr_or_null<T>(q_weight), ptr_or_null<T>(k_weight),
+              static_cast<const int32_t*>(positions.data_ptr()), static_cast<T*>(out.data_ptr()),
+              q_weight.defined() ? rstd.data<float>() : nullptr, tokens, d);
+    });
+  });
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+void qk_norm_rope_backward(Tensor& dqkv, const Tensor& qkv, const Tensor& q_weight,
+                           const Tensor& k_weight, const Tensor& rstd, const Tensor& positions,
+                           Tensor& dq_weight, Tensor& dk_weight, const QkNormRopeArgs& args,
+                           const Stream& stream) {
+  NvtxRange range("qk_norm_rope_backward");
+  const Dims d = dims_of(args);
+  const int64_t tokens = qkv.rows();
+  if (tokens == 0) return;
+  const bool norm = q_weight.defined();
+  const int64_t blocks = std::min(tokens, kBackwardMaxBlocks);
+  Tensor partial;
+  if (norm) partial = Tensor::empty({2, blocks, d.dim}, DType::F32, stream);
+  float* pq = norm ? partial.data<float>() : nullptr;
+  float* pk = norm ? pq + blocks * d.dim : nullptr;
+  cudaStream_t s = megadlm::detail::native_stream(stream);
+  dispatch_activation_dtype(qkv.dtype(), "qk_norm_rope_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    with_elements(d.dim, [&](auto e) {
+      qk_norm_rope_backward_kernel<T, decltype(e)::value><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+          static_cast<T*>(dqkv.data_ptr()), static_cast<const T*>(qkv.data_ptr()),
+          ptr_or_null<T>(q_weight), ptr_or_null<T>(k_weight), norm ? rstd.data<float>() : nullptr,
+          static_cast<const int32_t*>(positions.data_ptr()), pq, pk, tokens, d);
+    });
+  });
+  MDLM_CUDA_CHECK_LAUNCH();
+  if (norm) {
+    launch_add_partial_rows(pq, blocks, d.dim, dq_weight.data<float>(), s);
+    launch_add_partial_rows(pk, blocks, d.dim, dk_weight.data<float>(), s);
+  }
+}
+
+}  // namespace megadlm::ops::cuda

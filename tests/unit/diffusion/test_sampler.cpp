@@ -1,0 +1,270 @@
+// The sampler's logic against a deterministic fake model whose logits are a hash of the
+// attended tokens: schedule, block order, never remasking, padding invariance, guidance, EOS
+// stopping and threshold decoding, each checked against numbers computed here independently.
+// Agreement with an independent Python implementation of LLaDA's generate on a real model is
+// tests/e2e/generate_reference.sh.
+#include <gtest/gtest.h>
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include "megadlm/core/philox.h"
+#include "megadlm/diffusion/sampler.h"
+
+using namespace megadlm;
+
+namespace {
+
+constexpr int64_t kVocab = 32;
+constexpr int32_t kMask = 31;
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+
+// Logits of query (b, i): a hash of (position of i, the tokens and positions of i's document
+// in row b) spread over [-4, 4). A row sees only its own document, like the real attention.
+class HashModel : public LogitsModel {
+ public:
+  int64_t vocab_size() const override { return kVocab; }
+  const Stream& stream() const override { return stream_; }
+  Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override {
+    ++calls;
+    rows_seen += static_cast<int64_t>(rows.size());
+    canvases.push_back(c);
+    std::vector<float> out;
+    for (int32_t q : rows) {
+      const int64_t b = q / c.seq, i = q % c.seq;
+      const int32_t doc = c.document_ids.empty() ? 0 : c.document_ids[static_cast<size_t>(q)];
+      uint64_t h = mix(0, static_cast<uint64_t>(c.positions[static_cast<size_t>(q)]));
+      for (int64_t j = 0; j < c.seq; ++j) {
+        const size_t k = static_cast<size_t>(b * c.seq + j);
+        if (!c.document_ids.empty() && c.document_ids[k] != doc) continue;
+        h = mix(h, static_cast<uint64_t>(c.positions[k]) * 1000 + static_cast<uint64_t>(c.tokens[k]));
+      }
+      (void)i;
+      for (int64_t v = 0; v < kVocab; ++v)
+        out.push_back(static_cast<float>(mix(h, static_cast<uint64_t>(v)) % 8000) / 1000.0f - 4.0f + bias[v]);
+    }
+    return Tensor::from_floats(out, {static_cast<int64_t>(rows.size()), kVocab});
+  }
+  int calls = 0;
+  int64_t rows_seen = 0;
+  std::vector<CanvasBatch> canvases;
+  // The mask token is never the favourite (a proposal of M would leave its position masked).
+  std::vector<float> bias = [] {
+    std::vector<float> b(kVocab, 0.0f);
+    b[kMask] = -50.0f;
+    return b;
+  }();
+
+ private:
+  Stream stream_ = Stream::cpu();
+};
+
+SamplerConfig config(int64_t gen, int64_t steps, int64_t block) {
+  SamplerConfig c;
+  c.gen_length = gen;
+  c.steps = steps;
+  c.block_length = block;
+  c.mask_token = kMask;
+  c.seed = 7;
+  return c;
+}
+
+// softmax probability of the argmax of a logits row, in double.
+std::pair<int32_t, double> argmax_conf(const float* l, int64_t v) {
+  int32_t best = 0;
+  for (int64_t k = 1; k < v; ++k) if (l[k] > l[best]) best = static_cast<int32_t>(k);
+  double s = 0;
+  for (int64_t k = 0; k < v; ++k) s += std::exp(static_cast<double>(l[k]) - l[best]);
+  return {best, 1.0 / s};
+}
+
+}  // namespace
+
+TEST(Sampler, TransferScheduleIsLladasGetNumTransferTokens) {
+  EXPECT_EQ(transfer_schedule(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(transfer_schedule(8, 8), (std::vector<int64_t>(8, 1)));
+  EXPECT_EQ(transfer_schedule(3, 5), (std::vector<int64_t>{1, 1, 1, 0, 0}));
+}
+
+TEST(Sampler, RejectsConfigurationsTheReferenceAssertsOn) {
+  const auto p1 = sampler_config_problems(config(100, 100, 32), kVocab);
+  ASSERT_EQ(p1.size(), 1u);
+  EXPECT_NE(p1[0].find("`--gen-length 100` is not a multiple of `--block-length 32`"), std::string::npos);
+  const auto p2 = sampler_config_problems(config(64, 30, 16), kVocab);
+  ASSERT_EQ(p2.size(), 1u);
+  EXPECT_NE(p2[0].find("`--steps 30` is not a multiple of the number of blocks 4"), std::string::npos);
+  SamplerConfig c = config(8, 8, 8);
+  c.mask_token = kVocab;
+  EXPECT_EQ(sampler_config_problems(c, kVocab).size(), 1u);
+  EXPECT_TRUE(sampler_config_problems(config(64, 32, 16), kVocab).empty());
+}
+
+TEST(Sampler, CanvasIsLeftPaddedWithOwnPositionsAndDocuments) {
+  std::vector<int64_t> start;
+  const CanvasBatch c = build_canvas({{5, 6, 7}, {9}}, 2, kMask, 0, start);
+  EXPECT_EQ(c.seq, 5);
+  EXPECT_EQ(start, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(c.tokens, (std::vector<int32_t>{5, 6, 7, kMask, kMask, 0, 0, 9, kMask, kMask}));
+  EXPECT_EQ(c.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 0, 1, 2}));
+  EXPECT_EQ(c.document_ids, (std::vector<int32_t>{1, 1, 1, 1, 1, 0, 0, 1, 1, 1}));
+  const CanvasBatch same = build_canvas({{5, 6}, {1, 2}}, 2, kMask, 0, start);
+  EXPECT_TRUE(same.document_ids.empty());  // nothing padded: plain attention
+}
+
+// One token per step (S = G): each step decodes the masked position of the current block whose
+// argmax is most probable, recomputed here step by step from the fake model.
+TEST(Sampler, GreedyOneTokenPerStepFollowsTheMostConfidentPositionWithinBlocks) {
+  HashModel model;
+  const std::vector<int32_t> prompt = {3, 4, 5};
+  const SamplerConfig cfg = config(8, 8, 4);
+  const auto res = generate(model, {{prompt, 0}}, cfg);
+  ASSERT_EQ(res[0].tokens.size(), 8u);
+  EXPECT_EQ(res[0].steps, 8);
+  // Independent replay: the same canvas, decoded by the rule of diffusion-lm.md §10.1.
+  HashModel oracle;
+  std::vector<int32_t> x = prompt;
+  x.resize(11, kMask);
+  for (int64_t step = 0; step < 8; ++step) {
+    const int64_t block_end = 3 + (step / 4 + 1) * 4;
+    CanvasBatch c;
+    c.batch = 1;
+    c.seq = 11;
+    c.tokens = x;
+    for (int32_t i = 0; i < 11; ++i) c.positions.push_back(i);
+    std::vector<int32_t> rows;
+    for (int32_t p = 0; p < block_end; ++p) if (x[static_cast<size_t>(p)] == kMask) rows.push_back(p);
+    Tensor l = oracle.logits(c, rows);
+    int32_t best_pos = -1, best_tok = 0;
+    double best_conf = -1;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      auto [tok, conf] = argmax_conf(l.data<float>() + r * kVocab, kVocab);
+      if (conf > best_conf) {
+        best_conf = conf;
+        best_pos = rows[r];
+        best_tok = tok;
+      }
+    }
+    x[static_cast<size_t>(best_pos)] = best_tok;
+  }
+  EXPECT_EQ(res[0].tokens, std::vector<int32_t>(x.begin() + 3, x.end()));
+}
+
+TEST(Sampler, BlocksAreDecodedInOrderAndTokensAreNeverRemasked) {
+  HashModel model;
+  const SamplerConfig cfg = config(12, 6, 4);  // 3 blocks, 2 steps each, 2 tokens per step
+  const auto res = generate(model, {{{1, 2}, 0}}, cfg);
+  ASSERT_EQ(model.calls, 6);
+  for (int s = 0; s < 6; ++s) {
+    const std::vector<int32_t>& t = model.canvases[static_cast<size_t>(s)].tokens;
+    int64_t masked = 0;
+    for (int32_t v : t) masked += v == kMask;
+    EXPECT_EQ(masked, 12 - 2 * s);  // two decoded per step
+    for (int64_t p = 2 + 4 * (s / 2 + 1); p < 14; ++p) EXPECT_EQ(t[static_cast<size_t>(p)], kMask);  // later blocks untouched
+    EXPECT_EQ(t[0], 1);
+    EXPECT_EQ(t[1], 2);
+    if (s > 0) {
+      const std::vector<int32_t>& prev = model.canvases[static_cast<size_t>(s - 1)].tokens;
+      for (size_t p = 0; p < t.size(); ++p)
+        if (prev[p] != kMask) {
+          EXPECT_EQ(t[p], prev[p]) << "position " << p << " changed at step " << s;
+        }
+    }
+  }
+  EXPECT_EQ(std::count(res[0].tokens.begin(), res[0].tokens.end(), kMask), 0);
+}
+
+TEST(Sampler, StepsWithNothingToTransferAreNotRun) {
+  HashModel model;
+  const auto res = generate(model, {{{1}, 0}}, config(4, 8, 4));  // 4 tokens over 8 steps
+  EXPECT_EQ(model.calls, 4);
+  EXPECT_EQ(res[0].steps, 4);
+}
+
+TEST(Sampler, PaddedBatchesGiveEveryRowItsResultAlone) {
+  for (const Remasking rm : {Remasking::LowConfidence, Remasking::Random}) {
+    for (const double temperature : {0.0, 0.7}) {
+      SamplerConfig cfg = config(8, 4, 4);
+      cfg.remasking = rm;
+      cfg.temperature = temperature;
+      cfg.cfg_scale = temperature > 0 ? 0.5 : 0.0;
+      const std::vector<GenerationRequest> reqs = {{{1, 2, 3, 4, 5}, 0}, {{6}, 1}, {{7, 8, 9}, 2}, {{}, 3}};
+      HashModel batched;
+      const auto together = generate(batched, reqs, cfg);
+      for (size_t r = 0; r < reqs.size(); ++r) {
+        HashModel alone;
+        const auto single = generate(alone, {reqs[r]}, cfg);
+        EXPECT_EQ(single[0].tokens, together[r].tokens) << "request " << r << ", " << remasking_name(rm)
+                                                        << ", temperature " << temperature;
+      }
+    }
+  }
+}
+
+TEST(Sampler, SeedAndSampleIndexKeyTheRandomNumbers) {
+  SamplerConfig cfg = config(16, 16, 16);
+  cfg.temperature = 1.0;
+  HashModel m;
+  const auto a = generate(m, {{{1, 2}, 0}}, cfg);
+  const auto b = generate(m, {{{1, 2}, 0}}, cfg);
+  const auto c = generate(m, {{{1, 2}, 5}}, cfg);
+  cfg.seed = 8;
+  const auto d = generate(m, {{{1, 2}, 0}}, cfg);
+  EXPECT_EQ(a[0].tokens, b[0].tokens);
+  EXPECT_NE(a[0].tokens, c[0].tokens);
+  EXPECT_NE(a[0].tokens, d[0].tokens);
+}
+
+// With guidance the unconditional canvas is the same canvas with the prompt tokens set to M, and
+// both are evaluated in one call (conditional rows first).
+TEST(Sampler, GuidanceEvaluatesThePromptMaskedCanvasAlongside) {
+  HashModel model;
+  SamplerConfig cfg = config(4, 4, 4);
+  cfg.cfg_scale = 1.5;
+  generate(model, {{{1, 2, kMask, 3}, 0}}, cfg);
+  const CanvasBatch& c = model.canvases[0];
+  ASSERT_EQ(c.batch, 2);
+  EXPECT_EQ(std::vector<int32_t>(c.tokens.begin(), c.tokens.begin() + 8),
+            (std::vector<int32_t>{1, 2, kMask, 3, kMask, kMask, kMask, kMask}));
+  // The prompt's own M is not a prompt token (LLaDA's prompt_index = x != M): it stays M in both.
+  EXPECT_EQ(std::vector<int32_t>(c.tokens.begin() + 8, c.tokens.end()), std::vector<int32_t>(8, kMask));
+  // Queried: the prompt's M and the 4 generated positions, in both halves.
+  EXPECT_EQ(model.rows_seen, 2 * (5 + 4 + 3 + 2));
+}
+
+TEST(Sampler, StoppingAtEosKeepsTheReferencePrefixAndSkipsLaterBlocks) {
+  // A bias that makes EOS (token 0) the clear favourite: the first block is all EOS.
+  SamplerConfig cfg = config(12, 12, 4);
+  cfg.eos_token = 0;
+  HashModel full_model;
+  full_model.bias[0] = 6.0f;
+  const auto full = generate(full_model, {{{5, 6}, 0}}, cfg);
+  cfg.stop_at_eos = true;
+  HashModel stop_model;
+  stop_model.bias[0] = 6.0f;
+  const auto stopped = generate(stop_model, {{{5, 6}, 0}}, cfg);
+  ASSERT_TRUE(stopped[0].stopped_at_eos);
+  const auto eos = std::find(full[0].tokens.begin(), full[0].tokens.end(), 0);
+  ASSERT_NE(eos, full[0].tokens.end());
+  EXPECT_EQ(stopped[0].tokens, std::vector<int32_t>(full[0].tokens.begin(), eos + 1));
+  EXPECT_LT(stop_model.calls, full_model.calls);
+  EXPECT_EQ(full[0].steps, 12);
+  EXPECT_EQ(stopped[0].steps, stop_model.calls);
+}
+
+TEST(Sampler, ConfidenceThresholdDecodesSeveralPositionsPerStepAndAtLeastOne) {
+  HashModel strict, loose;
+  SamplerConfig cfg = config(8, 8, 8);
+  cfg.confidence_threshold = 1.0;  // nothing reaches 1: exactly one token per step
+  const auto one = generate(strict, {{{1, 2}, 0}}, cfg);
+  EXPECT_EQ(strict.calls, 8);
+  const auto exact = generate(loose, {{{1, 2}, 0}}, config(8, 8, 8));
+  EXPECT_EQ(one[0].tokens, exact[0].tokens);  // one per step, most confident first: the exact sampler
+  HashModel eager;
+  cfg.confidence_threshold = 1e-9;  // everything passes: one step per block
+  generate(eager, {{{1, 2}, 0}}, cfg);
+  EXPECT_EQ(eager.calls, 1);
+}

@@ -1,0 +1,223 @@
+// Fault detection and replay (training/fault_detection.h): the decision table on scripted step
+// results, error injection (deterministic, about one in N steps), and through the Trainer: an
+// injected transient fault is replayed away (the run is bitwise the uninjected one), a
+// persistent one stops the run with a checkpoint of the last good state and exit code 16, and a
+// diverging run (--lr 1e3) is reported as a spike.
+#include <gtest/gtest.h>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+#include "megadlm/data/mock_dataset.h"
+#include "megadlm/training/checkpoint/checkpoint.h"
+#include "megadlm/training/fault_detection.h"
+#include "megadlm/training/trainer.h"
+#include "support/scratch.h"
+#include "support/tiny_model.h"
+
+using namespace megadlm;
+
+namespace {
+
+FaultDetectionConfig validate(bool spikes = false) {
+  FaultDetectionConfig c;
+  c.rerun_mode = RerunMode::ValidateResults;
+  c.check_spiky_loss = spikes;
+  return c;
+}
+
+// forward_backward that returns the scripted results in order and counts its calls.
+struct Script {
+  std::vector<StepResult> results;
+  size_t calls = 0;
+  StepResult operator()() { return results.at(calls++); }
+};
+
+FaultVerdict step(FaultDetector& d, int64_t iteration, Script& s) {
+  return d.run_step(iteration, 1234, [&] { return s(); });
+}
+
+}  // namespace
+
+TEST(FaultDetector, AcceptedStepsRunOnce) {
+  FaultDetector d(validate(true), true);
+  Script s{{{4.8, 1.2}, {4.7, 1.1}}};
+  EXPECT_EQ(step(d, 1, s).action, FaultAction::Apply);
+  const FaultVerdict v = step(d, 2, s);
+  EXPECT_EQ(v.action, FaultAction::Apply);
+  EXPECT_FALSE(v.replayed);
+  EXPECT_EQ(v.report, "");
+  EXPECT_EQ(s.calls, 2u);
+}
+
+TEST(FaultDetector, ANanThatTheReplayDoesNotReproduceIsTransientAndTheReplayIsApplied) {
+  FaultDetector d(validate(), true);
+  Script s{{{NAN, 1.0}, {4.5, 1.0}}};
+  const FaultVerdict v = step(d, 7, s);
+  EXPECT_EQ(s.calls, 2u);
+  EXPECT_TRUE(v.replayed);
+  EXPECT_EQ(v.action, FaultAction::Apply);
+  EXPECT_EQ(v.result.lm_loss, 4.5);
+  EXPECT_NE(v.report.find("iteration 7: found a non-finite value"), std::string::npos) << v.report;
+  EXPECT_NE(v.report.find("a TRANSIENT fault"), std::string::npos) << v.report;
+}
+
+TEST(FaultDetector, AReproducedNanStopsAndAnUnstableOneIsSkipped) {
+  FaultDetector d(validate(), true);
+  Script same{{{NAN, 2.0}, {NAN, 2.0}}};
+  const FaultVerdict stop = step(d, 3, same);
+  EXPECT_EQ(stop.action, FaultAction::Stop);
+  EXPECT_NE(stop.report.find("a REPRODUCIBLE fault"), std::string::npos) << stop.report;
+  Script unstable{{{NAN, 2.0}, {4.0, INFINITY}}};
+  EXPECT_EQ(step(d, 4, unstable).action, FaultAction::Skip);
+}
+
+TEST(FaultDetector, SpikesAreReplayedReportedAndAppliedThenNoLongerReplayedWhenTheRunDiverges) {
+  FaultDetector d(validate(true), true);
+  Script s;
+  for (double l : {5.0, 4.9, 5.1}) s.results.push_back({l, 1.0});
+  for (int i = 1; i <= 3; ++i) step(d, i, s);
+  // 60 >= 10 x median(5.0, 4.9, 5.1): a spike; the replay gives it again.
+  for (int k = 0; k < 4; ++k) {
+    s.results.push_back({60.0 * (k + 1), 1.0});
+    s.results.push_back({60.0 * (k + 1), 1.0});
+  }
+  for (int k = 0; k < FaultDetector::kMaxReplayedSpikesInARow; ++k) {
+    const size_t before = s.calls;
+    const FaultVerdict v = step(d, 4 + k, s);
+    EXPECT_EQ(s.calls - before, 2u);
+    EXPECT_EQ(v.action, FaultAction::Apply);
+    EXPECT_NE(v.report.find("found a spiky loss"), std::string::npos) << v.report;
+    EXPECT_NE(v.report.find("REPRODUCIBLE, not a transient fault"), std::string::npos) << v.report;
+  }
+  const size_t before = s.calls;
+  const FaultVerdict v = step(d, 7, s);
+  EXPECT_EQ(s.calls - before, 1u);  // reported, not replayed any more
+  EXPECT_NE(v.report.find("3 reproducible spikes in a row: the run diverges"), std::string::npos) << v.report;
+}
+
+TEST(FaultDetector, WithoutReplaysSpikesAreReportedAndNansLeftToTheTrainersCheck) {
+  FaultDetectionConfig c;
+  c.check_spiky_loss = true;
+  c.check_large_grads = true;
+  FaultDetector d(c, true);
+  Script s{{{5.0, 1.0}, {5.0, 50.0}, {NAN, 1.0}}};
+  step(d, 1, s);
+  const FaultVerdict grads = step(d, 2, s);
+  EXPECT_NE(grads.report.find("a large gradient norm"), std::string::npos) << grads.report;
+  EXPECT_NE(grads.report.find("not replayed: --rerun-mode disabled"), std::string::npos);
+  const FaultVerdict nan = step(d, 3, s);
+  EXPECT_EQ(nan.action, FaultAction::Apply);
+  EXPECT_TRUE(std::isnan(nan.result.lm_loss));
+  EXPECT_EQ(s.calls, 3u);
+}
+
+TEST(FaultDetector, ReportStatsReplaysEveryStep) {
+  FaultDetectionConfig c;
+  c.rerun_mode = RerunMode::ReportStats;
+  FaultDetector d(c, true);
+  Script s{{{5.0, 1.0}, {5.0, 1.0}, {4.0, 2.0}, {4.0, 2.5}}};
+  step(d, 1, s);
+  step(d, 2, s);
+  EXPECT_EQ(s.calls, 4u);
+  EXPECT_NE(d.stats_report().find("2 step(s) replayed, 1 bitwise identical, largest relative difference of "
+                                  "loss or grad norm 2.222222E-01"),
+            std::string::npos) << d.stats_report();  // |2 - 2.5| / (2 + 2.5) * 2
+}
+
+TEST(FaultDetector, InjectionHitsAboutOneStepInNAndTheSameStepsEveryTime) {
+  FaultDetectionConfig c = validate();
+  c.error_injection_rate = 10;
+  c.error_injection_type = ErrorInjectionType::CorrectResult;
+  auto injected = [&] {
+    FaultDetector d(c, true);
+    std::vector<int64_t> hits;
+    for (int64_t it = 1; it <= 2000; ++it) {
+      Script s{{{5.0, 1.0}, {5.0, 1.0}}};
+      if (step(d, it, s).replayed) hits.push_back(it);
+    }
+    return hits;
+  };
+  const std::vector<int64_t> a = injected(), b = injected();
+  EXPECT_EQ(a, b);
+  EXPECT_GT(a.size(), 150u);  // 200 expected; binomial sd ~13
+  EXPECT_LT(a.size(), 250u);
+  EXPECT_TRUE(a.empty() || a.front() > 1);  // never the first step
+}
+
+// ------------------------------------------------------------------------- through the Trainer
+
+namespace {
+
+struct TrainResult {
+  std::vector<IterationMetrics> metrics;
+  std::string log;
+};
+
+TrainResult train(const RunConfig& cfg) {
+  auto data = std::make_shared<MockGptDataset>(cfg.model.vocab_size, cfg.model.seq_length, cfg.diffusion.mask_token);
+  std::ostringstream log;
+  Trainer t(cfg, data, log);
+  TrainResult r;
+  r.metrics = t.train();
+  r.log = log.str();
+  return r;
+}
+
+}  // namespace
+
+TEST(FaultReplay, AnInjectedTransientFaultIsReplayedAwayBitwise) {
+  RunConfig cfg = test::tiny_run(test::TinyShape::small(), 8);
+  const TrainResult clean = train(cfg);
+  cfg.fault_detection = validate();
+  cfg.fault_detection.error_injection_rate = 3;
+  cfg.fault_detection.error_injection_type = ErrorInjectionType::TransientError;
+  const TrainResult faulty = train(cfg);
+  ASSERT_EQ(faulty.metrics.size(), clean.metrics.size());
+  int transient = 0;
+  for (const IterationMetrics& m : faulty.metrics) transient += m.fault_report.find("a TRANSIENT fault") != std::string::npos;
+  EXPECT_GE(transient, 1) << "no step was injected: the comparison below would prove nothing";
+  for (size_t i = 0; i < clean.metrics.size(); ++i) {
+    EXPECT_EQ(faulty.metrics[i].lm_loss, clean.metrics[i].lm_loss) << "iteration " << i + 1;
+    EXPECT_EQ(faulty.metrics[i].grad_norm, clean.metrics[i].grad_norm) << "iteration " << i + 1;
+    EXPECT_FALSE(faulty.metrics[i].skipped);
+  }
+}
+
+TEST(FaultReplay, APersistentFaultStopsWithACheckpointOfTheLastGoodState) {
+  test::TempDir dir("fault_stop_");
+  RunConfig cfg = test::tiny_run(test::TinyShape::small(), 8);
+  cfg.checkpoint.save = dir.str();
+  cfg.checkpoint.save_interval = 100;
+  cfg.fault_detection = validate();
+  cfg.fault_detection.error_injection_rate = 1;  // every step from the second on
+  cfg.fault_detection.error_injection_type = ErrorInjectionType::PersistentError;
+  auto data = std::make_shared<MockGptDataset>(cfg.model.vocab_size, cfg.model.seq_length, cfg.diffusion.mask_token);
+  std::ostringstream log;
+  Trainer t(cfg, data, log);
+  try {
+    t.train();
+    FAIL() << "a persistent fault did not stop the run";
+  } catch (const FaultStop& e) {
+    EXPECT_EQ(e.exit_code(), 16);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("iteration 2: found a non-finite value"), std::string::npos) << what;
+    EXPECT_NE(what.find("a REPRODUCIBLE fault"), std::string::npos) << what;
+    EXPECT_NE(what.find("the last good state (iteration 1) is the checkpoint " + (dir / "iter_0000001")),
+              std::string::npos) << what;
+  }
+  EXPECT_EQ(t.iteration(), 1);  // the faulty step was not applied
+  const checkpoint::CheckpointReader saved(dir / "iter_0000001");
+  EXPECT_EQ(saved.index().state.iteration, 1);
+}
+
+TEST(FaultReplay, ADivergingRunIsReportedAsASpike) {
+  RunConfig cfg = test::tiny_run(test::TinyShape::small(), 6);
+  cfg.optimizer.lr = 1e3f;
+  cfg.optimizer.clip_grad = 0.0f;
+  cfg.training.check_for_nan_in_loss_and_grad = false;  // the divergence may reach inf
+  cfg.fault_detection = validate(true);
+  const TrainResult r = train(cfg);
+  bool spike = false;
+  for (const IterationMetrics& m : r.metrics) spike = spike || m.fault_report.find("found a spiky loss") != std::string::npos;
+  EXPECT_TRUE(spike) << "losses: " << r.metrics[0].lm_loss << " ... " << r.metrics.back().lm_loss;
+}
