@@ -37,6 +37,13 @@ struct LayerBytes {
   int64_t backward_temporaries = 0;
 };
 
+/// Whether attention takes the fused QK-norm + RoPE path on the packed QKV rows
+/// (SelfAttention::fused_qk): it keeps the raw QKV rows, not q, k, v and their pre-norm copies.
+bool fused_qk(const TransformerConfig& m, PlanDevice device) {
+  if (m.qk_layernorm && m.normalization != NormType::RMSNorm) return false;
+  return device == PlanDevice::Cpu || (m.kv_channels % 32 == 0 && m.kv_channels <= 256);
+}
+
 LayerBytes layer_bytes(const TransformerConfig& m, int tp, bool sp, int64_t tokens, const Bytes& b,
                        PlanDevice device) {
   const int64_t T = tokens;                  // all rows of the micro-batch (per CP rank)
@@ -47,27 +54,30 @@ LayerBytes layer_bytes(const TransformerConfig& m, int tp, bool sp, int64_t toke
   const int64_t F = m.ffn_hidden_size / tp;
   const int64_t fc1 = m.activation == MlpActivation::SwiGLU ? 2 * F : F;
   const int64_t norm_stats = (m.normalization == NormType::LayerNorm ? 2 : 1) * b.stat;
+  const bool fused = fused_qk(m, device);
   LayerBytes l;
   l.saved = b.act * (rows * H            // x_in (norm1 saves the same tensor)
-                     + T * H             // attention x_full: norm1's output (gathered under SP)
-                     + T * hq + 2 * T * hkv  // q, k, v after norm and RoPE
+                     + T * (hq + 2 * hkv)  // the QKV rows (fused) or q, k, v after norm and RoPE
                      + T * hq            // core attention output
                      + rows * H          // x_mid (norm2 saves the same tensor)
-                     + T * H             // MLP x_full: norm2's output (gathered under SP)
-                     + T * fc1           // fc1 output (pre-activation)
-                     + T * F)            // activation output (fc2's input)
+                     + T * fc1)          // fc1 output (pre-activation; the activation is recomputed)
             + b.stat * T * nh            // log-sum-exp
             + norm_stats * 2 * rows;     // norm1, norm2 statistics
-  if (m.qk_layernorm)
-    l.saved += b.act * (T * hq + T * hkv)        // q and k before their norms
-               + norm_stats * (T * nh + T * ng);  // their statistics
-  // Forward: the fused QKV output lives next to its split copies.
+  // The norm outputs (QKV and fc1 inputs) are recomputed in backward from x_in / x_mid, except
+  // under SP, where they are the all-rows gathers and kept.
+  if (sp) l.saved += b.act * 2 * T * H;
+  if (m.qk_layernorm) {
+    if (fused) l.saved += b.stat * T * (nh + ng);  // q/k norm statistics
+    else l.saved += b.act * (T * hq + T * hkv) + norm_stats * (T * nh + T * ng);  // pre-norm q, k
+  }
+  // Forward: the fused QKV output lives next to its rotated (or split) copies.
   l.forward_temporaries = b.act * T * (hq + 2 * hkv);
-  // Backward, MLP: the gradient of the full rows, of the activation and of fc1's output at once.
-  const int64_t mlp = b.act * (T * H + T * F + T * fc1);
-  // Backward, attention: d(out), dq, dk, dv, their concatenation; the flash kernel's fp32
-  // row sums and dq accumulator (CUDA).
-  int64_t attn = b.act * (T * hq + 2 * (T * hq + 2 * T * hkv));
+  // Backward, MLP: the recomputed norm output, the gradient of the full rows, the recomputed
+  // activation and its gradient, then fc1's output gradient.
+  const int64_t mlp = b.act * ((sp ? 0 : T * H) + T * H + 2 * T * F + T * fc1);
+  // Backward, attention: the recomputed norm output, d(out), the recomputed rows, d(qkv), the
+  // flash kernel's fp32 row sums and dq accumulator (CUDA).
+  int64_t attn = b.act * ((sp ? 0 : T * H) + T * hq + 2 * T * (hq + 2 * hkv));
   if (device == PlanDevice::Cuda) attn += b.stat * (T * nh + T * hq);
   l.backward_temporaries = std::max(mlp, attn);
   return l;
@@ -104,11 +114,20 @@ ChunkBytes chunk_bytes(const TransformerConfig& m, const pp::LayerRange& range, 
   if (head) {
     const int64_t H = m.hidden_size;
     const int64_t norm_stats = (m.normalization == NormType::LayerNorm ? 2 : 1) * b.stat;
+    const int64_t V = m.padded_vocab_size / tp;
     c.head = b.act * rows * H + norm_stats * rows     // final norm: input and statistics
-             + b.act * tokens * H                     // output layer input (all rows)
-             + b.act * tokens * (m.padded_vocab_size / tp)  // logits, then their gradient
              + b.stat * tokens;                       // per-token losses
-    c.temporaries = std::max(c.temporaries, b.act * tokens * H);  // head backward's dh
+    if (tp == 1) {
+      // The fused head (ops::linear_cross_entropy): no [T, V] logits; d(final norm output)
+      // kept from the forward; the logits of one chunk of rows (and their gradient) meanwhile.
+      c.head += b.act * tokens * H;
+      const int64_t chunk = std::min<int64_t>(tokens, 2048);
+      c.temporaries = std::max(c.temporaries, 2 * b.act * chunk * V + b.act * tokens * H);
+    } else {
+      c.head += b.act * tokens * H                    // output layer input (all rows)
+                + b.act * tokens * V;                 // logits, then their gradient
+      c.temporaries = std::max(c.temporaries, b.act * tokens * H);  // head backward's dh
+    }
   }
   return c;
 }
@@ -141,6 +160,10 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
   ModelParallel mp;
   mp.tp = ParallelGroup{nullptr, 0, tp};
   mp.sequence_parallel = sp;
+  // MoE layers register this EP rank's experts, split over expert TP.
+  mp.ep = ParallelGroup{nullptr, 0, std::max(1, pc.expert_model_parallel_size)};
+  mp.expert_tp = ParallelGroup{nullptr, 0, std::max(1, pc.expert_tensor_parallel_size)};
+  const int ed = std::max(1, pc.expert_data_parallel_size);  // expert buckets' group
   const auto ranges = pp::stage_layers(m.num_layers, pp, vpp, pp_rank, pc.decoder_first_pipeline_num_layers,
                                        pc.decoder_last_pipeline_num_layers);
   std::vector<std::unique_ptr<GptModel>> chunks;
@@ -163,7 +186,7 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     for (int c = 0; c < static_cast<int>(chunks.size()); ++c)
       for (std::vector<int>& h : chunks[static_cast<size_t>(c)]->param_units()) units.push_back({c, std::move(h)});
     store.lay_out(FullyShardedDataParallel::buffer_layout(strategy, d, units,
-                                                          static_cast<int>(store.descs().size())));
+                                                          static_cast<int>(store.descs().size()), ed));
     std::vector<int64_t> per_unit(units.size(), 0);
     std::vector<int> unit_of(store.descs().size(), 0);
     for (size_t u = 0; u < units.size(); ++u)
@@ -171,12 +194,15 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     for (const GradBucket& bk : store.buckets())
       per_unit[static_cast<size_t>(unit_of[static_cast<size_t>(bk.params.front())])] += bk.end - bk.begin;
     for (int64_t n : per_unit) largest_unit = std::max(largest_unit, n);
+    // S: the padded buffer; Sd: this rank's shard of it (dense buckets over d, expert ones over ed).
     const int64_t S = store.flat_size();
+    int64_t Sd = 0;
+    for (const GradBucket& bk : store.buckets()) Sd += (bk.end - bk.begin) / (bk.expert ? ed : d);
     const bool wsh = strategy == ShardingStrategy::OptimGradsParams;
     const bool gsh = wsh || strategy == ShardingStrategy::OptimGrads;
-    const int64_t opt = strategy == ShardingStrategy::NoShard ? S : S / d;
-    st.weights = b.weight * (wsh ? S / d : S);
-    st.grads = 4 * (gsh ? S / d : S);
+    const int64_t opt = strategy == ShardingStrategy::NoShard ? S : Sd;
+    st.weights = b.weight * (wsh ? Sd : S);
+    st.grads = 4 * (gsh ? Sd : S);
     st.masters = device == PlanDevice::Cpu ? 0 : 4 * opt;  // CPU: the masters are the weights
     st.moments = 8 * opt;
     // Two gathered units (the one in use and the prefetched one). Gradient slots: on CUDA with
@@ -193,9 +219,11 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     dpo.bucket_size = pc.ddp_bucket_size;
     // The wrapper's group: dp×cp, or the distributed optimizer's intra-instance slice of it.
     const int shard = dpo.distributed_optimizer ? std::max(1, d / std::max(1, pc.num_distributed_optimizer_instances)) : d;
-    store.lay_out(DataParallel::buffer_layout(dpo, shard));
+    store.lay_out(DataParallel::buffer_layout(dpo, shard, ed));
     const int64_t S = store.flat_size();
-    const int64_t opt = dpo.distributed_optimizer ? S / shard : S;
+    int64_t Sd = 0;
+    for (const GradBucket& bk : store.buckets()) Sd += (bk.end - bk.begin) / (bk.expert ? ed : shard);
+    const int64_t opt = dpo.distributed_optimizer ? Sd : S;
     st.weights = b.weight * S;
     st.grads = 4 * S + (dpo.distributed_optimizer ? 4 * opt : 0);  // + the reduced shard
     st.masters = 4 * opt;
@@ -283,9 +311,25 @@ MemoryPlan plan_memory(const RunConfig& config, PlanDevice device, int host_rank
   if (config.parallel.context_parallel_size > 1)
     plan.notes.push_back("context parallelism: the tokens per rank are divided by cp; its attention "
                          "communication buffers are not counted");
-  if (config.parallel.expert_model_parallel_size > 1)
-    plan.notes.push_back("expert parallelism / MoE layers are not modelled (dense MLPs counted)");
+  if (config.model.moe.enabled())
+    plan.notes.push_back("MoE layers: their parameters and optimizer state (this EP rank's experts) are "
+                         "counted exactly; their activations as a dense MLP's (routing buffers and "
+                         "token imbalance are not modelled)");
   return plan;
+}
+
+PlannedRecordBytes planned_record_bytes(const RunConfig& config, PlanDevice device) {
+  const ParallelConfig& pc = config.parallel;
+  const TransformerConfig& m = config.model;
+  const int tp = pc.tensor_model_parallel_size;
+  const bool sp = pc.sequence_parallel && tp > 1;
+  const int64_t tokens = static_cast<int64_t>(config.training.micro_batch_size) * m.seq_length /
+                         pc.context_parallel_size;
+  const Bytes b = bytes_of(device);
+  PlannedRecordBytes r;
+  r.per_layer = layer_bytes(m, tp, sp, tokens, b, device).saved;
+  r.head = chunk_bytes(m, pp::LayerRange{0, 0}, true, tp, sp, tokens, b, device).head;
+  return r;
 }
 
 std::string format_memory_plan(const MemoryPlan& plan, const RunConfig& config) {

@@ -20,8 +20,10 @@
 // The sum is the predicted high-water mark of the stream-ordered pool (what the trainer reports
 // as peak memory); the CUDA context, cuBLASLt handles and NCCL's own buffers live outside the
 // pool and are counted as a fixed reserve when deciding whether a layout fits.
-// Not modelled yet: MoE experts, context parallelism's attention buffers (CP divides the tokens
-// per rank; its ring buffers are not counted), tensor-parallel communication overlap buffers.
+// Not modelled yet: MoE routing buffers (a MoE layer's activations are counted as a dense MLP's;
+// its experts' parameters and optimizer state exactly), context parallelism's attention buffers
+// (CP divides the tokens per rank; its ring buffers are not counted), tensor-parallel
+// communication overlap buffers.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -73,6 +75,15 @@ MemoryPlan plan_memory(const RunConfig& config, PlanDevice device, int host_rank
 /// The device a plan should describe: the configured one, except that a dry run without an
 /// explicit --device plans the GPU launch it prepares.
 PlanDevice plan_device(const RunConfig& config, bool dry_run, bool device_given);
+
+/// What the planner counts for one micro-batch's records on a rank of `config`: one
+/// transformer layer's (no recomputation) and the head's. Tests compare them with the bytes a
+/// real forward keeps (model/saved_activations.h).
+struct PlannedRecordBytes {
+  int64_t per_layer = 0;
+  int64_t head = 0;
+};
+PlannedRecordBytes planned_record_bytes(const RunConfig& config, PlanDevice device);
 
 /// The table `--dry-run` prints (one column per stage when pipelined) and the fits verdict.
 std::string format_memory_plan(const MemoryPlan& plan, const RunConfig& config);

@@ -1043,11 +1043,12 @@ INSTANTIATE_TEST_SUITE_P(Table, ArgumentRows, ::testing::ValuesIn(rows()), row_n
 // ---------------------------------------------------------------------- beyond the table
 
 TEST(Arguments, RealRunRefusesWhatOnlyADryRunAccepts) {
-  // The same valid FSDP layout: a dry run reports the item and returns, a real run throws it.
-  const ParsedArguments p = parse_arguments(dry(2, {"--use-custom-fsdp"}), {});
+  // The same valid hybrid-FSDP layout: a dry run reports the item and returns, a real run throws it.
+  const std::vector<std::string> hsdp = {"--use-custom-fsdp", "--num-distributed-optimizer-instances", "2"};
+  const ParsedArguments p = parse_arguments(dry(4, hsdp), {});
   ASSERT_EQ(p.not_supported.size(), 1u) << joined(p.not_supported);
   try {
-    parse_arguments(cmd({"--use-custom-fsdp"}), LaunchInfo{.world_size = 2});
+    parse_arguments(cmd(hsdp), LaunchInfo{.world_size = 4});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_TRUE(e.errors().empty()) << e.what();

@@ -10,6 +10,9 @@
 #include "megadlm/training/arguments.h"
 #include "megadlm/training/layout_plan.h"
 #include "megadlm/training/memory_plan.h"
+#include "megadlm/model/saved_activations.h"
+#include "megadlm/training/parallelize.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 
@@ -43,31 +46,33 @@ double gb(int64_t bytes) { return static_cast<double>(bytes) / 1e9; }
 
 }  // namespace
 
-TEST(MemoryPlan, PredictsThePeaksMeasuredOnTheH200WithinFivePercent) {
+TEST(MemoryPlan, PredictsThePeaksMeasuredOnTheH200) {
+  // docs/benchmarks.md, 1.7B on one H200 after issue 12's model wiring (fused QK-norm + RoPE,
+  // recomputed norm and activation outputs, the fused head): the pool's peak in use (5 %) and
+  // its reserved peak, PyTorch's max_memory_reserved (10 %, the issue's tolerance; reserved is
+  // in use plus the pool's rounding and cached blocks). The multi-GPU peaks recorded there
+  // predate those changes and describe another model code; scripts/check_planner.sh measures
+  // the current one on the device.
   struct Case {
     const char* what;
-    int world, gbs;
+    int gbs;
     std::vector<std::string> flags;
-    std::vector<double> measured_gb;  // per pipeline stage
+    double measured_gb;
+    double tolerance;
   };
+  const double gib = 1.073741824;
   const std::vector<Case> cases = {
-      {"1 GPU, gbs 64", 1, 64, {}, {50.0}},
-      {"DP 2, distributed optimizer", 2, 32,
-       {"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"}, {43.1}},
-      {"TP 2", 2, 16, {"--tensor-model-parallel-size", "2"}, {27.0}},
-      {"TP 2 + SP", 2, 16, {"--tensor-model-parallel-size", "2", "--sequence-parallel"}, {26.0}},
-      {"PP 2, M 4", 2, 16, {"--pipeline-model-parallel-size", "2"}, {33.8, 25.5}},
-      {"PP 2 x 2 virtual stages, M 4", 2, 16,
-       {"--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "7"}, {38.3, 30.0}},
+      {"seq 2048, micro-batch 4, in use", 8, {}, 42.9, 0.05},
+      {"seq 2048, micro-batch 4, reserved", 32, {}, 40.4 * gib, 0.10},
+      {"seq 8192, micro-batch 1, reserved", 8,
+       {"--seq-length", "8192", "--max-position-embeddings", "8192", "--micro-batch-size", "1"}, 40.4 * gib, 0.10},
+      {"seq 2048, GQA 4 groups, reserved", 32, {"--group-query-attention", "--num-query-groups", "4"}, 36.4 * gib, 0.10},
   };
   for (const Case& c : cases) {
-    const MemoryPlan plan = plan_memory(config_1p7b(c.world, c.gbs, c.flags), PlanDevice::Cuda);
-    ASSERT_EQ(plan.stages.size(), c.measured_gb.size()) << c.what;
-    for (size_t s = 0; s < plan.stages.size(); ++s) {
-      const double predicted = gb(plan.stages[s].peak());
-      EXPECT_NEAR(predicted / c.measured_gb[s], 1.0, 0.05)
-          << c.what << ", stage " << s << ": predicted " << predicted << " GB, measured " << c.measured_gb[s];
-    }
+    const MemoryPlan plan = plan_memory(config_1p7b(1, c.gbs, c.flags), PlanDevice::Cuda);
+    const double predicted = gb(plan.stages.at(0).peak());
+    EXPECT_NEAR(predicted / c.measured_gb, 1.0, c.tolerance)
+        << c.what << ": predicted " << predicted << " GB, measured " << c.measured_gb;
     EXPECT_TRUE(plan.fits()) << c.what;
   }
 }
@@ -110,16 +115,18 @@ TEST(MemoryPlan, MicroBatchesInFlightFollowThePipelineSchedule) {
   const MemoryPlan plan = plan_memory(config_1p7b(4, 32, {"--pipeline-model-parallel-size", "4"}), PlanDevice::Cuda);
   ASSERT_EQ(plan.stages.size(), 4u);
   for (int r = 0; r < 4; ++r) EXPECT_DOUBLE_EQ(plan.stages[static_cast<size_t>(r)].micro_batches_in_flight, 4.0 - r);
-  EXPECT_EQ(plan.busiest, 0);
-  // Only the last stage has the logits.
+  // Only the last stage has the head (one micro-batch's: its forward is followed by its
+  // backward); without TP it is the fused head, which keeps no logits.
   EXPECT_EQ(plan.stages[0].logits_and_loss, 0);
-  EXPECT_GT(plan.stages[3].logits_and_loss, int64_t{4} * 2048 * 50304 * 2);
+  EXPECT_EQ(plan.stages[3].logits_and_loss,
+            planned_record_bytes(config_1p7b(4, 32, {"--pipeline-model-parallel-size", "4"}), PlanDevice::Cuda).head);
+  EXPECT_LT(plan.stages[3].logits_and_loss, int64_t{4} * 2048 * 50304 * 2);
 }
 
 TEST(MemoryPlan, RefusesWhatDoesNotFitAndNamesWhatWould) {
-  // 1.7B at 32k tokens per sample, 2 per micro-batch: about 185 GB on one GPU.
-  const RunConfig big = config_1p7b(1, 2, {"--seq-length", "32768", "--max-position-embeddings", "32768",
-                                           "--micro-batch-size", "2"});
+  // 1.7B at 32k tokens per sample, 4 per micro-batch: about 200 GB on one GPU.
+  const RunConfig big = config_1p7b(1, 4, {"--seq-length", "32768", "--max-position-embeddings", "32768",
+                                           "--micro-batch-size", "4"});
   const MemoryPlan plan = plan_memory(big, PlanDevice::Cuda);
   EXPECT_FALSE(plan.fits());
   const std::string advice = memory_advice(big, plan);
@@ -196,4 +203,66 @@ TEST(LayoutPlan, ListsTheFastestLayoutsThatFitEachALaunchableCommandLine) {
   const std::string text = format_layout_plan(plan, plan.best[0].config);
   EXPECT_NE(text.find("layout plan for 8 GPUs"), std::string::npos) << text;
   EXPECT_NE(text.find("flags:"), std::string::npos) << text;
+}
+
+namespace {
+
+// One training forward of the whole model (one process, CPU) and what its record keeps, priced
+// as a CUDA run stores it (bf16 activations, f32 statistics).
+SavedActivationBytes real_record_bytes(const RunConfig& cfg) {
+  auto pm = parallelize(cfg, nullptr);
+  const Stream& s = pm->runtime.stream;
+  HostMicroBatch h;
+  h.batch = cfg.training.micro_batch_size;
+  h.seq = cfg.model.seq_length;
+  for (int64_t i = 0; i < h.batch * h.seq; ++i) {
+    h.input_ids.push_back(static_cast<int32_t>(1 + i % 50));
+    h.labels.push_back(static_cast<int32_t>(2 + i % 50));
+    h.loss_weights.push_back(1.0f);
+    h.positions.push_back(static_cast<int32_t>(i % h.seq));
+  }
+  h.loss_tokens = static_cast<double>(h.batch * h.seq);
+  const MicroBatch mb = MicroBatch::upload(h, s);
+  ModelRecord rec;
+  Tensor loss = Tensor::zeros({1}, DType::F32, s);
+  pm->chunks[0]->forward(mb, rec, loss, 1.0f, pm->runtime);
+  return saved_activation_bytes(rec, DType::BF16);
+}
+
+}  // namespace
+
+TEST(MemoryPlan, CountsWhatTheModelsForwardKeeps) {
+  // The planner's per-layer and head records against a real forward of the model code (the
+  // fused QK-norm + RoPE path, recomputed norm and activation outputs, the fused head), for the
+  // architecture variants whose records differ. kv channels 32: the fused QK path on CUDA too.
+  struct Variant {
+    const char* what;
+    void (*apply)(RunConfig&);
+  };
+  const Variant variants[] = {
+      {"RMSNorm, SwiGLU, QK-norm, RoPE", [](RunConfig&) {}},
+      {"no QK-norm", [](RunConfig& r) { r.model.qk_layernorm = false; }},
+      {"LayerNorm, GELU, biases, causal (QK LayerNorm: the unfused path)",
+       [](RunConfig& r) {
+         test::make_gpt_style(r);
+         r.model.qk_layernorm = true;
+       }},
+      {"GQA 1 group, hidden dropout", [](RunConfig& r) {
+         r.model.num_query_groups = 1;
+         r.model.hidden_dropout = 0.1f;
+       }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    RunConfig cfg = test::tiny_run({.layers = 2, .hidden = 64, .heads = 4, .query_groups = 2, .kv_channels = 32,
+                                    .ffn = 96, .seq = 32, .vocab = 128},
+                                   1);
+    v.apply(cfg);
+    const SavedActivationBytes real = real_record_bytes(cfg);
+    const PlannedRecordBytes plan = planned_record_bytes(cfg, PlanDevice::Cuda);
+    ASSERT_GT(real.layers, 0);
+    ASSERT_GT(real.head, 0);
+    EXPECT_EQ(plan.per_layer * cfg.model.num_layers, real.layers);
+    EXPECT_EQ(plan.head, real.head);
+  }
 }
