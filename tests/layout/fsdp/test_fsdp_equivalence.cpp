@@ -8,7 +8,8 @@
 // 5th-6th digit at most; the tolerance is the data-parallel suites' for that reason.
 // Covered: each strategy at DP = world with M = 1 or 2 and M = 4 micro-batches, TP 2 + SP,
 // PP 2 (and two virtual stages), full recomputation (uniform and block), tied embeddings on one
-// stage and across two stages. Cases that need more ranks than the world skip.
+// stage and across two stages, CP 2 (every strategy) and MoE layers with EP 2 (every strategy).
+// Cases that need more ranks than the world skip.
 #include <gtest/gtest.h>
 #include <map>
 #include <sstream>
@@ -38,6 +39,8 @@ struct Layout {
   RecomputeMethod method = RecomputeMethod::Uniform;
   int recompute_layers = 1;
   int layers = 2;
+  int cp = 1;
+  int ep = 0;  ///< > 0: MoE layers (4 experts, top-2) with their experts over EP ranks
 };
 
 RunConfig tiny_run(const Layout& l, int world, bool fsdp) {
@@ -49,7 +52,8 @@ RunConfig tiny_run(const Layout& l, int world, bool fsdp) {
   r.model.recompute_method = l.method;
   r.model.recompute_num_layers = l.recompute_layers;
   r.diffusion.varilen_prob = 0.2f;
-  const int dp = world / (l.tp * l.pp);
+  if (l.ep > 0) test::make_moe(r, 4, 2);
+  const int dp = world / (l.tp * l.pp * l.cp);
   r.training.micro_batch_size = small || l.micro_batches > 0 ? 1 : 2;
   if (l.micro_batches > 0) r.training.global_batch_size = l.micro_batches * r.training.micro_batch_size * dp;
   else if (small) r.training.global_batch_size = 4 * dp;  // M = 4: 1F1B and VPP need M >= pp
@@ -59,6 +63,12 @@ RunConfig tiny_run(const Layout& l, int world, bool fsdp) {
   r.parallel.sequence_parallel = l.sp && l.tp > 1;
   r.parallel.pipeline_model_parallel_size = l.pp;
   r.parallel.virtual_pipeline_model_parallel_size = l.vpp > 1 ? l.vpp : 0;
+  r.parallel.context_parallel_size = l.cp;
+  if (l.ep > 0) {
+    r.parallel.expert_model_parallel_size = l.ep;
+    r.parallel.expert_tensor_parallel_size = 1;
+    r.parallel.expert_data_parallel_size = world / (l.ep * l.pp);
+  }
   r.parallel.use_custom_fsdp = fsdp;
   r.parallel.data_parallel_sharding_strategy = l.strategy;
   r.parallel.use_distributed_optimizer = fsdp && l.strategy != ShardingStrategy::NoShard;
@@ -81,12 +91,13 @@ const std::vector<IterationMetrics>& reference(const Layout& l, int micro_batch,
   Layout one;  // same shape, no parallelism, no recomputation (it changes no number)
   one.untied = l.untied;
   one.layers = l.layers;
+  one.ep = l.ep > 0 ? 1 : 0;
   RunConfig cfg = tiny_run(one, 1, false);
   cfg.training.micro_batch_size = micro_batch;
   cfg.training.global_batch_size = global_batch;
   const std::string key = std::to_string(cfg.model.hidden_size) + "/" + std::to_string(l.layers) + "/" +
                           std::to_string(l.untied) + "/" + std::to_string(micro_batch) + "/" +
-                          std::to_string(global_batch);
+                          std::to_string(global_batch) + "/" + std::to_string(one.ep);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, train(cfg, nullptr)).first;
   return it->second;
@@ -95,8 +106,9 @@ const std::vector<IterationMetrics>& reference(const Layout& l, int micro_batch,
 void expect_same_as_single_process(const Layout& l, const std::string& what) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size();
-  if (world % (l.tp * l.pp) != 0)
-    GTEST_SKIP() << "needs a world size multiple of tp " << l.tp << " x pp " << l.pp;
+  if (world % (l.tp * l.pp * l.cp) != 0 || (l.ep > 0 && world % (l.ep * l.pp) != 0))
+    GTEST_SKIP() << "needs a world size multiple of tp " << l.tp << " x pp " << l.pp << " x cp " << l.cp
+                 << " (and of ep " << l.ep << " x pp)";
   const RunConfig cfg = tiny_run(l, world, true);
   parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
   const auto got = train(cfg, &groups);
@@ -159,4 +171,18 @@ TEST(FsdpEquivalence, TiedEmbeddingsMatchOneProcess) {
     expect_same_as_single_process({.strategy = s, .untied = false}, name(s) + ", one stage");
     expect_same_as_single_process({.strategy = s, .pp = 2, .untied = false, .layers = 4}, name(s) + ", two stages");
   }
+}
+
+TEST(FsdpEquivalence, ContextParallelMatchesOneProcess) {
+  // CP 2: FSDP shards over dp×cp (the gradient group), every strategy.
+  for (ShardingStrategy s : kStrategies) expect_same_as_single_process({.strategy = s, .cp = 2}, name(s) + ", cp 2");
+}
+
+TEST(FsdpEquivalence, ExpertParallelMatchesOneProcess) {
+  // MoE layers with EP 2: a layer's unit holds a dense bucket over dp×cp and an expert bucket
+  // over expert-dp (the ranks holding the same experts); the norm sums the expert shards over
+  // expert-dp and EP. EP = the world (expert-dp 1: the expert bucket is whole on each rank,
+  // Megatron-LM#6660's case) and, at 4 ranks, EP 2 × expert-dp 2.
+  for (ShardingStrategy s : kStrategies) expect_same_as_single_process({.strategy = s, .ep = 2}, name(s) + ", ep 2");
+  expect_same_as_single_process({.micro_batches = 4, .ep = 2}, "optim_grads_params, ep 2, 4 micro-batches");
 }
