@@ -45,7 +45,8 @@ const std::set<std::string> kLayoutFlags = {
     "--overlap-grad-reduce", "--overlap-param-gather", "--num-distributed-optimizer-instances",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--microbatch-group-size-per-virtual-pipeline-stage", "--hierarchical-context-parallel-sizes",
-    "--cp-comm-type", "--world-size", "--dry-run", "--plan"};
+    "--cp-comm-type", "--expert-model-parallel-size", "--expert-tensor-parallel-size", "--world-size",
+    "--dry-run", "--plan"};
 
 std::vector<std::string> without_layout_flags(const std::vector<std::string>& tokens) {
   std::vector<std::string> out;
@@ -72,7 +73,7 @@ std::vector<std::string> without_layout_flags(const std::vector<std::string>& to
 }
 
 struct Dims {
-  int tp = 1, pp = 1, vpp = 1, cp = 1;
+  int tp = 1, pp = 1, vpp = 1, cp = 1, ep = 1;
   enum class Dp { Ddp, DistOpt, FsdpGrads, FsdpParams } dp_kind = Dp::Ddp;
   bool recompute = false;
 };
@@ -83,6 +84,7 @@ std::vector<std::string> layout_flags(const Dims& d) {
   if (d.pp > 1) f.insert(f.end(), {"--pipeline-model-parallel-size", std::to_string(d.pp)});
   if (d.vpp > 1) f.insert(f.end(), {"--virtual-pipeline-model-parallel-size", std::to_string(d.vpp)});
   if (d.cp > 1) f.insert(f.end(), {"--context-parallel-size", std::to_string(d.cp)});
+  if (d.ep > 1) f.insert(f.end(), {"--expert-model-parallel-size", std::to_string(d.ep)});
   switch (d.dp_kind) {
     case Dims::Dp::Ddp: f.push_back("--overlap-grad-reduce"); break;
     case Dims::Dp::DistOpt:
@@ -106,7 +108,9 @@ std::string describe(const RunConfig& c) {
   os << "tp " << p.tensor_model_parallel_size << (p.sequence_parallel ? "+SP" : "") << ", pp "
      << p.pipeline_model_parallel_size;
   if (p.virtual_pipeline_model_parallel_size > 1) os << "x" << p.virtual_pipeline_model_parallel_size;
-  os << ", cp " << p.context_parallel_size << ", dp " << p.data_parallel_size << " ";
+  os << ", cp " << p.context_parallel_size;
+  if (p.expert_model_parallel_size > 1) os << ", ep " << p.expert_model_parallel_size;
+  os << ", dp " << p.data_parallel_size << " ";
   if (p.use_custom_fsdp) os << "FSDP " << sharding_strategy_name(p.data_parallel_sharding_strategy);
   else if (p.use_distributed_optimizer) os << "dist-opt";
   else os << "DDP";
@@ -217,6 +221,9 @@ LayoutPlan plan_layouts(const std::vector<std::string>& args, int world, int top
   LayoutPlan plan;
   plan.world_size = world;
   const std::vector<std::string> base = without_layout_flags(training::expand_flag_files(args));
+  // EP only for a model with MoE layers (the rules reject EP sizes its experts do not divide).
+  const bool moe = std::find(base.begin(), base.end(), "--num-experts") != base.end();
+  const std::vector<int> eps = moe ? std::vector<int>{1, 2, 4, 8} : std::vector<int>{1};
   std::vector<LayoutCandidate> fitting;
   for (int tp : {1, 2, 4, 8}) {
     if (world % tp) continue;
@@ -227,10 +234,12 @@ LayoutPlan plan_layouts(const std::vector<std::string>& args, int world, int top
         for (int cp : {1, 2, 4, 8}) {
           if ((world / (tp * pp)) % cp) continue;
           const int d = world / (tp * pp);  // dp × cp
+          for (int ep : eps) {
+          if ((world / pp) % ep) continue;
           for (Dims::Dp kind : {Dims::Dp::Ddp, Dims::Dp::DistOpt, Dims::Dp::FsdpGrads, Dims::Dp::FsdpParams}) {
             if (d == 1 && kind != Dims::Dp::Ddp) continue;
             for (bool recompute : {false, true}) {
-              const Dims dims{tp, pp, vpp, cp, kind, recompute};
+              const Dims dims{tp, pp, vpp, cp, ep, kind, recompute};
               std::vector<std::string> argv = base;
               const std::vector<std::string> flags = layout_flags(dims);
               argv.insert(argv.end(), flags.begin(), flags.end());
@@ -258,6 +267,7 @@ LayoutPlan plan_layouts(const std::vector<std::string>& args, int world, int top
               c.time = estimate_step_time(c.config);
               fitting.push_back(std::move(c));
             }
+          }
           }
         }
       }

@@ -5,8 +5,9 @@
 //
 // Candidates: TP (1, 2, 4, 8, with SP), PP (divisors of N up to the layer count), VPP (1, 2, 4),
 // CP (1, 2, 4, 8), DP flavour (DDP, the distributed optimizer, FSDP optim_grads and
-// optim_grads_params), full recomputation on or off. EP is not enumerated: MoE layers are not
-// built yet (nothing to place). The micro-batch and global batch stay the user's.
+// optim_grads_params), full recomputation on or off, and for a model with MoE layers EP (1, 2,
+// 4, 8; the cost model prices MoE layers as dense MLPs and leaves the token all-to-all out, so
+// EP candidates differ by their memory). The micro-batch and global batch stay the user's.
 //
 // Cost model (per GPU, one step; docs/planner.md derives it, docs/benchmarks.md has the rates):
 //   compute per micro-batch and stage = GEMM FLOPs / 811 TFLOP/s (cuBLASLt bf16)
