@@ -8,7 +8,8 @@
 //     saving it again at once and comparing every tensor), and training continues with the
 //     losses of the uninterrupted run to 1e-5 (fp32 reduction order differs between layouts,
 //     as in tests/layout/fsdp);
-//   * the same with TP 2 inside the FSDP layout (np 4: TP 2 × FSDP 2).
+//   * the same with TP 2 inside the FSDP layout (np 4: TP 2 × FSDP 2), and with MoE layers
+//     whose experts are spread over EP = every rank.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <cstring>
@@ -55,8 +56,16 @@ class FsdpTempDir {
 
 constexpr int64_t kIters = 6, kStop = 3;
 
-RunConfig tiny_run(int world, int tp, bool fsdp, ShardingStrategy s = ShardingStrategy::OptimGradsParams) {
+RunConfig tiny_run(int world, int tp, bool fsdp, ShardingStrategy s = ShardingStrategy::OptimGradsParams,
+                   bool moe = false) {
   RunConfig r = test::tiny_run({}, kIters);
+  if (moe) {
+    // MoE layers with their experts over EP = the world (expert-dp 1).
+    test::make_moe(r, 4, 2);
+    r.parallel.expert_model_parallel_size = world;
+    r.parallel.expert_tensor_parallel_size = 1;
+    r.parallel.expert_data_parallel_size = 1;
+  }
   r.model.hidden_dropout = 0.1f;
   r.diffusion.varilen_prob = 0.2f;
   r.parallel.world_size = world;
@@ -104,17 +113,18 @@ void expect_close(const std::vector<IterationMetrics>& got, const std::vector<It
   }
 }
 
-// FSDP over every rank (with `tp`) <-> one process without FSDP, both directions.
-void exchange_with_one_process(int tp) {
+// FSDP over every rank (with `tp`; or with MoE layers over EP = the world) <-> one process
+// without FSDP, both directions.
+void exchange_with_one_process(int tp, bool moe = false) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size(), rank = rt.world().rank();
   if (world % tp != 0 || world / tp < 2) GTEST_SKIP() << "needs FSDP over at least 2 ranks beside tp " << tp;
   FsdpTempDir dir(rt.world());
-  const RunConfig a = tiny_run(world, tp, true);
-  const RunConfig b = tiny_run(1, 1, false);  // every rank runs this job alone
+  const RunConfig a = tiny_run(world, tp, true, ShardingStrategy::OptimGradsParams, moe);
+  const RunConfig b = tiny_run(1, 1, false, ShardingStrategy::OptimGradsParams, moe);  // every rank alone
   parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), a.parallel);
   const std::string what_a = "FSDP over " + std::to_string(world / tp) + " ranks" +
-                             (tp > 1 ? " x TP " + std::to_string(tp) : "");
+                             (tp > 1 ? " x TP " + std::to_string(tp) : "") + (moe ? ", experts over EP" : "");
   const std::string mine = std::to_string(rank);
 
   // A -> B.
@@ -185,3 +195,9 @@ TEST(CheckpointFsdp, FsdpOverEveryRankAndOneProcessWithoutFsdpExchangeCheckpoint
 }
 
 TEST(CheckpointFsdp, TensorParallelFsdpAndOneProcessExchangeCheckpoints) { exchange_with_one_process(2); }
+
+TEST(CheckpointFsdp, FsdpWithExpertsOverEpAndOneProcessExchangeCheckpoints) {
+  // Expert buckets: every EP rank writes its own experts' shards (by global expert index), and
+  // one process reads them all back; then the reverse.
+  exchange_with_one_process(1, true);
+}
