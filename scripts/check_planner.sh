@@ -45,7 +45,7 @@ for entry in "${configs[@]}"; do
   t0=$(date +%s)
   timeout "$limit" "$bin/pretrain_difflm" "${common[@]}" $flags --metrics-jsonl "$metrics" > "$out/$name.log" 2>&1
   rc=$?
-  echo "$name: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -m1 '> memory after iteration' "$out/$name.log")"
+  echo "$name: exit $rc in $(( $(date +%s) - t0 )) s; $(grep -m1 '> peak memory by step' "$out/$name.log")"
   [ $rc -eq 0 ] || status=1
 done
 

@@ -196,7 +196,7 @@ void TrainingLog::memory_check(double predicted_gb, double measured_gb, double r
                                int64_t iteration) const {
   if (!logging_rank_) return;
   std::ostringstream line;
-  line << std::fixed << std::setprecision(2) << " > memory after iteration " << iteration
+  line << std::fixed << std::setprecision(2) << " > peak memory by step " << iteration
        << " (GB): predicted peak " << predicted_gb << " | measured peak " << measured_gb;
   if (reserved_gb >= 0) line << " | reserved " << reserved_gb;
   else line << " (resident set of the process)";

@@ -60,6 +60,6 @@ grep -qE "bad_alloc|iteration +[0-9]+/" <<< "$out" && fail "the oversized launch
 # ---- 5
 out=$("$p" @"$src/configs/tiny_dlm.args" --device cpu --train-iters 20 --lr-warmup-iters 1 --log-interval 1 --eval-iters 0 2>&1); rc=$?
 [ $rc -eq 0 ] || fail "tiny run exit $rc: $out"
-grep -qE "^ > memory after iteration 1 \(GB\): predicted peak [0-9.]+ \| measured peak [0-9.]+ \(resident set of the process\)" <<< "$out" \
+grep -qE "^ > peak memory by step 1 \(GB\): predicted peak [0-9.]+ \| measured peak [0-9.]+ \(resident set of the process\)" <<< "$out" \
   || fail "no predicted-vs-measured memory line: $out"
 echo "PASS"

@@ -13,8 +13,8 @@
 // distributed optimizer, so that every rank's shard is whole and aligned).
 // Initialisation: every element by its global index (ops/random.h), so any slice of a parameter
 // equals the slice of the unsplit parameter, and fill_initial_values() can regenerate any range.
-// FSDP (parallel/data_parallel/fsdp.h): buckets follow the model's units (one bucket per unit,
-// never two units in one), and the full weight or gradient buffer may be left unallocated: the
+// FSDP (parallel/data_parallel/fsdp.h): buckets follow the model's units (one bucket per unit
+// and parameter kind — a MoE layer has a dense and an expert bucket —, never two units in one), and the full weight or gradient buffer may be left unallocated: the
 // wrapper then binds a gathered window per bucket while a unit is in use, and reading a
 // parameter of an unbound bucket is an error (the #1643 "touched outside its gather" check).
 #pragma once

@@ -62,7 +62,7 @@ class TrainingLog {
   void iteration(const std::vector<IterationMetrics>& window, int64_t skipped_iterations,
                  int64_t nan_iterations, double flops_per_iteration, double peak_gb,
                  double peak_reserved_gb, const std::string& device, double predicted_gb = -1) const;
-  /// " > memory after iteration N (GB): predicted peak P (training/memory_plan.h), measured
+  /// " > peak memory by step N (GB): predicted peak P (training/memory_plan.h), measured
   /// peak M, reserved R" — once, after the first iteration, so a user sees how good the
   /// planner's number is for their layout. `reserved_gb` < 0: not measurable (CPU).
   void memory_check(double predicted_gb, double measured_gb, double reserved_gb, int64_t iteration) const;
