@@ -6,6 +6,7 @@
 //   mpirun -np 8 pretrain_difflm @configs/megadlms_1.7b.args --mock-data --use-distributed-optimizer
 //   scripts/launch.sh ...                                               (Slurm, several nodes)
 //   pretrain_difflm ... --dry-run --world-size 1024 ...                 (check a layout, no GPU)
+//   pretrain_difflm ... --plan --world-size 64 ...                      (rank the layouts that fit)
 // Exit codes: 0 success (also after a SIGTERM/SIGUSR1 stop); 2 invalid configuration or a
 // reported error; 3 unexpected failure; 16 stopped on a reproducible fault (--rerun-mode
 // validate_results; a checkpoint of the last good state is saved with --save). Only rank 0 prints the configuration and the iteration lines
@@ -28,6 +29,8 @@
 #include "megadlm/training/config_agreement.h"
 #include "megadlm/training/data_setup.h"
 #include "megadlm/training/flags.h"
+#include "megadlm/training/layout_plan.h"
+#include "megadlm/training/memory_plan.h"
 #include "megadlm/training/memory_estimate.h"
 #include "megadlm/training/trainer.h"
 
@@ -102,6 +105,13 @@ void check_memory(const RunConfig& c, const comm::LaunchEnvironment& env, int vi
                                                   " GiB for each of its " + std::to_string(env.local_world_size) +
                                                   " rank(s))");
   }
+  // Then the memory planner's whole peak (weights, gradients, optimizer state, activations
+  // under the pipeline schedule, buffers; training/memory_plan.h) against --gpu-memory-gb, or
+  // the host's memory shared by this host's ranks: a launch that cannot fit stops here, with
+  // the predicted bytes and the changes that would fit, instead of in an allocation.
+  const MemoryPlan memory = plan_memory(c, c.training.device == DeviceKind::Cuda ? PlanDevice::Cuda : PlanDevice::Cpu,
+                                        env.local_world_size);
+  if (!memory.fits()) throw ConfigError({memory_advice(c, memory)}, {});
 }
 
 }  // namespace
@@ -147,17 +157,27 @@ int main(int argc, char** argv) {
       return 2;
     }
     const training::ParsedArguments& parsed = *parsed_or;
+    const RunConfig& cfg = parsed.config;
     if (parsed.dry_run) {
       // Validation passed (parse_arguments throws otherwise): report and touch no GPU.
       if (rank != 0) return 0;
       std::cout << training::format_dry_run_report(parsed);
+      if (parsed.plan) {
+        std::cout << format_layout_plan(plan_layouts(args, cfg.parallel.world_size), cfg);
+        return 0;
+      }
+      // A layout that cannot fit is refused, with its numbers and what would fit.
+      const MemoryPlan memory = plan_memory(cfg, plan_device(cfg, true, parsed.given.count("device") > 0));
+      if (!memory.fits()) {
+        std::cout << "dry run: refused: " << memory_advice(cfg, memory) << "\n";
+        return 2;
+      }
       std::cout << (parsed.not_supported.empty()
                         ? "dry run: the configuration is valid and runnable by this build\n"
                         : "dry run: the configuration is valid; the items above marked not "
                           "supported yet keep this build from running it\n");
       return 0;
     }
-    const RunConfig& cfg = parsed.config;
     log_options.level = cfg.logging.level;
     log_options.all_ranks = cfg.logging.all_ranks;
     log_options.dir = cfg.logging.dir;

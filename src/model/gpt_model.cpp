@@ -64,7 +64,17 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, const
     }
     // A tied embedding held by this chunk is final only after the embedding's own backward.
     for (int h = head_first; h < static_cast<int>(store.descs().size()); ++h) head_handles_.push_back(h);
+    head_reads_ = head_handles_;
+    if (output_layer_ == word_embeddings_) head_reads_.push_back(output_layer_);
   }
+}
+
+std::vector<std::vector<int>> GptModel::param_units() const {
+  std::vector<std::vector<int>> out;
+  if (chunk_.embedding) out.push_back(embedding_handles_);
+  for (const TransformerLayer& l : layers_) out.push_back(l.param_handles());
+  if (chunk_.head) out.push_back(head_handles_);
+  return out;
 }
 
 int64_t GptModel::hidden_rows(int64_t tokens) const {
@@ -108,6 +118,7 @@ Tensor GptModel::embed(const MicroBatch& mb, const ModelRuntime& rt) const {
                        .chunks = mb.position_map()};
     ops::dropout_add_forward(x, zeros, x, d, s);
   }
+  if (rt.hooks) rt.hooks->params_done(embedding_handles_);
   return x;
 }
 
@@ -116,6 +127,7 @@ void GptModel::embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntim
   const int64_t t = mb.tokens();
   const bool sp = mp_.sequence_parallel;
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
+  if (rt.hooks) rt.hooks->backward_needed(embedding_handles_);
   if (p > 0) {
     ops::DropoutArgs d{.p = p, .seed = rt.seed, .site = kEmbeddingDropoutSite, .seq_len = mb.seq,
                        .sample_offset = mb.first_sample, .row_offset = mp_.local_row_offset(t),
@@ -130,14 +142,17 @@ void GptModel::embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntim
   }
   Tensor dwe = store_.grad(word_embeddings_);
   tp::vocab_parallel_embedding_backward(mb.input_ids, dx, dwe, vocab_start_, mp_, s);
-  if (rt.hooks) rt.hooks->grads_ready(embedding_handles_);
+  if (rt.hooks) {
+    rt.hooks->grads_ready(embedding_handles_);
+    rt.hooks->backward_done(embedding_handles_);
+  }
 }
 
 void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& rec,
                             Tensor& loss_sum, float grad_scale, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
-  if (rt.hooks) rt.hooks->params_needed(head_handles_);
+  if (rt.hooks) rt.hooks->params_needed(head_reads_);
   Tensor h = final_norm_.forward(x, rec.final_norm, s);
   rec.final_out = mp_.sequence_parallel ? tp::gather_rows(h, t, mp_.tp.get(), s) : h;
   h = Tensor();
@@ -145,7 +160,9 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
   if (!mp_.tp.enabled() && grad_scale > 0) {
     // Training without TP: the output layer and the loss fused over only the rows that carry
     // loss, in chunks (ops::linear_cross_entropy): no [T, V] logits; its gradients now (dW is
-    // added to the main grad here, d final_out kept for head_backward).
+    // added to the main grad here, d final_out kept for head_backward). For the hooks this is
+    // part of the head's backward: under FSDP its gradient slot is bound only around it.
+    if (rt.hooks) rt.hooks->backward_needed(head_reads_);
     rec.dfinal = Tensor::empty(rec.final_out.shape(), rt.dtype, s);
     Tensor dw = store_.grad(output_layer_);
     // Without loss_rows (a micro-batch not built by MicroBatch::upload) every row counts.
@@ -155,6 +172,10 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
                               {.grad_scale = grad_scale}, s);
     rec.final_out = Tensor();
     ops::dot(rec.losses, mb.loss_weights, loss_sum, s);
+    if (rt.hooks) {
+      rt.hooks->backward_done(head_reads_);
+      rt.hooks->params_done(head_reads_);
+    }
     return;
   }
   const int64_t local_vocab = cfg_.padded_vocab_size / mp_.tp.size;
@@ -174,12 +195,16 @@ void GptModel::head_forward(const MicroBatch& mb, const Tensor& x, ModelRecord& 
   }
   if (grad_scale > 0) rec.dlogits = logits;
   ops::dot(rec.losses, mb.loss_weights, loss_sum, s);
+  if (rt.hooks) rt.hooks->params_done(head_reads_);
 }
 
 Tensor GptModel::head_backward(const MicroBatch& mb, ModelRecord& rec, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   MDLM_CHECK(rec.dlogits.defined() || rec.dfinal.defined(), "GptModel::backward without a training forward");
   (void)mb;
+  // The head's unit is gathered again for its backward (with the fused head, for the final
+  // norm's: the output layer's gradients were written in the forward).
+  if (rt.hooks) rt.hooks->backward_needed(head_reads_);
   Tensor dh = rec.dfinal;  // the fused head already computed it (and dW_out)
   if (!dh.defined()) {
     // Output layer (column-parallel over the vocabulary): dW_out += dlogits^T h; dh sums over TP.
@@ -195,7 +220,10 @@ Tensor GptModel::head_backward(const MicroBatch& mb, ModelRecord& rec, const Mod
     tp::all_reduce(dh, mp_.tp.get(), s);
   }
   Tensor dx = final_norm_.backward(dh, rec.final_norm, s);
-  if (rt.hooks) rt.hooks->grads_ready(head_handles_);
+  if (rt.hooks) {
+    rt.hooks->grads_ready(head_handles_);
+    rt.hooks->backward_done(head_reads_);
+  }
   return dx;
 }
 
@@ -257,9 +285,18 @@ Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, Model
   const auto us = units();
   for (size_t u = us.size(); u-- > 0;) {
     const int first = us[u].first, last = us[u].first + us[u].second;
-    if (recomputed(u)) {
+    const bool recompute = recomputed(u);
+    std::vector<int> unit_handles;
+    if (recompute) {
       // Re-run the unit's forward from its saved input to rebuild the records; dropout and
-      // attention dropout are keyed by coordinates, so the activations are the same.
+      // attention dropout are keyed by coordinates, so the activations are the same. The re-run
+      // is part of the unit's backward for the hooks: one announcement (one FSDP gather) serves
+      // the recomputation and the backward, and no forward prefetch happens while recomputing.
+      for (int i = first; i < last; ++i) {
+        const auto& h = layers_[static_cast<size_t>(i)].param_handles();
+        unit_handles.insert(unit_handles.end(), h.begin(), h.end());
+      }
+      if (rt.hooks) rt.hooks->backward_needed(unit_handles);
       Tensor x = rec.unit_inputs[u];
       rec.unit_inputs[u] = Tensor();
       ModelRuntime quiet = rt;
@@ -270,6 +307,7 @@ Tensor GptModel::backward(const MicroBatch& mb, const Tensor& output_grad, Model
     }
     for (int i = last; i-- > first;)
       dx = layers_[static_cast<size_t>(i)].backward(dx, mb, rec.layers[static_cast<size_t>(i)], rt);
+    if (recompute && rt.hooks) rt.hooks->backward_done(unit_handles);
   }
   if (!chunk_.embedding) {
     rec = ModelRecord{};

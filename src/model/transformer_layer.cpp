@@ -89,7 +89,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
     // layer keeps its input in rec.moe (router and experts read it).
     rec.attention.x_full = rec.mlp.x_full = Tensor();
   }
-  return residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
+  Tensor out = residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
+  if (rt.hooks) rt.hooks->params_done(handles_);
+  return out;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,
@@ -97,6 +99,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   const Stream& s = rt.stream;
   const int64_t row_offset = mp_.local_row_offset(mb.tokens());
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
+  if (rt.hooks) rt.hooks->backward_needed(handles_);
 
   // MLP block: out = x_mid + dropout(mlp(norm2(x_mid))).
   Tensor dbranch = branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset);
@@ -117,7 +120,10 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
                                       rec.attention, rt);
   Tensor dx = norm1_.backward_add(dnorm1, dx_mid, rec.norm1, s);
   rec = LayerRecord{};
-  if (rt.hooks) rt.hooks->grads_ready(handles_);
+  if (rt.hooks) {
+    rt.hooks->grads_ready(handles_);
+    rt.hooks->backward_done(handles_);
+  }
   return dx;
 }
 

@@ -67,11 +67,13 @@ int64_t ParameterStore::num_parameters() const {
   return n;
 }
 
-void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream& stream,
-                                 const BufferLayout& layout) {
-  MDLM_CHECK(!materialized(), "materialize() called twice");
+void ParameterStore::lay_out(const BufferLayout& layout) {
+  MDLM_CHECK(!materialized(), "lay_out() after materialize()");
   MDLM_CHECK(layout.bucket_multiple > 0 && layout.bucket_size >= 0, "bad buffer layout");
-  seed_ = seed;
+  MDLM_CHECK(layout.unit_of.empty() || layout.unit_of.size() == descs_.size(), "buffer layout names ",
+             layout.unit_of.size(), " units for ", descs_.size(), " parameters");
+  layout_ = layout;
+  buckets_.clear();
   // Fused groups in reverse registration order, members in registration order.
   std::vector<std::vector<Handle>> groups;
   for (Handle h = 0; h < static_cast<Handle>(descs_.size()); ++h) {
@@ -79,6 +81,9 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
     else groups.push_back({h});
   }
   std::reverse(groups.begin(), groups.end());
+  auto unit_of = [&](Handle h) {
+    return layout.unit_of.empty() ? 0 : layout.unit_of[static_cast<size_t>(h)];
+  };
 
   bucket_of_.assign(descs_.size(), -1);
   int64_t offset = 0;
@@ -109,11 +114,15 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
       // bucket is reduced (and its distributed-optimizer shards line up on both stages).
       const bool shared = descs_[static_cast<size_t>(g.front())].pipeline_share != PipelineShare::None;
       if (shared) close_bucket();
+      // FSDP: a unit's parameters are gathered and freed together, so a bucket holds one unit.
+      if (!current.params.empty() && unit_of(current.params.front()) != unit_of(g.front())) close_bucket();
       offset = align_up(offset, kAlign);
       for (Handle h : g) {
         ParamDesc& d = descs_[static_cast<size_t>(h)];
         MDLM_CHECK(d.expert == expert_region, "parameter ", d.name,
                    " is fused with parameters of the other kind (expert / dense)");
+        MDLM_CHECK(unit_of(h) == unit_of(g.front()), "fused parameters ", descs_[static_cast<size_t>(g.front())].name,
+                   " and ", d.name, " are in different units");
         d.offset = offset;
         offset += d.numel();
         current.params.push_back(h);
@@ -125,16 +134,51 @@ void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream&
   }
   close_bucket();
   flat_size_ = offset;
-
-  params_ = Tensor::zeros({std::max<int64_t>(flat_size_, 1)}, param_dtype, stream).slice_flat(0, {flat_size_});
-  grads_ = Tensor::zeros({std::max<int64_t>(flat_size_, 1)}, param_dtype == DType::F64 ? DType::F64 : DType::F32,
-                         stream).slice_flat(0, {flat_size_});
-  for (size_t i = 0; i < descs_.size(); ++i) {
-    const ParamDesc& d = descs_[i];
-    Tensor p = params_.slice_flat(d.offset, {d.numel()});
-    fill_param_range(p, 0, d, 0, d.numel(), stream);
-  }
 }
+
+void ParameterStore::materialize(DType param_dtype, uint64_t seed, const Stream& stream,
+                                 const BufferLayout& layout) {
+  MDLM_CHECK(!materialized(), "materialize() called twice");
+  lay_out(layout);
+  seed_ = seed;
+  param_dtype_ = param_dtype;
+  grad_dtype_ = param_dtype == DType::F64 ? DType::F64 : DType::F32;
+  bound_params_.assign(buckets_.size(), Tensor());
+  bound_grads_.assign(buckets_.size(), Tensor());
+
+  if (!layout.shard_params) {
+    params_ = Tensor::zeros({std::max<int64_t>(flat_size_, 1)}, param_dtype, stream).slice_flat(0, {flat_size_});
+    for (size_t i = 0; i < descs_.size(); ++i) {
+      const ParamDesc& d = descs_[i];
+      Tensor p = params_.slice_flat(d.offset, {d.numel()});
+      fill_param_range(p, 0, d, 0, d.numel(), stream);
+    }
+  }
+  if (!layout.shard_grads)
+    grads_ = Tensor::zeros({std::max<int64_t>(flat_size_, 1)}, grad_dtype_, stream).slice_flat(0, {flat_size_});
+  materialized_ = true;
+}
+
+void ParameterStore::bind_params(int b, Tensor window) {
+  MDLM_CHECK(layout_.shard_params, "bind_params on a store whose weights are not sharded");
+  const GradBucket& bucket = buckets_.at(static_cast<size_t>(b));
+  MDLM_CHECK(window.numel() == bucket.end - bucket.begin && window.dtype() == param_dtype_,
+             "bucket ", b, " needs a window of ", bucket.end - bucket.begin, " ", dtype_name(param_dtype_),
+             " elements, got ", window.str());
+  bound_params_[static_cast<size_t>(b)] = std::move(window);
+}
+
+void ParameterStore::bind_grads(int b, Tensor window) {
+  MDLM_CHECK(layout_.shard_grads, "bind_grads on a store whose gradients are not sharded");
+  const GradBucket& bucket = buckets_.at(static_cast<size_t>(b));
+  MDLM_CHECK(window.numel() == bucket.end - bucket.begin && window.dtype() == grad_dtype_,
+             "bucket ", b, " needs a gradient window of ", bucket.end - bucket.begin, " ",
+             dtype_name(grad_dtype_), " elements, got ", window.str());
+  bound_grads_[static_cast<size_t>(b)] = std::move(window);
+}
+
+void ParameterStore::unbind_params(int b) { bound_params_.at(static_cast<size_t>(b)) = Tensor(); }
+void ParameterStore::unbind_grads(int b) { bound_grads_.at(static_cast<size_t>(b)) = Tensor(); }
 
 void ParameterStore::fill_param_range(Tensor& out, int64_t out_offset, const ParamDesc& d,
                                       int64_t start, int64_t count, const Stream& stream) const {
@@ -193,23 +237,34 @@ void ParameterStore::fill_initial_values(Tensor& out, int64_t begin, const Strea
   }
 }
 
-Tensor ParameterStore::view(const Tensor& flat, Handle first, Handle last) const {
-  MDLM_CHECK(flat.defined(), "parameters used before materialize()");
+Tensor ParameterStore::view(const Tensor& flat, const std::vector<Tensor>& bound, const char* what,
+                            Handle first, Handle last) const {
+  MDLM_CHECK(materialized_, "parameters used before materialize()");
   MDLM_CHECK(first >= 0 && last >= first && last < static_cast<Handle>(descs_.size()),
              "bad parameter range ", first, "..", last);
   const ParamDesc& a = descs_[static_cast<size_t>(first)];
-  if (first == last) return flat.slice_flat(a.offset, a.shape);
-  int64_t rows = a.shape[0];
-  for (Handle h = first + 1; h <= last; ++h) {
-    const ParamDesc& d = descs_[static_cast<size_t>(h)];
-    MDLM_CHECK(d.fuse_with_previous, "parameters ", a.name, " .. ", d.name, " are not fused");
-    rows += d.shape[0];
-  }
   Shape shape = a.shape;
-  shape[0] = rows;
-  return flat.slice_flat(a.offset, shape);
+  if (first != last) {
+    int64_t rows = a.shape[0];
+    for (Handle h = first + 1; h <= last; ++h) {
+      const ParamDesc& d = descs_[static_cast<size_t>(h)];
+      MDLM_CHECK(d.fuse_with_previous, "parameters ", a.name, " .. ", d.name, " are not fused");
+      rows += d.shape[0];
+    }
+    shape[0] = rows;
+  }
+  if (flat.defined()) return flat.slice_flat(a.offset, shape);
+  // A sharded buffer: the bucket's gathered window, which exists only while a unit uses it.
+  const int b = bucket_of_[static_cast<size_t>(first)];
+  const Tensor& window = bound[static_cast<size_t>(b)];
+  MDLM_CHECK(window.defined(), "the ", what, " of ", a.name, " were touched outside their FSDP gather "
+             "window (bucket ", b, " is not gathered): the block reading them must announce it "
+             "through ParamHooks first");
+  return window.slice_flat(a.offset - buckets_[static_cast<size_t>(b)].begin, shape);
 }
 
-void ParameterStore::zero_grads(const Stream& stream) { ops::fill(grads_, 0.0f, stream); }
+void ParameterStore::zero_grads(const Stream& stream) {
+  if (grads_.defined()) ops::fill(grads_, 0.0f, stream);
+}
 
 }  // namespace megadlm

@@ -664,6 +664,8 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
   } else if (a.b("bf16")) {
     d.warn("`--bf16` with `--device cpu`: the CPU backend computes in fp32");
   }
+  if (!(a.f("gpu_memory_gb") > 0))
+    d.error("M-2", a.flag_value("gpu_memory_gb") + " must be a positive number of GB");
 }
 
 }  // namespace
@@ -726,17 +728,19 @@ RunConfig build_run_config(const ArgState& a) {
   p.hierarchical_context_parallel_sizes.clear();
   for (int64_t h : a.ints("hierarchical_context_parallel_sizes"))
     p.hierarchical_context_parallel_sizes.push_back(static_cast<int>(h));
-  p.use_distributed_optimizer =
-      a.b("use_distributed_optimizer") ||
-      (a.b("use_custom_fsdp") && (a.s("data_parallel_sharding_strategy") == "optim" ||
-                                  a.s("data_parallel_sharding_strategy") == "optim_grads"));
+  // FSDP: --use-torch-fsdp2 is full sharding; Megatron-FSDP's sharding strategies imply the
+  // distributed optimizer (upstream v1 forces it), no_shard is plain DDP.
+  const bool torch_fsdp2 = a.b("use_torch_fsdp2");
+  const bool fsdp = a.b("use_custom_fsdp") || torch_fsdp2;
+  const std::string strategy = torch_fsdp2 ? "optim_grads_params" : a.s("data_parallel_sharding_strategy");
+  p.use_distributed_optimizer = fsdp ? strategy != "no_shard" : a.b("use_distributed_optimizer");
   p.num_distributed_optimizer_instances = as_int("num_distributed_optimizer_instances");
   p.overlap_grad_reduce = a.b("overlap_grad_reduce");
   p.overlap_param_gather = a.b("overlap_param_gather");
   p.ddp_bucket_size = a.i("ddp_bucket_size");
   p.ddp_average_in_collective = a.b("ddp_average_in_collective");
-  p.use_custom_fsdp = a.b("use_custom_fsdp");
-  const std::string strategy = a.s("data_parallel_sharding_strategy");
+  p.use_custom_fsdp = fsdp;
+  p.use_torch_fsdp2 = torch_fsdp2;
   p.data_parallel_sharding_strategy =
       strategy == "no_shard" ? ShardingStrategy::NoShard
       : strategy == "optim"  ? ShardingStrategy::Optim
@@ -835,6 +839,7 @@ RunConfig build_run_config(const ArgState& a) {
   t.seed = static_cast<uint64_t>(a.i("seed"));
   t.bf16 = a.b("bf16");
   t.device = a.s("device") == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
+  t.gpu_memory_gb = a.f("gpu_memory_gb");
   t.log_interval = as_int("log_interval");
   t.metrics_jsonl = a.s("metrics_jsonl");
   t.tensorboard_dir = a.s("tensorboard_dir");

@@ -6,6 +6,7 @@
 #include "megadlm/parallel/rank_layout.h"
 #include "megadlm/training/checkpoint_args.h"
 #include "megadlm/training/flags.h"
+#include "megadlm/training/memory_plan.h"
 #include "training/argument_state.h"
 #include "training/command_line.h"
 #include "training/logging_rules.h"
@@ -136,6 +137,13 @@ using detail::FlagValue;
 
 }  // namespace
 
+std::vector<std::string> expand_flag_files(const std::vector<std::string>& args) {
+  std::vector<std::string> errors;
+  std::vector<std::string> tokens = detail::expand_flag_files(args, errors);
+  if (!errors.empty()) throw ConfigError(std::move(errors), {});
+  return tokens;
+}
+
 ParsedArguments parse_arguments(const std::vector<std::string>& argv, const LaunchInfo& launch) {
   std::vector<std::string> errors;
   std::vector<std::string> tokens = detail::expand_flag_files(argv, errors);
@@ -179,7 +187,8 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   }
   if (!errors.empty()) throw ConfigError(std::move(errors), {});
 
-  const bool dry_run = state.b("dry_run");
+  // --plan is a dry run that also ranks layouts (training/layout_plan.h).
+  const bool dry_run = state.b("dry_run") || state.b("plan");
   detail::Diagnostics diag;
   detail::resolve_and_validate(state, dry_run, diag);
   detail::check_logging(state, diag);
@@ -193,6 +202,8 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   out.config = detail::build_run_config(state);
   out.config.logging = detail::build_logging_config(state);
   out.dry_run = dry_run;
+  out.plan = state.b("plan");
+  for (const FlagSpec* f : state.given_flags()) out.given.insert(flag_dest(*f));
   out.warnings = std::move(diag.warnings);
   out.not_supported = std::move(diag.not_supported);
   for (const auto& [dest, value] : state.values()) {
@@ -225,6 +236,13 @@ std::string format_dry_run_report(const ParsedArguments& parsed, int rank) {
     for (const std::string& n : parsed.not_supported) os << "  " << n << "\n";
   }
   os << parallel::format_layout(parsed.config.parallel, rank);
+  try {
+    const MemoryPlan plan =
+        plan_memory(parsed.config, plan_device(parsed.config, true, parsed.given.count("device") > 0));
+    os << format_memory_plan(plan, parsed.config);
+  } catch (const std::exception& e) {
+    os << "memory plan: not available for this configuration (" << e.what() << ")\n";
+  }
   return os.str();
 }
 

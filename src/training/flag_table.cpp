@@ -82,18 +82,50 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--num-distributed-optimizer-instances", .kind = K::Int, .group = G::Parallel,
      .default_value = "1",
      .help = "Distributed-optimizer replicas across the data-parallel group (partial DistOpt)."},
-    {.name = "--use-torch-fsdp2", .kind = K::StoreTrue, .group = G::Parallel, .status = S::NotYet,
-     .help = "PyTorch FSDP2 wrapping."},
+    {.name = "--use-torch-fsdp2", .kind = K::StoreTrue, .group = G::Parallel,
+     .help = "PyTorch FSDP2's switch, run as megadlm's FSDP with full sharding "
+             "(optim_grads_params), under FSDP2's rules: pp 1, ep 1, untied embeddings, no "
+             "--use-distributed-optimizer."},
+    {.name = "--torch-fsdp2-no-reshard-after-forward", .kind = K::StoreTrue, .group = G::Parallel,
+     .status = S::NotYet, .help = "(upstream) FSDP2: keep the gathered weights from forward to backward."},
     {.name = "--data-parallel-sharding-strategy", .kind = K::String, .group = G::Parallel,
      .default_value = "optim_grads_params",
      .choices = "no_shard optim optim_grads optim_grads_params",
-     .help = "(upstream) What Megatron-FSDP shards: no_shard = DDP; optim, optim_grads = the "
-             "distributed optimizer; optim_grads_params (FSDP) is not supported yet."},
+     .help = "(upstream) What Megatron-FSDP shards over dp×cp: no_shard = DDP; optim = optimizer "
+             "state; optim_grads = also the fp32 gradients; optim_grads_params = also the weights, "
+             "each layer gathered just before use (docs/parallelism/fsdp.md)."},
     {.name = "--use-custom-fsdp", .kind = K::StoreTrue, .group = G::Parallel,
      .help = "(upstream) Megatron-FSDP, with --data-parallel-sharding-strategy (renamed "
              "--use-megatron-fsdp upstream)."},
     {.name = "--use-megatron-fsdp", .kind = K::StoreTrue, .group = G::Parallel,
      .dest = "use_custom_fsdp", .help = "(upstream) Same as --use-custom-fsdp."},
+    {.name = "--outer-dp-sharding-strategy", .kind = K::String, .group = G::Parallel,
+     .default_value = "no_shard", .choices = "no_shard optim", .not_yet = "optim",
+     .help = "(upstream) Hybrid FSDP: what is sharded across distributed-optimizer instances."},
+    {.name = "--init-model-with-meta-device", .kind = K::StoreTrue, .group = G::Parallel,
+     .help = "(upstream) Initialise only this rank's shard of the weights. megadlm's FSDP always "
+             "does (every element from its global index); not with no_shard."},
+    {.name = "--suggested-communication-unit-size", .kind = K::Int, .group = G::Parallel,
+     .status = S::Ignored, .help = "(upstream) Megatron-FSDP prefetch window in elements.",
+     .hint = "megadlm's FSDP prefetches one unit (layer) ahead, two units at most"},
+    {.name = "--fsdp-double-buffer", .kind = K::StoreTrue, .group = G::Parallel, .status = S::Ignored,
+     .help = "(upstream) Megatron-FSDP: two persistent gather buffers.",
+     .hint = "megadlm's FSDP holds at most two gathered units by design"},
+    {.name = "--use-nccl-ub", .kind = K::StoreTrue, .group = G::Parallel, .status = S::Ignored,
+     .help = "(upstream) NCCL user-buffer registration for FSDP.",
+     .hint = "megadlm does not register NCCL buffers"},
+    {.name = "--create-all-gather-group", .kind = K::StoreTrue, .group = G::Parallel,
+     .status = S::Ignored, .help = "(upstream) A separate communicator for FSDP all-gathers.",
+     .hint = "megadlm's FSDP always gathers on its own communicator on CUDA"},
+    {.name = "--megatron-fsdp-main-params-dtype", .kind = K::String, .group = G::Parallel,
+     .status = S::Ignored, .help = "(upstream) Megatron-FSDP master-weight dtype.",
+     .hint = "megadlm keeps fp32 master weights"},
+    {.name = "--megatron-fsdp-main-grads-dtype", .kind = K::String, .group = G::Parallel,
+     .status = S::Ignored, .help = "(upstream) Megatron-FSDP gradient accumulation dtype.",
+     .hint = "megadlm accumulates gradients in fp32 (docs/compat.md)"},
+    {.name = "--megatron-fsdp-grad-comm-dtype", .kind = K::String, .group = G::Parallel,
+     .status = S::Ignored, .help = "(upstream) Megatron-FSDP gradient reduce-scatter dtype.",
+     .hint = "megadlm reduces gradients in fp32 (docs/compat.md)"},
     {.name = "--overlap-grad-reduce", .kind = K::StoreTrue, .group = G::Parallel,
      .help = "Overlap bucketed gradient reduction with the backward pass."},
     {.name = "--overlap-param-gather", .kind = K::StoreTrue, .group = G::Parallel,
@@ -715,8 +747,8 @@ constexpr FlagSpec kFlags[] = {
      .dest = "use_tokenizer_model_from_checkpoint_args",
      .help = "Do not take the tokenizer model from the checkpoint."},
     {.name = "--ckpt-format", .kind = K::String, .group = G::Checkpoint, .status = S::Ignored,
-     .default_value = "torch_dist", .choices = "torch torch_dist zarr",
-     .help = "Checkpoint format.",
+     .default_value = "torch_dist", .choices = "torch torch_dist zarr fsdp_dtensor torch_dcp",
+     .help = "Checkpoint format (fsdp_dtensor and torch_dcp are the FSDP formats upstream).",
      .hint = "megadlm writes its own layout-independent safetensors format (docs/checkpoints.md)"},
     {.name = "--auto-detect-ckpt-format", .kind = K::StoreTrue, .group = G::Checkpoint,
      .status = S::Ignored, .help = "Detect the checkpoint format when loading."},
@@ -911,6 +943,15 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--dry-run", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Parse and validate for --world-size ranks, print the arguments and the rank "
              "layout, and exit without touching a GPU."},
+    {.name = "--plan", .kind = K::StoreTrue, .group = G::Megadlm,
+     .help = "A dry run that also lists the five fastest layouts for --world-size GPUs that fit "
+             "in --gpu-memory-gb (TP, SP, PP, VPP, CP, DP / distributed optimizer / FSDP, "
+             "recomputation), each with its launch flags, predicted memory and step time "
+             "(docs/planner.md)."},
+    {.name = "--gpu-memory-gb", .kind = K::Float, .group = G::Megadlm, .default_value = "141",
+     .help = "Memory of one GPU in GB (1e9 bytes) for the memory planner: a launch or dry run "
+             "whose predicted peak (plus 1 GB for the CUDA context and NCCL) exceeds it is "
+             "refused. The default is the H200's data-sheet 141 GB."},
     {.name = "--world-size", .kind = K::Int, .group = G::Megadlm,
      .help = "World size to validate with --dry-run (a real launch takes it from the launcher).",
      .default_doc = "the launcher's world size"},

@@ -314,16 +314,8 @@ void check_context_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
     d.error("R-7", "`--attention-mask-type causal_bottom_right` cannot be used with " +
                        a.flag_value("context_parallel_size") +
                        "; valid: causal (the same mask for training) or no_mask");
-  // A varilen-truncated micro-batch is padded to split over the CP ranks (micro_batch.h); the
-  // attention and the loss ignore the padding exactly, but the MoE router would count it (its
-  // load-balancing and z losses, capacity, expert bias), so MoE + CP needs unpadded lengths.
-  // (SFT micro-batches are never truncated.)
-  if (a.i("num_experts") > 0 && a.s("model_running_mode") == "difflm-noshift" &&
-      a.f("difflm_varilen_prob") > 0 && !a.is_set("sft_data_path"))
-    d.unsupported(a.flag_value("difflm_varilen_prob") + " with " + a.flag_value("context_parallel_size") +
-                  " and " + a.flag_value("num_experts") + ": truncated micro-batches are padded to "
-                  "split over the CP ranks and the MoE router would count the padding tokens, which "
-                  "is not supported yet by megadlm; use `--difflm-varilen-prob 0` (or CP 1)");
+  // (MoE under CP: a varilen-truncated micro-batch is padded to split over the CP ranks; the MoE
+  // layer routes only the real rows, MicroBatch::unpadded_seq.)
 }
 
 // ------------------------------------------------------------ pipeline (V-18…V-20, G-2, R-1, R-3)
@@ -659,41 +651,74 @@ void check_recompute(ArgState& a, Ctx& c, Diagnostics& d) {
                         " virtual pipeline stages");
 }
 
-// --------------------------------------------------- data parallel and optimizer (V-21…V-23, G-*)
+// ----------------------------------------- data parallel, FSDP and optimizer (V-21…V-23, F-*, G-*)
 
 void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
-  // Megatron-FSDP's sharding strategies map onto what megadlm runs: no_shard = DDP, optim and
-  // optim_grads = the distributed optimizer (gradients reduce-scattered, optimizer state sharded;
-  // the fp32 accumulation buffer stays full size), optim_grads_params = FSDP (not yet).
-  // optim_grads_params is reported by check_support.
+  // FSDP (shared/spec/fsdp.md §1, §5): --use-custom-fsdp / --use-megatron-fsdp with
+  // --data-parallel-sharding-strategy, or --use-torch-fsdp2 = full sharding under FSDP2's rules.
+  // The sharding strategies imply the distributed optimizer (Megatron-FSDP v1 forces it);
+  // no_shard is plain DDP.
   const std::string strategy = a.s("data_parallel_sharding_strategy");
-  const bool fsdp = a.b("use_custom_fsdp");
+  const bool megatron_fsdp = a.b("use_custom_fsdp");
+  const bool torch_fsdp2 = a.b("use_torch_fsdp2");
+  const bool fsdp = megatron_fsdp || torch_fsdp2;
+  const bool sharding = torch_fsdp2 || (megatron_fsdp && strategy != "no_shard");
   if (!fsdp && a.was_given("data_parallel_sharding_strategy"))
     d.warn(a.flag_value("data_parallel_sharding_strategy") +
               " has effect only with `--use-custom-fsdp` (`--use-megatron-fsdp`); without it use "
               "`--use-distributed-optimizer`");
-  const bool dist_opt = a.b("use_distributed_optimizer") ||
-                        (fsdp && (strategy == "optim" || strategy == "optim_grads"));
-  // V-21
+  if (torch_fsdp2 && !megatron_fsdp && a.was_given("data_parallel_sharding_strategy"))
+    d.warn(a.flag_value("data_parallel_sharding_strategy") +
+           " has no effect with `--use-torch-fsdp2`, which always shards weights, gradients and "
+           "optimizer state (optim_grads_params)");
+  // F-13
+  if (megatron_fsdp && torch_fsdp2)
+    d.error("F-13", "`--use-torch-fsdp2` and `--use-megatron-fsdp` (`--use-custom-fsdp`) choose two "
+                    "FSDP wrappers; pass one of them");
+  if (megatron_fsdp && strategy == "no_shard" && a.b("use_distributed_optimizer"))
+    d.warn("`--use-distributed-optimizer` has no effect with `--use-megatron-fsdp "
+           "--data-parallel-sharding-strategy no_shard` (plain DDP); use `optim` to shard the "
+           "optimizer state");
+  else if (megatron_fsdp && a.b("use_distributed_optimizer"))
+    d.warn("`--use-distributed-optimizer` is implied by `--use-megatron-fsdp` with " +
+           a.flag_value("data_parallel_sharding_strategy"));
+  const bool dist_opt = a.b("use_distributed_optimizer") || sharding;
+  // V-21 / F-1: only where weights are gathered, and with bucketed gradient reduction.
   if (a.b("overlap_param_gather") && (!dist_opt || !a.b("overlap_grad_reduce")))
-    d.error("V-21", "`--overlap-param-gather` needs `--use-distributed-optimizer` and "
-                    "`--overlap-grad-reduce`");
+    d.error("V-21", "`--overlap-param-gather` needs `--use-distributed-optimizer` (or a sharding "
+                    "`--use-megatron-fsdp` strategy) and `--overlap-grad-reduce`");
   if (a.b("overlap_param_gather") && a.b("use_legacy_models"))
     d.error("V-21", "`--overlap-param-gather` is not available with `--use-legacy-models`");
-  // V-22
-  if (a.b("use_torch_fsdp2")) {
+  // V-22 / F-2: FSDP2 supports neither PP nor EP nor a second optimizer sharding.
+  if (torch_fsdp2) {
     std::vector<std::string> bad;
     if (c.pp != 1) bad.push_back(a.flag_value("pipeline_model_parallel_size"));
     if (c.ep != 1) bad.push_back(a.flag_value("expert_model_parallel_size"));
-    if (dist_opt) bad.push_back("`--use-distributed-optimizer`");
+    if (a.b("use_distributed_optimizer")) bad.push_back("`--use-distributed-optimizer`");
     if (a.b("gradient_accumulation_fusion")) bad.push_back("gradient accumulation fusion (pass "
                                                            "`--no-gradient-accumulation-fusion`)");
-    if (a.s("ckpt_format") != "torch_dist") bad.push_back(a.flag_value("ckpt_format"));
+    const std::string fmt = a.s("ckpt_format");
+    if (fmt != "torch_dist" && fmt != "torch_dcp") bad.push_back(a.flag_value("ckpt_format") + " (valid: torch_dist, torch_dcp)");
     if (!a.b("untie_embeddings_and_output_weights"))
       bad.push_back("tied embeddings (pass `--untie-embeddings-and-output-weights`)");
     if (a.b("fp16")) bad.push_back("`--fp16`");
     for (const std::string& b : bad) d.error("V-22", "`--use-torch-fsdp2` cannot be used with " + b);
   }
+  // F-8 (megadlm): both FSDP formats upstream name our native, layout-independent format; a
+  // Megatron-FSDP format without Megatron-FSDP is what upstream rejects.
+  if (a.s("ckpt_format") == "fsdp_dtensor" && !megatron_fsdp)
+    d.error("F-8", a.flag_value("ckpt_format") + " is Megatron-FSDP's format: it needs `--use-megatron-fsdp`");
+  if (a.s("ckpt_format") == "torch_dcp" && !torch_fsdp2)
+    d.error("F-8", a.flag_value("ckpt_format") + " is FSDP2's format: it needs `--use-torch-fsdp2`");
+  // F-7: the weights are not replicated any more.
+  if (sharding && (torch_fsdp2 || strategy == "optim_grads_params") &&
+      a.is_set("check_weight_hash_across_dp_replicas_interval"))
+    d.error("F-7", a.flag_value("check_weight_hash_across_dp_replicas_interval") + " needs "
+                   "replicated weights; `optim_grads_params` shards them over the data-parallel ranks");
+  // F-10: nothing to shard at initialisation.
+  if (a.b("init_model_with_meta_device") && !sharding)
+    d.error("F-10", "`--init-model-with-meta-device` needs a sharding FSDP strategy (`--use-megatron-fsdp` "
+                    "with optim, optim_grads or optim_grads_params)");
   // V-23
   if (a.b("overlap_param_gather_with_optimizer_step") &&
       (!dist_opt || !a.b("overlap_param_gather") || c.vpp == 0 || a.s("ckpt_format") != "torch"))
@@ -716,6 +741,11 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("G-7", a.flag_value("num_distributed_optimizer_instances") +
                          " needs `--use-distributed-optimizer`");
   }
+  // Several instances under FSDP is hybrid FSDP (HSDP, spec §2): not built yet.
+  if (inst > 1 && fsdp)
+    d.unsupported(a.flag_value("num_distributed_optimizer_instances") +
+                  " with FSDP: hybrid sharding (HSDP) is not supported yet by megadlm; FSDP shards "
+                  "over the whole dp×cp group");
   if (dist_opt && a.s("optimizer") != "adam")
     d.error("G-8", "`--use-distributed-optimizer` needs `--optimizer adam` (got " +
                        a.flag_value("optimizer") + ")");
@@ -740,11 +770,11 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
 // issues), its row goes from here.
 
 void check_support(ArgState& a, Ctx& c, Diagnostics& d) {
-  if (a.b("use_custom_fsdp") && a.s("data_parallel_sharding_strategy") == "optim_grads_params")
-    d.unsupported(a.flag_value("data_parallel_sharding_strategy") +
-                  " with `--use-custom-fsdp`: sharding the parameters (FSDP) is not supported yet "
-                  "by megadlm; use `optim` or `optim_grads` (see docs/roadmap.md)");
-  (void)c;  // every parallel dimension of a layout that validates now runs
+  // Every parallel dimension and FSDP strategy of a layout that validates now runs (HSDP is
+  // reported by check_data_parallel).
+  (void)a;
+  (void)c;
+  (void)d;
 }
 
 }  // namespace megadlm::training::detail

@@ -63,28 +63,56 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
   // Buffers and the data-parallel wrapper. Gradients reduce over dp-cp; with several
   // distributed-optimizer instances the shards live in the intra-instance group and are
   // all-reduced across instances.
-  DataParallelOptions dpo;
-  dpo.overlap_grad_reduce = pc.overlap_grad_reduce;
-  dpo.distributed_optimizer = pc.use_distributed_optimizer;
-  dpo.overlap_param_gather = pc.overlap_param_gather;
-  dpo.bucket_size = pc.ddp_bucket_size;
-  std::shared_ptr<comm::Communicator> shard_group = pm->grad_group, inter_group;
-  if (groups != nullptr && dpo.distributed_optimizer && groups->dist_opt_intra) {
-    shard_group = groups->dist_opt_intra;
-    inter_group = groups->dist_opt_inter;
-    pm->dist_opt_inter = inter_group;
-  }
+  std::shared_ptr<comm::Communicator> tp_group = groups != nullptr ? groups->tp : nullptr;
+  std::shared_ptr<comm::Communicator> embedding_group = groups != nullptr ? groups->embedding : nullptr;
   // Expert parameters reduce (and shard) over expert-dp: the ranks holding the same experts.
   const int expert_dp = pm->expert_grad_group ? pm->expert_grad_group->size() : 1;
-  pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
-                        DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1, expert_dp));
   ExpertGradGroups experts;
   if (groups != nullptr) experts = {groups->expert_dp, groups->ep, groups->expert_tp};
-  pm->data_parallel = std::make_unique<DataParallel>(
-      pm->store, shard_group, dpo, rt.stream, inter_group, groups != nullptr ? groups->tp : nullptr,
-      pm->pipeline, groups != nullptr ? groups->embedding : nullptr, experts);
-  pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
-                                                   cfg.optimizer, rt.stream);
+  if (pc.use_custom_fsdp) {
+    // FSDP: the chunks' blocks are the units, in forward order; one bucket per unit.
+    std::vector<FsdpUnit> units;
+    for (int c = 0; c < static_cast<int>(pm->chunks.size()); ++c)
+      for (std::vector<int>& handles : pm->chunks[static_cast<size_t>(c)]->param_units())
+        units.push_back({c, std::move(handles)});
+    FsdpOptions fo;
+    fo.strategy = pc.data_parallel_sharding_strategy;
+    const int d = pm->grad_group ? pm->grad_group->size() : 1;
+    pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
+                          FullyShardedDataParallel::buffer_layout(
+                              fo.strategy, d, units, static_cast<int>(pm->store.descs().size()), expert_dp));
+    auto fsdp = std::make_unique<FullyShardedDataParallel>(pm->store, std::move(units), pm->grad_group,
+                                                           fo, rt.stream, tp_group, pm->pipeline,
+                                                           embedding_group, experts);
+    pm->fsdp = fsdp.get();
+    OptimizerLayout ol;
+    ol.flat_grads = fsdp->optimizer_grads_flat();
+    ol.model_shards = fsdp->model_shards();
+    // The CPU backend's weights are fp32: the masters are the weights (spec §0: b_m = 0).
+    ol.alias_master = rt.dtype == DType::F32 || rt.dtype == DType::F64;
+    pm->data_parallel = std::move(fsdp);
+    pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
+                                                     cfg.optimizer, rt.stream, ol);
+  } else {
+    DataParallelOptions dpo;
+    dpo.overlap_grad_reduce = pc.overlap_grad_reduce;
+    dpo.distributed_optimizer = pc.use_distributed_optimizer;
+    dpo.overlap_param_gather = pc.overlap_param_gather;
+    dpo.bucket_size = pc.ddp_bucket_size;
+    std::shared_ptr<comm::Communicator> shard_group = pm->grad_group, inter_group;
+    if (groups != nullptr && dpo.distributed_optimizer && groups->dist_opt_intra) {
+      shard_group = groups->dist_opt_intra;
+      inter_group = groups->dist_opt_inter;
+      pm->dist_opt_inter = inter_group;
+    }
+    pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
+                          DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1, expert_dp));
+    pm->data_parallel = std::make_unique<DataParallel>(pm->store, shard_group, dpo, rt.stream,
+                                                       inter_group, tp_group, pm->pipeline,
+                                                       embedding_group, experts);
+    pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
+                                                     cfg.optimizer, rt.stream);
+  }
   rt.hooks = pm->data_parallel.get();
   if (cfg.model.moe.enabled()) {
     pm->moe = std::make_unique<MoeStepState>(cfg.model, rt.stat_dtype(), rt.stream);

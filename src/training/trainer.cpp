@@ -14,6 +14,7 @@
 #include "megadlm/diffusion/sft_process.h"
 #include "megadlm/training/flops.h"
 #include "megadlm/training/lr_schedule.h"
+#include "megadlm/training/memory_plan.h"
 
 namespace megadlm {
 
@@ -26,6 +27,14 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
       training_log_(cfg_, log_, pm_->rank == 0) {
   MDLM_CHECK(data_ != nullptr, "Trainer needs a sample source");
   flops_per_iteration_ = megatron_flops_per_iteration(cfg_.model, cfg_.training.global_batch_size);
+  // The planner's peak for this rank's stage, logged next to the measured one.
+  try {
+    const PlanDevice device = cfg_.training.device == DeviceKind::Cuda ? PlanDevice::Cuda : PlanDevice::Cpu;
+    const MemoryPlan plan = plan_memory(cfg_, device);
+    predicted_peak_gb_ = static_cast<double>(plan.stages.at(static_cast<size_t>(pm_->pp_rank)).peak()) / 1e9;
+  } catch (const std::exception&) {
+    predicted_peak_gb_ = -1;  // a layout the planner cannot describe: no prediction to show
+  }
   training_log_.startup(startup_summary());
   training_log_.check_metrics_file();
   load_checkpoint();
@@ -35,7 +44,6 @@ std::string Trainer::startup_summary() const {
   const ParallelModel& pm = *pm_;
   const ModelParallel& mp = pm.model_parallel;
   const int vpp = pm.virtual_stages();
-  const DataParallelOptions& dpo = pm.data_parallel->options();
   std::ostringstream os;
   os << " > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
      << pm.store.num_parameters() << "\n"
@@ -45,8 +53,7 @@ std::string Trainer::startup_summary() const {
      << ", tensor-parallel size " << mp.tp.size
      << (mp.sequence_parallel ? " (sequence parallel)" : "")
      << (mp.cp.size > 1 ? ", context-parallel size " + std::to_string(mp.cp.size) : std::string())
-     << ", data-parallel size " << pm.data_shard.size << (dpo.distributed_optimizer ? ", distributed optimizer" : "")
-     << (dpo.overlap_grad_reduce ? ", overlapped gradient reduction" : "") << ", "
+     << ", data-parallel size " << pm.data_shard.size << pm.data_parallel->summary() << ", "
      << pm.store.buckets().size() << " gradient bucket(s)\n";
   return os.str();
 }
@@ -337,10 +344,9 @@ IterationMetrics::Moe Trainer::finish_moe_step() {
 }
 
 void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
+  const Stream& s = pm_->runtime.stream;
   training_log_.iteration(window, skipped_iterations_, nan_iterations_, flops_per_iteration_,
-                          peak_memory_gb(pm_->runtime.stream),
-                          peak_reserved_memory_gb(pm_->runtime.stream),
-                          pm_->runtime.stream.device().str());
+                          peak_memory_gb(s), peak_reserved_memory_gb(s), s.device().str(), predicted_peak_gb_);
   const std::string stats = fault_detector_.stats_report();  // --rerun-mode report_stats
   if (!stats.empty()) logging::info(stats);
 }
@@ -352,6 +358,13 @@ std::vector<IterationMetrics> Trainer::train() {
   while (iteration_ < total) {
     IterationMetrics m = step();
     all.push_back(m);
+    if (!memory_logged_) {  // the first iteration has touched everything a step holds
+      memory_logged_ = true;
+      const Stream& s = pm_->runtime.stream;
+      if (predicted_peak_gb_ >= 0)
+        training_log_.memory_check(predicted_peak_gb_, peak_memory_gb(s), s.is_cuda() ? peak_reserved_memory_gb(s) : -1,
+                                   iteration_);
+    }
     window.push_back(m);
     training_log_.step(m);  // the per-iteration series (TensorBoard)
     if (iteration_ % log_every == 0 || iteration_ == total) {

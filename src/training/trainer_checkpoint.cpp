@@ -67,7 +67,10 @@ std::string layout_text(const RunConfig& c, int dp) {
   std::ostringstream os;
   os << "world " << c.parallel.world_size << ": tp " << c.parallel.tensor_model_parallel_size << ", pp "
      << c.parallel.pipeline_model_parallel_size << ", cp " << c.parallel.context_parallel_size << ", dp "
-     << dp << (c.parallel.use_distributed_optimizer ? ", distributed optimizer" : "")
+     << dp
+     << (c.parallel.use_custom_fsdp
+             ? std::string(", Megatron-FSDP ") + sharding_strategy_name(c.parallel.data_parallel_sharding_strategy)
+             : c.parallel.use_distributed_optimizer ? ", distributed optimizer" : "")
      << (c.parallel.num_distributed_optimizer_instances > 1
              ? " (" + std::to_string(c.parallel.num_distributed_optimizer_instances) + " instances)"
              : std::string())
@@ -136,11 +139,10 @@ void Trainer::save_checkpoint(bool non_persistent) {
                                           : "save_checkpoint() without a --save directory");
   if (!ckpt_writer_) ckpt_writer_ = std::make_unique<checkpoint::CheckpointWriter>(pm_->world, pm_->runtime.stream);
   // Who writes: each element of the optimizer state once. Without the distributed optimizer
-  // every data-parallel rank holds everything and rank 0 of the group writes; with it every
-  // rank writes its shard, in the first distributed-optimizer instance only.
-  const bool writer = cfg_.parallel.use_distributed_optimizer
-                          ? (!pm_->dist_opt_inter || pm_->dist_opt_inter->rank() == 0)
-                          : (!pm_->grad_group || pm_->grad_group->rank() == 0);
+  // every data-parallel rank holds everything and rank 0 of the group writes; with it (and with
+  // a sharding FSDP strategy) every rank writes its shard, in the first distributed-optimizer
+  // instance only.
+  const bool writer = pm_->data_parallel->checkpoint_writer();
   if (logging_rank())
     log_ << "saving " << (non_persistent ? "non-persistent " : "") << "checkpoint at iteration "
          << iter_text(iteration_) << " to " << dir << (ck.async_save ? " (asynchronously)" : "") << std::endl;

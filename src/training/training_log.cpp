@@ -90,7 +90,7 @@ void TrainingLog::startup(const std::string& text) const {
 
 void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t skipped_iterations,
                             int64_t nan_iterations, double flops_per_iteration, double peak_gb,
-                            double peak_reserved_gb, const std::string& device) const {
+                            double peak_reserved_gb, const std::string& device, double predicted_gb) const {
   if (window.empty() || !logging_rank_) return;
   const IterationMetrics& last = window.back();
   double loss = 0, ms = 0;
@@ -158,6 +158,7 @@ void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t
   j["mfu_989"] = tflops / kH200DatasheetTflops;
   j["peak_mem_gb"] = peak_gb;
   if (peak_reserved_gb > 0) j["peak_reserved_gb"] = peak_reserved_gb;
+  if (predicted_gb >= 0) j["predicted_peak_gb"] = predicted_gb;
   j["skipped_iterations"] = skipped_iterations;
   j["nan_iterations"] = nan_iterations;
   j["global_batch_size"] = cfg_.training.global_batch_size;
@@ -189,6 +190,18 @@ void TrainingLog::validation(double loss, const std::string& what, const std::st
   j[key.substr(0, key.find("_lm_loss")) + "_ppl"] = std::exp(std::min(20.0, loss));
   j["consumed_samples"] = consumed_samples;
   append_metrics(j.dump());
+}
+
+void TrainingLog::memory_check(double predicted_gb, double measured_gb, double reserved_gb,
+                               int64_t iteration) const {
+  if (!logging_rank_) return;
+  std::ostringstream line;
+  line << std::fixed << std::setprecision(2) << " > peak memory by step " << iteration
+       << " (GB): predicted peak " << predicted_gb << " | measured peak " << measured_gb;
+  if (reserved_gb >= 0) line << " | reserved " << reserved_gb;
+  else line << " (resident set of the process)";
+  if (predicted_gb > 0) line << " | measured / predicted " << std::setprecision(3) << measured_gb / predicted_gb;
+  log_ << line.str() << std::endl;
 }
 
 void TrainingLog::peak_memory_per_stage(const std::vector<float>& gb, int64_t iteration) const {

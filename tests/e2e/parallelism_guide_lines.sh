@@ -2,8 +2,8 @@
 # The parallelism guide's launch lines, each added to the guide's base command for the MegaDLMs
 # 1.7B model: every line (with the sizes that fit, or the world size it needs) passes --dry-run
 # and prints rank 0's groups; the lines that cannot run as written exit 2 with a message saying
-# why and what would be valid. Dry runs accept FSDP layouts; real runs of them are still refused as
-# "not supported yet". The CP lines run for real (e2e/context_parallel_cpu.sh), EP/MoE layouts run.
+# why and what would be valid. Every layout a dry run accepts also runs: the CP lines run for real
+# (e2e/context_parallel_cpu.sh), EP/MoE and FSDP layouts run (tests/layout/).
 # Expected groups follow Megatron's rank order tp-cp-ep-dp-pp
 # (TP fastest): for rank 0 the group of a dimension is 0, stride, 2·stride, ... where the stride
 # is the product of the sizes of the dimensions before it.
@@ -53,13 +53,11 @@ has dp "world size 8 = tp 1 x cp 1 x dp 8 x pp 1" "$runnable" \
     "\`--data-parallel-sharding-strategy no_shard\` has effect only with \`--use-custom-fsdp\`"
 group dp dp "[0, 1, 2, 3, 4, 5, 6, 7]"
 group dp tp "[0]"
-# With Megatron-FSDP: no_shard runs (DDP); the default optim_grads_params (FSDP) validates and
-# prints its layout but cannot run yet.
+# With Megatron-FSDP: every strategy runs, the default optim_grads_params (FSDP) included.
 run 0 fsdp-no-shard --use-custom-fsdp --data-parallel-sharding-strategy no_shard
 has fsdp-no-shard "$runnable"
 run 0 fsdp --use-custom-fsdp
-has fsdp "sharding the parameters (FSDP) is not supported yet" "$not_runnable" \
-    "world size 8 = tp 1 x cp 1 x dp 8 x pp 1"
+has fsdp "$runnable" "world size 8 = tp 1 x cp 1 x dp 8 x pp 1"
 
 # ---- TP + SP: --tensor-model-parallel-size 4 --sequence-parallel (dp = 8 / 4 = 2, stride 4)
 run 0 tp --tensor-model-parallel-size 4 --sequence-parallel
@@ -136,12 +134,9 @@ has mixed-as-written \
 # On 32 ranks: tp stride 1, cp stride tp = 4, dp 1, pp stride tp·cp·dp = 8; experts: etp 4,
 # ep stride etp = 4, edp 1.
 # The 1.7B config truncates 1% of the micro-batches (--difflm-varilen-prob 0.01): CP pads those,
-# and the MoE router would count the padding, so the dry run marks it; without varilen it runs.
+# and the MoE layer routes only the real rows, so the line runs as written.
 run 0 mixed-32 "${mixed[@]}" --num-experts 8 --world-size 32
-has mixed-32 "world size 32 = tp 4 x cp 2 x dp 1 x pp 4; experts: etp 4 x ep 2 x edp 1 x pp 4" \
-    "\`--difflm-varilen-prob 0.01\` with \`--context-parallel-size 2\` and \`--num-experts 8\`" "$not_runnable"
-run 0 mixed-32-no-varilen "${mixed[@]}" --num-experts 8 --world-size 32 --difflm-varilen-prob 0
-has mixed-32-no-varilen "$runnable"
+has mixed-32 "world size 32 = tp 4 x cp 2 x dp 1 x pp 4; experts: etp 4 x ep 2 x edp 1 x pp 4" "$runnable"
 arg mixed-32 sequence_parallel True
 group mixed-32 tp "[0, 1, 2, 3]"
 group mixed-32 cp "[0, 4]"
@@ -150,16 +145,4 @@ group mixed-32 pp "[0, 8, 16, 24]"
 group mixed-32 expert-ep "[0, 4]"
 group mixed-32 expert-tp "[0, 1, 2, 3]"
 
-# ---- real runs (no --dry-run, one process) still refuse what cannot run yet, before any work.
-tiny=(@"$src/configs/tiny_dlm.args" --device cpu)
-for extra in "--use-custom-fsdp"; do
-  # shellcheck disable=SC2086
-  out=$("$p" "${tiny[@]}" $extra 2>&1)
-  rc=$?
-  [ $rc -eq 2 ] || fail "real run with $extra should exit 2, got $rc: $out"
-  has "real run with $extra" "not supported yet by megadlm (1 item; \`--dry-run\` accepts it):"
-  # Refused for that item alone (no rule broken), and before the first iteration.
-  grep -q 'invalid command line' <<< "$out" && fail "real run with $extra: unexpected rule error: $out"
-  grep -qE 'iteration +[0-9]+/' <<< "$out" && fail "real run with $extra trained: $out"
-done
 echo "PASS"

@@ -21,7 +21,8 @@
 //
 // Activation recomputation (TransformerConfig::recompute_*): recomputed layers keep only their
 // input in forward and re-run forward inside backward; dropout masks are keyed by coordinates, so
-// the re-run is identical.
+// the re-run is identical. The re-run is announced to the hooks as part of the unit's backward
+// (parallel/param_hooks.h), so under FSDP one gather serves the recomputation and the backward.
 #pragma once
 #include <vector>
 #include "megadlm/model/micro_batch.h"
@@ -94,6 +95,11 @@ class GptModel {
   /// Rows of the hidden states exchanged between stages for a micro-batch of `tokens` tokens.
   int64_t hidden_rows(int64_t tokens) const;
 
+  /// The parameter handles each block of this chunk registered, in forward order: the embedding
+  /// (if any), every layer, the head (if any; without the tied weight it borrows from the
+  /// embedding on the same chunk). FSDP's units.
+  std::vector<std::vector<int>> param_units() const;
+
  private:
   Tensor embed(const MicroBatch& mb, const ModelRuntime& rt) const;
   void embed_backward(const MicroBatch& mb, Tensor dx, const ModelRuntime& rt) const;
@@ -114,6 +120,7 @@ class GptModel {
   NormLayer final_norm_;
   std::vector<int> embedding_handles_;  // word (and position) embeddings
   std::vector<int> head_handles_;       // final norm and the output layer (or its tied copy)
+  std::vector<int> head_reads_;         // what the head reads: head_handles_ + a borrowed tied weight
 };
 
 }  // namespace megadlm

@@ -47,7 +47,10 @@ struct ParallelConfig {
   bool overlap_param_gather = false;
   long long ddp_bucket_size = 0;         ///< elements; 0 = Megatron's automatic size
   bool ddp_average_in_collective = false; ///< AVG collective instead of pre-scaling by 1/(dp·cp)
-  bool use_custom_fsdp = false;          ///< --use-custom-fsdp / --use-megatron-fsdp
+  /// FSDP (parallel/data_parallel/fsdp.h): --use-custom-fsdp / --use-megatron-fsdp, or
+  /// --use-torch-fsdp2 (resolved: full sharding).
+  bool use_custom_fsdp = false;
+  bool use_torch_fsdp2 = false;          ///< --use-torch-fsdp2 (for reports; FSDP runs it)
   ShardingStrategy data_parallel_sharding_strategy = ShardingStrategy::OptimGradsParams;
   bool tp_comm_overlap = false;
   int distributed_timeout_minutes = 10;

@@ -13,6 +13,10 @@
 // distributed optimizer, so that every rank's shard is whole and aligned).
 // Initialisation: every element by its global index (ops/random.h), so any slice of a parameter
 // equals the slice of the unsplit parameter, and fill_initial_values() can regenerate any range.
+// FSDP (parallel/data_parallel/fsdp.h): buckets follow the model's units (one bucket per unit
+// and parameter kind — a MoE layer has a dense and an expert bucket —, never two units in one), and the full weight or gradient buffer may be left unallocated: the
+// wrapper then binds a gathered window per bucket while a unit is in use, and reading a
+// parameter of an unbound bucket is an error (the #1643 "touched outside its gather" check).
 #pragma once
 #include <string>
 #include <vector>
@@ -71,6 +75,13 @@ struct BufferLayout {
   int64_t bucket_size = 0;      ///< elements per bucket; 0: one bucket for everything
   int64_t bucket_multiple = 64; ///< each bucket's length is a multiple of this
   int64_t expert_bucket_multiple = 0;  ///< the same for expert buckets (0: bucket_multiple)
+  /// Per parameter handle: the unit it belongs to (FSDP). A bucket closes wherever the unit
+  /// changes, so no bucket spans two units. Empty: no units.
+  std::vector<int> unit_of;
+  /// FSDP: the full weight / gradient buffers are not allocated; bind_params / bind_grads give
+  /// each bucket its window while the wrapper holds it gathered.
+  bool shard_params = false;
+  bool shard_grads = false;
 };
 
 /// A range [begin, end) of flat elements that one rank's optimizer owns (all of them, or its
@@ -104,8 +115,11 @@ class ParameterStore {
   void materialize(DType param_dtype, uint64_t seed, const Stream& stream,
                    const BufferLayout& layout = {});
 
-  bool materialized() const { return params_.defined(); }
-  DType param_dtype() const { return params_.dtype(); }
+  /// Computes the offsets and buckets of `layout` without allocating anything (materialize()
+  /// does this first): what a memory planner needs. May be called again with another layout.
+  void lay_out(const BufferLayout& layout);
+  bool materialized() const { return materialized_; }
+  DType param_dtype() const { return param_dtype_; }
   uint64_t seed() const { return seed_; }
   const std::vector<ParamDesc>& descs() const { return descs_; }
   const ParamDesc& desc(Handle h) const { return descs_[static_cast<size_t>(h)]; }
@@ -114,23 +128,41 @@ class ParameterStore {
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   int bucket_of(Handle h) const { return bucket_of_[static_cast<size_t>(h)]; }
 
-  Tensor param(Handle h) const { return view(params_, h, h); }
-  Tensor grad(Handle h) const { return view(grads_, h, h); }
+  Tensor param(Handle h) const { return view(params_, bound_params_, "weights", h, h); }
+  Tensor grad(Handle h) const { return view(grads_, bound_grads_, "gradients", h, h); }
   /// One tensor over parameters first..last, which must have been fused; its shape is
   /// [sum of rows, cols] of the members.
-  Tensor param_span(Handle first, Handle last) const { return view(params_, first, last); }
-  Tensor grad_span(Handle first, Handle last) const { return view(grads_, first, last); }
+  Tensor param_span(Handle first, Handle last) const {
+    return view(params_, bound_params_, "weights", first, last);
+  }
+  Tensor grad_span(Handle first, Handle last) const {
+    return view(grads_, bound_grads_, "gradients", first, last);
+  }
+  /// The full buffers (undefined when the layout shards them: FSDP).
   Tensor flat_params() const { return params_; }
   Tensor flat_grads() const { return grads_; }
+  bool params_sharded() const { return layout_.shard_params; }
+  bool grads_sharded() const { return layout_.shard_grads; }
+  /// FSDP: bucket `b`'s weights / gradients are `window` ([end - begin] elements of the model /
+  /// fp32 gradient dtype) until unbound. Only for buffers the layout shards.
+  void bind_params(int b, Tensor window);
+  void bind_grads(int b, Tensor window);
+  void unbind_params(int b);
+  void unbind_grads(int b);
+  bool params_bound(int b) const { return bound_params_[static_cast<size_t>(b)].defined(); }
+  bool grads_bound(int b) const { return bound_grads_[static_cast<size_t>(b)].defined(); }
+  DType grad_dtype() const { return grad_dtype_; }
 
   /// out (f32 or f64, [end - begin]) = the initial values of flat elements [begin, end), exactly
   /// as Philox defines them (padding elements are 0). For optimizer master weights.
   void fill_initial_values(Tensor& out, int64_t begin, const Stream& stream) const;
 
+  /// Zeroes the full gradient buffer (nothing when the layout shards it: the wrapper owns the shards).
   void zero_grads(const Stream& stream);
 
  private:
-  Tensor view(const Tensor& flat, Handle first, Handle last) const;
+  Tensor view(const Tensor& flat, const std::vector<Tensor>& bound, const char* what, Handle first,
+              Handle last) const;
   void fill_param_range(Tensor& out, int64_t out_offset, const ParamDesc& d, int64_t start,
                         int64_t count, const Stream& stream) const;
 
@@ -138,6 +170,10 @@ class ParameterStore {
   std::vector<GradBucket> buckets_;
   std::vector<int> bucket_of_;
   Tensor params_, grads_;
+  std::vector<Tensor> bound_params_, bound_grads_;  // per bucket (sharded buffers only)
+  BufferLayout layout_;
+  DType param_dtype_ = DType::F32, grad_dtype_ = DType::F32;
+  bool materialized_ = false;
   int64_t flat_size_ = 0;
   uint64_t seed_ = 0;
 };

@@ -6,6 +6,7 @@
 // environment; the launcher facts come in as LaunchInfo.
 #pragma once
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 #include "megadlm/core/error.h"
@@ -40,7 +41,8 @@ struct LaunchInfo {
 
 struct ParsedArguments {
   RunConfig config;
-  bool dry_run = false;        ///< --dry-run: report and exit, touch no GPU
+  bool dry_run = false;        ///< --dry-run (or --plan): report and exit, touch no GPU
+  bool plan = false;           ///< --plan: rank the layouts for --world-size GPUs
   bool help = false;           ///< --help / -h: print format_help() and exit
   bool help_markdown = false;  ///< --help-markdown: print format_flags_markdown() and exit
   int rank = 0;                ///< this process's global rank (from LaunchInfo)
@@ -51,6 +53,8 @@ struct ParsedArguments {
   /// Every dest (and derived value such as padded_vocab_size) → resolved value, printed as
   /// Megatron prints its arguments.
   std::map<std::string, std::string> values;
+  /// The dests given on the command line (the others hold defaults or derived values).
+  std::set<std::string> given;
 };
 
 /// Parses and validates `args` (the command line without the program name).
@@ -64,8 +68,13 @@ ParsedArguments parse_arguments(const std::vector<std::string>& args, const Laun
 /// one "  name ..... value" line per dest sorted by name, then the closing line.
 std::string format_arguments(const ParsedArguments& parsed);
 
-/// What --dry-run prints: the arguments, the warnings, the not-supported-yet items, and the
-/// rank layout of `rank` (parallel/rank_layout.h format_layout).
+/// What --dry-run prints: the arguments, the warnings, the not-supported-yet items, the rank
+/// layout of `rank` (parallel/rank_layout.h format_layout) and the memory plan
+/// (training/memory_plan.h).
 std::string format_dry_run_report(const ParsedArguments& parsed, int rank = 0);
+
+/// The @file-expanded command line (argparse's fromfile_prefix_chars); throws ConfigError on an
+/// unreadable file.
+std::vector<std::string> expand_flag_files(const std::vector<std::string>& args);
 
 }  // namespace megadlm::training

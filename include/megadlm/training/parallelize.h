@@ -8,7 +8,10 @@
 //      the last), registering their slices of the parameters;
 //   3. the flat parameter and gradient buffers, laid out for the data-parallel buckets;
 //   4. the data-parallel wrapper over the gradient group (dp×cp, or the distributed optimizer's
-//      intra-instance slice) and the optimizer over the ranges this rank owns.
+//      intra-instance slice) and the optimizer over the ranges this rank owns. With
+//      --use-megatron-fsdp (or --use-torch-fsdp2) the wrapper is FSDP (parallel/data_parallel/
+//      fsdp.h) with the chunks' blocks as its units and the buffers laid out for them; otherwise
+//      DDP or the distributed optimizer (data_parallel.h).
 #pragma once
 #include <memory>
 #include <string>
@@ -18,6 +21,8 @@
 #include "megadlm/model/moe.h"
 #include "megadlm/parallel/data_parallel/data_parallel.h"
 #include "megadlm/parallel/data_parallel/data_shard.h"
+#include "megadlm/parallel/data_parallel/fsdp.h"
+#include "megadlm/parallel/data_parallel/wrapper.h"
 #include "megadlm/parallel/model_parallel.h"
 #include "megadlm/parallel/parameter_store.h"
 #include "megadlm/parallel/process_groups.h"
@@ -33,7 +38,8 @@ struct ParallelModel {
   ModelParallel model_parallel;
   ParameterStore store;
   std::vector<std::unique_ptr<GptModel>> chunks;  ///< pipeline chunks (one without virtual stages)
-  std::unique_ptr<DataParallel> data_parallel;
+  std::unique_ptr<DataParallelWrapper> data_parallel;  ///< DataParallel or FullyShardedDataParallel
+  FullyShardedDataParallel* fsdp = nullptr;           ///< data_parallel when it is FSDP, else null
   std::unique_ptr<AdamWOptimizer> optimizer;
   /// MoE models: expert biases, the aux-loss weight and the step's statistics (runtime.moe).
   std::unique_ptr<MoeStepState> moe;

@@ -151,6 +151,8 @@ class Trainer {
   int64_t skipped_iterations_ = 0;
   int64_t nan_iterations_ = 0;
   double flops_per_iteration_ = 0;
+  double predicted_peak_gb_ = -1;  // the memory planner's peak for this rank (< 0: none)
+  bool memory_logged_ = false;
   // Checkpoints.
   std::unique_ptr<checkpoint::CheckpointWriter> ckpt_writer_;
   std::function<bool()> stop_requested_;

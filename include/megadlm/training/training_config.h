@@ -54,6 +54,8 @@ struct TrainingConfig {
   std::optional<int64_t> exit_duration_in_mins;  ///< save (with --save) and stop after this long
   bool exit_signal_handler = false;  ///< stop cleanly on SIGTERM/SIGUSR1 even without --save
   bool check_for_nan_in_loss_and_grad = true;
+  /// --gpu-memory-gb: what the memory planner (training/memory_plan.h) may use per GPU.
+  double gpu_memory_gb = 141.0;
   /// Where a communication timeout or abort writes each rank's last collectives ("" = the
   /// system's temporary directory); resolved from --collective-log-dir, --metrics-jsonl, --save.
   std::string collective_log_dir;

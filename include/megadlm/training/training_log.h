@@ -58,9 +58,14 @@ class TrainingLog {
   /// Megatron's iteration line for the window since the last one (+ a metrics row, the fields of
   /// docs/metrics.md). `flops_per_iteration`: model FLOPs of one iteration (whole job);
   /// `peak_gb` / `peak_reserved_gb`: this rank's peaks in use / reserved (reserved 0: not recorded).
+  /// `predicted_gb` (>= 0): the memory planner's peak for this rank, added to the metrics row.
   void iteration(const std::vector<IterationMetrics>& window, int64_t skipped_iterations,
                  int64_t nan_iterations, double flops_per_iteration, double peak_gb,
-                 double peak_reserved_gb, const std::string& device) const;
+                 double peak_reserved_gb, const std::string& device, double predicted_gb = -1) const;
+  /// " > peak memory by step N (GB): predicted peak P (training/memory_plan.h), measured
+  /// peak M, reserved R" — once, after the first iteration, so a user sees how good the
+  /// planner's number is for their layout. `reserved_gb` < 0: not measurable (CPU).
+  void memory_check(double predicted_gb, double measured_gb, double reserved_gb, int64_t iteration) const;
   /// Megatron's validation block " validation loss at <what> | lm loss value: ... " (+ a metrics
   /// row keyed `key`, e.g. "validation_lm_loss").
   void validation(double loss, const std::string& what, const std::string& key, int64_t iteration,

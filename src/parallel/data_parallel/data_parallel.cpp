@@ -97,6 +97,13 @@ void DataParallel::for_each_owned_piece(Fn&& fn) const {
   }
 }
 
+std::string DataParallel::summary() const {
+  std::string s;
+  if (opt_.distributed_optimizer) s += ", distributed optimizer";
+  if (opt_.overlap_grad_reduce) s += ", overlapped gradient reduction";
+  return s;
+}
+
 Tensor DataParallel::optimizer_grads() const {
   return opt_.distributed_optimizer ? grad_shards_ : store_.flat_grads();
 }

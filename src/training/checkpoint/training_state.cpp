@@ -49,8 +49,19 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
   const bool experts = expert_writer.value_or(writer);
   if (!writer && !experts) return snap;
   auto buffers = std::make_shared<HostBuffers>();
-  // Always a copy (even on the host): an asynchronous save writes while training goes on.
-  buffers->master = optimizer.master().to(Device::cpu(), stream);
+  // Always a copy (even on the host): an asynchronous save writes while training goes on. The
+  // masters may be views of the model weights (fp32 weights): copied range by range.
+  if (optimizer.master().defined()) {
+    buffers->master = optimizer.master().to(Device::cpu(), stream);
+  } else {
+    buffers->master = Tensor::empty({std::max<int64_t>(optimizer.compact_size(), 1)},
+                                    optimizer.exp_avg().dtype(), Stream::cpu());
+    for (const OwnedRange& r : optimizer.owned()) {
+      if (r.end == r.begin) continue;
+      Tensor dst = buffers->master.slice_flat(r.compact_offset, {r.end - r.begin});
+      copy_tensor(optimizer.master_slice(r.compact_offset, r.end - r.begin), dst, stream);
+    }
+  }
   if (moments) {
     buffers->exp_avg = optimizer.exp_avg().to(Device::cpu(), stream);
     buffers->exp_avg_sq = optimizer.exp_avg_sq().to(Device::cpu(), stream);
@@ -78,44 +89,38 @@ StateSnapshot snapshot_state(const ParameterStore& store, const AdamWOptimizer& 
 
 void load_state(const CheckpointReader& reader, ParameterStore& store, AdamWOptimizer& optimizer,
                 bool moments, const Stream& stream) {
-  Tensor master = optimizer.master(), m = optimizer.exp_avg(), v = optimizer.exp_avg_sq();
+  Tensor m = optimizer.exp_avg(), v = optimizer.exp_avg_sq();
   if (!moments) {
     ops::fill(m, 0.0f, stream);
     ops::fill(v, 0.0f, stream);
   }
   // Every (tensor, owned region) is one task; tasks read on several threads (each into its own
   // host buffer, so memory in flight is bounded by kLoadThreads pieces) and copy on `stream`.
+  // The masters are read into their owned slices (views of the weights when they alias them).
   struct ReadTask {
     std::string name;
     Shape global_shape;
     Region region;
-    Tensor* buffer;
-    int64_t offset;
+    Tensor dst;
   };
   std::vector<ReadTask> tasks;
   for_each_owned_piece(store, optimizer,
                        [&](const ParamDesc& d, const ParamPlacement& pl, const Region& region, int64_t c) {
-                         tasks.push_back({kModelPrefix + d.name, pl.global_shape, region, &master, c});
+                         const int64_t n = region.numel();
+                         tasks.push_back({kModelPrefix + d.name, pl.global_shape, region, optimizer.master_slice(c, n)});
                          if (!moments) return;
-                         tasks.push_back({kExpAvgPrefix + d.name, pl.global_shape, region, &m, c});
-                         tasks.push_back({kExpAvgSqPrefix + d.name, pl.global_shape, region, &v, c});
+                         tasks.push_back({kExpAvgPrefix + d.name, pl.global_shape, region, m.slice_flat(c, {n})});
+                         tasks.push_back({kExpAvgSqPrefix + d.name, pl.global_shape, region, v.slice_flat(c, {n})});
                        });
   constexpr size_t kLoadThreads = 4;
   run_io_tasks(tasks.size(), [&](size_t i) {
-    const ReadTask& t = tasks[i];
-    Tensor host = Tensor::empty({t.region.numel()}, t.buffer->dtype(), Stream::cpu());
+    ReadTask& t = tasks[i];
+    Tensor host = Tensor::empty({t.region.numel()}, t.dst.dtype(), Stream::cpu());
     reader.read(t.name, t.global_shape, t.region, host);
-    Tensor dst = t.buffer->slice_flat(t.offset, {t.region.numel()});
-    copy_tensor(host, dst, stream);
+    copy_tensor(host, t.dst, stream);
     stream.synchronize();  // `host` is freed next
   }, kLoadThreads);
-  Tensor params = store.flat_params();
-  for (const OwnedRange& r : optimizer.owned()) {
-    if (r.end == r.begin) continue;
-    Tensor src = master.slice_flat(r.compact_offset, {r.end - r.begin});
-    Tensor dst = params.slice_flat(r.begin, {r.end - r.begin});
-    copy_tensor(src, dst, stream);  // rounds to the model dtype as the optimizer step does
-  }
+  optimizer.write_model_weights(stream);  // rounds to the model dtype as the optimizer step does
   stream.synchronize();
 }
 

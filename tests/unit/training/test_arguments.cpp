@@ -462,7 +462,9 @@ std::vector<Row> rows() {
 
       // ------------------------------------------------------------------ data parallel / optimizer
       {"V-21", cmd({"--overlap-param-gather"}), O::Rejected,
-       {"`--overlap-param-gather` needs `--use-distributed-optimizer` and `--overlap-grad-reduce` [V-21]"}},
+       {"`--overlap-param-gather` needs `--use-distributed-optimizer` (or a sharding `--use-megatron-fsdp` strategy) and `--overlap-grad-reduce` [V-21]"}},
+      {"V-21-fsdp-ok", dry(4, {"--overlap-param-gather", "--use-megatron-fsdp", "--overlap-grad-reduce"}),
+       O::Accepted, {}},
       {"V-21-ok", dry(4, {"--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce"}),
        O::Accepted, {}},
       {"V-22", cmd({"--use-torch-fsdp2"}), O::Rejected, {"`--use-torch-fsdp2` cannot be used with tied embeddings", "[V-22]"}},
@@ -853,20 +855,59 @@ std::vector<Row> rows() {
       {"fsdp-no-shard-is-ddp", cmd({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "no_shard"}),
        O::Accepted, {}, [](const ParsedArguments& p) { EXPECT_FALSE(p.config.parallel.use_distributed_optimizer); },
        LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
-      {"fsdp-param-sharding-not-yet", cmd({"--use-custom-fsdp"}), O::NotSupported,
-       {"`--data-parallel-sharding-strategy optim_grads_params` with `--use-custom-fsdp`: sharding the parameters (FSDP) is not supported yet"},
+      {"fsdp-param-sharding-runs", cmd({"--use-custom-fsdp"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.parallel.use_custom_fsdp);
+         EXPECT_EQ(p.config.parallel.data_parallel_sharding_strategy, ShardingStrategy::OptimGradsParams);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
+      {"fsdp-torch-fsdp2-is-full-sharding",
+       cmd({"--use-torch-fsdp2", "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion",
+            "--data-parallel-sharding-strategy", "optim"}),
+       O::Accepted, {"`--data-parallel-sharding-strategy optim` has no effect with `--use-torch-fsdp2`"},
+       [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.parallel.use_custom_fsdp);
+         EXPECT_TRUE(p.config.parallel.use_torch_fsdp2);
+         EXPECT_EQ(p.config.parallel.data_parallel_sharding_strategy, ShardingStrategy::OptimGradsParams);
+       }, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
+      {"F-13", cmd({"--use-torch-fsdp2", "--use-megatron-fsdp", "--untie-embeddings-and-output-weights"}), O::Rejected,
+       {"`--use-torch-fsdp2` and `--use-megatron-fsdp` (`--use-custom-fsdp`) choose two FSDP wrappers", "[F-13]"}},
+      {"F-7", cmd({"--use-megatron-fsdp", "--check-weight-hash-across-dp-replicas-interval", "10"}), O::Rejected,
+       {"`--check-weight-hash-across-dp-replicas-interval 10` needs replicated weights", "[F-7]"}},
+      {"F-7-ok", cmd({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads",
+                      "--check-weight-hash-across-dp-replicas-interval", "10"}), O::Accepted,
+       {"`--check-weight-hash-across-dp-replicas-interval` has no effect"}},
+      {"F-10", cmd({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "no_shard", "--init-model-with-meta-device"}),
+       O::Rejected, {"`--init-model-with-meta-device` needs a sharding FSDP strategy", "[F-10]"}},
+      {"F-10-ok", cmd({"--use-megatron-fsdp", "--init-model-with-meta-device"}), O::Accepted, {}},
+      {"F-8", cmd({"--ckpt-format", "fsdp_dtensor"}), O::Rejected,
+       {"`--ckpt-format fsdp_dtensor` is Megatron-FSDP's format: it needs `--use-megatron-fsdp`", "[F-8]"}},
+      {"F-8-ok", cmd({"--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor"}), O::Accepted, {"`--ckpt-format` has no effect"}},
+      {"V-22-torch-dcp-ok", cmd({"--use-torch-fsdp2", "--untie-embeddings-and-output-weights", "--no-gradient-accumulation-fusion",
+            "--ckpt-format", "torch_dcp"}),
+       O::Accepted, {"`--ckpt-format` has no effect in megadlm"}},
+      {"V-22-pp", cmd({"--use-torch-fsdp2", "--untie-embeddings-and-output-weights", "--pipeline-model-parallel-size", "2"}),
+       O::Rejected, {"`--use-torch-fsdp2` cannot be used with `--pipeline-model-parallel-size 2`", "[V-22]"},
        nullptr, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
+      {"fsdp-outer-optim-not-yet", cmd({"--use-megatron-fsdp", "--outer-dp-sharding-strategy", "optim"}),
+       O::NotSupported, {"`--outer-dp-sharding-strategy optim` is not supported yet"}},
+      {"fsdp-hsdp-not-yet", cmd({"--use-megatron-fsdp", "--num-distributed-optimizer-instances", "2"}),
+       O::NotSupported, {"`--num-distributed-optimizer-instances 2` with FSDP: hybrid sharding (HSDP) is not supported yet"},
+       nullptr, LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
+      {"fsdp-no-shard-with-dist-opt-warns",
+       cmd({"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "no_shard", "--use-distributed-optimizer"}),
+       O::Accepted, {"`--use-distributed-optimizer` has no effect with `--use-megatron-fsdp --data-parallel-sharding-strategy no_shard`"},
+       [](const ParsedArguments& p) { EXPECT_FALSE(p.config.parallel.use_distributed_optimizer); }},
       {"sharding-strategy-without-fsdp-warns", cmd({"--data-parallel-sharding-strategy", "optim"}), O::Accepted,
        {"`--data-parallel-sharding-strategy optim` has effect only with `--use-custom-fsdp`"}},
       {"pp-cp-ep-real-run", cmd({"--pipeline-model-parallel-size", "2", "--context-parallel-size", "2", "--expert-model-parallel-size", "2", "--num-experts", "2", "--difflm-varilen-prob", "0"}),
        O::Accepted, {},
        [](const ParsedArguments& p) { EXPECT_TRUE(p.not_supported.empty()); },
        LaunchInfo{.world_size = 4, .rank = 0, .visible_gpus = 0}},
-      // CP pads varilen-truncated micro-batches; the MoE router would count the padding.
-      {"cp-moe-varilen-real-run", cmd({"--context-parallel-size", "2", "--num-experts", "2"}), O::NotSupported,
-       {"`--difflm-varilen-prob 0.01` with `--context-parallel-size 2` and `--num-experts 2`",
-        "use `--difflm-varilen-prob 0` (or CP 1)"},
-       nullptr, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
+      // CP pads varilen-truncated micro-batches; the MoE layer routes only the real rows.
+      {"cp-moe-varilen-real-run", cmd({"--context-parallel-size", "2", "--num-experts", "2"}), O::Accepted, {},
+       [](const ParsedArguments& p) { EXPECT_TRUE(p.not_supported.empty()); },
+       LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
       {"cp-moe-sft-real-run",  // SFT micro-batches are never truncated
        cmd({"--context-parallel-size", "2", "--num-experts", "2", "--sft-data-path", "pairs.jsonl",
             "--tokenizer-type", "NullTokenizer", "--mask-token", "98"}, {"--mock-data", "--mask-token"}),
@@ -875,7 +916,7 @@ std::vector<Row> rows() {
       {"cp-moe-vanilla-real-run", cmd({"--context-parallel-size", "2", "--num-experts", "2", "--model-running-mode", "vanilla"}),
        O::Accepted, {}, [](const ParsedArguments& p) { EXPECT_TRUE(p.not_supported.empty()); },
        LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
-      // Dry runs validate FSDP layouts that real runs still refuse; CP and EP run.
+      // Dry runs and real runs accept the same layouts now (CP, EP and FSDP run).
       {"ep-moe-dry-run", dry(8, {"--expert-model-parallel-size", "4", "--num-experts", "8", "--bf16", "--moe-grouped-gemm"}),
        O::Accepted, {},
        [](const ParsedArguments& p) {
@@ -900,8 +941,10 @@ std::vector<Row> rows() {
        },
        LaunchInfo{.world_size = 8, .rank = 0, .visible_gpus = 0}},
       {"fsdp-dry-run", dry(4, {"--use-custom-fsdp", "--data-parallel-sharding-strategy", "optim_grads_params"}),
-       O::Accepted, {"sharding the parameters (FSDP) is not supported yet"},
-       [](const ParsedArguments& p) { EXPECT_EQ(p.config.parallel.data_parallel_size, 4); }},
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.data_parallel_size, 4);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
       {"tp-dry-run", dry(16, {"--tensor-model-parallel-size", "2", "--context-parallel-size", "2"}), O::Accepted,
        {}, [](const ParsedArguments& p) {
          EXPECT_TRUE(p.dry_run);
@@ -963,6 +1006,7 @@ const char* const kImplementedRules[] = {
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
     "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "R-14"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "R-14", "F-7", "F-8", "F-10", "F-13"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
@@ -1036,11 +1080,12 @@ TEST(TpCommOverlap, AtTpOneIsOneError) {
 }
 
 TEST(Arguments, RealRunRefusesWhatOnlyADryRunAccepts) {
-  // The same valid FSDP layout: a dry run reports the item and returns, a real run throws it.
-  const ParsedArguments p = parse_arguments(dry(2, {"--use-custom-fsdp"}), {});
+  // The same valid hybrid-FSDP layout: a dry run reports the item and returns, a real run throws it.
+  const std::vector<std::string> hsdp = {"--use-custom-fsdp", "--num-distributed-optimizer-instances", "2"};
+  const ParsedArguments p = parse_arguments(dry(4, hsdp), {});
   ASSERT_EQ(p.not_supported.size(), 1u) << joined(p.not_supported);
   try {
-    parse_arguments(cmd({"--use-custom-fsdp"}), LaunchInfo{.world_size = 2});
+    parse_arguments(cmd(hsdp), LaunchInfo{.world_size = 4});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_TRUE(e.errors().empty()) << e.what();

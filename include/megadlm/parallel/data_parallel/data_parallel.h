@@ -22,7 +22,7 @@
 #include <vector>
 #include "megadlm/comm/communicator.h"
 #include "megadlm/core/event.h"
-#include "megadlm/parallel/param_hooks.h"
+#include "megadlm/parallel/data_parallel/wrapper.h"
 #include "megadlm/parallel/parameter_store.h"
 
 namespace megadlm {
@@ -41,7 +41,7 @@ struct DataParallelOptions {
   int64_t bucket_size = 0;  ///< --ddp-bucket-size; 0: Megatron's max(4e7, 1e6 * dp) with overlap
 };
 
-class DataParallel final : public ParamHooks {
+class DataParallel final : public DataParallelWrapper {
  public:
   /// The layout the store must be materialised with for these options, `dp_size` ranks in the
   /// gradient group and `expert_dp_size` in the expert-dp group (0: dp_size).
@@ -72,29 +72,35 @@ class DataParallel final : public ParamHooks {
   int size() const { return size_; }
   int rank() const { return rank_; }
   /// What this rank's optimizer owns: its shard of every bucket, or the whole buffer.
-  const std::vector<OwnedRange>& owned_ranges() const { return owned_; }
+  const std::vector<OwnedRange>& owned_ranges() const override { return owned_; }
   /// The reduced gradients in the optimizer's compact layout (valid after finish_grad_sync).
-  Tensor optimizer_grads() const;
+  Tensor optimizer_grads() const override;
 
   /// Call once at the start of every step (before any backward).
-  void start_step();
+  void start_step() override;
   /// Call before each backward: `last` when it is the final micro-batch of its model chunk
   /// (only then may buckets reduce, as in Megatron's no_sync).
-  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+  void set_last_micro_batch(bool last) override { last_micro_batch_ = last; }
   /// Both at once, for a single chunk: start_step() on the first call of a step is the caller's.
   void begin_micro_batch(bool last) { set_last_micro_batch(last); }
   void params_needed(const std::vector<int>& handles) override;
   void grads_ready(const std::vector<int>& handles) override;
   /// After the last backward: launches what is left, waits for every reduction, and sums the
   /// partial gradients of replicated parameters over TP (Megatron's finalize_model_grads).
-  void finish_grad_sync();
+  void finish_grad_sync() override;
   /// Sum of squares of the reduced gradients over the whole model, each element counted once
   /// (split parameters summed over TP, replicated ones counted on TP rank 0).
-  double grad_sq_norm();
+  double grad_sq_norm() override;
   /// After the optimizer step (distributed optimizer): all-gathers the updated parameters.
-  void start_param_gather();
+  void start_param_gather() override;
   /// Waits for every outstanding parameter all-gather.
-  void finish_param_gather();
+  void finish_param_gather() override;
+  /// Without the distributed optimizer rank 0 of the group writes everything; with it every
+  /// rank of the first instance writes its shard.
+  bool checkpoint_writer() const override {
+    return opt_.distributed_optimizer ? !inter_ || inter_->rank() == 0 : rank_ == 0;
+  }
+  std::string summary() const override;
 
  private:
   void launch_bucket(size_t b);
