@@ -8,6 +8,11 @@
 //   R2 == R1, not finite      reproducible: stop with a checkpoint of the last good state (exit 16)
 //   R2 == R1, finite          reproducible spike (the model and data give it, e.g. a divergence):
 //                             reported, the step applied
+// "R2 == R1" is bitwise, or — for a GPU whose kernels are not deterministic — R2 rejected for
+// the same kind of reason (both spikes, or the same values non-finite): a replay that drifts in
+// the last bits reproduces the result all the same, and the report says by how much it drifted.
+// Without --check-for-spiky-loss a loss >= 10x the recent median is still reported (never
+// rejected): a diverging run is not silent.
 // Megatron's machine also re-runs a reproducible result from a checkpoint on another GPU; a run
 // stopped with exit code 16 is that checkpoint (resume it elsewhere to rule out a device fault).
 #include "megadlm/training/fault_detection.h"
@@ -40,6 +45,13 @@ double relative_difference(double a, double b) {
   if (same(a, b)) return 0.0;
   if (!std::isfinite(a) || !std::isfinite(b)) return INFINITY;
   return std::fabs(a - b) / std::max(std::fabs(a) + std::fabs(b), 1e-300) * 2;
+}
+
+// The replay reproduces a rejected result without being bitwise equal: both finite (two spikes:
+// rejection() has already said both are rejected), or non-finite in the same values.
+bool same_kind(const StepResult& a, const StepResult& b) {
+  return std::isfinite(a.lm_loss) == std::isfinite(b.lm_loss) &&
+         std::isfinite(a.grad_norm) == std::isfinite(b.grad_norm);
 }
 
 double median(std::deque<double> v) {
@@ -135,6 +147,14 @@ FaultVerdict FaultDetector::run_step(int64_t iteration, uint64_t seed,
   }
   if (why.empty()) {
     spikes_in_a_row_ = 0;
+    // Not checked (no --check-for-spiky-loss), still not silent: a divergence is reported.
+    if (!cfg_.check_spiky_loss && !losses_.empty() && std::isfinite(first.lm_loss)) {
+      const double ref = median(losses_);
+      if (ref > 0 && first.lm_loss >= cfg_.spike_factor * ref)
+        v.report = at + "lm loss " + num(first.lm_loss) + " is >= " + num(cfg_.spike_factor) +
+                   " x the recent median " + num(ref) + ": the run may be diverging (not rejected; "
+                   "--check-for-spiky-loss with --rerun-mode validate_results replays such steps)";
+    }
     accept(first);
     return v;
   }
@@ -155,7 +175,15 @@ FaultVerdict FaultDetector::run_step(int64_t iteration, uint64_t seed,
   v.result = replay;
   const std::string replay_why = rejection(replay);
   const std::string found = at + "found " + why + "; replayed the step with the same batch and masks: ";
-  if (!same(first, replay)) {
+  // Reproduced, though not bitwise: the kernels of this device are not deterministic.
+  const bool drifted = !same(first, replay) && !replay_why.empty() && same_kind(first, replay);
+  const std::string drift =
+      drifted ? " (not bitwise: relative difference " +
+                    num(std::max(relative_difference(first.lm_loss, replay.lm_loss),
+                                 relative_difference(first.grad_norm, replay.grad_norm))) +
+                    "; the kernels are not deterministic, --deterministic-mode makes replays exact)"
+              : "";
+  if (!same(first, replay) && !drifted) {
     if (replay_why.empty()) {
       v.action = FaultAction::Apply;
       v.report = found + text(replay) + ", a different result: a TRANSIENT fault. The first result is "
@@ -171,16 +199,16 @@ FaultVerdict FaultDetector::run_step(int64_t iteration, uint64_t seed,
   }
   if (non_finite) {
     v.action = FaultAction::Stop;
-    v.report = found + "the same result: a REPRODUCIBLE fault (not a transient one)";
+    v.report = found + "the same result" + drift + ": a REPRODUCIBLE fault (not a transient one)";
     return v;
   }
   v.action = FaultAction::Apply;
   if (injecting && cfg_.error_injection_type == ErrorInjectionType::CorrectResult) {
-    v.report = found + "the same result: the flagged result is CORRECT (reproducible). The step is applied";
+    v.report = found + "the same result" + drift + ": the flagged result is CORRECT (reproducible). The step is applied";
     accept(replay);
   } else {
     ++spikes_in_a_row_;
-    v.report = found + "the same result: REPRODUCIBLE, not a transient fault (the model and data give it; "
+    v.report = found + "the same result" + drift + ": REPRODUCIBLE, not a transient fault (the model and data give it; "
                "a diverging run, e.g. --lr too high?). The step is applied";
   }
   return v;

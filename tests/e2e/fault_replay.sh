@@ -5,7 +5,8 @@
 #      losses and gradient norms are bitwise those of the run without injection;
 #   2. an injected persistent fault: the replay reproduces it, the run stops with exit code 16
 #      and a checkpoint of the last good state, which verifies and resumes bitwise;
-#   3. a diverging run (--lr 1e3) with --check-for-spiky-loss is reported as a spike.
+#   3. a diverging run (--lr 1e3) with --check-for-spiky-loss is reported as a spike, and without
+#      any flag as a possible divergence (a warning; the healthy run has none).
 set -uo pipefail
 bin=$1; src=$2
 tmp=$(mktemp -d)
@@ -50,4 +51,10 @@ train --lr 1e3 --clip-grad 0 --no-check-for-nan-in-loss-and-grad --check-for-spi
   --rerun-mode validate_results > "$tmp/diverge.log" 2>&1 || fail "3: the diverging run failed: $(tail -3 "$tmp/diverge.log")"
 grep -q "found a spiky loss" "$tmp/diverge.log" || fail "3: the divergence was not reported: $(grep 'lm loss' "$tmp/diverge.log" | tail -3)"
 echo "PASS 3: the divergence is reported: $(grep -m1 'found a spiky loss' "$tmp/diverge.log" | cut -c1-160)"
+train --lr 1e3 --clip-grad 0 --no-check-for-nan-in-loss-and-grad > "$tmp/diverge_default.log" 2>&1 ||
+  fail "3: the diverging run without flags failed: $(tail -3 "$tmp/diverge_default.log")"
+grep -q "WARNING: iteration [0-9]*: lm loss .* the run may be diverging" "$tmp/diverge_default.log" ||
+  fail "3: without flags the divergence is silent: $(grep 'lm loss' "$tmp/diverge_default.log" | tail -3)"
+! grep -q "may be diverging" "$tmp/clean.log" || fail "3: the healthy run was reported as diverging"
+echo "PASS 3: without flags too: $(grep -m1 'may be diverging' "$tmp/diverge_default.log" | cut -c1-120)"
 echo "PASS: fault_replay"
