@@ -33,7 +33,7 @@ if [ -z "$ckpt" ]; then
   if [ ! -f "$ckpt/latest_checkpointed_iteration.txt" ]; then
     echo "== saving a randomly initialised checkpoint of $config to $ckpt"
     "$bin/pretrain_difflm" @"$src/$config" --mock-data --device "$device" --train-iters 1 \
-      --global-batch-size 4 --lr-warmup-iters 0 --lr-decay-iters 10 --log-interval 1 --eval-iters 0 \
+      --global-batch-size 4 --lr-warmup-iters 0 --lr-decay-iters 10 --lr-wsd-decay-iters 1 --log-interval 1 --eval-iters 0 \
       --save "$ckpt" --save-interval 1 --no-save-optim > "$out/save.log" 2>&1
   fi
 fi

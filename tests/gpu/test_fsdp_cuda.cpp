@@ -56,8 +56,14 @@ TEST(FsdpCuda, EachStrategyTrainsAsWithoutFsdpOnOneGpu) {
     const auto got = trainer(run(true, s))->train();
     ASSERT_EQ(got.size(), ref.size());
     for (size_t i = 0; i < ref.size(); ++i) {
-      EXPECT_NEAR(got[i].lm_loss, ref[i].lm_loss, 1e-5 * ref[i].lm_loss) << sharding_strategy_name(s) << ", iteration " << i + 1;
-      EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, 1e-5 * ref[i].grad_norm) << sharding_strategy_name(s) << ", iteration " << i + 1;
+      // bf16 training: the first two steps agree to 1e-5; from step 3 on, a last-bit difference
+      // in the fp32 gradient sums (FSDP's per-unit buckets sum in another order) flips bf16
+      // roundings of the weights and grows with training. Measured on the H200: 1.1e-5 relative
+      // at step 3, 4e-4 at step 6, the same for every strategy (no_shard included), so the bound
+      // is bf16 noise. The fp32 CPU suite (tests/layout/fsdp) holds every strategy to 1e-5.
+      const double bound = i < 2 ? 1e-5 : 2e-3;
+      EXPECT_NEAR(got[i].lm_loss, ref[i].lm_loss, bound * ref[i].lm_loss) << sharding_strategy_name(s) << ", iteration " << i + 1;
+      EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, bound * ref[i].grad_norm) << sharding_strategy_name(s) << ", iteration " << i + 1;
     }
   }
 }
