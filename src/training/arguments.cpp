@@ -2,10 +2,12 @@
 // command_line.cpp), the argument state, and the start-up / dry-run reports. The rules that
 // combine flags live in argument_rules.cpp.
 #include "megadlm/training/arguments.h"
+#include <cstdio>
 #include <sstream>
 #include "megadlm/parallel/rank_layout.h"
 #include "megadlm/training/checkpoint_args.h"
 #include "megadlm/training/flags.h"
+#include "megadlm/training/layout_plan.h"
 #include "megadlm/training/memory_plan.h"
 #include "training/argument_state.h"
 #include "training/command_line.h"
@@ -242,6 +244,23 @@ std::string format_dry_run_report(const ParsedArguments& parsed, int rank) {
     os << format_memory_plan(plan, parsed.config);
   } catch (const std::exception& e) {
     os << "memory plan: not available for this configuration (" << e.what() << ")\n";
+  }
+  try {
+    // The --plan cost model for this one layout, so a recipe's dry run states its speed too.
+    const RunConfig& c = parsed.config;
+    const StepTime t = estimate_step_time(c);
+    const double tokens = static_cast<double>(c.training.global_batch_size) * static_cast<double>(c.model.seq_length);
+    const double step_s = t.total_ms() / 1e3;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "estimated step on H200s (the --plan cost model, docs/planner.md): %.1f ms (compute %.1f, "
+                  "TP/CP %.1f, pipeline %.1f, data-parallel %.1f, optimizer %.1f) = %.0f tokens/s per GPU, "
+                  "%.2f B tokens per day on %d GPUs\n",
+                  t.total_ms(), t.compute_ms, t.tp_cp_ms, t.pipeline_ms, t.data_parallel_ms, t.optimizer_ms,
+                  tokens / step_s / c.parallel.world_size, tokens / step_s * 86400.0 / 1e9, c.parallel.world_size);
+    os << buf;
+  } catch (const std::exception& e) {
+    os << "estimated step: not available for this configuration (" << e.what() << ")\n";
   }
   return os.str();
 }

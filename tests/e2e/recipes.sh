@@ -26,6 +26,14 @@ for recipe in "$src"/configs/recipes/*.args; do
   rc=$?
   [ $rc -eq 0 ] || fail "$name: dry run at world size $ws exited $rc: $out"
   grep -q "^world size $ws = " <<< "$out" || fail "$name: no layout line for world size $ws"
+  # The memory planner: the busiest rank fits one H200 (141 GB) with 10 % headroom, and the
+  # cost model gives the step time docs/recipes.md quotes.
+  peak=$(sed -nE 's/.*busiest rank: (.*, )?([0-9.]+) GB of 141\.00 GB.*: fits$/\2/p' <<< "$out")
+  [ -n "$peak" ] || fail "$name: the planner does not say it fits a 141 GB GPU: $(grep 'busiest rank' <<< "$out")"
+  awk -v p="$peak" 'BEGIN { exit !(p <= 0.9 * 141) }' ||
+    fail "$name: predicted peak $peak GB leaves less than 10 % of an H200's 141 GB"
+  grep -q "^estimated step on H200s" <<< "$out" || fail "$name: no step-time estimate in the dry run"
+  echo "$name: $ws GPUs, predicted peak $peak GB; $(grep -o '^estimated step on H200s.*' <<< "$out" | sed -E 's/ \(the --plan.*\)://')"
 
   # The tiny twin.
   layout=$(grep -m1 '^@\.\./layouts/' "$recipe" | sed 's/^@//')
