@@ -47,5 +47,6 @@ size_t cuda_peak_reserved_memory(int device);
 size_t cuda_used_memory(int device);
 size_t cuda_total_memory(int device);  ///< 0 when the device cannot be queried
 void cuda_reset_peak(int device);
+void cuda_profiler(bool start);
 
 }  // namespace megadlm::detail

@@ -38,5 +38,6 @@ size_t cuda_peak_reserved_memory(int) { return 0; }
 size_t cuda_used_memory(int) { return 0; }
 size_t cuda_total_memory(int) { return 0; }
 void cuda_reset_peak(int) {}
+void cuda_profiler(bool) {}
 }  // namespace megadlm::detail
 #endif

@@ -1,5 +1,6 @@
 #include "megadlm/core/stream.h"
 #include "core/cuda_bridge.h"
+#include "megadlm/core/profiler.h"
 
 namespace megadlm {
 
@@ -33,6 +34,10 @@ size_t cuda_total_memory_bytes(Device device) {
 }
 void cuda_reset_peak_memory(Device device) {
   if (device.is_cuda()) detail::cuda_reset_peak(device.index);
+}
+
+void cuda_profiler_range(Device device, bool start) {
+  if (device.is_cuda()) detail::cuda_profiler(start);
 }
 
 bool cuda_compiled() { return MEGADLM_WITH_CUDA != 0; }

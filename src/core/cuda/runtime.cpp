@@ -2,6 +2,7 @@
 // stream-ordered memory pool (cudaMallocAsync; no home-made cache), copies and peak memory.
 #include <cstdio>
 #include <mutex>
+#include <cuda_profiler_api.h>
 #include "core/cuda/cuda_utils.h"
 #include "core/cuda_bridge.h"
 
@@ -173,6 +174,11 @@ void cuda_reset_peak(int device) {
   uint64_t zero = 0;
   MDLM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
   MDLM_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &zero));
+}
+
+void cuda_profiler(bool start) {
+  MDLM_CUDA_CHECK(cudaDeviceSynchronize());
+  MDLM_CUDA_CHECK(start ? cudaProfilerStart() : cudaProfilerStop());
 }
 
 }  // namespace megadlm::detail
