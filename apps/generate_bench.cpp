@@ -14,6 +14,7 @@
 // {"agreement": "MODE vs exact, batch B", "prompts_identical", "prompts", "tokens_changed",
 // "tokens"}. Prompts: JSONL with "prompt_ids". Never stops at EOS (every run makes G tokens).
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include "inference_cli.h"
+#include "megadlm/core/profiler.h"
 #include "megadlm/diffusion/sampler.h"
 
 using namespace megadlm;
@@ -147,6 +149,10 @@ int main(int argc, char** argv) {
         generate(model, requests(0), warm);
         model.stream().synchronize();
         Run run;
+        // MEGADLM_PROFILE_GENERATION=1: each timed run inside cudaProfilerStart/Stop (an external
+        // profiler or tools/cupti_trace then sees the steady state only, not the load and warm-up).
+        const bool profiled = std::getenv("MEGADLM_PROFILE_GENERATION") != nullptr;
+        if (profiled) cuda_profiler_range(device, true);
         const auto t0 = std::chrono::steady_clock::now();
         for (size_t first = 0; first < n; first += static_cast<size_t>(bs)) {
           for (GenerationResult& r : generate(model, requests(first), c)) {
@@ -156,6 +162,7 @@ int main(int argc, char** argv) {
           }
         }
         model.stream().synchronize();
+        if (profiled) cuda_profiler_range(device, false);
         run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         json row = {{"impl", "megadlm " + name}, {"batch_size", bs}, {"tokens", run.generated},
                     {"prompts", n}, {"seconds", run.seconds},

@@ -81,6 +81,7 @@ TEST(ElementwiseParity, SplitAndConcatColumnsMoveExactlyTheRightBits) {
   };
   const Case cases[] = {{4097, {2048, 512, 512}, DType::BF16},  // the qkv split, 16-byte units
                         {333, {3, 8, 13}, DType::BF16},           // 2-byte units
+                        {37, {50257, 47}, DType::BF16},           // logits_at's odd vocabulary
                         {70000, {4, 4}, DType::F32},              // more rows than grid.y
                         {55, {1, 7, 2}, DType::F32}};
   for (const Case& c : cases) {
