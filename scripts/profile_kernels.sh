@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where one training iteration's GPU time goes: Nsight Compute times every kernel of one
-# iteration (MEGADLM_PROFILE_ITERATIONS brackets it with cudaProfilerStart/Stop), and a plain run
+# iteration (--profile brackets it with cudaProfilerStart/Stop), and a plain run
 # of the same flags gives the iteration's wall time; scripts/kernel_summary.py tables both.
 #
 #   scripts/profile_kernels.sh OUT_DIR NAME ITERATION pretrain_difflm-flags...
@@ -27,10 +27,10 @@ t = [r["elapsed_ms"] for r in rows if r.get("kind", "train") == "train" and "ela
 print(statistics.median(t[int(sys.argv[2]) - 1:]) if len(t) >= int(sys.argv[2]) else 0)
 PY
 )
-MEGADLM_PROFILE_ITERATIONS=$iteration timeout 300 "$ncu" --profile-from-start off --clock-control none \
+timeout 300 "$ncu" --profile-from-start off --clock-control none \
   --metrics gpu__time_duration.sum --csv --page raw --print-units base \
   --log-file "$out/$name.ncu.csv" "$bin/pretrain_difflm" "$@" "${common[@]}" \
-  --train-iters "$iteration" > "$out/$name.ncu.log" 2>&1
+  --train-iters "$iteration" --profile --profile-step-start $((iteration - 1)) --profile-step-end "$iteration" > "$out/$name.ncu.log" 2>&1
 echo "$name ncu: exit $? ($SECONDS s)"
 python3 scripts/kernel_summary.py "$out/$name.ncu.csv" --wall-ms "${wall:-0}" --title "$name" \
   --json "$out/$name.kernels.json" > "$out/$name.md"

@@ -841,6 +841,10 @@ RunConfig build_run_config(const ArgState& a) {
   t.device = a.s("device") == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
   t.gpu_memory_gb = a.f("gpu_memory_gb");
   t.log_interval = as_int("log_interval");
+  t.profile = a.b("profile");
+  t.profile_step_start = a.i("profile_step_start");
+  t.profile_step_end = a.i("profile_step_end");
+  t.profile_ranks = a.ints("profile_ranks");
   t.metrics_jsonl = a.s("metrics_jsonl");
   t.tensorboard_dir = a.s("tensorboard_dir");
   t.tensorboard_log_interval = as_int("tensorboard_log_interval");

@@ -31,6 +31,15 @@ void check_logging(const ArgState& a, Diagnostics& d) {
                           a.flag_value("logging_level") + " (that Python level means `--log-level " +
                           logging::level_name(from_python) + "`)");
   }
+  // M-26: a profiled range that holds no step would silently profile nothing.
+  if (a.b("profile")) {
+    if (a.i("profile_step_start") < 0 || a.i("profile_step_end") <= a.i("profile_step_start"))
+      d.error("M-26", "`--profile` profiles the steps after " + a.flag_value("profile_step_start") +
+                          " completed iterations up to " + a.flag_value("profile_step_end") +
+                          ": give 0 <= start < end");
+    for (int64_t r : a.ints("profile_ranks"))
+      if (r < 0) d.error("M-26", a.flag_value("profile_ranks") + " holds a negative rank; give global ranks >= 0");
+  }
   const std::string dir = a.s("log_dir");
   std::error_code ec;
   if (!dir.empty() && std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))

@@ -1,7 +1,6 @@
 #include "megadlm/training/trainer.h"
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <map>
 #include <ostream>
@@ -354,36 +353,21 @@ void Trainer::log_interval(const std::vector<IterationMetrics>& window) {
   if (!stats.empty()) logging::info(stats);
 }
 
-namespace {
-// MEGADLM_PROFILE_ITERATIONS=FIRST[:LAST] brackets those iterations (1-based) with
-// cudaProfilerStart/Stop, for `ncu --profile-from-start off` (docs/profiling.md).
-struct ProfiledIterations {
-  int64_t first = -1, last = -1;
-};
-ProfiledIterations profiled_iterations_from_environment() {
-  ProfiledIterations r;
-  const char* text = std::getenv("MEGADLM_PROFILE_ITERATIONS");
-  if (text == nullptr || *text == 0) return r;
-  long long first = 0, last = 0;
-  const int n = std::sscanf(text, "%lld:%lld", &first, &last);
-  MDLM_CHECK(n >= 1 && first >= 1 && (n == 1 || last >= first),
-             "MEGADLM_PROFILE_ITERATIONS must be FIRST or FIRST:LAST (1-based iterations), got '", text, "'");
-  r.first = first;
-  r.last = n == 2 ? last : first;
-  return r;
-}
-}  // namespace
-
 std::vector<IterationMetrics> Trainer::train() {
   std::vector<IterationMetrics> all, window;
   const int64_t total = cfg_.training.train_iters;
   const int log_every = std::max(1, cfg_.training.log_interval);
-  const ProfiledIterations profiled = profiled_iterations_from_environment();
+  // --profile (Megatron's semantics): start before the step that follows profile_step_start
+  // completed iterations, stop after profile_step_end of them, on the --profile-ranks.
+  const TrainingConfig& tc = cfg_.training;
+  const int64_t rank = pm_->world ? pm_->world->rank() : 0;
+  const bool profiling = tc.profile && std::find(tc.profile_ranks.begin(), tc.profile_ranks.end(), rank) !=
+                                           tc.profile_ranks.end();
+  const Device device = pm_->runtime.stream.device();
   while (iteration_ < total) {
-    const Device device = pm_->runtime.stream.device();
-    if (iteration_ + 1 == profiled.first) cuda_profiler_range(device, true);
+    if (profiling && iteration_ == tc.profile_step_start) cuda_profiler_range(device, true);
     IterationMetrics m = step();
-    if (iteration_ == profiled.last) cuda_profiler_range(device, false);
+    if (profiling && iteration_ == tc.profile_step_end) cuda_profiler_range(device, false);
     all.push_back(m);
     if (!memory_logged_) {  // the first iteration has touched everything a step holds
       memory_logged_ = true;

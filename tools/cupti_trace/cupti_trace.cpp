@@ -4,7 +4,7 @@
 // to $MEGADLM_TRACE_FILE at exit. scripts/trace_gaps.py turns the file into the GPU's idle time
 // and what the host was doing meanwhile — which a per-kernel profiler (ncu) cannot show.
 // Only records inside cudaProfilerStart/Stop when MEGADLM_TRACE_RANGE=1 (pretrain_difflm's
-// MEGADLM_PROFILE_ITERATIONS sets that range).
+// --profile, generate_bench's MEGADLM_PROFILE_GENERATION set that range; the last one is kept).
 #include <cupti.h>
 #include <cstdio>
 #include <cstdlib>

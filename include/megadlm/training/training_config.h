@@ -59,6 +59,11 @@ struct TrainingConfig {
   /// Where a communication timeout or abort writes each rank's last collectives ("" = the
   /// system's temporary directory); resolved from --collective-log-dir, --metrics-jsonl, --save.
   std::string collective_log_dir;
+  /// --profile: steps (profile_step_start, profile_step_end] (counted in completed iterations,
+  /// as Megatron does) run between cudaProfilerStart and cudaProfilerStop on profile_ranks.
+  bool profile = false;
+  int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<int64_t> profile_ranks = {0};
 
   int num_micro_batches(int data_parallel_size) const {
     return global_batch_size / (micro_batch_size * data_parallel_size);

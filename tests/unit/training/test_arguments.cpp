@@ -297,6 +297,18 @@ std::vector<Row> rows() {
         "`--tensor-model-parallel-size 1` has none; drop it or use a TP size > 1 with "
         "`--sequence-parallel` [M-25]"}},
       {"M-25-without-sp", cmd({"--tp-comm-overlap"}), O::Rejected, {"[M-25]"}},
+      {"M-26", cmd({"--profile", "--profile-step-start", "5", "--profile-step-end", "5"}), O::Rejected,
+       {"`--profile` profiles the steps after `--profile-step-start 5` completed iterations up to "
+        "`--profile-step-end 5`: give 0 <= start < end [M-26]"}},
+      {"M-26-negative-rank", cmd({"--profile", "--profile-ranks", "0", "-1"}), O::Rejected,
+       {"holds a negative rank", "[M-26]"}},
+      {"M-26-ok", cmd({"--profile", "--profile-step-start", "2", "--profile-step-end", "4", "--profile-ranks", "0", "3"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.training.profile);
+         EXPECT_EQ(p.config.training.profile_step_start, 2);
+         EXPECT_EQ(p.config.training.profile_step_end, 4);
+         EXPECT_EQ(p.config.training.profile_ranks, (std::vector<int64_t>{0, 3}));
+       }},
       {"R-5", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel", "--seq-length", "30"}),
        O::Rejected, {"splits the local sequence `--seq-length 30`", "[R-5]"}},
       {"R-5-ok", dry(4, {"--tensor-model-parallel-size", "4", "--sequence-parallel"}), O::Accepted,
@@ -1005,7 +1017,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "R-14", "F-7", "F-8", "F-10", "F-13"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "M-26", "R-14", "F-7", "F-8", "F-10", "F-13"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
