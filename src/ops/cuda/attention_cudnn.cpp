@@ -28,6 +28,9 @@
 
 #if MEGADLM_WITH_CUDNN
 #include <cudnn_graph.h>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -220,8 +223,10 @@ class Graph {
   }
 
   /// Operation graph -> heuristics (mode A) -> the first engine configuration whose plan
-  /// finalizes (and, when deterministic, that is not marked nondeterministic).
-  void build_plan(bool deterministic) {
+  /// finalizes (and, when deterministic, that is not marked nondeterministic). With
+  /// `candidates` > 1 (MEGADLM_CUDNN_AUTOTUNE) up to that many plans are kept, in heuristic
+  /// order, for autotune() to time; plan() is the first until then.
+  void build_plan(bool deterministic, int candidates = 1) {
     Desc& graph = add(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops_.data(),
               static_cast<int64_t>(ops_.size()));
@@ -260,20 +265,25 @@ class Graph {
         check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                        CUDNN_TYPE_INT64, 1, &n, &ws),
               "plan workspace size");
-        workspace_bytes_ = ws;
-        engine_index_ = i;
-        plan_ = std::move(plan);
-        return;
+        workspace_bytes_ = std::max(workspace_bytes_, ws);
+        plans_.push_back(std::move(plan));
+        engine_indices_.push_back(i);
+        if (static_cast<int>(plans_.size()) >= candidates) return;
       } catch (const Refused& e) {
         last_error = e.what();
       }
     }
+    if (!plans_.empty()) return;
     throw Refused(std::to_string(returned) + " engine configurations, none builds: " + last_error);
   }
 
-  cudnnBackendDescriptor_t plan() const { return plan_->get(); }
+  cudnnBackendDescriptor_t plan() const { return plans_[chosen_]->get(); }
+  /// The largest workspace of the kept plans (any of them may run).
   int64_t workspace_bytes() const { return workspace_bytes_; }
-  int64_t engine_index() const { return engine_index_; }
+  int64_t engine_index() const { return engine_indices_[chosen_]; }
+  size_t candidates() const { return plans_.size(); }
+  void choose(size_t i) { chosen_ = i; }
+  size_t chosen() const { return chosen_; }
   cudnnHandle_t handle() const { return handle_; }
 
  private:
@@ -299,9 +309,11 @@ class Graph {
   cudnnHandle_t handle_;
   std::deque<Desc> descs_;  // stable addresses; destroyed with the graph
   std::vector<cudnnBackendDescriptor_t> ops_;
-  std::unique_ptr<Desc> plan_;
+  std::vector<std::unique_ptr<Desc>> plans_;  // built, in heuristic order
+  std::vector<int64_t> engine_indices_;        // their positions in the heuristic list
+  size_t chosen_ = 0;
   int64_t next_virtual_ = kFirstVirtualUid;
-  int64_t workspace_bytes_ = 0, engine_index_ = -1;
+  int64_t workspace_bytes_ = 0;
 };
 
 // ---- plan keys and the cache ----------------------------------------------------------------
@@ -330,7 +342,22 @@ struct Plan {
   int64_t dk_full_per_token = 0, dv_full_per_token = 0;  ///< ragged GQA only
   /// The padding workaround's constant sequence lengths (b entries = s), owned for the process.
   int32_t* constant_seq_len = nullptr;
+  bool tuned = false;  ///< autotune() has chosen among the graph's candidate plans
 };
+
+/// MEGADLM_CUDNN_AUTOTUNE=N (N >= 2; "1" means 6): keep up to N of the heuristics' engine
+/// configurations per plan key and time them on the key's first call (autotune below) instead
+/// of taking the first. Off by default and under --deterministic-mode: the choice depends on
+/// timings, and a different engine may round differently from one process to the next.
+int autotune_candidates(const Key& key) {
+  static const int n = [] {
+    const char* v = std::getenv("MEGADLM_CUDNN_AUTOTUNE");
+    if (v == nullptr || *v == 0) return 1;
+    const int k = std::atoi(v);
+    return k == 1 ? 6 : std::max(1, std::min(k, 16));
+  }();
+  return key.deterministic ? 1 : n;
+}
 
 struct Cache {
   std::mutex mutex;
@@ -465,7 +492,7 @@ std::shared_ptr<Plan> build_forward(cudnnHandle_t handle, const Key& key) {
   const TensorRef p = g.virt_like(CUDNN_DATA_BFLOAT16, s);
   g.pointwise_into(CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, &sum, nullptr, p);
   g.matmul(p, v, o, plan->padding ? &seq_q : nullptr, nullptr, plan->padding ? &seq_kv : nullptr);
-  g.build_plan(false);
+  g.build_plan(false, autotune_candidates(key));
   return plan;
 }
 
@@ -580,7 +607,7 @@ std::shared_ptr<Plan> build_backward(cudnnHandle_t handle, const Key& key) {
     g.matmul(ds, k, dq_accum, mq, nullptr, mkv);
     g.pointwise_into(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, nullptr, nullptr, dq);
   }
-  g.build_plan(key.deterministic);
+  g.build_plan(key.deterministic, autotune_candidates(key));
   if (plan->padding && !ragged) {
     // Full lengths for the workaround's padding mask, for the life of the plan.
     std::vector<int32_t> lengths(static_cast<size_t>(x.b), static_cast<int32_t>(x.s));
@@ -715,10 +742,9 @@ Scratch make_scratch(const Plan& plan, int64_t tokens, int64_t extra_bytes, cons
   return s;
 }
 
-/// Queues the plan; a failure (nothing queued) is returned as the reason and refuses the key.
-std::string execute(const Key& key, const Plan& plan,
-                    const std::vector<std::pair<int64_t, void*>>& pack, void* workspace,
-                    const Stream& stream) try {
+/// Queues the plan's chosen engine; throws Refused on failure.
+void execute_chosen(const Plan& plan, const std::vector<std::pair<int64_t, void*>>& pack, void* workspace,
+                    const Stream& stream) {
   std::vector<int64_t> uids;
   std::vector<void*> ptrs;
   for (const auto& [uid, ptr] : pack) {
@@ -733,6 +759,59 @@ std::string execute(const Key& key, const Plan& plan,
   const cudnnHandle_t h = plan.graph->handle();
   check(cudnnSetStream(h, megadlm::detail::native_stream(stream)), "cudnnSetStream");
   check(cudnnBackendExecute(h, plan.graph->plan(), vp.get()), "cudnnBackendExecute");
+}
+
+/// Times every candidate plan of a key on its first call (2 warm-up + 5 timed runs each; the
+/// outputs are overwritten by the call itself afterwards) and keeps the fastest; reports the
+/// times once on stderr. Nothing to do with one candidate.
+void autotune(const Key& key, Plan& plan, const std::vector<std::pair<int64_t, void*>>& pack, void* workspace,
+              const Stream& stream) {
+  if (plan.tuned || plan.graph->candidates() <= 1) return;
+  plan.tuned = true;
+  const cudaStream_t st = megadlm::detail::native_stream(stream);
+  cudaEvent_t start, stop;
+  MDLM_CUDA_CHECK(cudaEventCreate(&start));
+  MDLM_CUDA_CHECK(cudaEventCreate(&stop));
+  std::string report;
+  float best_ms = 0.0f;
+  size_t best = 0;
+  for (size_t i = 0; i < plan.graph->candidates(); ++i) {
+    plan.graph->choose(i);
+    float ms = -1.0f;
+    try {
+      for (int r = 0; r < 2; ++r) execute_chosen(plan, pack, workspace, stream);
+      MDLM_CUDA_CHECK(cudaEventRecord(start, st));
+      for (int r = 0; r < 5; ++r) execute_chosen(plan, pack, workspace, stream);
+      MDLM_CUDA_CHECK(cudaEventRecord(stop, st));
+      MDLM_CUDA_CHECK(cudaEventSynchronize(stop));
+      MDLM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      ms /= 5.0f;
+    } catch (const Refused&) {
+      ms = -1.0f;  // this engine does not run the call: never chosen
+    }
+    report += megadlm::detail::concat(i ? ", " : "", "#", plan.graph->engine_index(), " ",
+                                      ms < 0 ? std::string("refused") : std::to_string(ms) + " ms");
+    if (ms >= 0 && (best_ms == 0.0f || ms < best_ms)) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  plan.graph->choose(best);
+  std::fprintf(stderr, "megadlm: cuDNN autotune (%s b %lld h %lld/%lld s %lld d %lld%s%s): %s -> #%lld\n",
+               key.backward ? "backward" : "forward", static_cast<long long>(key.b), static_cast<long long>(key.h),
+               static_cast<long long>(key.hk), static_cast<long long>(key.s), static_cast<long long>(key.d),
+               key.causal ? " causal" : "", key.ragged ? " ragged" : "", report.c_str(),
+               static_cast<long long>(plan.graph->engine_index()));
+}
+
+/// Queues the plan (autotuned first when enabled); a failure (nothing queued) is returned as
+/// the reason and refuses the key.
+std::string execute(const Key& key, Plan& plan, const std::vector<std::pair<int64_t, void*>>& pack,
+                    void* workspace, const Stream& stream) try {
+  autotune(key, plan, pack, workspace, stream);
+  execute_chosen(plan, pack, workspace, stream);
   return {};
 } catch (const Refused& e) {
   cache().plans.erase(key);
