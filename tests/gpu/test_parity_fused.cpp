@@ -117,8 +117,10 @@ TEST(FusedParity, QkNormRopeMatchesCpu) {
     int64_t t, hq, hkv, d, rotary;
     bool norm;
   };
+  // D = 128 with full or no rotation runs the 8-byte-lane kernel, the others the general one.
   const Case cases[] = {{257, 16, 4, 128, 128, true}, {100, 8, 8, 64, 32, true},
-                        {33, 4, 2, 128, 0, true},     {65, 6, 2, 64, 64, false}};
+                        {33, 4, 2, 128, 0, true},     {65, 6, 2, 64, 64, false},
+                        {129, 16, 16, 128, 128, false}, {40, 4, 4, 128, 64, true}};
   for (const Case& c : cases) {
     const std::string tag = detail::concat("qk_norm_rope T=", c.t, " Hq=", c.hq, " Hkv=", c.hkv, " D=", c.d,
                                            " rot=", c.rotary, c.norm ? " norm" : " no-norm");

@@ -104,6 +104,70 @@ qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const T* __restrict__ q_w
   }
 }
 
+// head_dim 128 with full (or no) rotation, 2-byte types: a lane holds 4 contiguous elements
+// (8-byte accesses instead of 2-byte ones), and the rotation partner e +- 64 of lane l's elements
+// sits in lane l ^ 16, so it comes by one shuffle instead of a shared-memory round trip. The
+// arithmetic is the general kernel's expression for expression; only the order of the RMS
+// statistic's sum differs.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+qk_norm_rope_forward_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ q_weight,
+                                 const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
+                                 T* __restrict__ out, float* __restrict__ rstd, int64_t tokens, Dims d) {
+  constexpr int kDim = 128, kHalf = 64;
+  __shared__ float cs[kHalf], sn[kHalf];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int normed = d.heads + d.kv_heads;
+  const bool rope = d.rotary_dim > 0;
+  float wq[4], wk[4];
+  if (q_weight != nullptr) {
+    load_vec<4>(q_weight + 4 * lane, wq);
+    load_vec<4>(k_weight + 4 * lane, wk);
+  }
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    __syncthreads();  // the previous token's angles are no longer read
+    if (rope) token_angles(positions[t], d, cs, sn);
+    const T* xt = qkv + t * d.row();
+    T* yt = out + t * d.row();
+    for (int h = warp; h < normed; h += kWarps) {
+      float v[4];
+      load_vec<4>(xt + h * kDim + 4 * lane, v);
+      if (q_weight != nullptr) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ss += v[j] * v[j];
+        ss = warp_sum(ss);
+        const float r = 1.0f / sqrtf(ss / static_cast<float>(kDim) + d.eps);
+        const float* w = h < d.heads ? wq : wk;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = v[j] * r * w[j];
+        if (lane == 0) rstd[t * normed + h] = r;
+      }
+      if (rope) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float partner = __shfl_xor_sync(0xffffffffu, v[j], 16);
+          const int i = (4 * lane + j) & (kHalf - 1);
+          v[j] = lane < 16 ? v[j] * cs[i] - partner * sn[i] : v[j] * cs[i] + partner * sn[i];
+        }
+      }
+      store_vec<4>(yt + h * kDim + 4 * lane, v);
+    }
+    const int64_t v_begin = static_cast<int64_t>(normed) * kDim, v_len = static_cast<int64_t>(d.kv_heads) * kDim;
+    const uint2* src = reinterpret_cast<const uint2*>(xt + v_begin);
+    uint2* dst = reinterpret_cast<uint2*>(yt + v_begin);
+    for (int64_t i = threadIdx.x; i < v_len / 4; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
+/// Whether the d128 kernel runs these arguments (else the general one).
+bool forward_d128(const Dims& d, size_t element_bytes, std::initializer_list<const void*> pointers) {
+  if (d.dim != 128 || (d.rotary_dim != 0 && d.rotary_dim != 128) || element_bytes != 2) return false;
+  for (const void* p : pointers)
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 8 != 0) return false;
+  return true;
+}
+
 template <typename T, int E>
 __global__ void __launch_bounds__(kThreads)
 qk_norm_rope_backward_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
@@ -224,6 +288,16 @@ void qk_norm_rope_forward(const Tensor& qkv, const Tensor& q_weight, const Tenso
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, 65535));
   dispatch_activation_dtype(qkv.dtype(), "qk_norm_rope_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if constexpr (sizeof(T) == 2) {
+      if (forward_d128(d, sizeof(T), {qkv.data_ptr(), out.data_ptr(), ptr_or_null<T>(q_weight),
+                                      ptr_or_null<T>(k_weight)})) {
+        qk_norm_rope_forward_d128_kernel<T><<<grid, kThreads, 0, megadlm::detail::native_stream(stream)>>>(
+            static_cast<const T*>(qkv.data_ptr()), ptr_or_null<T>(q_weight), ptr_or_null<T>(k_weight),
+            static_cast<const int32_t*>(positions.data_ptr()), static_cast<T*>(out.data_ptr()),
+            q_weight.defined() ? rstd.data<float>() : nullptr, tokens, d);
+        return;
+      }
+    }
     with_elements(d.dim, [&](auto e) {
       qk_norm_rope_forward_kernel<T, decltype(e)::value>
           <<<grid, kThreads, 0, megadlm::detail::native_stream(stream)>>>(
