@@ -5,7 +5,7 @@
 
 namespace megadlm {
 
-std::vector<NormPiece> coalesce_norm_pieces(std::vector<NormPiece> pieces) {
+std::vector<NormPiece> coalesce_norm_pieces(std::vector<NormPiece> pieces, int64_t max_run) {
   std::sort(pieces.begin(), pieces.end(),
             [](const NormPiece& a, const NormPiece& b) { return a.offset < b.offset; });
   std::vector<NormPiece> runs;
@@ -15,7 +15,7 @@ std::vector<NormPiece> coalesce_norm_pieces(std::vector<NormPiece> pieces) {
       NormPiece& last = runs.back();
       MDLM_CHECK(last.offset + last.count <= p.offset, "gradient-norm pieces overlap: [", last.offset,
                  ", ", last.offset + last.count, ") and [", p.offset, ", ", p.offset + p.count, ")");
-      if (last.offset + last.count == p.offset && last.target == p.target) {
+      if (last.offset + last.count == p.offset && last.target == p.target && last.count + p.count <= max_run) {
         last.count += p.count;
         continue;
       }

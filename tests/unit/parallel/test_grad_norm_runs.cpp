@@ -41,6 +41,21 @@ TEST(GradNormRuns, MergesOnlyTouchingPiecesOfOneTarget) {
                                         << runs[i].count << ") target " << runs[i].target;
 }
 
+TEST(GradNormRuns, RunsStopGrowingAtTheirLimit) {
+  // Four touching pieces of 10, limit 25: [0,20) and [20,40); a piece of 30 stays whole.
+  const std::vector<NormPiece> runs = coalesce_norm_pieces({{.offset = 0, .count = 10, .target = 0},
+                                                            {.offset = 10, .count = 10, .target = 0},
+                                                            {.offset = 20, .count = 10, .target = 0},
+                                                            {.offset = 30, .count = 10, .target = 0},
+                                                            {.offset = 40, .count = 30, .target = 0}},
+                                                           25);
+  const std::vector<NormPiece> want = {{.offset = 0, .count = 20, .target = 0},
+                                       {.offset = 20, .count = 20, .target = 0},
+                                       {.offset = 40, .count = 30, .target = 0}};
+  ASSERT_EQ(runs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(same(runs[i], want[i])) << "run " << i;
+}
+
 TEST(GradNormRuns, OverlappingPiecesAreRejected) {
   EXPECT_THROW(coalesce_norm_pieces({{.offset = 0, .count = 10, .target = 0},
                                      {.offset = 5, .count = 10, .target = 0}}),
