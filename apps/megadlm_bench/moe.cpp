@@ -1,6 +1,7 @@
 // MoE rows of megadlm_bench (issue 14): the grouped GEMMs of the experts at the benchmark's
 // fine-grained shape (configs/fine_grained_moe.args), the router top-k and the permutation by
-// expert, each checked against the CPU op first.
+// expert (permute, unpermute and the unpermute backward at 8192 tokens x top-8 of 64 experts x
+// hidden 2048 bf16, in GB/s), each checked against the CPU op first.
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -152,6 +153,48 @@ std::vector<OpBench> moe_benches() {
     };
     out.push_back(b);
   }
+  // The combine's backward: dy of every routed row and the probs' gradients (reads dout once
+  // and the k rows of y of each token, writes dy).
+  OpBench ub;
+  ub.name = "moe_unpermute_backward";
+  ub.shape = detail::concat("[", T, ", ", H, "] bf16 x top-", K);
+  ub.bytes = static_cast<double>(T * H * 2 + 2 * T * K * H * 2);
+  ub.check = [](const Stream& s) {
+    const int64_t t = 200, h = 256;
+    Pair l = make_pair({t, 16}, DType::F32, s);
+    Tensor idx = Tensor::empty({t, 4}, DType::I32, Stream::cpu());
+    Tensor pr = Tensor::empty({t, 4}, DType::F32, Stream::cpu());
+    ops::moe_router_topk_forward(l.host, Tensor(), pr, idx, {.topk = 4}, Stream::cpu());
+    Tensor dest = Tensor::empty({t, 4}, DType::I32, Stream::cpu()), cnt = Tensor::empty({16}, DType::I32, Stream::cpu());
+    ops::moe_dispatch_plan(idx, 0, 16, dest, cnt, Stream::cpu());
+    Tensor dest_dev = dest.to(s.device(), s), pr_dev = pr.to(s.device(), s);
+    Pair dout = make_pair({t, h}, DType::BF16, s), y = make_pair({t * 4, h}, DType::BF16, s);
+    Pair dy = make_pair({t * 4, h}, DType::BF16, s), dp = make_pair({t, 4}, DType::F32, s);
+    ops::moe_unpermute_backward(dout.dev, y.dev, dest_dev, pr_dev, dy.dev, dp.dev, s);
+    ops::moe_unpermute_backward(dout.host, y.host, dest, pr, dy.host, dp.host, Stream::cpu());
+    Check c;
+    c.add(rel_err(dy.dev, dy.host, s), kTolBf16);
+    c.add(rel_err(dp.dev, dp.host, s), kTolF32);  // fp32 dots of the same bf16 values: order only
+    return c;
+  };
+  ub.setup = [T, H, K, E](const Stream& s) -> std::function<void()> {
+    std::vector<int32_t> idx(static_cast<size_t>(T * K));
+    std::mt19937 rng(static_cast<uint32_t>(++g_seed));
+    std::vector<int32_t> ids(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      for (int64_t j = 0; j < K; ++j) idx[static_cast<size_t>(t * K + j)] = ids[static_cast<size_t>(j)];
+    }
+    Tensor indices = Tensor::from_ints(idx, {T, K}).to(s.device(), s);
+    Tensor dest = Tensor::empty({T, K}, DType::I32, s), cnt = Tensor::empty({E}, DType::I32, s);
+    ops::moe_dispatch_plan(indices, 0, static_cast<int>(E), dest, cnt, s);
+    Tensor dout = random_device({T, H}, DType::BF16, s), y = random_device({T * K, H}, DType::BF16, s);
+    Tensor dy = Tensor::empty({T * K, H}, DType::BF16, s), dprobs = Tensor::empty({T, K}, DType::F32, s);
+    Tensor probs = random_device({T, K}, DType::F32, s, 0.0f, 0.25f);
+    return [=, &s]() mutable { ops::moe_unpermute_backward(dout, y, dest, probs, dy, dprobs, s); };
+  };
+  out.push_back(ub);
   return out;
 }
 

@@ -68,7 +68,7 @@ void AdamWOptimizer::write_model_weights(const Stream& stream) {
   }
 }
 
-void AdamWOptimizer::step(const Tensor& grads, double lr, const Stream& stream) {
+void AdamWOptimizer::step(const Tensor& grads, double lr, float grad_scale, const Stream& stream) {
   const int64_t needed = layout_.flat_grads ? store_.flat_size() : compact_size_;
   MDLM_CHECK(grads.numel() >= needed, "optimizer gradients have ", grads.numel(),
              " elements, the owned ranges need ", needed);
@@ -80,6 +80,7 @@ void AdamWOptimizer::step(const Tensor& grads, double lr, const Stream& stream) 
   a.beta2 = cfg_.adam_beta2;
   a.eps = cfg_.adam_eps;
   a.step = steps_;
+  a.grad_scale = grad_scale;
   if (layout_.alias_master || layout_.model_shards.defined() || layout_.flat_grads) {
     // FSDP's layouts (masters that are the weights, weights in FSDP's shards, gradients indexed
     // by flat offset): one adamw_step per owned piece, bitwise what the multi-tensor step gives.

@@ -7,7 +7,6 @@
 #include <sstream>
 #include "megadlm/core/logging.h"
 #include "megadlm/core/profiler.h"
-#include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/optimizer.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/parallel/pipeline_parallel/executor.h"
@@ -268,14 +267,18 @@ IterationMetrics Trainer::step() {
                "); the update was not applied. Lower --lr or disable the check with "
                "--no-check-for-nan-in-loss-and-grad");
   } else {
-    // 5. Clip, AdamW on this rank's masters, refresh (and gather) the model weights.
+    // 5. Clip, AdamW on this rank's masters, refresh (and gather) the model weights. The clip
+    //    coefficient multiplies each gradient as the step reads it (bitwise what scaling the
+    //    buffer first gave, without a pass over it); nothing reads the gradients after the
+    //    step: the next one zeroes them.
     Tensor grads = pm.data_parallel->optimizer_grads();
     const double clip = cfg_.optimizer.clip_grad;
+    float grad_scale = 1.0f;
     if (clip > 0) {
       const double coeff = clip / (out.grad_norm + 1e-6);
-      if (coeff < 1.0) ops::scale_inplace(grads, static_cast<float>(coeff), s);
+      if (coeff < 1.0) grad_scale = static_cast<float>(coeff);
     }
-    pm.optimizer->step(grads, learning_rate(cfg_.optimizer, iteration_), s);
+    pm.optimizer->step(grads, learning_rate(cfg_.optimizer, iteration_), grad_scale, s);
     pm.data_parallel->start_param_gather();
   }
   s.synchronize();

@@ -102,9 +102,11 @@ TEST(MoeParity, RouterStatisticsAndLossGradientsMatchCpu) {
 TEST(MoeParity, DispatchPlanPermuteAndUnpermuteMatchCpu) {
   MDLM_REQUIRE_GPU();
   Stream gpu = gpu_stream();
-  const int64_t h = 384, k = 8;
+  const int64_t k = 8;
   // Routings: random top-8; every slot on experts 0..7 (one expert per slot, the others get
-  // nothing); and a local range [16, 48) with -1 (dropped) slots mixed in.
+  // nothing); and a local range [16, 48) with -1 (dropped) slots mixed in. Hidden sizes: 384
+  // (16-byte vectors, part of one unrolled round of the permute gather), 4104 (several rounds
+  // and a partial one, several column passes of unpermute's block) and 37 (single elements).
   Input logits = logits_input(gpu);
   Tensor idx_random = Tensor::empty({kRows, k}, DType::I32, Stream::cpu());
   Tensor probs_host = Tensor::empty({kRows, k}, DType::F32, Stream::cpu());
@@ -120,37 +122,39 @@ TEST(MoeParity, DispatchPlanPermuteAndUnpermuteMatchCpu) {
   const Case cases[] = {{"random top-8", idx_random, 0, static_cast<int>(kExperts)},
                         {"8 experts take every token", Tensor::from_ints(crowded, {kRows, k}), 0, static_cast<int>(kExperts)},
                         {"local experts 16..47 with dropped slots", Tensor::from_ints(dropped, {kRows, k}), 16, 32}};
-  Input x = make_input({kRows, h}, DType::BF16, gpu);
   Tensor probs_dev = probs_host.to(gpu.device(), gpu);
+  for (const int64_t h : {int64_t{384}, int64_t{4104}, int64_t{37}})
   for (const Case& c : cases) {
+    Input x = make_input({kRows, h}, DType::BF16, gpu);
+    const std::string name = detail::concat(c.name, " h=", h);
     Tensor idx_dev = c.indices.to(gpu.device(), gpu);
     Tensor dest_dev = Tensor::empty({kRows, k}, DType::I32, gpu), cnt_dev = Tensor::empty({c.count}, DType::I32, gpu);
     Tensor dest_host = Tensor::empty({kRows, k}, DType::I32, Stream::cpu());
     Tensor cnt_host = Tensor::empty({c.count}, DType::I32, Stream::cpu());
     ops::moe_dispatch_plan(idx_dev, c.first, c.count, dest_dev, cnt_dev, gpu);
     ops::moe_dispatch_plan(c.indices, c.first, c.count, dest_host, cnt_host, Stream::cpu());
-    EXPECT_EQ(ints_of(cnt_dev, gpu), ints_of(cnt_host, Stream::cpu())) << c.name;
-    EXPECT_EQ(ints_of(dest_dev, gpu), ints_of(dest_host, Stream::cpu())) << c.name;
+    EXPECT_EQ(ints_of(cnt_dev, gpu), ints_of(cnt_host, Stream::cpu())) << name;
+    EXPECT_EQ(ints_of(dest_dev, gpu), ints_of(dest_host, Stream::cpu())) << name;
     const std::vector<int32_t> cnt = ints_of(cnt_host, Stream::cpu());
     const int64_t n = std::accumulate(cnt.begin(), cnt.end(), int64_t{0});
     Tensor xp_dev = poisoned({n, h}, DType::BF16, gpu), xp_host = poisoned_host({n, h});
     ops::moe_permute(x.device, dest_dev, xp_dev, gpu);
     ops::moe_permute(x.host, dest_host, xp_host, Stream::cpu());
-    EXPECT_EQ(download(xp_dev, gpu), test::to_doubles(xp_host)) << c.name << ": permute moves bits";
+    EXPECT_EQ(download(xp_dev, gpu), test::to_doubles(xp_host)) << name << ": permute moves bits";
     Input y = make_input({n, h}, DType::BF16, gpu);
     Tensor out_dev = poisoned({kRows, h}, DType::BF16, gpu), out_host = poisoned_host({kRows, h});
     ops::moe_unpermute(y.device, dest_dev, probs_dev, out_dev, gpu);
     ops::moe_unpermute(y.host, dest_host, probs_host, out_host, Stream::cpu());
-    expect_close(std::string("moe unpermute ") + c.name, download(out_dev, gpu), test::to_doubles(out_host),
+    expect_close("moe unpermute " + name, download(out_dev, gpu), test::to_doubles(out_host),
                  test::kBf16ParityRelL2);
     Input dout = make_input({kRows, h}, DType::BF16, gpu);
     Tensor dy_dev = poisoned({n, h}, DType::BF16, gpu), dy_host = poisoned_host({n, h});
     Tensor dp_dev = poisoned({kRows, k}, DType::F32, gpu), dp_host = poisoned_host({kRows, k});
     ops::moe_unpermute_backward(dout.device, y.device, dest_dev, probs_dev, dy_dev, dp_dev, gpu);
     ops::moe_unpermute_backward(dout.host, y.host, dest_host, probs_host, dy_host, dp_host, Stream::cpu());
-    expect_close(std::string("moe unpermute backward dy ") + c.name, download(dy_dev, gpu),
+    expect_close("moe unpermute backward dy " + name, download(dy_dev, gpu),
                  test::to_doubles(dy_host), test::kBf16ParityRelL2);
-    expect_close(std::string("moe unpermute backward dprobs ") + c.name, download(dp_dev, gpu),
+    expect_close("moe unpermute backward dprobs " + name, download(dp_dev, gpu),
                  test::to_doubles(dp_host), test::kF32AccumRelL2);
   }
 }

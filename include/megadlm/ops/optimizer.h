@@ -4,7 +4,9 @@
 //   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
 //   mhat = m / (1 - b1^step);  vhat = v / (1 - b2^step)
 //   p = p - lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p)
-// All in fp32. `step` counts from 1.
+// All in fp32. `step` counts from 1. Each gradient is read as g = grad * grad_scale (one fp32
+// multiply, so the step is bitwise the one after ops::scale_inplace(grad, grad_scale)): the
+// trainer's clip coefficient, without a pass over the gradients of its own.
 #pragma once
 #include <vector>
 #include "megadlm/core/stream.h"
@@ -19,9 +21,11 @@ struct AdamWArgs {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   int64_t step = 1;
+  float grad_scale = 1.0f;  ///< multiplies every gradient as it is read (gradient clipping)
 };
 
-/// master, exp_avg, exp_avg_sq: f32 [N], updated in place; grad: f32 [N], read.
+/// master, exp_avg, exp_avg_sq: f32 [N], updated in place; grad: f32 [N], read (never written:
+/// args.grad_scale applies to the value read).
 /// model_param: [N] of the model dtype (bf16 on CUDA) written with the updated master, or
 /// undefined when the master *is* the model parameter (CPU fp32 training).
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,

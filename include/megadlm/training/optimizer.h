@@ -29,8 +29,10 @@ class AdamWOptimizer {
   AdamWOptimizer(ParameterStore& store, std::vector<OwnedRange> owned, const OptimizerConfig& config,
                  const Stream& stream, OptimizerLayout layout = {});
 
-  /// One step with learning rate `lr` on `grads` (f32, the layout's indexing, already clipped).
-  void step(const Tensor& grads, double lr, const Stream& stream);
+  /// One step with learning rate `lr` on `grads` * `grad_scale` (f32, the layout's indexing;
+  /// grad_scale is the clip coefficient, 1 without clipping). `grads` are read, not changed:
+  /// the step is bitwise the one on gradients scaled first (ops::AdamWArgs::grad_scale).
+  void step(const Tensor& grads, double lr, float grad_scale, const Stream& stream);
   /// The model weights of the owned ranges := the masters rounded to the model dtype (what a
   /// step writes; after a checkpoint load). Nothing to do when the masters are the weights.
   void write_model_weights(const Stream& stream);

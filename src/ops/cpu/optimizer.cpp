@@ -2,6 +2,7 @@
 // include/megadlm/ops/optimizer.h): element math in fp32 as the header states; the bias
 // corrections 1 - beta^step are formed in double (as the Python side of FusedAdam does) and
 // rounded once. model_param, when defined, receives the updated master in its own dtype.
+// The gradient read is grad * grad_scale in fp32 (bitwise a pre-scaled gradient).
 #include <cmath>
 #include "ops/cpu/cpu_common.h"
 #include "ops/cpu/cpu_ops.h"
@@ -18,8 +19,9 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
   float* m = exp_avg.data<float>();
   float* v = exp_avg_sq.data<float>();
   for (int64_t i = 0; i < master.numel(); ++i) {
-    m[i] = args.beta1 * m[i] + (1.0f - args.beta1) * g[i];
-    v[i] = args.beta2 * v[i] + (1.0f - args.beta2) * g[i] * g[i];
+    const float gi = g[i] * args.grad_scale;  // rounded to fp32 as a scaled gradient in memory is
+    m[i] = args.beta1 * m[i] + (1.0f - args.beta1) * gi;
+    v[i] = args.beta2 * v[i] + (1.0f - args.beta2) * gi * gi;
     const float mhat = m[i] / bias_correction1;
     const float vhat = v[i] / bias_correction2;
     const float update = mhat / (std::sqrt(vhat) + args.eps) + args.weight_decay * p[i];

@@ -4,6 +4,8 @@
 // One read of master/grad/m/v and one write of master/m/v(/param) per element, 16-byte accesses
 // when every pointer allows it. The bias corrections 1 - beta^step are computed once on the host
 // (in double, then rounded to fp32); all per-element math is fp32 with IEEE sqrt and division.
+// The gradient is multiplied by args.grad_scale as it is read (the clip coefficient), rounded
+// exactly as scale_inplace rounds it, so folding the clip in changes no bit of the step.
 // adamw_step_multi runs the same AdamWOp over many parameters in one launch: a block owns a tile
 // of the concatenated index space, finds its parameter in a small device table, and takes the
 // 16-byte path when the tile lies inside one aligned parameter (nearly always), single elements
@@ -26,6 +28,7 @@ struct AdamWOp {
   float* exp_avg_sq;
   P* param;
   float lr, beta1, beta2, eps, weight_decay, bias_correction1, bias_correction2;
+  float grad_scale;  // the gradient read is __fmul_rn(g, grad_scale): never fused into an FMA
 
   template <int N>
   __device__ __forceinline__ void apply(int64_t i) const {
@@ -36,6 +39,7 @@ struct AdamWOp {
     load_vec<N>(exp_avg_sq + i, v);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
+      g[k] = __fmul_rn(g[k], grad_scale);  // bitwise ScaleOp's g * s (scale_inplace)
       m[k] = beta1 * m[k] + (1.0f - beta1) * g[k];
       v[k] = beta2 * v[k] + (1.0f - beta2) * g[k] * g[k];
       const float mhat = m[k] / bias_correction1;
@@ -64,6 +68,7 @@ void launch_adamw(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& e
   op.beta2 = args.beta2;
   op.eps = args.eps;
   op.weight_decay = args.weight_decay;
+  op.grad_scale = args.grad_scale;
   const double step = static_cast<double>(args.step);
   op.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(args.beta1), step));
   op.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(args.beta2), step));
@@ -152,6 +157,7 @@ void launch_adamw_multi(Tensor& master, const Tensor& grad, Tensor& exp_avg, Ten
   op.beta2 = args.beta2;
   op.eps = args.eps;
   op.weight_decay = args.weight_decay;
+  op.grad_scale = args.grad_scale;
   const double step = static_cast<double>(args.step);
   op.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(args.beta1), step));
   op.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(args.beta2), step));

@@ -1,6 +1,7 @@
 #include "megadlm/parallel/data_parallel/data_parallel.h"
 #include <algorithm>
 #include "megadlm/ops/reduce.h"
+#include "megadlm/parallel/data_parallel/grad_norm_runs.h"
 
 namespace megadlm {
 
@@ -218,14 +219,18 @@ double DataParallel::grad_sq_norm() {
   } else {
     // Split parameters hold different elements on each (expert-)TP rank; replicated ones hold
     // the same values everywhere and are counted on (expert-)TP rank 0 only.
+    // One sum_squares per run of touching pieces with the same accumulator (grad_norm_runs.h).
     Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
     Tensor e_split = Tensor::zeros({1}, acc, compute_), e_replicated = Tensor::zeros({1}, acc, compute_);
+    Tensor* into[] = {&split, &replicated, &e_split, &e_replicated};
+    std::vector<NormPiece> pieces;
     for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
       if (d.pipeline_share == PipelineShare::Copy) return;
-      Tensor& into = d.expert ? (d.replicated() && expert_.tp ? e_replicated : e_split)
-                              : (d.replicated() && tp_ ? replicated : split);
-      ops::sum_squares(g.slice_flat(compact, {count}), into, compute_);
+      const int target = d.expert ? (d.replicated() && expert_.tp ? 3 : 2) : (d.replicated() && tp_ ? 1 : 0);
+      pieces.push_back({.offset = compact, .count = count, .target = target});
     });
+    for (const NormPiece& run : coalesce_norm_pieces(std::move(pieces)))
+      ops::sum_squares(g.slice_flat(run.offset, {run.count}), *into[run.target], compute_);
     dense = static_cast<double>(split.to_floats(compute_)[0]);
     if (!tp_ || tp_->rank() == 0) dense += static_cast<double>(replicated.to_floats(compute_)[0]);
     expert = static_cast<double>(e_split.to_floats(compute_)[0]);

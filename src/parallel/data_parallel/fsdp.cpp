@@ -2,6 +2,7 @@
 #include <algorithm>
 #include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/reduce.h"
+#include "megadlm/parallel/data_parallel/grad_norm_runs.h"
 
 namespace megadlm {
 
@@ -469,12 +470,17 @@ double FullyShardedDataParallel::grad_sq_norm() {
   Tensor e_split = Tensor::zeros({1}, acc, compute_), e_replicated = Tensor::zeros({1}, acc, compute_);
   bool has_experts = false;
   for (const Bucket& b : buckets_) has_experts |= b.expert;
+  // One sum_squares per run of touching pieces with the same accumulator (grad_norm_runs.h):
+  // padding between parameters is a gap, so it stays unvisited.
+  Tensor* into[] = {&split, &replicated, &e_split, &e_replicated};
+  std::vector<NormPiece> pieces;
   for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
     if (d.pipeline_share == PipelineShare::Copy) return;
-    Tensor& into = d.expert ? (d.replicated() && expert_.tp ? e_replicated : e_split)
-                            : (d.replicated() && tp_ ? replicated : split);
-    ops::sum_squares(g.slice_flat(off, {count}), into, compute_);
+    const int target = d.expert ? (d.replicated() && expert_.tp ? 3 : 2) : (d.replicated() && tp_ ? 1 : 0);
+    pieces.push_back({.offset = off, .count = count, .target = target});
   });
+  for (const NormPiece& run : coalesce_norm_pieces(std::move(pieces)))
+    ops::sum_squares(g.slice_flat(run.offset, {run.count}), *into[run.target], compute_);
   double dense = static_cast<double>(split.to_floats(compute_)[0]);
   if (!tp_ || tp_->rank() == 0) dense += static_cast<double>(replicated.to_floats(compute_)[0]);
   double expert = static_cast<double>(e_split.to_floats(compute_)[0]);

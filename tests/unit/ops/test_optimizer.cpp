@@ -1,7 +1,9 @@
 // AdamW: one step against a hand computation, bias correction at a later step, decoupled weight
-// decay, and the model-parameter copy in its own dtype.
+// decay, the model-parameter copy in its own dtype, and the clip coefficient folded into the step.
 #include <gtest/gtest.h>
 #include <cmath>
+#include <cstring>
+#include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/optimizer.h"
 #include "support/op_testing.h"
 
@@ -131,4 +133,56 @@ TEST(AdamW, MultiTensorStepEqualsOneStepPerSegment) {
   // A segment outside the buffers is rejected.
   std::vector<ops::AdamWSegment> bad = {{.state_offset = 35, .param_offset = 0, .numel = 10}};
   EXPECT_THROW(ops::adamw_step_multi(a[0], a[1], a[2], a[3], a[4], bad, args, s), Error);
+}
+
+namespace {
+
+std::vector<uint32_t> bits(const Tensor& t) {
+  std::vector<uint32_t> out;
+  for (float f : t.to_floats(Stream::cpu())) {
+    uint32_t u = 0;
+    std::memcpy(&u, &f, sizeof u);
+    out.push_back(u);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(AdamW, GradScaleIsBitwiseTheStepOnGradientsScaledFirst) {
+  // The trainer folds the clip coefficient into the step: reading g * grad_scale must give the
+  // very bits that ops::scale_inplace(g, coeff) followed by an unscaled step gives, for the
+  // single and the multi-tensor step, and leave the gradients as they were.
+  Stream s = Stream::cpu();
+  const int64_t n = 4099;
+  const std::vector<ops::AdamWSegment> segs = {{.state_offset = 0, .param_offset = 0, .numel = 1000, .decay = true},
+                                               {.state_offset = 1000, .param_offset = 1000, .numel = 3099, .decay = false}};
+  for (const float coeff : {0.37312f, 1e-3f, 0.999999f}) {
+    for (const bool multi : {false, true}) {
+      auto state = [&] {
+        return std::vector<Tensor>{test::random_tensor({n}, 60), test::random_tensor({n}, 61, DType::F32, -3.0f, 3.0f),
+                                   test::random_tensor({n}, 62, DType::F32, -0.1f, 0.1f),
+                                   test::random_tensor({n}, 63, DType::F32, 0.0f, 0.01f),
+                                   Tensor::zeros({n}, DType::BF16, s)};
+      };
+      const ops::AdamWArgs args{.lr = 3e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 4};
+      ops::AdamWArgs scaled = args;
+      scaled.grad_scale = coeff;
+      auto run = [&](std::vector<Tensor>& b, const ops::AdamWArgs& a) {
+        if (multi) ops::adamw_step_multi(b[0], b[1], b[2], b[3], b[4], segs, a, s);
+        else ops::adamw_step(b[0], b[1], b[2], b[3], b[4], a, s);
+      };
+      std::vector<Tensor> first = state(), folded = state();
+      const std::vector<uint32_t> grads_before = bits(folded[1]);
+      ops::scale_inplace(first[1], coeff, s);
+      run(first, args);
+      run(folded, scaled);
+      const char* names[] = {"master", "grad", "exp_avg", "exp_avg_sq", "bf16 param"};
+      for (int i : {0, 2, 3, 4})
+        EXPECT_EQ(bits(first[static_cast<size_t>(i)]), bits(folded[static_cast<size_t>(i)]))
+            << names[i] << ", coeff " << coeff << (multi ? ", multi-tensor" : ", single");
+      EXPECT_EQ(bits(folded[1]), grads_before) << "the step changed its gradients";
+      EXPECT_NE(bits(first[0]), bits(state()[0])) << "the step did nothing";
+    }
+  }
 }
