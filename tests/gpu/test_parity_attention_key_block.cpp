@@ -4,10 +4,11 @@
 // canvas, left padding as its own document, a different padding per batch row) and
 // context-parallel blocks (queries of shard r against keys of shard r' with documents crossing
 // the shard boundary, so that some query rows see no key; queries of a shard against the whole
-// gathered sequence). Each call runs through the public op (the dispatch must pick the flash
-// kernels: context_parallel_attention_kernel) and through the simple kernels as a second
-// opinion, against the CPU f32 reference on the same bf16-rounded inputs, with the tolerances of
-// ContextParallelParity. Every test skips without a GPU.
+// gathered sequence). Each call, forward and then backward from its own out and lse, runs through
+// the public ops (the dispatch must pick the flash kernels: context_parallel_attention_kernel)
+// and through the simple kernels as a second opinion, against the CPU f32 reference on the same
+// bf16-rounded inputs, with the tolerances of ContextParallelParity. Every test skips without a
+// GPU.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <cstdio>
@@ -42,16 +43,19 @@ struct KeyBlockCase {
 };
 
 struct Result {
-  std::vector<double> out, lse;
+  std::vector<double> out, lse, dq, dk, dv;
 };
 
-Result run(const KeyBlockCase& c, const Tensor& q32, const Tensor& k32, const Tensor& v32,
-           const Stream& stream, bool simple) {
+struct Inputs {
+  Tensor q, k, v, dout;  // host f32, bf16-representable
+};
+
+Result run(const KeyBlockCase& c, const Inputs& in, const Stream& stream, bool simple) {
   const bool cuda = stream.is_cuda();
   const Device dev = stream.device();
   const DType act = cuda ? DType::BF16 : DType::F32;
-  const Tensor q = q32.to(dev, act, stream), k = k32.to(dev, act, stream),
-               v = v32.to(dev, act, stream);
+  const Tensor q = in.q.to(dev, act, stream), k = in.k.to(dev, act, stream),
+               v = in.v.to(dev, act, stream), dout = in.dout.to(dev, act, stream);
   Tensor qdocs, kdocs;
   AttentionArgs a{.batch = c.batch, .seq = c.seq, .num_heads = c.heads,
                   .num_kv_heads = c.kv_heads, .head_dim = c.dim,
@@ -67,30 +71,38 @@ Result run(const KeyBlockCase& c, const Tensor& q32, const Tensor& k32, const Te
     kdocs = Tensor::from_ints(c.key_ids, {c.batch, c.kv_seq}).to(dev, stream);
     a.key_document_ids = &kdocs;
   }
-  // NaN-poisoned on CUDA: an element the kernel does not write fails the comparison.
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  Tensor out = Tensor::from_floats(std::vector<float>(static_cast<size_t>(q.numel()), nan),
-                                   q.shape(), act)
-                   .to(dev, stream);
-  Tensor lse = Tensor::from_floats(
-                   std::vector<float>(static_cast<size_t>(c.batch * c.heads * c.seq), nan),
-                   {c.batch, c.heads, c.seq}, DType::F32)
-                   .to(dev, stream);
+  // NaN-poisoned: an element the kernel does not write fails the comparison.
+  auto poisoned = [&](const Shape& shape, DType dtype) {
+    return Tensor::from_floats(std::vector<float>(static_cast<size_t>(shape_numel(shape)),
+                                                  std::numeric_limits<float>::quiet_NaN()),
+                               shape, dtype)
+        .to(dev, stream);
+  };
+  Tensor out = poisoned(q.shape(), act), lse = poisoned({c.batch, c.heads, c.seq}, DType::F32);
+  Tensor dq = poisoned(q.shape(), act), dk = poisoned(k.shape(), act), dv = poisoned(v.shape(), act);
+  bool ran = false;
   if (cuda) {
     EXPECT_TRUE(ops::needs_context_parallel_kernel(a));
 #if MEGADLM_WITH_CUDA
-    // The point of this suite: these calls run on the flash kernels.
-    EXPECT_EQ(ops::cuda::context_parallel_attention_kernel(a, false),
-              ops::cuda::AttentionKernel::Flash);
+    // The point of this suite: these calls run on the flash kernels, both directions.
+    using ops::cuda::AttentionKernel;
+    EXPECT_EQ(ops::cuda::context_parallel_attention_kernel(a, false), AttentionKernel::Flash);
+    EXPECT_EQ(ops::cuda::context_parallel_attention_kernel(a, true), AttentionKernel::Flash);
     if (simple) {
-      ops::cuda::attention_forward_with(ops::cuda::AttentionKernel::Simple, q, k, v, out, lse, a,
-                                        stream);
-      return {test::to_doubles(out, stream), test::to_doubles(lse, stream)};
+      ops::cuda::attention_forward_with(AttentionKernel::Simple, q, k, v, out, lse, a, stream);
+      ops::cuda::attention_backward_with(AttentionKernel::Simple, dout, q, k, v, out, lse, dq, dk,
+                                         dv, a, stream);
+      ran = true;
     }
 #endif
   }
-  ops::attention_forward(q, k, v, out, lse, a, stream);
-  return {test::to_doubles(out, stream), test::to_doubles(lse, stream)};
+  if (!ran) {
+    ops::attention_forward(q, k, v, out, lse, a, stream);
+    ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, a, stream);
+  }
+  return {test::to_doubles(out, stream), test::to_doubles(lse, stream),
+          test::to_doubles(dq, stream), test::to_doubles(dk, stream),
+          test::to_doubles(dv, stream)};
 }
 
 double lse_error(const std::vector<double>& got, const std::vector<double>& want) {
@@ -116,23 +128,30 @@ int64_t check(const KeyBlockCase& c, uint64_t seed) {
     return test::random_tensor({c.batch, rows, heads, c.dim}, s, DType::BF16, lo, hi)
         .to(Device::cpu(), DType::F32, cpu);
   };
-  const Tensor q = input(c.seq, c.heads, seed, -2, 2);
-  const Tensor k = input(c.kv_seq, c.kv_heads, seed + 1, -2, 2);
-  const Tensor v = input(c.kv_seq, c.kv_heads, seed + 2, -1, 1);
-  const Result ref = run(c, q, k, v, cpu, false);
+  const Inputs in{input(c.seq, c.heads, seed, -2, 2), input(c.kv_seq, c.kv_heads, seed + 1, -2, 2),
+                  input(c.kv_seq, c.kv_heads, seed + 2, -1, 1),
+                  input(c.seq, c.heads, seed + 3, -1, 1)};
+  const Result ref = run(c, in, cpu, false);
   int64_t empty_rows = 0;
   for (double l : ref.lse) empty_rows += std::isinf(l) ? 1 : 0;
   for (bool simple : {false, true}) {
     SCOPED_TRACE(simple ? "simple kernels" : "public op (flash kernels)");
-    const Result got = run(c, q, k, v, cuda, simple);
+    const Result got = run(c, in, cuda, simple);
     const double e_out = test::rel_l2(got.out, ref.out), e_lse = lse_error(got.lse, ref.lse);
-    std::printf("[key block parity] %-28s D=%lld Hq=%lld Hkv=%lld %-6s out %.2e lse %.2e "
-                "(%lld empty rows)\n",
+    const double e_dq = test::rel_l2(got.dq, ref.dq), e_dk = test::rel_l2(got.dk, ref.dk),
+                 e_dv = test::rel_l2(got.dv, ref.dv);
+    std::printf("[key block parity] %-28s D=%lld Hq=%lld Hkv=%lld %-6s out %.2e lse %.2e dq %.2e "
+                "dk %.2e dv %.2e (%lld empty rows)\n",
                 c.name.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.heads),
                 static_cast<long long>(c.kv_heads), simple ? "simple" : "flash", e_out, e_lse,
-                static_cast<long long>(empty_rows));
+                e_dq, e_dk, e_dv, static_cast<long long>(empty_rows));
     EXPECT_LT(e_out, test::kBf16ParityRelL2);
     EXPECT_LT(e_lse, kLseMaxAbs);
+    // ContextParallelParity's gradient bound (1.5x the op bound: the gradients of a partial block
+    // can be small next to their rounding).
+    EXPECT_LT(e_dq, 1.5 * test::kBf16ParityRelL2);
+    EXPECT_LT(e_dk, 1.5 * test::kBf16ParityRelL2);
+    EXPECT_LT(e_dv, 1.5 * test::kBf16ParityRelL2);
     // A row that sees no key: out exactly 0 (attention_merge relies on it with lse -inf).
     const int64_t d = c.dim;
     for (int64_t b = 0; b < c.batch; ++b)

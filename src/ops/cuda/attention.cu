@@ -132,7 +132,7 @@ bool try_cudnn(const char* direction, const AttentionArgs& a, Call&& call) {
 }  // namespace
 
 /// Whether the flash backward runs a separate key block (attention_backward.cu: kKeys).
-constexpr bool kFlashBackwardKeyBlocks = false;
+constexpr bool kFlashBackwardKeyBlocks = true;
 
 AttentionKernel context_parallel_attention_kernel(const AttentionArgs& a, bool backward) {
   // The flash kernels take a separate key length and the keys' own documents (kKeys), but their
