@@ -7,6 +7,10 @@
 //   attention_bwd_det_{cudnn,flash}             --deterministic-mode backward (the cost of it)
 //   attention_{fwd,bwd}[_causal]_dropout_flash  p = 0.1 (own kernels only: global-coordinate mask)
 //   attention_{fwd,bwd}_documents_{cudnn,flash} packed documents of ~256 tokens
+//   attention_fwd_cached_b{1,8}                 Fast-dLLM's cached decoding: 32 query columns
+//                                               against a 288-column canvas (kv_seq), the left
+//                                               padding its own document (key_document_ids),
+//                                               H=16 Hkv=8 D=128 (the context-parallel entry)
 // FLOPs: 4 B H S^2 D forward (causal: half), 2.5x that backward; packed rows count only the
 // products inside documents, so their rate compares with the dense rows per useful FLOP.
 #include <algorithm>
@@ -158,6 +162,69 @@ OpBench attention_row(const RowSpec& r) {
   return b;
 }
 
+/// Ids of a left-padded canvas: row b's first pads(b) columns are document 0, the rest 1.
+std::vector<int32_t> padded_canvas(int64_t batch, int64_t col0, int64_t col1) {
+  std::vector<int32_t> ids;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = col0; i < col1; ++i) ids.push_back(i < (b * 37) % 120 ? 0 : 1);
+  return ids;
+}
+
+/// One cached-decoding step of one layer: q [B, 32, 16, 128] against the canvas k, v
+/// [B, 288, 8, 128] (model/attention_cached.cpp's call).
+OpBench cached_decoding_row(int64_t batch) {
+  constexpr int64_t kWindow = 32, kCanvas = 288, kHeads = 16, kKvHeads = 8, kDim = 128;
+  OpBench b;
+  b.name = detail::concat("attention_fwd_cached_b", batch);
+  b.shape = detail::concat("B=", batch, " H=16 Hkv=8 D=128, 32 queries x 288 keys, padding docs");
+  b.flops = 4.0 * kHeads * kDim * static_cast<double>(batch) * kWindow * kCanvas;
+  auto args = [](int64_t bt) {
+    ops::AttentionArgs a{.batch = bt, .seq = kWindow, .num_heads = kHeads, .num_kv_heads = kKvHeads,
+                         .head_dim = kDim,
+                         .softmax_scale = 1.0f / std::sqrt(static_cast<float>(kDim))};
+    a.kv_seq = kCanvas;
+    return a;
+  };
+  b.check = [args](const Stream& s) {
+    const int64_t bt = 3;
+    ops::AttentionArgs a = args(bt), a_host = a;
+    const std::vector<int32_t> qids = padded_canvas(bt, 128, 128 + kWindow), kids = padded_canvas(bt, 0, kCanvas);
+    Tensor qd_host = Tensor::from_ints(qids, {bt, kWindow}), kd_host = Tensor::from_ints(kids, {bt, kCanvas});
+    Tensor qd = device_ints(qids, s), kd = device_ints(kids, s);
+    a.document_ids = &qd;
+    a.key_document_ids = &kd;
+    a_host.document_ids = &qd_host;
+    a_host.key_document_ids = &kd_host;
+    Pair q = make_pair({bt, kWindow, kHeads, kDim}, DType::BF16, s);
+    Pair k = make_pair({bt, kCanvas, kKvHeads, kDim}, DType::BF16, s);
+    Pair v = make_pair({bt, kCanvas, kKvHeads, kDim}, DType::BF16, s);
+    Pair o = make_pair({bt, kWindow, kHeads, kDim}, DType::BF16, s);
+    Pair lse = make_pair({bt, kHeads, kWindow}, DType::F32, s);
+    ops::attention_forward(q.dev, k.dev, v.dev, o.dev, lse.dev, a, s);
+    ops::attention_forward(q.host, k.host, v.host, o.host, lse.host, a_host, Stream::cpu());
+    Check c;
+    c.add(rel_err(o.dev, o.host, s), kTolBf16);
+    c.add(rel_err(lse.dev, lse.host, s), kTolF32);
+    return c;
+  };
+  b.setup = [args, batch](const Stream& s) -> std::function<void()> {
+    ops::AttentionArgs a = args(batch);
+    Tensor qd = device_ints(padded_canvas(batch, 128, 128 + kWindow), s);
+    Tensor kd = device_ints(padded_canvas(batch, 0, kCanvas), s);
+    Tensor q = random_device({batch, kWindow, kHeads, kDim}, DType::BF16, s);
+    Tensor k = random_device({batch, kCanvas, kKvHeads, kDim}, DType::BF16, s);
+    Tensor v = random_device({batch, kCanvas, kKvHeads, kDim}, DType::BF16, s);
+    Tensor o = Tensor::empty({batch, kWindow, kHeads, kDim}, DType::BF16, s);
+    Tensor lse = Tensor::empty({batch, kHeads, kWindow}, DType::F32, s);
+    return [=, &s]() mutable {
+      a.document_ids = &qd;  // the closure's own copies (locals here would dangle)
+      a.key_document_ids = &kd;
+      ops::attention_forward(q, k, v, o, lse, a, s);
+    };
+  };
+  return b;
+}
+
 }  // namespace
 
 std::vector<OpBench> attention_benches() {
@@ -207,6 +274,7 @@ std::vector<OpBench> attention_benches() {
     add(r, mask == ops::AttentionMask::Causal ? "_causal_dropout_flash" : "_dropout_flash",
         "B=4 H=16 S=2048 D=128 bf16 p=0.1");
   }
+  for (int64_t batch : {1, 8}) out.push_back(cached_decoding_row(batch));
   return out;
 }
 

@@ -36,8 +36,10 @@
 // A query that sees no key of the block (possible only with these fields) gets out = 0 and
 // lse = -inf, and receives no gradient; ops/attention_merge.h merges such blocks exactly.
 // With the defaults (identity maps, kv_seq = seq, no key documents) nothing changes. CUDA runs
-// what the flash kernels cannot (a separate key length or key documents, a causal mask between
-// different maps, dropout with a chunked map) on the simple kernels (src/ops/attention.cpp).
+// such calls on its context-parallel entries (never cuDNN): a separate key block (kv_seq, key
+// documents) bidirectionally without dropout on the flash kernels (head_dim 64/128), and what
+// needs the chunk maps (a causal mask between different maps, dropout at chunked positions) or
+// another head_dim on the simple kernels (src/ops/attention.cpp, src/ops/cuda/attention.cu).
 //
 // Per-document (packed, "varlen") attention: with document_ids, an int32 [B, S] tensor whose
 // values are non-decreasing along each row, query i of row b sees key j only when
@@ -107,9 +109,11 @@ struct AttentionArgs {
   bool deterministic = false;  ///< bitwise reproducible backward (see the top of this file)
 };
 
-/// Whether CUDA runs these arguments on the simple kernels: the context-parallel cases the flash
-/// kernels cannot (a separate key length or key documents, a causal mask between different
-/// chunk maps, dropout with a chunked map). False for every call without the CP fields.
+/// Whether CUDA runs these arguments on its context-parallel entries rather than the ordinary
+/// ones (cuDNN / flash): a separate key length or key documents, a causal mask between different
+/// chunk maps, dropout with a chunked map. Those entries run the flash kernels where they compute
+/// the call exactly (a separate key block, bidirectional, no dropout, head_dim 64/128) and the
+/// simple kernels otherwise. False for every call without the CP fields.
 bool needs_context_parallel_kernel(const AttentionArgs& args);
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

@@ -1,7 +1,9 @@
 // CUDA entries of the attention family (cuda_ops.h, attention_impl.h): argument checks, scratch
 // buffers from the stream-ordered pool, and the choice between cuDNN (attention_cudnn.cpp), the
 // flash kernels (attention_forward.cu, attention_backward.cu) and the simple ones
-// (attention_simple.cu). Which path runs is printed once per kind of call (stderr).
+// (attention_simple.cu), for the ordinary entries and for the context-parallel ones (a separate
+// key block: context_parallel_attention_kernel). Which path runs is printed once per kind of call
+// (stderr).
 #include <climits>
 #include <cstdio>
 #include <mutex>
@@ -18,7 +20,7 @@ namespace {
 constexpr int kSimpleMaxHeadDim = 256;
 
 attn::Shape shape_of(const AttentionArgs& a) {
-  return {a.batch,
+  attn::Shape s{a.batch,
           a.seq,
           a.num_heads,
           a.num_kv_heads,
@@ -27,6 +29,11 @@ attn::Shape shape_of(const AttentionArgs& a) {
           a.softmax_scale,
           ops::detail::AttentionDropoutMask::from_args(a),
           a.document_ids != nullptr ? static_cast<const int32_t*>(a.document_ids->data_ptr()) : nullptr};
+  // The keys: the queries' own rows unless kv_seq or key_document_ids say otherwise.
+  s.kv_seq = a.keys();
+  if (a.key_document_ids != nullptr)
+    s.key_docs = static_cast<const int32_t*>(a.key_document_ids->data_ptr());
+  return s;
 }
 
 void check_tensor(const char* op, const Tensor& t, DType dtype, int64_t numel, const char* what) {
@@ -40,8 +47,9 @@ void check_args(const char* op, AttentionKernel kernel, const AttentionArgs& a) 
                  a.num_heads % a.num_kv_heads == 0 && a.softmax_scale > 0,
              op, ": invalid attention arguments");
   // Positions inside a sequence and offsets inside a tile are 32-bit in the kernels.
-  MDLM_CHECK(a.seq < INT_MAX / 2 && a.num_heads * a.head_dim * 128 < INT_MAX, op,
-             ": seq ", a.seq, " or heads x head_dim ", a.num_heads, " x ", a.head_dim,
+  MDLM_CHECK(a.seq < INT_MAX / 2 && a.keys() < INT_MAX / 2 &&
+                 a.num_heads * a.head_dim * 128 < INT_MAX,
+             op, ": seq ", a.seq, ", kv_seq ", a.keys(), " or heads x head_dim ", a.num_heads, " x ", a.head_dim,
              " too large for the CUDA kernels");
   MDLM_CHECK(a.batch <= 65535 && a.num_heads <= 65535, op, ": batch ", a.batch, " and heads ",
              a.num_heads, " must be <= 65535 (grid dimensions)");
@@ -95,6 +103,9 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
                         a.num_heads != a.num_kv_heads ? ", GQA" : "",
                         a.mask == AttentionMask::Causal ? ", causal" : "",
                         a.document_ids != nullptr ? ", packed documents" : "",
+                        a.keys() != a.seq ? ", separate key length" : "",
+                        a.key_document_ids != nullptr ? ", key documents" : "",
+                        a.query_chunks.identity() && a.key_chunks.identity() ? "" : ", chunk maps",
                         a.dropout_p > 0 ? ", dropout" : "",
                         a.deterministic && direction[0] == 'b' ? ", deterministic" : "", ")");
 }
@@ -120,6 +131,22 @@ bool try_cudnn(const char* direction, const AttentionArgs& a, Call&& call) {
 
 }  // namespace
 
+/// Whether the flash backward runs a separate key block (attention_backward.cu: kKeys).
+constexpr bool kFlashBackwardKeyBlocks = true;
+
+AttentionKernel context_parallel_attention_kernel(const AttentionArgs& a, bool backward) {
+  // The flash kernels take a separate key length and the keys' own documents (kKeys), but their
+  // causal mask and dropout coordinates are local positions: calls with a causal mask or dropout
+  // here need the chunk maps (or keys at other positions), which only the simple kernels apply.
+  // A separate key length with document_ids needs the keys' own ids.
+  const bool flash = (a.head_dim == 64 || a.head_dim == 128) && a.mask == AttentionMask::None &&
+                     a.dropout_p == 0.0f &&
+                     (a.document_ids == nullptr || a.key_document_ids != nullptr ||
+                      a.keys() == a.seq);
+  if (backward && !kFlashBackwardKeyBlocks) return AttentionKernel::Simple;
+  return flash ? AttentionKernel::Flash : AttentionKernel::Simple;
+}
+
 AttentionKernel default_attention_kernel(const AttentionArgs& args) {
   // Packed documents (document_ids) run on the flash kernels too: each query tile visits only
   // the key tiles of its documents (docs/kernels/attention.md).
@@ -137,9 +164,20 @@ void attention_forward_with(AttentionKernel kernel, const Tensor& q, const Tenso
     try_cudnn("forward", forced, [&] { return cudnn_attention_forward(q, k, v, out, lse, forced, stream); });
     return;
   }
+  // A call of the context-parallel entries: the simple kernels' key-block path, or the flash
+  // kernels where they run it exactly.
+  const bool key_block = ops::needs_context_parallel_kernel(args);
+  if (key_block && kernel == AttentionKernel::Simple) {
+    simple_attention_forward_key_block(q, k, v, out, lse, args, stream);
+    return;
+  }
+  MDLM_CHECK(!key_block || context_parallel_attention_kernel(args, false) == AttentionKernel::Flash,
+             op, ": the flash kernels run a separate key block (kv_seq, key_document_ids) only "
+             "bidirectionally without dropout, for head_dim 64/128; this call needs the simple "
+             "kernels");
   check_args(op, kernel, args);
   const int64_t q_numel = args.batch * args.seq * args.num_heads * args.head_dim;
-  const int64_t kv_numel = args.batch * args.seq * args.num_kv_heads * args.head_dim;
+  const int64_t kv_numel = args.batch * args.keys() * args.num_kv_heads * args.head_dim;
   check_tensor(op, q, DType::BF16, q_numel, "q");
   check_tensor(op, k, DType::BF16, kv_numel, "k");
   check_tensor(op, v, DType::BF16, kv_numel, "v");
@@ -169,9 +207,18 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
     });
     return;
   }
+  const bool key_block = ops::needs_context_parallel_kernel(args);
+  if (key_block && kernel == AttentionKernel::Simple) {
+    simple_attention_backward_key_block(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+    return;
+  }
+  MDLM_CHECK(!key_block || context_parallel_attention_kernel(args, true) == AttentionKernel::Flash,
+             op, ": the flash backward runs a separate key block (kv_seq, key_document_ids) only "
+             "bidirectionally without dropout, for head_dim 64/128; this call needs the simple "
+             "kernels");
   check_args(op, kernel, args);
   const int64_t q_numel = args.batch * args.seq * args.num_heads * args.head_dim;
-  const int64_t kv_numel = args.batch * args.seq * args.num_kv_heads * args.head_dim;
+  const int64_t kv_numel = args.batch * args.keys() * args.num_kv_heads * args.head_dim;
   check_tensor(op, dout, DType::BF16, q_numel, "dout");
   check_tensor(op, q, DType::BF16, q_numel, "q");
   check_tensor(op, k, DType::BF16, kv_numel, "k");
@@ -189,7 +236,7 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
   // Deterministic: one dQ slab per 128-key tile (attention_common.cuh), ceil(S / 128) times the
   // accumulator's memory; the simple kernels need none (no atomics).
   const int64_t slab = args.batch * args.seq * args.num_heads * args.head_dim;
-  const int slabs = args.deterministic ? static_cast<int>((args.seq + 127) / 128) : 1;
+  const int slabs = args.deterministic ? static_cast<int>((args.keys() + 127) / 128) : 1;
   if (kernel == AttentionKernel::Flash) {
     dq_accum = Tensor::empty({slabs * args.batch, args.seq, args.num_heads, args.head_dim},
                              DType::F32, stream);
@@ -215,6 +262,23 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
   } else {
     attn::simple_backward(shape_of(args), p, st);
   }
+}
+
+void attention_forward_context_parallel(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        Tensor& out, Tensor& lse, const AttentionArgs& args,
+                                        const Stream& stream) {
+  const AttentionKernel kernel = context_parallel_attention_kernel(args, false);
+  note_once(call_kind("forward", args) + ": " + kernel_label(kernel) + " (context-parallel entry)");
+  attention_forward_with(kernel, q, k, v, out, lse, args, stream);
+}
+
+void attention_backward_context_parallel(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& lse,
+                                         Tensor& dq, Tensor& dk, Tensor& dv,
+                                         const AttentionArgs& args, const Stream& stream) {
+  const AttentionKernel kernel = context_parallel_attention_kernel(args, true);
+  note_once(call_kind("backward", args) + ": " + kernel_label(kernel) + " (context-parallel entry)");
+  attention_backward_with(kernel, dout, q, k, v, out, lse, dq, dk, dv, args, stream);
 }
 
 bool attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,

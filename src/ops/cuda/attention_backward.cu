@@ -96,8 +96,14 @@ __global__ void attention_delta_kernel(const bf16* __restrict__ dout, const bf16
 // key's document) (documents are contiguous runs; causal starts at n0 as before); only the query
 // tiles overlapping it are visited, and P^T is 0 where the key's and the query's document ids
 // differ. The ids sit in shared memory after the tiles (kDocBytes).
-template <class C, bool kCausal, bool kDropout, bool kDocs>
+// kKeys: the keys are a separate block (s.kv_seq rows of k, v, dk, dv; with kDocs their own ids
+// s.key_docs): one block per key tile of kv_seq, and with kDocs the query tiles visited are those
+// whose ids lie in [id of key n0, id of the tile's last key] (key_document_bounds over the query
+// ids; possibly none: then one tile is visited, all masked, and dK = dV = 0). Only without causal
+// mask and dropout, as in the forward.
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys>
 __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtrs p, Shape s) {
+  static_assert(!kKeys || (!kCausal && !kDropout), "a separate key block: no causal mask, no dropout");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
   constexpr int kQTiles = C::kQTiles, kDTiles = C::kDTiles, kRowBytes = C::kRowBytes;
@@ -105,6 +111,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
   const int seq = static_cast<int>(s.seq);
+  const int kv_seq = kKeys ? static_cast<int>(s.kv_seq) : seq;  // key rows per batch row
   const int heads = static_cast<int>(s.heads);
   const int group = static_cast<int>(s.heads / s.kv_heads);
   const int n0 = blockIdx.x * kBlockN;
@@ -125,15 +132,28 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   int* const doc_smem = reinterpret_cast<int*>(smem + C::kSmemDocs);
   const uint32_t sQueryDocs = base + C::kSmemDocs + (4 + kBlockN) * 4;
   const int32_t* const docs = kDocs ? s.docs + b * seq : nullptr;
+  const int32_t* const key_docs = kDocs ? (kKeys ? s.key_docs + b * kv_seq : docs) : nullptr;
 
   // Queries [q_begin, q_end) may see keys of this tile. Causal: query tiles that end before this
   // key tile starts see none of its keys.
   int q_begin = kCausal ? n0 : 0, q_end = seq;
   if constexpr (kDocs) {
-    document_bounds(docs, n0, min(n0 + kBlockN, seq) - 1, seq, warp, lane, doc_smem);
+    if constexpr (kKeys)
+      key_document_bounds(docs, seq, key_docs[n0], key_docs[min(n0 + kBlockN, kv_seq) - 1], warp,
+                          lane, doc_smem);
+    else document_bounds(docs, n0, min(n0 + kBlockN, seq) - 1, seq, warp, lane, doc_smem);
     for (int r = tid; r < kBlockN; r += C::kThreads)
-      doc_smem[4 + r] = n0 + r < seq ? docs[n0 + r] : -1;  // keys past the end: never stored
+      doc_smem[4 + r] = n0 + r < kv_seq ? key_docs[n0 + r] : -1;  // keys past the end: never stored
     __syncthreads();
+    if constexpr (kKeys) {
+      // The range may be empty (no query of these documents): visit one query tile anyway, all
+      // masked, so that the loop structure stays as it is; dK and dV stay 0.
+      if (tid == 0) {
+        doc_smem[0] = min(doc_smem[0], seq - 1);
+        doc_smem[3] = max(doc_smem[3], doc_smem[0] / kBlockM * kBlockM + 1);
+      }
+      __syncthreads();
+    }
     if (!kCausal) q_begin = doc_smem[0];  // causal: n0 is inside key n0's document already
     q_end = doc_smem[3];
   }
@@ -177,9 +197,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     }
   };
 
-  const int64_t kv_offset = ((b * seq + n0) * s.kv_heads + kvh) * kDim;
-  load_tile_async<kBlockN, kDim, C::kThreads>(sK, p.k + kv_offset, kv_stride, seq - n0, tid);
-  load_tile_async<kBlockN, kDim, C::kThreads>(sV, p.v + kv_offset, kv_stride, seq - n0, tid);
+  const int64_t kv_offset = ((b * kv_seq + n0) * s.kv_heads + kvh) * kDim;
+  load_tile_async<kBlockN, kDim, C::kThreads>(sK, p.k + kv_offset, kv_stride, kv_seq - n0, tid);
+  load_tile_async<kBlockN, kDim, C::kThreads>(sV, p.v + kv_offset, kv_stride, kv_seq - n0, tid);
   load_query_tile(0, 0);
   cp_async_commit();
 
@@ -276,7 +296,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int ql = nt * 8 + 2 * t + c, q = q0 + ql;
-            const bool seen = key < seq && q < seq && query_ids[ql] == key_id &&
+            const bool seen = key < kv_seq && q < seq && query_ids[ql] == key_id &&
                               (!kCausal || key <= q);
             visible |= uint32_t(seen) << (4 * nt + 2 * r + c);
           }
@@ -305,7 +325,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     // ---- P^T = exp(scale * S^T - lse), masked entries 0 ----
     // Element (nt, e) is key key0 + key_of_row(e / 2), query q0 + 8 nt + 2t + e % 2.
     const bool needs_mask = kDocs ? visible != 0xffffffffu
-                                  : q0 + kBlockM > seq || key0 + 16 > seq ||
+                                  : q0 + kBlockM > seq || key0 + 16 > kv_seq ||
                                         (kCausal && key0 + 15 > q0);
 #pragma unroll
     for (int nt = 0; nt < kQTiles; ++nt) {
@@ -320,7 +340,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
           if (needs_mask) {
             const int key = key0 + key_of_row(r), q = q0 + ql;
             const bool masked = kDocs ? !((visible >> (4 * nt + e)) & 1u)
-                                      : key >= seq || q >= seq || (kCausal && key > q);
+                                      : key >= kv_seq || q >= seq || (kCausal && key > q);
             if (masked) pv = 0.0f;
           }
           acc_s[nt][e] = pv;
@@ -457,8 +477,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + key_of_row(r);
-    if (key >= seq) continue;
-    const int64_t offset = ((b * seq + key) * s.kv_heads + kvh) * kDim + 2 * t;
+    if (key >= kv_seq) continue;
+    const int64_t offset = ((b * kv_seq + key) * s.kv_heads + kvh) * kDim + 2 * t;
 #pragma unroll
     for (int dt = 0; dt < kDTiles; ++dt) {
       *reinterpret_cast<uint32_t*>(p.dk + offset + dt * 8) =
@@ -492,14 +512,14 @@ __global__ void attention_dq_convert_kernel(const float4* __restrict__ acc, uint
   }
 }
 
-template <class C, bool kCausal, bool kDropout, bool kDocs>
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys = false>
 void launch_backward_main(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_backward_kernel<C, kCausal, kDropout, kDocs>;
+  auto kernel = flash_backward_kernel<C, kCausal, kDropout, kDocs, kKeys>;
   constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0);
   if (kSmem > 48 * 1024)
     MDLM_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const dim3 grid(static_cast<unsigned>((s.seq + C::kBlockN - 1) / C::kBlockN),
+  const dim3 grid(static_cast<unsigned>((s.keys() + C::kBlockN - 1) / C::kBlockN),
                   static_cast<unsigned>(s.kv_heads), static_cast<unsigned>(s.batch));
   kernel<<<grid, C::kThreads, kSmem, stream>>>(p, s);
   MDLM_CUDA_CHECK_LAUNCH();
@@ -519,6 +539,14 @@ void launch_backward_mask(const Shape& s, const BackwardPtrs& p, cudaStream_t st
 
 template <class C>
 void launch_backward_docs(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  if (s.separate_keys()) {  // a key block of its own: bidirectional, no dropout (checked)
+    Shape keys = s;
+    keys.kv_seq = s.keys();
+    if (s.docs != nullptr && keys.key_docs == nullptr) keys.key_docs = s.docs;  // kv_seq == seq
+    if (s.docs != nullptr) launch_backward_main<C, false, false, true, true>(keys, p, stream);
+    else launch_backward_main<C, false, false, false, true>(keys, p, stream);
+    return;
+  }
   if (s.docs != nullptr) launch_backward_mask<C, true>(s, p, stream);
   else launch_backward_mask<C, false>(s, p, stream);
 }
@@ -536,6 +564,10 @@ void launch_attention_delta(const Shape& s, const BackwardPtrs& p, cudaStream_t 
 }
 
 void flash_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  MDLM_CHECK(!s.separate_keys() || (!s.causal && s.dropout.p == 0.0f &&
+                                    (s.docs == nullptr || s.key_docs != nullptr || s.keys() == s.seq)),
+             "flash attention backward: a separate key block runs without causal mask and dropout "
+             "(and with the keys' document ids when kv_seq != seq); use the simple kernels");
   launch_attention_delta(s, p, stream);
   if (s.dim == 128) launch_backward_docs<Bwd128>(s, p, stream);
   else launch_backward_docs<Bwd64>(s, p, stream);

@@ -11,7 +11,7 @@ namespace megadlm::ops::cuda::attn {
 
 using bf16 = __nv_bfloat16;
 
-/// Problem sizes (contiguous q [B, S, Hq, D]; k, v [B, S, Hkv, D]; lse [B, Hq, S]).
+/// Problem sizes (contiguous q [B, S, Hq, D]; k, v [B, kv_seq, Hkv, D]; lse [B, Hq, S]).
 struct Shape {
   int64_t batch, seq, heads, kv_heads;
   int dim;
@@ -23,6 +23,13 @@ struct Shape {
   /// each row, or null for one document per row. The simple kernels and the flash kernels
   /// instantiated with kDocs (docs != null) read it.
   const int32_t* docs = nullptr;
+  /// A key block that is not the queries' own rows (context-parallel shards, cached decoding):
+  /// key rows per batch row (0: seq) and the keys' int32 [B, kv_seq] document ids (null: docs).
+  /// The flash kernels read them only when instantiated with kKeys (separate_keys()).
+  int64_t kv_seq = 0;
+  const int32_t* key_docs = nullptr;
+  int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
+  bool separate_keys() const { return keys() != seq || key_docs != nullptr; }
 };
 
 struct ForwardPtrs {
@@ -229,6 +236,23 @@ __device__ __forceinline__ void document_bounds(const int32_t* __restrict__ row,
   const int32_t id = row[pos];
   const int r = (warp & 1) ? warp_partition_point<true>(row, pos + 1, seq, id, lane)
                            : warp_partition_point<false>(row, 0, pos, id, lane);
+  if (lane == 0) out[warp] = r;
+}
+
+/// The key range of a query tile whose rows span documents [first_id, last_id] (ids of its first
+/// and last rows), against a separate key block (key ids `keys`, non-decreasing, kv_seq long):
+/// out[0] = first key with id >= first_id, out[1] = first key with id > first_id, out[2] = first
+/// key with id >= last_id, out[3] = first key with id > last_id. Every key a row of the tile can
+/// see lies in [out[0], out[3]) (possibly empty); when first_id == last_id every key of
+/// [out[2], out[1]) is visible to every row, otherwise that range is empty. Warps 0..3 run one
+/// search each; the caller synchronizes before reading `out`.
+__device__ __forceinline__ void key_document_bounds(const int32_t* __restrict__ keys, int kv_seq,
+                                                    int32_t first_id, int32_t last_id, int warp,
+                                                    int lane, int* out) {
+  if (warp >= 4) return;
+  const int32_t id = warp < 2 ? first_id : last_id;
+  const int r = (warp & 1) ? warp_partition_point<true>(keys, 0, kv_seq, id, lane)
+                           : warp_partition_point<false>(keys, 0, kv_seq, id, lane);
   if (lane == 0) out[warp] = r;
 }
 

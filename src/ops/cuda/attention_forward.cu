@@ -51,8 +51,15 @@ using Fwd64 = ForwardConfig<64, 128, 64, 4, true>;
 // (documents are contiguous runs), and masks a score to -inf when the key's document id differs
 // from the query's, as the causal mask does; the ids of the block's rows and of each key tile
 // sit in shared memory after the tiles (kDocBytes). Dropout keeps its global coordinates.
-template <class C, bool kCausal, bool kDropout, bool kDocs>
+// kKeys: the keys are a separate block (s.kv_seq rows of k, v; with kDocs their own ids
+// s.key_docs), as context-parallel blocks and cached decoding give: key pointers, tile counts and
+// the end mask run over kv_seq, and with kDocs the block visits the key tiles whose ids lie in
+// [id of row m0, id of the last row] (key_document_bounds). A row that sees no key keeps max -inf
+// and sum 0: out 0, lse -inf. Only without causal mask and dropout (both need the keys to be the
+// queries' own positions; the context-parallel cases with chunk maps run on the simple kernels).
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys>
 __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs p, Shape s) {
+  static_assert(!kKeys || (!kCausal && !kDropout), "a separate key block: no causal mask, no dropout");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
   constexpr int kMTiles = C::kMTiles, kNTiles = C::kNTiles, kDTiles = C::kDTiles;
@@ -61,6 +68,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // mma fragment coordinates (row group, thread in group)
   const int seq = static_cast<int>(s.seq);
+  const int kv_seq = kKeys ? static_cast<int>(s.kv_seq) : seq;  // key rows per batch row
   // Causal: the last query tiles have the most key tiles; launch them first for better balance.
   const int m_block = kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : blockIdx.x;
   const int m0 = m_block * kBlockM;
@@ -70,8 +78,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   const int q_stride = static_cast<int>(s.heads) * kDim;
   const int kv_stride = static_cast<int>(s.kv_heads) * kDim;
   const bf16* q = p.q + ((b * seq + m0) * s.heads + h) * kDim;
-  const bf16* k = p.k + (b * seq * s.kv_heads + kvh) * kDim;
-  const bf16* v = p.v + (b * seq * s.kv_heads + kvh) * kDim;
+  const bf16* k = p.k + (b * kv_seq * s.kv_heads + kvh) * kDim;
+  const bf16* v = p.v + (b * kv_seq * s.kv_heads + kvh) * kDim;
 
   const uint32_t sQ = smem_addr(smem);
   const uint32_t sK = sQ + C::kQBytes;
@@ -81,6 +89,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   int* const doc_smem = reinterpret_cast<int*>(smem + C::kSmemBytes);
   const uint32_t sKeyDocs = sQ + C::kSmemBytes + (4 + kBlockM) * 4;
   const int32_t* const docs = kDocs ? s.docs + b * seq : nullptr;
+  const int32_t* const key_docs = kDocs ? (kKeys ? s.key_docs + b * kv_seq : docs) : nullptr;
 
   // Per-lane ldmatrix bases; a k step, n tile or m tile only adds a compile-time offset.
   // Q as the A operand: lanes 0-15 address rows 0-15 at the k step's first 8 columns, lanes
@@ -98,7 +107,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
 
   // Key tiles [j_first, j_first + n_tiles). With documents the keys any row of this block can see
   // lie in [doc_smem[0], doc_smem[3]) (set below, before the first use).
-  int j_first = 0, n_end = kCausal ? min(seq, m0 + kBlockM) : seq;
+  int j_first = 0, n_end = kCausal ? min(seq, m0 + kBlockM) : kv_seq;
   int n_tiles = (n_end + kBlockN - 1) / kBlockN;
   // kDocs: every row of the block sees every key of [uniform_lo, uniform_hi) (modulo causal),
   // an empty range unless the block's rows are one document.
@@ -115,12 +124,22 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   load_tile_async<kBlockM, kDim, C::kThreads>(sQ, q, q_stride, seq - m0, tid);
   if constexpr (kDocs) {
     // Causal: the end stays min(seq, m0 + kBlockM) (<= doc_smem[3], which is past the last row).
-    document_bounds(docs, m0, min(m0 + kBlockM, seq) - 1, seq, warp, lane, doc_smem);
+    if constexpr (kKeys)
+      key_document_bounds(key_docs, kv_seq, docs[m0], docs[min(m0 + kBlockM, seq) - 1], warp,
+                          lane, doc_smem);
+    else document_bounds(docs, m0, min(m0 + kBlockM, seq) - 1, seq, warp, lane, doc_smem);
     for (int r = tid; r < kBlockM; r += C::kThreads)
       doc_smem[4 + r] = m0 + r < seq ? docs[m0 + r] : -1;  // rows past the end: never stored
     __syncthreads();
-    j_first = doc_smem[0] / kBlockN;
-    if (!kCausal) n_end = doc_smem[3];
+    if constexpr (kKeys) {
+      // The range may be empty (no key of these documents): still visit one tile, all masked,
+      // so that the rows end with max -inf and sum 0 (out 0, lse -inf).
+      j_first = min(doc_smem[0], kv_seq - 1) / kBlockN;
+      n_end = max(doc_smem[3], j_first * kBlockN + 1);
+    } else {
+      j_first = doc_smem[0] / kBlockN;
+      if (!kCausal) n_end = doc_smem[3];
+    }
     uniform_lo = doc_smem[2];
     uniform_hi = doc_smem[1];
     n_tiles = (n_end + kBlockN - 1) / kBlockN - j_first;  // >= 1: row m0 sees itself
@@ -130,23 +149,24 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   auto load_key_ids = [&](int n0, int stage) {
     if constexpr (kDocs) {
       if (tid < kBlockN) {
-        const bool valid = n0 + tid < seq;
-        cp_async_4(sKeyDocs + (stage * kBlockN + tid) * 4, docs + (valid ? n0 + tid : 0), valid);
+        const bool valid = n0 + tid < kv_seq;
+        cp_async_4(sKeyDocs + (stage * kBlockN + tid) * 4, key_docs + (valid ? n0 + tid : 0),
+                   valid);
       }
     }
   };
   if constexpr (kDocs) {
     const int n0 = j_first * kBlockN;
     const int64_t first = static_cast<int64_t>(n0) * kv_stride;
-    load_tile_async<kBlockN, kDim, C::kThreads>(sK, k + first, kv_stride, seq - n0, tid);
+    load_tile_async<kBlockN, kDim, C::kThreads>(sK, k + first, kv_stride, kv_seq - n0, tid);
     load_key_ids(n0, 0);
     cp_async_commit();
-    load_tile_async<kBlockN, kDim, C::kThreads>(sV, v + first, kv_stride, seq - n0, tid);
+    load_tile_async<kBlockN, kDim, C::kThreads>(sV, v + first, kv_stride, kv_seq - n0, tid);
     cp_async_commit();
   } else {
-    load_tile_async<kBlockN, kDim, C::kThreads>(sK, k, kv_stride, seq, tid);
+    load_tile_async<kBlockN, kDim, C::kThreads>(sK, k, kv_stride, kv_seq, tid);
     cp_async_commit();
-    load_tile_async<kBlockN, kDim, C::kThreads>(sV, v, kv_stride, seq, tid);
+    load_tile_async<kBlockN, kDim, C::kThreads>(sV, v, kv_stride, kv_seq, tid);
     cp_async_commit();
   }
 
@@ -204,11 +224,11 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
     if (j + 1 < n_tiles) {
       const int64_t next = static_cast<int64_t>(n0 + kBlockN) * kv_stride;
       load_tile_async<kBlockN, kDim, C::kThreads>(sK + ((j + 1) & 1) * C::kKVBytes, k + next,
-                                                  kv_stride, seq - n0 - kBlockN, tid);
+                                                  kv_stride, kv_seq - n0 - kBlockN, tid);
       load_key_ids(n0 + kBlockN, (j + 1) & 1);
       cp_async_commit();
       load_tile_async<kBlockN, kDim, C::kThreads>(sV + ((j + 1) & 1) * C::kKVBytes, v + next,
-                                                  kv_stride, seq - n0 - kBlockN, tid);
+                                                  kv_stride, kv_seq - n0 - kBlockN, tid);
       cp_async_commit();
     } else {
       cp_async_commit();
@@ -263,7 +283,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
       // ---- mask: keys past the sequence end, keys after the query when causal, and keys of
       // another document than the query's (kDocs; none when the tile lies in the block's one
       // document) ----
-      const bool needs_mask = n0 + kBlockN > seq ||
+      const bool needs_mask = n0 + kBlockN > kv_seq ||
                               (kCausal && n0 + kBlockN - 1 > warp_row0) ||
                               (kDocs && !(n0 >= uniform_lo && n0 + kBlockN <= uniform_hi));
       if (needs_mask) {
@@ -278,7 +298,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
               const int col = kDropout
                                   ? n0 + (nt >> 1) * 16 + 4 * t + 2 * (nt & 1) + (e & 1)
                                   : n0 + nt * 8 + 2 * t + (e & 1);
-              bool masked = col >= seq || (kCausal && col > row);
+              bool masked = col >= kv_seq || (kCausal && col > row);
               if constexpr (kDocs) masked = masked || key_ids[col - n0] != doc_smem[4 + row - m0];
               if (masked) acc_s[mt][nt][e] = -INFINITY;
             }
@@ -413,9 +433,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   }
 }
 
-template <class C, bool kCausal, bool kDropout, bool kDocs>
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys = false>
 void launch_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_forward_kernel<C, kCausal, kDropout, kDocs>;
+  auto kernel = flash_forward_kernel<C, kCausal, kDropout, kDocs, kKeys>;
   constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0);
   if (kSmem > 48 * 1024)
     MDLM_CUDA_CHECK(
@@ -440,6 +460,14 @@ void launch_forward_mask(const Shape& s, const ForwardPtrs& p, cudaStream_t stre
 
 template <class C>
 void launch_forward_docs(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  if (s.separate_keys()) {  // a key block of its own: bidirectional, no dropout (checked)
+    Shape keys = s;
+    keys.kv_seq = s.keys();
+    if (s.docs != nullptr && keys.key_docs == nullptr) keys.key_docs = s.docs;  // kv_seq == seq
+    if (s.docs != nullptr) launch_forward<C, false, false, true, true>(keys, p, stream);
+    else launch_forward<C, false, false, false, true>(keys, p, stream);
+    return;
+  }
   if (s.docs != nullptr) launch_forward_mask<C, true>(s, p, stream);
   else launch_forward_mask<C, false>(s, p, stream);
 }
@@ -447,6 +475,10 @@ void launch_forward_docs(const Shape& s, const ForwardPtrs& p, cudaStream_t stre
 }  // namespace
 
 void flash_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  MDLM_CHECK(!s.separate_keys() || (!s.causal && s.dropout.p == 0.0f &&
+                                    (s.docs == nullptr || s.key_docs != nullptr || s.keys() == s.seq)),
+             "flash attention forward: a separate key block runs without causal mask and dropout "
+             "(and with the keys' document ids when kv_seq != seq); use the simple kernels");
   if (s.dim == 128) launch_forward_docs<Fwd128>(s, p, stream);
   else launch_forward_docs<Fwd64>(s, p, stream);
 }

@@ -30,4 +30,21 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
                              Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
                              const Stream& stream);
 
+/// The own kernel that runs a call of the context-parallel entries (those with
+/// ops::needs_context_parallel_kernel): Flash for head_dim 64/128 when the keys are only a
+/// separate block (kv_seq != seq and/or key_document_ids) without causal mask and dropout (the
+/// cases with chunk maps in the mask or the dropout coordinates stay Simple); Simple otherwise.
+/// `backward`: the same for the backward pass.
+AttentionKernel context_parallel_attention_kernel(const AttentionArgs& args, bool backward);
+
+/// The simple kernels on any call of the context-parallel entries (attention_simple.cu): a
+/// separate key length, key documents, chunk maps in the causal mask and in dropout.
+void simple_attention_forward_key_block(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        Tensor& out, Tensor& lse, const AttentionArgs& args,
+                                        const Stream& stream);
+void simple_attention_backward_key_block(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                         const Tensor& v, const Tensor& out, const Tensor& lse,
+                                         Tensor& dq, Tensor& dk, Tensor& dv,
+                                         const AttentionArgs& args, const Stream& stream);
+
 }  // namespace megadlm::ops::cuda

@@ -5,11 +5,13 @@
 // Dropout (kDropout): lane l draws the keep bit of the l-th next key (or query) from the shared
 // mapping (ops/attention_dropout_mask.h) and one ballot hands 32 bits to the whole warp.
 // Context-parallel blocks (KeyBlock: a separate key length, chunk maps, the keys' own document
-// ids; include/megadlm/ops/attention.h) run here too: attention_forward/backward_context_parallel
-// at the end of the file, which src/ops/attention.cpp calls for what the flash kernels cannot.
+// ids; include/megadlm/ops/attention.h) run here too: simple_attention_*_key_block at the end of
+// the file, which the context-parallel entries (attention.cu) call for what the flash kernels
+// cannot.
 #include <cmath>
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/attention_common.cuh"
+#include "ops/cuda/attention_impl.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace megadlm::ops::cuda::attn {
@@ -309,7 +311,7 @@ void simple_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream)
 
 }  // namespace megadlm::ops::cuda::attn
 
-// ---- context-parallel entries (cuda_ops.h) ------------------------------------------------------
+// ---- key-block entries (attention_impl.h) ----------------------------------------------------
 
 namespace megadlm::ops::cuda {
 namespace {
@@ -354,7 +356,7 @@ T* ptr(const Tensor& t) {
 
 }  // namespace
 
-void attention_forward_context_parallel(const Tensor& q, const Tensor& k, const Tensor& v,
+void simple_attention_forward_key_block(const Tensor& q, const Tensor& k, const Tensor& v,
                                         Tensor& out, Tensor& lse, const AttentionArgs& args,
                                         const Stream& stream) {
   const char* op = "cuda::attention_forward_context_parallel";
@@ -373,7 +375,7 @@ void attention_forward_context_parallel(const Tensor& q, const Tensor& k, const 
   attn::forward_blocks(s, kb, p, megadlm::detail::native_stream(stream));
 }
 
-void attention_backward_context_parallel(const Tensor& dout, const Tensor& q, const Tensor& k,
+void simple_attention_backward_key_block(const Tensor& dout, const Tensor& q, const Tensor& k,
                                          const Tensor& v, const Tensor& out, const Tensor& lse,
                                          Tensor& dq, Tensor& dk, Tensor& dv,
                                          const AttentionArgs& args, const Stream& stream) {

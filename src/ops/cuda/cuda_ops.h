@@ -21,10 +21,11 @@
 #include "megadlm/ops/sampling.h"
 
 namespace megadlm::ops::cuda {
-// CUDA-only: the context-parallel attention calls the flash kernels cannot run (a separate key
-// length, key documents, a causal mask between different chunk maps, dropout with a chunked
-// map), on the simple kernels (attention_simple.cu). src/ops/attention.cpp routes them here
-// (ops::needs_context_parallel_kernel); same contract as attention_forward/backward.
+// CUDA-only: the attention calls the ordinary entries cannot run (a separate key length, key
+// documents, a causal mask between different chunk maps, dropout with a chunked map;
+// ops::needs_context_parallel_kernel). src/ops/attention.cpp routes them here; the flash kernels
+// run the bidirectional ones without dropout (a separate key block), the simple kernels the rest
+// (context_parallel_attention_kernel, attention_impl.h). Same contract as attention_forward/backward.
 void attention_forward_context_parallel(const Tensor& q, const Tensor& k, const Tensor& v,
                                         Tensor& out, Tensor& lse, const AttentionArgs& args,
                                         const Stream& stream);
