@@ -57,7 +57,144 @@ struct KvBuffers {
   }
 };
 
+// ---- causal half blocks -------------------------------------------------------------------
+//
+// A causal ring block between two different shards pairs whole chunks: a key chunk either
+// precedes a query chunk (every pair visible) or follows it (none). With the load-balanced split
+// (rank r holds chunks r and 2CP-1-r) the visible pairs take one of two shapes, as Transformer
+// Engine's ring does:
+//   KeysFirstHalf      (source rank < this rank): every query sees the first key chunk, none the
+//                      second;
+//   QueriesSecondHalf  (source rank > this rank): the second query chunk sees every key, the
+//                      first query chunk none.
+// Either runs without a mask on half the block (on CUDA the flash kernels' separate-key path
+// instead of the simple kernels' chunk-mapped causal mask); documents and dropout coordinates
+// follow the halves. Any other shape (the diagonal block, identity maps) runs whole.
+enum class HalfBlock { Whole, KeysFirstHalf, QueriesSecondHalf };
+
+HalfBlock half_block_of(const ops::AttentionArgs& a) {
+  const ops::ChunkMap& qc = a.query_chunks;
+  const ops::ChunkMap& kc = a.key_chunks;
+  if (a.mask != ops::AttentionMask::Causal || qc.identity() || kc.identity() || qc.len != kc.len ||
+      a.keys() != a.seq)
+    return HalfBlock::Whole;
+  for (int64_t q : {qc.first, qc.second})
+    for (int64_t k : {kc.first, kc.second})
+      if (q == k) return HalfBlock::Whole;  // a diagonal chunk pair needs the mask
+  const bool q0k0 = kc.first < qc.first, q0k1 = kc.second < qc.first;
+  const bool q1k0 = kc.first < qc.second, q1k1 = kc.second < qc.second;
+  if (q0k0 && q1k0 && !q0k1 && !q1k1) return HalfBlock::KeysFirstHalf;
+  if (!q0k0 && !q0k1 && q1k0 && q1k1) return HalfBlock::QueriesSecondHalf;
+  return HalfBlock::Whole;
+}
+
+/// Half `which` (0: the first chunk, 1: the second) of every batch row of x, whose rows hold
+/// `batch` equal runs of two chunks each (activations [B, 2 len, ...], statistics [B H, 2 len]).
+Tensor half_of(const Tensor& x, int64_t batch, int which, const Stream& stream) {
+  const int64_t row = x.numel() / batch;
+  Tensor halves[2] = {Tensor::empty({batch, row / 2}, x.dtype(), stream),
+                      Tensor::empty({batch, row / 2}, x.dtype(), stream)};
+  ops::split_columns(x.view({batch, row}), {&halves[0], &halves[1]}, stream);
+  return halves[which];
+}
+
+/// into = [first | second] per batch row (shapes as half_of's halves; into keeps its shape).
+void join_halves(const Tensor& first, const Tensor& second, Tensor& into, int64_t batch, const Stream& stream) {
+  Tensor rows = into.view({batch, into.numel() / batch});
+  ops::concat_columns({&first, &second}, rows, stream);
+}
+
+/// The unmasked half-block call of `a` (see HalfBlock): shapes, documents, dropout offsets.
+ops::AttentionArgs half_block_args(const ops::AttentionArgs& a, HalfBlock h, Tensor& query_docs,
+                                   Tensor& key_docs, const Stream& stream) {
+  ops::AttentionArgs sub = a;
+  sub.mask = ops::AttentionMask::None;
+  const int64_t len = a.query_chunks.len;
+  if (h == HalfBlock::KeysFirstHalf) {
+    sub.kv_seq = len;
+    sub.key_offset = a.key_offset + a.key_chunks.first * len;  // dropout coordinates only
+    sub.key_chunks = ops::ChunkMap{};
+    if (a.key_document_ids != nullptr) {
+      key_docs = half_of(*a.key_document_ids, a.batch, 0, stream);
+      sub.key_document_ids = &key_docs;
+    }
+  } else {
+    sub.seq = len;
+    sub.kv_seq = 2 * len;
+    sub.query_offset = a.query_offset + a.query_chunks.second * len;
+    sub.query_chunks = ops::ChunkMap{};
+    if (a.document_ids != nullptr) {
+      query_docs = half_of(*a.document_ids, a.batch, 1, stream);
+      sub.document_ids = &query_docs;
+    }
+  }
+  return sub;
+}
+
+/// attention_forward of a causal cross-shard block by its visible half (out, lse full size:
+/// the queries that see nothing get out 0 and lse -inf, as the masked call gives them).
+void half_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                        const ops::AttentionArgs& a, HalfBlock h, const Stream& stream) {
+  Tensor query_docs, key_docs;
+  const ops::AttentionArgs sub = half_block_args(a, h, query_docs, key_docs, stream);
+  if (h == HalfBlock::KeysFirstHalf) {
+    ops::attention_forward(q, half_of(k, a.batch, 0, stream), half_of(v, a.batch, 0, stream), out, lse, sub,
+                           stream);
+    return;
+  }
+  const int64_t stats_rows = a.batch * a.num_heads;
+  Tensor out1 = Tensor::empty({a.batch, out.numel() / a.batch / 2}, out.dtype(), stream);
+  Tensor lse1 = Tensor::empty({stats_rows, a.seq / 2}, lse.dtype(), stream);
+  ops::attention_forward(half_of(q, a.batch, 1, stream), k, v, out1, lse1, sub, stream);
+  Tensor out0 = Tensor::zeros(out1.shape(), out.dtype(), stream);
+  Tensor lse0 = Tensor::empty(lse1.shape(), lse.dtype(), stream);
+  ops::fill(lse0, -INFINITY, stream);
+  join_halves(out0, out1, out, a.batch, stream);
+  join_halves(lse0, lse1, lse, stats_rows, stream);
+}
+
+/// attention_backward of a causal cross-shard block by its visible half (dq, dk, dv full size,
+/// zero where the block has no visible pair).
+void half_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                         const ops::AttentionArgs& a, HalfBlock h, const Stream& stream) {
+  Tensor query_docs, key_docs;
+  const ops::AttentionArgs sub = half_block_args(a, h, query_docs, key_docs, stream);
+  if (h == HalfBlock::KeysFirstHalf) {
+    const Tensor k0 = half_of(k, a.batch, 0, stream), v0 = half_of(v, a.batch, 0, stream);
+    Tensor dk0 = Tensor::empty(k0.shape(), dk.dtype(), stream), dv0 = Tensor::empty(v0.shape(), dv.dtype(), stream);
+    ops::attention_backward(dout, q, k0, v0, out, lse, dq, dk0, dv0, sub, stream);
+    const Tensor zeros = Tensor::zeros(k0.shape(), dk.dtype(), stream);
+    join_halves(dk0, zeros, dk, a.batch, stream);
+    join_halves(dv0, zeros, dv, a.batch, stream);
+    return;
+  }
+  const int64_t stats_rows = a.batch * a.num_heads;
+  const Tensor q1 = half_of(q, a.batch, 1, stream);
+  Tensor dq1 = Tensor::empty(q1.shape(), dq.dtype(), stream);
+  ops::attention_backward(half_of(dout, a.batch, 1, stream), q1, k, v, half_of(out, a.batch, 1, stream),
+                          half_of(lse.view({stats_rows, a.seq}), stats_rows, 1, stream), dq1, dk, dv, sub, stream);
+  join_halves(Tensor::zeros(dq1.shape(), dq.dtype(), stream), dq1, dq, a.batch, stream);
+}
+
 }  // namespace
+
+void ring_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                        const ops::AttentionArgs& block, const Stream& stream) {
+  if (const HalfBlock h = half_block_of(block); h != HalfBlock::Whole)
+    half_block_forward(q, k, v, out, lse, block, h, stream);
+  else
+    ops::attention_forward(q, k, v, out, lse, block, stream);
+}
+
+void ring_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                         const ops::AttentionArgs& block, const Stream& stream) {
+  if (const HalfBlock h = half_block_of(block); h != HalfBlock::Whole)
+    half_block_backward(dout, q, k, v, out, lse, dq, dk, dv, block, h, stream);
+  else
+    ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, block, stream);
+}
 
 ops::AttentionArgs ring_block_args(const ops::AttentionArgs& local, const Ring& ring, int src,
                                    const Stream& stream) {
@@ -96,8 +233,7 @@ void ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, T
     const int src = (me - i + n) % n;
     const bool more = i + 1 < n;
     if (more) transfer.start(*ring.group, {kv.k, kv.v}, kv.incoming(), stream, ring.side);
-    ops::attention_forward(q, kv.k, kv.v, block_out, block_lse,
-                           ring_block_args(args, ring, src, stream), stream);
+    ring_block_forward(q, kv.k, kv.v, block_out, block_lse, ring_block_args(args, ring, src, stream), stream);
     ops::attention_merge(acc_out, acc_lse, block_out, block_lse, merge, stream);
     if (more) {
       transfer.finish(stream);
@@ -135,8 +271,8 @@ void ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& 
     const int src = (me - i + n) % n;
     const bool more = i + 1 < n;
     if (more) kv_transfer.start(*ring.group, {kv.k, kv.v}, kv.incoming(), stream, ring.side);
-    ops::attention_backward(dout, q, kv.k, kv.v, out, lse, dq_b, dk_b, dv_b,
-                            ring_block_args(args, ring, src, stream), stream);
+    ring_block_backward(dout, q, kv.k, kv.v, out, lse, dq_b, dk_b, dv_b, ring_block_args(args, ring, src, stream),
+                        stream);
     accumulate(dq_acc, dq_b, stream);
     // The accumulator of this step's block arrived during this step's compute (step 0: our own,
     // zero); once it is here, the previous step's send from the other buffer is done too.

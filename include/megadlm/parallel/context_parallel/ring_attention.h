@@ -43,6 +43,16 @@ ops::AttentionArgs ring_block_args(const ops::AttentionArgs& local, const Ring& 
 
 /// Collective over the ring. q [B·S_l, Hq·D], k, v [B·S_l, Hkv·D] this shard's rows ->
 /// out [B·S_l, Hq·D] (q's dtype) and lse [B, Hq, S_l] (f32, f64 for f64 q), both written.
+/// One block of the ring: ops::attention_forward / attention_backward of `block`
+/// (ring_block_args), except that a causal block between two different shards runs only its
+/// visible half, without a mask (ring_attention.cpp: the same result, half the work, and on CUDA
+/// the flash kernels instead of the simple ones).
+void ring_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                        const ops::AttentionArgs& block, const Stream& stream);
+void ring_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                         const ops::AttentionArgs& block, const Stream& stream);
+
 void ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                             Tensor& lse, const ops::AttentionArgs& args, const Ring& ring,
                             const Stream& stream);
