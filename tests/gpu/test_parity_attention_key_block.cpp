@@ -17,6 +17,7 @@
 #include <vector>
 #include "megadlm/ops/attention.h"
 #include "megadlm/parallel/context_parallel/sequence_split.h"
+#include "support/attention_cases.h"
 #include "support/op_testing.h"
 #include "support/tolerances.h"
 #if MEGADLM_WITH_CUDA
@@ -29,9 +30,6 @@ using megadlm::ops::AttentionMask;
 
 namespace {
 
-// As ContextParallelParity: lse is fp32 from the same bf16 inputs; a wrong or missing key tile
-// moves it by O(0.1); a row that sees no key must be exactly -inf on both sides.
-constexpr double kLseMaxAbs = 1e-2;
 
 /// One call: queries [B, seq], keys [B, kv_seq]; ids empty = no documents, key_ids empty = the
 /// queries' ids (then kv_seq == seq).
@@ -105,18 +103,6 @@ Result run(const KeyBlockCase& c, const Inputs& in, const Stream& stream, bool s
           test::to_doubles(dv, stream)};
 }
 
-double lse_error(const std::vector<double>& got, const std::vector<double>& want) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::isinf(want[i]) || std::isinf(got[i])) {
-      if (got[i] != want[i]) return INFINITY;  // an empty row must be exactly -inf on both
-      continue;
-    }
-    worst = std::max(worst, std::isnan(got[i]) ? INFINITY : std::fabs(got[i] - want[i]));
-  }
-  return worst;
-}
-
 /// Runs the case on the CPU, the public CUDA op (flash) and the simple kernels; returns the number
 /// of query rows (over batch and heads) that see no key, for the caller's expectations.
 int64_t check(const KeyBlockCase& c, uint64_t seed) {
@@ -137,7 +123,7 @@ int64_t check(const KeyBlockCase& c, uint64_t seed) {
   for (bool simple : {false, true}) {
     SCOPED_TRACE(simple ? "simple kernels" : "public op (flash kernels)");
     const Result got = run(c, in, cuda, simple);
-    const double e_out = test::rel_l2(got.out, ref.out), e_lse = lse_error(got.lse, ref.lse);
+    const double e_out = test::rel_l2(got.out, ref.out), e_lse = test::lse_max_abs_error(got.lse, ref.lse);
     const double e_dq = test::rel_l2(got.dq, ref.dq), e_dk = test::rel_l2(got.dk, ref.dk),
                  e_dv = test::rel_l2(got.dv, ref.dv);
     std::printf("[key block parity] %-28s D=%lld Hq=%lld Hkv=%lld %-6s out %.2e lse %.2e dq %.2e "
@@ -146,7 +132,7 @@ int64_t check(const KeyBlockCase& c, uint64_t seed) {
                 static_cast<long long>(c.kv_heads), simple ? "simple" : "flash", e_out, e_lse,
                 e_dq, e_dk, e_dv, static_cast<long long>(empty_rows));
     EXPECT_LT(e_out, test::kBf16ParityRelL2);
-    EXPECT_LT(e_lse, kLseMaxAbs);
+    EXPECT_LT(e_lse, test::kLseMaxAbs);
     // ContextParallelParity's gradient bound (1.5x the op bound: the gradients of a partial block
     // can be small next to their rounding).
     EXPECT_LT(e_dq, 1.5 * test::kBf16ParityRelL2);

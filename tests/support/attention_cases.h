@@ -3,7 +3,9 @@
 // dropout, turned into ops::AttentionArgs and the q / k,v / lse shapes. Header-only.
 #pragma once
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 #include <string>
 #include "megadlm/core/tensor.h"
 #include "megadlm/ops/attention.h"
@@ -52,5 +54,26 @@ inline ops::AttentionArgs attention_args(const AttentionCase& c, const Attention
 inline Shape q_shape(const AttentionCase& c) { return {c.batch, c.seq, c.heads, c.dim}; }
 inline Shape kv_shape(const AttentionCase& c) { return {c.batch, c.seq, c.kv_heads, c.dim}; }
 inline Shape lse_shape(const AttentionCase& c) { return {c.batch, c.heads, c.seq}; }
+
+/// The bound on |lse_cuda - lse_cpu|. lse is fp32 computed from exactly the bf16 inputs the CPU
+/// sees, so it differs only by summation order and the exp2 approximation (~1e-5 absolute). It
+/// is a log, so a relative error means nothing near 0; 1e-2 absolute is a 1 % error in a row's
+/// softmax normaliser, the order of the bf16 output bound, and any wrong row or missing block of
+/// keys moves lse by O(0.1) or more.
+constexpr double kLseMaxAbs = 1e-2;
+
+/// Largest |got - want| of two lse vectors; infinite unless every row that sees no key (-inf)
+/// is -inf on both sides, or when got holds a NaN.
+inline double lse_max_abs_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isinf(want[i]) || std::isinf(got[i])) {
+      if (got[i] != want[i]) return INFINITY;
+      continue;
+    }
+    worst = std::max(worst, std::isnan(got[i]) ? INFINITY : std::fabs(got[i] - want[i]));
+  }
+  return worst;
+}
 
 }  // namespace megadlm::test
