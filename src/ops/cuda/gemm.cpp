@@ -18,6 +18,8 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
+#include <cstdlib>
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/internal.h"
@@ -146,24 +148,84 @@ struct LtProblem {
   /// it proposes none).
   cublasStatus_t heuristic(cublasLtHandle_t handle, const AlgoKey& key, size_t workspace_bytes,
                            cublasLtMatmulAlgo_t* algo) {
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    const cublasStatus_t st = heuristics(handle, key, workspace_bytes, 1, algos);
+    if (st == CUBLAS_STATUS_SUCCESS) *algo = algos[0];
+    return st;
+  }
+  /// Up to `count` of the heuristic's algorithms, best first (at least one on success).
+  cublasStatus_t heuristics(cublasLtHandle_t handle, const AlgoKey& key, size_t workspace_bytes, int count,
+                            std::vector<cublasLtMatmulAlgo_t>& algos) {
     Preference pref;
     pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(workspace_bytes));
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);  // cuBLASLt's A is our B
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
-    cublasLtMatmulHeuristicResult_t result;
-    std::memset(&result, 0, sizeof(result));
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
+    std::memset(results.data(), 0, results.size() * sizeof(results[0]));
     int returned = 0;
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(handle, desc.desc, lt_a.layout, lt_b.layout, lt_c.layout,
-                                       lt_c.layout, pref.pref, 1, &result, &returned);
+                                       lt_c.layout, pref.pref, count, results.data(), &returned);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     if (returned == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
-    *algo = result.algo;
-    return CUBLAS_STATUS_SUCCESS;
+    algos.clear();
+    for (int i = 0; i < returned; ++i)
+      if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[static_cast<size_t>(i)].algo);
+    return algos.empty() ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS;
+  }
+  /// The fastest of `algos` on this problem, timed on the stream (one warm-up, then three
+  /// runs each) into a scratch D so C keeps its contents; an algorithm that fails is skipped.
+  cublasLtMatmulAlgo_t fastest(cublasLtHandle_t handle, const std::vector<cublasLtMatmulAlgo_t>& algos,
+                               const void* lt_a_ptr, const void* lt_b_ptr, float beta, const Tensor& c,
+                               void* workspace, size_t workspace_bytes, const Stream& stream) {
+    if (algos.size() == 1) return algos[0];
+    cudaStream_t s = megadlm::detail::native_stream(stream);
+    Tensor scratch = Tensor::empty(c.shape(), c.dtype(), stream);
+    const float alpha = 1.0f;
+    cudaEvent_t start, stop;
+    MDLM_CUDA_CHECK(cudaEventCreate(&start));
+    MDLM_CUDA_CHECK(cudaEventCreate(&stop));
+    size_t best = 0;
+    float best_ms = 0;
+    for (size_t i = 0; i < algos.size(); ++i) {
+      auto run = [&] {
+        return cublasLtMatmul(handle, desc.desc, &alpha, lt_a_ptr, lt_a.layout, lt_b_ptr, lt_b.layout, &beta,
+                              scratch.data_ptr(), lt_c.layout, scratch.data_ptr(), lt_c.layout, &algos[i],
+                              workspace, workspace_bytes, s);
+      };
+      if (run() != CUBLAS_STATUS_SUCCESS) continue;
+      MDLM_CUDA_CHECK(cudaEventRecord(start, s));
+      bool ok = true;
+      for (int r = 0; r < 3 && ok; ++r) ok = run() == CUBLAS_STATUS_SUCCESS;
+      MDLM_CUDA_CHECK(cudaEventRecord(stop, s));
+      MDLM_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      MDLM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (ok && (i == 0 || ms < best_ms)) {
+        best = i;
+        best_ms = ms;
+      }
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return algos[best];
   }
 };
+
+/// MEGADLM_GEMM_AUTOTUNE=N (N >= 2; "1" means 8): time up to N of the heuristic's algorithms on
+/// a shape's first call and keep the fastest instead of the first. Off by default: the choice
+/// depends on timings, so two processes may pick different algorithms (and round differently).
+int gemm_autotune_candidates() {
+  static const int n = [] {
+    const char* v = std::getenv("MEGADLM_GEMM_AUTOTUNE");
+    if (v == nullptr || *v == 0) return 1;
+    const int k = std::atoi(v);
+    return k == 1 ? 8 : std::max(1, std::min(k, 32));
+  }();
+  return n;
+}
 
 }  // namespace
 
@@ -224,11 +286,15 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
       if (!chosen.bias_in_epilogue) problem.set_bias(nullptr);
     }
     if (!chosen.bias_in_epilogue) {
-      const cublasStatus_t st = problem.heuristic(res->cublaslt, key, res->workspace_bytes, &chosen.algo);
+      std::vector<cublasLtMatmulAlgo_t> algos;
+      const cublasStatus_t st =
+          problem.heuristics(res->cublaslt, key, res->workspace_bytes, gemm_autotune_candidates(), algos);
       MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "gemm: cuBLASLt has no algorithm for C[", m, ", ", n,
                  "] = op(A) op(B) with K = ", k, ", A ", a.str(), " trans_a=", args.trans_a, ", B ",
                  b.str(), " trans_b=", args.trans_b, ", C ", c.str(), " (",
                  cublasLtGetStatusString(st), ")");
+      chosen.algo = problem.fastest(res->cublaslt, algos, b.data_ptr(), a.data_ptr(), args.beta, c,
+                                    res->workspace, res->workspace_bytes, stream);
     }
     std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
     g_algo_cache.emplace(key, chosen);
