@@ -7,6 +7,10 @@
 //   attention_bwd_det_{cudnn,flash}             --deterministic-mode backward (the cost of it)
 //   attention_{fwd,bwd}[_causal]_dropout_flash  p = 0.1 (own kernels only: global-coordinate mask)
 //   attention_{fwd,bwd}_documents_{cudnn,flash} packed documents of ~256 tokens
+//   attention_{fwd,bwd}_documents1k_{cudnn,flash} packed documents of ~1024 tokens
+//   attention_fwd_canvas_b16[_leftpad|_packed]_{cudnn,flash}  the exact sampler's batch-16
+//                                               forward (S=288): dense, its left padding as
+//                                               documents, and the rows packed without padding
 //   attention_fwd_cached_b{1,8}                 Fast-dLLM's cached decoding: 32 query columns
 //                                               against a 288-column canvas (kv_seq), the left
 //                                               padding its own document (key_document_ids),
@@ -60,14 +64,22 @@ struct Packing {
   double pairs = 0;
 };
 
-Packing pack_documents(int64_t batch, int64_t seq) {
+/// How a packed row is cut: documents of ~256 or ~1024 tokens, or a generation canvas (the
+/// sampler's left padding: row b's first b % 4 columns a document of their own, the rest one).
+/// PackedRows: that canvas without its padding, the 16 rows one document each in one row.
+enum class Docs { None, Mean256, Mean1024, LeftPad, PackedRows };
+
+Packing pack_documents(int64_t batch, int64_t seq, Docs kind) {
   const std::vector<int> lengths = {256, 200, 312, 256, 180, 332};
+  const int64_t scale = kind == Docs::Mean1024 ? 4 : 1;
   Packing p;
   for (int64_t b = 0; b < batch; ++b) {
     int32_t doc = 0;
     int64_t i = 0;
     while (i < seq) {
-      const int64_t len = std::min<int64_t>(lengths[static_cast<size_t>(b + doc) % lengths.size()], seq - i);
+      int64_t len = std::min<int64_t>(scale * lengths[static_cast<size_t>(b + doc) % lengths.size()], seq - i);
+      if (kind == Docs::LeftPad) len = doc == 0 && b % 4 != 0 ? b % 4 : seq - i;
+      if (kind == Docs::PackedRows) len = std::min<int64_t>(288 - doc % 4, seq - i);
       p.starts.push_back(static_cast<int32_t>(b * seq + i));
       for (int64_t j = 0; j < len; ++j) p.ids.push_back(doc);
       p.pairs += static_cast<double>(len) * static_cast<double>(len);
@@ -90,7 +102,7 @@ struct RowSpec {
   ops::AttentionBackend backend = ops::AttentionBackend::Flash;
   float dropout = 0.0f;
   bool deterministic = false;
-  bool documents = false;
+  Docs documents = Docs::None;
   bool backward = false;
 };
 
@@ -110,18 +122,19 @@ OpBench attention_row(const RowSpec& r) {
   b.shape = r.shape;
   const Shape4 x = r.big;
   const double causal = r.mask == ops::AttentionMask::Causal ? 0.5 : 1.0;
-  const double pairs = r.documents ? pack_documents(x.batch, x.seq).pairs
+  const double pairs = r.documents != Docs::None ? pack_documents(x.batch, x.seq, r.documents).pairs
                                    : causal * static_cast<double>(x.batch) * x.seq * x.seq;
   const double fwd_flops = 4.0 * x.heads * x.dim * pairs;
   b.flops = r.backward ? 2.5 * fwd_flops : fwd_flops;
   b.check = [r](const Stream& s) {
     // Small case with the row's options: 2 rows of 333 (two documents a row when packed, a
     // ragged end), the row's head grouping scaled down.
-    const Shape4 c{2, r.documents ? 333 : 128, 4, r.big.kv_heads == r.big.heads ? 4 : 1, r.big.dim};
+    const bool docs = r.documents != Docs::None;
+    const Shape4 c{docs ? 4 : 2, docs ? 333 : 128, 4, r.big.kv_heads == r.big.heads ? 4 : 1, r.big.dim};
     ops::AttentionArgs a = args_for(c, r), a_host = a;
     Tensor doc_host, doc_dev, starts_dev;
-    if (r.documents) {
-      const Packing p = pack_documents(c.batch, c.seq);
+    if (docs) {
+      const Packing p = pack_documents(c.batch, c.seq, r.documents == Docs::LeftPad ? Docs::LeftPad : Docs::Mean256);
       doc_host = Tensor::from_ints(p.ids, {c.batch, c.seq});
       doc_dev = device_ints(p.ids, s);
       starts_dev = device_ints(p.starts, s);
@@ -135,8 +148,8 @@ OpBench attention_row(const RowSpec& r) {
     const Shape qs{x.batch, x.seq, x.heads, x.dim}, kvs{x.batch, x.seq, x.kv_heads, x.dim};
     ops::AttentionArgs a = args_for(x, r);
     Tensor docs, starts;
-    if (r.documents) {
-      const Packing p = pack_documents(x.batch, x.seq);
+    if (r.documents != Docs::None) {
+      const Packing p = pack_documents(x.batch, x.seq, r.documents);
       docs = device_ints(p.ids, s);
       starts = device_ints(p.starts, s);
       a.document_ids = &docs;
@@ -148,7 +161,7 @@ OpBench attention_row(const RowSpec& r) {
     ops::attention_forward(q, k, v, o, lse, a, s);  // the saved out/lse backward reads
     Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
     Tensor dk = Tensor::empty(kvs, DType::BF16, s), dv = Tensor::empty(kvs, DType::BF16, s);
-    const bool documents = r.documents, backward = r.backward;
+    const bool documents = r.documents != Docs::None, backward = r.backward;
     // a points at the closure's own copies of docs/starts (locals here would dangle).
     return [=, &s]() mutable {
       if (documents) {
@@ -261,8 +274,27 @@ std::vector<OpBench> attention_benches() {
     r.shape = "B=4 H=16 S=2048 D=128, deterministic";
     out.push_back(attention_row(r));
     r.deterministic = false;
-    r.documents = true;
+    r.documents = Docs::Mean256;
     add(r, detail::concat("_documents", suffix).c_str(), "B=4 H=16 S=2048 D=128, docs ~256");
+    r.documents = Docs::Mean1024;
+    add(r, detail::concat("_documents1k", suffix).c_str(), "B=4 H=16 S=2048 D=128, docs ~1024");
+    r.documents = Docs::None;
+  }
+  // The exact sampler's forward at batch 16 (prompts of 29-32 tokens + 256 generated): the
+  // canvas dense, and with the left padding as documents (what a batch of ragged prompts runs).
+  for (const auto& [backend, suffix] : backends) {
+    for (Docs docs : {Docs::None, Docs::LeftPad, Docs::PackedRows}) {
+      RowSpec r;
+      r.backend = backend;
+      r.big = docs == Docs::PackedRows ? Shape4{1, 16 * 288 - 24, 16, 16, 128} : Shape4{16, 288, 16, 16, 128};
+      r.documents = docs;
+      r.name = detail::concat("attention_fwd_canvas_b16",
+                              docs == Docs::None ? "" : docs == Docs::LeftPad ? "_leftpad" : "_packed", suffix);
+      r.shape = docs == Docs::None      ? "B=16 H=16 S=288 D=128"
+                : docs == Docs::LeftPad ? "B=16 H=16 S=288 D=128, pads 0-3 as documents"
+                                        : "B=1 H=16 S=4584 D=128, the 16 rows as documents, no pads";
+      out.push_back(attention_row(r));
+    }
   }
   // Attention dropout (Megatron's default p = 0.1): same flops; the difference in time is the
   // cost of drawing the mask (forward) and redrawing it (backward). Own kernels only.

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device call on exact decoding's speed (issue 16's batch-16 goal): the whole gpu_parity, the
+# attention rows of megadlm_bench (the sampler's batch-16 canvas dense and with its left padding
+# as documents, packed documents of ~256 and ~1024 tokens), exact and --kv-cache dual generation
+# of the 1.7B architecture (random weights, gen 256, block 32, 256 steps, batch 1 and 16) with the
+# heuristic's first GEMM algorithm and with MEGADLM_GEMM_AUTOTUNE=1, and a CUPTI trace of the
+# exact batch-16 run (tools/cupti_trace, scripts/trace_gaps.py).
+#   scripts/device_generation_speed.sh BUILD OUT
+# Writes OUT/summary.txt, OUT/gen_exact_b16.gaps.md and OUT/results.tgz (logs, rows).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=$(cd "${1:?usage: device_generation_speed.sh BUILD OUT}" && pwd); out=${2:?}
+mkdir -p "$out"; out=$(cd "$out" && pwd)
+export MEGADLM_BIN=$build/bin NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+work=$(mktemp -d)
+sum=$out/summary.txt
+timeout 260 "$build/bin/gpu_parity" > "$work/parity.log" 2>&1
+echo "parity: exit $? ($SECONDS s): $(grep -E '^\[  (PASSED|FAILED)' "$work/parity.log" | tr '\n' ' ')" >> "$sum"
+timeout 150 "$build/bin/megadlm_bench" ops --op attention > "$work/attention_ops.txt" 2>&1
+echo "attention ops: exit $? ($SECONDS s)" >> "$sum"
+grep -E "^attention_(fwd|bwd)_(canvas|documents|s8192)|^attention_(fwd|bwd)_cudnn" "$work/attention_ops.txt" | grep -v " B=" >> "$sum"
+"$build/bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda --train-iters 1 \
+  --global-batch-size 4 --lr-warmup-iters 0 --lr-decay-iters 10 --lr-wsd-decay-iters 1 --log-interval 1 \
+  --eval-iters 0 --save "$work/ckpt" --save-interval 1 --no-save-optim > "$work/save.log" 2>&1
+echo "save: exit $? ($SECONDS s)" >> "$sum"
+python3 - "$work/prompts.jsonl" <<'P'
+import json, random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for i in range(16):
+        f.write(json.dumps({"prompt_ids": [random.randrange(1, 50000) for _ in range(32 - (i % 4))]}) + "\n")
+P
+gen() {  # gen TAG MODES [env...]
+  local tag=$1 modes=$2; shift 2
+  env "$@" timeout 150 "$build/bin/generate_bench" --load "$work/ckpt" --prompts-jsonl "$work/prompts.jsonl" \
+    --gen-length 256 --steps 256 --block-length 32 --device cuda --batch-sizes 1,16 --batch1-prompts 2 \
+    --modes "$modes" --output "$work/gen_$tag.jsonl" > "$work/gen_$tag.log" 2>&1
+  echo "generation $tag: exit $? ($SECONDS s)" >> "$sum"
+  grep -h tokens_per_s "$work/gen_$tag.jsonl" >> "$sum"
+}
+gen default exact,dual
+gen autotune exact MEGADLM_GEMM_AUTOTUNE=1
+MEGADLM_PROFILE_GENERATION=1 MEGADLM_TRACE_RANGE=1 CUDA_INJECTION64_PATH="$build/lib/libmegadlm_cupti_trace.so" \
+  MEGADLM_TRACE_FILE="$work/gen_exact_b16.trace.jsonl" \
+  timeout 150 "$build/bin/generate_bench" --load "$work/ckpt" --prompts-jsonl "$work/prompts.jsonl" \
+  --gen-length 256 --steps 256 --block-length 32 --device cuda --batch-sizes 16 --modes exact \
+  --output "$work/gen_trace.jsonl" > "$work/gen_trace.log" 2>&1
+echo "trace: exit $? ($SECONDS s)" >> "$sum"
+python3 scripts/trace_gaps.py "$work/gen_exact_b16.trace.jsonl" --kernels 25 \
+  --title "generate_bench exact batch 16 (gen 256, 256 steps, block 32; the timed run only)" > "$out/gen_exact_b16.gaps.md"
+tar czf "$out/results.tgz" -C "$work" --exclude=ckpt --exclude='*.trace.jsonl' .
+cat "$sum"
