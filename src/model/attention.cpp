@@ -81,8 +81,8 @@ ops::QkNormRopeArgs SelfAttention::qk_args() const {
 }
 
 Tensor SelfAttention::rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb,
-                                  const Stream& s) const {
-  Tensor out = Tensor::empty(qkv.shape(), qkv.dtype(), s);
+                                  const Stream& s, bool in_place) const {
+  Tensor out = in_place ? qkv : Tensor::empty(qkv.shape(), qkv.dtype(), s);
   const Tensor none;
   const bool norm = cfg_->qk_layernorm;
   ops::qk_norm_rope_forward(qkv, norm ? q_norm_.weight() : none, norm ? k_norm_.weight() : none,
@@ -114,10 +114,10 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   const int64_t hd = cfg_->kv_channels;
   Tensor qkv = qkv_.gather_and_forward(x, t, saved.x_full, s);
   if (fused_qk(rt)) {
-    saved.qkv = qkv;
+    if (!rt.forward_only) saved.qkv = qkv;
     if (cfg_->qk_layernorm)
       saved.qk_rstd = Tensor::empty({t * (heads_ + groups_)}, rt.stat_dtype(), s);
-    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s);
+    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s, rt.forward_only);
     if (mp_.cp.enabled()) {
       // The CP core takes q, k, v apart and keeps only its lse: backward recomputes the rows
       // from saved.qkv, as the unsplit fused path does.

@@ -261,17 +261,30 @@ Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const Model
   MDLM_CHECK(vocab <= cfg_.padded_vocab_size, "GptModel::logits_at: ", vocab, " logits of a vocabulary of ",
              cfg_.padded_vocab_size);
   const Stream& s = rt.stream;
-  Tensor x = embed(mb, rt);
-  for (const TransformerLayer& layer : layers_) {
-    LayerRecord scratch;  // freed when the next layer starts
-    x = layer.forward(x, mb, scratch, rt);
-  }
-  // The final norm is per row: normalising only the wanted rows gives the same values.
-  Tensor picked = Tensor::empty({rows.numel(), cfg_.hidden_size}, rt.dtype, s);
-  ops::embedding_forward(x, rows, picked, 0, s);  // a row gather
-  x = Tensor();
+  ModelRuntime inference = rt;
+  inference.forward_only = true;
+  inference.training = false;
+  // Each layer's MLP output is added into the residual stream by the next layer's first norm.
+  Tensor residual = embed(mb, inference), branch;
+  for (const TransformerLayer& layer : layers_) branch = layer.forward_inference(residual, branch, mb, inference);
+  // The final norm is per row: normalising only the wanted rows gives the same values (and
+  // adding the last branch only there too).
+  auto pick = [&](const Tensor& x) {
+    Tensor picked = Tensor::empty({rows.numel(), cfg_.hidden_size}, rt.dtype, s);
+    ops::embedding_forward(x, rows, picked, 0, s);  // a row gather
+    return picked;
+  };
+  Tensor picked = pick(residual);
+  residual = Tensor();
   NormRecord norm;
-  Tensor h = final_norm_.forward(picked, norm, s);
+  Tensor h;
+  if (branch.defined()) {
+    Tensor picked_branch = pick(branch), sum = Tensor::empty(picked.shape(), picked.dtype(), s);
+    branch = Tensor();
+    h = final_norm_.forward_add(picked_branch, picked, sum, norm, s);
+  } else {
+    h = final_norm_.forward(picked, norm, s);
+  }
   // The first `vocab` rows of the output layer. A vocabulary that is not a multiple of 8 (GPT-2's
   // 50257) would make the logits' row stride unaligned, and cuBLASLt then falls back to a slow
   // sm75 kernel (8x slower, measured on the H200): compute every padded row's logit with

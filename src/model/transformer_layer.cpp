@@ -94,6 +94,30 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   return out;
 }
 
+Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
+                                           const ModelRuntime& rt) const {
+  MDLM_CHECK(rt.forward_only && !rt.training, "TransformerLayer::forward_inference is for inference only");
+  const Stream& s = rt.stream;
+  LayerRecord rec;  // what the sublayers save, dropped with this frame
+  if (rt.hooks) rt.hooks->params_needed(handles_);
+  Tensor x = residual;
+  Tensor normed;
+  if (branch.defined()) {
+    x = Tensor::empty(residual.shape(), residual.dtype(), s);
+    normed = norm1_.forward_add(branch, residual, x, rec.norm1, s);
+  } else {
+    normed = norm1_.forward(x, rec.norm1, s);
+  }
+  Tensor attn = attention_.forward(normed, mb, rec.attention, rt);
+  normed = Tensor();
+  residual = Tensor::empty(x.shape(), x.dtype(), s);
+  Tensor norm2_out = norm2_.forward_add(attn, x, residual, rec.norm2, s);
+  attn = x = Tensor();
+  Tensor mlp = moe_ ? moe_layer_.forward(norm2_out, mb, rec.moe, rt) : mlp_.forward(norm2_out, mb, rec.mlp, rt);
+  if (rt.hooks) rt.hooks->params_done(handles_);
+  return mlp;
+}
+
 Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,
                                   const ModelRuntime& rt) const {
   const Stream& s = rt.stream;

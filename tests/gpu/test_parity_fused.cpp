@@ -140,6 +140,11 @@ TEST(FusedParity, QkNormRopeMatchesCpu) {
     ops::qk_norm_rope_forward(qkv.device, wqd, wkd, pos_d, out, rstd, a, gpu);
     ops::qk_norm_rope_forward(qkv.host, wqh, wkh, pos_h, out_ref, rstd_ref, a, Stream::cpu());
     expect_close(tag + " out", download(out, gpu), test::to_doubles(out_ref), test::kBf16ParityRelL2);
+    {  // in place (inference: out == qkv): bitwise the out-of-place result, value heads kept
+      Tensor inplace = qkv.device.to(gpu.device(), gpu), rstd2 = poisoned({c.t * normed}, DType::F32, gpu);
+      ops::qk_norm_rope_forward(inplace, wqd, wkd, pos_d, inplace, rstd2, a, gpu);
+      EXPECT_EQ(download(inplace, gpu), download(out, gpu)) << tag << " in place";
+    }
     if (c.norm)  // fp32 statistic of the same bf16 inputs
       expect_close(tag + " rstd", download(rstd, gpu), test::to_doubles(rstd_ref), test::kF32AccumRelL2);
     Input dy = make_input({c.t, width}, DType::BF16, gpu);

@@ -65,8 +65,10 @@ class SelfAttention {
   ops::AttentionArgs core_args(const MicroBatch& mb, const ModelRuntime& rt) const;
   bool fused_qk(const ModelRuntime& rt) const;
   ops::QkNormRopeArgs qk_args() const;
-  /// Fused path: the rows attention reads (q, k normalised and rotated, v as is).
-  Tensor rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb, const Stream& s) const;
+  /// Fused path: the rows attention reads (q, k normalised and rotated, v as is). In place
+  /// (written over qkv, the value heads untouched) when no backward will read qkv again.
+  Tensor rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb, const Stream& s,
+                     bool in_place = false) const;
   /// Fused path under CP: the rotated rows as separate q, k, v (the CP core's inputs).
   struct SplitRows {
     Tensor q, k, v;

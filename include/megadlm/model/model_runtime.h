@@ -17,6 +17,10 @@ struct ModelRuntime {
   DType dtype = DType::F32;  ///< activations and model weights: f32 on CPU, bf16 on CUDA
   uint64_t seed = 1234;
   bool training = true;      ///< dropout only while training
+  /// No backward follows this forward (inference, GptModel::logits_at): a layer may overwrite
+  /// what it would otherwise keep for its backward (the QKV projection under the fused
+  /// QK-norm + RoPE).
+  bool forward_only = false;
   ParamHooks* hooks = nullptr;  ///< data-parallel wrapper to notify (none: single process)
   /// MoE state (expert biases, the aux-loss weight, the step's statistics); null: no MoE
   /// layer, or a bare model (aux losses then weigh 1 per micro-batch, nothing is recorded).

@@ -50,6 +50,13 @@ class TransformerLayer {
   /// parallelism) -> same shape; fills `rec`.
   Tensor forward(const Tensor& x, const MicroBatch& mb, LayerRecord& rec,
                  const ModelRuntime& rt) const;
+  /// The forward with no backward after it (inference; rt.forward_only): the layer's input is
+  /// `residual` + `branch`, the previous layer's MLP output (undefined: none), added in the first
+  /// norm's pass instead of by a separate add; returns this layer's MLP output and leaves its
+  /// residual stream in `residual`, so the caller adds the last branch. Equal to forward(): the
+  /// fused add rounds the sum as ops::add does.
+  Tensor forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
+                           const ModelRuntime& rt) const;
   /// dy -> dx (shapes as forward's output/input); consumes (clears) `rec`.
   Tensor backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,
                   const ModelRuntime& rt) const;

@@ -9,7 +9,8 @@
 // k_weight):
 //   r = 1 / sqrt(mean(x^2) + eps),  n = x * r * q_weight,  y = rope(n, positions[t])
 // with RoPE as in rope.h (rotate half over the first rotary_dim elements; rotary_dim 0: none), and
-// value heads copied. Without weights (q_weight undefined) there is no norm (n = x, rstd unused).
+// value heads copied. `out` may be `qkv` itself (inference: nothing reads the projection again);
+// the value heads then stay where they are. Without weights (q_weight undefined) there is no norm (n = x, rstd unused).
 // rstd f32 [T, Hq + Hkv] (query heads, then key heads; CPU also the activation dtype). CUDA: fp32
 // arithmetic with one rounding at the output (the unfused path rounds after the norm too).
 // Accumulation: out written; in the backward dqkv is replaced, dq_weight/dk_weight (f32 main grad)

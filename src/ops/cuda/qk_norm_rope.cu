@@ -3,7 +3,8 @@
 // theta_i = p / base^(2i/rotary_dim), fp32 as rope.cu), then each warp takes whole query/key
 // heads: a lane holds the elements lane + 32 j of a head (coalesced), the RMS statistic is a warp
 // sum, and the rotation partner (i +- rotary_dim/2) comes through a per-warp row in shared
-// memory. Value heads are copied with 16-byte accesses. Backward does the rotation by -theta,
+// memory. Value heads are copied with 16-byte accesses (in place, out == qkv, they are left
+// alone: a warp reads a whole head before it writes it, and heads do not overlap). Backward does the rotation by -theta,
 // the RMSNorm backward, writes the gradient over dqkv in place (each head is read whole before
 // it is written), and reduces dq_weight/dk_weight deterministically: per-lane registers, a fixed
 // order over the block's warps into one partial row per block, then launch_add_partial_rows in
@@ -51,9 +52,9 @@ __device__ __forceinline__ float rotated(const float* row, int e, const Dims& d,
 
 template <typename T, int E>
 __global__ void __launch_bounds__(kThreads)
-qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const T* __restrict__ q_weight,
+qk_norm_rope_forward_kernel(const T* qkv, const T* __restrict__ q_weight,
                             const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
-                            T* __restrict__ out, float* __restrict__ rstd, int64_t tokens, Dims d) {
+                            T* out, float* __restrict__ rstd, int64_t tokens, Dims d) {
   __shared__ float cs[kMaxDim / 2], sn[kMaxDim / 2];
   __shared__ float rows[kWarps][kMaxDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -92,7 +93,8 @@ qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const T* __restrict__ q_w
 #pragma unroll
       for (int j = 0; j < E; ++j) yh[lane + 32 * j] = from_float<T>(v[j]);
     }
-    // Value heads: a plain copy of the row's tail.
+    // Value heads: a plain copy of the row's tail (nothing to do in place).
+    if (qkv == out) continue;
     const int64_t v_begin = static_cast<int64_t>(normed) * d.dim, v_len = static_cast<int64_t>(d.kv_heads) * d.dim;
     if ((v_len * sizeof(T)) % 16 == 0 && (v_begin * sizeof(T)) % 16 == 0 && (d.row() * sizeof(T)) % 16 == 0) {
       const uint4* src = reinterpret_cast<const uint4*>(xt + v_begin);
@@ -111,11 +113,14 @@ qk_norm_rope_forward_kernel(const T* __restrict__ qkv, const T* __restrict__ q_w
 // statistic's sum differs.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-qk_norm_rope_forward_d128_kernel(const T* __restrict__ qkv, const T* __restrict__ q_weight,
+qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
                                  const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
-                                 T* __restrict__ out, float* __restrict__ rstd, int64_t tokens, Dims d) {
+                                 T* out, float* __restrict__ rstd, int64_t tokens, Dims d) {
   constexpr int kDim = 128, kHalf = 64;
-  __shared__ float cs[kHalf], sn[kHalf];
+  // Heads a warp loads before it uses the first: one token's 4 heads per warp in flight instead
+  // of one (a lone 256-byte load per warp leaves the H200 at half its memory bandwidth).
+  constexpr int kGroup = 4;
+  __shared__ float inv_freq[kHalf], cs[kHalf], sn[kHalf];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
   const bool rope = d.rotary_dim > 0;
@@ -124,35 +129,54 @@ qk_norm_rope_forward_d128_kernel(const T* __restrict__ qkv, const T* __restrict_
     load_vec<4>(q_weight + 4 * lane, wq);
     load_vec<4>(k_weight + 4 * lane, wk);
   }
+  // The frequencies once per block (token_angles' expression, so the angles are the same).
+  for (int i = threadIdx.x; i < kHalf && rope; i += blockDim.x)
+    inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    __syncthreads();  // the previous token's angles are no longer read
-    if (rope) token_angles(positions[t], d, cs, sn);
+    __syncthreads();  // the previous token's angles are no longer read (and inv_freq is written)
     const T* xt = qkv + t * d.row();
     T* yt = out + t * d.row();
-    for (int h = warp; h < normed; h += kWarps) {
-      float v[4];
-      load_vec<4>(xt + h * kDim + 4 * lane, v);
-      if (q_weight != nullptr) {
-        float ss = 0.0f;
+    float v[kGroup][4];
+    auto load_group = [&](int h0) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) ss += v[j] * v[j];
-        ss = warp_sum(ss);
-        const float r = 1.0f / sqrtf(ss / static_cast<float>(kDim) + d.eps);
-        const float* w = h < d.heads ? wq : wk;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = v[j] * r * w[j];
-        if (lane == 0) rstd[t * normed + h] = r;
-      }
-      if (rope) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float partner = __shfl_xor_sync(0xffffffffu, v[j], 16);
-          const int i = (4 * lane + j) & (kHalf - 1);
-          v[j] = lane < 16 ? v[j] * cs[i] - partner * sn[i] : v[j] * cs[i] + partner * sn[i];
-        }
-      }
-      store_vec<4>(yt + h * kDim + 4 * lane, v);
+      for (int u = 0; u < kGroup; ++u)
+        if (h0 + u * kWarps < normed) load_vec<4>(xt + (h0 + u * kWarps) * kDim + 4 * lane, v[u]);
+    };
+    load_group(warp);  // in flight while the angles are formed
+    if (rope) {
+      for (int i = threadIdx.x; i < kHalf; i += blockDim.x)
+        sincosf(static_cast<float>(positions[t]) * inv_freq[i], &sn[i], &cs[i]);
     }
+    __syncthreads();
+    for (int h0 = warp; h0 < normed; h0 += kWarps * kGroup) {
+      if (h0 != warp) load_group(h0);
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        const int h = h0 + u * kWarps;
+        if (h >= normed) break;  // uniform over the warp
+        if (q_weight != nullptr) {
+          float ss = 0.0f;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) ss += v[u][j] * v[u][j];
+          ss = warp_sum(ss);
+          const float r = 1.0f / sqrtf(ss / static_cast<float>(kDim) + d.eps);
+          const float* w = h < d.heads ? wq : wk;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) v[u][j] = v[u][j] * r * w[j];
+          if (lane == 0) rstd[t * normed + h] = r;
+        }
+        if (rope) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float partner = __shfl_xor_sync(0xffffffffu, v[u][j], 16);
+            const int i = (4 * lane + j) & (kHalf - 1);
+            v[u][j] = lane < 16 ? v[u][j] * cs[i] - partner * sn[i] : v[u][j] * cs[i] + partner * sn[i];
+          }
+        }
+        store_vec<4>(yt + h * kDim + 4 * lane, v[u]);
+      }
+    }
+    if (qkv == out) continue;  // in place: the value heads are already there
     const int64_t v_begin = static_cast<int64_t>(normed) * kDim, v_len = static_cast<int64_t>(d.kv_heads) * kDim;
     const uint2* src = reinterpret_cast<const uint2*>(xt + v_begin);
     uint2* dst = reinterpret_cast<uint2*>(yt + v_begin);
@@ -160,8 +184,8 @@ qk_norm_rope_forward_d128_kernel(const T* __restrict__ qkv, const T* __restrict_
   }
 }
 
-/// Whether the d128 kernel runs these arguments (else the general one).
-bool forward_d128(const Dims& d, size_t element_bytes, std::initializer_list<const void*> pointers) {
+/// Whether the d128 kernels (forward and backward) run these arguments (else the general ones).
+bool d128_kernels_take(const Dims& d, size_t element_bytes, std::initializer_list<const void*> pointers) {
   if (d.dim != 128 || (d.rotary_dim != 0 && d.rotary_dim != 128) || element_bytes != 2) return false;
   for (const void* p : pointers)
     if (p != nullptr && reinterpret_cast<uintptr_t>(p) % 8 != 0) return false;
@@ -247,6 +271,104 @@ qk_norm_rope_backward_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
   }
 }
 
+// The backward at head_dim 128 with full (or no) rotation, 2-byte types: the forward d128
+// kernel's lane layout (4 contiguous elements a lane, the rotation partner in lane l ^ 16) and
+// its grouped loads (a warp's 4 heads of a token, gradient and input, in flight at once). The
+// arithmetic is the general kernel's expression for expression; the weight sums keep a fixed
+// order (per lane over tokens, then warps in order), so repeated runs are bitwise equal.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
+                                  const T* __restrict__ q_weight, const T* __restrict__ k_weight,
+                                  const float* __restrict__ rstd, const int32_t* __restrict__ positions,
+                                  float* __restrict__ partial_q, float* __restrict__ partial_k,
+                                  int64_t tokens, Dims d) {
+  constexpr int kDim = 128, kHalf = 64, kGroup = 4;
+  __shared__ float inv_freq[kHalf], cs[kHalf], sn[kHalf];
+  __shared__ float comb[kWarps][kDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int normed = d.heads + d.kv_heads;
+  const bool norm = q_weight != nullptr, rope = d.rotary_dim > 0;
+  float wq[4], wk[4], acc_q[4], acc_k[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) wq[j] = wk[j] = acc_q[j] = acc_k[j] = 0.0f;
+  if (norm) {
+    load_vec<4>(q_weight + 4 * lane, wq);
+    load_vec<4>(k_weight + 4 * lane, wk);
+  }
+  for (int i = threadIdx.x; i < kHalf && rope; i += blockDim.x)
+    inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
+  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
+    __syncthreads();  // the previous token's angles are no longer read (and inv_freq is written)
+    T* gt = dqkv + t * d.row();
+    const T* xt = qkv + t * d.row();
+    float g[kGroup][4], x[kGroup][4];
+    auto load_group = [&](int h0) {
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        const int h = h0 + u * kWarps;
+        if (h >= normed) continue;
+        load_vec<4>(gt + h * kDim + 4 * lane, g[u]);
+        if (norm) load_vec<4>(xt + h * kDim + 4 * lane, x[u]);
+      }
+    };
+    load_group(warp);
+    if (rope) {
+      for (int i = threadIdx.x; i < kHalf; i += blockDim.x)
+        sincosf(static_cast<float>(positions[t]) * inv_freq[i], &sn[i], &cs[i]);
+    }
+    __syncthreads();
+    for (int h0 = warp; h0 < normed; h0 += kWarps * kGroup) {
+      if (h0 != warp) load_group(h0);
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        const int h = h0 + u * kWarps;
+        if (h >= normed) break;  // uniform over the warp
+        float dn[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dn[j] = g[u][j];
+        if (rope) {  // rotation by -theta
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float partner = __shfl_xor_sync(0xffffffffu, dn[j], 16);
+            const int i = (4 * lane + j) & (kHalf - 1);
+            dn[j] = lane < 16 ? dn[j] * cs[i] + partner * sn[i] : dn[j] * cs[i] - partner * sn[i];
+          }
+        }
+        if (norm) {
+          const float* wv = h < d.heads ? wq : wk;
+          float* acc = h < d.heads ? acc_q : acc_k;
+          const float r = rstd[t * normed + h];
+          float gx = 0.0f;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) gx += dn[j] * wv[j] * x[u][j];
+          gx = warp_sum(gx);
+          const float coef = r * r * r * gx / static_cast<float>(kDim);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            acc[j] += dn[j] * x[u][j] * r;
+            dn[j] = r * dn[j] * wv[j] - x[u][j] * coef;
+          }
+        }
+        store_vec<4>(gt + h * kDim + 4 * lane, dn);
+      }
+    }
+  }
+  if (!norm) return;
+  // Block partial rows: the warps' sums in warp order (fixed), one row per weight.
+  for (int which = 0; which < 2; ++which) {
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) comb[warp][4 * lane + j] = which == 0 ? acc_q[j] : acc_k[j];
+    __syncthreads();
+    for (int c = threadIdx.x; c < kDim; c += blockDim.x) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += comb[w][c];
+      (which == 0 ? partial_q : partial_k)[static_cast<int64_t>(blockIdx.x) * kDim + c] = sum;
+    }
+  }
+}
+
 Dims dims_of(const QkNormRopeArgs& a) {
   MDLM_CHECK(a.head_dim % 32 == 0 && a.head_dim <= kMaxDim, "CUDA qk_norm_rope needs head_dim a "
              "multiple of 32 up to ", kMaxDim, ", got ", a.head_dim, " (--kv-channels)");
@@ -289,7 +411,7 @@ void qk_norm_rope_forward(const Tensor& qkv, const Tensor& q_weight, const Tenso
   dispatch_activation_dtype(qkv.dtype(), "qk_norm_rope_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (sizeof(T) == 2) {
-      if (forward_d128(d, sizeof(T), {qkv.data_ptr(), out.data_ptr(), ptr_or_null<T>(q_weight),
+      if (d128_kernels_take(d, sizeof(T), {qkv.data_ptr(), out.data_ptr(), ptr_or_null<T>(q_weight),
                                       ptr_or_null<T>(k_weight)})) {
         qk_norm_rope_forward_d128_kernel<T><<<grid, kThreads, 0, megadlm::detail::native_stream(stream)>>>(
             static_cast<const T*>(qkv.data_ptr()), ptr_or_null<T>(q_weight), ptr_or_null<T>(k_weight),
@@ -326,6 +448,16 @@ void qk_norm_rope_backward(Tensor& dqkv, const Tensor& qkv, const Tensor& q_weig
   cudaStream_t s = megadlm::detail::native_stream(stream);
   dispatch_activation_dtype(qkv.dtype(), "qk_norm_rope_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    if constexpr (sizeof(T) == 2) {
+      if (d128_kernels_take(d, sizeof(T), {dqkv.data_ptr(), qkv.data_ptr(), ptr_or_null<T>(q_weight),
+                                      ptr_or_null<T>(k_weight)})) {
+        qk_norm_rope_backward_d128_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
+            static_cast<T*>(dqkv.data_ptr()), static_cast<const T*>(qkv.data_ptr()),
+            ptr_or_null<T>(q_weight), ptr_or_null<T>(k_weight), norm ? rstd.data<float>() : nullptr,
+            static_cast<const int32_t*>(positions.data_ptr()), pq, pk, tokens, d);
+        return;
+      }
+    }
     with_elements(d.dim, [&](auto e) {
       qk_norm_rope_backward_kernel<T, decltype(e)::value><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
           static_cast<T*>(dqkv.data_ptr()), static_cast<const T*>(qkv.data_ptr()),

@@ -62,6 +62,11 @@ TEST(QkNormRope, ForwardEqualsSplitNormRopeConcat) {
         const double ref = h < kHq ? wq_r[static_cast<size_t>(t * kHq + h)] : wk_r[static_cast<size_t>(t * kHkv + h - kHq)];
         EXPECT_NEAR(r[static_cast<size_t>(t * (kHq + kHkv) + h)], ref, 1e-6 * ref);
       }
+    // In place (inference): written over qkv, the same values, value heads included.
+    Tensor inplace = qkv.to(Device::cpu(), DType::F32, cpu), rstd2 = Tensor::empty(rstd.shape(), DType::F32, cpu);
+    ops::qk_norm_rope_forward(inplace, wq, wk, positions(), inplace, rstd2, a, cpu);
+    EXPECT_EQ(test::to_doubles(inplace), test::to_doubles(out));
+    EXPECT_EQ(test::to_doubles(rstd2), test::to_doubles(rstd));
   }
 }
 
