@@ -6,13 +6,9 @@
 # recounted here from the completions. Its prompt file is generate_difflm's: a bad line and a
 # mode list without exact are reported by line and flag.
 set -euo pipefail
-bin=$1; src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
-cd "$tmp"
-"$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --train-iters 2 --lr-warmup-iters 0 \
-  --init-method-std 0.3 --eval-iters 0 --save ckpt --save-interval 2 > train.log 2>&1 || { cat train.log; exit 1; }
+tiny_checkpoint ckpt
 cat > prompts.jsonl <<'P'
 {"prompt_ids": [5, 17, 33, 2, 90, 14, 61]}
 {"prompt_ids": [100, 3]}
