@@ -131,7 +131,7 @@ size_t utf8_chars(const std::string& s) {
 // ---- tasks -------------------------------------------------------------------------------
 
 json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, const data::Tokenizer* tok,
-              uint64_t seed, std::vector<std::string>& errors, std::ostream& out) {
+              uint64_t seed, std::vector<std::string>& errors, apps::JsonlOutput& out) {
   const int64_t seq = cli.integer("--seq-length", cfg.model.seq_length, errors);
   const int64_t max_samples = cli.integer("--max-samples", -1, errors);
   const int64_t draws = cli.integer("--mc-num", 1, errors);
@@ -188,7 +188,7 @@ json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, co
   s["tokens"] = total.tokens / static_cast<double>(draws);
   s["per_draw"] = total.per_draw;
   s["loss_weight"] = dlm_loss_weight_name(cfg.diffusion.loss_weight);
-  out << s.dump() << "\n";
+  out.write(s);
   return s;
 }
 
@@ -203,7 +203,7 @@ LikelihoodConfig likelihood_config(const apps::Cli& cli, int64_t mask, uint64_t 
 }
 
 json run_loglik(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer* tok, const LikelihoodConfig& lc,
-                std::vector<std::string>& errors, std::ostream& out) {
+                std::vector<std::string>& errors, apps::JsonlOutput& out) {
   if (!cli.has("--requests-jsonl")) errors.push_back("--task loglik needs `--requests-jsonl FILE`");
   std::vector<LikelihoodRequest> reqs;
   const std::string path = cli.get("--requests-jsonl");
@@ -225,7 +225,7 @@ json run_loglik(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer*
     j["is_greedy"] = cli.has("--check-greedy") ? json(greedy_reproduces(model, r, lc)) : json(false);
     j["context_tokens"] = r.context.size();
     j["continuation_tokens"] = r.continuation.size();
-    out << j.dump() << "\n";
+    out.write(j);
     sum += res.loglikelihood;
   }
   json s;
@@ -238,7 +238,7 @@ json run_loglik(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer*
 }
 
 json run_multiple_choice(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer* tok,
-                         const LikelihoodConfig& lc, std::vector<std::string>& errors, std::ostream& out) {
+                         const LikelihoodConfig& lc, std::vector<std::string>& errors, apps::JsonlOutput& out) {
   if (!cli.has("--task-jsonl")) errors.push_back("--task multiple-choice needs `--task-jsonl FILE`");
   const std::string path = cli.get("--task-jsonl");
   const std::string delimiter = cli.get("--target-delimiter", " ");
@@ -306,7 +306,7 @@ json run_multiple_choice(const apps::Cli& cli, LogitsModel& model, const data::T
     j["pred"] = best;
     j["pred_norm"] = best_norm;
     j["gold"] = d.gold;
-    out << j.dump() << "\n";
+    out.write(j);
   }
   json s;
   s["task"] = "multiple-choice";
@@ -347,12 +347,7 @@ int main(int argc, char** argv) {
       errors.push_back(model.description() + " is an autoregressive model; evaluate_difflm scores masked-diffusion models");
     const int64_t mask = apps::inference_mask_token(cli, cfg, errors);
     const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
-    std::ofstream file;
-    if (cli.has("--output")) {
-      file.open(cli.get("--output"));
-      if (!file) errors.push_back("`--output " + cli.get("--output") + "`: cannot create the file");
-    }
-    std::ostream& out = cli.has("--output") ? static_cast<std::ostream&>(file) : std::cout;
+    apps::JsonlOutput out(cli, "--output", errors);
     std::cerr << " > model: " << model.description() << " on " << device.str() << "\n";
     json summary;
     if (task == "elbo") {

@@ -12,7 +12,9 @@
 // and A+B combinations. Rows, one JSON object a line: {"impl": "megadlm MODE", "batch_size",
 // "tokens", "prompts", "seconds", "tokens_per_s", "forwards_per_prompt"}, then per fast mode
 // {"agreement": "MODE vs exact, batch B", "prompts_identical", "prompts", "tokens_changed",
-// "tokens"}. Prompts: JSONL with "prompt_ids". Never stops at EOS (every run makes G tokens).
+// "tokens"}. Prompts: generate_difflm's JSONL ("prompt_ids", or "prompt" text with a tokenizer).
+// Never stops at EOS (every run makes G tokens).
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -57,7 +59,7 @@ int main(int argc, char** argv) {
   try {
     std::vector<apps::CliFlag> flags = apps::common_inference_flags();
     const std::vector<apps::CliFlag> own = {
-        {"--prompts-jsonl", "FILE", "one JSON object per line with \"prompt_ids\""},
+        {"--prompts-jsonl", "FILE", "one JSON object per line with \"prompt_ids\" (token ids) or \"prompt\" (text)"},
         {"--output", "FILE", "the result rows (JSONL)"},
         {"--completions-dir", "DIR", "also write each run's completions to DIR/MODE.bB.jsonl"},
         {"--gen-length", "G", "tokens to generate (default 256)"},
@@ -112,22 +114,21 @@ int main(int argc, char** argv) {
     base.mask_token = apps::inference_mask_token(cli, model.config(), errors);
     for (auto& [name, c] : modes) c.mask_token = base.mask_token;
     for (const std::string& p : sampler_config_problems(modes["exact"], model.input_vocab_size())) errors.push_back(p);
-    std::vector<std::vector<int32_t>> prompts;
-    {
-      std::ifstream in(cli.get("--prompts-jsonl"));
-      if (!in) errors.push_back("`--prompts-jsonl " + cli.get("--prompts-jsonl") + "`: cannot read the file");
-      for (std::string line; std::getline(in, line);)
-        if (line.find_first_not_of(" \t\r") != std::string::npos)
-          prompts.push_back(json::parse(line).at("prompt_ids").get<std::vector<int32_t>>());
-    }
+    // generate_difflm's prompt file; text prompts need the tokenizer, loaded only for them.
+    std::vector<apps::Prompt> prompts;
+    apps::read_prompts_jsonl(cli.get("--prompts-jsonl"), prompts, errors);
     if (prompts.empty()) errors.push_back("no prompt in `--prompts-jsonl`");
+    std::unique_ptr<data::Tokenizer> tok;
+    if (std::any_of(prompts.begin(), prompts.end(), [](const apps::Prompt& p) { return p.has_text; }))
+      tok = apps::inference_tokenizer(cli, model.config(), src.hf_dir);
+    apps::encode_prompts(prompts, tok.get(), errors);
     if (!errors.empty()) throw ConfigError(errors, {});
     std::cerr << " > model: " << model.description() << " on " << device.str() << "; " << prompts.size()
               << " prompts, gen length " << base.gen_length << ", steps " << base.steps << ", block length "
               << base.block_length << "\n";
 
-    std::ofstream out(cli.get("--output"));
-    if (!out) MDLM_FAIL("`--output ", cli.get("--output"), "`: cannot create the file");
+    apps::JsonlOutput out(cli, "--output", errors);
+    if (!errors.empty()) throw ConfigError(errors, {});
     const std::string completions = cli.get("--completions-dir");
     if (!completions.empty()) std::filesystem::create_directories(completions);
     for (const int64_t bs : batch_sizes) {
@@ -136,7 +137,7 @@ int main(int argc, char** argv) {
       auto requests = [&](size_t first) {
         std::vector<GenerationRequest> r;
         for (size_t i = first; i < std::min(n, first + static_cast<size_t>(bs)); ++i)
-          r.push_back({prompts[i], static_cast<int64_t>(i)});
+          r.push_back({prompts[i].ids, static_cast<int64_t>(i)});
         return r;
       };
       std::map<std::string, Run> runs;
@@ -168,7 +169,8 @@ int main(int argc, char** argv) {
                     {"prompts", n}, {"seconds", run.seconds},
                     {"tokens_per_s", static_cast<double>(run.generated) / run.seconds},
                     {"forwards_per_prompt", static_cast<double>(run.forwards) / static_cast<double>(n)}};
-        out << row.dump() << "\n" << std::flush;
+        out.write(row);
+        out.flush();
         std::cerr << row.dump() << "\n";
         if (!completions.empty()) {
           std::ofstream f(completions + "/" + name + ".b" + std::to_string(bs) + ".jsonl");
@@ -188,7 +190,8 @@ int main(int argc, char** argv) {
         }
         json row = {{"agreement", name + " vs exact, batch " + std::to_string(bs)}, {"prompts_identical", same},
                     {"prompts", n}, {"tokens_changed", changed}, {"tokens", tokens}};
-        out << row.dump() << "\n" << std::flush;
+        out.write(row);
+        out.flush();
         std::cerr << row.dump() << "\n";
       }
     }

@@ -13,7 +13,6 @@
 // at EOS); `text` is their decoding up to the first EOS; `steps` counts the forward passes.
 // Exit codes: 0 success; 2 invalid arguments or a reported error; 3 unexpected failure.
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include "inference_cli.h"
@@ -56,53 +55,12 @@ std::vector<apps::CliFlag> flags() {
   return f;
 }
 
-struct Prompt {
-  std::string text;
-  bool has_text = false;
-  std::vector<int32_t> ids;
-};
-
-std::vector<Prompt> read_prompts(const apps::Cli& cli, const data::Tokenizer* tok, std::vector<std::string>& errors) {
-  std::vector<Prompt> out;
+std::vector<apps::Prompt> read_prompts(const apps::Cli& cli, const data::Tokenizer* tok, std::vector<std::string>& errors) {
+  std::vector<apps::Prompt> out;
   for (const std::string& p : cli.all("--prompt")) out.push_back({p, true, {}});
-  if (cli.has("--prompts-jsonl")) {
-    const std::string path = cli.get("--prompts-jsonl");
-    std::ifstream in(path);
-    if (!in) {
-      errors.push_back("`--prompts-jsonl " + path + "`: cannot read the file");
-      return out;
-    }
-    std::string line;
-    for (int n = 1; std::getline(in, line); ++n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      try {
-        const json j = json::parse(line);
-        Prompt p;
-        if (j.contains("prompt_ids")) {
-          p.ids = j.at("prompt_ids").get<std::vector<int32_t>>();
-        } else if (j.contains("prompt")) {
-          p.text = j.at("prompt").get<std::string>();
-          p.has_text = true;
-        } else {
-          errors.push_back(path + " line " + std::to_string(n) + ": needs \"prompt\" or \"prompt_ids\"");
-          continue;
-        }
-        out.push_back(std::move(p));
-      } catch (const json::exception& e) {
-        errors.push_back(path + " line " + std::to_string(n) + ": not a JSON object with \"prompt\" (" + e.what() + ")");
-      }
-    }
-  }
+  if (cli.has("--prompts-jsonl") && !apps::read_prompts_jsonl(cli.get("--prompts-jsonl"), out, errors)) return out;
   if (out.empty()) errors.push_back("no prompt: give `--prompt TEXT` or `--prompts-jsonl FILE`");
-  for (Prompt& p : out) {
-    if (!p.has_text) continue;
-    if (tok == nullptr) {
-      errors.push_back("prompt \"" + p.text.substr(0, 40) + "\" is text but there is no tokenizer: give "
-                       "`--tokenizer-type` (and `--tokenizer-model`), or \"prompt_ids\" in the JSONL");
-      continue;
-    }
-    p.ids = tok->encode(p.text);
-  }
+  apps::encode_prompts(out, tok, errors);
   return out;
 }
 
@@ -159,9 +117,9 @@ int main(int argc, char** argv) {
     }
     sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
     for (const std::string& p : sampler_config_problems(sc, model.input_vocab_size())) errors.push_back(p);
-    const std::vector<Prompt> prompts = read_prompts(cli, tok.get(), errors);
+    const std::vector<apps::Prompt> prompts = read_prompts(cli, tok.get(), errors);
     size_t longest = 0;
-    for (const Prompt& p : prompts) longest = std::max(longest, p.ids.size());
+    for (const apps::Prompt& p : prompts) longest = std::max(longest, p.ids.size());
     if (cfg.model.position_embedding_type == PositionEmbeddingType::LearnedAbsolute &&
         static_cast<int64_t>(longest) + sc.gen_length > cfg.model.max_position_embeddings)
       errors.push_back("the longest prompt (" + std::to_string(longest) + " tokens) plus `--gen-length " +
@@ -169,12 +127,8 @@ int main(int argc, char** argv) {
                        std::to_string(cfg.model.max_position_embeddings) + ")");
     if (!errors.empty()) throw ConfigError(errors, {});
 
-    std::ofstream file;
-    if (cli.has("--output")) {
-      file.open(cli.get("--output"));
-      if (!file) MDLM_FAIL("`--output ", cli.get("--output"), "`: cannot create the file");
-    }
-    std::ostream& out = cli.has("--output") ? static_cast<std::ostream&>(file) : std::cout;
+    apps::JsonlOutput out(cli, "--output", errors);
+    if (!errors.empty()) throw ConfigError(errors, {});
     std::cerr << " > model: " << model.description() << " on " << device.str() << "\n"
               << " > sampler: gen length " << sc.gen_length << ", steps " << sc.steps << ", block length "
               << sc.block_length << ", remasking " << remasking_name(sc.remasking) << ", temperature "
@@ -193,7 +147,7 @@ int main(int argc, char** argv) {
         batch.push_back({prompts[i].ids, static_cast<int64_t>(i)});
       const std::vector<GenerationResult> results = generate(model, batch, sc);
       for (size_t k = 0; k < results.size(); ++k) {
-        const Prompt& p = prompts[first + k];
+        const apps::Prompt& p = prompts[first + k];
         const GenerationResult& r = results[k];
         std::vector<int32_t> shown = r.tokens;
         const auto eos = std::find(shown.begin(), shown.end(), static_cast<int32_t>(sc.eos_token));
@@ -206,7 +160,7 @@ int main(int argc, char** argv) {
         j["token_ids"] = r.tokens;
         j["steps"] = r.steps;
         j["stopped_at_eos"] = r.stopped_at_eos;
-        out << j.dump() << "\n";
+        out.write(j);
         generated += static_cast<int64_t>(r.tokens.size());
       }
       out.flush();

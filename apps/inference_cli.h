@@ -1,16 +1,17 @@
-// The small command line shared by generate_difflm and evaluate_difflm: a flag table per program
-// (name, whether it takes a value, help), parsed into strings with every problem reported at
-// once, and the flags both programs share (model source, device, tokenizer). These programs are
-// not Megatron's pretrain scripts, so they do not go through the training flag table; the
-// spellings follow pretrain_difflm's where a flag means the same (--load, --ckpt-step,
-// --tokenizer-type, --tokenizer-model, --mask-token, --seed, --device).
+// What the inference programs share (generate_difflm, evaluate_difflm, generate_bench): the small
+// command line (a flag table per program: name, whether it takes a value, help; parsed into
+// strings with every problem reported at once), the flags they all have (model source, device,
+// tokenizer, mask token, seed), reading prompts from JSONL, and writing JSONL results to a file
+// or stdout. These programs are not Megatron's pretrain scripts, so they do not go through the
+// training flag table; the spellings follow pretrain_difflm's where a flag means the same
+// (--load, --ckpt-step, --tokenizer-type, --tokenizer-model, --mask-token, --seed, --device).
 #pragma once
-#include <cstdlib>
-#include <filesystem>
+#include <cstdint>
+#include <fstream>
 #include <map>
 #include <memory>
-#include <optional>
-#include <sstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
 #include <string>
 #include <vector>
 #include "megadlm/core/device.h"
@@ -28,24 +29,8 @@ struct CliFlag {
   bool repeatable = false;
 };
 
-/// The flags every inference program has.
-inline std::vector<CliFlag> common_inference_flags() {
-  return {
-      {"--load", "DIR", "megadlm checkpoint directory (its latest checkpoint; any saved parallel layout)"},
-      {"--ckpt-step", "N", "load iteration N instead of the latest"},
-      {"--hf-dir", "DIR", "a Hugging Face Qwen2/Qwen3 folder instead of --load (as convert_checkpoint --from-hf reads it)"},
-      {"--device", "cpu|cuda", "where to run: cuda (bf16) when a GPU is visible, else cpu (fp32)"},
-      {"--tokenizer-type", "TYPE", "HuggingFaceTokenizer, GPT2BPETokenizer, SentencePieceTokenizer, NullTokenizer, ... "
-                                   "(default: the checkpoint's, or the --hf-dir's tokenizer.json)"},
-      {"--tokenizer-model", "PATH", "tokenizer.json (or its folder) / SentencePiece .model"},
-      {"--vocab-file", "PATH", "GPT2BPETokenizer vocab.json"},
-      {"--merge-file", "PATH", "GPT2BPETokenizer merges.txt"},
-      {"--mask-token", "ID", "the mask token id (default: the checkpoint's --mask-token)"},
-      {"--mask-token-id", "ID", "same as --mask-token"},
-      {"--seed", "N", "seed of every random number (default 1234)"},
-      {"--help", nullptr, "print this help and exit"},
-  };
-}
+/// The flags every inference program has (--help last: programs insert theirs before it).
+std::vector<CliFlag> common_inference_flags();
 
 class Cli {
  public:
@@ -53,39 +38,7 @@ class Cli {
       : program_(std::move(program)), usage_(std::move(usage)), flags_(std::move(flags)) {}
 
   /// Parses argv; throws ConfigError listing every problem (unknown flags, missing values).
-  void parse(int argc, char** argv) {
-    std::vector<std::string> errors;
-    for (int i = 1; i < argc; ++i) {
-      std::string tok = argv[i];
-      std::string value;
-      bool has_value = false;
-      const size_t eq = tok.find('=');
-      if (tok.rfind("--", 0) == 0 && eq != std::string::npos) {
-        value = tok.substr(eq + 1);
-        tok = tok.substr(0, eq);
-        has_value = true;
-      }
-      const CliFlag* f = find(tok);
-      if (f == nullptr) {
-        errors.push_back("unknown flag `" + tok + "` (" + program_ + " --help lists the flags)");
-        continue;
-      }
-      if (f->value != nullptr && !has_value) {
-        if (i + 1 >= argc) {
-          errors.push_back("`" + tok + "` expects a value (" + f->value + ")");
-          continue;
-        }
-        value = argv[++i];
-      } else if (f->value == nullptr && has_value) {
-        errors.push_back("`" + tok + "` takes no value");
-        continue;
-      }
-      auto& slot = values_[tok];
-      if (!slot.empty() && !f->repeatable) errors.push_back("`" + tok + "` given twice");
-      slot.push_back(f->value != nullptr ? value : "1");
-    }
-    if (!errors.empty()) throw ConfigError(errors, {});
-  }
+  void parse(int argc, char** argv);
 
   bool has(const std::string& flag) const { return values_.count(flag) != 0; }
   std::string get(const std::string& flag, const std::string& fallback = "") const {
@@ -97,98 +50,60 @@ class Cli {
     return it == values_.end() ? std::vector<std::string>{} : it->second;
   }
   /// An integer flag; a malformed value is recorded in `errors` (and `fallback` returned).
-  int64_t integer(const std::string& flag, int64_t fallback, std::vector<std::string>& errors) const {
-    if (!has(flag)) return fallback;
-    const std::string v = get(flag);
-    char* end = nullptr;
-    const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0') {
-      errors.push_back("`" + flag + " " + v + "`: expected an integer");
-      return fallback;
-    }
-    return x;
-  }
-  double number(const std::string& flag, double fallback, std::vector<std::string>& errors) const {
-    if (!has(flag)) return fallback;
-    const std::string v = get(flag);
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end != '\0') {
-      errors.push_back("`" + flag + " " + v + "`: expected a number");
-      return fallback;
-    }
-    return x;
-  }
+  int64_t integer(const std::string& flag, int64_t fallback, std::vector<std::string>& errors) const;
+  double number(const std::string& flag, double fallback, std::vector<std::string>& errors) const;
 
-  std::string help() const {
-    std::ostringstream os;
-    os << usage_ << "\n\nflags:\n";
-    for (const CliFlag& f : flags_) {
-      std::string left = std::string("  ") + f.name + (f.value ? std::string(" ") + f.value : "");
-      os << left << (left.size() < 34 ? std::string(34 - left.size(), ' ') : "\n" + std::string(34, ' '))
-         << f.help << (f.repeatable ? " (repeatable)" : "") << "\n";
-    }
-    return os.str();
-  }
+  std::string help() const;
 
  private:
-  const CliFlag* find(const std::string& name) const {
-    for (const CliFlag& f : flags_)
-      if (name == f.name) return &f;
-    return nullptr;
-  }
+  const CliFlag* find(const std::string& name) const;
   std::string program_, usage_;
   std::vector<CliFlag> flags_;
   std::map<std::string, std::vector<std::string>> values_;
 };
 
 /// The model source and device the common flags name; problems go to `errors`.
-inline training::InferenceSource inference_source(const Cli& cli, std::vector<std::string>& errors) {
-  training::InferenceSource src;
-  src.load = cli.get("--load");
-  src.hf_dir = cli.get("--hf-dir");
-  if (cli.has("--ckpt-step")) src.ckpt_step = cli.integer("--ckpt-step", 0, errors);
-  if (src.load.empty() == src.hf_dir.empty())
-    errors.push_back("give the model with exactly one of `--load DIR` (a megadlm checkpoint) and `--hf-dir DIR`");
-  if (src.ckpt_step && !src.hf_dir.empty()) errors.push_back("`--ckpt-step` applies to `--load` only");
-  return src;
-}
-
-inline Device inference_device(const Cli& cli, std::vector<std::string>& errors) {
-  const std::string d = cli.get("--device", cuda_device_count() > 0 ? "cuda" : "cpu");
-  if (d == "cpu") return Device::cpu();
-  if (d == "cuda") {
-    if (cuda_device_count() == 0) errors.push_back("`--device cuda`: no GPU is visible (or this build has no CUDA)");
-    return Device::cuda(0);
-  }
-  errors.push_back("`--device " + d + "`: valid: cpu, cuda");
-  return Device::cpu();
-}
+training::InferenceSource inference_source(const Cli& cli, std::vector<std::string>& errors);
+Device inference_device(const Cli& cli, std::vector<std::string>& errors);
 
 /// The tokenizer the flags name, else the checkpoint's, else the --hf-dir's tokenizer.json;
 /// null when there is none (prompts must then be token ids).
-inline std::unique_ptr<data::Tokenizer> inference_tokenizer(const Cli& cli, const RunConfig& cfg,
-                                                            const std::string& hf_dir) {
-  data::TokenizerConfig t;
-  t.type = cli.get("--tokenizer-type", cfg.data.tokenizer_type);
-  t.model = cli.get("--tokenizer-model", cli.has("--tokenizer-type") ? "" : cfg.data.tokenizer_model);
-  t.vocab_file = cli.get("--vocab-file");
-  t.merge_file = cli.get("--merge-file");
-  t.vocab_size = cfg.model.vocab_size;
-  if (t.type.empty() && !hf_dir.empty() && std::filesystem::exists(std::filesystem::path(hf_dir) / "tokenizer.json")) {
-    t.type = "HuggingFaceTokenizer";
-    t.model = hf_dir;
-  }
-  if (t.type.empty()) return nullptr;
-  return data::load_tokenizer(t);
-}
+std::unique_ptr<data::Tokenizer> inference_tokenizer(const Cli& cli, const RunConfig& cfg, const std::string& hf_dir);
 
 /// The mask token: the flag, else the checkpoint's; -1 when neither knows it.
-inline int64_t inference_mask_token(const Cli& cli, const RunConfig& cfg, std::vector<std::string>& errors) {
-  if (cli.has("--mask-token") && cli.has("--mask-token-id"))
-    errors.push_back("give one of `--mask-token` and `--mask-token-id` (they are the same flag)");
-  const std::string flag = cli.has("--mask-token-id") ? "--mask-token-id" : "--mask-token";
-  return cli.integer(flag, cfg.diffusion.mask_token, errors);
-}
+int64_t inference_mask_token(const Cli& cli, const RunConfig& cfg, std::vector<std::string>& errors);
+
+/// A prompt as given: text (tokenized later) or token ids.
+struct Prompt {
+  std::string text;
+  bool has_text = false;
+  std::vector<int32_t> ids;
+};
+
+/// Appends the prompts of a --prompts-jsonl file to `prompts`: one JSON object a non-blank line,
+/// with "prompt_ids" (token ids) or "prompt" (text); every bad line goes to `errors`. False (and
+/// the error) when the file cannot be read.
+bool read_prompts_jsonl(const std::string& path, std::vector<Prompt>& prompts, std::vector<std::string>& errors);
+
+/// Fills the ids of the text prompts with `tok`; a text prompt without a tokenizer goes to
+/// `errors`.
+void encode_prompts(std::vector<Prompt>& prompts, const data::Tokenizer* tok, std::vector<std::string>& errors);
+
+/// Where a program's JSONL results go: the file `flag` names (created or truncated when this is
+/// made, so make it only once the arguments are known good), else stdout.
+class JsonlOutput {
+ public:
+  /// A file that cannot be created goes to `errors` (rows written then are lost; check errors).
+  JsonlOutput(const Cli& cli, const std::string& flag, std::vector<std::string>& errors);
+  JsonlOutput(const JsonlOutput&) = delete;
+  JsonlOutput& operator=(const JsonlOutput&) = delete;
+  /// One row, one line (buffered until flush()).
+  void write(const nlohmann::json& row) { *out_ << row.dump() << "\n"; }
+  void flush() { out_->flush(); }
+
+ private:
+  std::ofstream file_;
+  std::ostream* out_;
+};
 
 }  // namespace megadlm::apps

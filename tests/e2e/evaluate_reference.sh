@@ -5,15 +5,10 @@
 # the reference's float64: ~1e-6 apart), with and without guidance and for several mini-batch
 # sizes. Requests in lm-evaluation-harness form (text arguments) go through the tokenizer.
 set -euo pipefail
-bin=$1; src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
-ref="$src/tests/golden/llada_reference.py"
-cd "$tmp"
-"$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --train-iters 2 --lr-warmup-iters 0 \
-  --init-method-std 0.3 --eval-iters 0 --save ckpt --save-interval 2 > train.log 2>&1 || { cat train.log; exit 1; }
-"$bin/convert_checkpoint" --to-hf --load ckpt --out hf > conv.log 2>&1 || { cat conv.log; exit 1; }
+tiny_checkpoint ckpt
+export_hf ckpt hf
 cat > requests.jsonl <<'R'
 {"context_ids": [5, 17, 33, 2, 90], "continuation_ids": [14, 61, 7]}
 {"context_ids": [100, 3], "continuation_ids": [44, 45, 46, 47, 48, 49]}

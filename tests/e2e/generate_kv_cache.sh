@@ -9,18 +9,11 @@
 # equal its exact sampler; on two layers the approximation shows, and how often it changes the
 # result is printed.
 set -euo pipefail
-bin=$1; src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
-ref="$src/tests/golden/llada_reference.py"
-cd "$tmp"
-for layers in 1 2; do
-  "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --num-layers $layers --device cpu --train-iters 2 \
-    --lr-warmup-iters 0 --init-method-std 0.3 --eval-iters 0 --save ckpt$layers --save-interval 2 \
-    > train$layers.log 2>&1 || { cat train$layers.log; exit 1; }
-done
-"$bin/convert_checkpoint" --to-hf --load ckpt2 --out hf2 > conv.log 2>&1 || { cat conv.log; exit 1; }
+tiny_checkpoint ckpt1 --num-layers 1
+tiny_checkpoint ckpt2 --num-layers 2
+export_hf ckpt2 hf2
 cat > prompts.jsonl <<'P'
 {"prompt_ids": [5, 17, 33, 2, 90, 14, 61]}
 {"prompt_ids": [100, 3]}

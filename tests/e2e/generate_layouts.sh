@@ -8,13 +8,10 @@
 # row (random here) is never proposed, and a mask token may sit among the padded rows. Skips (77)
 # without MPI.
 set -euo pipefail
-bin=$1; src=$2
+source "$2/tests/e2e/lib/inference.sh"
 if ! { [ -x "$bin/comm_timeout_probe" ] && "$bin/comm_timeout_probe" --mpi-compiled && command -v mpirun > /dev/null; }; then
   echo "SKIP: needs megadlm built with MPI and mpirun"; exit 77
 fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
 flags=()
 if grep -q "Open MPI" <<< "$(mpirun --version 2>&1 || true)"; then
   flags+=(--oversubscribe)
@@ -27,7 +24,7 @@ mpirun -np 4 "${flags[@]}" "${train[@]}" --tensor-model-parallel-size 2 --pipeli
   --save tp2pp2 > tp2pp2.log 2>&1 || { tail -20 tp2pp2.log; exit 1; }
 mpirun -np 2 "${flags[@]}" "${train[@]}" --use-distributed-optimizer --save dp2 > dp2.log 2>&1 \
   || { tail -20 dp2.log; exit 1; }
-"$bin/convert_checkpoint" --to-hf --load tp2pp2 --out hf > conv.log 2>&1 || { cat conv.log; exit 1; }
+export_hf tp2pp2 hf
 printf '{"prompt_ids": [5, 17, 33, 2, 90, 14, 61]}\n{"prompt_ids": [100, 3]}\n{"prompt_ids": [44, 45, 46, 47]}\n' > prompts.jsonl
 printf '{"context_ids": [5, 6, 7, 8], "continuation_ids": [9, 10, 11]}\n{"context_ids": [40], "continuation_ids": [41, 42]}\n' > requests.jsonl
 for opts in "--steps 16 --block-length 16" "--steps 8 --block-length 4 --cfg-scale 1.0 --remasking random --temperature 0.5"; do

@@ -6,11 +6,8 @@
 # continuation of every sentence over two corrupted ones (acc 1.0). The fast options (threshold,
 # key/value cache) are scored on the same sentences: the accuracy change they cost, stated.
 set -euo pipefail
-bin=$1; src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
-cd "$tmp"
 # Four "sentences" of token ids (NullTokenizer: text is whitespace-separated ids), each a
 # document of exactly --seq-length 16 tokens starting with 1: a GPT sample is then one sentence
 # and the next one's leading 1.

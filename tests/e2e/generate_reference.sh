@@ -7,16 +7,11 @@
 # Also: stopping at EOS gives the reference's prefix, --hf-dir loads the same model, bad
 # arguments are reported by flag.
 set -euo pipefail
-bin=$1; src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
-ref="$src/tests/golden/llada_reference.py"
-cd "$tmp"
 # A tiny Qwen3-style model with spread-out logits (init std 0.3), two steps of training.
-"$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --train-iters 2 --lr-warmup-iters 0 \
-  --init-method-std 0.3 --eval-iters 0 --save ckpt --save-interval 2 > train.log 2>&1 || { cat train.log; exit 1; }
-"$bin/convert_checkpoint" --to-hf --load ckpt --out hf > conv.log 2>&1 || { cat conv.log; exit 1; }
+tiny_checkpoint ckpt
+export_hf ckpt hf
 cat > prompts.jsonl <<'P'
 {"prompt_ids": [5, 17, 33, 2, 90, 14, 61]}
 {"prompt_ids": [100, 3]}

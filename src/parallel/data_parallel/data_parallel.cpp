@@ -205,46 +205,26 @@ void DataParallel::reduce_tp_partial_grads() {
 
 double DataParallel::grad_sq_norm() {
   Tensor g = optimizer_grads();
-  const bool cpu = compute_.device().is_cpu();
-  const DType acc = cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  double dense = 0, expert = 0;
   bool has_copy = false;  // a tied embedding's last-stage copy is counted on the first stage only
   for (const ParamDesc& d : store_.descs()) has_copy |= d.pipeline_share == PipelineShare::Copy;
   bool has_experts = false;
   for (const GradBucket& b : store_.buckets()) has_experts |= b.expert;
+  std::vector<NormPiece> pieces;
   if (!tp_ && !has_copy && !has_experts) {
-    Tensor sq = Tensor::zeros({1}, acc, compute_);
-    ops::sum_squares(g, sq, compute_);
-    dense = static_cast<double>(sq.to_floats(compute_)[0]);
+    // No TP group, tied copy or experts: all of the buffer counts, as one piece.
+    pieces.push_back({.offset = 0, .count = g.numel(), .target = kNormSplit});
   } else {
-    // Split parameters hold different elements on each (expert-)TP rank; replicated ones hold
-    // the same values everywhere and are counted on (expert-)TP rank 0 only.
     // One sum_squares per run of touching pieces with the same accumulator (grad_norm_runs.h).
-    Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
-    Tensor e_split = Tensor::zeros({1}, acc, compute_), e_replicated = Tensor::zeros({1}, acc, compute_);
-    Tensor* into[] = {&split, &replicated, &e_split, &e_replicated};
-    std::vector<NormPiece> pieces;
     for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
       if (d.pipeline_share == PipelineShare::Copy) return;
-      const int target = d.expert ? (d.replicated() && expert_.tp ? 3 : 2) : (d.replicated() && tp_ ? 1 : 0);
+      const int target = norm_target(d, tp_ != nullptr, expert_.tp != nullptr);
       pieces.push_back({.offset = compact, .count = count, .target = target});
     });
-    for (const NormPiece& run : coalesce_norm_pieces(std::move(pieces)))
-      ops::sum_squares(g.slice_flat(run.offset, {run.count}), *into[run.target], compute_);
-    dense = static_cast<double>(split.to_floats(compute_)[0]);
-    if (!tp_ || tp_->rank() == 0) dense += static_cast<double>(replicated.to_floats(compute_)[0]);
-    expert = static_cast<double>(e_split.to_floats(compute_)[0]);
-    if (!expert_.tp || expert_.tp->rank() == 0)
-      expert += static_cast<double>(e_replicated.to_floats(compute_)[0]);
   }
-  auto sum_over = [&](comm::Communicator& c, double v) {
-    Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
-    t.data<double>()[0] = v;
-    if (!cpu) t = t.to(compute_.device(), compute_);
-    c.all_reduce(t, comm::ReduceOp::Sum, compute_);
-    c.synchronize(compute_);
-    return t.to(Device::cpu(), compute_).data<double>()[0];
-  };
+  const NormSums sums = sum_norm_pieces(g, std::move(pieces), compute_);
+  double dense = sums.dense(!tp_ || tp_->rank() == 0);
+  double expert = sums.expert(!expert_.tp || expert_.tp->rank() == 0);
+  auto sum_over = [&](comm::Communicator& c, double v) { return sum_over_ranks(c, v, compute_); };
   // Shards of one instance are disjoint and cover the model once: the global norm is their sum
   // (the other instances hold the same values); full replicas are already global.
   if (opt_.distributed_optimizer && size_ > 1) dense = sum_over(*group_, dense);

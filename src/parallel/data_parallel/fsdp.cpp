@@ -461,38 +461,21 @@ void FullyShardedDataParallel::finish_grad_sync() {
 
 double FullyShardedDataParallel::grad_sq_norm() {
   Tensor g = optimizer_grads();
-  const bool cpu = compute_.device().is_cpu();
-  const DType acc = cpu && g.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  // Split parameters hold different elements on each (expert-)TP rank; replicated ones are
-  // counted on (expert-)TP rank 0; a tied weight's last-stage copy is not counted; padding is
-  // never visited.
-  Tensor split = Tensor::zeros({1}, acc, compute_), replicated = Tensor::zeros({1}, acc, compute_);
-  Tensor e_split = Tensor::zeros({1}, acc, compute_), e_replicated = Tensor::zeros({1}, acc, compute_);
   bool has_experts = false;
   for (const Bucket& b : buckets_) has_experts |= b.expert;
-  // One sum_squares per run of touching pieces with the same accumulator (grad_norm_runs.h):
-  // padding between parameters is a gap, so it stays unvisited.
-  Tensor* into[] = {&split, &replicated, &e_split, &e_replicated};
+  // A tied weight's last-stage copy is not counted. One sum_squares per run of touching pieces
+  // with the same accumulator (grad_norm_runs.h): padding between parameters is a gap, so it
+  // stays unvisited.
   std::vector<NormPiece> pieces;
   for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
     if (d.pipeline_share == PipelineShare::Copy) return;
-    const int target = d.expert ? (d.replicated() && expert_.tp ? 3 : 2) : (d.replicated() && tp_ ? 1 : 0);
+    const int target = norm_target(d, tp_ != nullptr, expert_.tp != nullptr);
     pieces.push_back({.offset = off, .count = count, .target = target});
   });
-  for (const NormPiece& run : coalesce_norm_pieces(std::move(pieces)))
-    ops::sum_squares(g.slice_flat(run.offset, {run.count}), *into[run.target], compute_);
-  double dense = static_cast<double>(split.to_floats(compute_)[0]);
-  if (!tp_ || tp_->rank() == 0) dense += static_cast<double>(replicated.to_floats(compute_)[0]);
-  double expert = static_cast<double>(e_split.to_floats(compute_)[0]);
-  if (!expert_.tp || expert_.tp->rank() == 0) expert += static_cast<double>(e_replicated.to_floats(compute_)[0]);
-  auto sum_over = [&](comm::Communicator& c, double v) {
-    Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
-    t.data<double>()[0] = v;
-    if (!cpu) t = t.to(compute_.device(), compute_);
-    c.all_reduce(t, comm::ReduceOp::Sum, compute_);
-    c.synchronize(compute_);
-    return t.to(Device::cpu(), compute_).data<double>()[0];
-  };
+  const NormSums sums = sum_norm_pieces(g, std::move(pieces), compute_);
+  double dense = sums.dense(!tp_ || tp_->rank() == 0);
+  double expert = sums.expert(!expert_.tp || expert_.tp->rank() == 0);
+  auto sum_over = [&](comm::Communicator& c, double v) { return sum_over_ranks(c, v, compute_); };
   if (sharded() && size_ > 1) dense = sum_over(*group_, dense);  // disjoint shards
   if (tp_) dense = sum_over(*tp_, dense);
   // Expert parameters: shards over expert-dp, other experts over EP, slices over expert TP

@@ -2,6 +2,7 @@
 #include "megadlm/parallel/data_parallel/grad_norm_runs.h"
 #include <algorithm>
 #include "megadlm/core/error.h"
+#include "megadlm/ops/reduce.h"
 
 namespace megadlm {
 
@@ -23,6 +24,38 @@ std::vector<NormPiece> coalesce_norm_pieces(std::vector<NormPiece> pieces, int64
     runs.push_back(p);
   }
   return runs;
+}
+
+int norm_target(const ParamDesc& d, bool has_tp, bool has_expert_tp) {
+  if (d.expert) return d.replicated() && has_expert_tp ? kNormExpertReplicated : kNormExpertSplit;
+  return d.replicated() && has_tp ? kNormReplicated : kNormSplit;
+}
+
+NormSums sum_norm_pieces(const Tensor& grads, std::vector<NormPiece> pieces, const Stream& stream) {
+  const DType acc = stream.device().is_cpu() && grads.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  Tensor into[4];  // created on first use: a target without pieces costs no read-back
+  for (const NormPiece& run : coalesce_norm_pieces(std::move(pieces))) {
+    MDLM_CHECK(run.target >= 0 && run.target < 4, "gradient-norm target ", run.target, " is not 0..3");
+    Tensor& sum = into[run.target];
+    if (!sum.defined()) sum = Tensor::zeros({1}, acc, stream);
+    ops::sum_squares(grads.slice_flat(run.offset, {run.count}), sum, stream);
+  }
+  auto value = [&](int t) {
+    return into[t].defined() ? static_cast<double>(into[t].to_floats(stream)[0]) : 0.0;
+  };
+  return {.split = value(kNormSplit),
+          .replicated = value(kNormReplicated),
+          .expert_split = value(kNormExpertSplit),
+          .expert_replicated = value(kNormExpertReplicated)};
+}
+
+double sum_over_ranks(comm::Communicator& c, double v, const Stream& stream) {
+  Tensor t = Tensor::from_floats({0.0f}, {1}, DType::F64);
+  t.data<double>()[0] = v;
+  if (!stream.device().is_cpu()) t = t.to(stream.device(), stream);
+  c.all_reduce(t, comm::ReduceOp::Sum, stream);
+  c.synchronize(stream);
+  return t.to(Device::cpu(), stream).data<double>()[0];
 }
 
 }  // namespace megadlm

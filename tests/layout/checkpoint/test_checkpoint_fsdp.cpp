@@ -11,48 +11,18 @@
 //   * the same with TP 2 inside the FSDP layout (np 4: TP 2 × FSDP 2), and with MoE layers
 //     whose experts are spread over EP = every rank.
 #include <gtest/gtest.h>
-#include <unistd.h>
-#include <cstring>
-#include <filesystem>
-#include <sstream>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/data/mock_dataset.h"
 #include "megadlm/parallel/process_groups.h"
-#include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/trainer.h"
+#include "support/checkpoint_checks.h"
 #include "support/spmd.h"
 #include "support/tiny_model.h"
 
 using namespace megadlm;
-namespace fs = std::filesystem;
 
 namespace {
 
 comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
-
-// Rank 0 makes a fresh directory and tells everyone its name; removed at scope exit.
-class FsdpTempDir {
- public:
-  explicit FsdpTempDir(comm::Communicator& world) : world_(world) {
-    Tensor name = Tensor::zeros({256}, DType::I32, Stream::cpu());
-    if (world.rank() == 0) {
-      char tmpl[] = "/tmp/megadlm_fsdp_ckpt_XXXXXX";
-      const std::string p = ::mkdtemp(tmpl);
-      for (size_t i = 0; i < p.size(); ++i) name.data<int32_t>()[i] = p[i];
-    }
-    world.broadcast(name, 0, Stream::cpu());
-    for (int i = 0; i < 256 && name.data<int32_t>()[i] != 0; ++i) path_ += static_cast<char>(name.data<int32_t>()[i]);
-  }
-  ~FsdpTempDir() {
-    world_.barrier(Stream::cpu());
-    if (world_.rank() == 0) fs::remove_all(path_);
-  }
-  std::string operator/(const std::string& sub) const { return (fs::path(path_) / sub).string(); }
-
- private:
-  comm::Communicator& world_;
-  std::string path_;
-};
 
 constexpr int64_t kIters = 6, kStop = 3;
 
@@ -79,38 +49,11 @@ RunConfig tiny_run(int world, int tp, bool fsdp, ShardingStrategy s = ShardingSt
 }
 
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
-  auto data = std::make_shared<MockGptDataset>(128, 32, 127);
-  static std::ostringstream log;
-  return std::make_unique<Trainer>(cfg, data, log, groups);
+  return test::quiet_trainer(cfg, groups);
 }
 
 std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   return make_trainer(cfg, groups)->train();
-}
-
-void expect_same_tensors(const std::string& a_dir, const std::string& b_dir) {
-  checkpoint::CheckpointReader a(*checkpoint::find_checkpoint(a_dir, std::nullopt));
-  checkpoint::CheckpointReader b(*checkpoint::find_checkpoint(b_dir, std::nullopt));
-  ASSERT_EQ(a.index().tensors.size(), b.index().tensors.size());
-  EXPECT_EQ(a.index().state.iteration, b.index().state.iteration);
-  EXPECT_EQ(a.index().state.optimizer_steps, b.index().state.optimizer_steps);
-  for (const auto& [name, info] : a.index().tensors) {
-    ASSERT_TRUE(b.has_tensor(name)) << name;
-    const Tensor x = a.read_whole(name), y = b.read_whole(name);
-    ASSERT_EQ(x.nbytes(), y.nbytes()) << name;
-    EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << "tensor " << name << " differs";
-  }
-}
-
-void expect_close(const std::vector<IterationMetrics>& got, const std::vector<IterationMetrics>& ref,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), static_cast<size_t>(kIters - kStop)) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const IterationMetrics& r = ref[static_cast<size_t>(kStop) + i];
-    EXPECT_EQ(got[i].iteration, r.iteration);
-    EXPECT_NEAR(got[i].lm_loss, r.lm_loss, 1e-5 * r.lm_loss) << what << ", iteration " << r.iteration;
-    EXPECT_NEAR(got[i].grad_norm, r.grad_norm, 1e-5 * r.grad_norm) << what << ", iteration " << r.iteration;
-  }
 }
 
 // FSDP over every rank (with `tp`; or with MoE layers over EP = the world) <-> one process
@@ -119,7 +62,7 @@ void exchange_with_one_process(int tp, bool moe = false) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size(), rank = rt.world().rank();
   if (world % tp != 0 || world / tp < 2) GTEST_SKIP() << "needs FSDP over at least 2 ranks beside tp " << tp;
-  FsdpTempDir dir(rt.world());
+  test::SharedTempDir dir(rt.world(), "megadlm_fsdp_ckpt_");
   const RunConfig a = tiny_run(world, tp, true, ShardingStrategy::OptimGradsParams, moe);
   const RunConfig b = tiny_run(1, 1, false, ShardingStrategy::OptimGradsParams, moe);  // every rank alone
   parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), a.parallel);
@@ -140,10 +83,11 @@ void exchange_with_one_process(int tp, bool moe = false) {
     load_b.checkpoint.save = dir / ("a_as_b_" + mine);
     make_trainer(load_b, nullptr)->save_checkpoint();  // what one process now holds
   }
-  expect_same_tensors(dir / "a", dir / ("a_as_b_" + mine));
+  test::expect_same_tensors(dir / "a", dir / ("a_as_b_" + mine));
   RunConfig load_b = b;
   load_b.checkpoint.load = dir / "a";
-  expect_close(train(load_b, nullptr), straight_a, "saved under " + what_a + ", continued in one process");
+  test::expect_close_resume(train(load_b, nullptr), straight_a, kStop,
+                            "saved under " + what_a + ", continued in one process");
 
   // B -> A (every rank saved its own copy; all load rank 0's).
   const auto straight_b = train(b, nullptr);
@@ -158,10 +102,11 @@ void exchange_with_one_process(int tp, bool moe = false) {
     load_a.checkpoint.save = dir / "b_as_a";
     make_trainer(load_a, &groups)->save_checkpoint();
   }
-  expect_same_tensors(dir / "b_0", dir / "b_as_a");
+  test::expect_same_tensors(dir / "b_0", dir / "b_as_a");
   RunConfig load_a = a;
   load_a.checkpoint.load = dir / "b_0";
-  expect_close(train(load_a, &groups), straight_b, "saved in one process, continued under " + what_a);
+  test::expect_close_resume(train(load_a, &groups), straight_b, kStop,
+                            "saved in one process, continued under " + what_a);
 }
 
 }  // namespace
@@ -170,7 +115,7 @@ TEST(CheckpointFsdp, ResumeUnderTheSameFsdpLayoutIsBitIdentical) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size();
   for (ShardingStrategy s : {ShardingStrategy::Optim, ShardingStrategy::OptimGrads, ShardingStrategy::OptimGradsParams}) {
-    FsdpTempDir dir(rt.world());
+    test::SharedTempDir dir(rt.world(), "megadlm_fsdp_ckpt_");
     const RunConfig base = tiny_run(world, 1, true, s);
     parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), base.parallel);
     const auto straight = train(base, &groups);
@@ -180,13 +125,7 @@ TEST(CheckpointFsdp, ResumeUnderTheSameFsdpLayoutIsBitIdentical) {
     train(first, &groups);
     RunConfig second = base;
     second.checkpoint.load = dir / "ckpt";
-    const auto resumed = train(second, &groups);
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters - kStop));
-    for (size_t i = 0; i < resumed.size(); ++i) {
-      const IterationMetrics& want = straight[static_cast<size_t>(kStop) + i];
-      EXPECT_EQ(resumed[i].lm_loss, want.lm_loss) << sharding_strategy_name(s) << ", iteration " << want.iteration;
-      EXPECT_EQ(resumed[i].grad_norm, want.grad_norm) << sharding_strategy_name(s) << ", iteration " << want.iteration;
-    }
+    test::expect_identical_resume(train(second, &groups), straight, kStop, sharding_strategy_name(s));
   }
 }
 

@@ -9,49 +9,19 @@
 //     uninterrupted one to the data-parallel tolerance (1e-5 relative: fp32 reduction order
 //     differs between layouts, as in tests/layout/trainer).
 #include <gtest/gtest.h>
-#include <unistd.h>
-#include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <sstream>
 #include "megadlm/comm/bootstrap.h"
 #include "megadlm/parallel/process_groups.h"
-#include "megadlm/data/mock_dataset.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/trainer.h"
+#include "support/checkpoint_checks.h"
 #include "support/spmd.h"
 #include "support/tiny_model.h"
 
 using namespace megadlm;
-namespace fs = std::filesystem;
 
 namespace {
 
 comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
-
-// Rank 0 makes a fresh directory and tells everyone its name; it is removed at scope exit.
-class SharedTempDir {
- public:
-  explicit SharedTempDir(comm::Communicator& world) : world_(world) {
-    Tensor name = Tensor::zeros({256}, DType::I32, Stream::cpu());
-    if (world.rank() == 0) {
-      char tmpl[] = "/tmp/megadlm_layout_ckpt_XXXXXX";
-      const std::string p = ::mkdtemp(tmpl);
-      for (size_t i = 0; i < p.size(); ++i) name.data<int32_t>()[i] = p[i];
-    }
-    world.broadcast(name, 0, Stream::cpu());
-    for (int i = 0; i < 256 && name.data<int32_t>()[i] != 0; ++i) path_ += static_cast<char>(name.data<int32_t>()[i]);
-  }
-  ~SharedTempDir() {
-    world_.barrier(Stream::cpu());
-    if (world_.rank() == 0) fs::remove_all(path_);
-  }
-  std::string operator/(const std::string& sub) const { return (fs::path(path_) / sub).string(); }
-
- private:
-  comm::Communicator& world_;
-  std::string path_;
-};
 
 RunConfig tiny_run(int dp, bool dist_opt, int64_t iters) {
   RunConfig r = test::tiny_run({}, iters);
@@ -75,42 +45,11 @@ struct Job {
 };
 
 std::unique_ptr<Trainer> make_trainer(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
-  auto data = std::make_shared<MockGptDataset>(128, 32, 127);
-  static std::ostringstream log;  // rank 0's log lines are not looked at here
-  return std::make_unique<Trainer>(cfg, data, log, groups);
+  return test::quiet_trainer(cfg, groups);
 }
 
 std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   return make_trainer(cfg, groups)->train();
-}
-
-// Every tensor of two checkpoints, element for element (bit patterns).
-void expect_same_tensors(const std::string& a_dir, const std::string& b_dir) {
-  checkpoint::CheckpointReader a(*checkpoint::find_checkpoint(a_dir, std::nullopt));
-  checkpoint::CheckpointReader b(*checkpoint::find_checkpoint(b_dir, std::nullopt));
-  ASSERT_EQ(a.index().tensors.size(), b.index().tensors.size());
-  EXPECT_EQ(a.index().state.iteration, b.index().state.iteration);
-  EXPECT_EQ(a.index().state.consumed_samples, b.index().state.consumed_samples);
-  EXPECT_EQ(a.index().state.optimizer_steps, b.index().state.optimizer_steps);
-  for (const auto& [name, info] : a.index().tensors) {
-    ASSERT_TRUE(b.has_tensor(name)) << name;
-    const Tensor x = a.read_whole(name), y = b.read_whole(name);
-    ASSERT_EQ(x.nbytes(), y.nbytes()) << name;
-    EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << "tensor " << name << " differs";
-  }
-}
-
-void expect_close(const std::vector<IterationMetrics>& got, const std::vector<IterationMetrics>& ref,
-                  const std::string& what) {
-  const int rank = runtime().world().rank();
-  ASSERT_LE(got.size(), ref.size());
-  const size_t off = ref.size() - got.size();
-  for (size_t i = 0; i < got.size(); ++i) {
-    const IterationMetrics& r = ref[off + i];
-    EXPECT_EQ(got[i].iteration, r.iteration);
-    EXPECT_NEAR(got[i].lm_loss, r.lm_loss, 1e-5 * r.lm_loss) << what << ", rank " << rank << ", iteration " << r.iteration;
-    EXPECT_NEAR(got[i].grad_norm, r.grad_norm, 1e-5 * r.grad_norm) << what << ", rank " << rank << ", iteration " << r.iteration;
-  }
 }
 
 }  // namespace
@@ -123,7 +62,7 @@ TEST(CheckpointLayouts, ResumeUnderTheSameLayoutIsBitIdentical) {
   // instances, where only the first instance's ranks write.
   for (const int variant : {0, 1, 2}) {
     const bool dist_opt = variant > 0;
-    SharedTempDir dir(rt.world());
+    test::SharedTempDir dir(rt.world(), "megadlm_layout_ckpt_");
     RunConfig base = tiny_run(world, dist_opt, kIters);
     if (variant == 2) base.parallel.num_distributed_optimizer_instances = 2;
     Job job(rt.world_shared(), base.parallel);
@@ -136,14 +75,8 @@ TEST(CheckpointLayouts, ResumeUnderTheSameLayoutIsBitIdentical) {
     train(first, job.groups.get());
     RunConfig second = base;
     second.checkpoint.load = dir / "ckpt";
-    const auto resumed = train(second, job.groups.get());
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters - kStop));
-    for (size_t i = 0; i < resumed.size(); ++i) {
-      const IterationMetrics& s = straight[static_cast<size_t>(kStop) + i];
-      EXPECT_EQ(resumed[i].lm_loss, s.lm_loss) << "DP " << world << ", variant " << variant
-                                               << ", iteration " << s.iteration;
-      EXPECT_EQ(resumed[i].grad_norm, s.grad_norm) << "iteration " << s.iteration;
-    }
+    test::expect_identical_resume(train(second, job.groups.get()), straight, kStop,
+                                  "DP " + std::to_string(world) + ", variant " + std::to_string(variant));
   }
 }
 
@@ -155,7 +88,7 @@ void save_and_load_across(bool whole_world_dist_opt) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size(), half = world / 2, rank = rt.world().rank();
   constexpr int64_t kIters = 6, kStop = 3;
-  SharedTempDir dir(rt.world());
+  test::SharedTempDir dir(rt.world(), "megadlm_layout_ckpt_");
   const RunConfig a = tiny_run(world, whole_world_dist_opt, kIters);
   const RunConfig b = tiny_run(half, !whole_world_dist_opt, kIters);
   Job job_a(rt.world_shared(), a.parallel);
@@ -181,10 +114,11 @@ void save_and_load_across(bool whole_world_dist_opt) {
     t->save_checkpoint();  // what layout B now holds, without a step in between
   }
   rt.world().barrier(Stream::cpu());
-  expect_same_tensors(dir / "a", dir / ("a_as_b_" + mine));
+  test::expect_same_tensors(dir / "a", dir / ("a_as_b_" + mine));
   RunConfig load_b = b;
   load_b.checkpoint.load = dir / "a";
-  expect_close(train(load_b, job_b.groups.get()), straight_a, "saved under " + name(a) + ", continued under " + name(b));
+  test::expect_close_resume(train(load_b, job_b.groups.get()), straight_a, kStop,
+                            "saved under " + name(a) + ", continued under " + name(b));
 
   // B -> A (each half saved its own copy; everyone loads half 0's).
   const auto straight_b = train(b, job_b.groups.get());
@@ -200,10 +134,11 @@ void save_and_load_across(bool whole_world_dist_opt) {
     auto t = make_trainer(load_a, job_a.groups.get());
     t->save_checkpoint();
   }
-  expect_same_tensors(dir / "b_half0", dir / "b_as_a");
+  test::expect_same_tensors(dir / "b_half0", dir / "b_as_a");
   RunConfig load_a = a;
   load_a.checkpoint.load = dir / "b_half0";
-  expect_close(train(load_a, job_a.groups.get()), straight_b, "saved under " + name(b) + ", continued under " + name(a));
+  test::expect_close_resume(train(load_a, job_a.groups.get()), straight_b, kStop,
+                            "saved under " + name(b) + ", continued under " + name(a));
 }
 
 TEST(CheckpointLayouts, AllRanksWithTheDistributedOptimizerAndHalvesWithoutExchangeCheckpoints) {
@@ -222,7 +157,7 @@ TEST(CheckpointLayouts, ExpertParallelCheckpointsLoadUnderOtherExpertLayouts) {
   comm::DistributedRuntime& rt = runtime();
   const int world = rt.world().size(), rank = rt.world().rank();
   constexpr int64_t kIters = 6, kStop = 3;
-  SharedTempDir dir(rt.world());
+  test::SharedTempDir dir(rt.world(), "megadlm_layout_ckpt_");
   auto moe_run = [&](int ranks, int ep) {
     RunConfig r = tiny_run(ranks, false, kIters);
     test::make_moe(r, 8, 2);
@@ -269,11 +204,11 @@ TEST(CheckpointLayouts, ExpertParallelCheckpointsLoadUnderOtherExpertLayouts) {
       auto t = make_trainer(load_b, groups);
       t->save_checkpoint();
     }
-    if (!comm || comm->rank() == 0) expect_same_tensors(dir / "ep", dir / copy);
+    if (!comm || comm->rank() == 0) test::expect_same_tensors(dir / "ep", dir / copy);
     RunConfig load_b = b;
     load_b.checkpoint.load = dir / "ep";
-    expect_close(train(load_b, groups), straight, "saved under EP " + std::to_string(world) +
-                                                      ", continued under EP " + std::to_string(ep));
+    test::expect_close_resume(train(load_b, groups), straight, kStop,
+                              "saved under EP " + std::to_string(world) + ", continued under EP " + std::to_string(ep));
     rt.world().barrier(Stream::cpu());
   }
 }

@@ -10,54 +10,18 @@
 //     run matches the uninterrupted single-process run to 1e-5 (relative: layouts differ in fp32
 //     reduction order only, as in tests/layout/pipeline_parallel).
 #include <gtest/gtest.h>
-#include <unistd.h>
-#include <cstring>
-#include <filesystem>
-#include <sstream>
 #include "megadlm/comm/bootstrap.h"
 #include "megadlm/parallel/process_groups.h"
-#include "megadlm/data/mock_dataset.h"
-#include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/trainer.h"
+#include "support/checkpoint_checks.h"
 #include "support/spmd.h"
 #include "support/tiny_model.h"
 
 using namespace megadlm;
-namespace fs = std::filesystem;
 
 namespace {
 
 comm::DistributedRuntime& runtime() { return test::spmd::mpi_runtime(); }
-
-std::string broadcast_string(comm::Communicator& world, const std::string& s) {
-  Tensor t = Tensor::zeros({512}, DType::I32, Stream::cpu());
-  for (size_t i = 0; i < s.size() && i < 511; ++i) t.data<int32_t>()[i] = s[i];
-  world.broadcast(t, 0, Stream::cpu());
-  std::string out;
-  for (int i = 0; i < 512 && t.data<int32_t>()[i] != 0; ++i) out += static_cast<char>(t.data<int32_t>()[i]);
-  return out;
-}
-
-class SharedTempDir {
- public:
-  explicit SharedTempDir(comm::Communicator& world) : world_(world) {
-    std::string p;
-    if (world.rank() == 0) {
-      char tmpl[] = "/tmp/megadlm_layout_mp_ckpt_XXXXXX";
-      p = ::mkdtemp(tmpl);
-    }
-    path_ = broadcast_string(world, p);
-  }
-  ~SharedTempDir() {
-    world_.barrier(Stream::cpu());
-    if (world_.rank() == 0) fs::remove_all(path_);
-  }
-  std::string operator/(const std::string& sub) const { return (fs::path(path_) / sub).string(); }
-
- private:
-  comm::Communicator& world_;
-  std::string path_;
-};
 
 struct Layout {
   int tp = 1, pp = 1, vpp = 1;
@@ -102,35 +66,9 @@ struct Job {
   Job(const Layout& l, int world) : cfg(tiny_run(l, world)) {
     if (world > 1) groups = std::make_unique<parallel::ProcessGroups>(parallel::ProcessGroups::build(runtime().world_shared(), cfg.parallel));
   }
-  std::unique_ptr<Trainer> trainer(const RunConfig& c) const {
-    static std::ostringstream log;
-    return std::make_unique<Trainer>(c, std::make_shared<MockGptDataset>(64, 16, 63), log, groups.get());
-  }
+  std::unique_ptr<Trainer> trainer(const RunConfig& c) const { return test::quiet_trainer(c, groups.get(), 64, 16); }
   std::vector<IterationMetrics> train(const RunConfig& c) const { return trainer(c)->train(); }
 };
-
-void expect_same_tensors(const std::string& a_dir, const std::string& b_dir, const std::string& what) {
-  checkpoint::CheckpointReader a(*checkpoint::find_checkpoint(a_dir, std::nullopt));
-  checkpoint::CheckpointReader b(*checkpoint::find_checkpoint(b_dir, std::nullopt));
-  ASSERT_EQ(a.index().tensors.size(), b.index().tensors.size()) << what;
-  for (const auto& [name, info] : a.index().tensors) {
-    ASSERT_TRUE(b.has_tensor(name)) << what << ": " << name;
-    const Tensor x = a.read_whole(name), y = b.read_whole(name);
-    ASSERT_EQ(x.nbytes(), y.nbytes()) << what << ": " << name;
-    EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()), 0) << what << ": tensor " << name << " differs";
-  }
-}
-
-void expect_close(const std::vector<IterationMetrics>& got, const std::vector<IterationMetrics>& ref,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), static_cast<size_t>(kIters - kStop)) << what;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const IterationMetrics& r = ref[static_cast<size_t>(kStop) + i];
-    EXPECT_NEAR(got[i].lm_loss, r.lm_loss, 1e-5 * r.lm_loss) << what << ", rank " << runtime().world().rank()
-                                                            << ", iteration " << r.iteration;
-    EXPECT_NEAR(got[i].grad_norm, r.grad_norm, 1e-5 * r.grad_norm) << what << ", iteration " << r.iteration;
-  }
-}
 
 bool fits(const Layout& l, int world) { return world >= l.ranks() && world % l.ranks() == 0; }
 
@@ -143,7 +81,7 @@ TEST(CheckpointModelParallel, ResumeUnderTensorAndPipelineLayoutsIsBitIdentical)
       {.tp = 2}, {.pp = 2, .dist_opt = true}, {.tp = 2, .pp = 2}, {.tp = 2, .pp = 2, .vpp = 2, .sp = true, .dist_opt = true}};
   for (const Layout& l : layouts) {
     if (!fits(l, world)) continue;
-    SharedTempDir dir(rt.world());
+    test::SharedTempDir dir(rt.world(), "megadlm_layout_mp_ckpt_");
     const Job job(l, world);
     const auto straight = job.train(job.cfg);
     RunConfig first = job.cfg;
@@ -152,13 +90,7 @@ TEST(CheckpointModelParallel, ResumeUnderTensorAndPipelineLayoutsIsBitIdentical)
     job.train(first);
     RunConfig second = job.cfg;
     second.checkpoint.load = dir / "ckpt";
-    const auto resumed = job.train(second);
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(kIters - kStop)) << l.name(world);
-    for (size_t i = 0; i < resumed.size(); ++i) {
-      const IterationMetrics& s = straight[static_cast<size_t>(kStop) + i];
-      EXPECT_EQ(resumed[i].lm_loss, s.lm_loss) << l.name(world) << ", iteration " << s.iteration;
-      EXPECT_EQ(resumed[i].grad_norm, s.grad_norm) << l.name(world) << ", iteration " << s.iteration;
-    }
+    test::expect_identical_resume(job.train(second), straight, kStop, l.name(world));
   }
 }
 
@@ -185,7 +117,7 @@ TEST(CheckpointModelParallel, ACheckpointOfOneLayoutLoadsUnderAnother) {
   const Job reference(Layout{}, 1);  // the uninterrupted single-process run
   const auto straight = reference.train(reference.cfg);
   for (const Case& c : cases) {
-    SharedTempDir dir(rt.world());
+    test::SharedTempDir dir(rt.world(), "megadlm_layout_mp_ckpt_");
     const Job src(c.from, world);
     RunConfig save = src.cfg;
     save.checkpoint.save = dir / "src";
@@ -204,10 +136,10 @@ TEST(CheckpointModelParallel, ACheckpointOfOneLayoutLoadsUnderAnother) {
         dst.trainer(load)->save_checkpoint();  // the state the new layout holds, no step in between
       }
       rt.world().barrier(Stream::cpu());
-      expect_same_tensors(dir / "src", dir / again, what);
+      test::expect_same_tensors(dir / "src", dir / again, what);
       RunConfig load = dst.cfg;
       load.checkpoint.load = dir / "src";
-      expect_close(dst.train(load), straight, what);
+      test::expect_close_resume(dst.train(load), straight, kStop, what);
     }
   }
 }

@@ -104,3 +104,43 @@ TEST(GradNormRuns, RunSumsEqualThePerPieceSumsOfEachAccumulator) {
   }
   EXPECT_LT(per_run, per_piece) << "neighbours of one target were not merged";
 }
+
+TEST(GradNormRuns, TargetsFollowTheParameterKindAndTheGroupsThatExist) {
+  ParamDesc split, replicated, expert_split, expert_replicated;
+  split.tp.split = TpSplit::Rows;
+  expert_split.tp.split = TpSplit::Cols;
+  expert_split.expert = expert_replicated.expert = true;
+  EXPECT_EQ(norm_target(split, true, true), kNormSplit);
+  EXPECT_EQ(norm_target(replicated, true, true), kNormReplicated);
+  EXPECT_EQ(norm_target(expert_split, true, true), kNormExpertSplit);
+  EXPECT_EQ(norm_target(expert_replicated, true, true), kNormExpertReplicated);
+  // Without the group a parameter could be replicated over, it counts on every rank.
+  EXPECT_EQ(norm_target(replicated, false, true), kNormSplit);
+  EXPECT_EQ(norm_target(expert_replicated, true, false), kNormExpertSplit);
+  EXPECT_EQ(norm_target(replicated, true, false), kNormReplicated);
+}
+
+TEST(GradNormRuns, SumNormPiecesSumsEachTargetAndSkipsGaps) {
+  // g = 1..8; target 0 takes [0,2) and [6,8) (1+4, 49+64), target 2 takes [3,5) (16+25); element
+  // 2 and 5 are gaps, target 1 and 3 have no pieces. Small integers: every sum is exact in fp32.
+  Tensor g = Tensor::from_floats({1, 2, 3, 4, 5, 6, 7, 8}, {8}, DType::F32);
+  const NormSums s = sum_norm_pieces(g,
+                                     {{.offset = 6, .count = 2, .target = kNormSplit},
+                                      {.offset = 3, .count = 2, .target = kNormExpertSplit},
+                                      {.offset = 0, .count = 2, .target = kNormSplit}},
+                                     Stream::cpu());
+  EXPECT_EQ(s.split, 1 + 4 + 49 + 64);
+  EXPECT_EQ(s.replicated, 0);
+  EXPECT_EQ(s.expert_split, 16 + 25);
+  EXPECT_EQ(s.expert_replicated, 0);
+  const NormSums r = sum_norm_pieces(g,
+                                     {{.offset = 0, .count = 1, .target = kNormSplit},
+                                      {.offset = 1, .count = 1, .target = kNormReplicated},
+                                      {.offset = 2, .count = 1, .target = kNormExpertSplit},
+                                      {.offset = 3, .count = 1, .target = kNormExpertReplicated}},
+                                     Stream::cpu());
+  EXPECT_EQ(r.dense(true), 1 + 4);
+  EXPECT_EQ(r.dense(false), 1);  // replicated parameters count on TP rank 0 only
+  EXPECT_EQ(r.expert(true), 9 + 16);
+  EXPECT_EQ(r.expert(false), 9);
+}

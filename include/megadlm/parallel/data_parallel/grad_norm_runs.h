@@ -3,10 +3,17 @@
 // of pieces (64 experts x 3 weights x 12 layers); summed piece by piece, the norm was two
 // kernels per piece (32 ms of a 170 ms step on an H200). Pieces that touch and go into the same
 // accumulator cover the same elements as one range, so a run changes only the summation order.
-// Used by DataParallel and FullyShardedDataParallel (grad_sq_norm).
+// Also the part of a gradient norm that DataParallel and FullyShardedDataParallel share
+// (grad_sq_norm): which of four sums a parameter's pieces go into, the sums themselves, and the
+// one-number all-reduce that makes them global. Which groups each wrapper reduces over stays
+// with the wrapper, since that is where its sharding rules live.
 #pragma once
 #include <cstdint>
 #include <vector>
+#include "megadlm/comm/communicator.h"
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/parallel/parameter_store.h"
 
 namespace megadlm {
 
@@ -29,5 +36,39 @@ inline constexpr int64_t kMaxNormRun = int64_t{1} << 28;
 /// left out (a tied weight's copy, padding) leave a gap, so a run never covers them; pieces
 /// must not overlap; empty ones are dropped.
 std::vector<NormPiece> coalesce_norm_pieces(std::vector<NormPiece> pieces, int64_t max_run = kMaxNormRun);
+
+/// The four accumulators of a gradient norm (NormPiece::target): split parameters hold
+/// different elements on each (expert-)TP rank; replicated ones hold the same values on every
+/// rank of the group and so count on its rank 0 only.
+enum NormTarget : int {
+  kNormSplit = 0,
+  kNormReplicated = 1,
+  kNormExpertSplit = 2,
+  kNormExpertReplicated = 3,
+};
+
+/// The accumulator of parameter d's pieces. Without a (expert-)TP group a replicated parameter
+/// is not replicated over anything, so it counts as split. A tied weight's copy
+/// (PipelineShare::Copy) is the caller's to leave out.
+int norm_target(const ParamDesc& d, bool has_tp, bool has_expert_tp);
+
+/// The sums of squares of the four accumulators on this rank (fp64 from the accumulator).
+struct NormSums {
+  double split = 0, replicated = 0, expert_split = 0, expert_replicated = 0;
+  /// This rank's dense share: replicated parameters count where tp_rank0 (no TP group: true).
+  double dense(bool tp_rank0) const { return tp_rank0 ? split + replicated : split; }
+  double expert(bool expert_tp_rank0) const {
+    return expert_tp_rank0 ? expert_split + expert_replicated : expert_split;
+  }
+};
+
+/// Sums of squares of grads over the pieces, one ops::sum_squares per coalesced run, into an
+/// fp32 accumulator per target (fp64 for fp64 gradients on the CPU); a target no piece names
+/// sums to 0. grads is the flat optimizer-gradient buffer the offsets index.
+NormSums sum_norm_pieces(const Tensor& grads, std::vector<NormPiece> pieces, const Stream& stream);
+
+/// v summed over c's ranks (one fp64 all-reduce on stream's device, then waits for it); every
+/// rank of c must call it.
+double sum_over_ranks(comm::Communicator& c, double v, const Stream& stream);
 
 }  // namespace megadlm

@@ -1,0 +1,197 @@
+// The inference programs' shared command line, prompts and JSONL output (inference_cli.h).
+#include "inference_cli.h"
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+namespace megadlm::apps {
+
+using nlohmann::json;
+
+std::vector<CliFlag> common_inference_flags() {
+  return {
+      {"--load", "DIR", "megadlm checkpoint directory (its latest checkpoint; any saved parallel layout)"},
+      {"--ckpt-step", "N", "load iteration N instead of the latest"},
+      {"--hf-dir", "DIR", "a Hugging Face Qwen2/Qwen3 folder instead of --load (as convert_checkpoint --from-hf reads it)"},
+      {"--device", "cpu|cuda", "where to run: cuda (bf16) when a GPU is visible, else cpu (fp32)"},
+      {"--tokenizer-type", "TYPE", "HuggingFaceTokenizer, GPT2BPETokenizer, SentencePieceTokenizer, NullTokenizer, ... "
+                                   "(default: the checkpoint's, or the --hf-dir's tokenizer.json)"},
+      {"--tokenizer-model", "PATH", "tokenizer.json (or its folder) / SentencePiece .model"},
+      {"--vocab-file", "PATH", "GPT2BPETokenizer vocab.json"},
+      {"--merge-file", "PATH", "GPT2BPETokenizer merges.txt"},
+      {"--mask-token", "ID", "the mask token id (default: the checkpoint's --mask-token)"},
+      {"--mask-token-id", "ID", "same as --mask-token"},
+      {"--seed", "N", "seed of every random number (default 1234)"},
+      {"--help", nullptr, "print this help and exit"},
+  };
+}
+
+void Cli::parse(int argc, char** argv) {
+  std::vector<std::string> errors;
+  for (int i = 1; i < argc; ++i) {
+    std::string tok = argv[i];
+    std::string value;
+    bool has_value = false;
+    const size_t eq = tok.find('=');
+    if (tok.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = tok.substr(eq + 1);
+      tok = tok.substr(0, eq);
+      has_value = true;
+    }
+    const CliFlag* f = find(tok);
+    if (f == nullptr) {
+      errors.push_back("unknown flag `" + tok + "` (" + program_ + " --help lists the flags)");
+      continue;
+    }
+    if (f->value != nullptr && !has_value) {
+      if (i + 1 >= argc) {
+        errors.push_back("`" + tok + "` expects a value (" + f->value + ")");
+        continue;
+      }
+      value = argv[++i];
+    } else if (f->value == nullptr && has_value) {
+      errors.push_back("`" + tok + "` takes no value");
+      continue;
+    }
+    auto& slot = values_[tok];
+    if (!slot.empty() && !f->repeatable) errors.push_back("`" + tok + "` given twice");
+    slot.push_back(f->value != nullptr ? value : "1");
+  }
+  if (!errors.empty()) throw ConfigError(errors, {});
+}
+
+int64_t Cli::integer(const std::string& flag, int64_t fallback, std::vector<std::string>& errors) const {
+  if (!has(flag)) return fallback;
+  const std::string v = get(flag);
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0') {
+    errors.push_back("`" + flag + " " + v + "`: expected an integer");
+    return fallback;
+  }
+  return x;
+}
+
+double Cli::number(const std::string& flag, double fallback, std::vector<std::string>& errors) const {
+  if (!has(flag)) return fallback;
+  const std::string v = get(flag);
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') {
+    errors.push_back("`" + flag + " " + v + "`: expected a number");
+    return fallback;
+  }
+  return x;
+}
+
+std::string Cli::help() const {
+  std::ostringstream os;
+  os << usage_ << "\n\nflags:\n";
+  for (const CliFlag& f : flags_) {
+    std::string left = std::string("  ") + f.name + (f.value ? std::string(" ") + f.value : "");
+    os << left << (left.size() < 34 ? std::string(34 - left.size(), ' ') : "\n" + std::string(34, ' '))
+       << f.help << (f.repeatable ? " (repeatable)" : "") << "\n";
+  }
+  return os.str();
+}
+
+const CliFlag* Cli::find(const std::string& name) const {
+  for (const CliFlag& f : flags_)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+training::InferenceSource inference_source(const Cli& cli, std::vector<std::string>& errors) {
+  training::InferenceSource src;
+  src.load = cli.get("--load");
+  src.hf_dir = cli.get("--hf-dir");
+  if (cli.has("--ckpt-step")) src.ckpt_step = cli.integer("--ckpt-step", 0, errors);
+  if (src.load.empty() == src.hf_dir.empty())
+    errors.push_back("give the model with exactly one of `--load DIR` (a megadlm checkpoint) and `--hf-dir DIR`");
+  if (src.ckpt_step && !src.hf_dir.empty()) errors.push_back("`--ckpt-step` applies to `--load` only");
+  return src;
+}
+
+Device inference_device(const Cli& cli, std::vector<std::string>& errors) {
+  const std::string d = cli.get("--device", cuda_device_count() > 0 ? "cuda" : "cpu");
+  if (d == "cpu") return Device::cpu();
+  if (d == "cuda") {
+    if (cuda_device_count() == 0) errors.push_back("`--device cuda`: no GPU is visible (or this build has no CUDA)");
+    return Device::cuda(0);
+  }
+  errors.push_back("`--device " + d + "`: valid: cpu, cuda");
+  return Device::cpu();
+}
+
+std::unique_ptr<data::Tokenizer> inference_tokenizer(const Cli& cli, const RunConfig& cfg, const std::string& hf_dir) {
+  data::TokenizerConfig t;
+  t.type = cli.get("--tokenizer-type", cfg.data.tokenizer_type);
+  t.model = cli.get("--tokenizer-model", cli.has("--tokenizer-type") ? "" : cfg.data.tokenizer_model);
+  t.vocab_file = cli.get("--vocab-file");
+  t.merge_file = cli.get("--merge-file");
+  t.vocab_size = cfg.model.vocab_size;
+  if (t.type.empty() && !hf_dir.empty() && std::filesystem::exists(std::filesystem::path(hf_dir) / "tokenizer.json")) {
+    t.type = "HuggingFaceTokenizer";
+    t.model = hf_dir;
+  }
+  if (t.type.empty()) return nullptr;
+  return data::load_tokenizer(t);
+}
+
+int64_t inference_mask_token(const Cli& cli, const RunConfig& cfg, std::vector<std::string>& errors) {
+  if (cli.has("--mask-token") && cli.has("--mask-token-id"))
+    errors.push_back("give one of `--mask-token` and `--mask-token-id` (they are the same flag)");
+  const std::string flag = cli.has("--mask-token-id") ? "--mask-token-id" : "--mask-token";
+  return cli.integer(flag, cfg.diffusion.mask_token, errors);
+}
+
+bool read_prompts_jsonl(const std::string& path, std::vector<Prompt>& out, std::vector<std::string>& errors) {
+  std::ifstream in(path);
+  if (!in) {
+    errors.push_back("`--prompts-jsonl " + path + "`: cannot read the file");
+    return false;
+  }
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      const json j = json::parse(line);
+      Prompt p;
+      if (j.contains("prompt_ids")) {
+        p.ids = j.at("prompt_ids").get<std::vector<int32_t>>();
+      } else if (j.contains("prompt")) {
+        p.text = j.at("prompt").get<std::string>();
+        p.has_text = true;
+      } else {
+        errors.push_back(path + " line " + std::to_string(n) + ": needs \"prompt\" or \"prompt_ids\"");
+        continue;
+      }
+      out.push_back(std::move(p));
+    } catch (const json::exception& e) {
+      errors.push_back(path + " line " + std::to_string(n) + ": not a JSON object with \"prompt\" (" + e.what() + ")");
+    }
+  }
+  return true;
+}
+
+void encode_prompts(std::vector<Prompt>& prompts, const data::Tokenizer* tok, std::vector<std::string>& errors) {
+  for (Prompt& p : prompts) {
+    if (!p.has_text) continue;
+    if (tok == nullptr) {
+      errors.push_back("prompt \"" + p.text.substr(0, 40) + "\" is text but there is no tokenizer: give "
+                       "`--tokenizer-type` (and `--tokenizer-model`), or \"prompt_ids\" in the JSONL");
+      continue;
+    }
+    p.ids = tok->encode(p.text);
+  }
+}
+
+JsonlOutput::JsonlOutput(const Cli& cli, const std::string& flag, std::vector<std::string>& errors) : out_(&std::cout) {
+  if (!cli.has(flag)) return;
+  file_.open(cli.get(flag));
+  if (!file_) errors.push_back("`" + flag + " " + cli.get(flag) + "`: cannot create the file");
+  out_ = &file_;
+}
+
+}  // namespace megadlm::apps
