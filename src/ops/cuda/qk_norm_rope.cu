@@ -1,14 +1,17 @@
-// Fused QK-norm + RoPE on CUDA (include/megadlm/ops/qk_norm_rope.h). One block per token
-// (grid-stride), 8 warps: the block first forms the token's rotary angles once (cos/sin of
-// theta_i = p / base^(2i/rotary_dim), fp32 as rope.cu), then each warp takes whole query/key
-// heads: a lane holds the elements lane + 32 j of a head (coalesced), the RMS statistic is a warp
-// sum, and the rotation partner (i +- rotary_dim/2) comes through a per-warp row in shared
-// memory. Value heads are copied with 16-byte accesses (in place, out == qkv, they are left
-// alone: a warp reads a whole head before it writes it, and heads do not overlap). Backward does the rotation by -theta,
-// the RMSNorm backward, writes the gradient over dqkv in place (each head is read whole before
-// it is written), and reduces dq_weight/dk_weight deterministically: per-lane registers, a fixed
-// order over the block's warps into one partial row per block, then launch_add_partial_rows in
-// block order (no float atomics).
+// Fused QK-norm + RoPE on CUDA (include/megadlm/ops/qk_norm_rope.h).
+// General kernels: one block per token (grid-stride), 8 warps: the block first forms the token's
+// rotary angles once (cos/sin of theta_i = p / base^(2i/rotary_dim), fp32 as rope.cu), then each
+// warp takes whole query/key heads: a lane holds the elements lane + 32 j of a head (coalesced),
+// the RMS statistic is a warp sum, and the rotation partner (i +- rotary_dim/2) comes through a
+// per-warp row in shared memory. Value heads are copied with 16-byte accesses.
+// head_dim 128 kernels (the 1.7B shape, forward and backward): a warp per token, 4 contiguous
+// elements a lane, the rotation partner by one shuffle, the loads of 4 heads in flight at once.
+// In place (out == qkv) the value heads are left alone: a warp reads a whole head before it
+// writes it, and heads do not overlap. Backward does the rotation by -theta, the RMSNorm
+// backward, writes the gradient over dqkv in place (each head is read whole before it is
+// written), and reduces dq_weight/dk_weight deterministically: per-lane registers, a fixed order
+// over the block's warps into one partial row per block, then launch_add_partial_rows in block
+// order (no float atomics).
 #include <algorithm>
 #include <type_traits>
 #include "core/cuda/cuda_utils.h"
@@ -23,6 +26,10 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxDim = 256;
 constexpr int64_t kBackwardMaxBlocks = 1024;
+/// The d128 kernels: a warp per token (no block-wide barrier between tokens) that issues the
+/// loads of this many heads before it uses the first (one 256-byte load per warp at a time left
+/// the H200 at half its memory bandwidth).
+constexpr int kD128Group = 4;
 
 struct Dims {
   int heads, kv_heads, dim, rotary_dim;
@@ -117,10 +124,8 @@ qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
                                  const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
                                  T* out, float* __restrict__ rstd, int64_t tokens, Dims d) {
   constexpr int kDim = 128, kHalf = 64;
-  // Heads a warp loads before it uses the first: one token's 4 heads per warp in flight instead
-  // of one (a lone 256-byte load per warp leaves the H200 at half its memory bandwidth).
-  constexpr int kGroup = 4;
-  __shared__ float inv_freq[kHalf], cs[kHalf], sn[kHalf];
+  __shared__ float inv_freq[kHalf];
+  __shared__ float cs[kWarps][kHalf], sn[kWarps][kHalf];  // each warp's token
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
   const bool rope = d.rotary_dim > 0;
@@ -132,27 +137,28 @@ qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
   // The frequencies once per block (token_angles' expression, so the angles are the same).
   for (int i = threadIdx.x; i < kHalf && rope; i += blockDim.x)
     inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    __syncthreads();  // the previous token's angles are no longer read (and inv_freq is written)
+  __syncthreads();
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tokens;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
     const T* xt = qkv + t * d.row();
     T* yt = out + t * d.row();
-    float v[kGroup][4];
+    float v[kD128Group][4];
     auto load_group = [&](int h0) {
 #pragma unroll
-      for (int u = 0; u < kGroup; ++u)
-        if (h0 + u * kWarps < normed) load_vec<4>(xt + (h0 + u * kWarps) * kDim + 4 * lane, v[u]);
+      for (int u = 0; u < kD128Group; ++u)
+        if (h0 + u < normed) load_vec<4>(xt + (h0 + u) * kDim + 4 * lane, v[u]);
     };
-    load_group(warp);  // in flight while the angles are formed
+    load_group(0);  // in flight while the angles are formed
     if (rope) {
-      for (int i = threadIdx.x; i < kHalf; i += blockDim.x)
-        sincosf(static_cast<float>(positions[t]) * inv_freq[i], &sn[i], &cs[i]);
+      const float p = static_cast<float>(positions[t]);
+      for (int i = lane; i < kHalf; i += 32) sincosf(p * inv_freq[i], &sn[warp][i], &cs[warp][i]);
+      __syncwarp();
     }
-    __syncthreads();
-    for (int h0 = warp; h0 < normed; h0 += kWarps * kGroup) {
-      if (h0 != warp) load_group(h0);
+    for (int h0 = 0; h0 < normed; h0 += kD128Group) {
+      if (h0 > 0) load_group(h0);
 #pragma unroll
-      for (int u = 0; u < kGroup; ++u) {
-        const int h = h0 + u * kWarps;
+      for (int u = 0; u < kD128Group; ++u) {
+        const int h = h0 + u;
         if (h >= normed) break;  // uniform over the warp
         if (q_weight != nullptr) {
           float ss = 0.0f;
@@ -170,17 +176,20 @@ qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
           for (int j = 0; j < 4; ++j) {
             const float partner = __shfl_xor_sync(0xffffffffu, v[u][j], 16);
             const int i = (4 * lane + j) & (kHalf - 1);
-            v[u][j] = lane < 16 ? v[u][j] * cs[i] - partner * sn[i] : v[u][j] * cs[i] + partner * sn[i];
+            v[u][j] = lane < 16 ? v[u][j] * cs[warp][i] - partner * sn[warp][i]
+                                : v[u][j] * cs[warp][i] + partner * sn[warp][i];
           }
         }
         store_vec<4>(yt + h * kDim + 4 * lane, v[u]);
       }
     }
+    __syncwarp();  // every lane has read this token's angles before the next token's are written
     if (qkv == out) continue;  // in place: the value heads are already there
     const int64_t v_begin = static_cast<int64_t>(normed) * kDim, v_len = static_cast<int64_t>(d.kv_heads) * kDim;
     const uint2* src = reinterpret_cast<const uint2*>(xt + v_begin);
     uint2* dst = reinterpret_cast<uint2*>(yt + v_begin);
-    for (int64_t i = threadIdx.x; i < v_len / 4; i += blockDim.x) dst[i] = src[i];
+#pragma unroll 4
+    for (int64_t i = lane; i < v_len / 4; i += 32) dst[i] = src[i];
   }
 }
 
@@ -283,8 +292,9 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
                                   const float* __restrict__ rstd, const int32_t* __restrict__ positions,
                                   float* __restrict__ partial_q, float* __restrict__ partial_k,
                                   int64_t tokens, Dims d) {
-  constexpr int kDim = 128, kHalf = 64, kGroup = 4;
-  __shared__ float inv_freq[kHalf], cs[kHalf], sn[kHalf];
+  constexpr int kDim = 128, kHalf = 64, kGroup = kD128Group;
+  __shared__ float inv_freq[kHalf];
+  __shared__ float cs[kWarps][kHalf], sn[kWarps][kHalf];  // each warp's token
   __shared__ float comb[kWarps][kDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
@@ -298,31 +308,31 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
   }
   for (int i = threadIdx.x; i < kHalf && rope; i += blockDim.x)
     inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    __syncthreads();  // the previous token's angles are no longer read (and inv_freq is written)
+  __syncthreads();
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tokens;
+       t += static_cast<int64_t>(gridDim.x) * kWarps) {
     T* gt = dqkv + t * d.row();
     const T* xt = qkv + t * d.row();
     float g[kGroup][4], x[kGroup][4];
     auto load_group = [&](int h0) {
 #pragma unroll
       for (int u = 0; u < kGroup; ++u) {
-        const int h = h0 + u * kWarps;
-        if (h >= normed) continue;
-        load_vec<4>(gt + h * kDim + 4 * lane, g[u]);
-        if (norm) load_vec<4>(xt + h * kDim + 4 * lane, x[u]);
+        if (h0 + u >= normed) continue;
+        load_vec<4>(gt + (h0 + u) * kDim + 4 * lane, g[u]);
+        if (norm) load_vec<4>(xt + (h0 + u) * kDim + 4 * lane, x[u]);
       }
     };
-    load_group(warp);
+    load_group(0);
     if (rope) {
-      for (int i = threadIdx.x; i < kHalf; i += blockDim.x)
-        sincosf(static_cast<float>(positions[t]) * inv_freq[i], &sn[i], &cs[i]);
+      const float p = static_cast<float>(positions[t]);
+      for (int i = lane; i < kHalf; i += 32) sincosf(p * inv_freq[i], &sn[warp][i], &cs[warp][i]);
+      __syncwarp();
     }
-    __syncthreads();
-    for (int h0 = warp; h0 < normed; h0 += kWarps * kGroup) {
-      if (h0 != warp) load_group(h0);
+    for (int h0 = 0; h0 < normed; h0 += kGroup) {
+      if (h0 > 0) load_group(h0);
 #pragma unroll
       for (int u = 0; u < kGroup; ++u) {
-        const int h = h0 + u * kWarps;
+        const int h = h0 + u;
         if (h >= normed) break;  // uniform over the warp
         float dn[4];
 #pragma unroll
@@ -332,7 +342,7 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
           for (int j = 0; j < 4; ++j) {
             const float partner = __shfl_xor_sync(0xffffffffu, dn[j], 16);
             const int i = (4 * lane + j) & (kHalf - 1);
-            dn[j] = lane < 16 ? dn[j] * cs[i] + partner * sn[i] : dn[j] * cs[i] - partner * sn[i];
+            dn[j] = lane < 16 ? dn[j] * cs[warp][i] + partner * sn[warp][i] : dn[j] * cs[warp][i] - partner * sn[warp][i];
           }
         }
         if (norm) {
@@ -353,6 +363,7 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
         store_vec<4>(gt + h * kDim + 4 * lane, dn);
       }
     }
+    __syncwarp();  // this token's angles are read before the next token's are written
   }
   if (!norm) return;
   // Block partial rows: the warps' sums in warp order (fixed), one row per weight.
@@ -408,12 +419,13 @@ void qk_norm_rope_forward(const Tensor& qkv, const Tensor& q_weight, const Tenso
   MDLM_CHECK(!q_weight.defined() || rstd.dtype() == DType::F32, "qk_norm_rope_forward: rstd must be f32, got ",
              rstd.str());
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, 65535));
+  const unsigned grid_d128 = static_cast<unsigned>(std::min<int64_t>(ceil_div(tokens, int64_t{kWarps}), 65535));
   dispatch_activation_dtype(qkv.dtype(), "qk_norm_rope_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (sizeof(T) == 2) {
       if (d128_kernels_take(d, sizeof(T), {qkv.data_ptr(), out.data_ptr(), ptr_or_null<T>(q_weight),
                                       ptr_or_null<T>(k_weight)})) {
-        qk_norm_rope_forward_d128_kernel<T><<<grid, kThreads, 0, megadlm::detail::native_stream(stream)>>>(
+        qk_norm_rope_forward_d128_kernel<T><<<grid_d128, kThreads, 0, megadlm::detail::native_stream(stream)>>>(
             static_cast<const T*>(qkv.data_ptr()), ptr_or_null<T>(q_weight), ptr_or_null<T>(k_weight),
             static_cast<const int32_t*>(positions.data_ptr()), static_cast<T*>(out.data_ptr()),
             q_weight.defined() ? rstd.data<float>() : nullptr, tokens, d);
@@ -440,7 +452,11 @@ void qk_norm_rope_backward(Tensor& dqkv, const Tensor& qkv, const Tensor& q_weig
   const int64_t tokens = qkv.rows();
   if (tokens == 0) return;
   const bool norm = q_weight.defined();
-  const int64_t blocks = std::min(tokens, kBackwardMaxBlocks);
+  const bool d128 = d128_kernels_take(d, dtype_size(qkv.dtype()), {dqkv.data_ptr(), qkv.data_ptr(),
+                                      q_weight.defined() ? q_weight.data_ptr() : nullptr,
+                                      k_weight.defined() ? k_weight.data_ptr() : nullptr});
+  // The d128 kernel takes a token per warp, the general one a token per block.
+  const int64_t blocks = std::min(d128 ? ceil_div(tokens, int64_t{kWarps}) : tokens, kBackwardMaxBlocks);
   Tensor partial;
   if (norm) partial = Tensor::empty({2, blocks, d.dim}, DType::F32, stream);
   float* pq = norm ? partial.data<float>() : nullptr;
@@ -449,8 +465,7 @@ void qk_norm_rope_backward(Tensor& dqkv, const Tensor& qkv, const Tensor& q_weig
   dispatch_activation_dtype(qkv.dtype(), "qk_norm_rope_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (sizeof(T) == 2) {
-      if (d128_kernels_take(d, sizeof(T), {dqkv.data_ptr(), qkv.data_ptr(), ptr_or_null<T>(q_weight),
-                                      ptr_or_null<T>(k_weight)})) {
+      if (d128) {
         qk_norm_rope_backward_d128_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(
             static_cast<T*>(dqkv.data_ptr()), static_cast<const T*>(qkv.data_ptr()),
             ptr_or_null<T>(q_weight), ptr_or_null<T>(k_weight), norm ? rstd.data<float>() : nullptr,
