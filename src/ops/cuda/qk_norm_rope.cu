@@ -113,6 +113,38 @@ qk_norm_rope_forward_kernel(const T* qkv, const T* __restrict__ q_weight,
   }
 }
 
+// ---- head_dim 128 kernels: the pieces forward and backward share ----
+
+constexpr int kD128Half = 64;
+
+/// inv_freq[i] for i < 64, block-wide (token_angles' expression, so the angles are the same);
+/// the caller synchronises the block before reading it.
+__device__ __forceinline__ void d128_frequencies(float* inv_freq, const Dims& d) {
+  for (int i = threadIdx.x; i < kD128Half && d.rotary_dim > 0; i += blockDim.x)
+    inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
+}
+
+/// One warp's token angles cos/sin(p * inv_freq[i]) into its own rows cs, sn.
+__device__ __forceinline__ void d128_warp_angles(int32_t position, const float* inv_freq, float* cs, float* sn,
+                                                 int lane) {
+  const float p = static_cast<float>(position);
+  for (int i = lane; i < kD128Half; i += 32) sincosf(p * inv_freq[i], &sn[i], &cs[i]);
+  __syncwarp();
+}
+
+/// The rotation of a lane's 4 elements (4 lane + j) by +theta (kInverse: -theta); the partner
+/// e +- 64 sits in lane ^ 16.
+template <bool kInverse>
+__device__ __forceinline__ void d128_rotate(float (&v)[4], int lane, const float* cs, const float* sn) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float partner = __shfl_xor_sync(0xffffffffu, v[j], 16);
+    const int i = (4 * lane + j) & (kD128Half - 1);
+    if constexpr (kInverse) v[j] = lane < 16 ? v[j] * cs[i] + partner * sn[i] : v[j] * cs[i] - partner * sn[i];
+    else v[j] = lane < 16 ? v[j] * cs[i] - partner * sn[i] : v[j] * cs[i] + partner * sn[i];
+  }
+}
+
 // head_dim 128 with full (or no) rotation, 2-byte types: a lane holds 4 contiguous elements
 // (8-byte accesses instead of 2-byte ones), and the rotation partner e +- 64 of lane l's elements
 // sits in lane l ^ 16, so it comes by one shuffle instead of a shared-memory round trip. The
@@ -123,9 +155,9 @@ __global__ void __launch_bounds__(kThreads)
 qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
                                  const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
                                  T* out, float* __restrict__ rstd, int64_t tokens, Dims d) {
-  constexpr int kDim = 128, kHalf = 64;
-  __shared__ float inv_freq[kHalf];
-  __shared__ float cs[kWarps][kHalf], sn[kWarps][kHalf];  // each warp's token
+  constexpr int kDim = 128;
+  __shared__ float inv_freq[kD128Half];
+  __shared__ float cs[kWarps][kD128Half], sn[kWarps][kD128Half];  // each warp's token
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
   const bool rope = d.rotary_dim > 0;
@@ -134,9 +166,7 @@ qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
     load_vec<4>(q_weight + 4 * lane, wq);
     load_vec<4>(k_weight + 4 * lane, wk);
   }
-  // The frequencies once per block (token_angles' expression, so the angles are the same).
-  for (int i = threadIdx.x; i < kHalf && rope; i += blockDim.x)
-    inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
+  d128_frequencies(inv_freq, d);  // once per block
   __syncthreads();
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -149,11 +179,7 @@ qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
         if (h0 + u < normed) load_vec<4>(xt + (h0 + u) * kDim + 4 * lane, v[u]);
     };
     load_group(0);  // in flight while the angles are formed
-    if (rope) {
-      const float p = static_cast<float>(positions[t]);
-      for (int i = lane; i < kHalf; i += 32) sincosf(p * inv_freq[i], &sn[warp][i], &cs[warp][i]);
-      __syncwarp();
-    }
+    if (rope) d128_warp_angles(positions[t], inv_freq, cs[warp], sn[warp], lane);
     for (int h0 = 0; h0 < normed; h0 += kD128Group) {
       if (h0 > 0) load_group(h0);
 #pragma unroll
@@ -171,15 +197,7 @@ qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
           for (int j = 0; j < 4; ++j) v[u][j] = v[u][j] * r * w[j];
           if (lane == 0) rstd[t * normed + h] = r;
         }
-        if (rope) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float partner = __shfl_xor_sync(0xffffffffu, v[u][j], 16);
-            const int i = (4 * lane + j) & (kHalf - 1);
-            v[u][j] = lane < 16 ? v[u][j] * cs[warp][i] - partner * sn[warp][i]
-                                : v[u][j] * cs[warp][i] + partner * sn[warp][i];
-          }
-        }
+        if (rope) d128_rotate<false>(v[u], lane, cs[warp], sn[warp]);
         store_vec<4>(yt + h * kDim + 4 * lane, v[u]);
       }
     }
@@ -292,9 +310,9 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
                                   const float* __restrict__ rstd, const int32_t* __restrict__ positions,
                                   float* __restrict__ partial_q, float* __restrict__ partial_k,
                                   int64_t tokens, Dims d) {
-  constexpr int kDim = 128, kHalf = 64, kGroup = kD128Group;
-  __shared__ float inv_freq[kHalf];
-  __shared__ float cs[kWarps][kHalf], sn[kWarps][kHalf];  // each warp's token
+  constexpr int kDim = 128, kGroup = kD128Group;
+  __shared__ float inv_freq[kD128Half];
+  __shared__ float cs[kWarps][kD128Half], sn[kWarps][kD128Half];  // each warp's token
   __shared__ float comb[kWarps][kDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
@@ -306,8 +324,7 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
     load_vec<4>(q_weight + 4 * lane, wq);
     load_vec<4>(k_weight + 4 * lane, wk);
   }
-  for (int i = threadIdx.x; i < kHalf && rope; i += blockDim.x)
-    inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
+  d128_frequencies(inv_freq, d);
   __syncthreads();
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -323,11 +340,7 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
       }
     };
     load_group(0);
-    if (rope) {
-      const float p = static_cast<float>(positions[t]);
-      for (int i = lane; i < kHalf; i += 32) sincosf(p * inv_freq[i], &sn[warp][i], &cs[warp][i]);
-      __syncwarp();
-    }
+    if (rope) d128_warp_angles(positions[t], inv_freq, cs[warp], sn[warp], lane);
     for (int h0 = 0; h0 < normed; h0 += kGroup) {
       if (h0 > 0) load_group(h0);
 #pragma unroll
@@ -337,14 +350,7 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
         float dn[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) dn[j] = g[u][j];
-        if (rope) {  // rotation by -theta
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const float partner = __shfl_xor_sync(0xffffffffu, dn[j], 16);
-            const int i = (4 * lane + j) & (kHalf - 1);
-            dn[j] = lane < 16 ? dn[j] * cs[warp][i] + partner * sn[warp][i] : dn[j] * cs[warp][i] - partner * sn[warp][i];
-          }
-        }
+        if (rope) d128_rotate<true>(dn, lane, cs[warp], sn[warp]);
         if (norm) {
           const float* wv = h < d.heads ? wq : wk;
           float* acc = h < d.heads ? acc_q : acc_k;
