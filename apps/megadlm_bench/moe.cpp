@@ -17,17 +17,32 @@ namespace {
 // 768, top-8 of 8192 tokens: 65536 routed rows, about 1024 per expert.
 constexpr int64_t kMoeExperts = 64, kMoeTopk = 8, kMoeFfn = 768;
 
-/// Rows per expert of a random top-8 routing of kTokens tokens (each token 8 distinct experts).
-std::vector<int64_t> moe_group_rows(int64_t tokens, int64_t experts, int64_t k) {
+/// A random top-k routing: each of `tokens` tokens picks k distinct experts, [tokens * k].
+std::vector<int32_t> random_routing(int64_t tokens, int64_t experts, int64_t k) {
   std::mt19937 rng(static_cast<uint32_t>(++g_seed));
-  std::vector<int64_t> rows(static_cast<size_t>(experts), 0);
-  std::vector<int> ids(static_cast<size_t>(experts));
+  std::vector<int32_t> idx(static_cast<size_t>(tokens * k)), ids(static_cast<size_t>(experts));
   for (int64_t t = 0; t < tokens; ++t) {
     std::iota(ids.begin(), ids.end(), 0);
     std::shuffle(ids.begin(), ids.end(), rng);
-    for (int64_t j = 0; j < k; ++j) ++rows[static_cast<size_t>(ids[static_cast<size_t>(j)])];
+    for (int64_t j = 0; j < k; ++j) idx[static_cast<size_t>(t * k + j)] = ids[static_cast<size_t>(j)];
   }
+  return idx;
+}
+
+/// Rows per expert of a random top-k routing of `tokens` tokens.
+std::vector<int64_t> moe_group_rows(int64_t tokens, int64_t experts, int64_t k) {
+  std::vector<int64_t> rows(static_cast<size_t>(experts), 0);
+  for (int32_t e : random_routing(tokens, experts, k)) ++rows[static_cast<size_t>(e)];
   return rows;
+}
+
+/// The dispatch plan (moe_dispatch_plan's dest, [tokens, k] on the stream's device) of a random
+/// top-k routing.
+Tensor random_dispatch(int64_t tokens, int64_t k, int64_t experts, const Stream& s) {
+  Tensor indices = Tensor::from_ints(random_routing(tokens, experts, k), {tokens, k}).to(s.device(), s);
+  Tensor dest = Tensor::empty({tokens, k}, DType::I32, s), cnt = Tensor::empty({experts}, DType::I32, s);
+  ops::moe_dispatch_plan(indices, 0, static_cast<int>(experts), dest, cnt, s);
+  return dest;
 }
 
 /// One grouped GEMM of the experts: fwd Y_g = X_g W_g^T, dgrad dX_g = dY_g W_g, wgrad
@@ -133,17 +148,7 @@ std::vector<OpBench> moe_benches() {
       return c;
     };
     b.setup = [unpermute, T, H, K, E](const Stream& s) -> std::function<void()> {
-      std::vector<int32_t> idx(static_cast<size_t>(T * K));
-      std::mt19937 rng(static_cast<uint32_t>(++g_seed));
-      std::vector<int32_t> ids(static_cast<size_t>(E));
-      for (int64_t t = 0; t < T; ++t) {
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        for (int64_t j = 0; j < K; ++j) idx[static_cast<size_t>(t * K + j)] = ids[static_cast<size_t>(j)];
-      }
-      Tensor indices = Tensor::from_ints(idx, {T, K}).to(s.device(), s);
-      Tensor dest = Tensor::empty({T, K}, DType::I32, s), cnt = Tensor::empty({E}, DType::I32, s);
-      ops::moe_dispatch_plan(indices, 0, static_cast<int>(E), dest, cnt, s);
+      const Tensor dest = random_dispatch(T, K, E, s);
       Tensor x = random_device({T, H}, DType::BF16, s), y = random_device({T * K, H}, DType::BF16, s);
       Tensor probs = random_device({T, K}, DType::F32, s, 0.0f, 0.25f);
       return [=, &s]() mutable {
@@ -178,17 +183,7 @@ std::vector<OpBench> moe_benches() {
     return c;
   };
   ub.setup = [T, H, K, E](const Stream& s) -> std::function<void()> {
-    std::vector<int32_t> idx(static_cast<size_t>(T * K));
-    std::mt19937 rng(static_cast<uint32_t>(++g_seed));
-    std::vector<int32_t> ids(static_cast<size_t>(E));
-    for (int64_t t = 0; t < T; ++t) {
-      std::iota(ids.begin(), ids.end(), 0);
-      std::shuffle(ids.begin(), ids.end(), rng);
-      for (int64_t j = 0; j < K; ++j) idx[static_cast<size_t>(t * K + j)] = ids[static_cast<size_t>(j)];
-    }
-    Tensor indices = Tensor::from_ints(idx, {T, K}).to(s.device(), s);
-    Tensor dest = Tensor::empty({T, K}, DType::I32, s), cnt = Tensor::empty({E}, DType::I32, s);
-    ops::moe_dispatch_plan(indices, 0, static_cast<int>(E), dest, cnt, s);
+    const Tensor dest = random_dispatch(T, K, E, s);
     Tensor dout = random_device({T, H}, DType::BF16, s), y = random_device({T * K, H}, DType::BF16, s);
     Tensor dy = Tensor::empty({T * K, H}, DType::BF16, s), dprobs = Tensor::empty({T, K}, DType::F32, s);
     Tensor probs = random_device({T, K}, DType::F32, s, 0.0f, 0.25f);
