@@ -14,23 +14,17 @@ mkdir -p "$out"; out=$(cd "$out" && pwd)
 export MEGADLM_BIN=$build/bin NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 work=$(mktemp -d)
+# shellcheck source=lib/generation_inputs.sh
+source scripts/lib/generation_inputs.sh
 sum=$out/summary.txt
 timeout 260 "$build/bin/gpu_parity" > "$work/parity.log" 2>&1
 echo "parity: exit $? ($SECONDS s): $(grep -E '^\[  (PASSED|FAILED)' "$work/parity.log" | tr '\n' ' ')" >> "$sum"
 timeout 150 "$build/bin/megadlm_bench" ops --op attention > "$work/attention_ops.txt" 2>&1
 echo "attention ops: exit $? ($SECONDS s)" >> "$sum"
 grep -E "^attention_(fwd|bwd)_(canvas|documents|s8192)|^attention_(fwd|bwd)_cudnn" "$work/attention_ops.txt" | grep -v " B=" >> "$sum"
-"$build/bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda --train-iters 1 \
-  --global-batch-size 4 --lr-warmup-iters 0 --lr-decay-iters 10 --lr-wsd-decay-iters 1 --log-interval 1 \
-  --eval-iters 0 --save "$work/ckpt" --save-interval 1 --no-save-optim > "$work/save.log" 2>&1
+save_random_checkpoint "$build/bin" "$work/ckpt" "$work/save.log"
 echo "save: exit $? ($SECONDS s)" >> "$sum"
-python3 - "$work/prompts.jsonl" <<'P'
-import json, random, sys
-random.seed(0)
-with open(sys.argv[1], "w") as f:
-    for i in range(16):
-        f.write(json.dumps({"prompt_ids": [random.randrange(1, 50000) for _ in range(32 - (i % 4))]}) + "\n")
-P
+write_ragged_prompts "$work/prompts.jsonl"
 gen() {  # gen TAG MODES [env...]
   local tag=$1 modes=$2; shift 2
   env "$@" timeout 150 "$build/bin/generate_bench" --load "$work/ckpt" --prompts-jsonl "$work/prompts.jsonl" \

@@ -13,6 +13,8 @@ mkdir -p "$out"; out=$(cd "$out" && pwd)
 export MEGADLM_BIN=$build/bin NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 work=$(mktemp -d)
+# shellcheck source=lib/generation_inputs.sh
+source scripts/lib/generation_inputs.sh
 if [[ $what == *" train "* ]]; then
   bash scripts/trace_iteration.sh "$work" s8192 3 @configs/megadlms_1.7b.args --seq-length 8192 \
     --max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 4
@@ -20,17 +22,9 @@ if [[ $what == *" train "* ]]; then
   bash scripts/trace_iteration.sh "$work" moe 4 @configs/fine_grained_moe.args --global-batch-size 4
 fi
 if [[ $what == *" generation "* ]]; then
-  "$build/bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda --train-iters 1 \
-    --global-batch-size 4 --lr-warmup-iters 0 --lr-decay-iters 10 --lr-wsd-decay-iters 1 --log-interval 1 \
-    --eval-iters 0 --save "$work/ckpt" --save-interval 1 --no-save-optim > "$work/save.log" 2>&1
+  save_random_checkpoint "$build/bin" "$work/ckpt" "$work/save.log"
   echo "save: exit $? ($SECONDS s)"
-  python3 - "$work/prompts.jsonl" <<'P'
-import json, random, sys
-random.seed(0)
-with open(sys.argv[1], "w") as f:
-    for i in range(16):
-        f.write(json.dumps({"prompt_ids": [random.randrange(1, 50000) for _ in range(32 - (i % 4))]}) + "\n")
-P
+  write_ragged_prompts "$work/prompts.jsonl"
   # The tracer keeps the last profiled range: the timed run of the last mode listed.
   for b in 1 16; do
     for modes in exact exact,dual; do
