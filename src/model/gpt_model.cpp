@@ -265,26 +265,33 @@ Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const Model
   inference.forward_only = true;
   inference.training = false;
   // Each layer's MLP output is added into the residual stream by the next layer's first norm.
+  // After the last layer's attention every op is per row, so its second norm, its MLP and the
+  // final norm run on the wanted rows alone (a dense MLP: an MoE layer's capacity drops depend
+  // on all the tokens, so there the rows are picked after the layer).
   Tensor residual = embed(mb, inference), branch;
-  for (const TransformerLayer& layer : layers_) branch = layer.forward_inference(residual, branch, mb, inference);
-  // The final norm is per row: normalising only the wanted rows gives the same values (and
-  // adding the last branch only there too).
-  auto pick = [&](const Tensor& x) {
-    Tensor picked = Tensor::empty({rows.numel(), cfg_.hidden_size}, rt.dtype, s);
-    ops::embedding_forward(x, rows, picked, 0, s);  // a row gather
-    return picked;
-  };
-  Tensor picked = pick(residual);
-  residual = Tensor();
+  const bool prune_last = !layers_.empty() && !layers_.back().is_moe() && rows.numel() > 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const bool last = i + 1 == layers_.size();
+    branch = layers_[i].forward_inference(residual, branch, mb, inference, last && prune_last ? rows : Tensor());
+  }
+  if (!prune_last) {
+    auto pick = [&](const Tensor& x) {
+      Tensor picked = Tensor::empty({rows.numel(), cfg_.hidden_size}, rt.dtype, s);
+      ops::gather_rows(x, rows, picked, s);
+      return picked;
+    };
+    residual = pick(residual);
+    if (branch.defined()) branch = pick(branch);
+  }
   NormRecord norm;
   Tensor h;
   if (branch.defined()) {
-    Tensor picked_branch = pick(branch), sum = Tensor::empty(picked.shape(), picked.dtype(), s);
-    branch = Tensor();
-    h = final_norm_.forward_add(picked_branch, picked, sum, norm, s);
+    Tensor sum = Tensor::empty(residual.shape(), residual.dtype(), s);
+    h = final_norm_.forward_add(branch, residual, sum, norm, s);
   } else {
-    h = final_norm_.forward(picked, norm, s);
+    h = final_norm_.forward(residual, norm, s);
   }
+  branch = residual = Tensor();
   // The first `vocab` rows of the output layer. A vocabulary that is not a multiple of 8 (GPT-2's
   // 50257) would make the logits' row stride unaligned, and cuBLASLt then falls back to a slow
   // sm75 kernel (8x slower, measured on the H200): compute every padded row's logit with

@@ -8,6 +8,13 @@ namespace {
 
 std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(layer) + "."; }
 
+/// x's rows at `index` (int32 flat token indices), in index order.
+Tensor rows_at(const Tensor& x, const Tensor& index, const Stream& s) {
+  Tensor out = Tensor::empty({index.numel(), x.cols()}, x.dtype(), s);
+  ops::gather_rows(x, index, out, s);
+  return out;
+}
+
 // Hidden dropout of the two residual branches, keyed by global coordinates: sites 2·layer+1
 // (attention) and 2·layer+2 (MLP); `row_offset` places this rank's SP shard in the sequence.
 ops::DropoutArgs dropout_args(const MicroBatch& mb, const ModelRuntime& rt, float p, uint32_t site,
@@ -95,8 +102,10 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
 }
 
 Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
-                                           const ModelRuntime& rt) const {
+                                           const ModelRuntime& rt, const Tensor& keep_rows) const {
   MDLM_CHECK(rt.forward_only && !rt.training, "TransformerLayer::forward_inference is for inference only");
+  MDLM_CHECK(!keep_rows.defined() || (!moe_ && !mp_.tp.enabled()), "layer ", layer_,
+             ": forward_inference keeps rows only for a dense MLP on one tensor-parallel rank");
   const Stream& s = rt.stream;
   LayerRecord rec;  // what the sublayers save, dropped with this frame
   if (rt.hooks) rt.hooks->params_needed(handles_);
@@ -110,6 +119,10 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
   }
   Tensor attn = attention_.forward(normed, mb, rec.attention, rt);
   normed = Tensor();
+  if (keep_rows.defined()) {
+    attn = rows_at(attn, keep_rows, s);
+    x = rows_at(x, keep_rows, s);
+  }
   residual = Tensor::empty(x.shape(), x.dtype(), s);
   Tensor norm2_out = norm2_.forward_add(attn, x, residual, rec.norm2, s);
   attn = x = Tensor();

@@ -54,15 +54,21 @@ class TransformerLayer {
   /// `residual` + `branch`, the previous layer's MLP output (undefined: none), added in the first
   /// norm's pass instead of by a separate add; returns this layer's MLP output and leaves its
   /// residual stream in `residual`, so the caller adds the last branch. Equal to forward(): the
-  /// fused add rounds the sum as ops::add does.
+  /// fused add rounds the sum as ops::add does. `keep_rows` (flat token indices, defined: the
+  /// last layer under GptModel::logits_at): attention still reads every token, but the second
+  /// norm and the MLP run on these rows alone, and both results hold only them, in that order
+  /// (the same values: everything after attention is per row). Not for MoE layers, whose
+  /// capacity drops depend on all the tokens.
   Tensor forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
-                           const ModelRuntime& rt) const;
+                           const ModelRuntime& rt, const Tensor& keep_rows = Tensor()) const;
   /// dy -> dx (shapes as forward's output/input); consumes (clears) `rec`.
   Tensor backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,
                   const ModelRuntime& rt) const;
 
   /// Handles of every parameter of this layer.
   const std::vector<int>& param_handles() const { return handles_; }
+  /// Whether the MLP is a mixture of experts.
+  bool is_moe() const { return moe_; }
 
  private:
   const TransformerConfig& cfg_;
