@@ -5,7 +5,8 @@
 // the RMS statistic is a warp sum, and the rotation partner (i +- rotary_dim/2) comes through a
 // per-warp row in shared memory. Value heads are copied with 16-byte accesses.
 // head_dim 128 kernels (the 1.7B shape, forward and backward): a warp per token, 4 contiguous
-// elements a lane, the rotation partner by one shuffle, the loads of 4 heads in flight at once.
+// elements a lane, the rotation partner by one shuffle, the loads of 8 (forward) or 4
+// (backward: two tensors) heads in flight at once, angles and weights in registers.
 // In place (out == qkv) the value heads are left alone: a warp reads a whole head before it
 // writes it, and heads do not overlap. Backward does the rotation by -theta, the RMSNorm
 // backward, writes the gradient over dqkv in place (each head is read whole before it is
@@ -26,10 +27,6 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kMaxDim = 256;
 constexpr int64_t kBackwardMaxBlocks = 1024;
-/// The d128 kernels: a warp per token (no block-wide barrier between tokens) that issues the
-/// loads of this many heads before it uses the first (one 256-byte load per warp at a time left
-/// the H200 at half its memory bandwidth).
-constexpr int kD128Group = 4;
 
 struct Dims {
   int heads, kv_heads, dim, rotary_dim;
@@ -114,34 +111,42 @@ qk_norm_rope_forward_kernel(const T* qkv, const T* __restrict__ q_weight,
 }
 
 // ---- head_dim 128 kernels: the pieces forward and backward share ----
+// Everything a lane uses lives in registers, indexed by compile-time indices only (a pointer
+// that picks between two register arrays, or an index the compiler cannot fold, moves them to
+// local memory: ncu measured that as the forward's main cost on the H200).
 
 constexpr int kD128Half = 64;
+/// Heads whose loads a warp issues before it uses the first (forward: one tensor; backward: two).
+constexpr int kD128ForwardGroup = 8;
+constexpr int kD128BackwardGroup = 4;
 
-/// inv_freq[i] for i < 64, block-wide (token_angles' expression, so the angles are the same);
-/// the caller synchronises the block before reading it.
-__device__ __forceinline__ void d128_frequencies(float* inv_freq, const Dims& d) {
-  for (int i = threadIdx.x; i < kD128Half && d.rotary_dim > 0; i += blockDim.x)
-    inv_freq[i] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
+/// inv_freq of a lane's 4 elements 4 lane + j (rotation pair i = (4 lane + j) mod 64), by
+/// token_angles' expression, so the angles are the same as the general kernels'.
+__device__ __forceinline__ void d128_lane_frequencies(float (&inv_freq)[4], int lane, const Dims& d) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = (4 * lane + j) & (kD128Half - 1);
+    inv_freq[j] = 1.0f / powf(d.base, static_cast<float>(2 * i) / static_cast<float>(d.rotary_dim));
+  }
 }
 
-/// One warp's token angles cos/sin(p * inv_freq[i]) into its own rows cs, sn.
-__device__ __forceinline__ void d128_warp_angles(int32_t position, const float* inv_freq, float* cs, float* sn,
-                                                 int lane) {
+/// cos/sin(p * inv_freq[j]) of a lane's 4 elements at this token's position.
+__device__ __forceinline__ void d128_lane_angles(int32_t position, const float (&inv_freq)[4], float (&cs)[4],
+                                                 float (&sn)[4]) {
   const float p = static_cast<float>(position);
-  for (int i = lane; i < kD128Half; i += 32) sincosf(p * inv_freq[i], &sn[i], &cs[i]);
-  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) sincosf(p * inv_freq[j], &sn[j], &cs[j]);
 }
 
 /// The rotation of a lane's 4 elements (4 lane + j) by +theta (kInverse: -theta); the partner
-/// e +- 64 sits in lane ^ 16.
+/// e +- 64 sits in lane ^ 16 and has the same angle.
 template <bool kInverse>
-__device__ __forceinline__ void d128_rotate(float (&v)[4], int lane, const float* cs, const float* sn) {
+__device__ __forceinline__ void d128_rotate(float (&v)[4], int lane, const float (&cs)[4], const float (&sn)[4]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float partner = __shfl_xor_sync(0xffffffffu, v[j], 16);
-    const int i = (4 * lane + j) & (kD128Half - 1);
-    if constexpr (kInverse) v[j] = lane < 16 ? v[j] * cs[i] + partner * sn[i] : v[j] * cs[i] - partner * sn[i];
-    else v[j] = lane < 16 ? v[j] * cs[i] - partner * sn[i] : v[j] * cs[i] + partner * sn[i];
+    if constexpr (kInverse) v[j] = lane < 16 ? v[j] * cs[j] + partner * sn[j] : v[j] * cs[j] - partner * sn[j];
+    else v[j] = lane < 16 ? v[j] * cs[j] - partner * sn[j] : v[j] * cs[j] + partner * sn[j];
   }
 }
 
@@ -149,59 +154,63 @@ __device__ __forceinline__ void d128_rotate(float (&v)[4], int lane, const float
 // (8-byte accesses instead of 2-byte ones), and the rotation partner e +- 64 of lane l's elements
 // sits in lane l ^ 16, so it comes by one shuffle instead of a shared-memory round trip. The
 // arithmetic is the general kernel's expression for expression; only the order of the RMS
-// statistic's sum differs.
+// statistic's sum differs. Lane l keeps the rstd of head 32 c + l, stored in one coalesced
+// write per 32 heads.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
 qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
                                  const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
                                  T* out, float* __restrict__ rstd, int64_t tokens, Dims d) {
-  constexpr int kDim = 128;
-  __shared__ float inv_freq[kD128Half];
-  __shared__ float cs[kWarps][kD128Half], sn[kWarps][kD128Half];  // each warp's token
+  constexpr int kDim = 128, kGroup = kD128ForwardGroup;
+  static_assert(32 % kGroup == 0, "a load group stays inside a 32-head rstd chunk");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
-  const bool rope = d.rotary_dim > 0;
-  float wq[4], wk[4];
-  if (q_weight != nullptr) {
+  const bool norm = q_weight != nullptr, rope = d.rotary_dim > 0;
+  float wq[4] = {}, wk[4] = {}, inv_freq[4] = {};
+  if (norm) {
     load_vec<4>(q_weight + 4 * lane, wq);
     load_vec<4>(k_weight + 4 * lane, wk);
   }
-  d128_frequencies(inv_freq, d);  // once per block
-  __syncthreads();
+  if (rope) d128_lane_frequencies(inv_freq, lane, d);
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarps) {
     const T* xt = qkv + t * d.row();
     T* yt = out + t * d.row();
-    float v[kD128Group][4];
+    float v[kGroup][4];
     auto load_group = [&](int h0) {
 #pragma unroll
-      for (int u = 0; u < kD128Group; ++u)
+      for (int u = 0; u < kGroup; ++u)
         if (h0 + u < normed) load_vec<4>(xt + (h0 + u) * kDim + 4 * lane, v[u]);
     };
     load_group(0);  // in flight while the angles are formed
-    if (rope) d128_warp_angles(positions[t], inv_freq, cs[warp], sn[warp], lane);
-    for (int h0 = 0; h0 < normed; h0 += kD128Group) {
+    float cs[4] = {}, sn[4] = {};
+    if (rope) d128_lane_angles(positions[t], inv_freq, cs, sn);
+    float lane_rstd = 0.0f;
+    for (int h0 = 0; h0 < normed; h0 += kGroup) {
       if (h0 > 0) load_group(h0);
 #pragma unroll
-      for (int u = 0; u < kD128Group; ++u) {
+      for (int u = 0; u < kGroup; ++u) {
         const int h = h0 + u;
-        if (h >= normed) break;  // uniform over the warp
-        if (q_weight != nullptr) {
-          float ss = 0.0f;
+        if (h < normed) {  // uniform over the warp
+          if (norm) {
+            float ss = 0.0f;
 #pragma unroll
-          for (int j = 0; j < 4; ++j) ss += v[u][j] * v[u][j];
-          ss = warp_sum(ss);
-          const float r = 1.0f / sqrtf(ss / static_cast<float>(kDim) + d.eps);
-          const float* w = h < d.heads ? wq : wk;
+            for (int j = 0; j < 4; ++j) ss += v[u][j] * v[u][j];
+            ss = warp_sum(ss);
+            const float r = 1.0f / sqrtf(ss / static_cast<float>(kDim) + d.eps);
+            const bool is_q = h < d.heads;
 #pragma unroll
-          for (int j = 0; j < 4; ++j) v[u][j] = v[u][j] * r * w[j];
-          if (lane == 0) rstd[t * normed + h] = r;
+            for (int j = 0; j < 4; ++j) v[u][j] = v[u][j] * r * (is_q ? wq[j] : wk[j]);
+            if (lane == (h & 31)) lane_rstd = r;
+          }
+          if (rope) d128_rotate<false>(v[u], lane, cs, sn);
+          store_vec<4>(yt + h * kDim + 4 * lane, v[u]);
         }
-        if (rope) d128_rotate<false>(v[u], lane, cs[warp], sn[warp]);
-        store_vec<4>(yt + h * kDim + 4 * lane, v[u]);
       }
+      const int next = h0 + kGroup, chunk = h0 & ~31;
+      if (norm && ((next & 31) == 0 || next >= normed) && chunk + lane < normed)
+        rstd[t * normed + chunk + lane] = lane_rstd;
     }
-    __syncwarp();  // every lane has read this token's angles before the next token's are written
     if (qkv == out) continue;  // in place: the value heads are already there
     const int64_t v_begin = static_cast<int64_t>(normed) * kDim, v_len = static_cast<int64_t>(d.kv_heads) * kDim;
     const uint2* src = reinterpret_cast<const uint2*>(xt + v_begin);
@@ -300,7 +309,8 @@ qk_norm_rope_backward_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
 
 // The backward at head_dim 128 with full (or no) rotation, 2-byte types: the forward d128
 // kernel's lane layout (4 contiguous elements a lane, the rotation partner in lane l ^ 16) and
-// its grouped loads (a warp's 4 heads of a token, gradient and input, in flight at once). The
+// its grouped loads (a warp's 4 heads of a token, gradient and input, in flight at once); the
+// token's rstd comes in one coalesced load per 32 heads and reaches the lanes by shuffles. The
 // arithmetic is the general kernel's expression for expression; the weight sums keep a fixed
 // order (per lane over tokens, then warps in order), so repeated runs are bitwise equal.
 template <typename T>
@@ -310,22 +320,18 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
                                   const float* __restrict__ rstd, const int32_t* __restrict__ positions,
                                   float* __restrict__ partial_q, float* __restrict__ partial_k,
                                   int64_t tokens, Dims d) {
-  constexpr int kDim = 128, kGroup = kD128Group;
-  __shared__ float inv_freq[kD128Half];
-  __shared__ float cs[kWarps][kD128Half], sn[kWarps][kD128Half];  // each warp's token
+  constexpr int kDim = 128, kGroup = kD128BackwardGroup;
+  static_assert(32 % kGroup == 0, "a load group stays inside a 32-head rstd chunk");
   __shared__ float comb[kWarps][kDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
   const bool norm = q_weight != nullptr, rope = d.rotary_dim > 0;
-  float wq[4], wk[4], acc_q[4], acc_k[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) wq[j] = wk[j] = acc_q[j] = acc_k[j] = 0.0f;
+  float wq[4] = {}, wk[4] = {}, acc_q[4] = {}, acc_k[4] = {}, inv_freq[4] = {};
   if (norm) {
     load_vec<4>(q_weight + 4 * lane, wq);
     load_vec<4>(k_weight + 4 * lane, wk);
   }
-  d128_frequencies(inv_freq, d);
-  __syncthreads();
+  if (rope) d128_lane_frequencies(inv_freq, lane, d);
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tokens;
        t += static_cast<int64_t>(gridDim.x) * kWarps) {
     T* gt = dqkv + t * d.row();
@@ -339,37 +345,39 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
         if (norm) load_vec<4>(xt + (h0 + u) * kDim + 4 * lane, x[u]);
       }
     };
+    float lane_rstd = 0.0f;
     load_group(0);
-    if (rope) d128_warp_angles(positions[t], inv_freq, cs[warp], sn[warp], lane);
+    float cs[4] = {}, sn[4] = {};
+    if (rope) d128_lane_angles(positions[t], inv_freq, cs, sn);
     for (int h0 = 0; h0 < normed; h0 += kGroup) {
+      if (norm && (h0 & 31) == 0) lane_rstd = h0 + lane < normed ? rstd[t * normed + h0 + lane] : 0.0f;
       if (h0 > 0) load_group(h0);
 #pragma unroll
       for (int u = 0; u < kGroup; ++u) {
         const int h = h0 + u;
-        if (h >= normed) break;  // uniform over the warp
+        if (h >= normed) continue;  // uniform over the warp
         float dn[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) dn[j] = g[u][j];
-        if (rope) d128_rotate<true>(dn, lane, cs[warp], sn[warp]);
+        if (rope) d128_rotate<true>(dn, lane, cs, sn);
         if (norm) {
-          const float* wv = h < d.heads ? wq : wk;
-          float* acc = h < d.heads ? acc_q : acc_k;
-          const float r = rstd[t * normed + h];
+          const bool is_q = h < d.heads;
+          const float r = __shfl_sync(0xffffffffu, lane_rstd, h & 31);
           float gx = 0.0f;
 #pragma unroll
-          for (int j = 0; j < 4; ++j) gx += dn[j] * wv[j] * x[u][j];
+          for (int j = 0; j < 4; ++j) gx += dn[j] * (is_q ? wq[j] : wk[j]) * x[u][j];
           gx = warp_sum(gx);
           const float coef = r * r * r * gx / static_cast<float>(kDim);
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            acc[j] += dn[j] * x[u][j] * r;
-            dn[j] = r * dn[j] * wv[j] - x[u][j] * coef;
+            if (is_q) acc_q[j] += dn[j] * x[u][j] * r;
+            else acc_k[j] += dn[j] * x[u][j] * r;
+            dn[j] = r * dn[j] * (is_q ? wq[j] : wk[j]) - x[u][j] * coef;
           }
         }
         store_vec<4>(gt + h * kDim + 4 * lane, dn);
       }
     }
-    __syncwarp();  // this token's angles are read before the next token's are written
   }
   if (!norm) return;
   // Block partial rows: the warps' sums in warp order (fixed), one row per weight.
