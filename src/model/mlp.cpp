@@ -47,12 +47,19 @@ Tensor Mlp::activate(const Tensor& fc1_out, const Stream& s) const {
 
 Tensor Mlp::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
-  Tensor dact = fc2_.backward(dy, activate(saved.fc1_out, s), mb.tokens(), s);
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), dy.dtype(), s);
-  if (activation_ == MlpActivation::SwiGLU) ops::swiglu_backward(dact, saved.fc1_out, dfc1, s);
-  else ops::gelu_backward(dact, saved.fc1_out, dfc1, s);
+  // fc2's data gradient first; then one pass over fc1_out gives both the activation's backward
+  // and (SwiGLU) the recomputed activation output that fc2's weight gradient reads.
+  fc2_.backward(dy, [&](const Tensor& dact) {
+    if (activation_ != MlpActivation::SwiGLU) {
+      ops::gelu_backward(dact, saved.fc1_out, dfc1, s);
+      return activate(saved.fc1_out, s);
+    }
+    Tensor act = Tensor::empty({saved.fc1_out.rows(), ffn_}, saved.fc1_out.dtype(), s);
+    ops::swiglu_backward_recompute(dact, saved.fc1_out, dfc1, act, s);
+    return act;
+  }, mb.tokens(), s);
   saved.fc1_out = Tensor();
-  dact = Tensor();
   Tensor dx = fc1_.backward(dfc1, saved.x_full, s);
   saved = Saved{};
   return dx;

@@ -152,28 +152,34 @@ Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {
 
 Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, int64_t rows,
                                    const Stream& s) const {
+  return backward(dy, [&x](const Tensor&) { return x; }, rows, s);
+}
+
+Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<Tensor(const Tensor& dx)>& input,
+                                   int64_t rows, const Stream& s) const {
+  const Tensor w = store_->param(weight_);
+  Tensor dx, dy_full;  // dy_full: the gradient of the full rows (SP's reduce-scatter -> all-gather)
   if (overlapped(mp_)) {
     // dx = dy W for each gathered shard as it arrives; the weight gradient needs all of dy.
-    const Tensor w = store_->param(weight_);
-    Tensor dx = Tensor::empty({rows, w.cols()}, dy.dtype(), s);
-    const Tensor dy_full = gather_rows_overlapped(dy, rows, *mp_.tp.comm, s, side_stream(mp_, s),
-                                                  [&](int64_t first, const Tensor& dy_rows) {
-                                                    Tensor dx_rows = dx.narrow(first, dy_rows.rows());
-                                                    ops::gemm(dy_rows, w, dx_rows, {}, s);
-                                                  });
-    Tensor dw = store_->grad(weight_);
-    ops::gemm(dy_full, x, dw, {.trans_a = true, .beta = 1.0f}, s);
-    if (bias_ >= 0) {
-      Tensor db = store_->grad(bias_);
-      ops::sum_rows(dy_full, db, s);
-    }
-    return dx;
+    dx = Tensor::empty({rows, w.cols()}, dy.dtype(), s);
+    dy_full = gather_rows_overlapped(dy, rows, *mp_.tp.comm, s, side_stream(mp_, s),
+                                     [&](int64_t first, const Tensor& dy_rows) {
+                                       Tensor dx_rows = dx.narrow(first, dy_rows.rows());
+                                       ops::gemm(dy_rows, w, dx_rows, {}, s);
+                                     });
+  } else {
+    dy_full = mp_.sequence_parallel ? gather_rows(dy, rows, mp_.tp.get(), s) : dy;
+    dx = Tensor::empty({dy_full.rows(), w.cols()}, dy.dtype(), s);
+    ops::gemm(dy_full, w, dx, {}, s);
   }
-  // The gradient of the full rows (the conjugate of the reduce-scatter is an all-gather).
-  Tensor dy_full = mp_.sequence_parallel ? gather_rows(dy, rows, mp_.tp.get(), s) : dy;
-  Tensor db;
-  if (bias_ >= 0) db = store_->grad(bias_);
-  return linear_backward(dy_full, x, store_->param(weight_), store_->grad(weight_), db, s);
+  const Tensor x = input(dx);
+  Tensor dw = store_->grad(weight_);
+  ops::gemm(dy_full, x, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
+  if (bias_ >= 0) {
+    Tensor db = store_->grad(bias_);
+    ops::sum_rows(dy_full, db, s);
+  }
+  return dx;
 }
 
 }  // namespace megadlm::tp

@@ -17,6 +17,7 @@
 // Accumulation contract: weight and bias gradients are ADDED into the store's fp32 main grads;
 // input gradients are written (returned).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 #include "megadlm/core/stream.h"
@@ -75,6 +76,11 @@ class RowParallelLinear {
   /// dy [local rows, out] -> dx [rows, in/tp]; adds dW and db (db is the same on every TP rank).
   /// `rows`: the region's full row count (for the SP gather).
   Tensor backward(const Tensor& dy, const Tensor& x, int64_t rows, const Stream& stream) const;
+  /// The same, for an input formed after the data gradient: `input(dx)` runs once dx is there
+  /// and returns x for the weight gradient (the MLP recomputes its activation output in the
+  /// pass of the activation's own backward, which reads dx).
+  Tensor backward(const Tensor& dy, const std::function<Tensor(const Tensor& dx)>& input, int64_t rows,
+                  const Stream& stream) const;
 
  private:
   ParameterStore* store_ = nullptr;
