@@ -64,17 +64,6 @@ norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[0] += kLayer ? v[p][i] : v[p][i] * v[p][i];
   }
-  // The weight (and bias) loads are in flight during the row reduction instead of after it.
-  float w[kPacks][kVec], b[kPacks][kVec];
-#pragma unroll
-  for (int p = 0; p < kPacks; ++p) {
-    const int idx = p * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
-    if (row_ok && idx < npacks) {
-      load_vec<kVec>(weight + idx * kVec, w[p]);
-      if (kLayer && bias != nullptr) load_vec<kVec>(bias + idx * kVec, b[p]);
-      else zero(b[p]);
-    }
-  }
   row_sum<1>(acc, red);
 
   float mu = 0.0f;
@@ -104,9 +93,12 @@ norm_forward_kernel(const T* __restrict__ x, const T* __restrict__ weight,
   for (int p = 0; p < kPacks; ++p) {
     const int idx = p * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x);
     if (idx >= npacks) continue;
-    float out[kVec];
+    float w[kVec], b[kVec], out[kVec];
+    load_vec<kVec>(weight + idx * kVec, w);
+    if (kLayer && bias != nullptr) load_vec<kVec>(bias + idx * kVec, b);
+    else zero(b);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = (v[p][i] - mu) * rstd * w[p][i] + b[p][i];
+    for (int i = 0; i < kVec; ++i) out[i] = (v[p][i] - mu) * rstd * w[i] + b[i];
     store_vec<kVec>(yr + idx * kVec, out);
   }
 }
@@ -143,48 +135,28 @@ norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
   }
 
   const int64_t groups = (rows + rpb - 1) / rpb;
-  // The next row group's x, dy and statistics are loaded while this one is reduced (one row
-  // in flight per thread slot left the loads' latency exposed: ~2 TB/s on the H200).
-  float x_next[kPacks][kVec], dy_next[kPacks][kVec], r_next = 0.0f, mu_next = 0.0f;
-  auto load_rows = [&](int64_t g) {
-    const int64_t row = g * rpb + threadIdx.y;
-    const bool ok = g < groups && row < rows;
-    const int64_t base = (ok ? row : 0) * cols;
-    r_next = ok ? rstd[row] : 0.0f;
-    if constexpr (kLayer) mu_next = ok ? mean[row] : 0.0f;
-#pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      const int idx = p * tpr + tx;
-      if (ok && idx < npacks) {
-        load_vec<kVec>(x + base + idx * kVec, x_next[p]);
-        load_vec<kVec>(dy + base + idx * kVec, dy_next[p]);
-      } else {
-        zero(x_next[p]);
-        zero(dy_next[p]);
-      }
-    }
-  };
-  load_rows(blockIdx.x);
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // uniform over the block
     const int64_t row = g * rpb + threadIdx.y;
     const bool row_ok = row < rows;
     const int64_t base = (row_ok ? row : 0) * cols;
-    const float r = r_next, mu = mu_next;
-    float xhat[kPacks][kVec], dyv[kPacks][kVec];
-#pragma unroll
-    for (int p = 0; p < kPacks; ++p)
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        xhat[p][i] = x_next[p][i];
-        dyv[p][i] = dy_next[p][i];
-      }
-    if (g + gridDim.x < groups) load_rows(g + gridDim.x);
+    const float r = row_ok ? rstd[row] : 0.0f;
+    float mu = 0.0f;
+    if constexpr (kLayer) mu = row_ok ? mean[row] : 0.0f;
 
+    float xhat[kPacks][kVec], dyv[kPacks][kVec];
     float sums[kSums];  // [0] = sum(g * xhat), [1] = sum(g), with g = dy * weight
 #pragma unroll
     for (int s = 0; s < kSums; ++s) sums[s] = 0.0f;
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
+      const int idx = p * tpr + tx;
+      if (row_ok && idx < npacks) {
+        load_vec<kVec>(x + base + idx * kVec, xhat[p]);
+        load_vec<kVec>(dy + base + idx * kVec, dyv[p]);
+      } else {
+        zero(xhat[p]);
+        zero(dyv[p]);
+      }
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         xhat[p][i] = (xhat[p][i] - mu) * r;  // 0 for padding: x = mu = r = 0
@@ -192,7 +164,7 @@ norm_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x,
         sums[0] += gi * xhat[p][i];
         if constexpr (kLayer) sums[kSums - 1] += gi;
         dw[p][i] += dyv[p][i] * xhat[p][i];
-        if constexpr (kLayer) db[p][i] += dyv[p][i];
+        db[p][i] += dyv[p][i];
       }
     }
     row_sum<kSums>(sums, red);
