@@ -141,19 +141,21 @@ std::vector<OpBench> norm_fusion_benches() {
 }
 
 std::vector<OpBench> qk_benches() {
+  constexpr int64_t kInPlaceTokens = 16 * 288;
   std::vector<OpBench> out;
   const int64_t T = kTokens, Hq = kHeads, Hkv = kHeads, D = kHeadDim;
   const int64_t W = (Hq + 2 * Hkv) * D;
   const ops::QkNormRopeArgs args{.heads = Hq, .kv_heads = Hkv, .head_dim = D, .rotary_dim = D, .base = 10000.0f,
                                  .eps = 1e-6f};
-  const char* names[] = {"qk_unfused_fwd", "qk_norm_rope_fwd", "qk_norm_rope_bwd"};
-  for (int op = 0; op < 3; ++op) {
+  const char* names[] = {"qk_unfused_fwd", "qk_norm_rope_fwd", "qk_norm_rope_bwd", "qk_norm_rope_fwd_in_place"};
+  for (int op = 0; op < 4; ++op) {
     OpBench b;
     b.name = names[op];
-    b.shape = "qkv [8192, 48 x 128] bf16";
+    b.shape = op == 3 ? "qkv [4608, 48 x 128] bf16, in place" : "qkv [8192, 48 x 128] bf16";
     // The fused pass reads and writes each row once (backward also reads qkv); the unfused path
-    // is charged the same bytes so its rate shows how much slower it moves them.
-    b.bytes = (op == 2 ? 3.0 : 2.0) * 2.0 * T * W;
+    // is charged the same bytes so its rate shows how much slower it moves them. In place (the
+    // sampler's batch-16 canvas, 16 x 288 tokens) only the query and key heads move.
+    b.bytes = op == 3 ? 2.0 * 2.0 * kInPlaceTokens * (Hq + Hkv) * D : (op == 2 ? 3.0 : 2.0) * 2.0 * T * W;
     b.check = [op, args](const Stream& s) {
       const int64_t t = 37, w = (args.heads + 2 * args.kv_heads) * args.head_dim;
       Pair qkv = make_pair({t, w}, DType::BF16, s, -2.0f, 2.0f);
@@ -200,6 +202,10 @@ std::vector<OpBench> qk_benches() {
           ops::rope_forward(kr, p, {Hkv, D, D, args.base}, s);
         } else if (op == 1) {
           ops::qk_norm_rope_forward(qkv, wq, wk, p, o, rstd, args, s);
+        } else if (op == 3) {
+          Tensor rows = qkv.narrow(0, kInPlaceTokens);
+          Tensor row_rstd = rstd.narrow(0, kInPlaceTokens * (Hq + Hkv));
+          ops::qk_norm_rope_forward(rows, wq, wk, p.narrow(0, kInPlaceTokens), rows, row_rstd, args, s);
         } else {
           ops::qk_norm_rope_backward(o, qkv, wq, wk, rstd, p, dwq, dwk, args, s);
         }

@@ -5,8 +5,8 @@
 // the RMS statistic is a warp sum, and the rotation partner (i +- rotary_dim/2) comes through a
 // per-warp row in shared memory. Value heads are copied with 16-byte accesses.
 // head_dim 128 kernels (the 1.7B shape, forward and backward): a warp per token, 4 contiguous
-// elements a lane, the rotation partner by one shuffle, the loads of 8 (forward) or 4
-// (backward: two tensors) heads in flight at once, angles and weights in registers.
+// elements a lane, the rotation partner by one shuffle, the loads of 4 heads in flight at once,
+// angles and weights in registers.
 // In place (out == qkv) the value heads are left alone: a warp reads a whole head before it
 // writes it, and heads do not overlap. Backward does the rotation by -theta, the RMSNorm
 // backward, writes the gradient over dqkv in place (each head is read whole before it is
@@ -116,9 +116,13 @@ qk_norm_rope_forward_kernel(const T* qkv, const T* __restrict__ q_weight,
 // local memory: ncu measured that as the forward's main cost on the H200).
 
 constexpr int kD128Half = 64;
-/// Heads whose loads a warp issues before it uses the first (forward: one tensor; backward: two).
-constexpr int kD128ForwardGroup = 8;
-constexpr int kD128BackwardGroup = 4;
+/// Heads whose loads a warp issues before it uses the first.
+constexpr int kD128Group = 4;
+/// The forward's blocks per SM, which caps its registers at 64 (measured on the H200 at 8192
+/// tokens: 0.072 ms, against 0.088 with the 70 registers the compiler picks by itself (3 blocks),
+/// 0.107 with 8 heads in flight and 0.085 for the previous kernel, whose weights sat in local
+/// memory; the backward, which reads two tensors, gains nothing from it: 0.098 ms either way).
+constexpr int kD128ForwardMinBlocks = 4;
 
 /// inv_freq of a lane's 4 elements 4 lane + j (rotation pair i = (4 lane + j) mod 64), by
 /// token_angles' expression, so the angles are the same as the general kernels'.
@@ -157,11 +161,11 @@ __device__ __forceinline__ void d128_rotate(float (&v)[4], int lane, const float
 // statistic's sum differs. Lane l keeps the rstd of head 32 c + l, stored in one coalesced
 // write per 32 heads.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kD128ForwardMinBlocks)
 qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
                                  const T* __restrict__ k_weight, const int32_t* __restrict__ positions,
                                  T* out, float* __restrict__ rstd, int64_t tokens, Dims d) {
-  constexpr int kDim = 128, kGroup = kD128ForwardGroup;
+  constexpr int kDim = 128, kGroup = kD128Group;
   static_assert(32 % kGroup == 0, "a load group stays inside a 32-head rstd chunk");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int normed = d.heads + d.kv_heads;
@@ -320,7 +324,7 @@ qk_norm_rope_backward_d128_kernel(T* __restrict__ dqkv, const T* __restrict__ qk
                                   const float* __restrict__ rstd, const int32_t* __restrict__ positions,
                                   float* __restrict__ partial_q, float* __restrict__ partial_k,
                                   int64_t tokens, Dims d) {
-  constexpr int kDim = 128, kGroup = kD128BackwardGroup;
+  constexpr int kDim = 128, kGroup = kD128Group;
   static_assert(32 % kGroup == 0, "a load group stays inside a 32-head rstd chunk");
   __shared__ float comb[kWarps][kDim];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
