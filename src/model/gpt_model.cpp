@@ -275,13 +275,8 @@ Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const Model
     branch = layers_[i].forward_inference(residual, branch, mb, inference, last && prune_last ? rows : Tensor());
   }
   if (!prune_last) {
-    auto pick = [&](const Tensor& x) {
-      Tensor picked = Tensor::empty({rows.numel(), cfg_.hidden_size}, rt.dtype, s);
-      ops::gather_rows(x, rows, picked, s);
-      return picked;
-    };
-    residual = pick(residual);
-    if (branch.defined()) branch = pick(branch);
+    residual = ops::gather_rows(residual, rows, s);
+    if (branch.defined()) branch = ops::gather_rows(branch, rows, s);
   }
   NormRecord norm;
   Tensor h;

@@ -8,13 +8,6 @@ namespace {
 
 std::string layer_prefix(int layer) { return "decoder.layers." + std::to_string(layer) + "."; }
 
-/// x's rows at `index` (int32 flat token indices), in index order.
-Tensor rows_at(const Tensor& x, const Tensor& index, const Stream& s) {
-  Tensor out = Tensor::empty({index.numel(), x.cols()}, x.dtype(), s);
-  ops::gather_rows(x, index, out, s);
-  return out;
-}
-
 // Hidden dropout of the two residual branches, keyed by global coordinates: sites 2·layer+1
 // (attention) and 2·layer+2 (MLP); `row_offset` places this rank's SP shard in the sequence.
 ops::DropoutArgs dropout_args(const MicroBatch& mb, const ModelRuntime& rt, float p, uint32_t site,
@@ -120,8 +113,8 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
   Tensor attn = attention_.forward(normed, mb, rec.attention, rt);
   normed = Tensor();
   if (keep_rows.defined()) {
-    attn = rows_at(attn, keep_rows, s);
-    x = rows_at(x, keep_rows, s);
+    attn = ops::gather_rows(attn, keep_rows, s);
+    x = ops::gather_rows(x, keep_rows, s);
   }
   residual = Tensor::empty(x.shape(), x.dtype(), s);
   Tensor norm2_out = norm2_.forward_add(attn, x, residual, rec.norm2, s);

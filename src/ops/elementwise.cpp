@@ -74,4 +74,10 @@ void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst, const Stre
   else cpu::gather_rows(src, index, dst, stream);
 }
 
+Tensor gather_rows(const Tensor& src, const Tensor& index, const Stream& stream) {
+  Tensor dst = Tensor::empty({index.numel(), src.cols()}, src.dtype(), stream);
+  gather_rows(src, index, dst, stream);
+  return dst;
+}
+
 }  // namespace megadlm::ops

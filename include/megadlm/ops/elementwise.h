@@ -27,5 +27,7 @@ void concat_columns(const std::vector<const Tensor*>& parts, Tensor& out, const 
 /// sequence chunks and head blocks with it; its backward is gather_rows with the inverse
 /// permutation.
 void gather_rows(const Tensor& src, const Tensor& index, Tensor& dst, const Stream& stream);
+/// The same into a new tensor: src's rows at `index`, [M, W].
+Tensor gather_rows(const Tensor& src, const Tensor& index, const Stream& stream);
 
 }  // namespace megadlm::ops
