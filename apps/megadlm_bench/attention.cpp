@@ -8,9 +8,12 @@
 //   attention_{fwd,bwd}[_causal]_dropout_flash  p = 0.1 (own kernels only: global-coordinate mask)
 //   attention_{fwd,bwd}_documents_{cudnn,flash} packed documents of ~256 tokens
 //   attention_{fwd,bwd}_documents1k_{cudnn,flash} packed documents of ~1024 tokens
-//   attention_fwd_canvas_b16[_leftpad|_packed]_{cudnn,flash}  the exact sampler's batch-16
-//                                               forward (S=288): dense, its left padding as
-//                                               documents, and the rows packed without padding
+//   attention_fwd_canvas_b16[_leftpad|_rowlen|_packed]_{cudnn,flash}  the exact sampler's
+//                                               batch-16 forward (S=288): dense, its left padding
+//                                               as documents, the live tokens first with the
+//                                               padding after them (row_lengths: cuDNN's padding
+//                                               mask; the own kernels run it as documents), and
+//                                               the rows packed without padding
 //   attention_fwd_cached_b{1,8}                 Fast-dLLM's cached decoding: 32 query columns
 //                                               against a 288-column canvas (kv_seq), the left
 //                                               padding its own document (key_document_ids),
@@ -66,8 +69,10 @@ struct Packing {
 
 /// How a packed row is cut: documents of ~256 or ~1024 tokens, or a generation canvas (the
 /// sampler's left padding: row b's first b % 4 columns a document of their own, the rest one).
-/// PackedRows: that canvas without its padding, the 16 rows one document each in one row.
-enum class Docs { None, Mean256, Mean1024, LeftPad, PackedRows };
+/// RightPad: the same rows with the padding at the end (what InferenceModel hands the model,
+/// with AttentionArgs::row_lengths). PackedRows: that canvas without its padding, the 16 rows
+/// one document each in one row.
+enum class Docs { None, Mean256, Mean1024, LeftPad, RightPad, PackedRows };
 
 Packing pack_documents(int64_t batch, int64_t seq, Docs kind) {
   const std::vector<int> lengths = {256, 200, 312, 256, 180, 332};
@@ -79,6 +84,7 @@ Packing pack_documents(int64_t batch, int64_t seq, Docs kind) {
     while (i < seq) {
       int64_t len = std::min<int64_t>(scale * lengths[static_cast<size_t>(b + doc) % lengths.size()], seq - i);
       if (kind == Docs::LeftPad) len = doc == 0 && b % 4 != 0 ? b % 4 : seq - i;
+      if (kind == Docs::RightPad) len = doc == 0 ? seq - b % 4 : seq - i;
       if (kind == Docs::PackedRows) len = std::min<int64_t>(288 - doc % 4, seq - i);
       p.starts.push_back(static_cast<int32_t>(b * seq + i));
       for (int64_t j = 0; j < len; ++j) p.ids.push_back(doc);
@@ -134,7 +140,10 @@ OpBench attention_row(const RowSpec& r) {
     ops::AttentionArgs a = args_for(c, r), a_host = a;
     Tensor doc_host, doc_dev, starts_dev;
     if (docs) {
-      const Packing p = pack_documents(c.batch, c.seq, r.documents == Docs::LeftPad ? Docs::LeftPad : Docs::Mean256);
+      // RightPad runs its documents here: row_lengths leaves the padding's outputs unspecified
+      // (gpu_parity checks the live rows of the hint).
+      const bool canvas = r.documents == Docs::LeftPad || r.documents == Docs::RightPad;
+      const Packing p = pack_documents(c.batch, c.seq, canvas ? r.documents : Docs::Mean256);
       doc_host = Tensor::from_ints(p.ids, {c.batch, c.seq});
       doc_dev = device_ints(p.ids, s);
       starts_dev = device_ints(p.starts, s);
@@ -147,13 +156,20 @@ OpBench attention_row(const RowSpec& r) {
   b.setup = [r, x](const Stream& s) -> std::function<void()> {
     const Shape qs{x.batch, x.seq, x.heads, x.dim}, kvs{x.batch, x.seq, x.kv_heads, x.dim};
     ops::AttentionArgs a = args_for(x, r);
-    Tensor docs, starts;
+    Tensor docs, starts, lengths;
     if (r.documents != Docs::None) {
       const Packing p = pack_documents(x.batch, x.seq, r.documents);
       docs = device_ints(p.ids, s);
       starts = device_ints(p.starts, s);
       a.document_ids = &docs;
       a.document_starts = &starts;
+    }
+    const bool row_lengths = r.documents == Docs::RightPad;
+    if (row_lengths) {
+      std::vector<int32_t> live;
+      for (int64_t b = 0; b < x.batch; ++b) live.push_back(static_cast<int32_t>(x.seq - b % 4));
+      lengths = device_ints(live, s);
+      a.row_lengths = &lengths;
     }
     Tensor q = random_device(qs, DType::BF16, s), k = random_device(kvs, DType::BF16, s);
     Tensor v = random_device(kvs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
@@ -168,6 +184,7 @@ OpBench attention_row(const RowSpec& r) {
         a.document_ids = &docs;
         a.document_starts = &starts;
       }
+      if (row_lengths) a.row_lengths = &lengths;
       if (backward) ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
       else ops::attention_forward(q, k, v, o, lse, a, s);
     };
@@ -283,16 +300,21 @@ std::vector<OpBench> attention_benches() {
   // The exact sampler's forward at batch 16 (prompts of 29-32 tokens + 256 generated): the
   // canvas dense, and with the left padding as documents (what a batch of ragged prompts runs).
   for (const auto& [backend, suffix] : backends) {
-    for (Docs docs : {Docs::None, Docs::LeftPad, Docs::PackedRows}) {
+    for (Docs docs : {Docs::None, Docs::LeftPad, Docs::RightPad, Docs::PackedRows}) {
       RowSpec r;
       r.backend = backend;
       r.big = docs == Docs::PackedRows ? Shape4{1, 16 * 288 - 24, 16, 16, 128} : Shape4{16, 288, 16, 16, 128};
       r.documents = docs;
       r.name = detail::concat("attention_fwd_canvas_b16",
-                              docs == Docs::None ? "" : docs == Docs::LeftPad ? "_leftpad" : "_packed", suffix);
-      r.shape = docs == Docs::None      ? "B=16 H=16 S=288 D=128"
-                : docs == Docs::LeftPad ? "B=16 H=16 S=288 D=128, pads 0-3 as documents"
-                                        : "B=1 H=16 S=4584 D=128, the 16 rows as documents, no pads";
+                              docs == Docs::None      ? ""
+                              : docs == Docs::LeftPad  ? "_leftpad"
+                              : docs == Docs::RightPad ? "_rowlen"
+                                                       : "_packed",
+                              suffix);
+      r.shape = docs == Docs::None       ? "B=16 H=16 S=288 D=128"
+                : docs == Docs::LeftPad  ? "B=16 H=16 S=288 D=128, pads 0-3 as documents"
+                : docs == Docs::RightPad ? "B=16 H=16 S=288 D=128, pads 0-3 at the end, row_lengths"
+                                         : "B=1 H=16 S=4584 D=128, the 16 rows as documents, no pads";
       out.push_back(attention_row(r));
     }
   }

@@ -95,6 +95,47 @@ CanvasBatch build_canvas(const std::vector<std::vector<int32_t>>& prompts, int64
   return c;
 }
 
+std::optional<CompactCanvas> compact_rows(const CanvasBatch& c, const std::vector<int32_t>& rows) {
+  if (c.document_ids.empty() || c.batch <= 0 || c.seq <= 0) return std::nullopt;
+  const int64_t S = c.seq;
+  std::vector<int64_t> live_start(static_cast<size_t>(c.batch), 0);
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int32_t* ids = c.document_ids.data() + b * S;
+    int runs = 1;
+    for (int64_t i = 1; i < S; ++i) {
+      if (ids[i] == ids[i - 1]) continue;
+      if (++runs > 2) return std::nullopt;
+      live_start[static_cast<size_t>(b)] = i;
+    }
+  }
+  CompactCanvas out;
+  out.rows.reserve(rows.size());
+  for (const int32_t r : rows) {
+    if (r < 0 || r >= c.batch * S) return std::nullopt;
+    const int64_t b = r / S, i = r % S, p = live_start[static_cast<size_t>(b)];
+    if (i < p) return std::nullopt;  // a requested token of the first document: not padding
+    out.rows.push_back(static_cast<int32_t>(b * S + i - p));
+  }
+  CanvasBatch& d = out.canvas;
+  d.batch = c.batch;
+  d.seq = S;
+  d.tokens.resize(c.tokens.size());
+  d.positions.resize(c.positions.size());
+  d.document_ids.resize(c.document_ids.size());
+  for (int64_t b = 0; b < c.batch; ++b) {
+    const int64_t p = live_start[static_cast<size_t>(b)], live = S - p;
+    out.lengths.push_back(static_cast<int32_t>(live));
+    for (int64_t i = 0; i < S; ++i) {
+      const size_t from = static_cast<size_t>(b * S + (i < live ? p + i : i - live));
+      const size_t to = static_cast<size_t>(b * S + i);
+      d.tokens[to] = c.tokens[from];
+      d.positions[to] = c.positions[from];
+      d.document_ids[to] = i < live ? 0 : 1;
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // One row of the batch while it is being generated.

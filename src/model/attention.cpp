@@ -61,6 +61,7 @@ ops::AttentionArgs SelfAttention::core_args(const MicroBatch& mb, const ModelRun
   }
   if (mb.document_ids.defined()) a.document_ids = &mb.document_ids;  // packed documents
   if (mb.document_starts.defined()) a.document_starts = &mb.document_starts;
+  if (mb.row_lengths.defined() && rt.forward_only) a.row_lengths = &mb.row_lengths;
   a.backend = c.attention_backend;
   a.deterministic = c.deterministic_mode;
   return a;

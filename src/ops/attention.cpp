@@ -75,6 +75,12 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
                op, ": document_starts must be int32 [documents + 1] (2 .. batch * seq + 1 entries) "
                "on the device of q, got ", s.str());
   }
+  if (a.row_lengths != nullptr) {
+    const Tensor& r = *a.row_lengths;
+    MDLM_CHECK(a.document_ids != nullptr, op, ": row_lengths needs document_ids");
+    MDLM_CHECK(r.dtype() == DType::I32 && r.numel() == a.batch && r.device() == q.device(), op,
+               ": row_lengths must be int32 [batch] on the device of q, got ", r.str());
+  }
   if (q.is_cuda()) {
     MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());
     // 64 and 128 run the flash kernels; other sizes up to 256 the simple CUDA path.

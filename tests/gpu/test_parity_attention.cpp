@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/elementwise.h"
 #include "ops/attention_dropout_mask.h"
 #include "parity.h"
 #include "support/attention_cases.h"
@@ -536,6 +537,84 @@ TEST(AttentionParity, CudnnPackedDocumentsMatchCpu) {
   check_cases(edge, {Kernel::Cudnn}, 9300, docs);
   docs.document_pattern = 2;
   check_cases(long_rows, {Kernel::Cudnn}, 9400, docs);
+}
+
+// AttentionArgs::row_lengths (InferenceModel's compacted canvases): cuDNN's padding mask on the
+// packed QKV rows gives at every live position what the CPU gives with the padding as a document
+// of its own. The GQA cases prove the hint's path ran: packed documents with GQA are refused on
+// cuDNN's ragged path, so a call that ignored the hint would not run.
+TEST(AttentionParity, CudnnRowLengthsMatchCpuDocumentsAtLivePositions) {
+  MDLM_REQUIRE_CUDNN();
+#if MEGADLM_WITH_CUDA
+  const Stream cuda = Stream::create(Device::cuda(0)), cpu = Stream::cpu();
+  struct Rows {
+    int64_t batch, seq, heads, kv_heads;
+  };
+  const int64_t d = 128;
+  for (const Rows c : {Rows{4, 141, 4, 4}, Rows{4, 288, 16, 8}, Rows{4, 300, 8, 2}}) {
+    SCOPED_TRACE("B " + std::to_string(c.batch) + " S " + std::to_string(c.seq) + " H " +
+                 std::to_string(c.heads) + "/" + std::to_string(c.kv_heads));
+    const int64_t t = c.batch * c.seq, width = (c.heads + 2 * c.kv_heads) * d;
+    std::vector<int32_t> lengths, ids;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      // Unpadded, 1 and 3 pads (the sampler's), padding longer than one 128-key tile.
+      const int64_t len = c.seq - std::vector<int64_t>{0, 1, 3, 130}[static_cast<size_t>(b)];
+      lengths.push_back(static_cast<int32_t>(len));
+      for (int64_t i = 0; i < c.seq; ++i) ids.push_back(i < len ? 0 : 1);
+    }
+    const Tensor qkv = test::random_tensor({t, width}, 9500 + static_cast<uint64_t>(c.seq), DType::BF16, -2.0f, 2.0f);
+    AttentionArgs a;
+    a.batch = c.batch;
+    a.seq = c.seq;
+    a.num_heads = c.heads;
+    a.num_kv_heads = c.kv_heads;
+    a.head_dim = d;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+    // CPU reference: f32 copies of the bf16 rows, the padding as its own document.
+    const Tensor ids_cpu = Tensor::from_ints(ids, {c.batch, c.seq});
+    Tensor q = Tensor::empty({t, c.heads * d}, DType::F32, cpu);
+    Tensor k = Tensor::empty({t, c.kv_heads * d}, DType::F32, cpu);
+    Tensor v = Tensor::empty({t, c.kv_heads * d}, DType::F32, cpu);
+    ops::split_columns(qkv.to(Device::cpu(), DType::F32, cpu), {&q, &k, &v}, cpu);
+    Tensor ref = Tensor::empty({c.batch, c.seq, c.heads, d}, DType::F32, cpu);
+    Tensor ref_lse = Tensor::empty({c.batch, c.heads, c.seq}, DType::F32, cpu);
+    AttentionArgs a_cpu = a;
+    a_cpu.document_ids = &ids_cpu;
+    ops::attention_forward(q.view({c.batch, c.seq, c.heads, d}), k.view({c.batch, c.seq, c.kv_heads, d}),
+                           v.view({c.batch, c.seq, c.kv_heads, d}), ref, ref_lse, a_cpu, cpu);
+    // cuDNN with the hint.
+    const Tensor qkv_d = qkv.to(Device::cuda(0), cuda);
+    const Tensor ids_d = ids_cpu.to(Device::cuda(0), cuda);
+    const Tensor lengths_d = Tensor::from_ints(lengths, {c.batch}).to(Device::cuda(0), cuda);
+    a.document_ids = &ids_d;
+    a.row_lengths = &lengths_d;
+    a.backend = ops::AttentionBackend::Cudnn;
+    Tensor out = poisoned({c.batch, c.seq, c.heads, d}, DType::BF16, cuda);
+    Tensor lse = poisoned({c.batch, c.heads, c.seq}, DType::F32, cuda);
+    const ops::cuda::CudnnRun run = ops::cuda::cudnn_attention_forward_packed(qkv_d, out, lse, a, cuda);
+    ASSERT_TRUE(run.ran) << run.refusal;
+    // Compare the live positions only.
+    const std::vector<double> got = test::to_doubles(out, cuda), want = test::to_doubles(ref);
+    const std::vector<double> got_lse = test::to_doubles(lse, cuda), want_lse = test::to_doubles(ref_lse);
+    std::vector<double> g, w;
+    double lse_err = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t i = 0; i < lengths[static_cast<size_t>(b)]; ++i)
+        for (int64_t h = 0; h < c.heads; ++h) {
+          const size_t row = static_cast<size_t>(((b * c.seq + i) * c.heads + h) * d);
+          g.insert(g.end(), got.begin() + static_cast<ptrdiff_t>(row), got.begin() + static_cast<ptrdiff_t>(row + d));
+          w.insert(w.end(), want.begin() + static_cast<ptrdiff_t>(row), want.begin() + static_cast<ptrdiff_t>(row + d));
+          const size_t l = static_cast<size_t>((b * c.heads + h) * c.seq + i);
+          lse_err = std::max(lse_err, std::isnan(got_lse[l]) ? INFINITY : std::fabs(got_lse[l] - want_lse[l]));
+        }
+    const double out_err = test::rel_l2(g, w);
+    std::printf("[attention parity] row_lengths B%lld S%lld H%lld/%lld cudnn out %.2e lse %.2e\n",
+                static_cast<long long>(c.batch), static_cast<long long>(c.seq), static_cast<long long>(c.heads),
+                static_cast<long long>(c.kv_heads), out_err, lse_err);
+    EXPECT_LT(out_err, test::kBf16ParityRelL2);
+    EXPECT_LT(lse_err, test::kLseMaxAbs);
+  }
+#endif
 }
 
 TEST(AttentionParity, AutoRunsCudnnWhereItCanAndTheOwnKernelsElsewhere) {

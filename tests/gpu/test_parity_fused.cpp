@@ -118,9 +118,11 @@ TEST(FusedParity, QkNormRopeMatchesCpu) {
     bool norm;
   };
   // D = 128 with full or no rotation runs the 8-byte-lane kernel, the others the general one.
-  const Case cases[] = {{257, 16, 4, 128, 128, true}, {100, 8, 8, 64, 32, true},
-                        {33, 4, 2, 128, 0, true},     {65, 6, 2, 64, 64, false},
-                        {129, 16, 16, 128, 128, false}, {40, 4, 4, 128, 64, true}};
+  // The last two are the 1.7B's shapes: the sampler's batch-16 canvas and training's 8 192 tokens.
+  const Case cases[] = {{257, 16, 4, 128, 128, true},    {100, 8, 8, 64, 32, true},
+                        {33, 4, 2, 128, 0, true},        {65, 6, 2, 64, 64, false},
+                        {129, 16, 16, 128, 128, false},  {40, 4, 4, 128, 64, true},
+                        {4608, 16, 16, 128, 128, true},  {8192, 16, 16, 128, 128, true}};
   for (const Case& c : cases) {
     const std::string tag = detail::concat("qk_norm_rope T=", c.t, " Hq=", c.hq, " Hkv=", c.hkv, " D=", c.d,
                                            " rot=", c.rotary, c.norm ? " norm" : " no-norm");

@@ -38,6 +38,7 @@
 // Combines with the threshold (Fast-dLLM's fastest setting).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 #include "megadlm/core/stream.h"
@@ -137,5 +138,21 @@ std::vector<int64_t> transfer_schedule(int64_t masked, int64_t steps);
 /// when any row is padded. `prompt_start[b]` receives the column of row b's first prompt token.
 CanvasBatch build_canvas(const std::vector<std::vector<int32_t>>& prompts, int64_t gen_length,
                          int32_t mask_token, int32_t pad_token, std::vector<int64_t>& prompt_start);
+
+/// A canvas whose rows each hold one live document first, then padding (see compact_rows).
+struct CompactCanvas {
+  CanvasBatch canvas;            ///< the same tokens, each row's live document moved to its front
+  std::vector<int32_t> rows;     ///< the requested rows' flat indices in `canvas`, same order
+  std::vector<int32_t> lengths;  ///< [batch]: each row's live length (the rest is padding)
+};
+
+/// The left-padded canvas as dense rows with their live tokens first, for attention's padding
+/// mask (ops::AttentionArgs::row_lengths), when that is exact for the requested `rows`: every
+/// row is at most two documents and no requested row lies in the first of two (the padding).
+/// Attention sees where a token is only through its position id, so moving a row's live
+/// document to the front changes nothing any live token computes. The padding keeps its own
+/// document (id 1, after the live document's 0) for the backends that run documents. nullopt
+/// when the canvas has no documents or the condition fails.
+std::optional<CompactCanvas> compact_rows(const CanvasBatch& canvas, const std::vector<int32_t>& rows);
 
 }  // namespace megadlm

@@ -51,6 +51,10 @@ struct MicroBatch {
   /// With document_ids: int32 [documents + 1], the flat token index where each document starts,
   /// then B*seq (ops::AttentionArgs::document_starts: cuDNN's ragged batch without a host sync).
   Tensor document_starts;
+  /// Inference only, with document_ids: int32 [B], each row's live length: its first
+  /// row_lengths[b] positions are one document and the rest padding whose outputs nothing reads
+  /// (ops::AttentionArgs::row_lengths: cuDNN's padding mask instead of its ragged batch).
+  Tensor row_lengths;
   /// int32 [R]: the rows of nonzero loss weight, ascending (the output layer computes logits for
   /// these rows only, ops::linear_cross_entropy); R may be 0.
   Tensor loss_rows;

@@ -105,6 +105,13 @@ struct AttentionArgs {
   /// start among them, last entry B * S. Without it cuDNN derives it from document_ids on the
   /// host (one device synchronisation per call).
   const Tensor* document_starts = nullptr;
+  /// Optional with document_ids, forward only (inference): int32 [B] on the device, the length
+  /// of row b's one live document, which fills its first row_lengths[b] positions; the rest of
+  /// the row is padding that nothing reads. cuDNN then runs the rows dense with its padding mask
+  /// (keys at or past the length masked) instead of the ragged batch of documents: the same
+  /// outputs at live positions, unspecified outputs and lse at padding positions. The other
+  /// backends, and every backward, ignore it and use document_ids.
+  const Tensor* row_lengths = nullptr;
   AttentionBackend backend = AttentionBackend::Auto;
   bool deterministic = false;  ///< bitwise reproducible backward (see the top of this file)
 };

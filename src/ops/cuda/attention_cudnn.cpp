@@ -324,8 +324,10 @@ struct Key {
   int64_t b, h, hk, s, d;  ///< b: batch rows, or (ragged) the document bucket
   int64_t row_q, row_kv;   ///< elements from one token to the next in q (dq) and k, v (dk, dv)
   bool causal, ragged, deterministic;
+  bool row_padding;  ///< forward with AttentionArgs::row_lengths: dense rows, padding mask
   auto tie() const {
-    return std::tie(device, backward, b, h, hk, s, d, row_q, row_kv, causal, ragged, deterministic);
+    return std::tie(device, backward, b, h, hk, s, d, row_q, row_kv, causal, ragged, deterministic,
+                    row_padding);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -457,7 +459,7 @@ std::shared_ptr<Plan> build_forward(cudnnHandle_t handle, const Key& key) {
   Graph& g = *plan->graph;
   const Shapes x(key);
   const bool ragged = key.ragged;
-  plan->padding = ragged;
+  plan->padding = ragged || key.row_padding;
   Ragged off;
   if (ragged) off = ragged_offsets(g, x);
   const TensorRef q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, x.q_dims(), x.q_strides(), false, false, ragged ? &off.q : nullptr);
@@ -687,10 +689,16 @@ QkvPointers packed(const Tensor& qkv, const AttentionArgs& a) {
   return {base, base + hd * 2, base + (hd + kd) * 2, hd + 2 * kd, hd + 2 * kd};
 }
 
+/// Whether a call runs dense rows with the padding mask of AttentionArgs::row_lengths (forward
+/// only) rather than the ragged batch of its documents.
+bool row_padded(const AttentionArgs& a, bool backward) {
+  return !backward && a.document_ids != nullptr && a.row_lengths != nullptr;
+}
+
 Key key_of(const AttentionArgs& a, bool backward, int device, int64_t bucket, const QkvPointers& p) {
-  const bool ragged = a.document_ids != nullptr;
+  const bool padded = row_padded(a, backward), ragged = a.document_ids != nullptr && !padded;
   return {device, backward, ragged ? bucket : a.batch, a.num_heads, a.num_kv_heads, a.seq, a.head_dim,
-          p.row_q, p.row_kv, a.mask == AttentionMask::Causal, ragged, backward && a.deterministic};
+          p.row_q, p.row_kv, a.mask == AttentionMask::Causal, ragged, backward && a.deterministic, padded};
 }
 
 /// The cached plan of a key, building it on first use; null (with the reason) if refused.
@@ -860,7 +868,7 @@ CudnnRun run_forward(const QkvPointers& in, Tensor& out, Tensor& lse, const Atte
   }
   NvtxRange range("attention_forward_cudnn");
   Documents docs;
-  const bool ragged = a.document_ids != nullptr;
+  const bool padded = row_padded(a, false), ragged = a.document_ids != nullptr && !padded;
   if (ragged) {
     docs.count = document_count(a, stream, &docs.starts_host_derived);
     docs.bucket = bucket_for(docs.count);
@@ -886,6 +894,9 @@ CudnnRun run_forward(const QkvPointers& in, Tensor& out, Tensor& lse, const Atte
     pack.insert(pack.end(), {{kSeqQ, docs.seq_len.data_ptr()}, {kSeqKv, docs.seq_len.data_ptr()},
                              {kOffQ, docs.q_off()}, {kOffO, docs.o_off()}, {kOffK, docs.kv_off()},
                              {kOffV, docs.kv_off()}, {kOffStats, docs.stats_off()}});
+  } else if (padded) {
+    void* lengths = a.row_lengths->data_ptr();
+    pack.insert(pack.end(), {{kSeqQ, lengths}, {kSeqKv, lengths}});
   }
   run.refusal = execute(key, *plan, pack, workspace, stream);
   if (!run.refusal.empty()) return run;
@@ -958,8 +969,8 @@ CudnnRun run_backward(const Tensor& dout, const QkvPointers& in, const Tensor& o
 /// The packed path's own limit: the ragged GQA backward's full-head scratch would take the packed
 /// row's stride (the frontend's implicit multiplier), several times its size; the caller then
 /// splits q, k, v and runs the separate-tensor path.
-std::string packed_refusal(const AttentionArgs& a) {
-  if (a.document_ids != nullptr && a.num_heads != a.num_kv_heads)
+std::string packed_refusal(const AttentionArgs& a, bool backward) {
+  if (a.document_ids != nullptr && a.num_heads != a.num_kv_heads && !row_padded(a, backward))
     return "packed QKV with documents and GQA (the separate-tensor path runs it)";
   return {};
 }
@@ -980,14 +991,14 @@ CudnnRun cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Ten
 
 CudnnRun cudnn_attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
                                         const AttentionArgs& a, const Stream& stream) {
-  if (std::string why = packed_refusal(a); !why.empty()) return {false, why};
+  if (std::string why = packed_refusal(a, false); !why.empty()) return {false, why};
   return run_forward(packed(qkv, a), out, lse, a, stream);
 }
 
 CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                          const Tensor& lse, Tensor& dqkv, const AttentionArgs& a,
                                          const Stream& stream) {
-  if (std::string why = packed_refusal(a); !why.empty()) return {false, why};
+  if (std::string why = packed_refusal(a, true); !why.empty()) return {false, why};
   return run_backward(dout, packed(qkv, a), out, lse, packed(dqkv, a), a, stream);
 }
 

@@ -261,3 +261,26 @@ TEST(GptModelLogitsAt, EqualsTheEvaluationForwardsLogitsAndIgnoresOtherDocuments
   const std::vector<float> p = logits.logits(padded, {5, 8, 3}).to_floats(rt.stream);
   EXPECT_EQ(p, at);
 }
+
+// compact_rows moves each left-padded row's live tokens to its front (the padding mask's layout
+// on cuDNN); the live tokens' logits are bitwise those of the padded canvas (CPU runs documents).
+TEST(GptModelLogitsAt, CompactedRowsGiveThePaddedCanvasLogits) {
+  const TransformerConfig cfg = tiny_model();
+  ParameterStore store;
+  GptModel model(cfg, store);
+  ModelRuntime rt;
+  rt.stream = Stream::cpu();
+  rt.training = false;
+  store.materialize(DType::F32, 5, rt.stream);
+  GptLogits logits(model, rt, cfg.padded_vocab_size);
+  std::vector<int64_t> start;
+  const CanvasBatch c = build_canvas({{3, 9, 4}, {7}, {5, 6}}, 3, 29, 0, start);  // seq 6
+  const std::vector<int32_t> rows{3, 4, 5, 8, 10, 11, 13, 17, 15};  // live tokens of all rows
+  const std::optional<CompactCanvas> compact = compact_rows(c, rows);
+  ASSERT_TRUE(compact.has_value());
+  EXPECT_EQ(compact->lengths, (std::vector<int32_t>{6, 4, 5}));
+  EXPECT_EQ(compact->rows, (std::vector<int32_t>{3, 4, 5, 6, 8, 9, 12, 16, 14}));
+  const std::vector<float> want = logits.logits(c, rows).to_floats(rt.stream);
+  const std::vector<float> got = logits.logits(compact->canvas, compact->rows).to_floats(rt.stream);
+  EXPECT_EQ(got, want);
+}

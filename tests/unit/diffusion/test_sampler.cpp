@@ -146,6 +146,24 @@ TEST(Sampler, CanvasIsLeftPaddedWithOwnPositionsAndDocuments) {
   EXPECT_TRUE(same.document_ids.empty());  // nothing padded: plain attention
 }
 
+TEST(Sampler, CompactRowsPutsEachRowsLiveDocumentFirst) {
+  std::vector<int64_t> start;
+  const CanvasBatch c = build_canvas({{5, 6, 7}, {9}}, 2, kMask, 0, start);
+  const std::optional<CompactCanvas> k = compact_rows(c, {3, 4, 7, 9});
+  ASSERT_TRUE(k.has_value());
+  EXPECT_EQ(k->canvas.tokens, (std::vector<int32_t>{5, 6, 7, kMask, kMask, 9, kMask, kMask, 0, 0}));
+  EXPECT_EQ(k->canvas.positions, (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 2, 0, 1}));
+  EXPECT_EQ(k->canvas.document_ids, (std::vector<int32_t>{0, 0, 0, 0, 0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(k->lengths, (std::vector<int32_t>{5, 3}));
+  EXPECT_EQ(k->rows, (std::vector<int32_t>{3, 4, 5, 7}));
+  // Not exact, so not offered: a requested padding token, three documents in a row, no documents.
+  EXPECT_FALSE(compact_rows(c, {5}).has_value());
+  CanvasBatch three = c;
+  three.document_ids = {0, 1, 2, 2, 2, 0, 0, 1, 1, 1};
+  EXPECT_FALSE(compact_rows(three, {4}).has_value());
+  EXPECT_FALSE(compact_rows(build_canvas({{5, 6}, {1, 2}}, 2, kMask, 0, start), {2}).has_value());
+}
+
 // One token per step (S = G): each step decodes the masked position of the current block whose
 // argmax is most probable, recomputed here step by step from the fake model.
 TEST(Sampler, GreedyOneTokenPerStepFollowsTheMostConfidentPositionWithinBlocks) {
