@@ -109,7 +109,16 @@ const cp::SequenceLayout& SelfAttention::cp_layout(const MicroBatch& mb) const {
 
 Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& saved,
                               const ModelRuntime& rt) const {
-  if (rt.kv_cache != nullptr) return forward_cached(x, mb, rt);  // inference (attention_cached.cpp)
+  return proj_.forward(context(x, mb, saved, rt), rt.stream);
+}
+
+void SelfAttention::project_add(const Tensor& context, Tensor& residual, const Stream& s) const {
+  proj_.forward_add(context, residual, s);
+}
+
+Tensor SelfAttention::context(const Tensor& x, const MicroBatch& mb, Saved& saved,
+                              const ModelRuntime& rt) const {
+  if (rt.kv_cache != nullptr) return context_cached(x, mb, rt);  // inference (attention_cached.cpp)
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
   const int64_t hd = cfg_->kv_channels;
@@ -125,12 +134,12 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
       const SplitRows r = split_rows(rows, t, s);
       saved.out = cp_attention_.forward(r.q, r.k, r.v, core_args(mb, rt), cp_layout(mb), saved.cp, s);
       saved.cp.q = saved.cp.k = saved.cp.v = Tensor();
-      return proj_.forward(saved.out, s);
+      return saved.out;
     }
     saved.out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
     saved.lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
     ops::attention_forward_packed(rows, saved.out, saved.lse, core_args(mb, rt), s);
-    return proj_.forward(saved.out, s);
+    return saved.out;
   }
   Tensor q = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
   Tensor k = Tensor::empty({t, groups_ * hd}, x.dtype(), s);
@@ -147,7 +156,7 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   }
   if (mp_.cp.enabled()) {
     saved.out = cp_attention_.forward(q, k, v, core_args(mb, rt), cp_layout(mb), saved.cp, s);
-    return proj_.forward(saved.out, s);
+    return saved.out;
   }
   saved.q = q;
   saved.k = k;
@@ -155,7 +164,7 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   saved.out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
   saved.lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
   ops::attention_forward(q, k, v, saved.out, saved.lse, core_args(mb, rt), s);
-  return proj_.forward(saved.out, s);
+  return saved.out;
 }
 
 Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved,

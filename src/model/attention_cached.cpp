@@ -1,4 +1,4 @@
-// SelfAttention::forward_cached (include/megadlm/model/attention.h): inference with Fast-dLLM's
+// SelfAttention::context_cached (include/megadlm/model/attention.h): inference with Fast-dLLM's
 // approximate key/value cache (model/kv_cache.h). A refresh keeps this layer's keys and values
 // of every column (the tensors themselves: no copy) and attends as forward() does; a later call
 // computes only its columns, writes their keys and values over the cached ones
@@ -14,7 +14,7 @@
 
 namespace megadlm {
 
-Tensor SelfAttention::forward_cached(const Tensor& x, const MicroBatch& mb, const ModelRuntime& rt) const {
+Tensor SelfAttention::context_cached(const Tensor& x, const MicroBatch& mb, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
   KvCache& cache = *rt.kv_cache;
   MDLM_CHECK(!mp_.tp.enabled() && !mp_.cp.enabled() && !mp_.sequence_parallel, "layer ", layer_,
@@ -57,6 +57,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const MicroBatch& mb, cons
   Tensor out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
   Tensor lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
   ops::AttentionArgs a = core_args(mb, rt);
+  a.row_lengths = nullptr;  // the cache keeps the canvas's own layout (InferenceModel::cached_logits)
   if (cache.refresh) {
     cache.k[layer] = k;
     cache.v[layer] = v;
@@ -70,7 +71,7 @@ Tensor SelfAttention::forward_cached(const Tensor& x, const MicroBatch& mb, cons
     if (mb.document_ids.defined()) a.key_document_ids = &cache.document_ids;
     ops::attention_forward(q, cache.k[layer], cache.v[layer], out, lse, a, s);
   }
-  return proj_.forward(out, s);
+  return out;
 }
 
 }  // namespace megadlm

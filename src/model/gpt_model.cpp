@@ -264,7 +264,8 @@ Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const Model
   ModelRuntime inference = rt;
   inference.forward_only = true;
   inference.training = false;
-  // Each layer's MLP output is added into the residual stream by the next layer's first norm.
+  // Dense layers add their branches into the residual stream in their output GEMMs; an MoE (or
+  // TP) layer's MLP output is added by the next layer's first norm (or the final one).
   // After the last layer's attention every op is per row, so its second norm, its MLP and the
   // final norm run on the wanted rows alone (a dense MLP: an MoE layer's capacity drops depend
   // on all the tokens, so there the rows are picked after the layer).

@@ -38,6 +38,13 @@ Tensor Mlp::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const M
   return fc2_.forward(activate(saved.fc1_out, s), s);
 }
 
+void Mlp::forward_add(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt,
+                      Tensor& residual) const {
+  const Stream& s = rt.stream;
+  saved.fc1_out = fc1_.gather_and_forward(x, mb.tokens(), saved.x_full, s);
+  fc2_.forward_add(activate(saved.fc1_out, s), residual, s);
+}
+
 Tensor Mlp::activate(const Tensor& fc1_out, const Stream& s) const {
   Tensor act = Tensor::empty({fc1_out.rows(), ffn_}, fc1_out.dtype(), s);
   if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(fc1_out, act, s);

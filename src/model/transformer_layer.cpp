@@ -110,6 +110,25 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
   } else {
     normed = norm1_.forward(x, rec.norm1, s);
   }
+  if (!moe_ && !mp_.tp.enabled()) {
+    // Both branches are added into the residual stream by their output projections' GEMMs
+    // (C += A B: the sum rounded once, no add pass; the norms then read one tensor). The last
+    // layer projects only the kept rows.
+    Tensor context = attention_.context(normed, mb, rec.attention, rt);
+    normed = Tensor();
+    if (keep_rows.defined()) {
+      context = ops::gather_rows(context, keep_rows, s);
+      x = ops::gather_rows(x, keep_rows, s);
+    }
+    attention_.project_add(context, x, s);
+    context = Tensor();
+    rec.attention = SelfAttention::Saved{};
+    const Tensor norm2_out = norm2_.forward(x, rec.norm2, s);
+    mlp_.forward_add(norm2_out, mb, rec.mlp, rt, x);
+    residual = x;
+    if (rt.hooks) rt.hooks->params_done(handles_);
+    return Tensor();  // everything is in the residual
+  }
   Tensor attn = attention_.forward(normed, mb, rec.attention, rt);
   normed = Tensor();
   if (keep_rows.defined()) {

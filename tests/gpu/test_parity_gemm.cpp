@@ -75,6 +75,14 @@ TEST(GemmParity, Bf16IntoF32WritesWithBetaZeroAndAccumulatesWithBetaOne) {
   run_case({384, 256, 4096, true, false, DType::BF16, DType::F32, 1.0f, 1.0f, false});
 }
 
+TEST(GemmParity, Bf16AccumulatesIntoBf16WithBetaOne) {
+  MDLM_REQUIRE_GPU();
+  // Inference's residual stream: residual [rows, H] += x W^T (tp::RowParallelLinear::forward_add).
+  run_case({4608, 256, 512, false, true, DType::BF16, DType::BF16, 1.0f, 1.0f, false});
+  run_case({67, 133, 96, false, true, DType::BF16, DType::BF16, 1.0f, 1.0f, false});
+  run_case({128, 192, 64, false, true, DType::BF16, DType::BF16, 1.0f, 1.0f, true});
+}
+
 TEST(GemmParity, F32MatchesCpuWithoutTf32) {
   MDLM_REQUIRE_GPU();
   for (int ta = 0; ta < 2; ++ta)

@@ -53,11 +53,17 @@ class SelfAttention {
   SelfAttention(const TransformerConfig& config, int layer_number, const std::string& prefix,
                 ParameterStore& store, const ModelParallel& mp);
 
-  /// x [local rows, H] -> y [local rows, H] (reduced over TP); fills `saved`.
+  /// x [local rows, H] -> y [local rows, H] (reduced over TP); fills `saved`: the output
+  /// projection of context().
   Tensor forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
+  /// The core attention's output before the output projection, [rows, heads·d] (saved.out).
+  Tensor context(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
+  /// Inference on one tensor-parallel rank: residual += context's output projection, added by
+  /// the projection's GEMM (tp::RowParallelLinear::forward_add).
+  void project_add(const Tensor& context, Tensor& residual, const Stream& s) const;
   /// Inference through rt.kv_cache (model/kv_cache.h; attention_cached.cpp): x holds the rows of
-  /// the cache's current columns; forward() comes here when rt.kv_cache is set.
-  Tensor forward_cached(const Tensor& x, const MicroBatch& mb, const ModelRuntime& rt) const;
+  /// the cache's current columns; context() comes here when rt.kv_cache is set.
+  Tensor context_cached(const Tensor& x, const MicroBatch& mb, const ModelRuntime& rt) const;
   /// dy [local rows, H] -> dx [local rows, H]; adds the weight gradients; clears `saved`.
   Tensor backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
 

@@ -2,7 +2,7 @@
 // diffusion/sampler.h --kv-cache): per layer, the keys and values (after QK-norm and RoPE) of
 // every column of a batch of canvases, kept by a full forward (a refresh) and reused by later
 // forwards that compute only some columns. The model reads it through ModelRuntime::kv_cache:
-// SelfAttention::forward_cached writes the computed columns' keys and values into it and lets
+// SelfAttention::context_cached writes the computed columns' keys and values into it and lets
 // their queries attend to every column. Inference only (TP 1, no CP, no sequence parallelism).
 #pragma once
 #include <cstdint>

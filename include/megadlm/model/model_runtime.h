@@ -28,7 +28,7 @@ struct ModelRuntime {
   /// Off for the forward re-run of recomputed layers: their statistics are already counted.
   bool record_moe_stats = true;
   /// Inference with Fast-dLLM's key/value cache (model/kv_cache.h): the attention layers read
-  /// and write it (SelfAttention::forward_cached); null: the plain forward.
+  /// and write it (SelfAttention::context_cached); null: the plain forward.
   KvCache* kv_cache = nullptr;
 
   /// Dtype of statistics, losses and loss weights: f32, or f64 when the whole model runs in f64

@@ -52,13 +52,16 @@ class TransformerLayer {
                  const ModelRuntime& rt) const;
   /// The forward with no backward after it (inference; rt.forward_only): the layer's input is
   /// `residual` + `branch`, the previous layer's MLP output (undefined: none), added in the first
-  /// norm's pass instead of by a separate add; returns this layer's MLP output and leaves its
-  /// residual stream in `residual`, so the caller adds the last branch. Equal to forward(): the
-  /// fused add rounds the sum as ops::add does. `keep_rows` (flat token indices, defined: the
-  /// last layer under GptModel::logits_at): attention still reads every token, but the second
-  /// norm and the MLP run on these rows alone, and both results hold only them, in that order
-  /// (the same values: everything after attention is per row). Not for MoE layers, whose
-  /// capacity drops depend on all the tokens.
+  /// norm's pass instead of by a separate add. A dense layer on one tensor-parallel rank adds
+  /// both of its branches into the residual stream inside their output projections' GEMMs
+  /// (beta = 1; `residual` is updated in place) and returns an undefined branch; otherwise
+  /// (MoE, TP) it returns its MLP output and leaves its residual stream in `residual`, so the
+  /// caller adds the last branch. Equal to forward() up to the rounding of those sums (once, in
+  /// the GEMM, instead of after the product). `keep_rows` (flat token indices, defined: the
+  /// last layer under GptModel::logits_at): attention still reads every token, but what follows
+  /// it runs on these rows alone, and the results hold only them, in that order (the same
+  /// values: everything after attention is per row). Not for MoE layers, whose capacity drops
+  /// depend on all the tokens.
   Tensor forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
                            const ModelRuntime& rt, const Tensor& keep_rows = Tensor()) const;
   /// dy -> dx (shapes as forward's output/input); consumes (clears) `rec`.
