@@ -7,7 +7,7 @@
 //   qk_unfused_fwd / qk_norm_rope_fwd / qk_norm_rope_bwd   split + 2 norms + 2 RoPE vs the fused pass
 //   swiglu_bwd_recompute         SwiGLU backward that also recomputes the forward output
 //   adamw_per_param / adamw_multi   one layer's 11 parameters: 11 launches vs one
-//   attention_{fwd,bwd}_packed_cudnn   attention on the packed QKV rows (no split/concat copies)
+//   attention_{fwd,bwd}_packed[_s8192]_cudnn  attention on the packed QKV rows (no split/concat copies), B4 S2048 and B1 S8192
 // LM-head rates count the useful FLOPs (6 R V H for R rows); memory-bound rows count bytes.
 #include <cmath>
 #include <vector>
@@ -308,12 +308,17 @@ std::vector<OpBench> adamw_multi_benches() {
 
 std::vector<OpBench> packed_attention_benches() {
   std::vector<OpBench> out;
-  const int64_t B = 4, S = 2048, H = kHeads, D = kHeadDim, W = 3 * H * D;
-  const double fwd_flops = 4.0 * B * H * S * S * D;
+  const int64_t H = kHeads, D = kHeadDim, W = 3 * H * D;
+  // The 1.7B's micro-batches at seq 2048 (B 4) and 8192 (B 1): compare with
+  // attention_{fwd,bwd}[_s8192]_cudnn (separate contiguous q, k, v) in attention.cpp.
+  for (const std::pair<int64_t, int64_t>& shape : {std::pair<int64_t, int64_t>{4, 2048}, std::pair<int64_t, int64_t>{1, 8192}})
   for (bool backward : {false, true}) {
+    const int64_t B = shape.first, S = shape.second;
+    const double fwd_flops = 4.0 * B * H * S * S * D;
     OpBench b;
-    b.name = backward ? "attention_bwd_packed_cudnn" : "attention_fwd_packed_cudnn";
-    b.shape = "qkv [4, 2048, 3 x 16 x 128] bf16";
+    const std::string suffix = S == 2048 ? "_cudnn" : "_s8192_cudnn";
+    b.name = (backward ? "attention_bwd_packed" : "attention_fwd_packed") + suffix;
+    b.shape = detail::concat("qkv [", B, ", ", S, ", 3 x 16 x 128] bf16");
     b.flops = backward ? 2.5 * fwd_flops : fwd_flops;
     auto args_for = [](int64_t batch, int64_t seq) {
       ops::AttentionArgs a{.batch = batch, .seq = seq, .num_heads = kHeads, .num_kv_heads = kHeads,

@@ -13,6 +13,9 @@
 //
 // Heuristic results are cached per (device, shape, transposes, dtypes, pointer alignments, bias)
 // in a file-local map guarded by a mutex: the one piece of global state in the CUDA backend.
+// A shape whose M or K is new (the masked rows of the LM head vary per micro-batch, the sampler's
+// query rows per step) first tries the algorithm of its size bucket (heuristic_bucket): one
+// heuristic call per bucket instead of per size, each costing milliseconds of idle GPU.
 #include <cublasLt.h>
 #include <cstring>
 #include <memory>
@@ -114,6 +117,8 @@ struct CachedAlgo {
 /// map stays small; it lives for the process.
 std::mutex g_algo_cache_mutex;
 std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> g_algo_cache;
+/// The heuristic's choice for each size bucket (heuristic_bucket), keyed with the bucket's M, K.
+std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> g_bucket_cache;
 
 cudaDataType_t lt_type(DType d) {
   switch (d) {
@@ -214,6 +219,59 @@ struct LtProblem {
   }
 };
 
+/// The size the heuristic is asked about for M and K: a power of two up to 128, then a multiple
+/// of 128. cuBLASLt's heuristic takes milliseconds a call (the 1.7B at seq 8192 on the H200:
+/// three gaps of 3.2-3.6 ms an iteration, one per new masked-row count of the LM head), so
+/// sizes that vary from call to call share the algorithm chosen for their bucket's size, where
+/// cublasLtMatmulAlgoCheck accepts it for the actual one. Sizes already on a bucket boundary
+/// (every fixed training shape of the 1.7B) are asked about exactly, as before.
+int64_t heuristic_bucket(int64_t x) {
+  if (x > 128) return (x + 127) / 128 * 128;
+  int64_t p = 16;
+  while (p < x) p *= 2;
+  return p;
+}
+
+/// The heuristic's choice for `problem` (bias in the epilogue when an algorithm takes it, else
+/// the plain product: the caller adds the bias); with MEGADLM_GEMM_AUTOTUNE the fastest of
+/// several, timed on this call's operands.
+CachedAlgo choose_algo(LtProblem& problem, const AlgoKey& key, const void* bias_ptr, const Tensor& a,
+                       const Tensor& b, const Tensor& c, float beta, megadlm::detail::CudaStreamResources* res, int candidates,
+                       const Stream& stream) {
+  CachedAlgo chosen{};
+  chosen.bias_in_epilogue = false;
+  if (bias_ptr) {
+    // Any refusal of the epilogue (no algorithm, or an unsupported type combination) falls
+    // back to the plain product plus a bias kernel.
+    problem.set_bias(bias_ptr);
+    chosen.bias_in_epilogue =
+        problem.heuristic(res->cublaslt, key, res->workspace_bytes, &chosen.algo) == CUBLAS_STATUS_SUCCESS;
+    if (!chosen.bias_in_epilogue) problem.set_bias(nullptr);
+  }
+  if (!chosen.bias_in_epilogue) {
+    std::vector<cublasLtMatmulAlgo_t> algos;
+    const cublasStatus_t st = problem.heuristics(res->cublaslt, key, res->workspace_bytes, candidates, algos);
+    MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "gemm: cuBLASLt has no algorithm for C[", key.m, ", ", key.n,
+               "] = op(A) op(B) with K = ", key.k, ", A ", a.str(), " trans_a=", key.trans_a, ", B ", b.str(),
+               " trans_b=", key.trans_b, ", C ", c.str(), " (", cublasLtGetStatusString(st), ")");
+    chosen.algo = candidates > 1 ? problem.fastest(res->cublaslt, algos, b.data_ptr(), a.data_ptr(), beta, c,
+                                                   res->workspace, res->workspace_bytes, stream)
+                                 : algos[0];
+  }
+  return chosen;
+}
+
+/// Whether `algo` runs `problem` (its bias epilogue set as the algorithm needs) in the workspace.
+bool algo_runs(LtProblem& problem, const CachedAlgo& algo, const void* bias_ptr, megadlm::detail::CudaStreamResources* res) {
+  problem.set_bias(algo.bias_in_epilogue ? bias_ptr : nullptr);
+  cublasLtMatmulHeuristicResult_t result;
+  std::memset(&result, 0, sizeof result);
+  const cublasStatus_t st = cublasLtMatmulAlgoCheck(res->cublaslt, problem.desc.desc, problem.lt_a.layout,
+                                                    problem.lt_b.layout, problem.lt_c.layout, problem.lt_c.layout,
+                                                    &algo.algo, &result);
+  return st == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= res->workspace_bytes;
+}
+
 /// MEGADLM_GEMM_AUTOTUNE=N (N >= 2; "1" means 8): time up to N of the heuristic's algorithms on
 /// a shape's first call and keep the fastest instead of the first. Off by default: the choice
 /// depends on timings, so two processes may pick different algorithms (and round differently).
@@ -275,32 +333,42 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
     }
   }
   if (!cached) {
-    chosen.bias_in_epilogue = false;
-    if (bias_ptr) {
-      // Any refusal of the epilogue (no algorithm, or an unsupported type combination) falls
-      // back to the plain product plus a bias kernel.
-      problem.set_bias(bias_ptr);
-      chosen.bias_in_epilogue =
-          problem.heuristic(res->cublaslt, key, res->workspace_bytes, &chosen.algo) ==
-          CUBLAS_STATUS_SUCCESS;
-      if (!chosen.bias_in_epilogue) problem.set_bias(nullptr);
+    const int candidates = gemm_autotune_candidates();
+    AlgoKey bucket = key;
+    bucket.m = heuristic_bucket(m);
+    bucket.k = heuristic_bucket(k);
+    bool found = false;
+    if (candidates == 1 && (bucket.m != m || bucket.k != k)) {
+      // The bucket's algorithm (chosen on the bucket's size, once), if it runs this size.
+      CachedAlgo shared{};
+      bool have = false;
+      {
+        std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+        auto it = g_bucket_cache.find(bucket);
+        if (it != g_bucket_cache.end()) {
+          shared = it->second;
+          have = true;
+        }
+      }
+      if (!have) {
+        try {
+          LtProblem sized(ab_type, c_type, bucket.m, n, bucket.k, args.trans_a, args.trans_b);
+          shared = choose_algo(sized, bucket, bias_ptr, a, b, c, args.beta, res, 1, stream);
+          have = true;
+          std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+          g_bucket_cache.emplace(bucket, shared);
+        } catch (const std::exception&) {
+          // No algorithm for the bucket's size: this size is asked about exactly below.
+        }
+      }
+      found = have && algo_runs(problem, shared, bias_ptr, res);
+      if (found) chosen = shared;
     }
-    if (!chosen.bias_in_epilogue) {
-      std::vector<cublasLtMatmulAlgo_t> algos;
-      const cublasStatus_t st =
-          problem.heuristics(res->cublaslt, key, res->workspace_bytes, gemm_autotune_candidates(), algos);
-      MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "gemm: cuBLASLt has no algorithm for C[", m, ", ", n,
-                 "] = op(A) op(B) with K = ", k, ", A ", a.str(), " trans_a=", args.trans_a, ", B ",
-                 b.str(), " trans_b=", args.trans_b, ", C ", c.str(), " (",
-                 cublasLtGetStatusString(st), ")");
-      chosen.algo = problem.fastest(res->cublaslt, algos, b.data_ptr(), a.data_ptr(), args.beta, c,
-                                    res->workspace, res->workspace_bytes, stream);
-    }
+    if (!found) chosen = choose_algo(problem, key, bias_ptr, a, b, c, args.beta, res, candidates, stream);
     std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
     g_algo_cache.emplace(key, chosen);
-  } else if (chosen.bias_in_epilogue) {
-    problem.set_bias(bias_ptr);  // the pointer differs per call; its alignment is in the key
   }
+  problem.set_bias(chosen.bias_in_epilogue ? bias_ptr : nullptr);  // the pointer differs per call
 
   const float alpha = args.alpha, beta = args.beta;
   MDLM_CUBLAS_CHECK(cublasLtMatmul(res->cublaslt, problem.desc.desc, &alpha, b.data_ptr(),
