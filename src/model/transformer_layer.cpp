@@ -129,12 +129,9 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
     if (rt.hooks) rt.hooks->params_done(handles_);
     return Tensor();  // everything is in the residual
   }
+  // MoE or TP (keep_rows is refused above): the MLP output goes back to the caller.
   Tensor attn = attention_.forward(normed, mb, rec.attention, rt);
   normed = Tensor();
-  if (keep_rows.defined()) {
-    attn = ops::gather_rows(attn, keep_rows, s);
-    x = ops::gather_rows(x, keep_rows, s);
-  }
   residual = Tensor::empty(x.shape(), x.dtype(), s);
   Tensor norm2_out = norm2_.forward_add(attn, x, residual, rec.norm2, s);
   attn = x = Tensor();

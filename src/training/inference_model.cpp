@@ -109,13 +109,11 @@ Tensor device_ints(const std::vector<int32_t>& v, const Stream& stream) {
 Tensor InferenceModel::logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) {
   // Left-padded rows run dense with the live tokens first: cuDNN's padding mask instead of its
   // ragged batch of documents (batch-16 canvas on the H200: ~47 vs 68 us a layer).
-  if (const std::optional<CompactCanvas> compact = compact_rows(canvas, rows)) {
-    MicroBatch mb = window_batch(compact->canvas, 0, compact->canvas.seq, rt_.stream);
-    mb.row_lengths = device_ints(compact->lengths, rt_.stream);
-    return model_->logits_at(mb, device_ints(compact->rows, rt_.stream), rt_, vocab_size());
-  }
-  const MicroBatch mb = window_batch(canvas, 0, canvas.seq, rt_.stream);
-  return model_->logits_at(mb, device_ints(rows, rt_.stream), rt_, vocab_size());
+  const std::optional<CompactCanvas> compact = compact_rows(canvas, rows);
+  const CanvasBatch& c = compact ? compact->canvas : canvas;
+  MicroBatch mb = window_batch(c, 0, c.seq, rt_.stream);
+  if (compact) mb.row_lengths = device_ints(compact->lengths, rt_.stream);
+  return model_->logits_at(mb, device_ints(compact ? compact->rows : rows, rt_.stream), rt_, vocab_size());
 }
 
 Tensor InferenceModel::cached_logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows, int64_t col0,
