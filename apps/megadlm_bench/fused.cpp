@@ -5,6 +5,7 @@
 //   lm_head_fused_all            linear_cross_entropy over every row (the AR mode)
 //   add_rms_norm_fwd / rms_norm_bwd_add   residual add fused with the next RMSNorm (and back)
 //   qk_unfused_fwd / qk_norm_rope_fwd / qk_norm_rope_bwd   split + 2 norms + 2 RoPE vs the fused pass
+//   qk_norm_rope_fwd_no_values                           training's pass: q and k only
 //   swiglu_bwd_recompute         SwiGLU backward that also recomputes the forward output
 //   adamw_per_param / adamw_multi   one layer's 11 parameters: 11 launches vs one
 //   attention_{fwd,bwd}_packed[_s8192]_cudnn  attention on the packed QKV rows (no split/concat copies), B4 S2048 and B1 S8192
@@ -147,15 +148,20 @@ std::vector<OpBench> qk_benches() {
   const int64_t W = (Hq + 2 * Hkv) * D;
   const ops::QkNormRopeArgs args{.heads = Hq, .kv_heads = Hkv, .head_dim = D, .rotary_dim = D, .base = 10000.0f,
                                  .eps = 1e-6f};
-  const char* names[] = {"qk_unfused_fwd", "qk_norm_rope_fwd", "qk_norm_rope_bwd", "qk_norm_rope_fwd_in_place"};
-  for (int op = 0; op < 4; ++op) {
+  const char* names[] = {"qk_unfused_fwd", "qk_norm_rope_fwd", "qk_norm_rope_bwd", "qk_norm_rope_fwd_in_place",
+                         "qk_norm_rope_fwd_no_values"};
+  for (int op = 0; op < 5; ++op) {
     OpBench b;
     b.name = names[op];
-    b.shape = op == 3 ? "qkv [4608, 48 x 128] bf16, in place" : "qkv [8192, 48 x 128] bf16";
+    b.shape = op == 3 ? "qkv [4608, 48 x 128] bf16, in place"
+              : op == 4 ? "qkv [8192, 48 x 128] bf16, q and k written (training: v read from qkv)"
+                        : "qkv [8192, 48 x 128] bf16";
     // The fused pass reads and writes each row once (backward also reads qkv); the unfused path
     // is charged the same bytes so its rate shows how much slower it moves them. In place (the
     // sampler's batch-16 canvas, 16 x 288 tokens) only the query and key heads move.
-    b.bytes = op == 3 ? 2.0 * 2.0 * kInPlaceTokens * (Hq + Hkv) * D : (op == 2 ? 3.0 : 2.0) * 2.0 * T * W;
+    b.bytes = op == 3 ? 2.0 * 2.0 * kInPlaceTokens * (Hq + Hkv) * D
+              : op == 4 ? 2.0 * 2.0 * T * (Hq + Hkv) * D
+                        : (op == 2 ? 3.0 : 2.0) * 2.0 * T * W;
     b.check = [op, args](const Stream& s) {
       const int64_t t = 37, w = (args.heads + 2 * args.kv_heads) * args.head_dim;
       Pair qkv = make_pair({t, w}, DType::BF16, s, -2.0f, 2.0f);
@@ -202,6 +208,10 @@ std::vector<OpBench> qk_benches() {
           ops::rope_forward(kr, p, {Hkv, D, D, args.base}, s);
         } else if (op == 1) {
           ops::qk_norm_rope_forward(qkv, wq, wk, p, o, rstd, args, s);
+        } else if (op == 4) {
+          ops::QkNormRopeArgs no_values = args;
+          no_values.copy_values = false;
+          ops::qk_norm_rope_forward(qkv, wq, wk, p, o, rstd, no_values, s);
         } else if (op == 3) {
           Tensor rows = qkv.narrow(0, kInPlaceTokens);
           Tensor row_rstd = rstd.narrow(0, kInPlaceTokens * (Hq + Hkv));

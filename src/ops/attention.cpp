@@ -143,12 +143,22 @@ struct SplitQkv {
   Tensor q, k, v;
 };
 
-SplitQkv split_qkv(const Tensor& qkv, const AttentionArgs& a, const Stream& stream) {
-  const int64_t t = a.batch * a.seq;
-  SplitQkv s{Tensor::empty({t, a.num_heads * a.head_dim}, qkv.dtype(), stream),
-             Tensor::empty({t, a.num_kv_heads * a.head_dim}, qkv.dtype(), stream),
-             Tensor::empty({t, a.num_kv_heads * a.head_dim}, qkv.dtype(), stream)};
-  split_columns(qkv.view({t, qkv.numel() / t}), {&s.q, &s.k, &s.v}, stream);
+SplitQkv split_qkv(const Tensor& qk_rows, const Tensor& v_rows, const AttentionArgs& a,
+                   const Stream& stream) {
+  const int64_t t = a.batch * a.seq, width = qk_rows.numel() / t;
+  const int64_t hd = a.num_heads * a.head_dim, kd = a.num_kv_heads * a.head_dim;
+  SplitQkv s{Tensor::empty({t, hd}, qk_rows.dtype(), stream), Tensor::empty({t, kd}, qk_rows.dtype(), stream),
+             Tensor::empty({t, kd}, qk_rows.dtype(), stream)};
+  if (qk_rows.data_ptr() == v_rows.data_ptr()) {
+    split_columns(qk_rows.view({t, width}), {&s.q, &s.k, &s.v}, stream);
+    return s;
+  }
+  // Two sources: each split also copies the columns it does not need (the fallback's cost).
+  Tensor unused_v = Tensor::empty({t, kd}, qk_rows.dtype(), stream);
+  split_columns(qk_rows.view({t, width}), {&s.q, &s.k, &unused_v}, stream);
+  unused_v = Tensor();
+  Tensor unused_qk = Tensor::empty({t, hd + kd}, qk_rows.dtype(), stream);
+  split_columns(v_rows.view({t, width}), {&unused_qk, &s.v}, stream);
   return s;
 }
 
@@ -160,38 +170,58 @@ void check_packed(const char* op, const Tensor& qkv, const AttentionArgs& a) {
 
 void attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
                               const AttentionArgs& args, const Stream& stream) {
-  const char* op = "attention_forward_packed";
-  detail::check_device(op, stream, {&qkv, &out, &lse});
-  check_packed(op, qkv, args);
-  // cuDNN reads the packed rows in place when it runs the call (never a context-parallel block).
-  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
-    bool done = false;
-    MDLM_CUDA_BACKEND(done = cuda::attention_forward_packed(qkv, out, lse, args, stream));
-    if (done) return;
-  }
-  const SplitQkv s = split_qkv(qkv, args, stream);
-  attention_forward(s.q, s.k, s.v, out, lse, args, stream);
+  attention_forward_packed(qkv, qkv, out, lse, args, stream);
 }
 
 void attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
                                const Stream& stream) {
+  attention_backward_packed(dout, qkv, qkv, out, lse, dqkv, args, stream);
+}
+
+void attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream) {
+  const char* op = "attention_forward_packed";
+  detail::check_device(op, stream, {&qk_rows, &v_rows, &out, &lse});
+  check_packed(op, qk_rows, args);
+  check_packed(op, v_rows, args);
+  // cuDNN reads the packed rows in place when it runs the call (never a context-parallel block).
+  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
+    bool done = false;
+    MDLM_CUDA_BACKEND(done = cuda::attention_forward_packed(qk_rows, v_rows, out, lse, args, stream));
+    if (done) return;
+  }
+  const SplitQkv s = split_qkv(qk_rows, v_rows, args, stream);
+  attention_forward(s.q, s.k, s.v, out, lse, args, stream);
+}
+
+void attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const Tensor& v_rows,
+                               const Tensor& out, const Tensor& lse, Tensor& dqkv,
+                               const AttentionArgs& args, const Stream& stream) {
   const char* op = "attention_backward_packed";
-  detail::check_device(op, stream, {&dout, &qkv, &out, &lse, &dqkv});
-  check_packed(op, qkv, args);
+  detail::check_device(op, stream, {&dout, &qk_rows, &v_rows, &out, &lse, &dqkv});
+  check_packed(op, qk_rows, args);
+  check_packed(op, v_rows, args);
   check_packed(op, dqkv, args);
   if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
     bool done = false;
-    MDLM_CUDA_BACKEND(done = cuda::attention_backward_packed(dout, qkv, out, lse, dqkv, args, stream));
+    MDLM_CUDA_BACKEND(done = cuda::attention_backward_packed(dout, qk_rows, v_rows, out, lse, dqkv, args, stream));
     if (done) return;
   }
-  const SplitQkv s = split_qkv(qkv, args, stream);
-  SplitQkv g{Tensor::empty(s.q.shape(), qkv.dtype(), stream), Tensor::empty(s.k.shape(), qkv.dtype(), stream),
-             Tensor::empty(s.v.shape(), qkv.dtype(), stream)};
+  const SplitQkv s = split_qkv(qk_rows, v_rows, args, stream);
+  SplitQkv g{Tensor::empty(s.q.shape(), qk_rows.dtype(), stream), Tensor::empty(s.k.shape(), qk_rows.dtype(), stream),
+             Tensor::empty(s.v.shape(), qk_rows.dtype(), stream)};
   attention_backward(dout, s.q, s.k, s.v, out, lse, g.q, g.k, g.v, args, stream);
   const int64_t t = args.batch * args.seq;
   Tensor rows = dqkv.view({t, dqkv.numel() / t});
   concat_columns({&g.q, &g.k, &g.v}, rows, stream);
+}
+
+bool attention_packed_reads_in_place(const AttentionArgs& args, const Stream& stream) {
+  if (!stream.is_cuda() || needs_context_parallel_kernel(args)) return false;
+  bool in_place = false;
+  MDLM_CUDA_BACKEND(in_place = cuda::attention_packed_reads_in_place(args));
+  return in_place;
 }
 
 }  // namespace megadlm::ops

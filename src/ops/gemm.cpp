@@ -24,6 +24,12 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
     detail::check_numel("gemm", *args.bias, n, "bias");
     detail::check_dtype("gemm", *args.bias, c.dtype(), "bias");
   }
+  if (args.addend) {
+    detail::check_device("gemm", stream, {args.addend});
+    MDLM_CHECK(args.beta != 0.0f, "gemm: an addend needs beta != 0 (beta 0 writes C = alpha AB)");
+    MDLM_CHECK(args.addend->rows() == m && args.addend->cols() == n && args.addend->dtype() == c.dtype(),
+               "gemm: addend ", args.addend->str(), " must have C's shape and dtype ", c.str());
+  }
   if (stream.is_cuda()) {
     MDLM_CUDA_BACKEND(cuda::gemm(a, b, c, args, stream));
   } else {

@@ -591,7 +591,7 @@ TEST(AttentionParity, CudnnRowLengthsMatchCpuDocumentsAtLivePositions) {
     a.backend = ops::AttentionBackend::Cudnn;
     Tensor out = poisoned({c.batch, c.seq, c.heads, d}, DType::BF16, cuda);
     Tensor lse = poisoned({c.batch, c.heads, c.seq}, DType::F32, cuda);
-    const ops::cuda::CudnnRun run = ops::cuda::cudnn_attention_forward_packed(qkv_d, out, lse, a, cuda);
+    const ops::cuda::CudnnRun run = ops::cuda::cudnn_attention_forward_packed(qkv_d, qkv_d, out, lse, a, cuda);
     ASSERT_TRUE(run.ran) << run.refusal;
     // Compare the live positions only.
     const std::vector<double> got = test::to_doubles(out, cuda), want = test::to_doubles(ref);

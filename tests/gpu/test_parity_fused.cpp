@@ -4,6 +4,7 @@
 // and attention on the packed QKV buffer. Every test skips without a GPU.
 #include <gtest/gtest.h>
 #include <algorithm>
+#include <cmath>
 #include <vector>
 #include "megadlm/ops/activation.h"
 #include "megadlm/ops/attention.h"
@@ -147,6 +148,20 @@ TEST(FusedParity, QkNormRopeMatchesCpu) {
       ops::qk_norm_rope_forward(inplace, wqd, wkd, pos_d, inplace, rstd2, a, gpu);
       EXPECT_EQ(download(inplace, gpu), download(out, gpu)) << tag << " in place";
     }
+    {  // without the value copy (training): q, k bitwise the same, the value heads unwritten
+      ops::QkNormRopeArgs no_values = a;
+      no_values.copy_values = false;
+      Tensor qk = poisoned({c.t, width}, DType::BF16, gpu), rstd2 = poisoned({c.t * normed}, DType::F32, gpu);
+      ops::qk_norm_rope_forward(qkv.device, wqd, wkd, pos_d, qk, rstd2, no_values, gpu);
+      const std::vector<double> got = download(qk, gpu), all = download(out, gpu);
+      size_t wrong = 0;
+      for (int64_t i = 0; i < c.t * width; ++i) {
+        const bool value_column = i % width >= normed * c.d;
+        const double g = got[static_cast<size_t>(i)];
+        wrong += value_column ? !std::isnan(g) : g != all[static_cast<size_t>(i)];
+      }
+      EXPECT_EQ(wrong, 0u) << tag << " without the value copy";
+    }
     if (c.norm)  // fp32 statistic of the same bf16 inputs
       expect_close(tag + " rstd", download(rstd, gpu), test::to_doubles(rstd_ref), test::kF32AccumRelL2);
     Input dy = make_input({c.t, width}, DType::BF16, gpu);
@@ -268,6 +283,23 @@ TEST(FusedParity, PackedQkvAttentionMatchesCpu) {
         ops::attention_backward_packed(dout.device, qkv.device, out_dev, lse_dev, dqkv, a, gpu);
         ops::attention_backward_packed(dout.host, qkv.host, out_host, lse_ref, dqkv_ref, a_host, Stream::cpu());
         expect_close(tag + " packed dqkv", download(dqkv, gpu), test::to_doubles(dqkv_ref), test::kBf16ParityRelL2);
+        // The values from a second buffer (training: q, k rotated into their own rows, v left in
+        // the projection's output), the columns not read poisoned.
+        std::vector<float> qk_only = qkv.values, v_only = qkv.values;
+        const int64_t qk_width = (c.heads + c.kv_heads) * c.dim;
+        for (int64_t i = 0; i < t * width; ++i) (i % width < qk_width ? v_only : qk_only)[static_cast<size_t>(i)] = NAN;
+        const Tensor qk_rows = to_device(qk_only, {t, width}, DType::BF16, gpu);
+        const Tensor v_rows = to_device(v_only, {t, width}, DType::BF16, gpu);
+        Tensor out2 = poisoned(test::q_shape(c), DType::BF16, gpu), lse2 = poisoned(test::lse_shape(c), DType::F32, gpu);
+        ops::attention_forward_packed(qk_rows, v_rows, out2, lse2, a, gpu);
+        expect_identical(tag + " out, values from a second buffer", download(out2, gpu), download(out, gpu));
+        Tensor dqkv2 = poisoned({t, width}, DType::BF16, gpu);
+        ops::attention_backward_packed(dout.device, qk_rows, v_rows, out_dev, lse_dev, dqkv2, a, gpu);
+        expect_close(tag + " dqkv, values from a second buffer", download(dqkv2, gpu), test::to_doubles(dqkv_ref),
+                     test::kBf16ParityRelL2);
+        EXPECT_EQ(ops::attention_packed_reads_in_place(a, gpu), backend == ops::AttentionBackend::Auto &&
+                                                                    !(documents && c.heads != c.kv_heads))
+            << tag;
       }
     }
   }

@@ -83,6 +83,38 @@ TEST(GemmParity, Bf16AccumulatesIntoBf16WithBetaOne) {
   run_case({128, 192, 64, false, true, DType::BF16, DType::BF16, 1.0f, 1.0f, true});
 }
 
+TEST(GemmParity, Bf16WithAnAddendWritesTheSumIntoANewC) {
+  MDLM_REQUIRE_GPU();
+  // Training's residual stream: x_mid = x + context W^T, the addend x kept unchanged for the
+  // norm's backward; C starts as NaN (not read). A second call gives the same bits; the same sum
+  // in place (addend = C) agrees within bf16 rounding (cuBLASLt may take another epilogue path
+  // when C aliases D: 27 % of the elements differed by their last bit at 1024 x 2048 x 512).
+  Stream gpu = gpu_stream();
+  for (const bool bias : {false, true}) {
+    for (const int64_t m : {int64_t{1024}, int64_t{67}}) {  // the CPU reference bounds the size
+      const int64_t n = m > 100 ? 2048 : 133, k = m > 100 ? 512 : 96;
+      const std::string tag = detail::concat("addend ", m, "x", n, "x", k, bias ? " bias" : "");
+      Input a = make_input({m, k}, DType::BF16, gpu), b = make_input({n, k}, DType::BF16, gpu);
+      Input addend = make_input({m, n}, DType::BF16, gpu), bias_in = make_input({n}, DType::BF16, gpu);
+      Tensor c = poisoned({m, n}, DType::BF16, gpu), c_host = poisoned_host({m, n});
+      ops::gemm(a.device, b.device, c, {.trans_b = true, .beta = 1.0f, .bias = bias ? &bias_in.device : nullptr,
+                                        .addend = &addend.device}, gpu);
+      ops::gemm(a.host, b.host, c_host, {.trans_b = true, .beta = 1.0f, .bias = bias ? &bias_in.host : nullptr,
+                                         .addend = &addend.host}, Stream::cpu());
+      expect_close(tag, download(c, gpu), test::to_doubles(c_host), test::kBf16ParityRelL2);
+      expect_identical(tag + " addend unchanged", download(addend.device, gpu), as_doubles(addend.values));
+      Tensor again = poisoned({m, n}, DType::BF16, gpu);
+      ops::gemm(a.device, b.device, again, {.trans_b = true, .beta = 1.0f, .bias = bias ? &bias_in.device : nullptr,
+                                            .addend = &addend.device}, gpu);
+      expect_identical(tag + " twice", download(again, gpu), download(c, gpu));
+      Tensor in_place = addend.device.to(gpu.device(), gpu);
+      ops::gemm(a.device, b.device, in_place, {.trans_b = true, .beta = 1.0f,
+                                               .bias = bias ? &bias_in.device : nullptr}, gpu);
+      expect_close(tag + " in place", download(in_place, gpu), download(c, gpu), test::kBf16ParityRelL2);
+    }
+  }
+}
+
 TEST(GemmParity, F32MatchesCpuWithoutTf32) {
   MDLM_REQUIRE_GPU();
   for (int ta = 0; ta < 2; ++ta)

@@ -141,5 +141,17 @@ void attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
 void attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
                                const Stream& stream);
+/// The same with q and k read from qk_rows and v from the value columns of v_rows, two buffers
+/// of the packed layout: the training forward rotates q and k into a buffer of their own while
+/// the values stay in the QKV projection's output (qk_norm_rope with copy_values = false).
+void attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out, Tensor& lse,
+                              const AttentionArgs& args, const Stream& stream);
+void attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const Tensor& v_rows,
+                               const Tensor& out, const Tensor& lse, Tensor& dqkv,
+                               const AttentionArgs& args, const Stream& stream);
+/// Whether both packed calls of these arguments read the packed rows in place (cuDNN on CUDA),
+/// so that split buffers for q, k and v cost no copies; false where they fall back to split
+/// copies (CPU, the own kernels), which then take the values from one buffer most cheaply.
+bool attention_packed_reads_in_place(const AttentionArgs& args, const Stream& stream);
 
 }  // namespace megadlm::ops

@@ -16,9 +16,14 @@ struct GemmArgs {
   float alpha = 1.0f;
   float beta = 0.0f;     ///< 1.0f accumulates into C
   const Tensor* bias = nullptr;  ///< optional [N], added to every row of C (dtype of C)
+  /// Optional, with beta != 0: C = alpha op(A) op(B) + beta * addend (+ bias), C written (the
+  /// sum rounded once, in the GEMM's epilogue: a residual add without its own pass). C's shape
+  /// and dtype; may be C itself.
+  const Tensor* addend = nullptr;
 };
 
-/// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (+ bias).
+/// C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C (+ bias); beta * addend instead of
+/// beta * C when args.addend is set.
 /// @param[in]  a  [M,K] (or [K,M] with trans_a); CPU: f32/f64; CUDA: bf16 (or f32)
 /// @param[in]  b  [K,N] (or [N,K] with trans_b); same dtype as a
 /// @param[in,out] c [M,N]; dtype of a, or f32 when a is bf16 (fp32 accumulation target)

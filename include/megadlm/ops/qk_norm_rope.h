@@ -9,7 +9,7 @@
 // k_weight):
 //   r = 1 / sqrt(mean(x^2) + eps),  n = x * r * q_weight,  y = rope(n, positions[t])
 // with RoPE as in rope.h (rotate half over the first rotary_dim elements; rotary_dim 0: none), and
-// value heads copied. `out` may be `qkv` itself (inference: nothing reads the projection again);
+// value heads copied (unless copy_values is false). `out` may be `qkv` itself (inference: nothing reads the projection again);
 // the value heads then stay where they are. Without weights (q_weight undefined) there is no norm (n = x, rstd unused).
 // rstd f32 [T, Hq + Hkv] (query heads, then key heads; CPU also the activation dtype). CUDA: fp32
 // arithmetic with one rounding at the output (the unfused path rounds after the norm too).
@@ -29,6 +29,9 @@ struct QkNormRopeArgs {
   int64_t rotary_dim = 0;  ///< even, <= head_dim; 0: no rotation
   float base = 10000.0f;   ///< --rotary-base
   float eps = 1e-6f;       ///< --norm-epsilon
+  /// Forward: false leaves out's value heads unwritten (training passes qkv itself as the
+  /// attention's value source: attention_forward_packed with v_rows, no copy of the values).
+  bool copy_values = true;
 };
 
 void qk_norm_rope_forward(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,

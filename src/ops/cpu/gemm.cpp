@@ -1,4 +1,5 @@
-// CPU reference GEMM: C = alpha * op(A) * op(B) + beta * C (+ bias), row-major, single-threaded.
+// CPU reference GEMM: C = alpha * op(A) * op(B) + beta * C (or the addend) (+ bias), row-major,
+// single-threaded.
 // A transposed operand is first copied to a contiguous row-major op(X), so that one i-k-j kernel
 // (inner loop contiguous over N, a row of C accumulated in double) serves all four transpose
 // combinations. Dtypes: A, B f32 or f64; C and bias A's dtype or f32. Not a BLAS: correctness and
@@ -25,10 +26,11 @@ std::vector<T> transpose_copy(const T* x, int64_t rows, int64_t cols) {
 // once per row of C (B is the large operand: a weight matrix or a batch of activations).
 constexpr int64_t kRowBlock = 4;
 
-/// c[m, n] = alpha * a[m, k] * b[k, n] + beta * c + bias, all contiguous row-major.
+/// c[m, n] = alpha * a[m, k] * b[k, n] + beta * c_in + bias, all contiguous row-major (c_in is
+/// c, or the addend).
 template <typename T, typename TC>
-void gemm_nn(const T* a, const T* b, TC* c, const TC* bias, int64_t m, int64_t n, int64_t k,
-             double alpha, double beta) {
+void gemm_nn(const T* a, const T* b, TC* c, const TC* c_in, const TC* bias, int64_t m, int64_t n,
+             int64_t k, double alpha, double beta) {
   std::vector<double> acc(static_cast<size_t>(kRowBlock * n));
   for (int64_t i0 = 0; i0 < m; i0 += kRowBlock) {
     const int64_t rows = std::min(kRowBlock, m - i0);
@@ -43,11 +45,12 @@ void gemm_nn(const T* a, const T* b, TC* c, const TC* bias, int64_t m, int64_t n
     }
     for (int64_t r = 0; r < rows; ++r) {
       TC* crow = c + (i0 + r) * n;
+      const TC* in_row = c_in + (i0 + r) * n;
       const double* arow = acc.data() + r * n;
       for (int64_t j = 0; j < n; ++j) {
         double v = alpha * arow[j];
         // beta == 0 writes C without reading it: uninitialised memory (or NaN) must not leak in.
-        if (beta != 0.0) v += beta * static_cast<double>(crow[j]);
+        if (beta != 0.0) v += beta * static_cast<double>(in_row[j]);
         if (bias != nullptr) v += static_cast<double>(bias[j]);
         crow[j] = static_cast<TC>(v);
       }
@@ -71,7 +74,8 @@ void gemm_typed(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& arg
     pb = bt.data();
   }
   const TC* bias = args.bias != nullptr ? args.bias->data<TC>() : nullptr;
-  gemm_nn<T, TC>(pa, pb, c.data<TC>(), bias, m, n, k, static_cast<double>(args.alpha),
+  const TC* c_in = args.addend != nullptr ? args.addend->data<TC>() : c.data<TC>();
+  gemm_nn<T, TC>(pa, pb, c.data<TC>(), c_in, bias, m, n, k, static_cast<double>(args.alpha),
                  static_cast<double>(args.beta));
 }
 

@@ -59,7 +59,7 @@ void forward(const Tensor& qkv, const Tensor& q_weight, const Tensor& k_weight,
       const T* xh = x + (t * heads + h) * d;
       T* yh = y + (t * heads + h) * d;
       if (h >= a.heads + a.kv_heads) {  // value head
-        for (int64_t i = 0; i < d; ++i) yh[i] = xh[i];
+        if (a.copy_values) for (int64_t i = 0; i < d; ++i) yh[i] = xh[i];
         continue;
       }
       for (int64_t i = 0; i < d; ++i) v[static_cast<size_t>(i)] = xh[i];

@@ -281,23 +281,27 @@ void attention_backward_context_parallel(const Tensor& dout, const Tensor& q, co
   attention_backward_with(kernel, dout, q, k, v, out, lse, dq, dk, dv, args, stream);
 }
 
-bool attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+bool attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out, Tensor& lse,
                               const AttentionArgs& args, const Stream& stream) {
   if (args.backend == AttentionBackend::Flash) return false;
-  const CudnnRun run = cudnn_attention_forward_packed(qkv, out, lse, args, stream);
+  const CudnnRun run = cudnn_attention_forward_packed(qk_rows, v_rows, out, lse, args, stream);
   note_once(call_kind("forward", args) + ", packed QKV: " +
             (run.ran ? std::string("cuDNN in place") : "split copies (cuDNN: " + run.refusal + ")"));
   return run.ran;
 }
 
-bool attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
-                               const Stream& stream) {
+bool attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const Tensor& v_rows,
+                               const Tensor& out, const Tensor& lse, Tensor& dqkv,
+                               const AttentionArgs& args, const Stream& stream) {
   if (args.backend == AttentionBackend::Flash) return false;
-  const CudnnRun run = cudnn_attention_backward_packed(dout, qkv, out, lse, dqkv, args, stream);
+  const CudnnRun run = cudnn_attention_backward_packed(dout, qk_rows, v_rows, out, lse, dqkv, args, stream);
   note_once(call_kind("backward", args) + ", packed QKV: " +
             (run.ran ? std::string("cuDNN in place") : "split and concat copies (cuDNN: " + run.refusal + ")"));
   return run.ran;
+}
+
+bool attention_packed_reads_in_place(const AttentionArgs& args) {
+  return args.backend != AttentionBackend::Flash && cudnn_attention_packed_refusal(args).empty();
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

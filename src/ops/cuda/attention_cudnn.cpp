@@ -683,10 +683,13 @@ QkvPointers separate(const Tensor& q, const Tensor& k, const Tensor& v, const At
   return {q.data_ptr(), k.data_ptr(), v.data_ptr(), a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim};
 }
 
-QkvPointers packed(const Tensor& qkv, const AttentionArgs& a) {
-  char* base = static_cast<char*>(qkv.data_ptr());
+/// q and k from the packed buffer qk_rows, v from the value columns of v_rows (a buffer of the
+/// same layout, so one token stride serves k and v).
+QkvPointers packed(const Tensor& qk_rows, const Tensor& v_rows, const AttentionArgs& a) {
+  char* base = static_cast<char*>(qk_rows.data_ptr());
+  char* v_base = static_cast<char*>(v_rows.data_ptr());
   const int64_t hd = a.num_heads * a.head_dim, kd = a.num_kv_heads * a.head_dim;
-  return {base, base + hd * 2, base + (hd + kd) * 2, hd + 2 * kd, hd + 2 * kd};
+  return {base, base + hd * 2, v_base + (hd + kd) * 2, hd + 2 * kd, hd + 2 * kd};
 }
 
 /// Whether a call runs dense rows with the padding mask of AttentionArgs::row_lengths (forward
@@ -989,17 +992,25 @@ CudnnRun cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Ten
   return run_backward(dout, separate(q, k, v, a), out, lse, separate(dq, dk, dv, a), a, stream);
 }
 
-CudnnRun cudnn_attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
-                                        const AttentionArgs& a, const Stream& stream) {
+CudnnRun cudnn_attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out,
+                                        Tensor& lse, const AttentionArgs& a, const Stream& stream) {
   if (std::string why = packed_refusal(a, false); !why.empty()) return {false, why};
-  return run_forward(packed(qkv, a), out, lse, a, stream);
+  return run_forward(packed(qk_rows, v_rows, a), out, lse, a, stream);
 }
 
-CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                         const Tensor& lse, Tensor& dqkv, const AttentionArgs& a,
-                                         const Stream& stream) {
+CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qk_rows,
+                                         const Tensor& v_rows, const Tensor& out, const Tensor& lse,
+                                         Tensor& dqkv, const AttentionArgs& a, const Stream& stream) {
   if (std::string why = packed_refusal(a, true); !why.empty()) return {false, why};
-  return run_backward(dout, packed(qkv, a), out, lse, packed(dqkv, a), a, stream);
+  return run_backward(dout, packed(qk_rows, v_rows, a), out, lse, packed(dqkv, dqkv, a), a, stream);
+}
+
+std::string cudnn_attention_packed_refusal(const AttentionArgs& a) {
+  for (const bool backward : {false, true}) {
+    if (std::string why = cudnn_attention_unsupported(a, backward); !why.empty()) return why;
+    if (std::string why = packed_refusal(a, backward); !why.empty()) return why;
+  }
+  return {};
 }
 
 }  // namespace megadlm::ops::cuda
@@ -1025,14 +1036,18 @@ CudnnRun cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, c
   return {false, cudnn_attention_unsupported(a, true)};
 }
 
-CudnnRun cudnn_attention_forward_packed(const Tensor&, Tensor&, Tensor&, const AttentionArgs& a,
-                                        const Stream&) {
+CudnnRun cudnn_attention_forward_packed(const Tensor&, const Tensor&, Tensor&, Tensor&,
+                                        const AttentionArgs& a, const Stream&) {
   return {false, cudnn_attention_unsupported(a, false)};
 }
 
 CudnnRun cudnn_attention_backward_packed(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         Tensor&, const AttentionArgs& a, const Stream&) {
+                                         const Tensor&, Tensor&, const AttentionArgs& a, const Stream&) {
   return {false, cudnn_attention_unsupported(a, true)};
+}
+
+std::string cudnn_attention_packed_refusal(const AttentionArgs& a) {
+  return cudnn_attention_unsupported(a, false);
 }
 
 }  // namespace megadlm::ops::cuda

@@ -38,10 +38,14 @@ CudnnRun cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Ten
 
 /// The same on the packed QKV buffer (ops::attention_forward_packed / attention_backward_packed):
 /// q, k, v (and dq, dk, dv) read and written in place through their strides, no copies.
-CudnnRun cudnn_attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
-                                        const AttentionArgs& args, const Stream& stream);
-CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                         const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
-                                         const Stream& stream);
+/// q and k come from qk_rows, v from v_rows' value columns (the same buffer, or two of one layout).
+CudnnRun cudnn_attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out,
+                                        Tensor& lse, const AttentionArgs& args, const Stream& stream);
+CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qk_rows,
+                                         const Tensor& v_rows, const Tensor& out, const Tensor& lse,
+                                         Tensor& dqkv, const AttentionArgs& args, const Stream& stream);
+/// Why the packed forward or backward of these arguments would not run on cuDNN ("" if both would;
+/// a plan that fails to build is still refused at its first call).
+std::string cudnn_attention_packed_refusal(const AttentionArgs& args);
 
 }  // namespace megadlm::ops::cuda

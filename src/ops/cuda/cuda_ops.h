@@ -38,9 +38,11 @@ void attention_backward_context_parallel(const Tensor& dout, const Tensor& q, co
 
 // CUDA-only fast paths whose dispatch has a generic fallback (split q, k, v and the ordinary
 // entries): true when they ran (cuDNN on the packed rows), false when nothing was queued.
-bool attention_forward_packed(const Tensor& qkv, Tensor& out, Tensor& lse,
+bool attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out, Tensor& lse,
                               const AttentionArgs& args, const Stream& stream);
-bool attention_backward_packed(const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                               const Tensor& lse, Tensor& dqkv, const AttentionArgs& args,
-                               const Stream& stream);
+bool attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const Tensor& v_rows,
+                               const Tensor& out, const Tensor& lse, Tensor& dqkv,
+                               const AttentionArgs& args, const Stream& stream);
+/// Whether those two would run (the backend allows cuDNN and cuDNN takes both directions).
+bool attention_packed_reads_in_place(const AttentionArgs& args);
 }  // namespace megadlm::ops::cuda

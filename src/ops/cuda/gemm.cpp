@@ -17,6 +17,7 @@
 // query rows per step) first tries the algorithm of its size bucket (heuristic_bucket): one
 // heuristic call per bucket instead of per size, each costing milliseconds of idle GPU.
 #include <cublasLt.h>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -299,7 +300,11 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
   if (m == 0 || n == 0) return;
   auto* res = stream.cuda_resources().get();
   cudaStream_t s = megadlm::detail::native_stream(stream);
+  // C's input: the addend (written sum into C) or C itself.
+  const void* c_in = args.addend != nullptr ? args.addend->data_ptr() : c.data_ptr();
   if (k == 0) {  // empty product: C = beta * C (+ bias); beta == 0 ignores C's old contents
+    if (c_in != c.data_ptr() && args.beta != 0.0f)
+      MDLM_CUDA_CHECK(cudaMemcpyAsync(c.data_ptr(), c_in, c.nbytes(), cudaMemcpyDeviceToDevice, s));
     if (args.beta == 0.0f) fill(c, 0.0f, stream);
     else if (args.beta != 1.0f) scale_inplace(c, args.beta, stream);
     if (args.bias) launch_add_row_bias(c, *args.bias, s);
@@ -318,7 +323,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
                     c.dtype(),
                     pointer_alignment(a.data_ptr()),
                     pointer_alignment(b.data_ptr()),
-                    pointer_alignment(c.data_ptr()),
+                    std::min(pointer_alignment(c.data_ptr()), pointer_alignment(c_in)),
                     pointer_alignment(bias_ptr)};
 
   LtProblem problem(ab_type, c_type, m, n, k, args.trans_a, args.trans_b);
@@ -373,7 +378,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
   const float alpha = args.alpha, beta = args.beta;
   MDLM_CUBLAS_CHECK(cublasLtMatmul(res->cublaslt, problem.desc.desc, &alpha, b.data_ptr(),
                                    problem.lt_a.layout, a.data_ptr(), problem.lt_b.layout, &beta,
-                                   c.data_ptr(), problem.lt_c.layout, c.data_ptr(),
+                                   c_in, problem.lt_c.layout, c.data_ptr(),
                                    problem.lt_c.layout, &chosen.algo, res->workspace,
                                    res->workspace_bytes, s));
   if (args.bias && !chosen.bias_in_epilogue) launch_add_row_bias(c, *args.bias, s);

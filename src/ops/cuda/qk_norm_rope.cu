@@ -31,6 +31,7 @@ constexpr int64_t kBackwardMaxBlocks = 1024;
 struct Dims {
   int heads, kv_heads, dim, rotary_dim;
   float base, eps;
+  bool copy_values;  ///< forward: whether out's value heads are written (out != qkv)
   __host__ __device__ int row() const { return (heads + 2 * kv_heads) * dim; }
 };
 
@@ -97,8 +98,9 @@ qk_norm_rope_forward_kernel(const T* qkv, const T* __restrict__ q_weight,
 #pragma unroll
       for (int j = 0; j < E; ++j) yh[lane + 32 * j] = from_float<T>(v[j]);
     }
-    // Value heads: a plain copy of the row's tail (nothing to do in place).
-    if (qkv == out) continue;
+    // Value heads: a plain copy of the row's tail (nothing to do in place, or when the
+    // attention reads them from qkv).
+    if (qkv == out || !d.copy_values) continue;
     const int64_t v_begin = static_cast<int64_t>(normed) * d.dim, v_len = static_cast<int64_t>(d.kv_heads) * d.dim;
     if ((v_len * sizeof(T)) % 16 == 0 && (v_begin * sizeof(T)) % 16 == 0 && (d.row() * sizeof(T)) % 16 == 0) {
       const uint4* src = reinterpret_cast<const uint4*>(xt + v_begin);
@@ -215,7 +217,7 @@ qk_norm_rope_forward_d128_kernel(const T* qkv, const T* __restrict__ q_weight,
       if (norm && ((next & 31) == 0 || next >= normed) && chunk + lane < normed)
         rstd[t * normed + chunk + lane] = lane_rstd;
     }
-    if (qkv == out) continue;  // in place: the value heads are already there
+    if (qkv == out || !d.copy_values) continue;  // in place, or read from qkv by the attention
     const int64_t v_begin = static_cast<int64_t>(normed) * kDim, v_len = static_cast<int64_t>(d.kv_heads) * kDim;
     const uint2* src = reinterpret_cast<const uint2*>(xt + v_begin);
     uint2* dst = reinterpret_cast<uint2*>(yt + v_begin);
@@ -402,7 +404,7 @@ Dims dims_of(const QkNormRopeArgs& a) {
   MDLM_CHECK(a.head_dim % 32 == 0 && a.head_dim <= kMaxDim, "CUDA qk_norm_rope needs head_dim a "
              "multiple of 32 up to ", kMaxDim, ", got ", a.head_dim, " (--kv-channels)");
   return {static_cast<int>(a.heads), static_cast<int>(a.kv_heads), static_cast<int>(a.head_dim),
-          static_cast<int>(a.rotary_dim), a.base, a.eps};
+          static_cast<int>(a.rotary_dim), a.base, a.eps, a.copy_values};
 }
 
 /// Calls f(std::integral_constant<int, E>) for E = head_dim / 32.

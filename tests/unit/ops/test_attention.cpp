@@ -623,3 +623,35 @@ TEST(Attention, PackedQkvEqualsSeparateTensors) {
   ops::concat_columns({&dq2, &dk2, &dv2}, want, s);
   EXPECT_EQ(dqkv.to_floats(s), want.to_floats(s));
 }
+
+TEST(Attention, PackedRowsTakeTheirValuesFromASecondBuffer) {
+  // Training rotates q and k into a buffer whose value columns stay unwritten and passes the QKV
+  // projection's output as the value source: the result must be that of one buffer holding
+  // the first's q, k and the second's v (poisoned columns that are not read change nothing).
+  const Stream s = Stream::cpu();
+  const Case c{2, 7, 4, 2, 8, AttentionMask::None};
+  const AttentionArgs a = args_of(c);
+  const int64_t t = c.batch * c.seq, width = (c.heads + 2 * c.kv_heads) * c.dim;
+  const int64_t qk = (c.heads + c.kv_heads) * c.dim;
+  const Tensor qkv = test::random_tensor({t, width}, 73, DType::F32, -2.0f, 2.0f);
+  Tensor qk_rows = Tensor::from_floats(qkv.to_floats(s), {t, width});
+  Tensor v_rows = Tensor::from_floats(qkv.to_floats(s), {t, width});
+  float* qr = qk_rows.data<float>();
+  float* vr = v_rows.data<float>();
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t j = qk; j < width; ++j) qr[i * width + j] = std::nanf("");  // v slot unwritten
+    for (int64_t j = 0; j < qk; ++j) vr[i * width + j] = std::nanf("");      // only v is read
+  }
+  Tensor out = poisoned(q_shape(c), DType::F32), lse = poisoned(lse_shape(c), DType::F32);
+  Tensor out2 = poisoned(q_shape(c), DType::F32), lse2 = poisoned(lse_shape(c), DType::F32);
+  ops::attention_forward_packed(qkv, out, lse, a, s);
+  ops::attention_forward_packed(qk_rows, v_rows, out2, lse2, a, s);
+  EXPECT_EQ(out.to_floats(s), out2.to_floats(s));
+  EXPECT_EQ(lse.to_floats(s), lse2.to_floats(s));
+  const Tensor dout = test::random_tensor(q_shape(c), 74);
+  Tensor dqkv = poisoned({t, width}, DType::F32), dqkv2 = poisoned({t, width}, DType::F32);
+  ops::attention_backward_packed(dout, qkv, out, lse, dqkv, a, s);
+  ops::attention_backward_packed(dout, qk_rows, v_rows, out, lse, dqkv2, a, s);
+  EXPECT_EQ(dqkv.to_floats(s), dqkv2.to_floats(s));
+  EXPECT_FALSE(ops::attention_packed_reads_in_place(a, s));  // the CPU splits copies
+}

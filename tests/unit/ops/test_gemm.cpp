@@ -92,6 +92,33 @@ TEST(Gemm, BetaOneAccumulatesIntoC) {
   EXPECT_EQ(c.to_floats(s), (std::vector<float>{16, 26, 44, 54}));
 }
 
+TEST(Gemm, AnAddendIsAddedInsteadOfCAndCIsWritten) {
+  // C = alpha A B + beta * addend + bias: the residual add of a branch formed in the GEMM. C's
+  // old contents (NaN here) are not read; the addend is not written.
+  Stream s = Stream::cpu();
+  for (const bool with_bias : {false, true}) {
+    Tensor a = test::random_tensor({5, 3}, 21, DType::F32), b = test::random_tensor({4, 3}, 22, DType::F32);
+    Tensor addend = test::random_tensor({5, 4}, 23, DType::F32), bias = test::random_tensor({4}, 24, DType::F32);
+    const std::vector<double> addend_v = test::to_doubles(addend), bias_v = test::to_doubles(bias);
+    Tensor c = Tensor::from_floats(std::vector<float>(20, NAN), {5, 4});
+    ops::gemm(a, b, c, {.trans_b = true, .alpha = 0.5f, .beta = 2.0f, .bias = with_bias ? &bias : nullptr,
+                        .addend = &addend}, s);
+    const std::vector<double> want = naive_gemm(test::to_doubles(a), test::to_doubles(b), addend_v,
+                                                with_bias ? &bias_v : nullptr, 5, 4, 3, false, true, 0.5, 2.0);
+    EXPECT_LT(test::rel_l2(test::to_doubles(c), want), 1e-6) << "bias " << with_bias;
+    EXPECT_EQ(test::to_doubles(addend), addend_v);
+    // The addend may be C itself: the in-place accumulation of beta = 1.
+    Tensor same = Tensor::from_floats(addend.to_floats(s), {5, 4});
+    ops::gemm(a, b, same, {.trans_b = true, .alpha = 0.5f, .beta = 2.0f, .bias = with_bias ? &bias : nullptr,
+                           .addend = &same}, s);
+    EXPECT_EQ(same.to_floats(s), c.to_floats(s));
+  }
+  Tensor a = test::random_tensor({2, 2}, 25, DType::F32), c = Tensor::zeros({2, 2}, DType::F32, s);
+  Tensor wrong = Tensor::zeros({2, 3}, DType::F32, s);
+  EXPECT_THROW(ops::gemm(a, a, c, {.beta = 1.0f, .addend = &wrong}, s), Error);
+  EXPECT_THROW(ops::gemm(a, a, c, {.addend = &c}, s), Error);  // beta 0 would ignore it
+}
+
 TEST(Gemm, F64OperandsCanWriteAnF32Output) {
   Stream s = Stream::cpu();
   Tensor a = test::random_tensor({4, 6}, 1, DType::F64);

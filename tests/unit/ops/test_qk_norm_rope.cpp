@@ -67,6 +67,17 @@ TEST(QkNormRope, ForwardEqualsSplitNormRopeConcat) {
     ops::qk_norm_rope_forward(inplace, wq, wk, positions(), inplace, rstd2, a, cpu);
     EXPECT_EQ(test::to_doubles(inplace), test::to_doubles(out));
     EXPECT_EQ(test::to_doubles(rstd2), test::to_doubles(rstd));
+    // Without the value copy (training reads v from qkv): q, k the same, value heads untouched.
+    ops::QkNormRopeArgs no_values = a;
+    no_values.copy_values = false;
+    Tensor qk_only = Tensor::from_floats(std::vector<float>(static_cast<size_t>(kT * kWidth), -7.0f), {kT, kWidth});
+    ops::qk_norm_rope_forward(qkv, wq, wk, positions(), qk_only, rstd2, no_values, cpu);
+    const std::vector<double> got = test::to_doubles(qk_only), all = test::to_doubles(out);
+    for (int64_t t = 0; t < kT; ++t)
+      for (int64_t j = 0; j < kWidth; ++j) {
+        const size_t i = static_cast<size_t>(t * kWidth + j);
+        EXPECT_EQ(got[i], j < (kHq + kHkv) * kD ? all[i] : -7.0) << "token " << t << ", column " << j;
+      }
   }
 }
 
