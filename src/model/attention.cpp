@@ -82,13 +82,19 @@ ops::QkNormRopeArgs SelfAttention::qk_args() const {
 }
 
 Tensor SelfAttention::rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb,
-                                  const Stream& s, bool in_place) const {
+                                  const Stream& s, bool in_place, bool copy_values) const {
   Tensor out = in_place ? qkv : Tensor::empty(qkv.shape(), qkv.dtype(), s);
   const Tensor none;
   const bool norm = cfg_->qk_layernorm;
+  ops::QkNormRopeArgs args = qk_args();
+  args.copy_values = copy_values;
   ops::qk_norm_rope_forward(qkv, norm ? q_norm_.weight() : none, norm ? k_norm_.weight() : none,
-                            mb.positions, out, rstd, qk_args(), s);
+                            mb.positions, out, rstd, args, s);
   return out;
+}
+
+bool SelfAttention::values_from_projection(const ops::AttentionArgs& a, const ModelRuntime& rt) const {
+  return !rt.forward_only && !mp_.cp.enabled() && ops::attention_packed_reads_in_place(a, rt.stream);
 }
 
 SelfAttention::SplitRows SelfAttention::split_rows(const Tensor& rows, int64_t t,
@@ -112,8 +118,9 @@ Tensor SelfAttention::forward(const Tensor& x, const MicroBatch& mb, Saved& save
   return proj_.forward(context(x, mb, saved, rt), rt.stream);
 }
 
-void SelfAttention::project_add(const Tensor& context, Tensor& residual, const Stream& s) const {
-  proj_.forward_add(context, residual, s);
+void SelfAttention::project_add(const Tensor& context, const Tensor& residual, Tensor& out,
+                                const Stream& s) const {
+  proj_.forward_add(context, residual, out, s);
 }
 
 Tensor SelfAttention::context(const Tensor& x, const MicroBatch& mb, Saved& saved,
@@ -127,18 +134,22 @@ Tensor SelfAttention::context(const Tensor& x, const MicroBatch& mb, Saved& save
     if (!rt.forward_only) saved.qkv = qkv;
     if (cfg_->qk_layernorm)
       saved.qk_rstd = Tensor::empty({t * (heads_ + groups_)}, rt.stat_dtype(), s);
-    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s, rt.forward_only);
+    const ops::AttentionArgs args = core_args(mb, rt);
+    // Training keeps qkv for backward; the rotated q, k go to a buffer of their own and the
+    // attention reads v from qkv where it reads the packed rows in place (no value copy).
+    const bool values_in_qkv = values_from_projection(args, rt);
+    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s, rt.forward_only, !values_in_qkv);
     if (mp_.cp.enabled()) {
       // The CP core takes q, k, v apart and keeps only its lse: backward recomputes the rows
       // from saved.qkv, as the unsplit fused path does.
       const SplitRows r = split_rows(rows, t, s);
-      saved.out = cp_attention_.forward(r.q, r.k, r.v, core_args(mb, rt), cp_layout(mb), saved.cp, s);
+      saved.out = cp_attention_.forward(r.q, r.k, r.v, args, cp_layout(mb), saved.cp, s);
       saved.cp.q = saved.cp.k = saved.cp.v = Tensor();
       return saved.out;
     }
     saved.out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
     saved.lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
-    ops::attention_forward_packed(rows, saved.out, saved.lse, core_args(mb, rt), s);
+    ops::attention_forward_packed(rows, values_in_qkv ? qkv : rows, saved.out, saved.lse, args, s);
     return saved.out;
   }
   Tensor q = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
@@ -177,16 +188,19 @@ Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& sa
     Tensor dqkv = Tensor::empty(saved.qkv.shape(), dy.dtype(), s);
     {
       // Recompute the rows attention read (rewrites the same statistics), then drop them.
-      const Tensor rows = rotated_qkv(saved.qkv, saved.qk_rstd, mb, s);
+      const ops::AttentionArgs args = core_args(mb, rt);
+      const bool values_in_qkv = values_from_projection(args, rt);
+      const Tensor rows = rotated_qkv(saved.qkv, saved.qk_rstd, mb, s, false, !values_in_qkv);
       if (mp_.cp.enabled()) {
         const SplitRows r = split_rows(rows, t, s);
         cp_attention_.restore_inputs(r.q, r.k, r.v, cp_layout(mb), saved.cp, s);
         const cp::AttentionGrads g =
-            cp_attention_.backward(dattn, saved.out, saved.cp, core_args(mb, rt), cp_layout(mb), s);
+            cp_attention_.backward(dattn, saved.out, saved.cp, args, cp_layout(mb), s);
         Tensor dq_rows = dqkv.view({t, dqkv.numel() / t});
         ops::concat_columns({&g.dq, &g.dk, &g.dv}, dq_rows, s);
       } else {
-        ops::attention_backward_packed(dattn, rows, saved.out, saved.lse, dqkv, core_args(mb, rt), s);
+        ops::attention_backward_packed(dattn, rows, values_in_qkv ? saved.qkv : rows, saved.out,
+                                       saved.lse, dqkv, args, s);
       }
     }
     saved.out = saved.lse = dattn = Tensor();

@@ -39,10 +39,10 @@ Tensor Mlp::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const M
 }
 
 void Mlp::forward_add(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt,
-                      Tensor& residual) const {
+                      const Tensor& residual, Tensor& out) const {
   const Stream& s = rt.stream;
   saved.fc1_out = fc1_.gather_and_forward(x, mb.tokens(), saved.x_full, s);
-  fc2_.forward_add(activate(saved.fc1_out, s), residual, s);
+  fc2_.forward_add(activate(saved.fc1_out, s), residual, out, s);
 }
 
 Tensor Mlp::activate(const Tensor& fc1_out, const Stream& s) const {

@@ -70,26 +70,46 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
   const float p = rt.training ? cfg_.hidden_dropout : 0.0f;
   if (rt.hooks) rt.hooks->params_needed(handles_);
   rec.x_in = x;
-  Tensor attn = attention_.forward(norm1_.forward(x, rec.norm1, s), mb, rec.attention, rt);
+  // Without hidden dropout on one tensor-parallel rank, each branch is added to the residual
+  // stream by its output projection's GEMM (beta = 1 with x as the addend: the sum rounded once,
+  // no add pass); otherwise dropout's add, or the add fused into the next norm.
+  const bool add_in_gemm = p <= 0 && !mp_.tp.enabled();
+  Tensor normed = norm1_.forward(x, rec.norm1, s);
   Tensor norm2_out;
-  if (p > 0) {
-    rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
-    norm2_out = norm2_.forward(rec.x_mid, rec.norm2, s);
-  } else {  // no hidden dropout: the residual add fused into the next norm (one pass)
+  if (add_in_gemm) {
+    const Tensor context = attention_.context(normed, mb, rec.attention, rt);
+    normed = Tensor();
     rec.x_mid = Tensor::empty(x.shape(), x.dtype(), s);
-    norm2_out = norm2_.forward_add(attn, x, rec.x_mid, rec.norm2, s);
+    attention_.project_add(context, x, rec.x_mid, s);
+    norm2_out = norm2_.forward(rec.x_mid, rec.norm2, s);
+  } else {
+    Tensor attn = attention_.forward(normed, mb, rec.attention, rt);
+    normed = Tensor();
+    if (p > 0) {
+      rec.x_mid = residual_add(attn, x, mb, rt, p, 2 * layer_ + 1, row_offset);
+      norm2_out = norm2_.forward(rec.x_mid, rec.norm2, s);
+    } else {  // no hidden dropout: the residual add fused into the next norm (one pass)
+      rec.x_mid = Tensor::empty(x.shape(), x.dtype(), s);
+      norm2_out = norm2_.forward_add(attn, x, rec.x_mid, rec.norm2, s);
+    }
   }
-  attn = Tensor();
-  Tensor mlp = moe_ ? moe_layer_.forward(norm2_out, mb, rec.moe, rt) : mlp_.forward(norm2_out, mb, rec.mlp, rt);
+  Tensor out, mlp;
+  if (add_in_gemm && !moe_) {
+    out = Tensor::empty(x.shape(), x.dtype(), s);
+    mlp_.forward_add(norm2_out, mb, rec.mlp, rt, rec.x_mid, out);
+  } else {
+    mlp = moe_ ? moe_layer_.forward(norm2_out, mb, rec.moe, rt) : mlp_.forward(norm2_out, mb, rec.mlp, rt);
+  }
   norm2_out = Tensor();
-  if (!mp_.sequence_parallel) {
-    // The norm outputs are the QKV and fc1 inputs their weight gradients need: recomputed in
-    // backward from the saved norm inputs (x_in, x_mid) instead of kept. (Under sequence
-    // parallelism they are gathered over TP, which a recomputation would repeat.) An MoE
-    // layer keeps its input in rec.moe (router and experts read it).
+  if (cfg_.recompute_norms && !mp_.sequence_parallel) {
+    // --recompute-modules layernorm: the norm outputs (the QKV and fc1 inputs their weight
+    // gradients need) are recomputed in backward from the saved norm inputs (x_in, x_mid)
+    // instead of kept. (Under sequence parallelism they are gathered over TP, which a
+    // recomputation would repeat.) An MoE layer keeps its input in rec.moe (router and experts
+    // read it).
     rec.attention.x_full = rec.mlp.x_full = Tensor();
   }
-  Tensor out = residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
+  if (mlp.defined()) out = residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
   if (rt.hooks) rt.hooks->params_done(handles_);
   return out;
 }
@@ -120,11 +140,11 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
       context = ops::gather_rows(context, keep_rows, s);
       x = ops::gather_rows(x, keep_rows, s);
     }
-    attention_.project_add(context, x, s);
+    attention_.project_add(context, x, x, s);
     context = Tensor();
     rec.attention = SelfAttention::Saved{};
     const Tensor norm2_out = norm2_.forward(x, rec.norm2, s);
-    mlp_.forward_add(norm2_out, mb, rec.mlp, rt, x);
+    mlp_.forward_add(norm2_out, mb, rec.mlp, rt, x, x);
     residual = x;
     if (rt.hooks) rt.hooks->params_done(handles_);
     return Tensor();  // everything is in the residual

@@ -754,6 +754,10 @@ RunConfig build_run_config(const ArgState& a) {
     m.recompute_granularity = a.s("recompute_granularity") == "full" ? RecomputeGranularity::Full
                                                                      : RecomputeGranularity::Selective;
   }
+  if (m.recompute_granularity == RecomputeGranularity::Selective) {
+    const std::vector<std::string> modules = a.strings("recompute_modules");
+    m.recompute_norms = std::find(modules.begin(), modules.end(), "layernorm") != modules.end();
+  }
   m.recompute_method = a.s("recompute_method") == "block" ? RecomputeMethod::Block
                                                           : RecomputeMethod::Uniform;
   if (a.is_set("recompute_num_layers")) m.recompute_num_layers = as_int("recompute_num_layers");

@@ -469,11 +469,17 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--seed", .kind = K::Int, .group = G::Training, .default_value = "1234",
      .help = "Seed of every random stream (Philox key)."},
     {.name = "--recompute-activations", .kind = K::StoreTrue, .group = G::Training,
-     .help = "Selective activation recomputation (a no-op with flash attention: see docs)."},
+     .help = "Selective activation recomputation (`--recompute-granularity selective`)."},
     {.name = "--recompute-granularity", .kind = K::String, .group = G::Training,
      .choices = "full selective",
-     .help = "Activation recomputation: full re-runs whole layers in backward; selective would "
-             "re-run core attention, whose intermediates the flash kernels never store."},
+     .help = "Activation recomputation: full re-runs whole layers in backward; selective "
+             "re-runs the submodules of `--recompute-modules`."},
+    {.name = "--recompute-modules", .kind = K::StringList, .group = G::Training,
+     .default_value = "core_attn", .choices = "core_attn layernorm",
+     .help = "What selective recomputation re-runs: core_attn (the core attention, whose "
+             "intermediates the fused kernels never store: nothing to do), layernorm (the two "
+             "norm outputs of every layer, recomputed from their inputs: 2 x tokens x hidden "
+             "activations less per layer)."},
     {.name = "--recompute-method", .kind = K::String, .group = G::Training,
      .choices = "uniform block", .help = "How layers are chosen for full recomputation."},
     {.name = "--recompute-num-layers", .kind = K::Int, .group = G::Training,

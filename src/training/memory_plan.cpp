@@ -63,21 +63,22 @@ LayerBytes layer_bytes(const TransformerConfig& m, int tp, bool sp, int64_t toke
                      + T * fc1)          // fc1 output (pre-activation; the activation is recomputed)
             + b.stat * T * nh            // log-sum-exp
             + norm_stats * 2 * rows;     // norm1, norm2 statistics
-  // The norm outputs (QKV and fc1 inputs) are recomputed in backward from x_in / x_mid, except
-  // under SP, where they are the all-rows gathers and kept.
-  if (sp) l.saved += b.act * 2 * T * H;
+  // The norm outputs (QKV and fc1 inputs; under SP the all-rows gathers) are kept, except with
+  // --recompute-modules layernorm (without SP), which recomputes them from x_in / x_mid.
+  const bool recomputed_norms = m.recompute_norms && !sp;
+  if (!recomputed_norms) l.saved += b.act * 2 * T * H;
   if (m.qk_layernorm) {
     if (fused) l.saved += b.stat * T * (nh + ng);  // q/k norm statistics
     else l.saved += b.act * (T * hq + T * hkv) + norm_stats * (T * nh + T * ng);  // pre-norm q, k
   }
   // Forward: the fused QKV output lives next to its rotated (or split) copies.
   l.forward_temporaries = b.act * T * (hq + 2 * hkv);
-  // Backward, MLP: the recomputed norm output, the gradient of the full rows, the recomputed
+  // Backward, MLP: the recomputed norm output (if), the gradient of the full rows, the recomputed
   // activation and its gradient, then fc1's output gradient.
-  const int64_t mlp = b.act * ((sp ? 0 : T * H) + T * H + 2 * T * F + T * fc1);
-  // Backward, attention: the recomputed norm output, d(out), the recomputed rows, d(qkv), the
+  const int64_t mlp = b.act * ((recomputed_norms ? T * H : 0) + T * H + 2 * T * F + T * fc1);
+  // Backward, attention: the recomputed norm output (if), d(out), the recomputed rows, d(qkv), the
   // flash kernel's fp32 row sums and dq accumulator (CUDA).
-  int64_t attn = b.act * ((sp ? 0 : T * H) + T * hq + 2 * T * (hq + 2 * hkv));
+  int64_t attn = b.act * ((recomputed_norms ? T * H : 0) + T * hq + 2 * T * (hq + 2 * hkv));
   if (device == PlanDevice::Cuda) attn += b.stat * (T * nh + T * hq);
   l.backward_temporaries = std::max(mlp, attn);
   return l;

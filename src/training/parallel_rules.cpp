@@ -638,6 +638,10 @@ void check_recompute(ArgState& a, Ctx& c, Diagnostics& d) {
     d.error("C-15", "selective recomputation takes no " + a.flag_value("recompute_num_layers"));
   if (gran == "selective" && !method.empty())
     d.error("V-43", "selective recomputation takes no " + a.flag_value("recompute_method"));
+  if (a.was_given("recompute_modules") && gran != "selective")
+    d.error("M-33", a.flag_value("recompute_modules") + " chooses what selective recomputation "
+                    "re-runs: it needs `--recompute-granularity selective` (or "
+                    "`--recompute-activations`)");
   if (a.b("distribute_saved_activations")) {
     if (a.b("sequence_parallel"))
       d.error("C-15", "`--distribute-saved-activations` cannot be combined with `--sequence-parallel`");

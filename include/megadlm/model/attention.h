@@ -58,9 +58,9 @@ class SelfAttention {
   Tensor forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
   /// The core attention's output before the output projection, [rows, heads·d] (saved.out).
   Tensor context(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
-  /// Inference on one tensor-parallel rank: residual += context's output projection, added by
-  /// the projection's GEMM (tp::RowParallelLinear::forward_add).
-  void project_add(const Tensor& context, Tensor& residual, const Stream& s) const;
+  /// One tensor-parallel rank: out = residual + context's output projection, added by the
+  /// projection's GEMM (tp::RowParallelLinear::forward_add); out may be residual (in place).
+  void project_add(const Tensor& context, const Tensor& residual, Tensor& out, const Stream& s) const;
   /// Inference through rt.kv_cache (model/kv_cache.h; attention_cached.cpp): x holds the rows of
   /// the cache's current columns; context() comes here when rt.kv_cache is set.
   Tensor context_cached(const Tensor& x, const MicroBatch& mb, const ModelRuntime& rt) const;
@@ -72,9 +72,13 @@ class SelfAttention {
   bool fused_qk(const ModelRuntime& rt) const;
   ops::QkNormRopeArgs qk_args() const;
   /// Fused path: the rows attention reads (q, k normalised and rotated, v as is). In place
-  /// (written over qkv, the value heads untouched) when no backward will read qkv again.
+  /// (written over qkv, the value heads untouched) when no backward will read qkv again;
+  /// without copy_values the rows' value heads stay unwritten (the attention reads qkv's).
   Tensor rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb, const Stream& s,
-                     bool in_place = false) const;
+                     bool in_place = false, bool copy_values = true) const;
+  /// Training's fused path: whether the attention reads the value heads from the projection's
+  /// output itself (cuDNN reads the packed rows in place; split copies would cost more).
+  bool values_from_projection(const ops::AttentionArgs& a, const ModelRuntime& rt) const;
   /// Fused path under CP: the rotated rows as separate q, k, v (the CP core's inputs).
   struct SplitRows {
     Tensor q, k, v;

@@ -40,10 +40,10 @@ class Mlp {
 
   /// x [local rows, H] -> y [local rows, H] (reduced over TP); fills `saved`.
   Tensor forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
-  /// Inference on one tensor-parallel rank: residual [rows, H] += the block's output, added by
-  /// fc2's GEMM (tp::RowParallelLinear::forward_add).
+  /// One tensor-parallel rank: out [rows, H] = residual + the block's output, added by fc2's
+  /// GEMM (tp::RowParallelLinear::forward_add); out may be residual (inference, in place).
   void forward_add(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt,
-                   Tensor& residual) const;
+                   const Tensor& residual, Tensor& out) const;
   /// dy [local rows, H] -> dx [local rows, H]; adds the weight gradients; clears `saved`.
   Tensor backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const;
 

@@ -14,8 +14,9 @@ enum class NormType { LayerNorm, RMSNorm };
 enum class MlpActivation { Gelu, SwiGLU };
 enum class AttentionMaskType { NoMask, Causal };
 /// Activation recomputation (--recompute-granularity / --recompute-method): Full drops a layer's
-/// activations in forward and re-runs the layer inside backward; Selective would drop the core
-/// attention's intermediates, which the flash kernels never store (so it changes nothing).
+/// activations in forward and re-runs the layer inside backward; Selective re-runs the
+/// submodules of --recompute-modules (core_attn: nothing, the fused attention kernels never store
+/// their intermediates; layernorm: TransformerConfig::recompute_norms).
 enum class RecomputeGranularity { None, Full, Selective };
 enum class RecomputeMethod { Uniform, Block };
 
@@ -49,6 +50,10 @@ struct TransformerConfig {
   /// input; Block: the first recompute_num_layers layers of each pipeline chunk are recomputed.
   RecomputeMethod recompute_method = RecomputeMethod::Uniform;
   int recompute_num_layers = 1;
+  /// --recompute-modules layernorm (selective): each layer's two norm outputs (the QKV and fc1
+  /// inputs) are recomputed in backward from the saved norm inputs instead of kept: 2 T H
+  /// activations less per layer for two norm passes more.
+  bool recompute_norms = false;
   /// Mixture of experts: the MLP of the layers moe.moe_layers selects (model/moe.h).
   MoeConfig moe;
   /// Runtime choices (not architecture; not saved in checkpoints): the CUDA attention

@@ -150,12 +150,14 @@ Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {
   return reduce_to_local_rows(linear(x, store_->param(weight_), with_bias ? &b : nullptr, s), mp_, s);
 }
 
-void RowParallelLinear::forward_add(const Tensor& x, Tensor& y, const Stream& s) const {
+void RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual, Tensor& y,
+                                    const Stream& s) const {
   MDLM_CHECK(!mp_.tp.enabled(), "RowParallelLinear::forward_add runs on one tensor-parallel rank");
   MDLM_CHECK(y.rows() == x.rows() && y.cols() == store_->param(weight_).rows() && y.dtype() == x.dtype(),
              "RowParallelLinear::forward_add: y ", y.str(), " for x ", x.str());
   const Tensor b = bias_ >= 0 ? store_->param(bias_) : Tensor();
-  ops::gemm(x, store_->param(weight_), y, {.trans_b = true, .beta = 1.0f, .bias = b.defined() ? &b : nullptr}, s);
+  ops::gemm(x, store_->param(weight_), y,
+            {.trans_b = true, .beta = 1.0f, .bias = b.defined() ? &b : nullptr, .addend = &residual}, s);
 }
 
 Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, int64_t rows,

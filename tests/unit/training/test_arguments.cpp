@@ -471,6 +471,19 @@ std::vector<Row> rows() {
       {"V-43", cmd({"--recompute-granularity", "selective", "--recompute-method", "uniform"}),
        O::Rejected, {"selective recomputation takes no `--recompute-method uniform` [V-43]"}},
       {"V-42", cmd({"--distribute-saved-activations"}), O::Rejected, {"[V-42]"}},
+      {"M-33", cmd({"--recompute-modules", "layernorm"}), O::Rejected,
+       {"`--recompute-modules layernorm` chooses what selective recomputation re-runs: it needs "
+        "`--recompute-granularity selective`", "[M-33]"}},
+      {"M-33-ok", dry(1, {"--recompute-activations", "--recompute-modules", "core_attn", "layernorm"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.model.recompute_granularity, RecomputeGranularity::Selective);
+         EXPECT_TRUE(p.config.model.recompute_norms);
+       }},
+      {"M-33-default", dry(1, {"--recompute-activations"}), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_FALSE(p.config.model.recompute_norms);  // Megatron's default: core_attn only
+       }},
+      {"M-33-choices", cmd({"--recompute-activations", "--recompute-modules", "mlp"}), O::Rejected,
+       {"`--recompute-modules mlp`: invalid value; valid:", "layernorm"}},
 
       // ------------------------------------------------------------------ data parallel / optimizer
       {"V-21", cmd({"--overlap-param-gather"}), O::Rejected,

@@ -251,6 +251,10 @@ TEST(MemoryPlan, CountsWhatTheModelsForwardKeeps) {
          r.model.num_query_groups = 1;
          r.model.hidden_dropout = 0.1f;
        }},
+      {"--recompute-modules layernorm", [](RunConfig& r) {
+         r.model.recompute_granularity = RecomputeGranularity::Selective;
+         r.model.recompute_norms = true;
+       }},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.what);

@@ -73,9 +73,10 @@ class RowParallelLinear {
 
   /// x [rows, in/tp] -> y [local rows, out] (reduced over TP; reduce-scattered under SP).
   Tensor forward(const Tensor& x, const Stream& stream) const;
-  /// y [rows, out] += x W^T + b in the GEMM itself (beta = 1: one rounding of the sum, no
-  /// separate add pass); one tensor-parallel rank only (inference's residual stream).
-  void forward_add(const Tensor& x, Tensor& y, const Stream& stream) const;
+  /// y [rows, out] = residual + x W^T + b in the GEMM itself (beta = 1: one rounding of the sum,
+  /// no separate add pass); y may be residual (in place). One tensor-parallel rank only (the
+  /// residual stream around a branch).
+  void forward_add(const Tensor& x, const Tensor& residual, Tensor& y, const Stream& stream) const;
   /// dy [local rows, out] -> dx [rows, in/tp]; adds dW and db (db is the same on every TP rank).
   /// `rows`: the region's full row count (for the SP gather).
   Tensor backward(const Tensor& dy, const Tensor& x, int64_t rows, const Stream& stream) const;
