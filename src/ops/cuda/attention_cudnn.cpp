@@ -698,8 +698,13 @@ bool row_padded(const AttentionArgs& a, bool backward) {
   return !backward && a.document_ids != nullptr && a.row_lengths != nullptr;
 }
 
+/// Whether a call runs its documents as one ragged (THD) batch.
+bool ragged_documents(const AttentionArgs& a, bool backward) {
+  return a.document_ids != nullptr && !row_padded(a, backward);
+}
+
 Key key_of(const AttentionArgs& a, bool backward, int device, int64_t bucket, const QkvPointers& p) {
-  const bool padded = row_padded(a, backward), ragged = a.document_ids != nullptr && !padded;
+  const bool padded = row_padded(a, backward), ragged = ragged_documents(a, backward);
   return {device, backward, ragged ? bucket : a.batch, a.num_heads, a.num_kv_heads, a.seq, a.head_dim,
           p.row_q, p.row_kv, a.mask == AttentionMask::Causal, ragged, backward && a.deterministic, padded};
 }
@@ -871,7 +876,7 @@ CudnnRun run_forward(const QkvPointers& in, Tensor& out, Tensor& lse, const Atte
   }
   NvtxRange range("attention_forward_cudnn");
   Documents docs;
-  const bool padded = row_padded(a, false), ragged = a.document_ids != nullptr && !padded;
+  const bool ragged = ragged_documents(a, false);
   if (ragged) {
     docs.count = document_count(a, stream, &docs.starts_host_derived);
     docs.bucket = bucket_for(docs.count);
@@ -897,7 +902,7 @@ CudnnRun run_forward(const QkvPointers& in, Tensor& out, Tensor& lse, const Atte
     pack.insert(pack.end(), {{kSeqQ, docs.seq_len.data_ptr()}, {kSeqKv, docs.seq_len.data_ptr()},
                              {kOffQ, docs.q_off()}, {kOffO, docs.o_off()}, {kOffK, docs.kv_off()},
                              {kOffV, docs.kv_off()}, {kOffStats, docs.stats_off()}});
-  } else if (padded) {
+  } else if (key.row_padding) {
     void* lengths = a.row_lengths->data_ptr();
     pack.insert(pack.end(), {{kSeqQ, lengths}, {kSeqKv, lengths}});
   }
@@ -922,7 +927,7 @@ CudnnRun run_backward(const Tensor& dout, const QkvPointers& in, const Tensor& o
   }
   NvtxRange range("attention_backward_cudnn");
   Documents docs;
-  const bool ragged = a.document_ids != nullptr;
+  const bool ragged = ragged_documents(a, true);
   if (ragged) {
     docs.count = document_count(a, stream, &docs.starts_host_derived);
     docs.bucket = bucket_for(docs.count);
@@ -973,7 +978,7 @@ CudnnRun run_backward(const Tensor& dout, const QkvPointers& in, const Tensor& o
 /// row's stride (the frontend's implicit multiplier), several times its size; the caller then
 /// splits q, k, v and runs the separate-tensor path.
 std::string packed_refusal(const AttentionArgs& a, bool backward) {
-  if (a.document_ids != nullptr && a.num_heads != a.num_kv_heads && !row_padded(a, backward))
+  if (ragged_documents(a, backward) && a.num_heads != a.num_kv_heads)
     return "packed QKV with documents and GQA (the separate-tensor path runs it)";
   return {};
 }

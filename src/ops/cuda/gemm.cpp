@@ -121,6 +121,16 @@ std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> g_algo_cache;
 /// The heuristic's choice for each size bucket (heuristic_bucket), keyed with the bucket's M, K.
 std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash> g_bucket_cache;
 
+/// The algorithm `cache` holds for `key`, under the caches' lock.
+bool find_cached(const std::unordered_map<AlgoKey, CachedAlgo, AlgoKeyHash>& cache, const AlgoKey& key,
+                 CachedAlgo& out) {
+  std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) return false;
+  out = it->second;
+  return true;
+}
+
 cudaDataType_t lt_type(DType d) {
   switch (d) {
     case DType::BF16: return CUDA_R_16BF;
@@ -328,16 +338,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
 
   LtProblem problem(ab_type, c_type, m, n, k, args.trans_a, args.trans_b);
   CachedAlgo chosen{};
-  bool cached = false;
-  {
-    std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
-    auto it = g_algo_cache.find(key);
-    if (it != g_algo_cache.end()) {
-      chosen = it->second;
-      cached = true;
-    }
-  }
-  if (!cached) {
+  if (!find_cached(g_algo_cache, key, chosen)) {
     const int candidates = gemm_autotune_candidates();
     AlgoKey bucket = key;
     bucket.m = heuristic_bucket(m);
@@ -346,15 +347,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
     if (candidates == 1 && (bucket.m != m || bucket.k != k)) {
       // The bucket's algorithm (chosen on the bucket's size, once), if it runs this size.
       CachedAlgo shared{};
-      bool have = false;
-      {
-        std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
-        auto it = g_bucket_cache.find(bucket);
-        if (it != g_bucket_cache.end()) {
-          shared = it->second;
-          have = true;
-        }
-      }
+      bool have = find_cached(g_bucket_cache, bucket, shared);
       if (!have) {
         try {
           LtProblem sized(ab_type, c_type, bucket.m, n, bucket.k, args.trans_a, args.trans_b);
