@@ -104,6 +104,16 @@ enum Uid : int64_t {
   kFirstVirtualUid = 1000
 };
 
+/// MEGADLM_CUDNN_KNOBS=1: build every knob variant of the heuristics' engines and let autotune
+/// time them (Graph::knob_variants); off by default.
+bool knob_sweep_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGADLM_CUDNN_KNOBS");
+    return v != nullptr && *v != 0 && *v != '0';
+  }();
+  return on;
+}
+
 /// One operation graph under construction, then its plan; owns every descriptor.
 class Graph {
  public:
@@ -249,17 +259,23 @@ class Graph {
     check(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned, configs.data()),
           "engine heuristics results");
+    // (configuration, label) in the order they are tried: the heuristics' list, or with
+    // MEGADLM_CUDNN_KNOBS its engines' knob variants.
+    std::vector<std::pair<cudnnBackendDescriptor_t, std::string>> tries;
+    for (int64_t i = 0; i < returned; ++i)
+      tries.emplace_back(configs[static_cast<size_t>(i)], megadlm::detail::concat("#", i));
+    const bool sweep = knob_sweep_enabled() && !deterministic;  // timing never picks a deterministic plan
+    if (sweep) tries = knob_variants(graph_desc, tries);
     std::string last_error = "no engine configuration";
-    for (int64_t i = 0; i < returned; ++i) {
-      if (deterministic && is_nondeterministic(configs[static_cast<size_t>(i)])) {
+    for (const auto& [config, label] : tries) {
+      if (deterministic && is_nondeterministic(config)) {
         last_error = "every engine is marked nondeterministic";
         continue;
       }
       try {
         auto plan = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle_);
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                  &configs[static_cast<size_t>(i)]);
+        plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, &config);
         plan->finalize("execution plan");
         int64_t ws = 0, n = 0;
         check(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
@@ -267,8 +283,8 @@ class Graph {
               "plan workspace size");
         workspace_bytes_ = std::max(workspace_bytes_, ws);
         plans_.push_back(std::move(plan));
-        engine_indices_.push_back(i);
-        if (static_cast<int>(plans_.size()) >= candidates) return;
+        labels_.push_back(label);
+        if (static_cast<int>(plans_.size()) >= candidates && !sweep) return;
       } catch (const Refused& e) {
         last_error = e.what();
       }
@@ -280,7 +296,9 @@ class Graph {
   cudnnBackendDescriptor_t plan() const { return plans_[chosen_]->get(); }
   /// The largest workspace of the kept plans (any of them may run).
   int64_t workspace_bytes() const { return workspace_bytes_; }
-  int64_t engine_index() const { return engine_indices_[chosen_]; }
+  /// The chosen plan's configuration: "#i" (position in the heuristics' list), or with
+  /// MEGADLM_CUDNN_KNOBS the engine and its knob values.
+  const std::string& label() const { return labels_[chosen_]; }
   size_t candidates() const { return plans_.size(); }
   void choose(size_t i) { chosen_ = i; }
   size_t chosen() const { return chosen_; }
@@ -288,6 +306,129 @@ class Graph {
 
  private:
   Desc& add(cudnnBackendDescriptorType_t type) { return descs_.emplace_back(type); }
+
+  struct Knob {
+    cudnnBackendKnobType_t type;
+    int64_t lo, hi, stride, chosen;
+  };
+
+  /// The global index of a configuration's engine, and the engine's knobs with the values the
+  /// configuration chose.
+  int64_t engine_knobs(cudnnBackendDescriptor_t config, std::vector<Knob>& knobs) {
+    Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    cudnnBackendDescriptor_t e = engine.get();
+    int64_t n = 0, index = -1;
+    check(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                   1, &n, &e),
+          "engine of a configuration");
+    check(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index),
+          "engine global index");
+    std::deque<Desc> infos, choices;
+    std::vector<cudnnBackendDescriptor_t> info_ptrs, choice_ptrs;
+    for (int i = 0; i < CUDNN_KNOB_TYPE_COUNTS; ++i) {
+      info_ptrs.push_back(infos.emplace_back(CUDNN_BACKEND_KNOB_INFO_DESCRIPTOR).get());
+      choice_ptrs.push_back(choices.emplace_back(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR).get());
+    }
+    int64_t n_info = 0, n_choice = 0;
+    check(cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_KNOB_INFO, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                   CUDNN_KNOB_TYPE_COUNTS, &n_info, info_ptrs.data()),
+          "engine knob info");
+    check(cudnnBackendGetAttribute(config, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                   CUDNN_KNOB_TYPE_COUNTS, &n_choice, choice_ptrs.data()),
+          "engine configuration knob choices");
+    for (int64_t i = 0; i < n_info && i < CUDNN_KNOB_TYPE_COUNTS; ++i) {
+      Knob k{};
+      const cudnnBackendDescriptor_t d = info_ptrs[static_cast<size_t>(i)];
+      check(cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n, &k.type), "knob type");
+      check(cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_MINIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &k.lo), "knob min");
+      check(cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_MAXIMUM_VALUE, CUDNN_TYPE_INT64, 1, &n, &k.hi), "knob max");
+      check(cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_INFO_STRIDE, CUDNN_TYPE_INT64, 1, &n, &k.stride), "knob stride");
+      k.chosen = k.lo;
+      knobs.push_back(k);
+    }
+    for (int64_t i = 0; i < n_choice && i < CUDNN_KNOB_TYPE_COUNTS; ++i) {
+      cudnnBackendKnobType_t type{};
+      int64_t value = 0;
+      const cudnnBackendDescriptor_t d = choice_ptrs[static_cast<size_t>(i)];
+      check(cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &n, &type),
+            "knob choice type");
+      check(cudnnBackendGetAttribute(d, CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &n, &value),
+            "knob choice value");
+      for (Knob& k : knobs)
+        if (k.type == type) k.chosen = value;
+    }
+    return index;
+  }
+
+  /// A finalized configuration of engine `index` of this graph with these knob values.
+  cudnnBackendDescriptor_t config_with(cudnnBackendDescriptor_t graph_desc, int64_t index,
+                                       const std::vector<Knob>& knobs) {
+    Desc& engine = add(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+    engine.set(CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, &graph_desc);
+    engine.set(CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, &index);
+    engine.finalize("engine");
+    std::vector<cudnnBackendDescriptor_t> choices;
+    for (const Knob& k : knobs) {
+      Desc& c = add(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
+      c.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, &k.type);
+      c.set(CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, &k.chosen);
+      c.finalize("knob choice");
+      choices.push_back(c.get());
+    }
+    Desc& config = add(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    const cudnnBackendDescriptor_t e = engine.get();
+    config.set(CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, &e);
+    if (!choices.empty())
+      config.set(CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, choices.data(),
+                 static_cast<int64_t>(choices.size()));
+    config.finalize("engine configuration");
+    return config.get();
+  }
+
+  /// MEGADLM_CUDNN_KNOBS: each heuristic configuration, then the same engine with each other
+  /// value of one of its knobs (at most 64 a knob), for autotune to time; each engine's knobs
+  /// go to stderr. A diagnostic: cuDNN 9.14's SDPA engines have one knob (KERNEL_CFG) and on
+  /// the fast engine only the heuristics' value builds (docs/benchmarks.md, session 8).
+  std::vector<std::pair<cudnnBackendDescriptor_t, std::string>> knob_variants(
+      cudnnBackendDescriptor_t graph_desc, const std::vector<std::pair<cudnnBackendDescriptor_t, std::string>>& base) {
+    std::vector<std::pair<cudnnBackendDescriptor_t, std::string>> out;
+    auto describe = [](int64_t index, const std::vector<Knob>& ks) {
+      std::string s = megadlm::detail::concat("e", index);
+      for (const Knob& k : ks) s += megadlm::detail::concat(" k", static_cast<int>(k.type), "=", k.chosen);
+      return s;
+    };
+    for (const auto& [config, label] : base) {
+      std::vector<Knob> knobs;
+      int64_t index = -1;
+      try {
+        index = engine_knobs(config, knobs);
+      } catch (const Refused& e) {
+        std::fprintf(stderr, "megadlm: cuDNN knobs of %s: %s\n", label.c_str(), e.what());
+        out.emplace_back(config, label);
+        continue;
+      }
+      std::string info;
+      for (const Knob& k : knobs)
+        info += megadlm::detail::concat(" k", static_cast<int>(k.type), " [", k.lo, ", ", k.hi, "] /", k.stride,
+                                        " chose ", k.chosen, ";");
+      std::fprintf(stderr, "megadlm: cuDNN %s = engine %lld, knobs:%s\n", label.c_str(),
+                   static_cast<long long>(index), info.empty() ? " none" : info.c_str());
+      out.emplace_back(config, label + " " + describe(index, knobs));
+      for (size_t j = 0; j < knobs.size(); ++j) {
+        const int64_t step = std::max<int64_t>(1, knobs[j].stride);
+        for (int64_t x = knobs[j].lo, n = 0; x <= knobs[j].hi && n < 64; x += step, ++n) {
+          if (x == knobs[j].chosen) continue;
+          std::vector<Knob> ks = knobs;
+          ks[j].chosen = x;
+          try {
+            out.emplace_back(config_with(graph_desc, index, ks), label + " " + describe(index, ks));
+          } catch (const Refused&) {  // a value this graph cannot use
+          }
+        }
+      }
+    }
+    return out;
+  }
 
   bool is_nondeterministic(cudnnBackendDescriptor_t config) {
     Desc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
@@ -310,7 +451,7 @@ class Graph {
   std::deque<Desc> descs_;  // stable addresses; destroyed with the graph
   std::vector<cudnnBackendDescriptor_t> ops_;
   std::vector<std::unique_ptr<Desc>> plans_;  // built, in heuristic order
-  std::vector<int64_t> engine_indices_;        // their positions in the heuristic list
+  std::vector<std::string> labels_;            // see label()
   size_t chosen_ = 0;
   int64_t next_virtual_ = kFirstVirtualUid;
   int64_t workspace_bytes_ = 0;
@@ -805,7 +946,7 @@ void autotune(const Key& key, Plan& plan, const std::vector<std::pair<int64_t, v
     } catch (const Refused&) {
       ms = -1.0f;  // this engine does not run the call: never chosen
     }
-    report += megadlm::detail::concat(i ? ", " : "", "#", plan.graph->engine_index(), " ",
+    report += megadlm::detail::concat(i ? ", " : "", plan.graph->label(), " ",
                                       ms < 0 ? std::string("refused") : std::to_string(ms) + " ms");
     if (ms >= 0 && (best_ms == 0.0f || ms < best_ms)) {
       best_ms = ms;
@@ -815,11 +956,11 @@ void autotune(const Key& key, Plan& plan, const std::vector<std::pair<int64_t, v
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   plan.graph->choose(best);
-  std::fprintf(stderr, "megadlm: cuDNN autotune (%s b %lld h %lld/%lld s %lld d %lld%s%s): %s -> #%lld\n",
+  std::fprintf(stderr, "megadlm: cuDNN autotune (%s b %lld h %lld/%lld s %lld d %lld%s%s): %s -> %s\n",
                key.backward ? "backward" : "forward", static_cast<long long>(key.b), static_cast<long long>(key.h),
                static_cast<long long>(key.hk), static_cast<long long>(key.s), static_cast<long long>(key.d),
                key.causal ? " causal" : "", key.ragged ? " ragged" : "", report.c_str(),
-               static_cast<long long>(plan.graph->engine_index()));
+               plan.graph->label().c_str());
 }
 
 /// Queues the plan (autotuned first when enabled); a failure (nothing queued) is returned as
