@@ -4,7 +4,7 @@
 //   megadlm_bench ops [--op NAME] [--out FILE]
 //   mpirun -np 2 megadlm_bench comm [--op NAME] [--out FILE]
 //
-// For every op (or the ones whose name contains NAME): first a small case run on CUDA and on the
+// For every op (or the ones whose name contains NAME, or one of a comma-separated list): first a small case run on CUDA and on the
 // CPU reference with the same bf16-rounded inputs (PASS/FAIL with the relative L2 error), then the
 // big case of the 1.7B model (T = 8192 tokens, hidden 2048, SwiGLU FFN 6144, vocabulary 50304,
 // 16 heads of 128; attention at B=4, H=16, S=2048, D=128) timed with CUDA events: warm-up, then
@@ -133,6 +133,19 @@ namespace {
 
 using namespace megadlm;
 using namespace megadlm::bench;
+
+/// --op: empty (every op), a substring of the name, or several substrings separated by commas.
+bool selected(const std::string& name, const std::string& filter) {
+  if (filter.empty()) return true;
+  size_t from = 0;
+  while (from <= filter.size()) {
+    const size_t comma = std::min(filter.find(',', from), filter.size());
+    const std::string part = filter.substr(from, comma - from);
+    if (!part.empty() && name.find(part) != std::string::npos) return true;
+    from = comma + 1;
+  }
+  return false;
+}
 
 constexpr int kWarmup = 5;
 constexpr int kReps = 25;
@@ -709,7 +722,7 @@ int run(int argc, char** argv) {
   std::vector<Result> results;
   bool all_pass = true;
   for (const OpBench& op : all_benches()) {
-    if (!filter.empty() && op.name.find(filter) == std::string::npos) continue;
+    if (!selected(op.name, filter)) continue;
     Result r;
     r.name = op.name;
     r.shape = op.shape;
@@ -912,7 +925,7 @@ int comm_benches(comm::DistributedRuntime& runtime, const std::string& filter, c
   };
   bool all_pass = true;
   for (const CommBench& b : benches) {
-    if (!filter.empty() && b.name.find(filter) == std::string::npos) continue;
+    if (!selected(b.name, filter)) continue;
     const bool pass = comm_check(world, stream, b);
     all_pass = all_pass && pass;
     // S elements in the full buffer; per-rank pieces are S / n.

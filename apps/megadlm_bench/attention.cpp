@@ -8,6 +8,8 @@
 //   attention_{fwd,bwd}[_causal]_dropout_flash  p = 0.1 (own kernels only: global-coordinate mask)
 //   attention_{fwd,bwd}_documents_{cudnn,flash} packed documents of ~256 tokens
 //   attention_{fwd,bwd}_documents1k_{cudnn,flash} packed documents of ~1024 tokens
+//   attention_{fwd,bwd}_documents256x_{cudnn,flash} packed documents of exactly 256 tokens
+//   attention_{fwd,bwd}_s256_{cudnn,flash}      B=32 S=256: the same tokens as short dense rows
 //   attention_fwd_canvas_b16[_leftpad|_rowlen|_packed]_{cudnn,flash}  the exact sampler's
 //                                               batch-16 forward (S=288): dense, its left padding
 //                                               as documents, the live tokens first with the
@@ -72,7 +74,7 @@ struct Packing {
 /// RightPad: the same rows with the padding at the end (what InferenceModel hands the model,
 /// with AttentionArgs::row_lengths). PackedRows: that canvas without its padding, the 16 rows
 /// one document each in one row.
-enum class Docs { None, Mean256, Mean1024, LeftPad, RightPad, PackedRows };
+enum class Docs { None, Mean256, Exact256, Mean1024, LeftPad, RightPad, PackedRows };
 
 Packing pack_documents(int64_t batch, int64_t seq, Docs kind) {
   const std::vector<int> lengths = {256, 200, 312, 256, 180, 332};
@@ -83,6 +85,7 @@ Packing pack_documents(int64_t batch, int64_t seq, Docs kind) {
     int64_t i = 0;
     while (i < seq) {
       int64_t len = std::min<int64_t>(scale * lengths[static_cast<size_t>(b + doc) % lengths.size()], seq - i);
+      if (kind == Docs::Exact256) len = std::min<int64_t>(256, seq - i);
       if (kind == Docs::LeftPad) len = doc == 0 && b % 4 != 0 ? b % 4 : seq - i;
       if (kind == Docs::RightPad) len = doc == 0 ? seq - b % 4 : seq - i;
       if (kind == Docs::PackedRows) len = std::min<int64_t>(288 - doc % 4, seq - i);
@@ -295,7 +298,14 @@ std::vector<OpBench> attention_benches() {
     add(r, detail::concat("_documents", suffix).c_str(), "B=4 H=16 S=2048 D=128, docs ~256");
     r.documents = Docs::Mean1024;
     add(r, detail::concat("_documents1k", suffix).c_str(), "B=4 H=16 S=2048 D=128, docs ~1024");
+    // What short documents cost apart from their ragged ends: documents of exactly 256 (two
+    // whole 128-tiles each), and the same tokens as 32 dense rows of 256 (no documents at all).
+    r.documents = Docs::Exact256;
+    add(r, detail::concat("_documents256x", suffix).c_str(), "B=4 H=16 S=2048 D=128, docs of 256");
     r.documents = Docs::None;
+    r.big = Shape4{32, 256, 16, 16, 128};
+    add(r, detail::concat("_s256", suffix).c_str(), "B=32 H=16 S=256 D=128 bf16");
+    r.big = dense;
   }
   // The exact sampler's forward at batch 16 (prompts of 29-32 tokens + 256 generated): the
   // canvas dense, and with the left padding as documents (what a batch of ragged prompts runs).
