@@ -20,7 +20,9 @@ __global__ void ragged_layout_kernel(const int32_t* __restrict__ starts, int64_t
   q_offsets[n] = start * per_token.q;
   kv_offsets[n] = start * per_token.kv;
   o_offsets[n] = start * per_token.o;
-  stats_offsets[n] = start * per_token.stats;
+  const int64_t row_len = per_token.stats_row_len;
+  stats_offsets[n] = row_len > 0 ? (start / row_len) * per_token.stats * row_len + start % row_len
+                                 : start * per_token.stats;
   if (n < bucket) {
     const int64_t end = starts[n + 1 < num_docs ? n + 1 : num_docs];
     seq_len[n] = static_cast<int32_t>(end - start);

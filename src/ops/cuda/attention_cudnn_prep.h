@@ -10,10 +10,14 @@ namespace megadlm::ops::cuda::cudnn_prep {
 /// From the document starts (flat token indices, ascending, starts[num_docs] = total tokens) to
 /// the per-document tensors of a ragged batch of `bucket` >= num_docs documents (the extra ones
 /// empty, at the end of the buffer): seq_len[n] (int32, [bucket]) and the element offsets of
-/// document n in q, k/v, o and the ragged statistics (int64, [bucket + 1] each): start times the
-/// elements per token of each.
+/// document n in q, k/v, o (start times the elements per token of each) and in the statistics
+/// (int64, [bucket + 1] each). Statistics: with stats_row_len == 0 cuDNN's ragged layout
+/// [tokens, stats] (start * stats); with stats_row_len = S megadlm's lse layout [B, stats, S],
+/// where a document starting at token s of row b begins at (b * stats) * S + s (documents never
+/// cross rows).
 struct RaggedPerToken {
   int64_t q, kv, o, stats;
+  int64_t stats_row_len = 0;
 };
 void launch_ragged_layout(const int32_t* starts, int64_t num_docs, int64_t bucket,
                           RaggedPerToken per_token, int32_t* seq_len, int64_t* q_offsets,
