@@ -106,13 +106,16 @@ enum Uid : int64_t {
   kFirstVirtualUid = 1000
 };
 
+/// Whether an on/off environment variable is set to something other than "" or "0".
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 && *v != '0';
+}
+
 /// MEGADLM_CUDNN_KNOBS=1: build every knob variant of the heuristics' engines and let autotune
 /// time them (Graph::knob_variants); off by default.
 bool knob_sweep_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MEGADLM_CUDNN_KNOBS");
-    return v != nullptr && *v != 0 && *v != '0';
-  }();
+  static const bool on = env_flag("MEGADLM_CUDNN_KNOBS");
   return on;
 }
 
@@ -120,10 +123,7 @@ bool knob_sweep_enabled() {
 /// (the dense strides, a per-document offset: no conversion kernels); MEGADLM_CUDNN_THD_STATS=1
 /// keeps cuDNN's ragged [tokens, Hq] layout in a scratch buffer converted to and from lse.
 bool thd_statistics() {
-  static const bool on = [] {
-    const char* v = std::getenv("MEGADLM_CUDNN_THD_STATS");
-    return v != nullptr && *v != 0 && *v != '0';
-  }();
+  static const bool on = env_flag("MEGADLM_CUDNN_THD_STATS");
   return on;
 }
 
