@@ -4,15 +4,16 @@
 //   megadlm_bench ops [--op NAME] [--out FILE]
 //   mpirun -np 2 megadlm_bench comm [--op NAME] [--out FILE]
 //
-// For every op (or the ones whose name contains NAME, or one of a comma-separated list): first a small case run on CUDA and on the
-// CPU reference with the same bf16-rounded inputs (PASS/FAIL with the relative L2 error), then the
-// big case of the 1.7B model (T = 8192 tokens, hidden 2048, SwiGLU FFN 6144, vocabulary 50304,
-// 16 heads of 128; attention at B=4, H=16, S=2048, D=128) timed with CUDA events: warm-up, then
-// kReps repetitions each preceded (outside the timed region) by a write of a 256 MiB buffer so
-// that no input is served from L2, median reported. Matrix ops report TFLOP/s against the
-// measured bf16 GEMM ceiling, memory-bound ops GB/s (bytes each input is read once + each output
-// written once) against the measured copy bandwidth. A JSON line per op goes to --out; a table is
-// printed last. Exit codes: 0 all checks passed, 1 a check failed, 2 no device or bad usage.
+// For every op (or the ones whose name contains NAME, or one of NAME,NAME,...): first a small
+// case run on CUDA and on the CPU reference with the same bf16-rounded inputs (PASS/FAIL with the
+// relative L2 error), then the big case of the 1.7B model (T = 8192 tokens, hidden 2048, SwiGLU
+// FFN 6144, vocabulary 50304, 16 heads of 128; attention at B=4, H=16, S=2048, D=128) timed with
+// CUDA events: warm-up, then kReps repetitions each preceded (outside the timed region) by a
+// write of a 256 MiB buffer so that no input is served from L2, median reported. Matrix ops
+// report TFLOP/s against the measured bf16 GEMM ceiling, memory-bound ops GB/s (bytes each input
+// is read once + each output written once) against the measured copy bandwidth. A JSON line per
+// op goes to --out; a table is printed last. Exit codes: 0 all checks passed, 1 a check failed,
+// 2 no device or bad usage.
 //
 // comm: all_reduce, reduce_scatter and all_gather of 1 GiB (--mib) in bf16 and f32 over the world of
 // the launch (one rank per GPU), each timed with CUDA events around single calls: kCommWarmup

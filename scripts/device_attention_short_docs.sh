@@ -19,8 +19,7 @@ cd "$(dirname "$0")/.."
 B=${1:?usage: device_attention_short_docs.sh BUILD [STAGE...]}
 shift
 STAGES=${*:-parity rows knobs cudnn919 torch e2e}
-SYS_LD=$PWD/$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export LD_LIBRARY_PATH=$SYS_LD
+export LD_LIBRARY_PATH=$PWD/$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 R=$(mktemp -d)
 S=$SECONDS
 DOC_ROWS=attention_fwd_cudnn,attention_bwd_cudnn,documents_cudnn,documents256x_cudnn,documents1k_cudnn,s256_cudnn
