@@ -21,6 +21,9 @@ options:
   --srun-mpi TYPE         srun: PMI plugin that lets MPI start inside the step (default: pmix)
   --master-port PORT      port of rank 0's NCCL id rendezvous when MPI is not used
                           (exported as MASTER_PORT; default 29500)
+  --shared-gpu N          testing only: N ranks on this node's GPU(s), several per GPU, each
+                          through scripts/shared_gpu_rank.sh (own NCCL_HOSTID, NCCL over
+                          loopback sockets): exact results, meaningless speed
   --dry-run               print the launch command instead of running it
   -h, --help              this text
 
@@ -51,6 +54,7 @@ hosts=""
 srun_mpi="pmix"
 master_port="${MASTER_PORT:-29500}"
 dry_run=0
+shared_gpu=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -61,6 +65,7 @@ while [ $# -gt 0 ]; do
     --hosts) hosts=${2:?--hosts needs a list}; shift 2 ;;
     --srun-mpi) srun_mpi=${2:?--srun-mpi needs a plugin name}; shift 2 ;;
     --master-port) master_port=${2:?--master-port needs a port}; shift 2 ;;
+    --shared-gpu) shared_gpu=${2:?--shared-gpu needs a number of ranks}; shift 2 ;;
     --dry-run) dry_run=1; shift ;;
     --) shift; break ;;
     -*) echo "launch.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -75,6 +80,11 @@ is_number() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
 if [ -z "$launcher" ]; then
   if [ -n "${SLURM_JOB_ID:-}" ]; then launcher=srun; else launcher=mpirun; fi
+fi
+if [ -n "$shared_gpu" ]; then
+  is_number "$shared_gpu" || { echo "launch.sh: --shared-gpu must be a positive integer, got '$shared_gpu'" >&2; exit 2; }
+  [ -z "$gpus" ] || { echo "launch.sh: give --gpus or --shared-gpu, not both" >&2; exit 2; }
+  gpus=$shared_gpu   # ranks per node
 fi
 if [ -z "$gpus" ]; then
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
@@ -139,6 +149,9 @@ case "$launcher" in
     ;;
   *) echo "launch.sh: --launcher must be mpirun or srun, got '$launcher'" >&2; exit 2 ;;
 esac
+if [ -n "$shared_gpu" ]; then
+  cmd+=("$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/shared_gpu_rank.sh")
+fi
 cmd+=("$program" "$@")
 
 if [ "$dry_run" = 1 ]; then

@@ -2,6 +2,7 @@
 // the chosen transport (MPI, NCCL with its id over MPI or TCP, or the self communicator for a
 // world of one). docs/launching.md describes the same flow for users.
 #include "megadlm/comm/bootstrap.h"
+#include "megadlm/core/logging.h"
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -217,19 +218,38 @@ StartupErrors gather_startup_errors(const LaunchEnvironment& env, const std::str
 
 namespace {
 
+/// Testing mode: several ranks on one GPU (scripts/shared_gpu_rank.sh sets MEGADLM_SHARED_GPU=1
+/// and a unique NCCL_HOSTID per rank, which is what lets NCCL connect two ranks of one GPU
+/// through its socket transport). docs/launching.md, "Many ranks on one GPU".
+bool shared_gpu_requested() {
+  const char* v = std::getenv("MEGADLM_SHARED_GPU");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 /// The GPU of this process: its local rank, or the only visible GPU when the launcher already
-/// restricted each process to one (Slurm --gpus-per-task, per-rank CUDA_VISIBLE_DEVICES).
+/// restricted each process to one (Slurm --gpus-per-task, per-rank CUDA_VISIBLE_DEVICES), or
+/// local rank modulo the GPU count when ranks share GPUs on purpose (shared_gpu_requested).
 int choose_device(const LaunchEnvironment& env) {
   const int count = cuda_device_count();
   if (count == 0)
     MDLM_FAIL("rank ", env.rank, ": the NCCL transport needs a GPU but none is visible",
               cuda_compiled() ? " (check CUDA_VISIBLE_DEVICES and the driver)"
                               : " (this libmegadlm was built without CUDA)");
+  if (shared_gpu_requested()) {
+    const char* host_id = std::getenv("NCCL_HOSTID");
+    if (env.local_world_size > count && (host_id == nullptr || *host_id == '\0'))
+      MDLM_FAIL("rank ", env.rank, ": MEGADLM_SHARED_GPU=1 puts ", env.local_world_size,
+                " ranks on ", count, " GPU(s), which NCCL accepts only when every rank has its own "
+                "NCCL_HOSTID (with NCCL_SOCKET_IFNAME=lo NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 "
+                "NCCL_IB_DISABLE=1); launch each rank through scripts/shared_gpu_rank.sh");
+    return env.local_rank % count;
+  }
   if (count == 1) return 0;
   if (env.local_rank >= count)
     MDLM_FAIL("rank ", env.rank, " has local rank ", env.local_rank, " and would bind GPU ",
               env.local_rank, ", but ", count, " GPUs are visible on this node; launch at most ",
-              count, " ranks per node (one per GPU)");
+              count, " ranks per node (one per GPU), or, for testing, several ranks per GPU "
+              "through scripts/shared_gpu_rank.sh");
   return env.local_rank;
 }
 
@@ -246,6 +266,10 @@ DistributedRuntime::DistributedRuntime(const LaunchEnvironment& env, Transport t
   if (nccl) {
     device_ = Device::cuda(choose_device(env_));
     ::megadlm::detail::cuda_set_device(device_.index);
+    const int gpus = cuda_device_count();
+    if (env_.local_world_size > gpus && env_.local_rank == 0)
+      logging::warn("shared GPU: ", env_.local_world_size, " ranks of this node run on ", gpus,
+                " GPU(s), NCCL over loopback sockets; results are exact, speeds mean nothing");
   }
 
   // One process: neither MPI nor NCCL is needed, whatever launched it.
