@@ -272,7 +272,7 @@ VerifyResult verify(const CheckpointReader& reader, const std::string& hf_dir, c
   };
   const Tensor hf = read_logits(hf_out);
   const LogitDiff d = logit_diff(ours.data<float>(), hf.data<float>(), ours.numel(), tokens, vocab);
-  // Thresholds of reliability-tests.md D10: fp32 differences are reassociation only; bf16 ones
+  // Thresholds (docs/checkpoints.md): fp32 differences are reassociation only; bf16 ones
   // are bf16 rounding of activations and weights on both sides.
   const double max_abs_tol = a.num("--verify-max-abs", bf16 ? INFINITY : 1e-4);
   const double mean_abs_tol = a.num("--verify-mean-abs", bf16 ? 1e-2 : INFINITY);

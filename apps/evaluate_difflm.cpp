@@ -75,7 +75,7 @@ std::vector<json> read_jsonl(const std::string& flag, const std::string& path, s
   return out;
 }
 
-/// lm-eval's pair encoding (diffusion-lm.md §9.4): trailing spaces of the context move to the
+/// lm-eval's pair encoding (docs/evaluation.md): trailing spaces of the context move to the
 /// continuation; context + continuation is tokenized as one text and the continuation is what
 /// follows the context's own tokens.
 std::pair<std::vector<int32_t>, std::vector<int32_t>> encode_pair(const data::Tokenizer& tok, std::string context,

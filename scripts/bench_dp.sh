@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Data-parallel benchmark and parity of the MegaDLMs 1.7B model on 2 GPUs of one host
-# (issue 3's acceptance run). Same per-GPU work in every throughput run (4 micro-batches of 4 x
-# 2048 tokens per GPU per iteration):
+# (the data-parallel acceptance run). Same per-GPU work in every throughput run (4 micro-batches of
+# 4 x 2048 tokens per GPU per iteration):
 #   dp1       1 GPU, global batch 16                      (the scaling reference)
 #   dp2       2 GPUs, global batch 32, reduction after backward
 #   dp2_ovl   2 GPUs, --overlap-grad-reduce

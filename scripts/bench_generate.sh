@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Generation benchmark on one GPU (issue 16): tokens/s of megadlm's sampler for the MegaDLMs 1.7B
+# Generation benchmark on one GPU: tokens/s of megadlm's sampler for the MegaDLMs 1.7B
 # architecture at gen length 256, block 32, 256 steps, batch 1 and 16 — the exact LLaDA sampler
 # and the fast options (confidence threshold, Fast-dLLM's key/value cache, both), with how often
 # each fast option changes the exact result — and transformers + LLaDA's sampler in PyTorch

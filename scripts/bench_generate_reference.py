@@ -4,7 +4,7 @@
 Loads an exported megadlm model (convert_checkpoint --to-hf) with transformers, switches its
 attention to bidirectional (the causal flag cleared, an additive 4-D mask that hides only the
 left padding, positions counted from each row's first prompt token), and runs LLaDA's generate
-as diffusion-lm.md §10.1 describes it (low_confidence or random remasking, temperature with
+as LLaDA's generate.py does it (low_confidence or random remasking, temperature with
 float64 Gumbel noise from torch.rand, semi-autoregressive blocks), a batch of prompts at a time.
 Writes the completions as JSONL (index, token_ids) and prints one JSON line with the timing.
 Benchmark code, not a test: the exact agreement with megadlm is tested on the CPU by

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything issue 12 measures, for one device call: the GPU parity tests of the new kernels
+# Everything the speed work against the PyTorch peer measures, for one device call: the GPU parity
+# tests of the new kernels
 # (cuDNN attention, deterministic backward, fused ops), the op benchmarks (both attention
 # backends, the fused ops next to the sequences they replace) and the training benchmark against
 # the PyTorch peer (scripts/bench_vs_peer.sh). Logs and results go to OUT; a short table last.

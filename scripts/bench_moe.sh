@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's benchmark on one GPU: the fine-grained MoE of configs/fine_grained_moe.args
+# The MoE benchmark on one GPU: the fine-grained MoE of configs/fine_grained_moe.args
 # (12 layers, hidden 2048, 16 heads, 64 experts top-8 of width 768, vocab 50304, seq 2048,
 # micro-batch 4, bf16, dropless) on mock data, one log line per iteration, then the PyTorch peer
 # (peer_torch_dlm.py, eager, torch._grouped_mm) in the same call when PEER points at it.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pipeline-parallel benchmark and parity of the MegaDLMs 1.7B model on 2 GPUs of one host
-# (issue 5's acceptance run):
+# (the pipeline acceptance run):
 #   pp1        1 GPU, global batch 16 (M = 4 micro-batches of 4 x 2048 tokens)
 #   pp2        2 stages (14 layers each), global batch 16: same samples and masks as pp1
 #   pp2_m8     2 stages, global batch 32 (M = 8): a smaller bubble

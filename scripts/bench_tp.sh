@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor-parallel benchmark and parity of the MegaDLMs 1.7B model on 2 GPUs of one host
-# (issue 4's acceptance run). Global batch 16 (4 micro-batches of 4 x 2048 tokens):
+# (the tensor-parallel acceptance run). Global batch 16 (4 micro-batches of 4 x 2048 tokens):
 #   tp1       1 GPU                                   (reference, same samples and masks)
 #   tp2       2 GPUs, --tensor-model-parallel-size 2
 #   tp2_sp    2 GPUs, --tensor-model-parallel-size 2 --sequence-parallel

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training benchmark of the MegaDLMs 1.7B architecture on one GPU (issue 2's acceptance run).
+# Training benchmark of the MegaDLMs 1.7B architecture on one GPU.
 # Runs pretrain_difflm with configs/megadlms_1.7b.args on mock data (the schedule shortened so a
 # few iterations are a valid run; it does not change the speed), one log line per iteration, no
 # evaluation passes (--eval-iters 0: they would only add time), and writes tokens/s, TFLOP/s per

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # megadlm against the PyTorch peer (peer_torch_dlm.py: torch.compile, cuDNN SDPA) on one GPU,
-# both in the same run of this script, for the shapes of issue 12 (MegaDLMs 1.7B architecture):
+# both in the same run of this script, for these shapes (MegaDLMs 1.7B architecture):
 #   s2048  seq 2048, micro-batch 4   (peer --params amp and --params bf16)
 #   s8192  seq 8192, micro-batch 1   (peer --params amp)
 #   gqa4   seq 2048, micro-batch 4, 4 query groups (peer --params amp)
@@ -11,7 +11,8 @@
 #   scripts/bench_vs_peer.sh OUT_DIR [SHAPES]        SHAPES: comma list (default s2048,s8192,gqa4)
 # Environment (paths only; nothing here changes what megadlm computes):
 #   MEGADLM_BIN   folder with pretrain_difflm (default build/bin)
-#   PEER          the peer script (default ../shared/bench/peer_torch_dlm.py)
+#   PEER          the peer script peer_torch_dlm.py (not in this repository; needed unless
+#                 PEER_SHAPES=none)
 #   ITERS         megadlm iterations per shape (default 8; the first 2 are warm-up)
 #   PEER_STEPS    timed peer steps (default 10, after 3 warm-up steps)
 #   PEER_PARAMS   peer precision recipes for s2048 (default "amp bf16")
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/bench_vs_peer.sh OUT_DIR [SHAPES]}
 shapes=${2:-s2048,s8192,gqa4}
 bin=${MEGADLM_BIN:-build/bin}
-peer=${PEER:-../shared/bench/peer_torch_dlm.py}
+peer=${PEER:-}
 iters=${ITERS:-8}
 peer_steps=${PEER_STEPS:-10}
 peer_params=${PEER_PARAMS:-amp bf16}
@@ -66,7 +67,7 @@ done
 peer_shapes=${PEER_SHAPES:-$shapes}
 [ "$peer_shapes" = none ] && peer_shapes=
 IFS=, read -r -a peer_list <<< "$peer_shapes"
-[ ${#peer_list[@]} = 0 ] || [ -f "$peer" ] || { echo "bench_vs_peer.sh: peer script $peer not found (set PEER)"; exit 2; }
+[ ${#peer_list[@]} = 0 ] || [ -f "$peer" ] || { echo "bench_vs_peer.sh: peer script '$peer' not found: set PEER to peer_torch_dlm.py, or PEER_SHAPES=none for megadlm only"; exit 2; }
 for shape in "${peer_list[@]}"; do
   recipes=amp
   [ "$shape" = s2048 ] && recipes=$peer_params

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory planner against the GPU (issue 15, docs/planner.md): pretrain_difflm trains the
+# The memory planner against the GPU (docs/planner.md): pretrain_difflm trains the
 # MegaDLMs 1.7B model for a few iterations per configuration on one GPU, and the logged
 # prediction (metrics row `predicted_peak_gb`, the planner's peak for the rank) is compared with
 # the stream-ordered pool's measured peaks: in use (`peak_mem_gb`) and reserved from the driver

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checkpoint checks for the GPU machine (issue 7), from a carried build folder (no compiling):
+# Checkpoint checks for the GPU machine, from a carried build folder (no compiling):
 #   gpu        the CUDA checkpoint tests (gpu_parity --gtest_filter='CheckpointCuda*'): bitwise state
 #              after a load, resumed steps vs the uninterrupted run, a CUDA checkpoint on the CPU
 #   resume     the tiny model on CUDA through the command line: 12 iterations straight vs 6 + resume

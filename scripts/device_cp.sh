@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 13 (context parallelism) needs proven on a GPU, from a carried build folder
+# Everything context parallelism needs proven on a GPU, from a carried build folder
 # (bin/ and lib/; nothing is compiled here), in about a minute of GPU time:
 #   parity  (1 GPU)  gpu_parity: the CUDA attention calls CP makes (ring blocks with chunk maps,
 #                    key documents, causal by global position, empty rows; the all-gather block

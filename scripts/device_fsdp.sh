@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 15 on one GPU, from a carried build folder (bin/ lib/; no compiling there):
+# FSDP and the memory planner on one GPU, from a carried build folder (bin/ lib/; no compiling
+# there):
 #   1. the FSDP GPU tests (gpu_parity --gtest_filter=FsdpCuda.*): every strategy trains like the
 #      run without FSDP; persistent bytes equal the planner's; the pool's peak near its
 #      prediction; the communication-stream path bit for bit the blocking one;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 16 (generation, evaluation, TensorBoard) needs proven on a GPU, from a carried
+# Everything generation, evaluation and TensorBoard need proven on a GPU, from a carried
 # build folder (bin/ and lib/; nothing is compiled here), in about 90 s of GPU time on one H200:
 #   parity  gpu_parity SamplingParity.*, KvCacheParity.*: sample_proposals (bf16/f32, Gumbel,
 #           guidance, random confidence), the cache update copy_row_block, and a 2-layer

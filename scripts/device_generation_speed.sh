@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call on exact decoding's speed (issue 16's batch-16 goal): the whole gpu_parity, the
+# One device call on exact decoding's speed (the batch-16 goal: 2x the transformers reference,
+# docs/benchmarks.md): the whole gpu_parity, the
 # attention rows of megadlm_bench (the sampler's batch-16 canvas dense and with its left padding
 # as documents, packed documents of ~256 and ~1024 tokens), exact and --kv-cache dual generation
 # of the 1.7B architecture (random weights, gen 256, block 32, 256 steps, batch 1 and 16) with the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything issue 14 (mixture of experts) needs proven on one GPU, from a carried build folder
+# Everything mixture of experts needs proven on one GPU, from a carried build folder
 # (BUILD/bin and BUILD/lib; nothing is compiled here), in about 2 minutes of GPU time:
 #   parity  gpu_parity MoeParity.*: every MoE kernel against the CPU (router top-k for every score
 #           mode, statistics and aux/z gradients, dispatch plan, permute/unpermute, grouped GEMM
@@ -19,8 +19,8 @@
 # and results.tgz (every log and the report's inputs; packed after each stage, so a stage cut off
 # by the call's limit keeps the earlier ones). Back on the dev machine:
 #   mkdir r && tar xzf OUT/results.tgz -C r && python3 scripts/moe_bench_report.py r --update docs/benchmarks.md
-# Environment: PEER (the peer script; default: the first of shared/bench/, ../shared/bench/,
-# BUILD/.., BUILD, the repo root that has peer_torch_dlm.py), ITERS (megadlm iterations, 20;
+# Environment: PEER (the peer script; default: the first of BUILD/.., BUILD, the repo root that
+# has peer_torch_dlm.py), ITERS (megadlm iterations, 20;
 # the first 6 warm up: new expert row counts still meet cuBLASLt heuristics early on),
 # PEER_STEPS (timed peer steps, 8), PEER_WARMUP (3), DEADLINE_S (skip stages that would start
 # after this many seconds; default 150), HF_DEVICE (where the tiny MoE of `hf` trains, cuda).
@@ -41,7 +41,7 @@ export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0
 deadline=${DEADLINE_S:-150}
 if [ -z "${PEER:-}" ]; then
-  for p in "$root/shared/bench" "$root/../shared/bench" "$build/.." "$build" "$root"; do
+  for p in "$build/.." "$build" "$root"; do
     [ -f "$p/peer_torch_dlm.py" ] && { PEER=$(cd "$p" && pwd)/peer_torch_dlm.py; break; }
   done
 fi

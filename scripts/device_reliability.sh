@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 17 on the GPU, from a carried build (never builds): fault replay rests on a replayed step
+# Fault detection and replay on the GPU, from a carried build (never builds): fault replay rests on
+# a replayed step
 # being the same computation, which on a GPU holds only with deterministic kernels. Runs the tiny
 # model (configs/tiny_dlm.args) on CUDA:
 #   1. --rerun-mode report_stats with --deterministic-mode: every replay must be bitwise identical;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 14's benchmark report: reads what scripts/bench_moe.sh and megadlm_bench wrote into a
+"""The MoE benchmark report: reads what scripts/bench_moe.sh and megadlm_bench wrote into a
 results folder and writes RESULTS/bench_moe.json and RESULTS/bench_moe.md; with --update FILE it
 also puts the Markdown into FILE (docs/benchmarks.md) between the markers
 `<!-- bench_moe:begin -->` and `<!-- bench_moe:end -->`, appended as a new section when FILE has
@@ -10,7 +10,7 @@ none. Nothing is typed by hand: every number comes from these files.
   RESULTS/moe_ops.jsonl      megadlm_bench ops rows (grouped_gemm_*, moe_*; optional)
   RESULTS/machine.txt        nvidia-smi line (optional)
 
-The goal (issue 14): megadlm's tokens/s at least 5x the peer's in the same run, i.e. at least
+The goal: megadlm's tokens/s at least 5x the peer's in the same run, i.e. at least
 300 TFLOP/s counting active-parameter FLOPs (the peer's own count, flops_per_token in the peer
 script), and peak memory at most the peer's (reserved by the allocators: megadlm's pool against
 torch.cuda.max_memory_reserved).
@@ -154,7 +154,7 @@ def main():
             head, rest = doc.split(BEGIN, 1)
             doc = head + text.rstrip("\n") + rest.split(END, 1)[1]
         else:
-            doc = doc.rstrip("\n") + "\n\n## Mixture of experts on one GPU (issue 14)\n\n" + text
+            doc = doc.rstrip("\n") + "\n\n## Mixture of experts on one GPU\n\n" + text
         open(a.update, "w").write(doc)
         print(f"updated {a.update}")
     return 0 if m else 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 18's multi-GPU runs in one script: from a build folder (bin/ lib/, e.g. a carried
+# The multi-GPU runs in one script: from a build folder (bin/ lib/, e.g. a carried
 # build-cuda), runs every run of the issue whose code exists and that fits GPUS, each under its
 # own `timeout`, and writes one results file, OUT/results.jsonl (one JSON object per run, fields
 # below) with OUT/results.md (the same as a table), plus OUT/logs/<run>.log and <run>.jsonl.
@@ -22,7 +22,7 @@
 #   --iters N  training iterations of the equivalence runs (default 12; --cpu-dry: 3).
 #   --limit S  seconds per run before `timeout` ends it (default 240; --cpu-dry: 60).
 #
-# Groups of runs (issue 18 §1-4):
+# Groups of runs:
 #   suite        bin/gpu_nccl under mpirun -np 2 (when carried): NCCL collectives exactly, and
 #                --tp-comm-overlap's rings with the side stream's events against the plain ones.
 #   equivalence  the tiny model (4 layers) under each layout against the same run on one GPU:
@@ -49,7 +49,7 @@
 #                of the timed-out collective with the last-collectives file (stop; needs one
 #                --distributed-timeout-minutes, so not in --cpu-dry).
 # Before a run, `pretrain_difflm --dry-run` for its world size says whether this build can run
-# it; a run it cannot (FSDP today) is listed as skipped with the dry run's reason.
+# it; a run it cannot (none of the list today) is listed as skipped with the dry run's reason.
 #
 # results.jsonl fields: run, group, np, model, reference, status (ok | failed | timeout |
 # skipped), exit, seconds, reason, command, iterations, max_rel_loss_diff, max_rel_grad_norm_diff,
@@ -509,7 +509,7 @@ def fmt(v, pct=False):
     if isinstance(v, bool): return "yes" if v else "**no**"
     if isinstance(v, float): return ("%.1f%%" % (100 * v)) if pct else ("%.2e" % v if abs(v) < 0.01 and v != 0 else "%.3g" % v)
     return str(v)
-lines = ["# issue 18 multi-GPU runs", "",
+lines = ["# multi-GPU runs", "",
          "Bound of the equivalence runs: 3 x the measured noise (the largest relative loss / grad-norm "
          "difference between two 1-GPU runs that differ only in --micro-batch-size), at least 1e-5.", ""]
 for n, v in sorted(noise.items()): lines.append("- measured noise against `%s`: %s" % (n, fmt(v)))

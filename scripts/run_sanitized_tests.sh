@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI's sanitizer pass (issue 17): the parser fuzzers (tests/unit/fuzz: thousands of mutated .idx,
+# CI's sanitizer pass: the parser fuzzers (tests/unit/fuzz: thousands of mutated .idx,
 # safetensors, checkpoint metadata, tokenizer.json and flag files, fixed seed) and the rendezvous
 # tests (garbage, half-open, slow and oversized connections on the loopback), built with the
 # address and undefined-behaviour sanitizers. A read out of bounds, a leak or undefined

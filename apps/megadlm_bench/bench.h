@@ -1,8 +1,9 @@
 // Internal to megadlm_bench: the op-benchmark table's types and the helpers every group of
 // benchmarks uses (defined in apps/megadlm_bench.cpp, the driver). A group lives in its own file
 // under apps/megadlm_bench/ and returns its rows: attention.cpp (both attention backends),
-// fused.cpp (the fused ops of issue 12), context_parallel.cpp (the LSE merge of CP attention),
-// moe.cpp (the MoE ops of issue 14).
+// fused.cpp (the fused ops of docs/kernels/fused_ops.md), context_parallel.cpp (the LSE merge of
+// CP attention),
+// moe.cpp (the MoE ops).
 #pragma once
 #include <cstdint>
 #include <functional>

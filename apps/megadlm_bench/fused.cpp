@@ -1,4 +1,5 @@
-// megadlm_bench ops: the fused ops of issue 12 at the 1.7B shapes (T = 8192 tokens), each next to
+// megadlm_bench ops: the fused ops (docs/kernels/fused_ops.md) at the 1.7B shapes (T = 8192
+// tokens), each next to
 // the unfused sequence it replaces:
 //   lm_head_unfused              logits GEMM + cross_entropy_forward_backward + dgrad + wgrad, all rows
 //   lm_head_fused_masked         linear_cross_entropy over half the rows (the diffusion loss rows)

@@ -1,4 +1,4 @@
-// MoE rows of megadlm_bench (issue 14): the grouped GEMMs of the experts at the benchmark's
+// MoE rows of megadlm_bench: the grouped GEMMs of the experts at the benchmark's
 // fine-grained shape (configs/fine_grained_moe.args), the router top-k and the permutation by
 // expert (permute, unpermute and the unpermute backward at 8192 tokens x top-8 of 64 experts x
 // hidden 2048 bf16, in GB/s), each checked against the CPU op first.

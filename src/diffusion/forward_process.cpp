@@ -15,7 +15,8 @@ constexpr double kLladaEps = 1e-3;
 
 // Noises one sample of `len` clean tokens in place of `input`, writing mask bits and weights.
 // Training noise uses three purposes with c1 = 0; evaluation noise one purpose, EvalNoise, with
-// c1 = 1 (t), 2 (mask), 3 (fallback): fixed masks per validation sample (diffusion-lm.md §9.1).
+// c1 = 1 (t), 2 (mask), 3 (fallback): fixed masks per validation sample (docs/compat.md,
+// "validation samples").
 struct NoiseKeys {
   PhiloxKey time, mask, fallback;
   uint32_t time_c1 = 0, mask_c1 = 0, fallback_c1 = 0;

@@ -120,7 +120,7 @@ LikelihoodResult conditional_loglikelihood(LogitsModel& model, const LikelihoodR
         for (int64_t i = 0; i < seq; ++i) {
           const bool answer = i >= lc;
           const bool masked = answer && masks[static_cast<size_t>(m)][static_cast<size_t>(i - lc)];
-          // The unconditional copy has every context position masked (§9.3).
+          // The unconditional copy has every context position masked (classifier-free guidance).
           int32_t tok = answer ? req.continuation[static_cast<size_t>(i - lc)] : req.context[static_cast<size_t>(i)];
           if (masked || (copy == 1 && !answer)) tok = mask;
           c.tokens.push_back(tok);

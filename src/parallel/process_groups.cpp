@@ -63,7 +63,7 @@ ProcessGroups ProcessGroups::build(std::shared_ptr<Communicator> world, const Pa
   want(GroupKind::ExpertEp, "ep", pg.ep);
   want(GroupKind::ExpertTp, "expert-tp", pg.expert_tp);
   want(GroupKind::ExpertDp, "expert-dp", pg.expert_dp);
-  // Hierarchical CP levels, listed cp group by cp group (§1.5).
+  // Hierarchical CP levels, listed cp group by cp group.
   pg.hierarchical_cp.resize(static_cast<size_t>(layout.num_hierarchical_cp_levels()));
   std::vector<std::string> level_names;
   for (int l = 0; l < layout.num_hierarchical_cp_levels(); ++l)

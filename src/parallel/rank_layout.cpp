@@ -1,5 +1,6 @@
 // RankGenerator (the masked mixed-radix rule; see the header for the derivation and a worked
-// example) and the process groups of megatron-compat.md §1.3, §1.5, §1.6.
+// example) and the process groups of Megatron's initialize_model_parallel (hierarchical CP and
+// distributed-optimizer instances included).
 #include "megadlm/parallel/rank_layout.h"
 #include <algorithm>
 #include <sstream>
@@ -220,14 +221,14 @@ RankLayout RankLayout::build(const ParallelConfig& c) {
              "dense and expert pipeline groups differ (order ", order, ", tp ", tp, ", etp ", etp,
              "); with the tp-pp-dp order etp must equal tp");
 
-  // Embedding groups: first and last stage of each pipeline group (§1.3).
+  // Embedding groups: first and last stage of each pipeline group.
   for (const std::vector<int>& p : L.part(GroupKind::Pp).groups) {
     L.part(GroupKind::Embedding).groups.push_back(
         p.size() == 1 ? std::vector<int>{p.front()} : std::vector<int>{p.front(), p.back()});
     L.part(GroupKind::PositionEmbedding).groups.push_back({p.front()});
   }
 
-  // Distributed-optimizer instances (§1.6): n = dp·cp / N, consecutive intra slices, strided
+  // Distributed-optimizer instances: n = dp·cp / N, consecutive intra slices, strided
   // inter slices (the upstream fix; MegaDLMs used dp / N).
   const int instances = c.num_distributed_optimizer_instances;
   MDLM_CHECK(instances >= 1 && (L.dp_ * cp) % instances == 0, "dp·cp = ", L.dp_ * cp,
@@ -245,7 +246,7 @@ RankLayout RankLayout::build(const ParallelConfig& c) {
   }
   for (Partition& p : L.parts_) index(p, world);
 
-  // Hierarchical CP (§1.5): level l groups of cp group R are, for k < cp/acc_l and j < acc_{l-1},
+  // Hierarchical CP: level l groups of cp group R are, for k < cp/acc_l and j < acc_{l-1},
   // [R[j + i·acc_{l-1} + k·acc_l] for i < h_l].
   const std::vector<int>& h = c.hierarchical_context_parallel_sizes;
   if (!h.empty()) {

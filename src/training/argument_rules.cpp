@@ -1,4 +1,4 @@
-// Resolution and validation of parsed flags (megatron-compat.md §3) and the typed RunConfig
+// Resolution and validation of parsed flags (docs/rules.md) and the typed RunConfig
 // built from them; the parallel-layout and batch rules are in parallel_rules.cpp. Every rule
 // reports into Diagnostics with its id, nothing stops at the first problem. Ids: V-* validate_args,
 // B-* micro-batch calculator, C-* config dataclasses, G-* process groups, R-* runtime pre-checks,
@@ -562,7 +562,7 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
     if (a.b(dest) && !eod_known)
       d.error("V-59", a.flag_value(dest) + " needs the end-of-document id: give `--tokenizer-type` "
                       "(and its files) with `--data-path`");
-  // Padded vocabulary (§2.2). Megatron's NullTokenizer reserves one more id for EOD and pads
+  // Padded vocabulary. Megatron's NullTokenizer reserves one more id for EOD and pads
   // vocab_size + 1; megadlm takes --vocab-size as the full vocabulary (the EOD id included),
   // which is what the MegaDLMs 1.7B example means by --vocab-size 50289 with its HF tokenizer.
   const int64_t vocab = a.i("vocab_size");
@@ -580,7 +580,7 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
 void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
   const std::string mode = a.s("model_running_mode");
   const bool difflm = mode == "difflm-noshift";
-  // Mask default: MegaDLMs' causal_bottom_right crashes with difflm-noshift (§8.7).
+  // Mask default: MegaDLMs' causal_bottom_right crashes with difflm-noshift (docs/compat.md).
   if (!a.is_set("attention_mask_type"))
     a.set("attention_mask_type", std::string(mode == "vanilla" ? "causal" : "no_mask"));
   const std::string mask = a.s("attention_mask_type");
@@ -608,7 +608,7 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
                          a.flag_value("make_vocab_size_divisible_by") + " × TP); valid: 0 to " +
                          num(padded - 1));
     // A mask token that is also the end-of-document id would be a masked position the data
-    // itself contains (reliability-tests.md A1).
+    // itself contains.
     const int64_t eod = a.b("mock_data") ? 0 : a.is_set("tokenizer_eod") ? a.i("tokenizer_eod") : -1;
     if (difflm && eod >= 0 && m == eod)
       d.error("D-4", a.flag_value("mask_token") + " is the end-of-document id of " +

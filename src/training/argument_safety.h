@@ -1,5 +1,5 @@
 // Internal to training/: the validation rules that keep bad values and unusable paths from ever
-// reaching a run (issue 17): every number flag finite and inside the range its table row states,
+// reaching a run: every number flag finite and inside the range its table row states,
 // and the output directories (--save, --data-cache-path, ...) usable before anything starts.
 // The rules are generic over the flag table; argument_safety.cpp has them.
 #pragma once

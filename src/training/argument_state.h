@@ -67,7 +67,7 @@ class ArgState {
 
 /// Checks every flag's status (removed, not yet, ignored), resolves derived values (world and
 /// data-parallel size, ffn, kv channels, padded vocabulary, batch sizes, LR horizon, device,
-/// masks...) and checks every rule of megatron-compat.md §3 that applies, plus megadlm's own
+/// masks...) and checks every rule of docs/rules.md that applies, plus megadlm's own
 /// (ids M-*). Never throws on user input: everything goes into `diag`.
 void resolve_and_validate(ArgState& args, bool dry_run, Diagnostics& diag);
 

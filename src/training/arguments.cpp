@@ -149,7 +149,7 @@ std::vector<std::string> expand_flag_files(const std::vector<std::string>& args)
 ParsedArguments parse_arguments(const std::vector<std::string>& argv, const LaunchInfo& launch) {
   std::vector<std::string> errors;
   std::vector<std::string> tokens = detail::expand_flag_files(argv, errors);
-  tokens = with_checkpoint_args(tokens, errors);  // §3 step (c): before validation
+  tokens = with_checkpoint_args(tokens, errors);  // before validation, as Megatron
 
   // CLI11 splits the words into flag occurrences (training/command_line.h); their values are
   // converted and checked here, in command-line order, so that every problem is reported.

@@ -1,7 +1,7 @@
 // The flag table (data only): every flag pretrain_difflm accepts, with its type, default,
 // section, help and megadlm support status. Spellings, defaults and meanings follow
-// megatron-compat.md §2 (Megatron-Core 0.10 as bundled by MegaDLMs; rows marked "(upstream)" are
-// Megatron-LM flags MegaDLMs lacks) and diffusion-lm.md §8. Long because it is the table; rules
+// Megatron-LM (Megatron-Core 0.10 as bundled by MegaDLMs; rows marked "(upstream)" are
+// Megatron-LM flags MegaDLMs lacks) and MegaDLMs' difflm flags. Long because it is the table; rules
 // that combine flags live in argument_rules.cpp. After editing, run scripts/gen_flags_doc.sh.
 #include "megadlm/training/flags.h"
 
@@ -17,7 +17,7 @@ using G = FlagGroup;
 using S = FlagStatus;
 
 constexpr FlagSpec kFlags[] = {
-    // ---------------------------------------------------------------- parallelism (§2.1)
+    // ---------------------------------------------------------------- parallelism
     {.name = "--tensor-model-parallel-size", .kind = K::Int, .group = G::Parallel, .default_value = "1",
      .help = "Degree of tensor model parallelism (TP)."},
     {.name = "--pipeline-model-parallel-size", .kind = K::Int, .group = G::Parallel, .default_value = "1",
@@ -201,7 +201,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--pipeline-model-parallel-layout", .kind = K::String, .group = G::Parallel,
      .status = S::NotYet, .help = "(upstream) Explicit layer-to-stage layout."},
 
-    // ---------------------------------------------------------------- model (§2.2)
+    // ---------------------------------------------------------------- model
     {.name = "--num-layers", .kind = K::Int, .group = G::Model, .help = "Number of transformer layers."},
     {.name = "--encoder-num-layers", .kind = K::Int, .group = G::Model,
      .help = "Alternative spelling of --num-layers (exactly one of the two)."},
@@ -340,7 +340,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--rotary-scaling-factor", .kind = K::Float, .group = G::Model, .status = S::NotYet,
      .default_value = "1.0", .help = "MLA rotary scaling factor.", .range = "(0, inf)"},
 
-    // ---------------------------------------------------------------- mixture of experts (§2.3)
+    // ---------------------------------------------------------------- mixture of experts
     {.name = "--num-experts", .kind = K::Int, .group = G::MoE,
      .help = "Experts per MoE layer (0 means dense)."},
     {.name = "--moe-router-topk", .kind = K::Int, .group = G::MoE, .default_value = "2",
@@ -426,7 +426,7 @@ constexpr FlagSpec kFlags[] = {
      .help = "(upstream) Router score: softmax, or sigmoid normalised over the selected experts "
              "(MegaDLMs' moe_router_activation_function)."},
 
-    // ---------------------------------------------------------------- training (§2.4)
+    // ---------------------------------------------------------------- training
     {.name = "--micro-batch-size", .kind = K::Int, .group = G::Training,
      .help = "Samples per micro-batch on each data-parallel rank (required)."},
     {.name = "--global-batch-size", .kind = K::Int, .group = G::Training,
@@ -556,7 +556,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--test-mode", .kind = K::StoreTrue, .group = G::Training, .status = S::Ignored,
      .help = "Megatron's internal test mode."},
 
-    // ---------------------------------------------------------------- learning rate (§2.4)
+    // ---------------------------------------------------------------- learning rate
     {.name = "--lr", .kind = K::Float, .group = G::LearningRate, .help = "Maximum learning rate (required).",
      .range = "[0, inf)"},
     {.name = "--min-lr", .kind = K::Float, .group = G::LearningRate, .default_value = "0.0",
@@ -595,7 +595,7 @@ constexpr FlagSpec kFlags[] = {
      .help = "Separate minimum learning rate for the embedding and output layer.",
      .range = "[0, inf)"},
 
-    // ---------------------------------------------------------------- precision (§2.4)
+    // ---------------------------------------------------------------- precision
     {.name = "--bf16", .kind = K::StoreTrue, .group = G::Precision,
      .help = "bf16 mixed precision (required on CUDA; the CPU backend computes in fp32)."},
     {.name = "--fp16", .kind = K::StoreTrue, .group = G::Precision, .status = S::NotYet,
@@ -641,7 +641,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--fp8-param-gather", .kind = K::StoreTrue, .group = G::Precision, .status = S::NotYet,
      .help = "Keep parameters in FP8 and all-gather them in FP8."},
 
-    // ---------------------------------------------------------------- data and tokenizer (§2.5)
+    // ---------------------------------------------------------------- data and tokenizer
     {.name = "--mock-data", .kind = K::StoreTrue, .group = G::Data,
      .help = "Synthetic data (no files needed)."},
     {.name = "--data-path", .kind = K::StringList, .group = G::Data, .nargs = Nargs::Star,
@@ -722,7 +722,7 @@ constexpr FlagSpec kFlags[] = {
      .help = "Do not build a dense attention mask per sample.",
      .hint = "megadlm never materialises dense attention masks"},
 
-    // ---------------------------------------------------------------- checkpointing (§2.6)
+    // ---------------------------------------------------------------- checkpointing
     {.name = "--save", .kind = K::String, .group = G::Checkpoint,
      .help = "Checkpoint output directory (iter_NNNNNNN/ folders and "
              "latest_checkpointed_iteration.txt; docs/checkpoints.md)."},
@@ -804,7 +804,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--use-dist-ckpt", .kind = K::StoreTrue, .group = G::Checkpoint, .status = S::Ignored,
      .help = "Deprecated."},
 
-    // ---------------------------------------------------------------- evaluation and logging (§2.6)
+    // ---------------------------------------------------------------- evaluation and logging
     {.name = "--log-interval", .kind = K::Int, .group = G::Logging, .default_value = "100",
      .help = "Iterations between log lines."},
     {.name = "--eval-interval", .kind = K::Int, .group = G::Logging, .default_value = "1000",
@@ -879,7 +879,7 @@ constexpr FlagSpec kFlags[] = {
              "info, up to 30 warning, above 30 error.",
      .default_doc = "None (--log-level decides)"},
 
-    // ---------------------------------------------------------------- diffusion LM (§2.7, diffusion-lm.md §8)
+    // ------------------------------------------------------- diffusion LM (MegaDLMs' difflm flags)
     {.name = "--model-running-mode", .kind = K::String, .group = G::Diffusion,
      .default_value = "difflm-noshift", .choices = "difflm-noshift vanilla test-forward",
      .not_yet = "test-forward",
@@ -977,7 +977,7 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--help-markdown", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Print the flag reference as Markdown (docs/flags.md) and exit."},
 
-    // ---------------------------------------------------------------- other Megatron flags (§2.8)
+    // ---------------------------------------------------------------- other Megatron flags
     {.name = "--local-rank", .kind = K::Int, .group = G::Other, .status = S::Ignored,
      .help = "Local rank from the launcher.", .hint = "the launcher's environment is read instead"},
     {.name = "--lazy-mpu-init", .kind = K::String, .group = G::Other, .status = S::Ignored,

@@ -397,7 +397,8 @@ std::vector<std::string> check_flag_table(std::span<const FlagSpec> table) {
     for (const std::string& v : detail::split_words(f.not_yet))
       if (!detail::word_in(f.choices, v))
         problems.push_back(n + ": not-yet value '" + v + "' is not among its choices");
-    // The default must parse and lie in the flag's own choices (style.md 9.12).
+    // The default must parse and lie in the flag's own choices (MegaDLMs' `--base-model` default
+    // Qwen_2 was not).
     if (f.default_value != nullptr && std::string_view(f.default_value) != "None") {
       const bool is_bool = f.kind == FlagKind::StoreTrue || f.kind == FlagKind::StoreFalse;
       if (is_bool) {
@@ -519,12 +520,13 @@ std::string format_flags_markdown() {
      << "# pretrain_difflm flags\n\n"
      << "Generated from the flag table in `src/training/flag_table.cpp`; the same table drives the\n"
      << "parser and `--help`. Flags keep their Megatron-LM / MegaDLMs spellings, defaults and\n"
-     << "meanings (`shared/spec/megatron-compat.md` §2); where megadlm differs, `docs/compat.md` says\n"
-     << "why. Flags may also come from files: `pretrain_difflm @configs/tiny_dlm.args`.\n\n"
+     << "meanings; where megadlm differs, `docs/compat.md` says why. Values are validated before\n"
+     << "anything starts; each error names the rule it breaks (`docs/rules.md`). Flags may also come\n"
+     << "from files: `pretrain_difflm @configs/tiny_dlm.args`.\n\n"
      << "Status:\n\n"
-     << "- **implemented**: honoured. Flags that configure a parallel dimension are validated and\n"
-     << "  used by `--dry-run` layouts; running with that dimension above 1 is reported as not\n"
-     << "  supported yet (this build runs one process; see `docs/roadmap.md`).\n"
+     << "- **implemented**: honoured. The parallel sizes are implemented at every size a layout\n"
+     << "  validates for (`docs/parallelism/`); `--dry-run --world-size N` checks a layout without\n"
+     << "  running it.\n"
      << "- **not supported yet**: parsed and validated; a non-default value is rejected with\n"
      << "  \"`--flag VALUE` is not supported yet by megadlm\" (listed, not rejected, by `--dry-run`).\n"
      << "- **ignored**: accepted with one warning; it has no effect in megadlm.\n"

@@ -1,4 +1,4 @@
-// The mixture-of-experts flags (megatron-compat.md §2.3, §3: V-49, V-51, C-5, C-11…C-19, R-4,
+// The mixture-of-experts flags (docs/rules.md: V-49, V-51, C-5, C-11…C-19, R-4,
 // ) and megadlm's own MoE rules:
 //   MOE-1 --moe-router-topk within [1, --num-experts]
 //   MOE-3 group-limited routing: groups divide the experts and can hold the top-k

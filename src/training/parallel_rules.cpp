@@ -1,4 +1,4 @@
-// Rules on the parallel layout and batch sizes (megatron-compat.md §3: V-2…V-23, B-*, C-4…C-7,
+// Rules on the parallel layout and batch sizes (docs/rules.md: V-2…V-23, B-*, C-4…C-7,
 // C-9, C-10, C-15, C-21, G-*, R-1, R-3…R-7), and the list of parallel features this
 // single-process build cannot run yet. Each block reports into Diagnostics with its rule id.
 #include <algorithm>
@@ -658,7 +658,7 @@ void check_recompute(ArgState& a, Ctx& c, Diagnostics& d) {
 // ----------------------------------------- data parallel, FSDP and optimizer (V-21…V-23, F-*, G-*)
 
 void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
-  // FSDP (shared/spec/fsdp.md §1, §5): --use-custom-fsdp / --use-megatron-fsdp with
+  // FSDP (docs/parallelism/fsdp.md): --use-custom-fsdp / --use-megatron-fsdp with
   // --data-parallel-sharding-strategy, or --use-torch-fsdp2 = full sharding under FSDP2's rules.
   // The sharding strategies imply the distributed optimizer (Megatron-FSDP v1 forces it);
   // no_shard is plain DDP.
@@ -732,7 +732,7 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   // V-25
   if (a.b("fp8_param_gather") && !dist_opt)
     d.error("V-25", "`--fp8-param-gather` needs `--use-distributed-optimizer`");
-  // G-5, G-7, G-8: distributed-optimizer instances (§1.6, with the upstream dp·cp fix).
+  // G-5, G-7, G-8: distributed-optimizer instances (with the upstream dp·cp fix, docs/compat.md).
   const int64_t inst = a.i("num_distributed_optimizer_instances");
   if (inst < 1) {
     d.error("M-2", a.flag_value("num_distributed_optimizer_instances") + " must be >= 1");
@@ -745,7 +745,7 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("G-7", a.flag_value("num_distributed_optimizer_instances") +
                          " needs `--use-distributed-optimizer`");
   }
-  // Several instances under FSDP is hybrid FSDP (HSDP, spec §2): not built yet.
+  // Several instances under FSDP is hybrid FSDP (HSDP): not built yet.
   if (inst > 1 && fsdp)
     d.unsupported(a.flag_value("num_distributed_optimizer_instances") +
                   " with FSDP: hybrid sharding (HSDP) is not supported yet by megadlm; FSDP shards "

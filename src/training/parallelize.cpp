@@ -23,7 +23,8 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
                " ranks but the configuration says dp ", pc.data_parallel_size, " x cp ",
                pc.context_parallel_size);
     if (pm->data_group) pm->data_shard = {pm->data_group->rank(), pm->data_group->size()};
-    // The sample assignment the trainer uses must be the layout's (megatron-compat.md §1.7).
+    // The sample assignment the trainer uses must be the layout's
+    // (docs/parallelism/data_parallel.md).
     const DataShard expected = DataShard::of(parallel::RankLayout::build(pc), pm->rank);
     MDLM_CHECK(pm->data_shard == expected, "rank ", pm->rank, ": the data group says data rank ",
                pm->data_shard.rank, " of ", pm->data_shard.size, ", the layout says ", expected.rank,
@@ -88,7 +89,7 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     OptimizerLayout ol;
     ol.flat_grads = fsdp->optimizer_grads_flat();
     ol.model_shards = fsdp->model_shards();
-    // The CPU backend's weights are fp32: the masters are the weights (spec §0: b_m = 0).
+    // The CPU backend's weights are fp32: the masters are the weights (no extra bytes).
     ol.alias_master = rt.dtype == DType::F32 || rt.dtype == DType::F64;
     pm->data_parallel = std::move(fsdp);
     pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),

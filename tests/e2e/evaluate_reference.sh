@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # evaluate_difflm's conditional log-likelihood against the independent NumPy implementation of
-# LLaDA's estimator (tests/golden/llada_reference.py, diffusion-lm.md §9.2): the same masks from
+# LLaDA's estimator (tests/golden/llada_reference.py): the same masks from
 # the documented Philox draws, and log-likelihoods equal within 1e-5 (megadlm's forward is fp32,
 # the reference's float64: ~1e-6 apart), with and without guidance and for several mini-batch
 # sizes. Requests in lm-evaluation-harness form (text arguments) go through the tokenizer.

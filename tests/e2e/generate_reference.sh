@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # generate_difflm against an independent NumPy implementation of LLaDA's generate
-# (tests/golden/llada_reference.py, written from diffusion-lm.md §10.1, float64 forward of the
+# (tests/golden/llada_reference.py, written from LLaDA's algorithm, float64 forward of the
 # exported Hugging Face folder): the same tokens for low_confidence and random remasking,
 # several block lengths, guidance on and off, temperature 0 and > 0. megadlm runs the prompts
 # as one left-padded batch, the reference runs each alone: padded batches equal single runs.

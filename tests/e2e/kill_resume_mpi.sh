@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kill -9 loop under mpirun (reliability-tests.md D1/D5; checkpoint_resume.sh covers one
+# kill -9 loop under mpirun (docs/checkpoints.md; checkpoint_resume.sh covers one
 # process): DP = 2 with the distributed optimizer, saving every iteration, synchronously and
 # with --async-save. A random rank is SIGKILLed at a random moment (mpirun then ends the other),
 # "latest" must always name a checkpoint that verifies, and the same command line resumes from

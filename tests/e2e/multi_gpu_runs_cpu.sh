@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/multi_gpu_runs.sh --cpu-dry for 2 "GPUs": issue 18's run list on the CPU under mpirun
+# scripts/multi_gpu_runs.sh --cpu-dry for 2 "GPUs": its run list on the CPU under mpirun
 # (tiny model, 2 iterations), so that the script's plumbing and its result parsing are proven
 # before a multi-GPU machine runs it. Every 2-rank equivalence run must train and match the
 # one-process run within the bound; runs this build cannot do (FSDP's parameter sharding) and

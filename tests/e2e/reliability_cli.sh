@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17 "nothing lost, nothing silent", the cases a user meets on the command line:
+# "Nothing lost, nothing silent", the cases a user meets on the command line:
 #   1. a non-finite flag value (--min-lr nan) stops the run before training, naming the flag;
 #   2. a failed preprocess_data leaves the previous dataset of the prefix untouched;
 #   3. --load D --save D with iter_* folders but no latest_checkpointed_iteration.txt is refused
@@ -62,16 +62,16 @@ has "already holds 4 checkpoint(s) of another run (newest: iter_0000008)"
 
 # ---- 3b: two runs, one folder
 exec_train() { exec "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --log-interval 1 --lr-warmup-iters 1 --lr-decay-iters 20 "$@"; }
-exec_train --train-iters 100000 --save "$tmp/shared" --save-interval 100000 --metrics-jsonl "$tmp/a.jsonl" > "$tmp/a.log" 2>&1 &
+exec_train --train-iters 100000 --save "$tmp/common" --save-interval 100000 --metrics-jsonl "$tmp/a.jsonl" > "$tmp/a.log" 2>&1 &
 a=$!; pids+=("$a")
 for _ in $(seq 600); do [ -s "$tmp/a.jsonl" ] && break; sleep 0.05; done
 [ -s "$tmp/a.jsonl" ] || fail "3b: the first run did not start: $(tail -3 "$tmp/a.log")"
-expect 2 train --train-iters 4 --save "$tmp/shared" --save-interval 2
+expect 2 train --train-iters 4 --save "$tmp/common" --save-interval 2
 has "is in use by another run: pid $a on host $(hostname)"
 kill -9 "$a"; wait "$a" 2>/dev/null
-expect 0 train --train-iters 2 --save "$tmp/shared" --save-interval 2
-has "took over the lock $tmp/shared/megadlm.lock of pid $a"
-[ ! -e "$tmp/shared/megadlm.lock" ] || fail "3b: the lock was not released at the end"
+expect 0 train --train-iters 2 --save "$tmp/common" --save-interval 2
+has "took over the lock $tmp/common/megadlm.lock of pid $a"
+[ ! -e "$tmp/common/megadlm.lock" ] || fail "3b: the lock was not released at the end"
 echo "PASS 3b: a second run into one folder is refused naming pid $a; after kill -9 its lock is taken over"
 
 # ---- 4

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Independent NumPy reference of LLaDA's sampler and log-likelihood estimator, for megadlm's tests.
 
-Written from the specification (shared/spec/diffusion-lm.md §10.1 `generate`, §9.2 the
-conditional log-likelihood, §9.3 guidance), not from megadlm's C++: a Qwen2/Qwen3 forward pass in
+Written from LLaDA's published algorithms (`generate`, the conditional log-likelihood with
+classifier-free guidance), not from megadlm's C++: a Qwen2/Qwen3 forward pass in
 float64 read from a Hugging Face folder (config.json + model.safetensors or shards), bidirectional
 attention, then LLaDA's loop. The random numbers are the ones megadlm documents, reimplemented
 here: Philox-4x32-10 keyed by (seed, purpose) with counters of global coordinates
@@ -264,7 +264,7 @@ def generate(model, prompt, a, sample_index):
 # ------------------------------------------------------------------------------ log-likelihood
 
 def mc_masks(seed, g, r, ly, batch):
-    """The masks of repeat r of request g: [batch, ly] booleans and the counts n_j (§9.2)."""
+    """The masks of repeat r of request g: [batch, ly] booleans and the counts n_j."""
     w = philox(seed, PURPOSE_LIKELIHOOD, 0, 0, g, r)
     k = 1 + min(int(uniform53(w[0], w[1]) * ly), ly - 1)
     n = np.round(k + np.arange(batch) * (ly / batch)).astype(np.int64)  # half to even, as torch.round

@@ -266,7 +266,7 @@ void check_cases(const std::vector<Case>& cases, const std::vector<Kernel>& kern
     SCOPED_TRACE(name_of(c) + (drop.p > 0 ? " dropout " + std::to_string(drop.p) : ""));
     const AttentionCase ac(c, seed += 10, cuda, drop);
     for (Kernel k : kernels) {
-      // cuDNN has no backward with one key (s = 1; gpu-libraries.md §1.8): auto falls back.
+      // cuDNN has no backward with one key (s = 1): auto falls back.
       if (is_cudnn(k) && c.seq == 1) continue;
       SCOPED_TRACE(kernel_name(k, c));
       const Errors e = ac.run(k);

@@ -1,4 +1,5 @@
-// GPU parity of the fused ops of issue 12 against their CPU references on the same bf16-rounded
+// GPU parity of the fused ops (docs/kernels/fused_ops.md) against their CPU references on the same
+// bf16-rounded
 // inputs: the masked-rows fused output layer + cross-entropy, residual add + RMSNorm, QK-norm +
 // RoPE on the packed QKV rows, SwiGLU backward with the forward recomputed, multi-tensor AdamW,
 // and attention on the packed QKV buffer. Every test skips without a GPU.

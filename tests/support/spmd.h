@@ -1,4 +1,4 @@
-// Multi-rank test support (style.md 9.7, "multi-rank tests as SPMD programs"): one GoogleTest
+// Multi-rank test support (multi-rank tests as SPMD programs, docs/conventions.md): one GoogleTest
 // binary started on every rank by mpirun. Every rank runs every test in the same order; the
 // runtime (and with it the world communicator) is created by the first test that asks for it.
 // spmd_main.cpp is the main(): rank 0 prints gtest's report, other ranks print only their

@@ -1,4 +1,4 @@
-// Tolerances used across the test suites, one reason per line (style.md 9.7).
+// Tolerances used across the test suites, one reason per line.
 #pragma once
 
 namespace megadlm::test {
@@ -13,7 +13,7 @@ inline constexpr double kFiniteDiffRelTolF32 = 2e-2;
 
 // CUDA bf16 op vs CPU f32 op on the same bf16-rounded inputs: the CUDA output is rounded to bf16
 // (relative 2^-9 ~ 2e-3 per element) and fp32 accumulation order differs; relative L2 error of
-// the whole output below 1e-2 is the bound of reliability-tests.md B1.
+// the whole output below 1e-2 is the bound a bf16 reduction order allows.
 inline constexpr double kBf16ParityRelL2 = 1e-2;
 
 // f32 outputs of CUDA kernels that read bf16 inputs but accumulate and store in fp32 (norm

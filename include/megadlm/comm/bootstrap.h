@@ -1,5 +1,5 @@
 // Who am I in the job, and the world communicator. The environment is read here and only here
-// (style.md 9.9: launcher facts only):
+// (launcher facts only; nothing else in the library reads it):
 //   mpirun (OpenMPI): OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK / _LOCAL_SIZE
 //   Slurm srun:       SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NTASKS_PER_NODE
 //   torchrun-style:   RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE / MASTER_ADDR / MASTER_PORT

@@ -1,5 +1,6 @@
 // The last collectives a communicator issued, so that a hang can be diagnosed after the fact
-// (reliability-tests.md E4): each communicator keeps a ring of its last N operations — op,
+// (docs/launching.md, "The last collectives, on file"): each communicator keeps a ring of its
+// last N operations — op,
 // element count, dtype, sequence number, when it was queued and when it was seen complete. On a
 // communication timeout or an abort, every rank that gets there writes the records of all its
 // groups to one file (DistributedRuntime::set_collective_log_dir; docs/launching.md), and the

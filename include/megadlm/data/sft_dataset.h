@@ -1,4 +1,4 @@
-// Supervised fine-tuning data (diffusion-lm.md §7.1; docs/finetuning.md): prompt/response pairs
+// Supervised fine-tuning data (docs/finetuning.md): prompt/response pairs
 // from JSONL, rendered with a chat template, tokenized into a prompt span and a response span,
 // right padded with EOS to the sequence length, served as Megatron-style S+1-token samples whose
 // first token is a filler (difflm-noshift trains on tokens 1..S).

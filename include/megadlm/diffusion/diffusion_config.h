@@ -1,4 +1,4 @@
-// How training examples are noised and scored (diffusion-lm.md; megatron-compat.md §7).
+// How training examples are noised and scored (MegaDLMs' difflm objective: docs/compat.md).
 #pragma once
 #include <cstdint>
 
@@ -9,14 +9,14 @@ enum class RunningMode {
   Vanilla,        ///< --model-running-mode vanilla: autoregressive next-token training
 };
 
-/// Per-token loss weight of a masked token (diffusion-lm.md §8).
+/// Per-token loss weight of a masked token (`--dlm-loss-weight`, docs/flags.md).
 enum class DlmLossWeight {
   ExactRatio,  ///< 1 / (n_masked / L): MegaDLMs (default)
   InvT,        ///< 1 / t
   InvTEps,     ///< 1 / ((1 - eps) t + eps), eps = 1e-3: LLaDA
 };
 
-/// How supervised fine-tuning normalises the loss (diffusion-lm.md §7, §8 --dlm-sft-loss-norm).
+/// How supervised fine-tuning normalises the loss (--dlm-sft-loss-norm; docs/finetuning.md).
 enum class SftLossNorm {
   AnswerLength,  ///< answer_len: (1/B) sum_b [sum_masked CE / p_b] / answer_length_b (LLaDA)
   Token,         ///< token: sum_b sum_masked CE / p_b over sum_b answer_length_b (SMDM)

@@ -2,7 +2,8 @@
 // autoregressive alternative: turns raw dataset samples into the micro-batch the model sees.
 // The only place that knows what "diffusion" means (docs/architecture.md).
 //
-// difflm-noshift (diffusion-lm.md §1.2, §2.2, §3.3; our fixed-length rule in docs/compat.md):
+// difflm-noshift (LLaDA's forward process as MegaDLMs trains it; our fixed-length rule in
+// docs/compat.md):
 //   sample w_0..w_S (S+1 tokens) -> clean x = w_1..w_S (length S; MegaDLMs uses S-1)
 //   varilen (training, no_mask only): with probability p the whole micro-batch is cut to
 //     l ~ U{1..S-1} tokens (MegaDLMs' U{2..S} before its unshift)

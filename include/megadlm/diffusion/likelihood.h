@@ -1,7 +1,7 @@
-// Likelihood evaluation of a masked-diffusion LM (diffusion-lm.md §9; docs/evaluation.md):
-//   * the conditional log-likelihood log p(y | c) as LLaDA estimates it (§9.2,
-//     get_log_likelihood.py / eval_llada.py), with classifier-free guidance (§9.3);
-//   * the Monte-Carlo ELBO per token of whole sequences (§9.1): the training objective under the
+// Likelihood evaluation of a masked-diffusion LM (docs/evaluation.md):
+//   * the conditional log-likelihood log p(y | c) as LLaDA estimates it
+//     (get_log_likelihood.py / eval_llada.py), with classifier-free guidance;
+//   * the Monte-Carlo ELBO per token of whole sequences: the training objective under the
 //     fixed evaluation noise of diffusion/forward_process, averaged over noise draws.
 //
 // LLaDA's estimator, for a request of answer length Ly and a mini-batch of B rows, repeated
@@ -15,7 +15,7 @@
 //   score_m = sum over masked a of CE_a * Ly / n_m;   estimate_r = (1/B) sum_m score_m
 //   log p(y | c) ~= -(mean over r of estimate_r)
 // The random numbers replace torch's randint/randperm by counter-based draws (promise 1 of
-// ARCHITECTURE.md): the same request gives the same masks in any order or batch, and
+// docs/architecture.md): the same request gives the same masks in any order or batch, and
 // tests/golden/llada_reference.py reproduces them.
 #pragma once
 #include <cstdint>
@@ -59,7 +59,7 @@ LikelihoodResult conditional_loglikelihood(LogitsModel& model, const LikelihoodR
                                            const LikelihoodConfig& config);
 
 /// Whether greedy decoding from [context ; M^Ly] (one token per step, the most confident first:
-/// LLaDA's suffix_greedy_prediction, §9.5) reproduces the continuation.
+/// LLaDA's suffix_greedy_prediction) reproduces the continuation.
 bool greedy_reproduces(LogitsModel& model, const LikelihoodRequest& request, const LikelihoodConfig& config);
 
 struct ElboResult {

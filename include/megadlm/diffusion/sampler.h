@@ -1,4 +1,4 @@
-// Generation from a masked-diffusion LM: LLaDA's reference sampler (diffusion-lm.md §10.1,
+// Generation from a masked-diffusion LM: LLaDA's reference sampler (LLaDA's
 // `generate.py`), exactly, plus optional faster decoding (off by default). docs/generation.md
 // has the algorithm with the choices made where the reference leaves one open.
 //

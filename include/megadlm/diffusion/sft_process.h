@@ -1,4 +1,4 @@
-// The noising of supervised fine-tuning (diffusion-lm.md §7.1, LLaDA's SFT recipe; docs/finetuning.md):
+// The noising of supervised fine-tuning (LLaDA's SFT recipe; docs/finetuning.md):
 // prompt tokens always visible, masking on the response (and its EOS padding) only.
 //
 // A sample is S+1 tokens whose tokens 1..S are the model's input (difflm-noshift; token 0 is a

@@ -1,5 +1,5 @@
 // The mixture-of-experts block that replaces the MLP of the layers --moe-layer-freq selects
-// (megatron-compat.md §6), explicit forward and backward with the Mlp's shape:
+// (Megatron-Core's MoELayer), explicit forward and backward with the Mlp's shape:
 //
 //   x ─ router (logits in fp32) ─ top-k | sinkhorn | expert choice ─ [capacity] ─┐
 //   x ──────────── dispatch (parallel/expert_parallel) ── experts ── combine ─────┴─ y

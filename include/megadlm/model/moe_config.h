@@ -1,5 +1,5 @@
 // Mixture-of-experts part of the architecture, resolved from Megatron's MoE flags
-// (megatron-compat.md §2.3, §6): which layers are MoE, the router, load balancing, token
+// (docs/parallelism/expert_parallel.md): which layers are MoE, the router, load balancing, token
 // dropping, the experts and how tokens travel to them. num_experts == 0 means a dense model.
 #pragma once
 #include <cstdint>

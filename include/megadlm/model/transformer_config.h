@@ -1,5 +1,5 @@
 // Architecture of the transformer language model, resolved from Megatron's flags
-// (megatron-compat.md §2.2): every derived value (ffn size, kv channels, padded vocab) is
+// (docs/flags.md, "model"): every derived value (ffn size, kv channels, padded vocab) is
 // already filled in, so model code never re-derives defaults.
 #pragma once
 #include <cstdint>

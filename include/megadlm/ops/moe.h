@@ -1,5 +1,5 @@
 // Mixture-of-experts math: router scores and top-k, the router's auxiliary losses, the
-// permutation of tokens by expert, and grouped GEMMs over experts (megatron-compat.md §6).
+// permutation of tokens by expert, and grouped GEMMs over experts (as Megatron-Core's MoE layer).
 //
 // Names. T routed tokens (rows), E experts, K routing slots per token (k for top-k, E for expert
 // choice), H hidden size. A routing is two [T, K] tensors: `indices` (i32, the chosen global

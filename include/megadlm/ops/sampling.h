@@ -1,4 +1,4 @@
-// Token proposals of one masked-diffusion sampler step (LLaDA's generate, diffusion-lm.md §10.1),
+// Token proposals of one masked-diffusion sampler step (LLaDA's generate; docs/generation.md),
 // reduced where the logits are: for each queried position only the proposed token and its
 // confidence leave the device, never a [rows, vocab] block of logits.
 //

@@ -1,7 +1,7 @@
 // The validated parallel layout of a job: sizes of every dimension and the options that shape
 // communication. A value, not a global: tests hold several layouts at once.
-// Built and validated from flags by training/arguments, which reports every violated rule of
-// megatron-compat.md §3 with flag names; parallel/rank_layout turns it into process groups.
+// Built and validated from flags by training/arguments, which reports every violated rule
+// (docs/rules.md) with flag names; parallel/rank_layout turns it into process groups.
 #pragma once
 #include <optional>
 #include <string>

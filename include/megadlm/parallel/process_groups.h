@@ -1,4 +1,5 @@
-// Communicators for every process group of the validated layout (megatron-compat.md §1.3), built
+// Communicators for every process group of the validated layout (Megatron's
+// initialize_model_parallel), built
 // once at start by cutting the world communicator (comm::split_by_members: ncclCommSplit /
 // MPI_Comm_split) with the member lists of parallel/rank_layout. A value, not a global: tests
 // hold several.
@@ -21,10 +22,10 @@ struct ProcessGroups {
   // Dense groups. dp is the data group (which samples a rank reads); dp_cp is the gradient group
   // (weight gradients and loss sums are reduced over it).
   std::shared_ptr<comm::Communicator> tp, cp, dp, dp_cp, pp, model_parallel, tp_cp, embedding;
-  /// Hierarchical context parallelism (§1.5): one group per level of
+  /// Hierarchical context parallelism: one group per level of
   /// --hierarchical-context-parallel-sizes (empty without it).
   std::vector<std::shared_ptr<comm::Communicator>> hierarchical_cp;
-  // Expert groups (§1.3): ep = expert model parallel, expert_tp = tensor parallel inside the
+  // Expert groups: ep = expert model parallel, expert_tp = tensor parallel inside the
   // experts, expert_dp = the gradient group of expert parameters.
   std::shared_ptr<comm::Communicator> ep, expert_tp, expert_dp;
   /// Distributed-optimizer groups: intra = the reduce-scatter/all-gather group (dp-cp, or its

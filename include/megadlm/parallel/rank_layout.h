@@ -1,5 +1,5 @@
 // Which global ranks form each process group, exactly as Megatron-Core orders them
-// (megatron-compat.md §1, pseudo-code §9). Pure computation on a ParallelConfig: no communicator,
+// (Megatron's RankGenerator). Pure computation on a ParallelConfig: no communicator,
 // no globals, so a test can hold several layouts at once. Creating communicators from these lists
 // is comm/'s job; validating user flags (with flag-named messages) is training/arguments'.
 //
@@ -17,7 +17,7 @@
 // the list is the group index, position inside a group is the rank in that group, and the first
 // member is the group's source rank.
 //
-// Worked example (Example A of §1.4): W = 16, tp = 2, cp = 2, pp = 2 → dp = 16/(2·2·2) = 2.
+// Worked example (Example A of the tests): W = 16, tp = 2, cp = 2, pp = 2 → dp = 16/(2·2·2) = 2.
 // Dense order tp-cp-ep-dp-pp, sizes (2, 2, 1, 2, 2), strides (1, 2, 4, 4, 8), so
 //     rank = tp_r + 2·cp_r + 4·dp_r + 8·pp_r.
 // get_ranks("dp"): M = {dp} (size 2), U = (tp, cp, ep, pp) with sizes (2, 2, 1, 2): 8 groups.
@@ -69,7 +69,7 @@ class RankGenerator {
   int world_size_ = 1;
 };
 
-/// The process groups of §1.3. Names follow Megatron's (parallel_state.py).
+/// The process groups Megatron creates. Names follow Megatron's (parallel_state.py).
 enum class GroupKind {
   Tp,                ///< TENSOR_MODEL_PARALLEL: dense "tp"
   Cp,                ///< CONTEXT_PARALLEL: dense "cp"
@@ -87,8 +87,8 @@ enum class GroupKind {
   ExpertTpEp,        ///< EXPERT_TENSOR_AND_MODEL_PARALLEL: expert "tp-ep"
   ExpertTpEpPp,      ///< EXPERT_TENSOR_MODEL_PIPELINE: expert "tp-ep-pp"
   ExpertDp,          ///< EXPERT_DATA_PARALLEL: expert "dp"
-  DistOptIntra,      ///< intra-instance (shard) slices of each dp-cp group, size dp·cp/N (§1.6)
-  DistOptInter,      ///< inter-instance strided slices of each dp-cp group, size N (§1.6)
+  DistOptIntra,      ///< intra-instance (shard) slices of each dp-cp group, size dp·cp/N
+  DistOptInter,      ///< inter-instance strided slices of each dp-cp group, size N
   kCount,
 };
 
@@ -129,7 +129,7 @@ class RankLayout {
   /// Position of `rank` inside group_of(kind, rank); -1 when it belongs to none.
   int rank_in_group(GroupKind kind, int rank) const;
 
-  /// Hierarchical CP (§1.5): number of levels (0 without --hierarchical-context-parallel-sizes).
+  /// Hierarchical CP: number of levels (0 without --hierarchical-context-parallel-sizes).
   int num_hierarchical_cp_levels() const { return static_cast<int>(hier_cp_.size()); }
   /// All groups of level `level` (0-based), listed cp group by cp group.
   const std::vector<std::vector<int>>& hierarchical_cp_groups(int level) const;

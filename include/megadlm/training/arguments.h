@@ -2,7 +2,8 @@
 // (with training/flags.h, the table). Parsing follows argparse (allow_abbrev=False): --kebab-case
 // flags, `--flag value` or `--flag=value`, lists, `--no-X` flags, last duplicate wins, unknown
 // flags are errors; plus `@file` expansion. Validation reports every violated rule at once
-// (megatron-compat.md §3; rule ids in brackets). Library code: never exits, never reads the
+// (Megatron's validate_args and more; rule ids in brackets, docs/rules.md). Library code: never
+// exits, never reads the
 // environment; the launcher facts come in as LaunchInfo.
 #pragma once
 #include <map>

@@ -1,5 +1,6 @@
 // --use-checkpoint-args: the model flags a checkpoint was trained with, as command-line tokens
-// (megatron-compat.md §3 step c). They are put in front of the user's flags, so a flag given on
+// (applied before validation, as Megatron does). They are put in front of the user's flags, so
+// a flag given on
 // the command line wins, as in Megatron's load_args_from_checkpoint. This file knows flag
 // spellings, so it lives next to training/arguments (the typed configs never do).
 #pragma once

@@ -1,6 +1,7 @@
 // Every rank of a job must run the same configuration with the same build. A flag that differs
 // on one node (an edited launch script, a stale binary on one host) otherwise surfaces hours
-// later as replicas that drift apart or a collective that hangs (reliability-tests.md A3).
+// later as replicas that drift apart or a collective that hangs (docs/launching.md, "Every rank
+// runs the same configuration").
 // pretrain_difflm checks it right after the communicators start, before the process groups are
 // split; a custom trainer calls check_same_configuration() itself.
 #pragma once

@@ -1,6 +1,6 @@
 // The flag table: one immutable list that defines every command-line flag pretrain_difflm
-// accepts (Megatron-LM / MegaDLMs spellings, megatron-compat.md §2, plus megadlm's own). The
-// parser, `--help`, `--help-markdown` and docs/flags.md are all generated from it (style.md 9.9).
+// accepts (Megatron-LM / MegaDLMs spellings, plus megadlm's own). The
+// parser, `--help`, `--help-markdown` and docs/flags.md are all generated from it.
 // This header knows flag *spellings*; the typed configs never do. Parsing and validation live in
 // training/arguments.h.
 #pragma once
@@ -99,8 +99,9 @@ const char* flag_group_title(FlagGroup group);
 const char* flag_status_name(FlagStatus status);
 
 /// Self-check of the table: unique names, dests consistent across aliases, every default
-/// parses and lies in its own choices (the MegaDLMs `--base-model Qwen_2` lesson, style.md
-/// 9.12), not_yet values are choices, StoreFalse flags name their dest. Empty = consistent.
+/// parses and lies in its own choices (the MegaDLMs `--base-model Qwen_2`
+/// lesson: its default was not among its choices), not_yet values are choices, StoreFalse flags
+/// name their dest. Empty = consistent.
 std::vector<std::string> check_flag_table(std::span<const FlagSpec> table = flag_table());
 
 /// `--help` text, generated from the table.

@@ -1,4 +1,4 @@
-// Megatron's learning-rate schedule (OptimizerParamScheduler.get_lr; megatron-compat.md §4.5.10),
+// Megatron's learning-rate schedule (OptimizerParamScheduler.get_lr),
 // counted in iterations (Megatron counts samples, = iterations x global batch, which gives the
 // same values with a constant batch size).
 //

@@ -1,4 +1,4 @@
-// TensorBoard event files written natively (gpu-libraries.md §3; no TensorFlow, no protobuf
+// TensorBoard event files written natively (docs/monitoring.md; no TensorFlow, no protobuf
 // library): the record framing TensorBoard reads (length, masked CRC-32C of the length, the
 // serialized Event, masked CRC-32C of the data), a first Event with file_version
 // "brain.Event:2", then one Event per scalar in the old-style simple_value form that PyTorch's

@@ -1,4 +1,4 @@
-// Typed, validated configuration of a training run by concern (style.md 9.9). Library APIs
+// Typed, validated configuration of a training run by concern. Library APIs
 // take these, never the raw flag values; training/arguments builds them from Megatron flags.
 #pragma once
 #include <cstdint>

@@ -1,5 +1,6 @@
 // CPU reference for the MoE family (include/megadlm/ops/moe.h): plain loops in double over f32
-// or f64 tensors, written to be read next to the formulas of megatron-compat.md §6.
+// or f64 tensors, written to be read next to Megatron-Core's MoE code (router, permutation,
+// experts).
 //   softmax scores  s_e = exp(l_e - lse),   lse = log sum_e exp(l_e)
 //   sigmoid scores  s_e = 1 / (1 + exp(-l_e))
 //   post-softmax probs over the selected set S:  q_j = exp(l_j) / sum_{m in S} exp(l_m)

@@ -1,7 +1,7 @@
 // cuDNN backend of the attention family (contract in attention_cudnn.h): cuDNN's fused flash
 // attention through the backend graph API, since the C++ frontend is not available here.
 //
-// The graphs are the composite SDPA graphs the frontend emits (gpu-libraries.md §1.4, §1.5),
+// The graphs are the composite SDPA graphs the frontend emits (cuDNN's SDPA forward and backward),
 // node for node, because cuDNN's heuristics only offer its fused engine for graphs matching that
 // pattern. Logical dims are always [b, h, s, d]; megadlm's [B, S, H, D] tensors enter through
 // their strides ({S H D, D, H D, 1}); K enters the first product as K^T (axes 2 and 3 swapped).
@@ -51,7 +51,7 @@
 namespace megadlm::ops::cuda {
 namespace {
 
-constexpr int64_t kMinVersion = 90600;  // ragged statistics and ragged GQA (gpu-libraries.md §1.6)
+constexpr int64_t kMinVersion = 90600;  // ragged statistics and ragged GQA need cuDNN 9.6
 
 /// A plan build or launch that cuDNN refused; becomes CudnnRun::refusal.
 struct Refused : std::runtime_error {
@@ -606,7 +606,7 @@ TensorRef causal_mask(Graph& g, const TensorRef& s, const TensorRef& neg_inf) {
   return g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, s, &neg_inf, &keep);
 }
 
-/// §1.4: S = scale Q K^T (masked), Stats = max + log(sum exp), O = softmax(S) V.
+/// The forward: S = scale Q K^T (masked), Stats = max + log(sum exp), O = softmax(S) V.
 std::shared_ptr<Plan> build_forward(cudnnHandle_t handle, const Key& key) {
   auto plan = std::make_shared<Plan>();
   plan->graph = std::make_unique<Graph>(handle);
@@ -652,7 +652,7 @@ std::shared_ptr<Plan> build_forward(cudnnHandle_t handle, const Key& key) {
   return plan;
 }
 
-/// §1.5: Delta = rowsum(dO O); P = exp(scale Q K^T - Stats); dV = P^T dO;
+/// The backward: Delta = rowsum(dO O); P = exp(scale Q K^T - Stats); dV = P^T dO;
 /// dS = P (dO V^T - Delta) scale; dK = dS^T Q; dQ = dS K. GQA: full-head dK/dV summed over the
 /// group by a reduction.
 std::shared_ptr<Plan> build_backward(cudnnHandle_t handle, const Key& key) {
@@ -663,7 +663,7 @@ std::shared_ptr<Plan> build_backward(cudnnHandle_t handle, const Key& key) {
   const bool ragged = key.ragged, gqa = key.h != key.hk;
   const int64_t group = key.h / key.hk;
   // cuDNN <= 9.15.0: a backward with s % 128 != 0 and no padding mask can fault (the frontend
-  // adds a padding mask with full lengths; gpu-libraries.md §1.8).
+  // adds a padding mask with full lengths).
   plan->padding = ragged || (key.s % 128 != 0 && runtime_version() <= 91500);
   Ragged off;
   if (ragged) off = ragged_offsets(g, x);

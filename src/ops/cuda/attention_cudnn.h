@@ -2,7 +2,7 @@
 // entries in attention.cu. Plain C++ (no CUDA or cuDNN headers), so tests can include it.
 //
 // cuDNN's fused flash attention through the backend graph API (no frontend): the composite
-// SDPA graphs of gpu-libraries.md §1.4/§1.5, built once per shape and cached. Dense rows use
+// cuDNN's SDPA forward and backward graphs, built once per shape and cached. Dense rows use
 // the [B, S, H, D] tensors in place; packed documents run as one ragged (THD) batch of
 // documents. See docs/kernels/attention.md, "cuDNN backend".
 #pragma once

@@ -379,8 +379,8 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
 
 // ---- grouped GEMM (MoE experts) -----------------------------------------------------------
 //
-// One cuBLASLt matmul per group on the caller's stream, in group order (gpu-libraries.md §2:
-// on MoE shapes this beats cublasGemmGroupedBatchedEx, which runs sm_80 kernels). A layer
+// One cuBLASLt matmul per group on the caller's stream, in group order (cuBLAS's
+// cublasGemmGroupedBatchedEx runs sm_80 kernels, slower on MoE shapes). A layer
 // issues hundreds of these per micro-batch, so the host side must stay short: each distinct
 // problem keeps its descriptors and algorithm in a plan (built once: the heuristic call), and a
 // group costs one map lookup and one cublasLtMatmul. Plans hold no pointers (no bias epilogue),

@@ -60,7 +60,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
   ag_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
   rs_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
   // Gathers and reductions on separate NCCL communicators: one communicator launches its
-  // operations in host order, so a prefetch would queue behind a reduce-scatter (spec §4).
+  // operations in host order, so a prefetch would queue behind a reduce-scatter.
   ag_group_ = overlap_ && size_ > 1
                   ? std::shared_ptr<comm::Communicator>(group_->split(0, rank_, group_->name() + "-ag"))
                   : group_;

@@ -1,4 +1,5 @@
-// Checkpoints under FSDP (shared/spec/fsdp.md §6, FS-8), as an SPMD program under mpirun (np 2
+// Checkpoints under FSDP (docs/checkpoints.md, docs/parallelism/fsdp.md), as an SPMD program under
+// mpirun (np 2
 // and 4). FSDP saves through the same layout-independent format as every other layout: each
 // rank writes the pieces of its owned shard of every bucket (flat ranges inside parameters'
 // global boxes), so

@@ -1,4 +1,4 @@
-// Checkpoints across tensor- and pipeline-parallel layouts (issue 7's CI cases), as an SPMD
+// Checkpoints across tensor- and pipeline-parallel layouts (the CI cases), as an SPMD
 // program under mpirun (np 2 and 4; cases needing more ranks skip):
 //   * same layout (TP, PP with tied embeddings across stages, TP x PP, sequence parallelism,
 //     virtual stages, the distributed optimizer): N steps straight == k steps, save, load, N - k

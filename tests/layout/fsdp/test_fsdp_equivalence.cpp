@@ -1,4 +1,4 @@
-// Layout equivalence for FSDP (ARCHITECTURE.md promise 1; shared/spec/fsdp.md FS-5, FS-7), as
+// Layout equivalence for FSDP (docs/architecture.md, promise 1; docs/parallelism/fsdp.md), as
 // an SPMD program under mpirun (np 2 and 4): every rank trains the tiny diffusion LM with
 // Megatron-FSDP over the layout and, on its own, the single-process reference without FSDP
 // (plain DP = 1) on the same global batch; per-iteration losses and pre-clip gradient norms must
@@ -166,7 +166,7 @@ TEST(FsdpEquivalence, RecomputationMatchesOneProcess) {
 TEST(FsdpEquivalence, TiedEmbeddingsMatchOneProcess) {
   // One stage: the head borrows the embedding's unit (gathered again, its gradient
   // reduce-scattered after the head and after the embedding). Two stages: each holds a copy in
-  // a bucket of its own whose shards line up, summed over the embedding group (FS-7).
+  // a bucket of its own whose shards line up, summed over the embedding group.
   for (ShardingStrategy s : {ShardingStrategy::Optim, ShardingStrategy::OptimGradsParams}) {
     expect_same_as_single_process({.strategy = s, .untied = false}, name(s) + ", one stage");
     expect_same_as_single_process({.strategy = s, .pp = 2, .untied = false, .layers = 4}, name(s) + ", two stages");

@@ -1,27 +1,27 @@
 // FSDP's mechanics, as an SPMD program under mpirun (np 2, 4 and, for the byte accounting and
-// the accumulation, 8): shared/spec/fsdp.md FS-2, FS-3 and FS-4, each at d = 1 (no group) and
+// the accumulation, 8): accumulation, bytes and schedule, each at d = 1 (no group) and
 // d = world.
-//   * Accumulation (FS-4): the model's gradient writes are replaced by small integers
+//   * Accumulation: the model's gradient writes are replaced by small integers
 //     (rank + 1 + micro-batch), so any summation order gives the same float: after M
 //     micro-batches every owned gradient element equals the exact sum, bit for bit, for every
 //     strategy. A shard rescaled at each micro-batch (#3023) or a slot added twice with one rank
 //     (#6660) fails it.
 //     The gradient norm from the shards with the padding poisoned with NaN is the exact sum of
-//     squares (FS-11).
-//   * Bytes (FS-2): what a rank allocates for weights, gradients and optimizer state equals the
+//     squares.
+//   * Bytes: what a rank allocates for weights, gradients and optimizer state equals the
 //     per-element cost of the strategy (CPU profile: weights 4, gradients 4, masters 0 — they
 //     are the fp32 weights —, Adam moments 8) times the padded buffer size, exactly, where the
 //     padding is recomputed here from the parameter shapes: fused groups start at multiples of
 //     64 elements and each unit's bucket ends at a multiple of 64·d (64 for no_shard). The
 //     memory planner's dry computation (training/memory_plan.h) gives the same bytes; with it
 //     tests/unit/training/test_memory_plan.cpp checks the CUDA profile for d = 1, 2, 4, 8.
-//   * Schedule (FS-3): the wrapper's action trace over M micro-batches of the tiny model:
+//   * Schedule: the wrapper's action trace over M micro-batches of the tiny model:
 //     optim_grads_params gathers every unit twice per micro-batch (forward and backward, also
 //     with recomputation), issues the next unit's gather before releasing the current one, holds
 //     at most two gathered units and two gradient slots; reduce-scatters once per unit and
 //     micro-batch (optim_grads*) or reduces each bucket once (no_shard, optim); ends with every
 //     unit released; and every rank of the group issues the same collectives in the same order
-//     (FS-9, for FSDP's own collectives).
+//     (for FSDP's own collectives).
 #include <gtest/gtest.h>
 #include <cmath>
 #include <map>
@@ -124,7 +124,7 @@ TEST(FsdpAccumulation, OwnedGradientsAreTheExactSumOverRanksAndMicroBatches) {
           total = c.data<float>()[0];
         }
         EXPECT_EQ(total, 120 + 70 + 150);
-        // FS-11: the norm comes from the owned shards (summed over the group where they are
+        // The norm comes from the owned shards (summed over the group where they are
         // disjoint) and never visits padding: poisoned with NaN, the norm stays the exact sum.
         for (const OwnedRange& o : f.owned_ranges())
           for (int64_t e = o.begin; e < o.end; ++e) {
@@ -187,7 +187,7 @@ TEST(FsdpBytes, PersistentBytesAreTheStrategysCostTimesThePaddedBuffer) {
       EXPECT_EQ(b.grads, 4 * (gsh ? S / d : S));
       EXPECT_TRUE(pm->optimizer->masters_alias_weights());
       EXPECT_EQ(pm->optimizer->state_bytes(), 8 * (osh ? S / d : S));
-      // The headline numbers (spec §2, CPU profile: 16, 8 + 8/d, 4 + 12/d, 16/d bytes/element).
+      // The headline numbers (CPU profile: 16, 8 + 8/d, 4 + 12/d, 16/d bytes/element).
       const double per_element = static_cast<double>(b.params + b.grads + pm->optimizer->state_bytes()) / S;
       const double headline = s == ShardingStrategy::NoShard      ? 16.0
                               : s == ShardingStrategy::Optim      ? 8.0 + 8.0 / d
@@ -327,7 +327,7 @@ TEST(FsdpSchedule, GathersReleasesAndReductionsFollowTheStrategy) {
           if (sharded_grads) {
             EXPECT_LE(run.stats.max_grad_slot_units, 2);
           }
-          // FS-9: every rank of the group issues the same collectives in the same order (an
+          // Every rank of the group issues the same collectives in the same order (an
           // order kept in a set, Megatron-LM#2218, would hang): the traces' fingerprints agree.
           if (group) {
             uint64_t h = 1469598103934665603ull;

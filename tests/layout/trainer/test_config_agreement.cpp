@@ -1,4 +1,4 @@
-// Every rank must run the same configuration (reliability-tests.md A3), as an SPMD program under
+// Every rank must run the same configuration (docs/launching.md), as an SPMD program under
 // mpirun: identical arguments pass (ranks differ only in their own rank), and one rank with a
 // different flag makes every rank fail with a message that names that rank and the flag.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Issue 17 case 3 and keep-last-k (reliability-tests.md D9): a checkpoint directory never loses
+// Directory safety and keep-last-k (docs/checkpoints.md): a checkpoint directory never loses
 // data silently. A missing latest pointer with iter_* folders present is refused (naming them
 // and --ckpt-step); a fresh run does not save over another run's checkpoints; one run holds a
 // directory at a time (a lock naming its holder, taken over only from a dead process on this
@@ -212,7 +212,7 @@ TEST(DirectoryLock, TheLockOfAKilledProcessIsTakenOverWithAWarning) {
             std::string::npos);
 }
 
-// Issue 17 case 1, the last line of defence: a configuration built in code with a NaN (the
+// Non-finite values, the last line of defence: a configuration built in code with a NaN (the
 // flags refuse them) cannot be saved into a checkpoint that would fail to load ("is null").
 TEST(RunConfigJson, NonFiniteValuesAreRefusedNamingTheField) {
   RunConfig cfg = tiny_run(1);

@@ -239,7 +239,7 @@ TEST(BuildGptDatasets, SplitsAndBlendsDrawFromTheRightFiles) {
   EXPECT_FALSE(s2.test());
 }
 
-// Issue 17 item 7: --renormalize-blend-weights weighs each dataset by the samples it was asked
+// --renormalize-blend-weights weighs each dataset by the samples it was asked
 // for (Megatron-Core's sizes_per_dataset: ceil(n * w * 1.005)), not by the whole epochs it
 // built. Both datasets here build one epoch of the same size, so weighing by built samples
 // would turn the 0.3/0.7 blend into 200/200.

@@ -1,6 +1,6 @@
 // The MMIDIDX format: what IndexedDatasetWriter writes is read back by an independent reader
 // written here from the format's description (docs/data.md), and every corruption of E7
-// (reliability-tests.md) is rejected with the file named.
+// is rejected with the file named.
 #include <gtest/gtest.h>
 #include <cstring>
 #include <filesystem>

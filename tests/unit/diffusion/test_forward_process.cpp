@@ -70,7 +70,7 @@ TEST(ForwardProcess, MasksArePureFunctionsOfTheGlobalSampleIndex) {
   EXPECT_NE(c.noise_mask, whole.noise_mask);
 }
 
-// diffusion-lm.md §1.2 [analysis]: the number of masks before the fallback is uniform on
+// The number of masks before the fallback is uniform on
 // {0..L}; after the at-least-one fix P(n=1) = 2/(L+1). Checked with a chi-square statistic.
 TEST(ForwardProcess, MaskCountIsUniformWithTheAtLeastOneFix) {
   const int64_t L = 15, rows = 40000;

@@ -173,7 +173,7 @@ TEST(Sampler, GreedyOneTokenPerStepFollowsTheMostConfidentPositionWithinBlocks) 
   const auto res = generate(model, {{prompt, 0}}, cfg);
   ASSERT_EQ(res[0].tokens.size(), 8u);
   EXPECT_EQ(res[0].steps, 8);
-  // Independent replay: the same canvas, decoded by the rule of diffusion-lm.md §10.1.
+  // Independent replay: the same canvas, decoded by LLaDA's rule (docs/generation.md).
   HashModel oracle;
   std::vector<int32_t> x = prompt;
   x.resize(11, kMask);

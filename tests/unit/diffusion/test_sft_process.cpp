@@ -1,6 +1,6 @@
 // Supervised fine-tuning noise: the prompt is never masked, the response is masked at LLaDA's
 // rate p = (1 - 1e-3) t + 1e-3 with t recomputed here from Philox, and the two loss
-// normalisations give the weights and normalisers of diffusion-lm.md §7.
+// normalisations give the weights and normalisers of LLaDA's SFT recipe (docs/finetuning.md).
 #include <gtest/gtest.h>
 #include <cmath>
 #include "megadlm/core/philox.h"

@@ -1,4 +1,4 @@
-// A small deterministic mutation fuzzer for the file parsers (issue 17): from a valid input it
+// A small deterministic mutation fuzzer for the file parsers: from a valid input it
 // derives damaged ones — flipped bits, random and "interesting" bytes and integers (0, -1,
 // 2^31, 2^63, ...), inserted, deleted, duplicated and swapped stretches, truncation — and, for
 // JSON, structural damage (a value replaced by another type, a huge or negative number, a key

@@ -1,4 +1,4 @@
-// File parsers survive garbage (issue 17): a Megatron .idx, a safetensors header, a checkpoint
+// File parsers survive garbage: a Megatron .idx, a safetensors header, a checkpoint
 // index (metadata.json, with its run configuration), a Hugging Face tokenizer.json and a flag
 // file are each fed kFuzzIterations inputs derived from a valid one by mutator.h (fixed
 // seed). Every input must either parse (and then be usable: every sequence, tensor or token read

@@ -143,7 +143,7 @@ TEST(GptModel, AutoregressiveModelWithBiasesTiedEmbeddingsAndLayerNormMatchesFin
 }
 
 TEST(GptModel, InitialLossOfTheDiffusionModelIsNearLnV) {
-  // diffusion-lm.md §3.3: with near-uniform logits at initialisation the loss is ln|V|.
+  // With near-uniform logits at initialisation the loss is ln|V|.
   TransformerConfig c = tiny();
   c.init_method_std = 0.002f;
   c.position_embedding_type = PositionEmbeddingType::Rope;

@@ -1,5 +1,6 @@
 // Pipeline schedules as action lists (parallel/pipeline_parallel/schedule.h): exact lists derived
-// by hand from Megatron's rules (megatron-compat.md §4.2–4.4) for small cases, the simulator over
+// by hand from Megatron's rules (docs/parallelism/pipeline_schedules.md) for small cases, the
+// simulator over
 // a sweep of every valid (pp, V, M, N, forward_only) up to pp = 8, V = 4, M = 24, planted bugs the
 // simulator must catch, and validate()'s messages. Notation as in format_schedule: "F2.1" =
 // Forward(micro-batch 2, chunk 1); a bracket is one batched group; "S>" send to next, "S<" send to
@@ -133,7 +134,7 @@ TEST(PipelineSchedule, TableMatchesTheSpecExamples) {
 // ---------------------------------------------------------------------------- warm-up counts
 
 TEST(PipelineSchedule, WarmupCountsMatchMegatron) {
-  // Interleaved, spec examples (N = pp): 2·(pp − r − 1) + (V − 1)·N.
+  // Interleaved, Megatron's examples (N = pp): 2·(pp − r − 1) + (V − 1)·N.
   //   pp = 4, V = 2, M = 8: 2·3 + 4 = 10, 8, 6, 4 (all below T = 16).
   for (int r = 0; r < 4; ++r) EXPECT_EQ(warmup_micro_batches(config(4, r, 8, 2)), 10 - 2 * r) << r;
   //   pp = 2, V = 2, M = 4: 2 + 2 = 4 and 0 + 2 = 2.
@@ -711,7 +712,7 @@ TEST(PipelineSimulator, CatchesMalformedActions) {
   EXPECT_THROW(simulate(all_ranks(2, 2), 3, 1, 2), Error);
 }
 
-// Why the posting order inside a group matters (megatron-compat.md V-19): with pp = 2 both
+// Why the posting order inside a group matters (docs/rules.md#V-19): with pp = 2 both
 // neighbours are one rank, and a group can carry an activation and a gradient over the same pair.
 // Megatron's order (send_prev, recv_prev, send_next, recv_next) posts the gradient first on the
 // sending side and the activation first on the receiving side, so FIFO matching pairs a gradient

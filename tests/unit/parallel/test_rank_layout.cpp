@@ -1,6 +1,6 @@
-// Rank groups against Megatron's worked examples (megatron-compat.md §1.4, A–F: every list, in
-// group order and member order) and against an independent recomputation from the closed forms
-// of §1.2 for many layouts up to 4096 ranks. Everything here is integer arithmetic: exact.
+// Rank groups against Megatron's worked examples (A–F, lists Megatron's RankGenerator computes:
+// every list, in group order and member order) and against an independent recomputation from the
+// closed forms (rank_layout.h) for many layouts up to 4096 ranks. Everything here is integer arithmetic: exact.
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <chrono>
@@ -83,7 +83,7 @@ TEST(RankGenerator, RejectsOrdersThatCannotHoldTheSizes) {
   EXPECT_THROW(ok.get_ranks("tp-zz"), Error);
 }
 
-// ------------------------------------------------------------------------ Example A (§1.4)
+// ------------------------------------------------------------------------ Example A
 
 TEST(RankLayout, MatchesMegatronExampleA) {
   const RankLayout L = RankLayout::build(make({.world = 16, .tp = 2, .pp = 2, .cp = 2}));
@@ -199,7 +199,7 @@ TEST(RankLayout, TpPpDpMappingNeedsEqualDenseAndExpertTp) {
                Error);
 }
 
-// ---------------------------------------------------------- Example E (hierarchical CP, §1.5)
+// ---------------------------------------------------------- Example E (hierarchical CP)
 
 TEST(RankLayout, MatchesMegatronExampleE) {
   const RankLayout L =
@@ -216,7 +216,7 @@ TEST(RankLayout, MatchesMegatronExampleE) {
 }
 
 TEST(RankLayout, HierarchicalCpLevelsFollowTheGenericIllustration) {
-  // §1.5: sizes [2, 2, 4] over a 16-member cp group (tp = 1, so R[i] = i).
+  // Sizes [2, 2, 4] over a 16-member cp group (tp = 1, so R[i] = i).
   const RankLayout L = RankLayout::build(make({.world = 16, .cp = 16, .hierarchical = {2, 2, 4}}));
   EXPECT_EQ(L.hierarchical_cp_groups(0), range_groups(16, 2));
   EXPECT_EQ(L.hierarchical_cp_groups(1), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10},
@@ -239,7 +239,7 @@ TEST(RankLayout, MatchesMegatronExampleF) {
 }
 
 TEST(RankLayout, DistOptInstancesSliceTheWholeDpCpGroup) {
-  // The upstream fix (§1.6): n = dp·cp / N, so the intra groups cover every dp-cp member even
+  // The upstream fix (docs/compat.md): n = dp·cp / N, so the intra groups cover every dp-cp member even
   // with CP (MegaDLMs' dp / N would leave half of each dp-cp group out here).
   const RankLayout L = RankLayout::build(make({.world = 16, .cp = 2, .instances = 4}));
   ASSERT_EQ(L.groups(GroupKind::DpCp), range_groups(16, 16));

@@ -1,5 +1,6 @@
 // Unit tests of the context-parallel sequence split (parallel/context_parallel/sequence_split.h):
-// the worked examples of megatron-compat.md §5.1 (S = 16 over 2 and 4 ranks), the inverse maps,
+// the worked examples of docs/parallelism/context_parallel.md (S = 16 over 2 and 4 ranks), the
+// inverse maps,
 // batch-major shards, padding lengths, and the row reorders of the all-gather / all-to-all
 // layouts against hand-derived index lists.
 #include <gtest/gtest.h>
@@ -34,7 +35,7 @@ std::vector<int32_t> identity(size_t n) {
 }  // namespace
 
 TEST(SequenceSplit, TwoRanksHoldTheSpecsChunks) {
-  // megatron-compat.md §5.1: S = 16, cp = 2, chunks of 4.
+  // Megatron's load-balanced order: S = 16, cp = 2, chunks of 4.
   EXPECT_EQ(positions_of({2, 0, 16}), (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15}));
   EXPECT_EQ(positions_of({2, 1, 16}), (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
 }

@@ -1,4 +1,4 @@
-// Issue 17, cases 1 and 4: every number flag is finite and inside the range its flag-table row
+// Every number flag is finite and inside the range its flag-table row
 // states (generic over the table: a flag added tomorrow is covered), and the directories a run
 // writes into are checked at start-up, naming the flag.
 #include <gtest/gtest.h>
@@ -85,7 +85,7 @@ TEST(ValueRange, TheTableSelfCheckCatchesBadRows) {
   EXPECT_NE(problems[2].find("--c: range \"0 to 1\""), std::string::npos);
 }
 
-// The values of issue 17 case 1, each of which used to pass validation.
+// Values each of which used to pass validation.
 TEST(ValueRanges, NonFiniteValuesOfTheIssueAreRejectedNamingFlagValueAndRange) {
   const struct {
     Argv flag;

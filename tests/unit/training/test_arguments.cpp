@@ -1,7 +1,7 @@
 // Flag parsing and validation, table-driven: each row is a command line and its outcome —
 // accepted (with the resolved values it must produce), rejected (with the substrings the message
 // must contain: flag names, values, what is valid, the rule id), or valid-but-not-supported-yet.
-// At least one row per rule of megatron-compat.md §3 that megadlm implements (the row's id).
+// At least one row per rule of docs/rules.md that megadlm implements (the row's id).
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <fstream>

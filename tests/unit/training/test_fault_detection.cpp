@@ -124,7 +124,7 @@ TEST(FaultDetector, AReplayThatDriftsInTheLastBitsStillReproducesTheResult) {
 }
 
 // Without --check-for-spiky-loss nothing is rejected for a spike, but a loss 10x the recent
-// median is reported (issue 17: `--lr 1e3` went 4.85 -> 1.9e13 "with no word").
+// median is reported (a run with `--lr 1e3` once went 4.85 -> 1.9e13 without a word).
 TEST(FaultDetector, ByDefaultADivergingLossIsReportedNotRejected) {
   FaultDetector d(FaultDetectionConfig{}, true);
   Script s{{{5.0, 1.0}, {4.9, 1.0}, {48.9, 1.0}, {50.0, 1.0}, {2000.0, 1.0}}};
@@ -279,7 +279,7 @@ TEST(FaultReplay, ADivergingRunIsReportedWithoutAnyFlag) {
   EXPECT_GE(reported, 1) << "losses: " << r.metrics[0].lm_loss << " ... " << r.metrics.back().lm_loss;
 }
 
-// The other side of the spike rules (reliability-tests.md E3): a healthy run of the tiny model,
+// The other side of the spike rules (docs/faults.md): a healthy run of the tiny model,
 // its diffusion loss noisy (random t, random masks), is never reported, with every check on.
 TEST(FaultReplay, AHealthyRunReportsNothing) {
   for (const bool checks : {false, true}) {

@@ -20,7 +20,8 @@ TEST(FlagTable, IsConsistent) {
 }
 
 TEST(FlagTable, CatchesADefaultOutsideItsChoices) {
-  // MegaDLMs' --base-model: default Qwen_2, choices [vanilla] (style.md 9.12).
+  // MegaDLMs' --base-model: default Qwen_2, choices [vanilla]: a default must lie in its own
+  // choices.
   const FlagSpec bad[] = {{.name = "--base-model", .kind = FlagKind::String,
                            .default_value = "Qwen_2", .choices = "vanilla", .help = "x"},
                           {.name = "--no-thing", .kind = FlagKind::StoreFalse, .help = "x"},

@@ -82,7 +82,7 @@ TEST(MemoryPlan, PredictsThePeaksMeasuredOnTheH200) {
 }
 
 TEST(MemoryPlan, ModelStateCostsWhatEachStrategyKeepsPerElement) {
-  // CUDA profile (spec §2): 18, 6 + 12/d, 2 + 16/d, 18/d bytes per element; the 1.7B buffers'
+  // CUDA profile: 18, 6 + 12/d, 2 + 16/d, 18/d bytes per element; the 1.7B buffers'
   // padding is below 1e-4 of the parameters.
   for (int d : {1, 2, 4, 8}) {
     for (const char* s : {"no_shard", "optim", "optim_grads", "optim_grads_params"}) {

@@ -1,5 +1,5 @@
 // TensorBoard event files: the CRC-32C check value, the masked CRC, and the exact bytes of one
-// scalar record as gpu-libraries.md §3 spells the encoding out (independent of the writer).
+// scalar record as TensorBoard's event format spells the encoding out (independent of the writer).
 #include <gtest/gtest.h>
 #include <cstring>
 #include <filesystem>

@@ -2,7 +2,7 @@
 // of the CP group holds only its shard (sequence_split.h). model/attention calls it in place of
 // ops::attention_forward/backward when --context-parallel-size > 1; the result is the CP = 1
 // attention of this rank's rows, up to floating-point reassociation. One object per layer, of
-// the layer's --cp-comm-type (megatron-compat.md §5.2; docs/parallelism/context_parallel.md):
+// the layer's --cp-comm-type (docs/parallelism/context_parallel.md):
 //
 //   p2p         ring over the CP group (ring_attention.h)
 //   all_gather  all-gather K/V in natural order; this rank's queries attend to all of them;

@@ -1,5 +1,6 @@
 // How a layer's attention talks over the context-parallel group (--cp-comm-type, one value for
-// every layer or one per layer; megatron-compat.md §5.2). The algorithms are in attention.h.
+// every layer or one per layer; docs/parallelism/context_parallel.md). The algorithms are in
+// attention.h.
 #pragma once
 #include <cstdint>
 #include <string>

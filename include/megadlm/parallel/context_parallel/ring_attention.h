@@ -1,4 +1,4 @@
-// The p2p ring of context-parallel attention (megatron-compat.md §5.2 "p2p", Transformer
+// The p2p ring of context-parallel attention (`--cp-comm-type p2p`, Transformer
 // Engine's AttnFuncWithCPAndKVP2P): the ranks of a ring hold the shards of one split of the
 // sequences (sequence_split.h; ring rank = shard rank). At step i = 0 .. n−1 rank r holds the
 // K/V of rank s = (r − i) mod n; it computes its queries' attention over that block of keys and

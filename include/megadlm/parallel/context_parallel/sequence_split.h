@@ -1,10 +1,10 @@
-// The load-balanced sequence split of context parallelism (megatron-compat.md §5.1, Megatron's
+// The load-balanced sequence split of context parallelism (Megatron's
 // get_batch_on_this_cp_rank, "DualChunkSwap"): every sequence of S positions is cut into 2·n
 // chunks of S/(2n) positions, and rank r of n holds chunks r and 2n−1−r, in that order. With
 // causal attention each rank then holds one early and one late chunk, so the work per rank is
 // balanced; bidirectional attention does not care but keeps the layout.
 //
-// Worked example (the spec's, unit-tested in tests/unit/parallel/test_sequence_split.cpp):
+// Worked example (Megatron's, unit-tested in tests/unit/parallel/test_sequence_split.cpp):
 //   S = 16, n = 2, chunks of 4:  rank 0 holds 0 1 2 3 | 12 13 14 15
 //                                rank 1 holds 4 5 6 7 |  8  9 10 11
 //   S = 16, n = 4, chunks of 2:  rank 0 {0 1 | 14 15}, rank 1 {2 3 | 12 13},
@@ -13,7 +13,7 @@
 // b·(S/n) + i being position global(i) of sample b (the positions fed to RoPE are these global
 // positions; the noise, dropout and loss weight of a row are those of its global token).
 //
-// Hierarchical CP (a2a+p2p, §1.5): an all-to-all inside a level-1 group of `a` consecutive CP
+// Hierarchical CP (a2a+p2p): an all-to-all inside a level-1 group of `a` consecutive CP
 // ranks (block k = cp_rank / a: CP ranks k·a .. k·a+a−1) hands each member the union of the
 // block's chunks for 1/a of the heads. Those chunks, k·a .. k·a+a−1 and their mirrors, are two
 // contiguous runs of a chunks: exactly rank k's shard of the same sequence split over cp/a ranks.

@@ -1,4 +1,5 @@
-// Data parallelism over the flat gradient buffer (megatron-compat.md §4.5).
+// Data parallelism over the flat gradient buffer (Megatron's DistributedDataParallel;
+// docs/parallelism/data_parallel.md).
 //
 // Gradients accumulate over a step's micro-batches in the fp32 buffer of the ParameterStore,
 // which is cut into buckets in backward order. On the last micro-batch, each bucket's collective
@@ -9,13 +10,13 @@
 //     compact buffer that is exactly the optimizer's layout (training/optimizer.h); after the
 //     step, each bucket's parameters are all-gathered from the shards (--overlap-param-gather:
 //     asynchronously, each block waiting for its bucket just before its forward).
-// With N distributed-optimizer instances (megatron-compat.md §1.6) the reduce-scatter and the
+// With N distributed-optimizer instances ("partial DistOpt") the reduce-scatter and the
 // all-gather run inside an instance and the shards are then all-reduced across instances.
 // Gradients are SUMmed, not averaged: the loss is normalised by the global token count up front
 // (docs/architecture.md promise 1), so the sum over ranks is already the gradient of the global loss.
 // Expert parameters (ParamDesc::expert) sit in buckets of their own that reduce (and shard)
-// over the expert-data-parallel group: the ranks holding the same experts (megatron-compat.md
-// §4.5, §6.7).
+// over the expert-data-parallel group: the ranks holding the same experts
+// (docs/parallelism/expert_parallel.md).
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -1,4 +1,5 @@
-// Which samples a rank reads (megatron-compat.md §1.7): the global batch is sharded over the
+// Which samples a rank reads (docs/parallelism/data_parallel.md): the global batch is sharded
+// over the
 // data-parallel group dp — not over the gradient group dp×cp. Every rank of one TP, CP or PP
 // group has the same data rank and reads the same samples (CP ranks then keep their chunks of
 // the sequence); gradients and loss sums are reduced over dp×cp.

@@ -1,5 +1,5 @@
 // Fully-sharded data parallelism: Megatron-FSDP's four sharding strategies over the gradient
-// group (dp×cp), with the model's blocks as units (shared/spec/fsdp.md; docs/parallelism/fsdp.md
+// group (dp×cp), with the model's blocks as units (docs/parallelism/fsdp.md
 // has the worked example).
 //
 //   strategy            weights      fp32 grads              masters + Adam   per element (CUDA)

@@ -1,4 +1,4 @@
-// Token dispatch of expert parallelism (megatron-compat.md §6.5, docs/parallelism/expert_parallel.md):
+// Token dispatch of expert parallelism (docs/parallelism/expert_parallel.md):
 // the routed rows of this rank go to the ranks that hold their experts, come back as expert
 // outputs, and are summed with their routing weights. Explicit forward and backward, each
 // half with its conjugate:

@@ -1,5 +1,6 @@
-// Which transformer layers each pipeline stage (and virtual chunk) builds (megatron-compat.md
-// §1.8). Worked example, L = 16 layers, pp = 4, vpp = 2 (chunk size c = L / (pp * vpp) = 2):
+// Which transformer layers each pipeline stage (and virtual chunk) builds (Megatron's
+// get_num_layers_to_build). Worked example, L = 16 layers, pp = 4, vpp = 2 (chunk size
+// c = L / (pp * vpp) = 2):
 // chunk v of stage p starts at v * (L / vpp) + p * c, so stage 0 holds {0,1} and {8,9}, stage 1
 // {2,3} and {10,11}, stage 2 {4,5} and {12,13}, stage 3 {6,7} and {14,15}. Uneven splits
 // (--decoder-first/last-pipeline-num-layers F, La; no interleaving): the first stage builds F,

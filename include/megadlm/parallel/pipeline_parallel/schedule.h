@@ -3,7 +3,7 @@
 // a simulator that runs all ranks' lists together and proves them consistent and deadlock-free.
 // Owns the order only; running the actions (tensors, streams, communicators) is executor.h's job.
 // Algorithm, worked examples and the simulator's definition of correctness:
-// docs/parallelism/pipeline_schedules.md (Megatron facts: megatron-compat.md §4.2–4.4).
+// docs/parallelism/pipeline_schedules.md (with Megatron's schedules).
 //
 // Vocabulary. Rank r holds V model chunks; chunk c of rank r is virtual stage v = c·pp + r, so
 // the model runs through virtual stages 0, 1, …, V·pp − 1. The forward output of chunk c goes to
@@ -51,7 +51,7 @@ struct Transfer {
 /// match in posting order (comm::Communicator::batch_p2p), and this order puts the activation
 /// first on both sides. (Megatron posts send_prev, recv_prev, send_next, recv_next, which would
 /// pair a gradient with an activation at pp = 2 — why its batched interleaved schedule demands
-/// pp > 2, megatron-compat.md V-19. Only the order inside a group differs from Megatron.)
+/// pp > 2, docs/rules.md#V-19. Only the order inside a group differs from Megatron.)
 /// A Communicate action is never empty.
 struct Action {
   ActionType type = ActionType::Forward;
