@@ -84,8 +84,10 @@ class ContextParallelNccl : public ::testing::Test {
     pc.context_parallel_size = n;
     pc.cp_comm_type = {c.comm};
     pc.hierarchical_context_parallel_sizes = c.levels;
-    parallel::ProcessGroups groups = parallel::ProcessGroups::build(runtime_->world_shared(), pc);
-    const ModelParallel mp = ModelParallel::from(groups, pc);
+    // The groups depend on the hierarchy only: built once per hierarchy (new NCCL communicators
+    // over loopback sockets are slow on a shared GPU).
+    if (!groups_.count(c.levels)) groups_.emplace(c.levels, parallel::ProcessGroups::build(runtime_->world_shared(), pc));
+    const ModelParallel mp = ModelParallel::from(groups_.at(c.levels), pc);
     const cp::ContextParallelAttention attention(cp::comm_type_from_name(c.comm), mp);
 
     // Whole sequences, identical on every rank; documents of 1 to 61 tokens cross every chunk.
@@ -117,7 +119,7 @@ class ContextParallelNccl : public ::testing::Test {
     if (c.documents) whole.document_ids = &docs_full;
     const std::string key = std::string(c.causal ? "causal" : "") + (c.documents ? " documents" : "") +
                             (c.dropout > 0 ? " dropout" : "");
-    static std::map<std::string, std::array<Tensor, 4>> references;  // out, dq, dk, dv
+    std::map<std::string, std::array<Tensor, 4>>& references = references_;
     if (!references.count(key)) {
       Tensor o = Tensor::empty(q.shape(), DType::F32, cpu), lse = Tensor::empty({kB, kHq, seq}, DType::F32, cpu);
       ops::attention_forward(q, k, v, o, lse, whole, cpu);
@@ -157,8 +159,16 @@ class ContextParallelNccl : public ::testing::Test {
     check({comm, levels, true, true, 0.0f});
   }
 
+  // Every rank frees the suite's communicators together, before main() returns.
+  static void TearDownTestSuite() {
+    groups_.clear();
+    references_.clear();
+  }
+
   comm::DistributedRuntime* runtime_ = nullptr;
   Stream stream_;
+  static inline std::map<std::vector<int>, parallel::ProcessGroups> groups_;  // per hierarchy
+  static inline std::map<std::string, std::array<Tensor, 4>> references_;     // out, dq, dk, dv per mask
 };
 
 }  // namespace
