@@ -1,13 +1,17 @@
-// Context-parallel attention over NCCL on CUDA tensors (part of the gpu_nccl SPMD suite,
-// mpirun -np 2 build/bin/gpu_nccl on the 2-GPU machine): the CPU layout suites prove the
-// algorithms with blocking MPI transfers; this runs the same code where it differs — the p2p
-// ring's K/V (and dK/dV) on the side stream with events, double-buffered, the all-gather and
-// reduce-scatter, the all-to-alls — on the GPUs and compares every rank's out, lse-dependent
-// gradients dq, dk, dv with the CPU f32 attention over the whole sequences (same bf16-rounded
-// inputs on every rank). Each comm type, bidirectional / causal / packed documents, with and
-// without attention dropout (keyed by global coordinates on both sides). Skips without 2 GPUs.
+// Context-parallel attention over NCCL on CUDA tensors (part of the gpu_nccl SPMD suite, 2, 4 or
+// 8 ranks, one GPU each or all on one GPU through scripts/shared_gpu_rank.sh): the CPU layout
+// suites prove the algorithms with blocking MPI transfers; this runs the same code where it
+// differs — the p2p ring's K/V (and dK/dV) in flight on the side stream with events,
+// double-buffered, the all-gather and reduce-scatter, the all-to-alls — on the GPU and compares
+// every rank's out and gradients dq, dk, dv with the CPU f32 attention over the whole sequences
+// (same bf16-rounded inputs on every rank). Each comm type (p2p, all_gather, a2a, a2a+p2p at
+// every split of the world), bidirectional / causal (the ring's half blocks) / packed documents
+// crossing the chunks, with and without attention dropout (keyed by global coordinates on both
+// sides). Skips without a GPU.
 #include <gtest/gtest.h>
+#include <array>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,9 +29,11 @@ using namespace megadlm;
 
 namespace {
 
-// 4 query heads in 2 groups (a2a splits both over 2 ranks); D = 64 keeps the ring's own block on
-// the flash / cuDNN entry; chunks of 96 rows are not multiples of the 64/128-row tiles.
-constexpr int64_t kB = 2, kHq = 4, kHkv = 2, kD = 64, kChunk = 96;
+// 16 query heads in 8 groups (GQA; a2a splits both over up to 8 ranks); D = 64 keeps the ring's
+// own block on the flash / cuDNN entry. The whole sequence is 384 tokens at every world size, so
+// the CPU reference costs the same: chunks of 384 / (2 cp) = 96, 48 and 24 rows at cp 2, 4 and 8,
+// none a multiple of the 64/128-row tiles.
+constexpr int64_t kB = 2, kHq = 16, kHkv = 8, kD = 64, kSeq = 384;
 
 struct Case {
   std::string comm;
@@ -70,15 +76,18 @@ class ContextParallelNccl : public ::testing::Test {
     SCOPED_TRACE(c.name());
     comm::Communicator& world = runtime_->world();
     const int n = world.size();
-    const int64_t seq = 2 * n * kChunk;
+    const int64_t seq = kSeq;
+    ASSERT_EQ(seq % (2 * n), 0) << "the sequence must split into 2 chunks per rank";
     const cp::Split split{n, world.rank(), seq};
     ParallelConfig pc;
     pc.world_size = n;
     pc.context_parallel_size = n;
     pc.cp_comm_type = {c.comm};
     pc.hierarchical_context_parallel_sizes = c.levels;
-    parallel::ProcessGroups groups = parallel::ProcessGroups::build(runtime_->world_shared(), pc);
-    const ModelParallel mp = ModelParallel::from(groups, pc);
+    // The groups depend on the hierarchy only: built once per hierarchy (new NCCL communicators
+    // over loopback sockets are slow on a shared GPU).
+    if (!groups_.count(c.levels)) groups_.emplace(c.levels, parallel::ProcessGroups::build(runtime_->world_shared(), pc));
+    const ModelParallel mp = ModelParallel::from(groups_.at(c.levels), pc);
     const cp::ContextParallelAttention attention(cp::comm_type_from_name(c.comm), mp);
 
     // Whole sequences, identical on every rank; documents of 1 to 61 tokens cross every chunk.
@@ -102,16 +111,24 @@ class ContextParallelNccl : public ::testing::Test {
                              .softmax_scale = 0.125f, .dropout_p = c.dropout, .dropout_seed = 77,
                              .dropout_site = 2, .sample_offset = 3, .head_offset = 4};
 
-    // CPU reference over the whole sequences.
+    // CPU reference over the whole sequences: it depends on the mask and dropout only, not on
+    // the comm type, so each of the four is computed once per process.
     const Stream cpu = Stream::cpu();
     ops::AttentionArgs whole = local;
     whole.seq = seq;
     if (c.documents) whole.document_ids = &docs_full;
-    Tensor out = Tensor::empty(q.shape(), DType::F32, cpu), lse = Tensor::empty({kB, kHq, seq}, DType::F32, cpu);
-    ops::attention_forward(q, k, v, out, lse, whole, cpu);
-    Tensor dq = Tensor::empty(q.shape(), DType::F32, cpu), dk = Tensor::empty(k.shape(), DType::F32, cpu),
-           dv = Tensor::empty(v.shape(), DType::F32, cpu);
-    ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, whole, cpu);
+    const std::string key = std::string(c.causal ? "causal" : "") + (c.documents ? " documents" : "") +
+                            (c.dropout > 0 ? " dropout" : "");
+    std::map<std::string, std::array<Tensor, 4>>& references = references_;
+    if (!references.count(key)) {
+      Tensor o = Tensor::empty(q.shape(), DType::F32, cpu), lse = Tensor::empty({kB, kHq, seq}, DType::F32, cpu);
+      ops::attention_forward(q, k, v, o, lse, whole, cpu);
+      Tensor gq = Tensor::empty(q.shape(), DType::F32, cpu), gk = Tensor::empty(k.shape(), DType::F32, cpu),
+             gv = Tensor::empty(v.shape(), DType::F32, cpu);
+      ops::attention_backward(dout, q, k, v, o, lse, gq, gk, gv, whole, cpu);
+      references[key] = {o, gq, gk, gv};
+    }
+    const auto& [out, dq, dk, dv] = references.at(key);
 
     // This rank's shard on its GPU, through NCCL.
     const cp::SequenceLayout layout(kB, seq, n, split.rank, c.documents ? docs : std::vector<int32_t>{});
@@ -142,8 +159,16 @@ class ContextParallelNccl : public ::testing::Test {
     check({comm, levels, true, true, 0.0f});
   }
 
+  // Every rank frees the suite's communicators together, before main() returns.
+  static void TearDownTestSuite() {
+    groups_.clear();
+    references_.clear();
+  }
+
   comm::DistributedRuntime* runtime_ = nullptr;
   Stream stream_;
+  static inline std::map<std::vector<int>, parallel::ProcessGroups> groups_;  // per hierarchy
+  static inline std::map<std::string, std::array<Tensor, 4>> references_;     // out, dq, dk, dv per mask
 };
 
 }  // namespace
@@ -151,11 +176,15 @@ class ContextParallelNccl : public ::testing::Test {
 TEST_F(ContextParallelNccl, P2pRingOnTheSideStreamMatchesCpu) { every_mask("p2p"); }
 TEST_F(ContextParallelNccl, AllGatherMatchesCpu) { every_mask("all_gather"); }
 TEST_F(ContextParallelNccl, A2aMatchesCpu) {
-  if (kHkv % runtime_->world().size() != 0) GTEST_SKIP() << "a2a splits " << kHkv << " groups";
+  ASSERT_EQ(kHkv % runtime_->world().size(), 0) << "a2a splits " << kHkv << " groups over the world";
   every_mask("a2a");
 }
 TEST_F(ContextParallelNccl, A2aP2pMatchesCpu) {
+  // Every split of the world into an all-to-all level and a ring level: {1, n} (degenerate: the
+  // ring), {2, n / 2}, ..., {n, 1} (degenerate: the all-to-all).
   const int n = runtime_->world().size();
-  every_mask("a2a+p2p", {1, n});  // degenerate level 1: the ring
-  if (n % 2 == 0 && kHkv % 2 == 0) every_mask("a2a+p2p", {2, n / 2});
+  for (int a = 1; a <= n; a *= 2) {
+    ASSERT_EQ(kHkv % a, 0);
+    every_mask("a2a+p2p", {a, n / a});
+  }
 }

@@ -1,10 +1,11 @@
 // --tp-comm-overlap's rings (parallel/tensor_parallel/comm_overlap.h) on CUDA tensors under NCCL,
 // with the side stream and its events, against the plain collectives (TP = the world):
 //   mpirun -np 2 build/bin/gpu_nccl --gtest_filter='NcclTpCommOverlap*'
+//   mpirun -np 8 scripts/shared_gpu_rank.sh build/bin/gpu_nccl --gtest_filter='NcclTpCommOverlap*'
 // The CPU suite (tests/layout/tensor_parallel/test_tp_comm_overlap.cpp) proves the schedules;
 // this one proves the stream ordering: each chunk's work runs on the compute stream after its
 // transfer (a missing wait reads stale rows), and the returned tensors are complete once the
-// compute stream is. Rank-tagged small integers in f32 and bf16: EXPECT_EQ. Skips without 2 GPUs.
+// compute stream is. Rank-tagged small integers in f32 and bf16: EXPECT_EQ. Skips without a GPU.
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <vector>

@@ -2,6 +2,7 @@
 // an exit code that is non-zero on every rank when any rank failed.
 #include <gtest/gtest.h>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include "megadlm/comm/bootstrap.h"
@@ -17,6 +18,7 @@ namespace {
 std::unique_ptr<comm::DistributedRuntime> g_runtime;  // test harness state, see spmd.h
 std::unique_ptr<Stream> g_stream;                       // the harness's own stream on its device
 int g_rank = 0;
+constexpr int kExitAllSkipped = 77;  // ctest's SKIP_RETURN_CODE for the SPMD suites
 
 /// all_gather of one int per rank over the world (a barrier as well).
 std::vector<int32_t> gather_flags(int32_t mine) {
@@ -91,6 +93,19 @@ class RankReporter : public testing::EmptyTestEventListener {
 
 int launch_rank() { return g_rank; }
 
+bool shared_gpu() {
+  // The variable scripts/shared_gpu_rank.sh sets; the runtime reads the same one
+  // (comm/bootstrap.cpp) to bind GPU local rank % count.
+  const char* v = std::getenv("MEGADLM_SHARED_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
+
+Device expected_device(const comm::LaunchEnvironment& env) {
+  const int gpus = cuda_device_count();
+  if (shared_gpu()) return Device::cuda(env.local_rank % gpus);
+  return Device::cuda(gpus == 1 ? 0 : env.local_rank);
+}
+
 comm::DistributedRuntime* runtime(comm::Transport transport, std::string* why_not) {
   if (g_runtime) {
     if (g_runtime->transport() == transport) return g_runtime.get();
@@ -100,16 +115,28 @@ comm::DistributedRuntime* runtime(comm::Transport transport, std::string* why_no
   const comm::LaunchEnvironment env = comm::detect_launch_environment();
   if (transport == comm::Transport::Nccl) {
     if (env.world_size < 2) {
-      *why_not = "the NCCL suite needs 2 or more ranks: run it as mpirun -np 2 build/bin/gpu_nccl";
+      *why_not = "the NCCL suite needs 2 or more ranks: run it as mpirun -np N build/bin/gpu_nccl "
+                 "(N GPUs) or mpirun -np N scripts/shared_gpu_rank.sh build/bin/gpu_nccl (one GPU)";
       return nullptr;
     }
     if (!comm::nccl_compiled()) {
       *why_not = "this libmegadlm was built without NCCL (-DMEGADLM_WITH_NCCL=ON)";
       return nullptr;
     }
-    if (cuda_device_count() < 2) {
-      *why_not = "the NCCL suite needs 2 or more visible GPUs, found " +
-                 std::to_string(cuda_device_count());
+    const int gpus = cuda_device_count();
+    if (gpus == 0) {
+      *why_not = "the NCCL suite needs a GPU, none is visible";
+      return nullptr;
+    }
+    // One GPU per rank, or several ranks per GPU through scripts/shared_gpu_rank.sh (the
+    // runtime then binds GPU local rank % count; NCCL connects the ranks over loopback sockets).
+    // One visible GPU per process (per-rank CUDA_VISIBLE_DEVICES) cannot be told apart from one
+    // GPU for all: it skips too, as it always did, unless launched through the wrapper.
+    if (gpus < env.local_world_size && !shared_gpu()) {
+      *why_not = std::to_string(env.local_world_size) + " ranks on this node but " +
+                 std::to_string(gpus) + " visible GPU(s): start every rank through the wrapper, "
+                 "mpirun -np " + std::to_string(env.world_size) +
+                 " scripts/shared_gpu_rank.sh build/bin/gpu_nccl";
       return nullptr;
     }
   }
@@ -135,6 +162,15 @@ int main(int argc, char** argv) {
 
   const int local = RUN_ALL_TESTS();
   int global = local != 0 || reporter->any_failed() ? 1 : 0;
+  // Nothing ran (every test skipped, e.g. the NCCL suite without a GPU): no runtime exists, every
+  // rank skipped alike, and 77 tells ctest "skipped" rather than "passed".
+  const testing::UnitTest& unit = *testing::UnitTest::GetInstance();
+  if (global == 0 && !g_runtime && unit.test_to_run_count() > 0 &&
+      unit.skipped_test_count() == unit.test_to_run_count()) {
+    if (g_rank == 0)
+      std::fprintf(stderr, "[spmd] all %d test(s) skipped: exit 77 (skipped)\n", unit.test_to_run_count());
+    return kExitAllSkipped;
+  }
   if (g_runtime) {
     // Every rank learns whether any rank failed, so that every process exits alike.
     const std::vector<int32_t> flags = gather_flags(global);
