@@ -19,7 +19,7 @@ std::string expert_name(const std::string& prefix, int expert, const char* part)
 /// Rows of the micro-batch's T rows that TP rank r holds under SP (padding excluded).
 int64_t valid_rows(int64_t tokens, int rank, int size, bool sp) {
   if (!sp) return tokens;
-  const int64_t shard = tp::shard_rows(tokens, size);
+  const int64_t shard = shard_rows(tokens, size);
   return std::clamp<int64_t>(tokens - shard * rank, 0, shard);
 }
 
