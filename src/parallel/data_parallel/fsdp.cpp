@@ -33,19 +33,12 @@ BufferLayout FullyShardedDataParallel::buffer_layout(ShardingStrategy strategy, 
 FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::vector<FsdpUnit> units,
                                                    std::shared_ptr<comm::Communicator> group,
                                                    FsdpOptions options, const Stream& compute,
-                                                   std::shared_ptr<comm::Communicator> tp,
-                                                   std::shared_ptr<comm::Communicator> pp,
-                                                   std::shared_ptr<comm::Communicator> embedding,
-                                                   ExpertGradGroups expert)
-    : store_(store), units_(std::move(units)), group_(std::move(group)), tp_(std::move(tp)),
-      pp_(std::move(pp)), embedding_(std::move(embedding)), expert_(std::move(expert)), opt_(options),
-      compute_(compute) {
+                                                   DataParallelGroups groups)
+    : store_(store), units_(std::move(units)), group_(std::move(group)),
+      groups_(groups.without_single_ranks()), opt_(options), compute_(compute) {
   MDLM_CHECK(store.materialized(), "FSDP needs a materialised parameter store");
-  if (tp_ && tp_->size() == 1) tp_.reset();
-  if (pp_ && pp_->size() == 1) pp_.reset();
-  if (embedding_ && embedding_->size() == 1) embedding_.reset();
-  for (auto* g : {&expert_.dp, &expert_.ep, &expert_.tp})
-    if (*g && (*g)->size() == 1) g->reset();
+  MDLM_CHECK(!groups_.inter, "FSDP has no distributed-optimizer instances: its groups name an "
+             "inter-instance group of ", groups.inter ? groups.inter->size() : 0, " ranks");
   size_ = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
   const ShardingStrategy st = opt_.strategy;
@@ -54,7 +47,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
                                            st == ShardingStrategy::OptimGradsParams),
              "the parameter store was not laid out for FSDP ", sharding_strategy_name(st),
              " (materialise it with FullyShardedDataParallel::buffer_layout)");
-  const int expert_size = expert_.dp ? expert_.dp->size() : 1;
+  const int expert_size = groups_.expert.dp ? groups_.expert.dp->size() : 1;
   overlap_ = opt_.overlap && compute.is_cuda() &&
              (size_ > 1 || expert_size > 1 || opt_.streams_with_one_rank);
   ag_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
@@ -64,10 +57,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
   ag_group_ = overlap_ && size_ > 1
                   ? std::shared_ptr<comm::Communicator>(group_->split(0, rank_, group_->name() + "-ag"))
                   : group_;
+  const std::shared_ptr<comm::Communicator>& expert_dp = groups_.expert.dp;
   expert_ag_group_ = overlap_ && expert_size > 1
                          ? std::shared_ptr<comm::Communicator>(
-                               expert_.dp->split(0, expert_.dp->rank(), expert_.dp->name() + "-ag"))
-                         : expert_.dp;
+                               expert_dp->split(0, expert_dp->rank(), expert_dp->name() + "-ag"))
+                         : expert_dp;
 
   // Buckets, their units and this rank's shard of each.
   const auto& sb = store.buckets();
@@ -87,7 +81,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
     }
     MDLM_CHECK(b.unit >= 0, "bucket ", i, " belongs to no FSDP unit");
     b.expert = sb[i].expert;
-    b.group = b.expert ? expert_.dp.get() : group_.get();
+    b.group = b.expert ? groups_.expert.dp.get() : group_.get();
     b.ag_group = b.expert ? expert_ag_group_.get() : ag_group_.get();
     b.size = b.group ? b.group->size() : 1;
     b.rank = b.group ? b.group->rank() : 0;
@@ -137,10 +131,11 @@ FsdpBytes FullyShardedDataParallel::persistent_bytes() const {
 std::string FullyShardedDataParallel::summary() const {
   bool experts = false;
   for (const Bucket& b : buckets_) experts |= b.expert;
+  const int expert_d = groups_.expert.dp ? groups_.expert.dp->size() : 1;
   return std::string(", Megatron-FSDP ") + sharding_strategy_name(opt_.strategy) + " over " +
          std::to_string(size_) + " rank(s)" +
-         (experts ? " (experts over " + std::to_string(expert_.dp ? expert_.dp->size() : 1) + ")" : "") +
-         ", " + std::to_string(units_.size()) + " unit(s)";
+         (experts ? " (experts over " + std::to_string(expert_d) + ")" : "") + ", " +
+         std::to_string(units_.size()) + " unit(s)";
 }
 
 bool FullyShardedDataParallel::checkpoint_writer() const {
@@ -428,7 +423,7 @@ void FullyShardedDataParallel::finish_grad_sync() {
   while (!in_flight_.empty()) retire_oldest();
   if (overlap_) {
     if (group_) group_->synchronize(rs_stream_);  // the timeout names a hung reduction
-    if (expert_.dp) expert_.dp->synchronize(rs_stream_);
+    if (groups_.expert.dp) groups_.expert.dp->synchronize(rs_stream_);
     for (const Bucket& b : buckets_) b.reduce_done.wait_on(compute_);
   }
   // Every unit is resharded at the end of backward (a leftover is a hook the model missed).
@@ -441,20 +436,20 @@ void FullyShardedDataParallel::finish_grad_sync() {
   Tensor g = optimizer_grads();
   // A tied weight's two copies (first and last stage) sum their reduced shards over the
   // embedding group: their buckets are laid out alike, so the shards line up (#844).
-  if (embedding_) {
+  if (groups_.embedding) {
     for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
       if (d.pipeline_share == PipelineShare::None) return;
       Tensor piece = g.slice_flat(off, {count});
-      embedding_->all_reduce(piece, comm::ReduceOp::Sum, compute_);
+      groups_.embedding->all_reduce(piece, comm::ReduceOp::Sum, compute_);
     });
   }
   // Partial gradients of replicated parameters (SP norms, QK-norms) sum over TP, on the shards:
   // every TP rank has the same bucket layout.
-  if (tp_) {
+  if (groups_.tp) {
     for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
       if (!d.tp.partial_grad) return;
       Tensor piece = g.slice_flat(off, {count});
-      tp_->all_reduce(piece, comm::ReduceOp::Sum, compute_);
+      groups_.tp->all_reduce(piece, comm::ReduceOp::Sum, compute_);
     });
   }
 }
@@ -469,25 +464,14 @@ double FullyShardedDataParallel::grad_sq_norm() {
   std::vector<NormPiece> pieces;
   for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
     if (d.pipeline_share == PipelineShare::Copy) return;
-    const int target = norm_target(d, tp_ != nullptr, expert_.tp != nullptr);
+    const int target =
+        norm_target(d, {.tp = groups_.tp != nullptr, .expert_tp = groups_.expert.tp != nullptr});
     pieces.push_back({.offset = off, .count = count, .target = target});
   });
-  const NormSums sums = sum_norm_pieces(g, std::move(pieces), compute_);
-  double dense = sums.dense(!tp_ || tp_->rank() == 0);
-  double expert = sums.expert(!expert_.tp || expert_.tp->rank() == 0);
-  auto sum_over = [&](comm::Communicator& c, double v) { return sum_over_ranks(c, v, compute_); };
-  if (sharded() && size_ > 1) dense = sum_over(*group_, dense);  // disjoint shards
-  if (tp_) dense = sum_over(*tp_, dense);
-  // Expert parameters: shards over expert-dp, other experts over EP, slices over expert TP
-  // (every rank of these groups holds the same layers, so all of them take this branch).
-  if (has_experts) {
-    if (sharded() && expert_.dp) expert = sum_over(*expert_.dp, expert);
-    if (expert_.ep) expert = sum_over(*expert_.ep, expert);
-    if (expert_.tp) expert = sum_over(*expert_.tp, expert);
-  }
-  double local = dense + expert;
-  if (pp_) local = sum_over(*pp_, local);
-  return local;
+  // Sharded strategies: the shards of the group are disjoint; no_shard: replicas.
+  return groups_.global_sq_norm(sum_norm_pieces(g, std::move(pieces), compute_),
+                                sharded() && size_ > 1 ? group_.get() : nullptr,
+                                sharded() ? groups_.expert.dp.get() : nullptr, has_experts, compute_);
 }
 
 // ---------------------------------------------------- optim / optim_grads: weights after the step

@@ -64,9 +64,9 @@ struct TwoUnits {
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   TwoUnits(ShardingStrategy s, std::shared_ptr<comm::Communicator> group) {
     const ParamInit init{InitKind::Normal, 0.02f};
-    const int a = store.add("unit0.a", {3, 40}, init, true);
-    const int b = store.add("unit0.b", {70}, init, false);
-    const int c = store.add("unit1.c", {5, 30}, init, true);
+    const int a = store.add("unit0.a", {3, 40}, {.init = init});
+    const int b = store.add("unit0.b", {70}, {.init = init, .weight_decay = false});
+    const int c = store.add("unit1.c", {5, 30}, {.init = init});
     units = {{0, {a, b}}, {0, {c}}};
     const int d = group ? group->size() : 1;
     store.materialize(DType::F32, 5, Stream::cpu(), FullyShardedDataParallel::buffer_layout(s, d, units, 3));

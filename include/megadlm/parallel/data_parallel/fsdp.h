@@ -101,17 +101,14 @@ class FullyShardedDataParallel final : public DataParallelWrapper {
                                     int num_params, int expert_d = 0);
 
   /// `store`: materialised with buffer_layout(...). `group`: the gradient group (dp×cp; null: a
-  /// single rank). `tp`, `pp`, `embedding`, `expert` as in DataParallel (partial gradients summed
-  /// over TP; the norm summed over stages; a tied weight's two copies summed over the embedding
+  /// single rank). `groups` as in DataParallel, without `inter` (partial gradients summed over
+  /// TP; the norm summed over stages; a tied weight's two copies summed over the embedding
   /// group; expert buckets sharded over expert.dp, their norm summed over EP and expert TP).
   /// Initialises this rank's weight shards by global element index. Collective over `group` on
   /// CUDA (it splits off the all-gather communicator).
   FullyShardedDataParallel(ParameterStore& store, std::vector<FsdpUnit> units,
                            std::shared_ptr<comm::Communicator> group, FsdpOptions options,
-                           const Stream& compute, std::shared_ptr<comm::Communicator> tp = nullptr,
-                           std::shared_ptr<comm::Communicator> pp = nullptr,
-                           std::shared_ptr<comm::Communicator> embedding = nullptr,
-                           ExpertGradGroups expert = {});
+                           const Stream& compute, DataParallelGroups groups = {});
   ~FullyShardedDataParallel() override;
 
   const FsdpOptions& options() const { return opt_; }
@@ -202,8 +199,8 @@ class FullyShardedDataParallel final : public DataParallelWrapper {
 
   ParameterStore& store_;
   std::vector<FsdpUnit> units_;
-  std::shared_ptr<comm::Communicator> group_, ag_group_, tp_, pp_, embedding_;
-  ExpertGradGroups expert_;
+  std::shared_ptr<comm::Communicator> group_, ag_group_;
+  DataParallelGroups groups_;  // without groups of one
   std::shared_ptr<comm::Communicator> expert_ag_group_;
   FsdpOptions opt_;
   Stream compute_, ag_stream_, rs_stream_;
