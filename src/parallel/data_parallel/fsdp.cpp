@@ -30,6 +30,59 @@ BufferLayout FullyShardedDataParallel::buffer_layout(ShardingStrategy strategy, 
   return l;
 }
 
+FsdpShardLayout FullyShardedDataParallel::shard_layout(const ParameterStore& store,
+                                                      ShardingStrategy strategy, int d,
+                                                      const std::vector<FsdpUnit>& units, int expert_d) {
+  MDLM_CHECK(d >= 1, "FSDP over ", d, " ranks");
+  if (expert_d <= 0) expert_d = d;
+  const bool sharded = strategy != ShardingStrategy::NoShard;
+  std::vector<int> unit_of_handle(store.descs().size(), -1);
+  for (size_t u = 0; u < units.size(); ++u)
+    for (int h : units[u].handles) unit_of_handle.at(static_cast<size_t>(h)) = static_cast<int>(u);
+  FsdpShardLayout l;
+  l.unit_elements.assign(units.size(), 0);
+  l.flat_size = store.flat_size();
+  const auto& sb = store.buckets();
+  for (size_t i = 0; i < sb.size(); ++i) {
+    FsdpShardLayout::Bucket b;
+    b.begin = sb[i].begin;
+    b.end = sb[i].end;
+    b.unit = unit_of_handle[static_cast<size_t>(sb[i].params.front())];
+    MDLM_CHECK(b.unit >= 0, "bucket ", i, " belongs to no FSDP unit");
+    for (int h : sb[i].params)
+      MDLM_CHECK(unit_of_handle[static_cast<size_t>(h)] == b.unit, "bucket ", i, " spans two FSDP units");
+    b.expert = sb[i].expert;
+    b.ranks = b.expert ? expert_d : d;
+    const int64_t len = b.end - b.begin;
+    if (sharded) {
+      MDLM_CHECK(len % b.ranks == 0, "bucket of ", len, " elements does not split into ", b.ranks,
+                 " shards (lay the store out with FullyShardedDataParallel::buffer_layout)");
+      b.shard = len / b.ranks;
+      b.compact_offset = l.shard_elements;
+    } else {
+      b.shard = len;  // replicated optimizer state: the compact layout is the flat one
+      b.compact_offset = b.begin;
+    }
+    l.shard_elements += b.shard;
+    l.unit_elements[static_cast<size_t>(b.unit)] += len;
+    l.buckets.push_back(b);
+  }
+  return l;
+}
+
+OwnedRange FsdpShardLayout::owned(size_t b, int rank) const {
+  const Bucket& k = buckets.at(b);
+  if (k.shard == k.end - k.begin) return {k.begin, k.end, k.compact_offset};
+  MDLM_CHECK(rank >= 0 && rank < k.ranks, "rank ", rank, " of a bucket cut over ", k.ranks, " ranks");
+  return {k.begin + rank * k.shard, k.begin + (rank + 1) * k.shard, k.compact_offset};
+}
+
+int64_t FsdpShardLayout::largest_unit() const {
+  int64_t most = 0;
+  for (int64_t n : unit_elements) most = std::max(most, n);
+  return most;
+}
+
 FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::vector<FsdpUnit> units,
                                                    std::shared_ptr<comm::Communicator> group,
                                                    FsdpOptions options, const Stream& compute,
@@ -63,43 +116,29 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
                                expert_dp->split(0, expert_dp->rank(), expert_dp->name() + "-ag"))
                          : expert_dp;
 
-  // Buckets, their units and this rank's shard of each.
-  const auto& sb = store.buckets();
+  // Buckets, their units and this rank's shard of each (the planner's computation).
+  const FsdpShardLayout layout = shard_layout(store, st, size_, units_, expert_size);
   unit_buckets_.assign(units_.size(), {});
-  std::vector<int> unit_of_handle(store.descs().size(), -1);
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (int h : units_[u].handles) unit_of_handle[static_cast<size_t>(h)] = static_cast<int>(u);
-  int64_t compact = 0;
-  for (size_t i = 0; i < sb.size(); ++i) {
+  for (size_t i = 0; i < layout.buckets.size(); ++i) {
+    const FsdpShardLayout::Bucket& lb = layout.buckets[i];
     Bucket b;
-    b.begin = sb[i].begin;
-    b.end = sb[i].end;
-    b.unit = unit_of_handle[static_cast<size_t>(sb[i].params.front())];
-    for (int h : sb[i].params) {
-      MDLM_CHECK(unit_of_handle[static_cast<size_t>(h)] == b.unit, "bucket ", i, " spans two FSDP units");
-      b.shared |= store.desc(h).pipeline_share != PipelineShare::None;
-    }
-    MDLM_CHECK(b.unit >= 0, "bucket ", i, " belongs to no FSDP unit");
-    b.expert = sb[i].expert;
+    b.begin = lb.begin;
+    b.end = lb.end;
+    b.unit = lb.unit;
+    for (int h : store.buckets()[i].params) b.shared |= store.desc(h).pipeline_share != PipelineShare::None;
+    b.expert = lb.expert;
     b.group = b.expert ? groups_.expert.dp.get() : group_.get();
     b.ag_group = b.expert ? expert_ag_group_.get() : ag_group_.get();
-    b.size = b.group ? b.group->size() : 1;
+    b.size = lb.ranks;
     b.rank = b.group ? b.group->rank() : 0;
     b.gathered = Event::create(compute.device());
     b.reduce_done = Event::create(compute.device());
     b.param_ready = Event::create(compute.device());
     unit_buckets_[static_cast<size_t>(b.unit)].push_back(static_cast<int>(i));
-    const int64_t len = b.end - b.begin;
-    if (sharded()) {
-      MDLM_CHECK(len % b.size == 0, "bucket of ", len, " elements does not split into ", b.size, " shards");
-      owned_.push_back({b.begin + b.rank * (len / b.size), b.begin + (b.rank + 1) * (len / b.size), compact});
-      compact += len / b.size;
-    } else {
-      // Replicated optimizer state: the compact layout is the flat one.
-      owned_.push_back({b.begin, b.end, b.begin});
-    }
+    owned_.push_back(layout.owned(i, b.rank));
     buckets_.push_back(std::move(b));
   }
+  const int64_t compact = layout.shard_elements;
   if (store.params_sharded()) {
     param_shards_ = Tensor::zeros({std::max<int64_t>(compact, 1)}, store.param_dtype(), compute).slice_flat(0, {compact});
     // Shard-only initialisation by global element index (= --init-model-with-meta-device):
