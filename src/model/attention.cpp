@@ -31,7 +31,7 @@ SelfAttention::SelfAttention(const TransformerConfig& config, int layer_number,
                                   h, config.add_qkv_bias, init, mp);
   if (config.qk_layernorm) {
     // Each rank normalises only its own heads with the shared weights: partial gradients.
-    const TpSlice qk{TpSplit::Replicated, mp.tp.rank, tp, tp > 1};
+    const TpSlice qk{.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = tp, .partial_grad = tp > 1};
     q_norm_ = NormLayer(config.normalization, config.norm_epsilon, p + "q_layernorm",
                         config.kv_channels, store, qk);
     k_norm_ = NormLayer(config.normalization, config.norm_epsilon, p + "k_layernorm",
@@ -82,12 +82,12 @@ ops::QkNormRopeArgs SelfAttention::qk_args() const {
 }
 
 Tensor SelfAttention::rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb,
-                                  const Stream& s, bool in_place, bool copy_values) const {
-  Tensor out = in_place ? qkv : Tensor::empty(qkv.shape(), qkv.dtype(), s);
+                                  const Stream& s, RotateOptions options) const {
+  Tensor out = options.in_place ? qkv : Tensor::empty(qkv.shape(), qkv.dtype(), s);
   const Tensor none;
   const bool norm = cfg_->qk_layernorm;
   ops::QkNormRopeArgs args = qk_args();
-  args.copy_values = copy_values;
+  args.copy_values = options.copy_values;
   ops::qk_norm_rope_forward(qkv, norm ? q_norm_.weight() : none, norm ? k_norm_.weight() : none,
                             mb.positions, out, rstd, args, s);
   return out;
@@ -138,7 +138,8 @@ Tensor SelfAttention::context(const Tensor& x, const MicroBatch& mb, Saved& save
     // Training keeps qkv for backward; the rotated q, k go to a buffer of their own and the
     // attention reads v from qkv where it reads the packed rows in place (no value copy).
     const bool values_in_qkv = values_from_projection(args, rt);
-    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s, rt.forward_only, !values_in_qkv);
+    const Tensor rows = rotated_qkv(qkv, saved.qk_rstd, mb, s,
+                                    {.in_place = rt.forward_only, .copy_values = !values_in_qkv});
     if (mp_.cp.enabled()) {
       // The CP core takes q, k, v apart and keeps only its lse: backward recomputes the rows
       // from saved.qkv, as the unsplit fused path does.
@@ -190,7 +191,7 @@ Tensor SelfAttention::backward(const Tensor& dy, const MicroBatch& mb, Saved& sa
       // Recompute the rows attention read (rewrites the same statistics), then drop them.
       const ops::AttentionArgs args = core_args(mb, rt);
       const bool values_in_qkv = values_from_projection(args, rt);
-      const Tensor rows = rotated_qkv(saved.qkv, saved.qk_rstd, mb, s, false, !values_in_qkv);
+      const Tensor rows = rotated_qkv(saved.qkv, saved.qk_rstd, mb, s, {.copy_values = !values_in_qkv});
       if (mp_.cp.enabled()) {
         const SplitRows r = split_rows(rows, t, s);
         cp_attention_.restore_inputs(r.q, r.k, r.v, cp_layout(mb), saved.cp, s);

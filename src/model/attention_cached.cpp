@@ -29,7 +29,7 @@ Tensor SelfAttention::context_cached(const Tensor& x, const MicroBatch& mb, cons
   Tensor q, k, v;
   if (fused_qk(rt)) {
     Tensor rstd = cfg_->qk_layernorm ? Tensor::empty({t * (heads_ + groups_)}, rt.stat_dtype(), s) : Tensor();
-    SplitRows r = split_rows(rotated_qkv(qkv, rstd, mb, s, /*in_place=*/true), t, s);
+    SplitRows r = split_rows(rotated_qkv(qkv, rstd, mb, s, {.in_place = true}), t, s);
     q = r.q;
     k = r.k;
     v = r.v;

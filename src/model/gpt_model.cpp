@@ -26,21 +26,24 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, const
              "model chunk layers [", chunk_.first_layer, ", ", chunk_.first_layer + chunk_.num_layers,
              ") outside the ", config.num_layers, " layers");
   const ParamInit init{InitKind::Normal, config.init_method_std};
-  const TpSlice vocab{TpSplit::Rows, tp.rank, tp.size};
+  const TpSlice vocab{.split = TpSplit::Rows, .rank = tp.rank, .size = tp.size};
   MDLM_CHECK(config.padded_vocab_size % tp.size == 0, "padded vocabulary ", config.padded_vocab_size,
              " does not split over ", tp.size, " tensor-parallel ranks");
   vocab_start_ = config.padded_vocab_size / tp.size * tp.rank;
   const bool tied = !config.untie_embeddings_and_output_weights;
   if (chunk_.embedding) {
-    word_embeddings_ = store.add("embedding.word_embeddings.weight",
-                                 {config.padded_vocab_size, config.hidden_size}, init, true, false, vocab);
-    if (tied && !chunk_.head) store.set_pipeline_share(word_embeddings_, PipelineShare::Original);
+    word_embeddings_ = store.add(
+        "embedding.word_embeddings.weight", {config.padded_vocab_size, config.hidden_size},
+        {.init = init,
+         .tp = vocab,
+         .pipeline_share = tied && !chunk_.head ? PipelineShare::Original : PipelineShare::None});
     if (config.position_embedding_type == PositionEmbeddingType::LearnedAbsolute) {
       // Under SP each rank adds positions to its own rows: partial gradients.
-      const TpSlice pos{TpSplit::Replicated, tp.rank, tp.size, mp.sequence_parallel};
+      const TpSlice pos{.split = TpSplit::Replicated, .rank = tp.rank, .size = tp.size,
+                        .partial_grad = mp.sequence_parallel};
       position_embeddings_ = store.add("embedding.position_embeddings.weight",
-                                       {config.max_position_embeddings, config.hidden_size}, init,
-                                       true, false, pos);
+                                       {config.max_position_embeddings, config.hidden_size},
+                                       {.init = init, .tp = pos});
     }
     for (int h = word_embeddings_; h < static_cast<int>(store.descs().size()); ++h)
       embedding_handles_.push_back(h);
@@ -51,17 +54,18 @@ GptModel::GptModel(const TransformerConfig& config, ParameterStore& store, const
     const int head_first = static_cast<int>(store.descs().size());
     final_norm_ = NormLayer(config.normalization, config.norm_epsilon, "decoder.final_layernorm",
                             config.hidden_size, store,
-                            TpSlice{TpSplit::Replicated, tp.rank, tp.size, mp.sequence_parallel});
+                            TpSlice{.split = TpSplit::Replicated, .rank = tp.rank, .size = tp.size,
+                                    .partial_grad = mp.sequence_parallel});
     if (!tied) {
       output_layer_ = store.add("output_layer.weight", {config.padded_vocab_size, config.hidden_size},
-                                init, true, false, vocab);
+                                {.init = init, .tp = vocab});
     } else if (chunk_.embedding) {
       output_layer_ = word_embeddings_;  // tied: logits = h * E^T, both gradients land in E
     } else {
       // The last stage's copy of the tied embedding: same name, so the same initial values.
       output_layer_ = store.add("embedding.word_embeddings.weight",
-                                {config.padded_vocab_size, config.hidden_size}, init, true, false, vocab);
-      store.set_pipeline_share(output_layer_, PipelineShare::Copy);
+                                {config.padded_vocab_size, config.hidden_size},
+                                {.init = init, .tp = vocab, .pipeline_share = PipelineShare::Copy});
     }
     // A tied embedding held by this chunk is final only after the embedding's own backward.
     for (int h = head_first; h < static_cast<int>(store.descs().size()); ++h) head_handles_.push_back(h);

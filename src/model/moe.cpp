@@ -19,7 +19,7 @@ std::string expert_name(const std::string& prefix, int expert, const char* part)
 /// Rows of the micro-batch's T rows that TP rank r holds under SP (padding excluded).
 int64_t valid_rows(int64_t tokens, int rank, int size, bool sp) {
   if (!sp) return tokens;
-  const int64_t shard = tp::shard_rows(tokens, size);
+  const int64_t shard = shard_rows(tokens, size);
   return std::clamp<int64_t>(tokens - shard * rank, 0, shard);
 }
 
@@ -67,9 +67,10 @@ MoeRouter::MoeRouter(const TransformerConfig& config, int, const std::string& pr
                      ParameterStore& store, const ModelParallel& mp)
     : store_(&store) {
   // Replicated over TP; under SP each rank routes only its rows: partial gradients.
-  const TpSlice slice{TpSplit::Replicated, mp.tp.rank, mp.tp.size, mp.sequence_parallel};
+  const TpSlice slice{.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = mp.tp.size,
+                      .partial_grad = mp.sequence_parallel};
   weight_ = store.add(prefix + "weight", {config.moe.num_experts, config.hidden_size},
-                      ParamInit{InitKind::Normal, config.init_method_std}, true, false, slice);
+                      {.init = {InitKind::Normal, config.init_method_std}, .tp = slice});
 }
 
 // ------------------------------------------------------------------------------ MoeExperts
@@ -88,14 +89,14 @@ MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefi
   const ParamInit out_init{InitKind::Normal,
                            config.init_method_std / std::sqrt(2.0f * config.num_layers)};
   const ParamInit zero{InitKind::Zeros, 0.0f};
-  const TpSlice column{TpSplit::Rows, etp.rank, etp.size};
-  const TpSlice row{TpSplit::Cols, etp.rank, etp.size};
-  const TpSlice replicated{TpSplit::Replicated, etp.rank, etp.size};
+  const TpSlice column{.split = TpSplit::Rows, .rank = etp.rank, .size = etp.size};
+  const TpSlice row{.split = TpSplit::Cols, .rank = etp.rank, .size = etp.size};
+  const TpSlice replicated{.split = TpSplit::Replicated, .rank = etp.rank, .size = etp.size};
   const bool swiglu = activation_ == MlpActivation::SwiGLU;
-  auto add = [&](const std::string& name, const Shape& shape, ParamInit pi, bool wd, bool fuse,
-                 TpSlice slice, ParameterStore::Handle& first, ParameterStore::Handle& last) {
-    const ParameterStore::Handle hd = store.add(name, shape, pi, wd, fuse, slice);
-    store.set_expert(hd);
+  auto add = [&](const std::string& name, const Shape& shape, ParamSpec spec,
+                 ParameterStore::Handle& first, ParameterStore::Handle& last) {
+    spec.expert = true;
+    const ParameterStore::Handle hd = store.add(name, shape, spec);
     if (first < 0) first = hd;
     last = hd;
   };
@@ -103,28 +104,37 @@ MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefi
   for (int e = 0; e < local_; ++e) {
     const int g = first_expert + e;
     if (swiglu) {
-      add(expert_name(prefix, g, "linear_fc1_gate.weight"), {f, h}, init, true, e > 0, column, w1_first_, w1_last_);
-      add(expert_name(prefix, g, "linear_fc1_up.weight"), {f, h}, init, true, true, column, w1_first_, w1_last_);
+      add(expert_name(prefix, g, "linear_fc1_gate.weight"), {f, h},
+          {.init = init, .fuse_with_previous = e > 0, .tp = column}, w1_first_, w1_last_);
+      add(expert_name(prefix, g, "linear_fc1_up.weight"), {f, h},
+          {.init = init, .fuse_with_previous = true, .tp = column}, w1_first_, w1_last_);
     } else {
-      add(expert_name(prefix, g, "linear_fc1.weight"), {f, h}, init, true, e > 0, column, w1_first_, w1_last_);
+      add(expert_name(prefix, g, "linear_fc1.weight"), {f, h},
+          {.init = init, .fuse_with_previous = e > 0, .tp = column}, w1_first_, w1_last_);
     }
   }
   for (int e = 0; e < local_; ++e)
-    add(expert_name(prefix, first_expert + e, "linear_fc2.weight"), {h, f}, out_init, true, e > 0, row,
-        w2_first_, w2_last_);
+    add(expert_name(prefix, first_expert + e, "linear_fc2.weight"), {h, f},
+        {.init = out_init, .fuse_with_previous = e > 0, .tp = row}, w2_first_, w2_last_);
   if (config.add_bias_linear) {
+    const ParamSpec bias{.init = zero, .weight_decay = false, .tp = column};
+    auto fused = [](ParamSpec spec, bool fuse) {
+      spec.fuse_with_previous = fuse;
+      return spec;
+    };
     for (int e = 0; e < local_; ++e) {
       const int g = first_expert + e;
       if (swiglu) {
-        add(expert_name(prefix, g, "linear_fc1_gate.bias"), {f}, zero, false, e > 0, column, b1_first_, b1_last_);
-        add(expert_name(prefix, g, "linear_fc1_up.bias"), {f}, zero, false, true, column, b1_first_, b1_last_);
+        add(expert_name(prefix, g, "linear_fc1_gate.bias"), {f}, fused(bias, e > 0), b1_first_, b1_last_);
+        add(expert_name(prefix, g, "linear_fc1_up.bias"), {f}, fused(bias, true), b1_first_, b1_last_);
       } else {
-        add(expert_name(prefix, g, "linear_fc1.bias"), {f}, zero, false, e > 0, column, b1_first_, b1_last_);
+        add(expert_name(prefix, g, "linear_fc1.bias"), {f}, fused(bias, e > 0), b1_first_, b1_last_);
       }
     }
     for (int e = 0; e < local_; ++e)
-      add(expert_name(prefix, first_expert + e, "linear_fc2.bias"), {h}, zero, false, e > 0, replicated,
-          b2_first_, b2_last_);
+      add(expert_name(prefix, first_expert + e, "linear_fc2.bias"), {h},
+          {.init = zero, .weight_decay = false, .fuse_with_previous = e > 0, .tp = replicated}, b2_first_,
+          b2_last_);
   }
 }
 

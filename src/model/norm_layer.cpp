@@ -8,11 +8,11 @@ NormLayer::NormLayer(NormType type, float eps, const std::string& prefix, int64_
                      ParameterStore& store, TpSlice tp)
     : type_(type), eps_(eps), store_(&store) {
   tp.split = TpSplit::Replicated;
-  weight_ = store.add(prefix + ".weight", {width}, {InitKind::Ones, 0.0f}, /*weight_decay=*/false,
-                      false, tp);
+  weight_ = store.add(prefix + ".weight", {width},
+                      {.init = {InitKind::Ones, 0.0f}, .weight_decay = false, .tp = tp});
   if (type == NormType::LayerNorm)
-    bias_ = store.add(prefix + ".bias", {width}, {InitKind::Zeros, 0.0f}, /*weight_decay=*/false,
-                      false, tp);
+    bias_ = store.add(prefix + ".bias", {width},
+                      {.init = {InitKind::Zeros, 0.0f}, .weight_decay = false, .tp = tp});
 }
 
 Tensor NormLayer::forward(const Tensor& x, NormRecord& rec, const Stream& stream) const {

@@ -53,14 +53,20 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int layer_nu
   const std::string p = layer_prefix(layer_number);
   const int64_t h = config.hidden_size;
   // Under sequence parallelism each rank normalises only its rows: partial gradients.
-  const TpSlice norm{TpSplit::Replicated, mp.tp.rank, mp.tp.size, mp.sequence_parallel};
+  const TpSlice norm{.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = mp.tp.size,
+                     .partial_grad = mp.sequence_parallel};
   norm1_ = NormLayer(config.normalization, config.norm_epsilon, p + "input_layernorm", h, store, norm);
   attention_ = SelfAttention(config, layer_number, p, store, mp);
   norm2_ = NormLayer(config.normalization, config.norm_epsilon, p + "pre_mlp_layernorm", h, store, norm);
-  moe_ = config.moe.is_moe_layer(layer_number);
-  if (moe_) moe_layer_ = MoeLayer(config, layer_number, p, store, mp);
-  else mlp_ = Mlp(config, p, store, mp);
+  if (config.moe.is_moe_layer(layer_number)) ffn_ = MoeLayer(config, layer_number, p, store, mp);
+  else ffn_ = Mlp(config, p, store, mp);
   for (int i = first_handle; i < static_cast<int>(store.descs().size()); ++i) handles_.push_back(i);
+}
+
+Tensor TransformerLayer::ffn_forward(const Tensor& x, const MicroBatch& mb, LayerRecord& rec,
+                                     const ModelRuntime& rt) const {
+  if (const Mlp* mlp = std::get_if<Mlp>(&ffn_)) return mlp->forward(x, mb, rec.mlp, rt);
+  return std::get<MoeLayer>(ffn_).forward(x, mb, rec.moe, rt);
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRecord& rec,
@@ -94,11 +100,12 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
     }
   }
   Tensor out, mlp;
-  if (add_in_gemm && !moe_) {
+  const Mlp* dense = std::get_if<Mlp>(&ffn_);
+  if (add_in_gemm && dense != nullptr) {
     out = Tensor::empty(x.shape(), x.dtype(), s);
-    mlp_.forward_add(norm2_out, mb, rec.mlp, rt, rec.x_mid, out);
+    dense->forward_add(norm2_out, mb, rec.mlp, rt, rec.x_mid, out);
   } else {
-    mlp = moe_ ? moe_layer_.forward(norm2_out, mb, rec.moe, rt) : mlp_.forward(norm2_out, mb, rec.mlp, rt);
+    mlp = ffn_forward(norm2_out, mb, rec, rt);
   }
   norm2_out = Tensor();
   if (cfg_.recompute_norms && !mp_.sequence_parallel) {
@@ -117,7 +124,8 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
 Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
                                            const ModelRuntime& rt, const Tensor& keep_rows) const {
   MDLM_CHECK(rt.forward_only && !rt.training, "TransformerLayer::forward_inference is for inference only");
-  MDLM_CHECK(!keep_rows.defined() || (!moe_ && !mp_.tp.enabled()), "layer ", layer_,
+  const Mlp* dense = std::get_if<Mlp>(&ffn_);
+  MDLM_CHECK(!keep_rows.defined() || (dense != nullptr && !mp_.tp.enabled()), "layer ", layer_,
              ": forward_inference keeps rows only for a dense MLP on one tensor-parallel rank");
   const Stream& s = rt.stream;
   LayerRecord rec;  // what the sublayers save, dropped with this frame
@@ -130,7 +138,7 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
   } else {
     normed = norm1_.forward(x, rec.norm1, s);
   }
-  if (!moe_ && !mp_.tp.enabled()) {
+  if (dense != nullptr && !mp_.tp.enabled()) {
     // Both branches are added into the residual stream by their output projections' GEMMs
     // (C += A B: the sum rounded once, no add pass; the norms then read one tensor). The last
     // layer projects only the kept rows.
@@ -144,7 +152,7 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
     context = Tensor();
     rec.attention = SelfAttention::Saved{};
     const Tensor norm2_out = norm2_.forward(x, rec.norm2, s);
-    mlp_.forward_add(norm2_out, mb, rec.mlp, rt, x, x);
+    dense->forward_add(norm2_out, mb, rec.mlp, rt, x, x);
     residual = x;
     if (rt.hooks) rt.hooks->params_done(handles_);
     return Tensor();  // everything is in the residual
@@ -155,7 +163,7 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
   residual = Tensor::empty(x.shape(), x.dtype(), s);
   Tensor norm2_out = norm2_.forward_add(attn, x, residual, rec.norm2, s);
   attn = x = Tensor();
-  Tensor mlp = moe_ ? moe_layer_.forward(norm2_out, mb, rec.moe, rt) : mlp_.forward(norm2_out, mb, rec.mlp, rt);
+  Tensor mlp = ffn_forward(norm2_out, mb, rec, rt);
   if (rt.hooks) rt.hooks->params_done(handles_);
   return mlp;
 }
@@ -170,11 +178,11 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   // MLP block: out = x_mid + dropout(mlp(norm2(x_mid))).
   Tensor dbranch = branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset);
   Tensor dnorm2;
-  if (moe_) {
-    dnorm2 = moe_layer_.backward(dbranch, mb, rec.moe, rt);
-  } else {
+  if (const Mlp* dense = std::get_if<Mlp>(&ffn_)) {
     if (!rec.mlp.x_full.defined()) rec.mlp.x_full = norm2_.forward(rec.x_mid, rec.norm2, s);
-    dnorm2 = mlp_.backward(dbranch, mb, rec.mlp, rt);
+    dnorm2 = dense->backward(dbranch, mb, rec.mlp, rt);
+  } else {
+    dnorm2 = std::get<MoeLayer>(ffn_).backward(dbranch, mb, rec.moe, rt);
   }
   dbranch = Tensor();
   Tensor dx_mid = norm2_.backward_add(dnorm2, dy, rec.norm2, s);  // + the residual path

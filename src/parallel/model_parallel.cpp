@@ -1,7 +1,5 @@
 #include "megadlm/parallel/model_parallel.h"
 #include "megadlm/core/error.h"
-#include "megadlm/parallel/context_parallel/mappings.h"
-#include "megadlm/parallel/tensor_parallel/mappings.h"
 
 namespace megadlm {
 
@@ -16,11 +14,11 @@ ParallelGroup ParallelGroup::of(std::shared_ptr<comm::Communicator> c) {
 }
 
 int64_t ModelParallel::local_rows(int64_t rows) const {
-  return sequence_parallel ? tp::shard_rows(rows, tp.size) : rows;
+  return sequence_parallel ? shard_rows(rows, tp.size) : rows;
 }
 
 int64_t ModelParallel::local_row_offset(int64_t rows) const {
-  return sequence_parallel ? tp::shard_rows(rows, tp.size) * tp.rank : 0;
+  return sequence_parallel ? shard_rows(rows, tp.size) * tp.rank : 0;
 }
 
 ModelParallel ModelParallel::from(const parallel::ProcessGroups& groups, const ParallelConfig& config) {
@@ -40,9 +38,9 @@ ModelParallel ModelParallel::from(const parallel::ProcessGroups& groups, const P
         "--expert-tensor-parallel-size");
   mp.sequence_parallel = config.sequence_parallel && mp.tp.size > 1;
   mp.tp_comm_overlap = config.tp_comm_overlap && mp.sequence_parallel;
-  if (mp.tp_comm_overlap) mp.tp_side_stream = std::make_shared<cp::SideStream>();
+  if (mp.tp_comm_overlap) mp.tp_side_stream = std::make_shared<SideStream>();
   for (const std::string& t : config.cp_comm_type) mp.cp_comm_types.push_back(cp::comm_type_from_name(t));
-  if (mp.cp.size > 1) mp.cp_side_stream = std::make_shared<cp::SideStream>();
+  if (mp.cp.size > 1) mp.cp_side_stream = std::make_shared<SideStream>();
   return mp;
 }
 

@@ -13,8 +13,8 @@ int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape& global_shape,
-                                           ParamInit init, bool weight_decay,
-                                           bool fuse_with_previous, TpSlice tp) {
+                                           const ParamSpec& spec) {
+  const TpSlice& tp = spec.tp;
   MDLM_CHECK(!materialized(), "parameter ", name, " added after materialize()");
   MDLM_CHECK(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "parameter ", name,
              ": bad tensor-parallel rank ", tp.rank, " of ", tp.size);
@@ -29,7 +29,7 @@ ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape&
     (dim == 0 ? row_offset : col_offset) = shape[dim] * tp.rank;
   }
   for (const ParamDesc& d : descs_) MDLM_CHECK(d.name != name, "duplicate parameter name ", name);
-  if (fuse_with_previous) {
+  if (spec.fuse_with_previous) {
     MDLM_CHECK(!descs_.empty(), "parameter ", name, " fused with nothing");
     const ParamDesc& prev = descs_.back();
     MDLM_CHECK(prev.shape.size() == shape.size() &&
@@ -40,25 +40,17 @@ ParameterStore::Handle ParameterStore::add(const std::string& name, const Shape&
   ParamDesc d;
   d.name = name;
   d.shape = shape;
-  d.init = init;
-  d.weight_decay = weight_decay;
-  d.fuse_with_previous = fuse_with_previous;
+  d.init = spec.init;
+  d.weight_decay = spec.weight_decay;
+  d.fuse_with_previous = spec.fuse_with_previous;
   d.global_shape = global_shape;
   d.tp = tp;
+  d.pipeline_share = spec.pipeline_share;
+  d.expert = spec.expert;
   d.row_offset = row_offset;
   d.col_offset = col_offset;
   descs_.push_back(std::move(d));
   return static_cast<Handle>(descs_.size() - 1);
-}
-
-void ParameterStore::set_pipeline_share(Handle h, PipelineShare share) {
-  MDLM_CHECK(!materialized(), "set_pipeline_share after materialize()");
-  descs_.at(static_cast<size_t>(h)).pipeline_share = share;
-}
-
-void ParameterStore::set_expert(Handle h) {
-  MDLM_CHECK(!materialized(), "set_expert after materialize()");
-  descs_.at(static_cast<size_t>(h)).expert = true;
 }
 
 int64_t ParameterStore::num_parameters() const {

@@ -188,20 +188,14 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
       for (std::vector<int>& h : chunks[static_cast<size_t>(c)]->param_units()) units.push_back({c, std::move(h)});
     store.lay_out(FullyShardedDataParallel::buffer_layout(strategy, d, units,
                                                           static_cast<int>(store.descs().size()), ed));
-    std::vector<int64_t> per_unit(units.size(), 0);
-    std::vector<int> unit_of(store.descs().size(), 0);
-    for (size_t u = 0; u < units.size(); ++u)
-      for (int h : units[u].handles) unit_of[static_cast<size_t>(h)] = static_cast<int>(u);
-    for (const GradBucket& bk : store.buckets())
-      per_unit[static_cast<size_t>(unit_of[static_cast<size_t>(bk.params.front())])] += bk.end - bk.begin;
-    for (int64_t n : per_unit) largest_unit = std::max(largest_unit, n);
-    // S: the padded buffer; Sd: this rank's shard of it (dense buckets over d, expert ones over ed).
-    const int64_t S = store.flat_size();
-    int64_t Sd = 0;
-    for (const GradBucket& bk : store.buckets()) Sd += (bk.end - bk.begin) / (bk.expert ? ed : d);
+    // The wrapper's own shard computation. S: the padded buffer; Sd: what this rank keeps of it
+    // (dense buckets over d, expert ones over ed; all of it under no_shard).
+    const FsdpShardLayout shards = FullyShardedDataParallel::shard_layout(store, strategy, d, units, ed);
+    largest_unit = shards.largest_unit();
+    const int64_t S = shards.flat_size, Sd = shards.shard_elements;
     const bool wsh = strategy == ShardingStrategy::OptimGradsParams;
     const bool gsh = wsh || strategy == ShardingStrategy::OptimGrads;
-    const int64_t opt = strategy == ShardingStrategy::NoShard ? S : Sd;
+    const int64_t opt = Sd;
     st.weights = b.weight * (wsh ? Sd : S);
     st.grads = 4 * (gsh ? Sd : S);
     st.masters = device == PlanDevice::Cpu ? 0 : 4 * opt;  // CPU: the masters are the weights

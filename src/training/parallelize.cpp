@@ -64,12 +64,14 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
   // Buffers and the data-parallel wrapper. Gradients reduce over dp-cp; with several
   // distributed-optimizer instances the shards live in the intra-instance group and are
   // all-reduced across instances.
-  std::shared_ptr<comm::Communicator> tp_group = groups != nullptr ? groups->tp : nullptr;
-  std::shared_ptr<comm::Communicator> embedding_group = groups != nullptr ? groups->embedding : nullptr;
   // Expert parameters reduce (and shard) over expert-dp: the ranks holding the same experts.
   const int expert_dp = pm->expert_grad_group ? pm->expert_grad_group->size() : 1;
-  ExpertGradGroups experts;
-  if (groups != nullptr) experts = {groups->expert_dp, groups->ep, groups->expert_tp};
+  DataParallelGroups dp_groups{.pp = pm->pipeline};
+  if (groups != nullptr) {
+    dp_groups.tp = groups->tp;
+    dp_groups.embedding = groups->embedding;
+    dp_groups.expert = {.dp = groups->expert_dp, .ep = groups->ep, .tp = groups->expert_tp};
+  }
   if (pc.use_custom_fsdp) {
     // FSDP: the chunks' blocks are the units, in forward order; one bucket per unit.
     std::vector<FsdpUnit> units;
@@ -83,8 +85,7 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
                           FullyShardedDataParallel::buffer_layout(
                               fo.strategy, d, units, static_cast<int>(pm->store.descs().size()), expert_dp));
     auto fsdp = std::make_unique<FullyShardedDataParallel>(pm->store, std::move(units), pm->grad_group,
-                                                           fo, rt.stream, tp_group, pm->pipeline,
-                                                           embedding_group, experts);
+                                                           fo, rt.stream, dp_groups);
     pm->fsdp = fsdp.get();
     OptimizerLayout ol;
     ol.flat_grads = fsdp->optimizer_grads_flat();
@@ -100,17 +101,14 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     dpo.distributed_optimizer = pc.use_distributed_optimizer;
     dpo.overlap_param_gather = pc.overlap_param_gather;
     dpo.bucket_size = pc.ddp_bucket_size;
-    std::shared_ptr<comm::Communicator> shard_group = pm->grad_group, inter_group;
+    std::shared_ptr<comm::Communicator> shard_group = pm->grad_group;
     if (groups != nullptr && dpo.distributed_optimizer && groups->dist_opt_intra) {
       shard_group = groups->dist_opt_intra;
-      inter_group = groups->dist_opt_inter;
-      pm->dist_opt_inter = inter_group;
+      pm->dist_opt_inter = dp_groups.inter = groups->dist_opt_inter;
     }
     pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
                           DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1, expert_dp));
-    pm->data_parallel = std::make_unique<DataParallel>(pm->store, shard_group, dpo, rt.stream,
-                                                       inter_group, tp_group, pm->pipeline,
-                                                       embedding_group, experts);
+    pm->data_parallel = std::make_unique<DataParallel>(pm->store, shard_group, dpo, rt.stream, dp_groups);
     pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
                                                      cfg.optimizer, rt.stream);
   }

@@ -11,6 +11,7 @@
 #include <vector>
 #include "megadlm/comm/bootstrap.h"
 #include "megadlm/ops/elementwise.h"
+#include "megadlm/parallel/model_parallel.h"
 #include "megadlm/parallel/tensor_parallel/comm_overlap.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 #include "support/spmd.h"
@@ -60,7 +61,7 @@ TEST_F(NcclTpCommOverlap, RingAllGatherOnTheSideStreamEqualsGatherRows) {
   const int tp = g.size(), me = g.rank();
   for (DType dtype : {DType::F32, DType::BF16}) {
     for (const int64_t rows : {int64_t{4096} * tp, int64_t{4096} * tp - 3}) {
-      const int64_t per = tp::shard_rows(rows, tp);
+      const int64_t per = shard_rows(rows, tp);
       const Tensor shard = tagged_rows(0, me * per, per, rows - me * per, dtype, compute_);
       const Tensor want = tp::gather_rows(shard, rows, &g, compute_);
       // Each chunk's rows copied as they arrive: a copy queued before its transfer ended reads

@@ -71,11 +71,16 @@ class SelfAttention {
   ops::AttentionArgs core_args(const MicroBatch& mb, const ModelRuntime& rt) const;
   bool fused_qk(const ModelRuntime& rt) const;
   ops::QkNormRopeArgs qk_args() const;
-  /// Fused path: the rows attention reads (q, k normalised and rotated, v as is). In place
-  /// (written over qkv, the value heads untouched) when no backward will read qkv again;
-  /// without copy_values the rows' value heads stay unwritten (the attention reads qkv's).
+  /// How rotated_qkv writes its rows.
+  struct RotateOptions {
+    /// Written over qkv (the value heads untouched): when no backward will read qkv again.
+    bool in_place = false;
+    /// false: the rows' value heads stay unwritten (the attention reads qkv's).
+    bool copy_values = true;
+  };
+  /// Fused path: the rows attention reads (q, k normalised and rotated, v as is).
   Tensor rotated_qkv(const Tensor& qkv, Tensor& rstd, const MicroBatch& mb, const Stream& s,
-                     bool in_place = false, bool copy_values = true) const;
+                     RotateOptions options) const;
   /// Training's fused path: whether the attention reads the value heads from the projection's
   /// output itself (cuDNN reads the packed rows in place; split copies would cost more).
   bool values_from_projection(const ops::AttentionArgs& a, const ModelRuntime& rt) const;

@@ -18,6 +18,7 @@
 // decoder.layers.{i}.pre_mlp_layernorm.{weight,bias}, and those of the two blocks.
 #pragma once
 #include <string>
+#include <variant>
 #include <vector>
 #include "megadlm/model/attention.h"
 #include "megadlm/model/micro_batch.h"
@@ -71,17 +72,21 @@ class TransformerLayer {
   /// Handles of every parameter of this layer.
   const std::vector<int>& param_handles() const { return handles_; }
   /// Whether the MLP is a mixture of experts.
-  bool is_moe() const { return moe_; }
+  bool is_moe() const { return std::holds_alternative<MoeLayer>(ffn_); }
 
  private:
+  /// ffn_'s forward: norm2's output -> the branch it adds to the residual stream; fills
+  /// rec.mlp or rec.moe.
+  Tensor ffn_forward(const Tensor& x, const MicroBatch& mb, LayerRecord& rec, const ModelRuntime& rt) const;
+
   const TransformerConfig& cfg_;
   int layer_;
   ModelParallel mp_;
   NormLayer norm1_, norm2_;
   SelfAttention attention_;
-  Mlp mlp_;
-  bool moe_ = false;
-  MoeLayer moe_layer_;
+  /// The block after the second norm: the dense MLP, or the mixture of experts of the layers
+  /// --moe-layer-freq selects.
+  std::variant<Mlp, MoeLayer> ffn_;
   std::vector<int> handles_;
 };
 

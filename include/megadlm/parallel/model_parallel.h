@@ -4,18 +4,16 @@
 // global. Data-parallel groups are not here: layers never talk over them (the gradient hooks of
 // parallel/param_hooks.h do).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <vector>
 #include "megadlm/comm/communicator.h"
+#include "megadlm/core/side_stream.h"
 #include "megadlm/parallel/context_parallel/comm_type.h"
 #include "megadlm/parallel/parallel_config.h"
 #include "megadlm/parallel/process_groups.h"
 
 namespace megadlm {
-
-namespace cp {
-class SideStream;  // parallel/context_parallel/mappings.h (also the TP overlap's stream)
-}
 
 /// One parallel dimension: its group (null: a group of one) and this rank's place in it.
 struct ParallelGroup {
@@ -30,6 +28,11 @@ struct ParallelGroup {
   static ParallelGroup of(std::shared_ptr<comm::Communicator> c);
 };
 
+/// Rows of one sequence-parallel shard for `rows` rows over `tp` ranks: ceil(rows / tp); TP rank
+/// t holds rows [t · shard, (t + 1) · shard), the last shard padded with zero rows
+/// (tensor_parallel/mappings.h).
+inline int64_t shard_rows(int64_t rows, int tp) { return (rows + tp - 1) / tp; }
+
 struct ModelParallel {
   ParallelGroup tp;         ///< tensor parallel (dense layers)
   ParallelGroup cp;         ///< context parallel: the sequence is split over it
@@ -42,7 +45,7 @@ struct ModelParallel {
   std::vector<cp::CommType> cp_comm_types;
   /// The stream the CP ring's transfers overlap compute on (CUDA), shared by every layer; null
   /// without CP.
-  std::shared_ptr<cp::SideStream> cp_side_stream;
+  std::shared_ptr<SideStream> cp_side_stream;
   /// Sequence parallelism: activations between TP regions are sharded along the rows. Resolved:
   /// true only with tp.size > 1.
   bool sequence_parallel = false;
@@ -50,7 +53,7 @@ struct ModelParallel {
   /// overlapped with their GEMMs (tensor_parallel/comm_overlap.h). Resolved: true only with SP.
   bool tp_comm_overlap = false;
   /// The stream those rings' transfers run on (CUDA), shared by every layer; null without it.
-  std::shared_ptr<cp::SideStream> tp_side_stream;
+  std::shared_ptr<SideStream> tp_side_stream;
 
   /// Rows of activations this rank holds between TP regions for `rows` rows of the full
   /// (per-CP-rank) micro-batch: its SP shard, or all of them.

@@ -51,6 +51,23 @@ struct ParamInit {
 /// embedding group; each sits in a bucket of its own, and norms count only the Original.
 enum class PipelineShare : uint8_t { None, Original, Copy };
 
+/// How ParameterStore::add registers a parameter; call sites name what they set
+/// (`{.init = init, .weight_decay = false, .tp = slice}`).
+struct ParamSpec {
+  ParamInit init = {};
+  bool weight_decay = true;
+  /// Laid out right after the previously registered parameter (rows of the same width), so
+  /// that the two form one matrix: q, k, v -> one QKV GEMM; gate, up -> one fc1 GEMM.
+  bool fuse_with_previous = false;
+  /// With a TP split, this rank keeps the slice `tp` describes (the split dimension must
+  /// divide evenly).
+  TpSlice tp = {};
+  /// An expert parameter (ParamDesc::expert).
+  bool expert = false;
+  /// A tied weight shared with another pipeline stage (ParamDesc::pipeline_share).
+  PipelineShare pipeline_share = PipelineShare::None;
+};
+
 struct ParamDesc {
   std::string name;  ///< global name, e.g. "decoder.layers.3.self_attention.linear_q.weight"
   Shape shape;       ///< this rank's (local) shape
@@ -101,14 +118,8 @@ class ParameterStore {
  public:
   using Handle = int;
 
-  /// Registers a parameter of global shape `global_shape`; with a TP split, this rank keeps
-  /// the slice `tp` describes (the split dimension must divide evenly).
-  Handle add(const std::string& name, const Shape& global_shape, ParamInit init, bool weight_decay,
-             bool fuse_with_previous = false, TpSlice tp = {});
-  /// Marks a parameter shared with another pipeline stage (before materialize).
-  void set_pipeline_share(Handle h, PipelineShare share);
-  /// Marks an expert parameter (before materialize; see ParamDesc::expert).
-  void set_expert(Handle h);
+  /// Registers a parameter of global shape `global_shape` as `spec` says (before materialize).
+  Handle add(const std::string& name, const Shape& global_shape, const ParamSpec& spec);
 
   /// Lays out and allocates the buffers on `stream`'s device, zeroes the gradients and
   /// initialises the weights from `seed` in `param_dtype` (f32 on CPU, bf16 on CUDA).

@@ -79,12 +79,6 @@ Tensor reduce_scatter_sequence(const Tensor& full, DType dtype, comm::Communicat
   return out;
 }
 
-const Stream* SideStream::for_compute(const Stream& compute) {
-  if (!compute.is_cuda()) return nullptr;
-  if (!stream_ || stream_->device() != compute.device()) stream_ = Stream::create(compute.device());
-  return &*stream_;
-}
-
 void RingTransfer::start(comm::Communicator& ring, const std::vector<Tensor>& send,
                          const std::vector<Tensor>& recv, const Stream& compute,
                          const Stream* side) {

@@ -5,6 +5,30 @@
 
 namespace megadlm {
 
+DataParallelGroups DataParallelGroups::without_single_ranks() const {
+  DataParallelGroups out = *this;
+  for (std::shared_ptr<comm::Communicator>* g :
+       {&out.inter, &out.tp, &out.pp, &out.embedding, &out.expert.dp, &out.expert.ep, &out.expert.tp})
+    if (*g && (*g)->size() == 1) g->reset();
+  return out;
+}
+
+double DataParallelGroups::global_sq_norm(const NormSums& sums, comm::Communicator* dense_shards,
+                                          comm::Communicator* expert_shards, bool has_experts,
+                                          const Stream& stream) const {
+  auto sum_over = [&](comm::Communicator* c, double v) { return c ? sum_over_ranks(*c, v, stream) : v; };
+  const double dense = sum_over(tp.get(), sum_over(dense_shards, sums.dense(!tp || tp->rank() == 0)));
+  double experts = 0;
+  // Expert parameters: shards over expert-dp, other experts over EP, slices over expert TP.
+  // (Every rank of these groups holds the same layers, so all of them take this branch.)
+  if (has_experts) {
+    const ExpertGradGroups& e = expert;
+    experts = sum_over(expert_shards, sums.expert(!e.tp || e.tp->rank() == 0));
+    experts = sum_over(e.tp.get(), sum_over(e.ep.get(), experts));
+  }
+  return sum_over(pp.get(), dense + experts);  // stages hold disjoint parameters
+}
+
 BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_size, int expert_dp_size) {
   BufferLayout l;
   if (o.overlap_grad_reduce) {
@@ -21,22 +45,10 @@ BufferLayout DataParallel::buffer_layout(const DataParallelOptions& o, int dp_si
 }
 
 DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
-                           DataParallelOptions options, const Stream& compute,
-                           std::shared_ptr<comm::Communicator> inter,
-                           std::shared_ptr<comm::Communicator> tp,
-                           std::shared_ptr<comm::Communicator> pp,
-                           std::shared_ptr<comm::Communicator> embedding,
-                           ExpertGradGroups expert)
-    : store_(store), group_(std::move(group)), inter_(std::move(inter)), tp_(std::move(tp)),
-      pp_(std::move(pp)), embedding_(std::move(embedding)), expert_(std::move(expert)),
-      opt_(options), compute_(compute) {
-  for (auto* g : {&expert_.dp, &expert_.ep, &expert_.tp})
-    if (*g && (*g)->size() == 1) g->reset();
-  if (inter_ && inter_->size() == 1) inter_.reset();
-  if (tp_ && tp_->size() == 1) tp_.reset();
-  if (pp_ && pp_->size() == 1) pp_.reset();
-  if (embedding_ && embedding_->size() == 1) embedding_.reset();
-  MDLM_CHECK(!inter_ || opt_.distributed_optimizer,
+                           DataParallelOptions options, const Stream& compute, DataParallelGroups groups)
+    : store_(store), group_(std::move(group)), groups_(groups.without_single_ranks()), opt_(options),
+      compute_(compute) {
+  MDLM_CHECK(!groups_.inter || opt_.distributed_optimizer,
              "several distributed-optimizer instances need the distributed optimizer");
   MDLM_CHECK(store.materialized(), "DataParallel needs a materialised parameter store");
   size_ = group_ ? group_->size() : 1;
@@ -44,9 +56,9 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
   const auto& buckets = store.buckets();
   bool any_expert = false;
   for (const GradBucket& b : buckets) any_expert |= b.expert;
-  MDLM_CHECK(!any_expert || !inter_, "expert parameters with several distributed-optimizer "
+  MDLM_CHECK(!any_expert || !groups_.inter, "expert parameters with several distributed-optimizer "
              "instances are not supported");
-  const int most = std::max(size_, expert_.dp ? expert_.dp->size() : 1);
+  const int most = std::max(size_, groups_.expert.dp ? groups_.expert.dp->size() : 1);
   // A second stream only where it buys overlap: CUDA with more than one rank.
   overlap_ = compute.is_cuda() && most > 1 && (opt_.overlap_grad_reduce || opt_.overlap_param_gather);
   comm_ = overlap_ ? Stream::create(compute.device()) : compute;
@@ -70,7 +82,7 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
   pending_.assign(buckets.size(), 0);
   launched_.assign(buckets.size(), false);
   deferred_.assign(buckets.size(), false);
-  if (embedding_)
+  if (groups_.embedding)
     for (size_t b = 0; b < buckets.size(); ++b)
       for (int h : buckets[b].params)
         if (store.desc(h).pipeline_share != PipelineShare::None) deferred_[b] = true;
@@ -79,7 +91,7 @@ DataParallel::DataParallel(ParameterStore& store, std::shared_ptr<comm::Communic
 }
 
 comm::Communicator* DataParallel::group_of(size_t b) const {
-  return store_.buckets()[b].expert ? expert_.dp.get() : group_.get();
+  return store_.buckets()[b].expert ? groups_.expert.dp.get() : group_.get();
 }
 
 int DataParallel::group_size(size_t b) const {
@@ -132,7 +144,7 @@ void DataParallel::launch_bucket(size_t b) {
   const GradBucket& bucket = store_.buckets()[b];
   comm::Communicator* group = group_of(b);
   const int n = group_size(b);
-  comm::Communicator* inter = bucket.expert ? nullptr : inter_.get();
+  comm::Communicator* inter = bucket.expert ? nullptr : groups_.inter.get();
   Tensor grads = store_.flat_grads().slice_flat(bucket.begin, {bucket.end - bucket.begin});
   if (n == 1 && !inter) {
     if (opt_.distributed_optimizer) {  // one rank owns the bucket: the "shard" is all of it
@@ -173,33 +185,33 @@ void DataParallel::finish_grad_sync() {
   if (overlap_) {
     // The timeout names a hung bucket collective.
     if (group_) group_->synchronize(comm_);
-    if (expert_.dp) expert_.dp->synchronize(comm_);
-    if (inter_) inter_->synchronize(comm_);
+    if (groups_.expert.dp) groups_.expert.dp->synchronize(comm_);
+    if (groups_.inter) groups_.inter->synchronize(comm_);
     for (size_t b = 0; b < done_.size(); ++b)
-      if (group_size(b) > 1 || (inter_ && !store_.buckets()[b].expert)) done_[b].wait_on(compute_);
+      if (group_size(b) > 1 || (groups_.inter && !store_.buckets()[b].expert)) done_[b].wait_on(compute_);
   }
   reduce_tp_partial_grads();
 }
 
 void DataParallel::reduce_embedding_group_grads() {
-  if (!embedding_) return;
+  if (!groups_.embedding) return;
   for (size_t i = 0; i < store_.descs().size(); ++i) {
     if (store_.descs()[i].pipeline_share == PipelineShare::None) continue;
     Tensor g = store_.grad(static_cast<int>(i));
     Tensor flat = g.view({g.numel()});
-    embedding_->all_reduce(flat, comm::ReduceOp::Sum, compute_);
+    groups_.embedding->all_reduce(flat, comm::ReduceOp::Sum, compute_);
   }
 }
 
 void DataParallel::reduce_tp_partial_grads() {
-  if (!tp_) return;
+  if (!groups_.tp) return;
   // Sums commute: reducing over TP after DP gives the same total as before it. Every TP rank
   // has the same flat layout and shard ranges, so the pieces line up across the group.
   Tensor g = optimizer_grads();
   for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
     if (!d.tp.partial_grad) return;
     Tensor piece = g.slice_flat(compact, {count});
-    tp_->all_reduce(piece, comm::ReduceOp::Sum, compute_);
+    groups_.tp->all_reduce(piece, comm::ReduceOp::Sum, compute_);
   });
 }
 
@@ -210,35 +222,24 @@ double DataParallel::grad_sq_norm() {
   bool has_experts = false;
   for (const GradBucket& b : store_.buckets()) has_experts |= b.expert;
   std::vector<NormPiece> pieces;
-  if (!tp_ && !has_copy && !has_experts) {
+  if (!groups_.tp && !has_copy && !has_experts) {
     // No TP group, tied copy or experts: all of the buffer counts, as one piece.
     pieces.push_back({.offset = 0, .count = g.numel(), .target = kNormSplit});
   } else {
     // One sum_squares per run of touching pieces with the same accumulator (grad_norm_runs.h).
     for_each_owned_piece([&](const ParamDesc& d, int64_t compact, int64_t, int64_t count) {
       if (d.pipeline_share == PipelineShare::Copy) return;
-      const int target = norm_target(d, tp_ != nullptr, expert_.tp != nullptr);
+      const int target =
+          norm_target(d, {.tp = groups_.tp != nullptr, .expert_tp = groups_.expert.tp != nullptr});
       pieces.push_back({.offset = compact, .count = count, .target = target});
     });
   }
-  const NormSums sums = sum_norm_pieces(g, std::move(pieces), compute_);
-  double dense = sums.dense(!tp_ || tp_->rank() == 0);
-  double expert = sums.expert(!expert_.tp || expert_.tp->rank() == 0);
-  auto sum_over = [&](comm::Communicator& c, double v) { return sum_over_ranks(c, v, compute_); };
   // Shards of one instance are disjoint and cover the model once: the global norm is their sum
   // (the other instances hold the same values); full replicas are already global.
-  if (opt_.distributed_optimizer && size_ > 1) dense = sum_over(*group_, dense);
-  if (tp_) dense = sum_over(*tp_, dense);
-  // Expert parameters: shards over expert-dp, other experts over EP, slices over expert TP.
-  // (Every rank of these groups holds the same layers, so all of them take this branch.)
-  if (has_experts) {
-    if (opt_.distributed_optimizer && expert_.dp) expert = sum_over(*expert_.dp, expert);
-    if (expert_.ep) expert = sum_over(*expert_.ep, expert);
-    if (expert_.tp) expert = sum_over(*expert_.tp, expert);
-  }
-  double local = dense + expert;
-  if (pp_) local = sum_over(*pp_, local);  // stages hold disjoint parameters
-  return local;
+  const bool sharded = opt_.distributed_optimizer;
+  return groups_.global_sq_norm(sum_norm_pieces(g, std::move(pieces), compute_),
+                                sharded && size_ > 1 ? group_.get() : nullptr,
+                                sharded ? groups_.expert.dp.get() : nullptr, has_experts, compute_);
 }
 
 void DataParallel::start_param_gather() {
@@ -282,7 +283,7 @@ void DataParallel::finish_param_gather() {
   if (!gather_in_flight_) return;
   const Stream& s = opt_.overlap_param_gather && overlap_ ? comm_ : compute_;
   if (group_) group_->synchronize(s);
-  if (expert_.dp) expert_.dp->synchronize(s);
+  if (groups_.expert.dp) groups_.expert.dp->synchronize(s);
   for (size_t b = 0; b < param_ready_.size(); ++b) {
     if (!param_ready_[b]) done_[b].wait_on(compute_);
     param_ready_[b] = true;

@@ -30,22 +30,68 @@ BufferLayout FullyShardedDataParallel::buffer_layout(ShardingStrategy strategy, 
   return l;
 }
 
+FsdpShardLayout FullyShardedDataParallel::shard_layout(const ParameterStore& store,
+                                                      ShardingStrategy strategy, int d,
+                                                      const std::vector<FsdpUnit>& units, int expert_d) {
+  MDLM_CHECK(d >= 1, "FSDP over ", d, " ranks");
+  if (expert_d <= 0) expert_d = d;
+  const bool sharded = strategy != ShardingStrategy::NoShard;
+  std::vector<int> unit_of_handle(store.descs().size(), -1);
+  for (size_t u = 0; u < units.size(); ++u)
+    for (int h : units[u].handles) unit_of_handle.at(static_cast<size_t>(h)) = static_cast<int>(u);
+  FsdpShardLayout l;
+  l.unit_elements.assign(units.size(), 0);
+  l.flat_size = store.flat_size();
+  const auto& sb = store.buckets();
+  for (size_t i = 0; i < sb.size(); ++i) {
+    FsdpShardLayout::Bucket b;
+    b.begin = sb[i].begin;
+    b.end = sb[i].end;
+    b.unit = unit_of_handle[static_cast<size_t>(sb[i].params.front())];
+    MDLM_CHECK(b.unit >= 0, "bucket ", i, " belongs to no FSDP unit");
+    for (int h : sb[i].params)
+      MDLM_CHECK(unit_of_handle[static_cast<size_t>(h)] == b.unit, "bucket ", i, " spans two FSDP units");
+    b.expert = sb[i].expert;
+    b.ranks = b.expert ? expert_d : d;
+    const int64_t len = b.end - b.begin;
+    if (sharded) {
+      MDLM_CHECK(len % b.ranks == 0, "bucket of ", len, " elements does not split into ", b.ranks,
+                 " shards (lay the store out with FullyShardedDataParallel::buffer_layout)");
+      b.shard = len / b.ranks;
+      b.compact_offset = l.shard_elements;
+    } else {
+      b.shard = len;  // replicated optimizer state: the compact layout is the flat one
+      b.compact_offset = b.begin;
+    }
+    l.shard_elements += b.shard;
+    l.unit_elements[static_cast<size_t>(b.unit)] += len;
+    l.buckets.push_back(b);
+  }
+  return l;
+}
+
+OwnedRange FsdpShardLayout::owned(size_t b, int rank) const {
+  const Bucket& k = buckets.at(b);
+  if (k.shard == k.end - k.begin) return {k.begin, k.end, k.compact_offset};
+  MDLM_CHECK(rank >= 0 && rank < k.ranks, "rank ", rank, " of a bucket cut over ", k.ranks, " ranks");
+  return {k.begin + rank * k.shard, k.begin + (rank + 1) * k.shard, k.compact_offset};
+}
+
+int64_t FsdpShardLayout::largest_unit() const {
+  int64_t most = 0;
+  for (int64_t n : unit_elements) most = std::max(most, n);
+  return most;
+}
+
 FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::vector<FsdpUnit> units,
                                                    std::shared_ptr<comm::Communicator> group,
                                                    FsdpOptions options, const Stream& compute,
-                                                   std::shared_ptr<comm::Communicator> tp,
-                                                   std::shared_ptr<comm::Communicator> pp,
-                                                   std::shared_ptr<comm::Communicator> embedding,
-                                                   ExpertGradGroups expert)
-    : store_(store), units_(std::move(units)), group_(std::move(group)), tp_(std::move(tp)),
-      pp_(std::move(pp)), embedding_(std::move(embedding)), expert_(std::move(expert)), opt_(options),
-      compute_(compute) {
+                                                   DataParallelGroups groups)
+    : store_(store), units_(std::move(units)), group_(std::move(group)),
+      groups_(groups.without_single_ranks()), opt_(options), compute_(compute) {
   MDLM_CHECK(store.materialized(), "FSDP needs a materialised parameter store");
-  if (tp_ && tp_->size() == 1) tp_.reset();
-  if (pp_ && pp_->size() == 1) pp_.reset();
-  if (embedding_ && embedding_->size() == 1) embedding_.reset();
-  for (auto* g : {&expert_.dp, &expert_.ep, &expert_.tp})
-    if (*g && (*g)->size() == 1) g->reset();
+  MDLM_CHECK(!groups_.inter, "FSDP has no distributed-optimizer instances: its groups name an "
+             "inter-instance group of ", groups.inter ? groups.inter->size() : 0, " ranks");
   size_ = group_ ? group_->size() : 1;
   rank_ = group_ ? group_->rank() : 0;
   const ShardingStrategy st = opt_.strategy;
@@ -54,7 +100,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
                                            st == ShardingStrategy::OptimGradsParams),
              "the parameter store was not laid out for FSDP ", sharding_strategy_name(st),
              " (materialise it with FullyShardedDataParallel::buffer_layout)");
-  const int expert_size = expert_.dp ? expert_.dp->size() : 1;
+  const int expert_size = groups_.expert.dp ? groups_.expert.dp->size() : 1;
   overlap_ = opt_.overlap && compute.is_cuda() &&
              (size_ > 1 || expert_size > 1 || opt_.streams_with_one_rank);
   ag_stream_ = overlap_ ? Stream::create(compute.device()) : compute;
@@ -64,48 +110,35 @@ FullyShardedDataParallel::FullyShardedDataParallel(ParameterStore& store, std::v
   ag_group_ = overlap_ && size_ > 1
                   ? std::shared_ptr<comm::Communicator>(group_->split(0, rank_, group_->name() + "-ag"))
                   : group_;
+  const std::shared_ptr<comm::Communicator>& expert_dp = groups_.expert.dp;
   expert_ag_group_ = overlap_ && expert_size > 1
                          ? std::shared_ptr<comm::Communicator>(
-                               expert_.dp->split(0, expert_.dp->rank(), expert_.dp->name() + "-ag"))
-                         : expert_.dp;
+                               expert_dp->split(0, expert_dp->rank(), expert_dp->name() + "-ag"))
+                         : expert_dp;
 
-  // Buckets, their units and this rank's shard of each.
-  const auto& sb = store.buckets();
+  // Buckets, their units and this rank's shard of each (the planner's computation).
+  const FsdpShardLayout layout = shard_layout(store, st, size_, units_, expert_size);
   unit_buckets_.assign(units_.size(), {});
-  std::vector<int> unit_of_handle(store.descs().size(), -1);
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (int h : units_[u].handles) unit_of_handle[static_cast<size_t>(h)] = static_cast<int>(u);
-  int64_t compact = 0;
-  for (size_t i = 0; i < sb.size(); ++i) {
+  for (size_t i = 0; i < layout.buckets.size(); ++i) {
+    const FsdpShardLayout::Bucket& lb = layout.buckets[i];
     Bucket b;
-    b.begin = sb[i].begin;
-    b.end = sb[i].end;
-    b.unit = unit_of_handle[static_cast<size_t>(sb[i].params.front())];
-    for (int h : sb[i].params) {
-      MDLM_CHECK(unit_of_handle[static_cast<size_t>(h)] == b.unit, "bucket ", i, " spans two FSDP units");
-      b.shared |= store.desc(h).pipeline_share != PipelineShare::None;
-    }
-    MDLM_CHECK(b.unit >= 0, "bucket ", i, " belongs to no FSDP unit");
-    b.expert = sb[i].expert;
-    b.group = b.expert ? expert_.dp.get() : group_.get();
+    b.begin = lb.begin;
+    b.end = lb.end;
+    b.unit = lb.unit;
+    for (int h : store.buckets()[i].params) b.shared |= store.desc(h).pipeline_share != PipelineShare::None;
+    b.expert = lb.expert;
+    b.group = b.expert ? groups_.expert.dp.get() : group_.get();
     b.ag_group = b.expert ? expert_ag_group_.get() : ag_group_.get();
-    b.size = b.group ? b.group->size() : 1;
+    b.size = lb.ranks;
     b.rank = b.group ? b.group->rank() : 0;
     b.gathered = Event::create(compute.device());
     b.reduce_done = Event::create(compute.device());
     b.param_ready = Event::create(compute.device());
     unit_buckets_[static_cast<size_t>(b.unit)].push_back(static_cast<int>(i));
-    const int64_t len = b.end - b.begin;
-    if (sharded()) {
-      MDLM_CHECK(len % b.size == 0, "bucket of ", len, " elements does not split into ", b.size, " shards");
-      owned_.push_back({b.begin + b.rank * (len / b.size), b.begin + (b.rank + 1) * (len / b.size), compact});
-      compact += len / b.size;
-    } else {
-      // Replicated optimizer state: the compact layout is the flat one.
-      owned_.push_back({b.begin, b.end, b.begin});
-    }
+    owned_.push_back(layout.owned(i, b.rank));
     buckets_.push_back(std::move(b));
   }
+  const int64_t compact = layout.shard_elements;
   if (store.params_sharded()) {
     param_shards_ = Tensor::zeros({std::max<int64_t>(compact, 1)}, store.param_dtype(), compute).slice_flat(0, {compact});
     // Shard-only initialisation by global element index (= --init-model-with-meta-device):
@@ -137,10 +170,11 @@ FsdpBytes FullyShardedDataParallel::persistent_bytes() const {
 std::string FullyShardedDataParallel::summary() const {
   bool experts = false;
   for (const Bucket& b : buckets_) experts |= b.expert;
+  const int expert_d = groups_.expert.dp ? groups_.expert.dp->size() : 1;
   return std::string(", Megatron-FSDP ") + sharding_strategy_name(opt_.strategy) + " over " +
          std::to_string(size_) + " rank(s)" +
-         (experts ? " (experts over " + std::to_string(expert_.dp ? expert_.dp->size() : 1) + ")" : "") +
-         ", " + std::to_string(units_.size()) + " unit(s)";
+         (experts ? " (experts over " + std::to_string(expert_d) + ")" : "") + ", " +
+         std::to_string(units_.size()) + " unit(s)";
 }
 
 bool FullyShardedDataParallel::checkpoint_writer() const {
@@ -428,7 +462,7 @@ void FullyShardedDataParallel::finish_grad_sync() {
   while (!in_flight_.empty()) retire_oldest();
   if (overlap_) {
     if (group_) group_->synchronize(rs_stream_);  // the timeout names a hung reduction
-    if (expert_.dp) expert_.dp->synchronize(rs_stream_);
+    if (groups_.expert.dp) groups_.expert.dp->synchronize(rs_stream_);
     for (const Bucket& b : buckets_) b.reduce_done.wait_on(compute_);
   }
   // Every unit is resharded at the end of backward (a leftover is a hook the model missed).
@@ -441,20 +475,20 @@ void FullyShardedDataParallel::finish_grad_sync() {
   Tensor g = optimizer_grads();
   // A tied weight's two copies (first and last stage) sum their reduced shards over the
   // embedding group: their buckets are laid out alike, so the shards line up (#844).
-  if (embedding_) {
+  if (groups_.embedding) {
     for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
       if (d.pipeline_share == PipelineShare::None) return;
       Tensor piece = g.slice_flat(off, {count});
-      embedding_->all_reduce(piece, comm::ReduceOp::Sum, compute_);
+      groups_.embedding->all_reduce(piece, comm::ReduceOp::Sum, compute_);
     });
   }
   // Partial gradients of replicated parameters (SP norms, QK-norms) sum over TP, on the shards:
   // every TP rank has the same bucket layout.
-  if (tp_) {
+  if (groups_.tp) {
     for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
       if (!d.tp.partial_grad) return;
       Tensor piece = g.slice_flat(off, {count});
-      tp_->all_reduce(piece, comm::ReduceOp::Sum, compute_);
+      groups_.tp->all_reduce(piece, comm::ReduceOp::Sum, compute_);
     });
   }
 }
@@ -469,25 +503,14 @@ double FullyShardedDataParallel::grad_sq_norm() {
   std::vector<NormPiece> pieces;
   for_each_owned_piece([&](const ParamDesc& d, int64_t off, int64_t count) {
     if (d.pipeline_share == PipelineShare::Copy) return;
-    const int target = norm_target(d, tp_ != nullptr, expert_.tp != nullptr);
+    const int target =
+        norm_target(d, {.tp = groups_.tp != nullptr, .expert_tp = groups_.expert.tp != nullptr});
     pieces.push_back({.offset = off, .count = count, .target = target});
   });
-  const NormSums sums = sum_norm_pieces(g, std::move(pieces), compute_);
-  double dense = sums.dense(!tp_ || tp_->rank() == 0);
-  double expert = sums.expert(!expert_.tp || expert_.tp->rank() == 0);
-  auto sum_over = [&](comm::Communicator& c, double v) { return sum_over_ranks(c, v, compute_); };
-  if (sharded() && size_ > 1) dense = sum_over(*group_, dense);  // disjoint shards
-  if (tp_) dense = sum_over(*tp_, dense);
-  // Expert parameters: shards over expert-dp, other experts over EP, slices over expert TP
-  // (every rank of these groups holds the same layers, so all of them take this branch).
-  if (has_experts) {
-    if (sharded() && expert_.dp) expert = sum_over(*expert_.dp, expert);
-    if (expert_.ep) expert = sum_over(*expert_.ep, expert);
-    if (expert_.tp) expert = sum_over(*expert_.tp, expert);
-  }
-  double local = dense + expert;
-  if (pp_) local = sum_over(*pp_, local);
-  return local;
+  // Sharded strategies: the shards of the group are disjoint; no_shard: replicas.
+  return groups_.global_sq_norm(sum_norm_pieces(g, std::move(pieces), compute_),
+                                sharded() && size_ > 1 ? group_.get() : nullptr,
+                                sharded() ? groups_.expert.dp.get() : nullptr, has_experts, compute_);
 }
 
 // ---------------------------------------------------- optim / optim_grads: weights after the step

@@ -26,9 +26,9 @@ std::vector<NormPiece> coalesce_norm_pieces(std::vector<NormPiece> pieces, int64
   return runs;
 }
 
-int norm_target(const ParamDesc& d, bool has_tp, bool has_expert_tp) {
-  if (d.expert) return d.replicated() && has_expert_tp ? kNormExpertReplicated : kNormExpertSplit;
-  return d.replicated() && has_tp ? kNormReplicated : kNormSplit;
+int norm_target(const ParamDesc& d, NormTpGroups groups) {
+  if (d.expert) return d.replicated() && groups.expert_tp ? kNormExpertReplicated : kNormExpertSplit;
+  return d.replicated() && groups.tp ? kNormReplicated : kNormSplit;
 }
 
 NormSums sum_norm_pieces(const Tensor& grads, std::vector<NormPiece> pieces, const Stream& stream) {

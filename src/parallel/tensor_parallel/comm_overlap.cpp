@@ -7,6 +7,7 @@
 #include <vector>
 #include "megadlm/core/event.h"
 #include "megadlm/ops/elementwise.h"
+#include "megadlm/parallel/model_parallel.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 
 namespace megadlm::tp {

@@ -48,12 +48,12 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::vec
                                            const ModelParallel& mp)
     : store_(&store), mp_(mp) {
   MDLM_CHECK(!parts.empty(), "ColumnParallelLinear needs at least one part");
-  const TpSlice column{TpSplit::Rows, mp.tp.rank, mp.tp.size};  // output rows split
+  const TpSlice column{.split = TpSplit::Rows, .rank = mp.tp.rank, .size = mp.tp.size};  // output rows split
   for (size_t i = 0; i < parts.size(); ++i) {
     MDLM_CHECK(parts[i].out_features % mp.tp.size == 0, parts[i].name, ": ", parts[i].out_features,
                " output features do not split over ", mp.tp.size, " tensor-parallel ranks");
     const ParameterStore::Handle h = store.add(parts[i].name + ".weight", {parts[i].out_features, in_features},
-                                               init, true, i > 0, column);
+                                               {.init = init, .fuse_with_previous = i > 0, .tp = column});
     if (i == 0) w_first_ = h;
     w_last_ = h;
     local_out_ += parts[i].out_features / mp.tp.size;
@@ -61,8 +61,9 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::vec
   if (bias) {
     const ParamInit zero{InitKind::Zeros, 0.0f};
     for (size_t i = 0; i < parts.size(); ++i) {
-      const ParameterStore::Handle h = store.add(parts[i].name + ".bias", {parts[i].out_features},
-                                                 zero, false, i > 0, column);
+      const ParameterStore::Handle h =
+          store.add(parts[i].name + ".bias", {parts[i].out_features},
+                    {.init = zero, .weight_decay = false, .fuse_with_previous = i > 0, .tp = column});
       if (i == 0) b_first_ = h;
       b_last_ = h;
     }
@@ -126,11 +127,13 @@ RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& n
     : store_(&store), mp_(mp) {
   MDLM_CHECK(in_features % mp.tp.size == 0, name, ": ", in_features,
              " input features do not split over ", mp.tp.size, " tensor-parallel ranks");
-  const TpSlice row{TpSplit::Cols, mp.tp.rank, mp.tp.size};  // input columns split
-  weight_ = store.add(name + ".weight", {out_features, in_features}, init, true, false, row);
+  const TpSlice row{.split = TpSplit::Cols, .rank = mp.tp.rank, .size = mp.tp.size};  // input columns split
+  weight_ = store.add(name + ".weight", {out_features, in_features}, {.init = init, .tp = row});
   if (bias)
-    bias_ = store.add(name + ".bias", {out_features}, ParamInit{InitKind::Zeros, 0.0f}, false, false,
-                      TpSlice{TpSplit::Replicated, mp.tp.rank, mp.tp.size});
+    bias_ = store.add(name + ".bias", {out_features},
+                      {.init = {InitKind::Zeros, 0.0f},
+                       .weight_decay = false,
+                       .tp = {.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = mp.tp.size}});
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {

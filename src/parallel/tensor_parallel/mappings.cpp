@@ -1,5 +1,6 @@
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 #include "megadlm/ops/elementwise.h"
+#include "megadlm/parallel/model_parallel.h"
 
 namespace megadlm::tp {
 

@@ -14,7 +14,9 @@
 //     padding is recomputed here from the parameter shapes: fused groups start at multiples of
 //     64 elements and each unit's bucket ends at a multiple of 64·d (64 for no_shard). The
 //     memory planner's dry computation (training/memory_plan.h) gives the same bytes; with it
-//     tests/unit/training/test_memory_plan.cpp checks the CUDA profile for d = 1, 2, 4, 8.
+//     tests/unit/training/test_memory_plan.cpp checks the CUDA profile for d = 1, 2, 4, 8. With
+//     MoE layers over EP 2 the expert buckets shard over expert-dp, and the planner's shard
+//     sizes are still the allocation's.
 //   * Schedule: the wrapper's action trace over M micro-batches of the tiny model:
 //     optim_grads_params gathers every unit twice per micro-batch (forward and backward, also
 //     with recomputation), issues the next unit's gather before releasing the current one, holds
@@ -64,9 +66,9 @@ struct TwoUnits {
   std::unique_ptr<FullyShardedDataParallel> fsdp;
   TwoUnits(ShardingStrategy s, std::shared_ptr<comm::Communicator> group) {
     const ParamInit init{InitKind::Normal, 0.02f};
-    const int a = store.add("unit0.a", {3, 40}, init, true);
-    const int b = store.add("unit0.b", {70}, init, false);
-    const int c = store.add("unit1.c", {5, 30}, init, true);
+    const int a = store.add("unit0.a", {3, 40}, {.init = init});
+    const int b = store.add("unit0.b", {70}, {.init = init, .weight_decay = false});
+    const int c = store.add("unit1.c", {5, 30}, {.init = init});
     units = {{0, {a, b}}, {0, {c}}};
     const int d = group ? group->size() : 1;
     store.materialize(DType::F32, 5, Stream::cpu(), FullyShardedDataParallel::buffer_layout(s, d, units, 3));
@@ -223,6 +225,57 @@ TEST(FsdpBytes, ThePlannersDdpAndDistributedOptimizerBytesAreTheAllocationToo) {
       EXPECT_EQ(plan.grads, grads);
       EXPECT_EQ(plan.masters + plan.moments, pm->optimizer->state_bytes());
     }
+  }
+}
+
+// Experts shard over their own group (expert-dp = world / 2 with EP 2), dense buckets over the
+// world: the planner's shard sizes (from the configuration's sizes) are the wrapper's (from its
+// groups), bucket by bucket through the allocation. The expected shard of every bucket is
+// recomputed here from its kind: len / world (dense) or len / (world / 2) (expert), whole under
+// no_shard.
+TEST(FsdpBytes, ThePlannersExpertAndDenseShardsAreTheWrappers) {
+  const int world = runtime().world().size();
+  if (world < 2) GTEST_SKIP() << "needs 2 ranks or more: experts over EP 2";
+  const int ed = world / 2;
+  for (ShardingStrategy s : kStrategies) {
+    SCOPED_TRACE(std::string(sharding_strategy_name(s)) + ", d " + std::to_string(world));
+    RunConfig cfg = fsdp_run(s, world);
+    test::make_moe(cfg, 4, 2);
+    cfg.parallel.expert_model_parallel_size = 2;
+    cfg.parallel.expert_tensor_parallel_size = 1;
+    cfg.parallel.expert_data_parallel_size = ed;
+    const parallel::ProcessGroups pg = parallel::ProcessGroups::build(runtime().world_shared(), cfg.parallel);
+    std::unique_ptr<ParallelModel> pm = parallelize(cfg, &pg);
+    ASSERT_NE(pm->fsdp, nullptr);
+    const bool sharded = s != ShardingStrategy::NoShard;
+    const auto& buckets = pm->store.buckets();
+    const auto& owned = pm->fsdp->owned_ranges();
+    ASSERT_EQ(owned.size(), buckets.size());
+    int64_t S = 0, kept = 0, experts = 0;
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const int64_t len = buckets[i].end - buckets[i].begin;
+      const int ranks = buckets[i].expert ? ed : world;
+      experts += buckets[i].expert;
+      const int64_t shard = sharded ? len / ranks : len;
+      if (sharded) {
+        EXPECT_EQ(len % (64 * ranks), 0) << "bucket " << i;
+      }
+      EXPECT_EQ(owned[i].end - owned[i].begin, shard) << "bucket " << i;
+      S += len;
+      kept += shard;
+    }
+    EXPECT_GT(experts, 0);
+    EXPECT_EQ(S, pm->store.flat_size());
+    const bool wsh = s == ShardingStrategy::OptimGradsParams;
+    const bool gsh = wsh || s == ShardingStrategy::OptimGrads;
+    const FsdpBytes b = pm->fsdp->persistent_bytes();
+    EXPECT_EQ(b.params, 4 * (wsh ? kept : S));
+    EXPECT_EQ(b.grads, 4 * (gsh ? kept : S));
+    EXPECT_EQ(pm->optimizer->state_bytes(), 8 * kept);
+    const StageMemory plan = plan_memory(cfg, PlanDevice::Cpu).stages.at(0);
+    EXPECT_EQ(plan.weights, b.params);
+    EXPECT_EQ(plan.grads, b.grads);
+    EXPECT_EQ(plan.masters + plan.moments, pm->optimizer->state_bytes());
   }
 }
 

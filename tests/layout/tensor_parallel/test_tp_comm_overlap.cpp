@@ -8,6 +8,7 @@
 #include <vector>
 #include "megadlm/comm/bootstrap.h"
 #include "megadlm/parallel/tensor_parallel/comm_overlap.h"
+#include "megadlm/parallel/model_parallel.h"
 #include "megadlm/parallel/tensor_parallel/mappings.h"
 #include "support/spmd.h"
 
@@ -43,7 +44,7 @@ TEST(TpCommOverlap, RingAllGatherEqualsGatherRowsAndVisitsEveryShardOnce) {
   const int tp = g.size(), me = g.rank();
   const Stream cpu = Stream::cpu();
   for (const int64_t rows : row_counts(tp)) {
-    const int64_t per = tp::shard_rows(rows, tp);
+    const int64_t per = shard_rows(rows, tp);
     // This rank's shard of a global [rows, kCols] tensor, zero past `rows` (as SP pads).
     Tensor shard = Tensor::zeros({per, kCols}, DType::F32, cpu);
     for (int64_t i = 0; i < per; ++i)
@@ -100,7 +101,7 @@ TEST(TpCommOverlap, RingReduceScatterEqualsScatterRows) {
     ASSERT_EQ(got.shape(), want.shape()) << "rows " << rows;
     EXPECT_EQ(values(got), values(want)) << "rows " << rows << ", rank " << me;
     // The sum is right, not just equal: sum over ranks of tagged(rank, row, col).
-    const int64_t per = tp::shard_rows(rows, tp);
+    const int64_t per = shard_rows(rows, tp);
     for (int64_t i = 0; i < per; ++i) {
       const int64_t row = me * per + i;
       float expect = 0.0f;

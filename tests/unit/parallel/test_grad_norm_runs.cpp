@@ -110,14 +110,15 @@ TEST(GradNormRuns, TargetsFollowTheParameterKindAndTheGroupsThatExist) {
   split.tp.split = TpSplit::Rows;
   expert_split.tp.split = TpSplit::Cols;
   expert_split.expert = expert_replicated.expert = true;
-  EXPECT_EQ(norm_target(split, true, true), kNormSplit);
-  EXPECT_EQ(norm_target(replicated, true, true), kNormReplicated);
-  EXPECT_EQ(norm_target(expert_split, true, true), kNormExpertSplit);
-  EXPECT_EQ(norm_target(expert_replicated, true, true), kNormExpertReplicated);
+  const NormTpGroups both{.tp = true, .expert_tp = true};
+  EXPECT_EQ(norm_target(split, both), kNormSplit);
+  EXPECT_EQ(norm_target(replicated, both), kNormReplicated);
+  EXPECT_EQ(norm_target(expert_split, both), kNormExpertSplit);
+  EXPECT_EQ(norm_target(expert_replicated, both), kNormExpertReplicated);
   // Without the group a parameter could be replicated over, it counts on every rank.
-  EXPECT_EQ(norm_target(replicated, false, true), kNormSplit);
-  EXPECT_EQ(norm_target(expert_replicated, true, false), kNormExpertSplit);
-  EXPECT_EQ(norm_target(replicated, true, false), kNormReplicated);
+  EXPECT_EQ(norm_target(replicated, {.tp = false, .expert_tp = true}), kNormSplit);
+  EXPECT_EQ(norm_target(expert_replicated, {.tp = true, .expert_tp = false}), kNormExpertSplit);
+  EXPECT_EQ(norm_target(replicated, {.tp = true, .expert_tp = false}), kNormReplicated);
 }
 
 TEST(GradNormRuns, SumNormPiecesSumsEachTargetAndSkipsGaps) {

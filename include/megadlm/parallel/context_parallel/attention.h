@@ -20,6 +20,7 @@
 // group (or its hierarchical levels): all its ranks call it for the same layer and micro-batch.
 #pragma once
 #include <memory>
+#include "megadlm/core/side_stream.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
 #include "megadlm/ops/attention.h"

@@ -41,17 +41,6 @@ Tensor gather_sequence(const Tensor& x, comm::Communicator* cp, const SequenceLa
 Tensor reduce_scatter_sequence(const Tensor& full, DType dtype, comm::Communicator* cp,
                                const SequenceLayout& layout, const Stream& stream);
 
-/// The stream the ring's transfers run on while the compute stream computes (CUDA; created on
-/// first use and shared by every layer of a model). None for the CPU, whose transfers block.
-class SideStream {
- public:
-  /// The transfer stream for work on `compute`, or null (CPU).
-  const Stream* for_compute(const Stream& compute);
-
- private:
-  std::optional<Stream> stream_;
-};
-
 /// One ring step's transfer: every tensor of `send` goes to the next rank of the ring, every one
 /// of `recv` comes from the previous rank (one batch_p2p over `ring`; same count, order, shapes
 /// and dtypes on every rank). With a side stream (CUDA) the transfer waits for the compute

@@ -28,11 +28,46 @@
 
 namespace megadlm {
 
+struct NormSums;  // parallel/data_parallel/grad_norm_runs.h
+
 /// The groups of expert parameters (all null: no experts, or a single rank).
 struct ExpertGradGroups {
   std::shared_ptr<comm::Communicator> dp;  ///< expert-dp: expert gradients reduce over it
   std::shared_ptr<comm::Communicator> ep;  ///< expert model parallel: disjoint experts (norm)
   std::shared_ptr<comm::Communicator> tp;  ///< expert tensor parallel: split experts (norm)
+};
+
+/// The groups a data-parallel wrapper talks over besides its gradient group, each null (or a
+/// group of one) where that dimension is absent; call sites name them
+/// (`{.tp = groups.tp, .pp = groups.pp}`).
+struct DataParallelGroups {
+  /// With --num-distributed-optimizer-instances > 1 (DataParallel under the distributed
+  /// optimizer only): the ranks holding the same shard in the other instances; the shards are
+  /// all-reduced over it after the reduce-scatter.
+  std::shared_ptr<comm::Communicator> inter = nullptr;
+  /// Tensor parallel: gradients of replicated parameters that each TP rank computes only in part
+  /// (TpSlice::partial_grad) are summed over it, and the gradient norm counts replicated
+  /// parameters once.
+  std::shared_ptr<comm::Communicator> tp = nullptr;
+  /// Pipeline: the gradient norm sums over the stages.
+  std::shared_ptr<comm::Communicator> pp = nullptr;
+  /// The first and last stage's embedding group (none: no tied weight across stages): the two
+  /// copies' gradients are summed over it before their bucket reduces.
+  std::shared_ptr<comm::Communicator> embedding = nullptr;
+  /// The groups of the expert parameters' buckets.
+  ExpertGradGroups expert = {};
+
+  /// The same groups, each group of one rank replaced by null (what the wrappers keep).
+  DataParallelGroups without_single_ranks() const;
+
+  /// The squared gradient norm of the whole model from this rank's sums (grad_norm_runs.h):
+  /// replicated parameters count on (expert-)TP rank 0; the dense share is summed over
+  /// `dense_shards` (the gradient group whose ranks hold disjoint shards; null: replicas) and
+  /// TP, the expert share (when `has_experts`) over `expert_shards` (likewise), EP and expert
+  /// TP, both over the pipeline. Collective over every group it sums over; groups of one must
+  /// be null (without_single_ranks).
+  double global_sq_norm(const NormSums& sums, comm::Communicator* dense_shards,
+                        comm::Communicator* expert_shards, bool has_experts, const Stream& stream) const;
 };
 
 struct DataParallelOptions {
@@ -50,24 +85,10 @@ class DataParallel final : public DataParallelWrapper {
                                     int expert_dp_size = 0);
 
   /// `group`: the gradient-reduction group (dp-cp, or under the distributed optimizer with
-  /// several instances its intra-instance slice); null means a single rank. `inter`: with
-  /// --num-distributed-optimizer-instances > 1, the group of the ranks holding the same shard in
-  /// the other instances (their shards are all-reduced after the reduce-scatter); else null.
-  /// `compute`: the stream the model runs on.
-  /// `tp`: the tensor-parallel group (null: size 1): gradients of replicated parameters that
-  /// each TP rank computes only in part (TpSlice::partial_grad) are summed over it, and the
-  /// gradient norm counts replicated parameters once.
-  /// `pp`: the pipeline group (null: one stage): the gradient norm sums over the stages.
-  /// `embedding`: the first and last stage's embedding group (null or size 1: no tied weight
-  /// across stages): the two copies' gradients are summed over it before their bucket reduces.
-  /// `expert`: the groups of the expert parameters' buckets.
+  /// several instances its intra-instance slice); null means a single rank. `compute`: the
+  /// stream the model runs on. `groups`: the other groups it talks over (DataParallelGroups).
   DataParallel(ParameterStore& store, std::shared_ptr<comm::Communicator> group,
-               DataParallelOptions options, const Stream& compute,
-               std::shared_ptr<comm::Communicator> inter = nullptr,
-               std::shared_ptr<comm::Communicator> tp = nullptr,
-               std::shared_ptr<comm::Communicator> pp = nullptr,
-               std::shared_ptr<comm::Communicator> embedding = nullptr,
-               ExpertGradGroups expert = {});
+               DataParallelOptions options, const Stream& compute, DataParallelGroups groups = {});
 
   const DataParallelOptions& options() const { return opt_; }
   int size() const { return size_; }
@@ -99,7 +120,7 @@ class DataParallel final : public DataParallelWrapper {
   /// Without the distributed optimizer rank 0 of the group writes everything; with it every
   /// rank of the first instance writes its shard.
   bool checkpoint_writer() const override {
-    return opt_.distributed_optimizer ? !inter_ || inter_->rank() == 0 : rank_ == 0;
+    return opt_.distributed_optimizer ? !groups_.inter || groups_.inter->rank() == 0 : rank_ == 0;
   }
   std::string summary() const override;
 
@@ -118,8 +139,8 @@ class DataParallel final : public DataParallelWrapper {
   template <typename Fn>
   void for_each_owned_piece(Fn&& fn) const;
 
-  std::shared_ptr<comm::Communicator> group_, inter_, tp_, pp_, embedding_;
-  ExpertGradGroups expert_;
+  std::shared_ptr<comm::Communicator> group_;
+  DataParallelGroups groups_;  // without groups of one
   std::vector<bool> deferred_;        // per bucket: waits for the embedding-group reduction
   DataParallelOptions opt_;
   Stream compute_, comm_;

@@ -85,6 +85,34 @@ struct FsdpAction {
   int bucket = -1;
 };
 
+/// How the buckets of a store laid out with FullyShardedDataParallel::buffer_layout split into
+/// shards: what the wrapper owns and allocates, and what the memory planner counts
+/// (training/memory_plan.h) — one computation for both. Every rank's shards have the same sizes
+/// and the same places in the compact shard buffers; only which slice of a bucket it owns
+/// depends on its rank.
+struct FsdpShardLayout {
+  struct Bucket {
+    int unit = -1;
+    int64_t begin = 0, end = 0;  ///< flat element range, padded (the store's bucket)
+    bool expert = false;         ///< expert parameters: cut over expert-dp instead of dp×cp
+    int ranks = 1;               ///< the size of the group it is cut over
+    /// Elements each rank keeps: (end - begin) / ranks, or the whole bucket under no_shard.
+    int64_t shard = 0;
+    /// Where the kept elements sit in the compact buffers (the flat offset under no_shard,
+    /// whose optimizer state is laid out as the flat buffer).
+    int64_t compact_offset = 0;
+  };
+  std::vector<Bucket> buckets;         ///< the store's buckets, in order
+  std::vector<int64_t> unit_elements;  ///< per unit: the padded elements of its buckets
+  int64_t flat_size = 0;               ///< S: the padded full buffer
+  int64_t shard_elements = 0;          ///< what one rank keeps of every bucket (S under no_shard)
+
+  /// The flat range rank `rank` of bucket b's group owns, and its compact offset.
+  OwnedRange owned(size_t b, int rank) const;
+  /// The most padded elements of one unit (a gathered window or a gradient slot).
+  int64_t largest_unit() const;
+};
+
 /// Persistent bytes of the model state this rank allocated (the optimizer's are its own).
 struct FsdpBytes {
   int64_t params = 0;  ///< model weights: the full buffer or this rank's shards
@@ -99,19 +127,20 @@ class FullyShardedDataParallel final : public DataParallelWrapper {
   /// `num_params`: the store's parameter count.
   static BufferLayout buffer_layout(ShardingStrategy strategy, int d, const std::vector<FsdpUnit>& units,
                                     int num_params, int expert_d = 0);
+  /// The shards of `store`, laid out (or materialised) with buffer_layout(strategy, d, units, ...,
+  /// expert_d): checks that every bucket holds one unit and splits evenly over its group.
+  static FsdpShardLayout shard_layout(const ParameterStore& store, ShardingStrategy strategy, int d,
+                                      const std::vector<FsdpUnit>& units, int expert_d = 0);
 
   /// `store`: materialised with buffer_layout(...). `group`: the gradient group (dp×cp; null: a
-  /// single rank). `tp`, `pp`, `embedding`, `expert` as in DataParallel (partial gradients summed
-  /// over TP; the norm summed over stages; a tied weight's two copies summed over the embedding
+  /// single rank). `groups` as in DataParallel, without `inter` (partial gradients summed over
+  /// TP; the norm summed over stages; a tied weight's two copies summed over the embedding
   /// group; expert buckets sharded over expert.dp, their norm summed over EP and expert TP).
   /// Initialises this rank's weight shards by global element index. Collective over `group` on
   /// CUDA (it splits off the all-gather communicator).
   FullyShardedDataParallel(ParameterStore& store, std::vector<FsdpUnit> units,
                            std::shared_ptr<comm::Communicator> group, FsdpOptions options,
-                           const Stream& compute, std::shared_ptr<comm::Communicator> tp = nullptr,
-                           std::shared_ptr<comm::Communicator> pp = nullptr,
-                           std::shared_ptr<comm::Communicator> embedding = nullptr,
-                           ExpertGradGroups expert = {});
+                           const Stream& compute, DataParallelGroups groups = {});
   ~FullyShardedDataParallel() override;
 
   const FsdpOptions& options() const { return opt_; }
@@ -202,8 +231,8 @@ class FullyShardedDataParallel final : public DataParallelWrapper {
 
   ParameterStore& store_;
   std::vector<FsdpUnit> units_;
-  std::shared_ptr<comm::Communicator> group_, ag_group_, tp_, pp_, embedding_;
-  ExpertGradGroups expert_;
+  std::shared_ptr<comm::Communicator> group_, ag_group_;
+  DataParallelGroups groups_;  // without groups of one
   std::shared_ptr<comm::Communicator> expert_ag_group_;
   FsdpOptions opt_;
   Stream compute_, ag_stream_, rs_stream_;

@@ -47,10 +47,16 @@ enum NormTarget : int {
   kNormExpertReplicated = 3,
 };
 
+/// Which tensor-parallel groups of more than one rank the norm's caller has.
+struct NormTpGroups {
+  bool tp = false;         ///< a TP group: dense replicated parameters are replicated over it
+  bool expert_tp = false;  ///< an expert-TP group: expert replicated parameters are, over it
+};
+
 /// The accumulator of parameter d's pieces. Without a (expert-)TP group a replicated parameter
 /// is not replicated over anything, so it counts as split. A tied weight's copy
 /// (PipelineShare::Copy) is the caller's to leave out.
-int norm_target(const ParamDesc& d, bool has_tp, bool has_expert_tp);
+int norm_target(const ParamDesc& d, NormTpGroups groups);
 
 /// The sums of squares of the four accumulators on this rank (fp64 from the accumulator).
 struct NormSums {

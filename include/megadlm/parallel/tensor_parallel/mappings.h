@@ -3,8 +3,9 @@
 //
 // Activations are [rows, hidden] with rows = tokens (batch-major: row = sample * seq + position).
 // Without sequence parallelism every TP rank holds all rows; with it, rank t holds the contiguous
-// row shard [t * shard, (t + 1) * shard) where shard = ceil(rows / tp) (the last shard is padded
-// with zero rows when tp does not divide rows; padding rows are dropped again on gathering).
+// row shard [t * shard, (t + 1) * shard) where shard = shard_rows(rows, tp) = ceil(rows / tp)
+// (parallel/model_parallel.h; the last shard is padded with zero rows when tp does not divide
+// rows; padding rows are dropped again on gathering).
 // A group of size 1 (or null) makes every function an identity.
 //
 //   forward                         backward (the conjugate)
@@ -20,9 +21,6 @@
 #include "megadlm/core/tensor.h"
 
 namespace megadlm::tp {
-
-/// Rows of one sequence-parallel shard for `rows` rows over `tp` ranks.
-inline int64_t shard_rows(int64_t rows, int tp) { return (rows + tp - 1) / tp; }
 
 /// In place: x = sum over the group of x.
 void all_reduce(Tensor& x, comm::Communicator* group, const Stream& stream);
