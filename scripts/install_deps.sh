@@ -11,7 +11,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake git ca-certificates \
   libgtest-dev libgmock-dev nlohmann-json3-dev \
   libcli11-dev libspdlog-dev libfmt-dev \
-  libopenmpi-dev openmpi-bin \
+  libopenmpi-dev openmpi-bin libopenblas-dev \
   libsentencepiece-dev sentencepiece python3 python3-numpy >/dev/null
 # npm for the tokenizer files below (a NodeSource nodejs already brings its own npm).
 if ! command -v npm >/dev/null 2>&1; then

@@ -49,7 +49,7 @@
 #                of the timed-out collective with the last-collectives file (stop; needs one
 #                --distributed-timeout-minutes, so not in --cpu-dry).
 # Before a run, `pretrain_difflm --dry-run` for its world size says whether this build can run
-# it; a run it cannot (none of the list today) is listed as skipped with the dry run's reason.
+# it; a run it cannot is listed as skipped with the dry run's reason.
 #
 # results.jsonl fields: run, group, np, model, reference, status (ok | failed | timeout |
 # skipped), exit, seconds, reason, command, iterations, max_rel_loss_diff, max_rel_grad_norm_diff,
@@ -256,9 +256,11 @@ if [ "$summarize_only" = 0 ]; then
     rc=$?
     [ "$rc" = 0 ] || status=failed
     [ "$rc" = 124 ] && status=timeout
-    # Every test skipped (no 2 GPUs visible to it): not a pass.
+    # Every test skipped (no 2 GPUs visible to it): not a pass. The suite says so with exit 77
+    # (tests/support/spmd_main.cpp); a build from before that exits 0 with "PASSED ] 0 tests".
     local summary
     summary=$(sed 's/\x1b\[[0-9;]*m//g' "$logs/$name.log" | grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' | sort -u | tr '\n' ' ')
+    [ "$rc" = 77 ] && status=skipped
     [ "$status" = ok ] && grep -q "PASSED  \] 0 tests" <<< "$summary" && status=skipped
     record "$name" suite "$np" "" "" "$status" "$rc" $((SECONDS - start)) "$summary" "$cmd"
     echo "$name: $status"

@@ -3,6 +3,7 @@
 // bias, odd and misaligned shapes, and a 4096^3 product checked entry by entry on a sample.
 #include <gtest/gtest.h>
 #include <cmath>
+#include <random>
 #include "megadlm/ops/gemm.h"
 #include "parity.h"
 

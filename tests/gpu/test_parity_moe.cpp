@@ -214,9 +214,12 @@ TEST(MoeParity, MoeTrainingStepOnCudaMatchesCpu) {
                 "aux cpu %.5f cuda %.5f (rel %.2e), load cpu %.3f cuda %.3f\n",
                 i + 1, a.lm_loss, b.lm_loss, dl, dg, a.moe.aux_loss, b.moe.aux_loss, da,
                 a.moe.load_max_over_mean, b.moe.load_max_over_mean);
-    // The bf16 router input can route a few tokens to other experts than fp32 does: the loss
-    // keeps the dense model's 2e-2, the gradient norm and the aux loss get twice that.
-    EXPECT_LT(dl, 2e-2) << "iteration " << i + 1;
+    // The dense model's whole step (TrainingParity), measured on H200: loss within 3.0e-4,
+    // grad norm within 9.2e-3. This MoE step has no H200 measurement yet (the line above prints
+    // it): the bf16 router input can route a few tokens to other experts than fp32 does, so the
+    // loss gets 3e-3 (10x the dense loss) and the gradient norm and aux loss 4e-2 (~4x the dense
+    // grad norm) — to be replaced by 10x the measured values.
+    EXPECT_LT(dl, 3e-3) << "iteration " << i + 1;
     EXPECT_LT(dg, 4e-2) << "iteration " << i + 1;
     EXPECT_LT(da, 4e-2) << "iteration " << i + 1;
   }

@@ -1,5 +1,7 @@
-// main() of the SPMD suites (spmd.h): rank-aware reporting, per-test agreement on failures, and
-// an exit code that is non-zero on every rank when any rank failed.
+// main() of the SPMD suites (spmd.h): rank-aware reporting, per-test agreement on failures, a
+// closing list of the tests that ran and of those that skipped (with their reasons), and one exit
+// code for the job: 1 on every rank when any rank failed, 77 when every test skipped (CTest's
+// SKIP_RETURN_CODE: reported as skipped, not passed), else 0.
 #include <gtest/gtest.h>
 #include <cstdio>
 #include <cstdlib>
@@ -18,7 +20,6 @@ namespace {
 std::unique_ptr<comm::DistributedRuntime> g_runtime;  // test harness state, see spmd.h
 std::unique_ptr<Stream> g_stream;                       // the harness's own stream on its device
 int g_rank = 0;
-constexpr int kExitAllSkipped = 77;  // ctest's SKIP_RETURN_CODE for the SPMD suites
 
 /// all_gather of one int per rank over the world (a barrier as well).
 std::vector<int32_t> gather_flags(int32_t mine) {
@@ -43,11 +44,25 @@ std::string rank_list(const std::vector<int32_t>& flags) {
   return os.str();
 }
 
+/// The exit code of a job in which nothing failed and every test skipped (tests/CMakeLists.txt
+/// registers it as the suites' SKIP_RETURN_CODE).
+constexpr int kAllSkippedExitCode = 77;
+
+std::string trimmed(const std::string& s) {
+  const size_t first = s.find_first_not_of(" \n");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \n") - first + 1);
+}
+
 class RankReporter : public testing::EmptyTestEventListener {
  public:
-  void OnTestStart(const testing::TestInfo&) override { failed_ = false; }
+  void OnTestStart(const testing::TestInfo&) override {
+    failed_ = false;
+    skip_reason_.clear();
+  }
 
   void OnTestPartResult(const testing::TestPartResult& r) override {
+    if (r.skipped() && skip_reason_.empty()) skip_reason_ = trimmed(r.message());
     if (!r.failed()) return;
     failed_ = true;
     const std::string msg = r.message();
@@ -66,6 +81,11 @@ class RankReporter : public testing::EmptyTestEventListener {
       if (g_runtime) g_runtime->abort_job(1);
       std::_Exit(1);
     }
+    if (info.result()->Skipped()) {
+      skipped_.push_back(name + ": " + (skip_reason_.empty() ? "(no reason given)" : skip_reason_));
+    } else {
+      ran_.push_back(name);
+    }
     if (failed_) {
       any_failed_ = true;
       if (g_rank != 0) std::fprintf(stderr, "[rank %d] FAILED %s\n", g_rank, name.c_str());
@@ -81,8 +101,12 @@ class RankReporter : public testing::EmptyTestEventListener {
 
   bool any_failed() const { return any_failed_; }
   const std::vector<std::string>& failed_tests() const { return failed_tests_; }
+  const std::vector<std::string>& ran() const { return ran_; }
+  const std::vector<std::string>& skipped() const { return skipped_; }
 
  private:
+  std::string skip_reason_;  ///< of the running test: the first GTEST_SKIP's message
+  std::vector<std::string> ran_, skipped_;
   bool failed_ = false;
   bool timed_out_ = false;
   bool any_failed_ = false;
@@ -162,16 +186,17 @@ int main(int argc, char** argv) {
 
   const int local = RUN_ALL_TESTS();
   int global = local != 0 || reporter->any_failed() ? 1 : 0;
-  // Nothing ran (every test skipped, e.g. the NCCL suite without a GPU): no runtime exists, every
-  // rank skipped alike, and 77 tells ctest "skipped" rather than "passed".
-  const testing::UnitTest& unit = *testing::UnitTest::GetInstance();
-  if (global == 0 && !g_runtime && unit.test_to_run_count() > 0 &&
-      unit.skipped_test_count() == unit.test_to_run_count()) {
-    if (g_rank == 0)
-      std::fprintf(stderr, "[spmd] all %d test(s) skipped: exit 77 (skipped)\n", unit.test_to_run_count());
-    return kExitAllSkipped;
+  // What ran and what did not (rank 0 speaks for all: every rank skips alike).
+  if (g_rank == 0) {
+    std::fprintf(stderr, "[spmd] ran %zu test(s), skipped %zu%s\n", reporter->ran().size(),
+                 reporter->skipped().size(), reporter->skipped().empty() ? "" : ":");
+    for (const std::string& s : reporter->skipped()) std::fprintf(stderr, "[spmd]   skipped %s\n", s.c_str());
   }
+  bool all_skipped = reporter->ran().empty() && !reporter->skipped().empty();
   if (g_runtime) {
+    // Skipped everywhere only if no rank ran a test.
+    const std::vector<int32_t> ran = gather_flags(all_skipped ? 0 : 1);
+    all_skipped = rank_list(ran).empty();
     // Every rank learns whether any rank failed, so that every process exits alike.
     const std::vector<int32_t> flags = gather_flags(global);
     const std::string ranks = rank_list(flags);
@@ -185,6 +210,11 @@ int main(int argc, char** argv) {
     }
     g_stream.reset();
     g_runtime.reset();  // finalises MPI
+  }
+  if (global == 0 && all_skipped) {
+    if (g_rank == 0)
+      std::fprintf(stderr, "[spmd] every test skipped: exit %d (reported as skipped)\n", kAllSkippedExitCode);
+    return kAllSkippedExitCode;
   }
   return global;
 }

@@ -22,4 +22,8 @@
 
 namespace megadlm::ops::cpu {
 #include "ops/backend_ops.inc"
+
+/// The BLAS that runs f32 GEMMs ("OpenBLAS (<its build config>)"), or "" where this build has
+/// none and the naive loop runs them (src/ops/cpu/gemm.cpp).
+const char* blas_library();
 }  // namespace megadlm::ops::cpu

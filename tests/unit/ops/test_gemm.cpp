@@ -1,9 +1,13 @@
 // GEMM against a naive triple loop in double (all transposes, beta, bias, mixed output dtype), and
 // the linear-layer gradients that the model computes with GEMM against finite differences.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <tuple>
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/reduce.h"
+#include "ops/cpu/cpu_ops.h"
 #include "support/op_testing.h"
 #include "support/tolerances.h"
 
@@ -68,8 +72,66 @@ TEST(Gemm, AllTransposeCombinationsMatchANaiveTripleLoopInF64) {
 }
 
 TEST(Gemm, AllTransposeCombinationsMatchANaiveTripleLoopInF32) {
-  // f32 inputs, double accumulation, one rounding at the store: ~6e-8 relative per element.
+  // f32 GEMMs run on OpenBLAS where the build has it (fp32 sums of 33 products, relative error
+  // ~sqrt(33) * 6e-8 at worst), else on the naive loop (double sums, one rounding: ~6e-8).
+  const char* blas = ops::cpu::blas_library();
+  std::printf("[gemm] f32 GEMMs run on %s\n", *blas != '\0' ? blas : "the naive loop (no BLAS in this build)");
   check_all_combinations(6, 10, 33, DType::F32);
+}
+
+// The bitwise guarantees built on the CPU GEMM (a padded batch row equals the row alone in
+// generation, --tp-comm-overlap's row chunks equal the whole product) need each row of C, and
+// each column window, to come out the same whatever the call's shape. OpenBLAS does not give
+// that for whole calls; src/ops/cpu/gemm.cpp calls it 2 rows at a time, which does on the
+// kernels measured there. Sizes cross OpenBLAS's K blocking (1024) and its unrolls (37, 300).
+TEST(Gemm, F32RowsAndColumnWindowsComeOutAsInAnyOtherShape) {
+  Stream s = Stream::cpu();
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{37, 96, 64}, {16, 300, 1024}, {7, 37, 17}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        SCOPED_TRACE(testing::Message() << "M " << m << " N " << n << " K " << k << " trans_a " << ta << " trans_b " << tb);
+        const Tensor a = test::random_tensor(ta ? Shape{k, m} : Shape{m, k}, 31, DType::F32);
+        const Tensor b = test::random_tensor(tb ? Shape{n, k} : Shape{k, n}, 32, DType::F32);
+        Tensor whole = Tensor::empty({m, n}, DType::F32, s);
+        ops::gemm(a, b, whole, {.trans_a = ta == 1, .trans_b = tb == 1}, s);
+        const std::vector<float> c = whole.to_floats(s);
+        // op(A) and op(B) as row-major copies, so that rows and columns can be cut out.
+        const std::vector<float> av = a.to_floats(s), bv = b.to_floats(s);
+        auto op_a_rows = [&](int64_t first, int64_t count) {
+          std::vector<float> r(static_cast<size_t>(count * k));
+          for (int64_t i = 0; i < count; ++i)
+            for (int64_t j = 0; j < k; ++j)
+              r[static_cast<size_t>(i * k + j)] = ta ? av[static_cast<size_t>(j * m + first + i)]
+                                                     : av[static_cast<size_t>((first + i) * k + j)];
+          return Tensor::from_floats(r, {count, k});
+        };
+        auto op_b_columns = [&](int64_t first, int64_t count) {  // as [count, K]: trans_b form
+          std::vector<float> r(static_cast<size_t>(count * k));
+          for (int64_t j = 0; j < count; ++j)
+            for (int64_t kk = 0; kk < k; ++kk)
+              r[static_cast<size_t>(j * k + kk)] = tb ? bv[static_cast<size_t>((first + j) * k + kk)]
+                                                      : bv[static_cast<size_t>(kk * n + first + j)];
+          return Tensor::from_floats(r, {count, k});
+        };
+        int rows_differ = 0, windows_differ = 0;
+        for (int64_t i = 0; i < m; ++i) {  // each row alone
+          Tensor row = Tensor::empty({1, n}, DType::F32, s);
+          ops::gemm(op_a_rows(i, 1), b, row, {.trans_b = tb == 1}, s);
+          const std::vector<float> r = row.to_floats(s);
+          rows_differ += !std::equal(r.begin(), r.end(), c.begin() + i * n);
+        }
+        for (const auto& [r0, rn, c0, cn] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, m - 1, 3, n - 5}, {m / 2, m - m / 2, 0, 1}}) {
+          Tensor win = Tensor::empty({rn, cn}, DType::F32, s);
+          ops::gemm(op_a_rows(r0, rn), op_b_columns(c0, cn), win, {.trans_b = true}, s);
+          const std::vector<float> w = win.to_floats(s);
+          for (int64_t i = 0; i < rn; ++i)
+            windows_differ += !std::equal(w.begin() + i * cn, w.begin() + (i + 1) * cn, c.begin() + (r0 + i) * n + c0);
+        }
+        EXPECT_EQ(rows_differ, 0) << "rows of C differ from the same rows computed alone";
+        EXPECT_EQ(windows_differ, 0) << "rows of a window of C differ from the whole product's";
+      }
+    }
+  }
 }
 
 TEST(Gemm, BetaZeroWritesCWithoutReadingIt) {
