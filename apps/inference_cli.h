@@ -17,7 +17,7 @@
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
 #include "megadlm/data/tokenizer.h"
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/inference_model.h"
 
 namespace megadlm::apps {

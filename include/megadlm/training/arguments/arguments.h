@@ -1,5 +1,5 @@
 // Megatron-style command line → validated RunConfig. The only code that knows flag spellings
-// (with training/flags.h, the table). Parsing follows argparse (allow_abbrev=False): --kebab-case
+// (with training/arguments/flags.h, the table). Parsing follows argparse (allow_abbrev=False): --kebab-case
 // flags, `--flag value` or `--flag=value`, lists, `--no-X` flags, last duplicate wins, unknown
 // flags are errors; plus `@file` expansion. Validation reports every violated rule at once
 // (megatron-compat.md §3; rule ids in brackets). Library code: never exits, never reads the

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include "training/rules_common.h"
+#include "training/arguments/rules_common.h"
 
 namespace megadlm::training::detail {
 

@@ -9,9 +9,9 @@
 #include <sstream>
 #include <unistd.h>
 #include "megadlm/data/indexed_dataset.h"
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/data_setup.h"
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 using namespace megadlm;
 using namespace megadlm::training;

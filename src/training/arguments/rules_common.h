@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/model/moe_config.h"
-#include "training/argument_state.h"
+#include "training/arguments/argument_state.h"
 
 namespace megadlm::training::detail {
 

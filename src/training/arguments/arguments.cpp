@@ -1,17 +1,17 @@
 // Command-line parsing (argparse semantics plus @file expansion; the lexing itself is CLI11 in
 // command_line.cpp), the argument state, and the start-up / dry-run reports. The rules that
 // combine flags live in argument_rules.cpp.
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include <cstdio>
 #include <sstream>
 #include "megadlm/parallel/rank_layout.h"
-#include "megadlm/training/checkpoint_args.h"
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/checkpoint_args.h"
+#include "megadlm/training/arguments/flags.h"
 #include "megadlm/training/layout_plan.h"
 #include "megadlm/training/memory_plan.h"
-#include "training/argument_state.h"
-#include "training/command_line.h"
-#include "training/logging_rules.h"
+#include "training/arguments/argument_state.h"
+#include "training/arguments/command_line.h"
+#include "training/arguments/logging_rules.h"
 
 namespace megadlm {
 
@@ -151,7 +151,7 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   std::vector<std::string> tokens = detail::expand_flag_files(argv, errors);
   tokens = with_checkpoint_args(tokens, errors);  // §3 step (c): before validation
 
-  // CLI11 splits the words into flag occurrences (training/command_line.h); their values are
+  // CLI11 splits the words into flag occurrences (training/arguments/command_line.h); their values are
   // converted and checked here, in command-line order, so that every problem is reported.
   const detail::LexedCommandLine lexed = detail::lex_command_line(tokens);
   ArgState state(launch);

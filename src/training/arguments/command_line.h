@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <vector>
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 namespace megadlm::training::detail {
 

@@ -41,8 +41,8 @@
 #include "megadlm/core/error.h"
 #include "megadlm/data/gpt_dataset.h"
 #include "megadlm/data/tokenizer.h"
-#include "training/argument_safety.h"
-#include "training/rules_common.h"
+#include "training/arguments/argument_safety.h"
+#include "training/arguments/rules_common.h"
 
 namespace megadlm::training::detail {
 

@@ -5,7 +5,7 @@
 #include <climits>
 #include <cstdlib>
 #include <functional>
-#include "training/rules_common.h"
+#include "training/arguments/rules_common.h"
 
 namespace megadlm::training::detail {
 

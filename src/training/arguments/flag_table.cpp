@@ -3,7 +3,7 @@
 // megatron-compat.md §2 (Megatron-Core 0.10 as bundled by MegaDLMs; rows marked "(upstream)" are
 // Megatron-LM flags MegaDLMs lacks) and diffusion-lm.md §8. Long because it is the table; rules
 // that combine flags live in argument_rules.cpp. After editing, run scripts/gen_flags_doc.sh.
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 // Rows name only the fields that differ from FlagSpec's defaults; GCC 12 still warns about the
 // omitted members of a designated initializer.

@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 #include <vector>
-#include "megadlm/training/arguments.h"
-#include "training/flag_value.h"
+#include "megadlm/training/arguments/arguments.h"
+#include "training/arguments/flag_value.h"
 
 namespace megadlm::training::detail {
 

@@ -2,7 +2,7 @@
 // accepts (Megatron-LM / MegaDLMs spellings, megatron-compat.md §2, plus megadlm's own). The
 // parser, `--help`, `--help-markdown` and docs/flags.md are all generated from it (style.md 9.9).
 // This header knows flag *spellings*; the typed configs never do. Parsing and validation live in
-// training/arguments.h.
+// training/arguments/arguments.h.
 #pragma once
 #include <optional>
 #include <span>

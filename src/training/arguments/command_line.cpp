@@ -12,7 +12,7 @@
 // the value of the flag right before it.
 // Hidden visibility for CLI11; the functions this file defines stay visible (tests call them).
 #pragma GCC visibility push(default)
-#include "training/command_line.h"
+#include "training/arguments/command_line.h"
 #pragma GCC visibility pop
 #include <CLI/CLI.hpp>
 #include <cctype>
