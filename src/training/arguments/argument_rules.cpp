@@ -69,7 +69,9 @@ void check_not_yet(const ArgState& a, Diagnostics& d) {
     const std::string dest = flag_dest(*f);
     if (f->status == FlagStatus::NotYet &&
         python_repr(a.value(dest)) != python_repr(default_flag_value(*f)))
-      d.unsupported(a.flag_value(dest) + " is not supported yet by megadlm (see docs/flags.md)");
+      d.unsupported(a.flag_value(dest) + " is not supported yet by megadlm" +
+                    (f->hint.empty() ? std::string() : ": " + std::string(f->hint)) +
+                    " (see docs/flags.md)");
     if (f->not_yet.empty()) continue;
     std::vector<std::string> chosen = a.strings(dest);
     if (std::holds_alternative<std::string>(a.value(dest))) chosen.push_back(a.s(dest));

@@ -318,14 +318,14 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-std::string nearest_flag(std::string_view unknown) {
+std::string nearest_flag(std::string_view unknown, std::span<const FlagSpec> table) {
   // Plain edit distance ties "--tensor-parallel-size" between --tensor-model-parallel-size
   // (6 insertions) and --context-parallel-size (6 edits); the longest-common-subsequence ratio
   // (what difflib uses) prefers the flag that contains everything the user typed.
   std::string_view best;
   double best_ratio = 0.0;
   size_t best_dist = 0;
-  for (const FlagSpec& f : flag_table()) {
+  for (const FlagSpec& f : table) {
     const double ratio = 2.0 * static_cast<double>(lcs_length(unknown, f.name)) /
                          static_cast<double>(unknown.size() + f.name.size());
     const size_t dist = edit_distance(unknown, f.name);
@@ -453,7 +453,8 @@ std::string status_note(const FlagSpec& f) {
   if (f.status == FlagStatus::NotYet) note = "not supported yet: a non-default value is rejected";
   if (f.status == FlagStatus::Ignored) note = "ignored: accepted with a warning, has no effect";
   if (f.status == FlagStatus::Removed) note = "removed from Megatron-LM: " + std::string(f.hint);
-  if (f.status == FlagStatus::Ignored && !f.hint.empty()) note += " (" + std::string(f.hint) + ")";
+  if ((f.status == FlagStatus::Ignored || f.status == FlagStatus::NotYet) && !f.hint.empty())
+    note += " (" + std::string(f.hint) + ")";
   if (!f.not_yet.empty()) {
     std::string values;
     for (const std::string& w : detail::split_words(f.not_yet)) values += (values.empty() ? "" : ", ") + w;
