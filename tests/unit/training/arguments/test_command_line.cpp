@@ -1,6 +1,6 @@
-// The lexing half of parse_arguments (training/arguments/command_line.h): CLI11 driven by the flag table,
-// and @file expansion. Each test states the argparse behaviour it pins; the values and messages
-// the rules then produce are test_arguments.cpp's business.
+// The lexing half of parse_arguments (training/arguments/command_line.h): CLI11 driven by the flag
+// table, and @file expansion. Each test states the argparse behaviour it pins; the values and
+// messages the rules then produce are test_arguments.cpp's business.
 #include <gtest/gtest.h>
 #include <fstream>
 #include "megadlm/training/arguments/arguments.h"

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 #include "megadlm/training/arguments/flags.h"
+#include "training/arguments/flag_enums.h"
 #include "training/arguments/flag_value.h"
 
 // Test tables name only the fields they need; GCC 12 warns about the omitted members anyway.
@@ -17,6 +18,20 @@ TEST(FlagTable, IsConsistent) {
   std::string all;
   for (const std::string& p : problems) all += p + "\n";
   EXPECT_TRUE(problems.empty()) << all;
+}
+
+// Every flag read as an enum maps each of its choices (and nothing else), so a choice added to
+// the table cannot reach RunConfig unmapped.
+TEST(FlagTable, EnumFlagsMapEveryChoice) {
+  const std::vector<std::string> problems = detail::check_enum_flags();
+  std::string all;
+  for (const std::string& p : problems) all += p + "\n";
+  EXPECT_TRUE(problems.empty()) << all;
+  EXPECT_EQ(detail::enum_of_word<megadlm::ShardingStrategy>("optim_grads"),
+            megadlm::ShardingStrategy::OptimGrads);
+  EXPECT_EQ(detail::enum_of_word<megadlm::ops::AttentionBackend>("fused"),
+            megadlm::ops::AttentionBackend::Cudnn);
+  EXPECT_THROW(detail::enum_of_word<megadlm::MoeDispatcher>("nccl"), megadlm::Error);
 }
 
 TEST(FlagTable, CatchesADefaultOutsideItsChoices) {
