@@ -29,7 +29,7 @@
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/model/saved_activations.h"
 #include "megadlm/parallel/parameter_store.h"
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 
 using namespace megadlm;
 

@@ -317,68 +317,55 @@ json run_multiple_choice(const apps::Cli& cli, LogitsModel& model, const data::T
   return s;
 }
 
+int run(const apps::Cli& cli) {
+  std::vector<std::string> errors;
+  const training::InferenceSource src = apps::inference_source(cli, errors);
+  const Device device = apps::inference_device(cli, errors);
+  const std::string task = cli.get("--task");
+  if (task != "elbo" && task != "loglik" && task != "multiple-choice")
+    errors.push_back("`--task " + (task.empty() ? std::string("(missing)") : task) +
+                     "`: valid: elbo, loglik, multiple-choice");
+  const uint64_t seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
+  if (task != "elbo") {
+    for (const std::string& p : likelihood_config_problems(likelihood_config(cli, 0, seed, errors), 0))
+      errors.push_back(p);
+  }
+  if (!errors.empty()) throw ConfigError(errors, {});
+
+  training::InferenceModel model(src, device);
+  const RunConfig& cfg = model.config();
+  if (cfg.diffusion.mode == RunningMode::Vanilla)
+    errors.push_back(model.description() + " is an autoregressive model; evaluate_difflm scores masked-diffusion models");
+  const int64_t mask = apps::inference_mask_token(cli, cfg, errors);
+  const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
+  apps::JsonlOutput out(cli, "--output", errors);
+  std::cerr << " > model: " << model.description() << " on " << device.str() << "\n";
+  json summary;
+  if (task == "elbo") {
+    if (mask < 0 || mask >= model.input_vocab_size())
+      errors.push_back("the mask token " + std::to_string(mask) + " is outside the model's vocabulary [0, " +
+                       std::to_string(model.input_vocab_size()) + "); give `--mask-token-id`");
+    RunConfig c = cfg;
+    if (mask >= 0) c.diffusion.mask_token = mask;
+    summary = run_elbo(cli, model, c, tok.get(), seed, errors, out);
+  } else {
+    const LikelihoodConfig lc = likelihood_config(cli, mask, seed, errors);
+    for (const std::string& p : likelihood_config_problems(lc, model.input_vocab_size())) errors.push_back(p);
+    summary = task == "loglik" ? run_loglik(cli, model, tok.get(), lc, errors, out)
+                               : run_multiple_choice(cli, model, tok.get(), lc, errors, out);
+  }
+  out.flush();
+  std::cerr << " > " << summary.dump() << "\n";
+  if (cli.has("--summary-json")) {
+    std::ofstream s(cli.get("--summary-json"));
+    s << summary.dump(2) << "\n";
+    if (!s) MDLM_FAIL("`--summary-json ", cli.get("--summary-json"), "`: write failed");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    apps::Cli cli("evaluate_difflm", kUsage, flags());
-    cli.parse(argc, argv);
-    if (cli.has("--help")) {
-      std::cout << cli.help();
-      return 0;
-    }
-    std::vector<std::string> errors;
-    const training::InferenceSource src = apps::inference_source(cli, errors);
-    const Device device = apps::inference_device(cli, errors);
-    const std::string task = cli.get("--task");
-    if (task != "elbo" && task != "loglik" && task != "multiple-choice")
-      errors.push_back("`--task " + (task.empty() ? std::string("(missing)") : task) +
-                       "`: valid: elbo, loglik, multiple-choice");
-    const uint64_t seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
-    if (task != "elbo") {
-      for (const std::string& p : likelihood_config_problems(likelihood_config(cli, 0, seed, errors), 0))
-        errors.push_back(p);
-    }
-    if (!errors.empty()) throw ConfigError(errors, {});
-
-    training::InferenceModel model(src, device);
-    const RunConfig& cfg = model.config();
-    if (cfg.diffusion.mode == RunningMode::Vanilla)
-      errors.push_back(model.description() + " is an autoregressive model; evaluate_difflm scores masked-diffusion models");
-    const int64_t mask = apps::inference_mask_token(cli, cfg, errors);
-    const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
-    apps::JsonlOutput out(cli, "--output", errors);
-    std::cerr << " > model: " << model.description() << " on " << device.str() << "\n";
-    json summary;
-    if (task == "elbo") {
-      if (mask < 0 || mask >= model.input_vocab_size())
-        errors.push_back("the mask token " + std::to_string(mask) + " is outside the model's vocabulary [0, " +
-                         std::to_string(model.input_vocab_size()) + "); give `--mask-token-id`");
-      RunConfig c = cfg;
-      if (mask >= 0) c.diffusion.mask_token = mask;
-      summary = run_elbo(cli, model, c, tok.get(), seed, errors, out);
-    } else {
-      const LikelihoodConfig lc = likelihood_config(cli, mask, seed, errors);
-      for (const std::string& p : likelihood_config_problems(lc, model.input_vocab_size())) errors.push_back(p);
-      summary = task == "loglik" ? run_loglik(cli, model, tok.get(), lc, errors, out)
-                                 : run_multiple_choice(cli, model, tok.get(), lc, errors, out);
-    }
-    out.flush();
-    std::cerr << " > " << summary.dump() << "\n";
-    if (cli.has("--summary-json")) {
-      std::ofstream s(cli.get("--summary-json"));
-      s << summary.dump(2) << "\n";
-      if (!s) MDLM_FAIL("`--summary-json ", cli.get("--summary-json"), "`: write failed");
-    }
-    return 0;
-  } catch (const ConfigError& e) {
-    std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
-    return 2;
-  } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "error: unexpected failure: " << e.what() << "\n";
-    return 3;
-  }
+  return apps::inference_main(argc, argv, "evaluate_difflm", kUsage, flags(), run);
 }

@@ -64,119 +64,106 @@ std::vector<apps::Prompt> read_prompts(const apps::Cli& cli, const data::Tokeniz
   return out;
 }
 
+int run(const apps::Cli& cli) {
+  std::vector<std::string> errors;
+  const training::InferenceSource src = apps::inference_source(cli, errors);
+  const Device device = apps::inference_device(cli, errors);
+  SamplerConfig sc;
+  sc.gen_length = cli.integer("--gen-length", 128, errors);
+  sc.steps = cli.integer("--steps", 128, errors);
+  sc.block_length = cli.integer("--block-length", sc.gen_length, errors);
+  sc.temperature = cli.number("--temperature", 0.0, errors);
+  sc.cfg_scale = cli.number("--cfg-scale", 0.0, errors);
+  sc.confidence_threshold = cli.number("--confidence-threshold", 0.0, errors);
+  sc.seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
+  sc.logits_eos_inf = cli.has("--logits-eos-inf");
+  const std::string remasking = cli.get("--remasking", "low_confidence");
+  if (remasking == "random") sc.remasking = Remasking::Random;
+  else if (remasking != "low_confidence")
+    errors.push_back("`--remasking " + remasking + "`: valid: low_confidence, random");
+  const std::string kv_cache = cli.get("--kv-cache", "none");
+  if (kv_cache == "prefix") sc.kv_cache = KvCacheMode::Prefix;
+  else if (kv_cache == "dual") sc.kv_cache = KvCacheMode::Dual;
+  else if (kv_cache != "none") errors.push_back("`--kv-cache " + kv_cache + "`: valid: none, prefix, dual");
+  const int64_t batch_size = cli.integer("--batch-size", 1, errors);
+  if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
+  if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
+    errors.push_back("no prompt: give `--prompt TEXT` or `--prompts-jsonl FILE`");
+  for (const std::string& p : sampler_config_problems(sc, 0)) errors.push_back(p);
+  if (!errors.empty()) throw ConfigError(errors, {});
+
+  // The model, then what depends on it (vocabulary, mask token, tokenizer).
+  training::InferenceModel model(src, device);
+  const RunConfig& cfg = model.config();
+  if (cfg.diffusion.mode == RunningMode::Vanilla)
+    errors.push_back(model.description() + " is an autoregressive model (--model-running-mode vanilla); "
+                     "generate_difflm samples masked-diffusion models");
+  sc.mask_token = apps::inference_mask_token(cli, cfg, errors);
+  const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
+  sc.eos_token = cli.integer("--eos-token-id", tok ? tok->eod() : -1, errors);
+  if (!cli.has("--eos-token-id") && sc.eos_token >= 0 && sc.eos_token == sc.mask_token) {
+    std::cerr << "note: the tokenizer's end-of-document id " << sc.eos_token
+              << " is the mask token: not stopping at EOS (give --eos-token-id)\n";
+    sc.eos_token = -1;
+  }
+  sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
+  for (const std::string& p : sampler_config_problems(sc, model.input_vocab_size())) errors.push_back(p);
+  const std::vector<apps::Prompt> prompts = read_prompts(cli, tok.get(), errors);
+  size_t longest = 0;
+  for (const apps::Prompt& p : prompts) longest = std::max(longest, p.ids.size());
+  if (cfg.model.position_embedding_type == PositionEmbeddingType::LearnedAbsolute &&
+      static_cast<int64_t>(longest) + sc.gen_length > cfg.model.max_position_embeddings)
+    errors.push_back("the longest prompt (" + std::to_string(longest) + " tokens) plus `--gen-length " +
+                     std::to_string(sc.gen_length) + "` exceeds the model's learned positions (" +
+                     std::to_string(cfg.model.max_position_embeddings) + ")");
+  if (!errors.empty()) throw ConfigError(errors, {});
+
+  apps::JsonlOutput out(cli, "--output", errors);
+  if (!errors.empty()) throw ConfigError(errors, {});
+  std::cerr << " > model: " << model.description() << " on " << device.str() << "\n"
+            << " > sampler: gen length " << sc.gen_length << ", steps " << sc.steps << ", block length "
+            << sc.block_length << ", remasking " << remasking_name(sc.remasking) << ", temperature "
+            << sc.temperature << ", cfg scale " << sc.cfg_scale << ", mask token " << sc.mask_token
+            << (sc.stop_at_eos ? ", stop at EOS " + std::to_string(sc.eos_token) : std::string())
+            << (sc.confidence_threshold > 0 ? ", confidence threshold " + std::to_string(sc.confidence_threshold)
+                                            : std::string())
+            << (sc.kv_cache != KvCacheMode::None ? std::string(", kv cache ") + kv_cache_mode_name(sc.kv_cache)
+                                                 : std::string())
+            << "\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t generated = 0;
+  for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(batch_size)) {
+    std::vector<GenerationRequest> batch;
+    for (size_t i = first; i < std::min(prompts.size(), first + static_cast<size_t>(batch_size)); ++i)
+      batch.push_back({prompts[i].ids, static_cast<int64_t>(i)});
+    const std::vector<GenerationResult> results = generate(model, batch, sc);
+    for (size_t k = 0; k < results.size(); ++k) {
+      const apps::Prompt& p = prompts[first + k];
+      const GenerationResult& r = results[k];
+      std::vector<int32_t> shown = r.tokens;
+      const auto eos = std::find(shown.begin(), shown.end(), static_cast<int32_t>(sc.eos_token));
+      if (sc.eos_token >= 0) shown.erase(eos, shown.end());
+      json j;
+      j["index"] = first + k;
+      j["prompt"] = p.has_text ? json(p.text) : json(nullptr);
+      j["prompt_ids"] = p.ids;
+      j["text"] = tok ? json(tok->decode(shown)) : json(nullptr);
+      j["token_ids"] = r.tokens;
+      j["steps"] = r.steps;
+      j["stopped_at_eos"] = r.stopped_at_eos;
+      out.write(j);
+      generated += static_cast<int64_t>(r.tokens.size());
+    }
+    out.flush();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cerr << " > generated " << generated << " tokens for " << prompts.size() << " prompts in " << s
+            << " s (" << (s > 0 ? static_cast<double>(generated) / s : 0.0) << " tokens/s)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    apps::Cli cli("generate_difflm", kUsage, flags());
-    cli.parse(argc, argv);
-    if (cli.has("--help")) {
-      std::cout << cli.help();
-      return 0;
-    }
-    std::vector<std::string> errors;
-    const training::InferenceSource src = apps::inference_source(cli, errors);
-    const Device device = apps::inference_device(cli, errors);
-    SamplerConfig sc;
-    sc.gen_length = cli.integer("--gen-length", 128, errors);
-    sc.steps = cli.integer("--steps", 128, errors);
-    sc.block_length = cli.integer("--block-length", sc.gen_length, errors);
-    sc.temperature = cli.number("--temperature", 0.0, errors);
-    sc.cfg_scale = cli.number("--cfg-scale", 0.0, errors);
-    sc.confidence_threshold = cli.number("--confidence-threshold", 0.0, errors);
-    sc.seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
-    sc.logits_eos_inf = cli.has("--logits-eos-inf");
-    const std::string remasking = cli.get("--remasking", "low_confidence");
-    if (remasking == "random") sc.remasking = Remasking::Random;
-    else if (remasking != "low_confidence")
-      errors.push_back("`--remasking " + remasking + "`: valid: low_confidence, random");
-    const std::string kv_cache = cli.get("--kv-cache", "none");
-    if (kv_cache == "prefix") sc.kv_cache = KvCacheMode::Prefix;
-    else if (kv_cache == "dual") sc.kv_cache = KvCacheMode::Dual;
-    else if (kv_cache != "none") errors.push_back("`--kv-cache " + kv_cache + "`: valid: none, prefix, dual");
-    const int64_t batch_size = cli.integer("--batch-size", 1, errors);
-    if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
-    if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
-      errors.push_back("no prompt: give `--prompt TEXT` or `--prompts-jsonl FILE`");
-    for (const std::string& p : sampler_config_problems(sc, 0)) errors.push_back(p);
-    if (!errors.empty()) throw ConfigError(errors, {});
-
-    // The model, then what depends on it (vocabulary, mask token, tokenizer).
-    training::InferenceModel model(src, device);
-    const RunConfig& cfg = model.config();
-    if (cfg.diffusion.mode == RunningMode::Vanilla)
-      errors.push_back(model.description() + " is an autoregressive model (--model-running-mode vanilla); "
-                       "generate_difflm samples masked-diffusion models");
-    sc.mask_token = apps::inference_mask_token(cli, cfg, errors);
-    const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
-    sc.eos_token = cli.integer("--eos-token-id", tok ? tok->eod() : -1, errors);
-    if (!cli.has("--eos-token-id") && sc.eos_token >= 0 && sc.eos_token == sc.mask_token) {
-      std::cerr << "note: the tokenizer's end-of-document id " << sc.eos_token
-                << " is the mask token: not stopping at EOS (give --eos-token-id)\n";
-      sc.eos_token = -1;
-    }
-    sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
-    for (const std::string& p : sampler_config_problems(sc, model.input_vocab_size())) errors.push_back(p);
-    const std::vector<apps::Prompt> prompts = read_prompts(cli, tok.get(), errors);
-    size_t longest = 0;
-    for (const apps::Prompt& p : prompts) longest = std::max(longest, p.ids.size());
-    if (cfg.model.position_embedding_type == PositionEmbeddingType::LearnedAbsolute &&
-        static_cast<int64_t>(longest) + sc.gen_length > cfg.model.max_position_embeddings)
-      errors.push_back("the longest prompt (" + std::to_string(longest) + " tokens) plus `--gen-length " +
-                       std::to_string(sc.gen_length) + "` exceeds the model's learned positions (" +
-                       std::to_string(cfg.model.max_position_embeddings) + ")");
-    if (!errors.empty()) throw ConfigError(errors, {});
-
-    apps::JsonlOutput out(cli, "--output", errors);
-    if (!errors.empty()) throw ConfigError(errors, {});
-    std::cerr << " > model: " << model.description() << " on " << device.str() << "\n"
-              << " > sampler: gen length " << sc.gen_length << ", steps " << sc.steps << ", block length "
-              << sc.block_length << ", remasking " << remasking_name(sc.remasking) << ", temperature "
-              << sc.temperature << ", cfg scale " << sc.cfg_scale << ", mask token " << sc.mask_token
-              << (sc.stop_at_eos ? ", stop at EOS " + std::to_string(sc.eos_token) : std::string())
-              << (sc.confidence_threshold > 0 ? ", confidence threshold " + std::to_string(sc.confidence_threshold)
-                                              : std::string())
-              << (sc.kv_cache != KvCacheMode::None ? std::string(", kv cache ") + kv_cache_mode_name(sc.kv_cache)
-                                                   : std::string())
-              << "\n";
-    const auto t0 = std::chrono::steady_clock::now();
-    int64_t generated = 0;
-    for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(batch_size)) {
-      std::vector<GenerationRequest> batch;
-      for (size_t i = first; i < std::min(prompts.size(), first + static_cast<size_t>(batch_size)); ++i)
-        batch.push_back({prompts[i].ids, static_cast<int64_t>(i)});
-      const std::vector<GenerationResult> results = generate(model, batch, sc);
-      for (size_t k = 0; k < results.size(); ++k) {
-        const apps::Prompt& p = prompts[first + k];
-        const GenerationResult& r = results[k];
-        std::vector<int32_t> shown = r.tokens;
-        const auto eos = std::find(shown.begin(), shown.end(), static_cast<int32_t>(sc.eos_token));
-        if (sc.eos_token >= 0) shown.erase(eos, shown.end());
-        json j;
-        j["index"] = first + k;
-        j["prompt"] = p.has_text ? json(p.text) : json(nullptr);
-        j["prompt_ids"] = p.ids;
-        j["text"] = tok ? json(tok->decode(shown)) : json(nullptr);
-        j["token_ids"] = r.tokens;
-        j["steps"] = r.steps;
-        j["stopped_at_eos"] = r.stopped_at_eos;
-        out.write(j);
-        generated += static_cast<int64_t>(r.tokens.size());
-      }
-      out.flush();
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::cerr << " > generated " << generated << " tokens for " << prompts.size() << " prompts in " << s
-              << " s (" << (s > 0 ? static_cast<double>(generated) / s : 0.0) << " tokens/s)\n";
-    return 0;
-  } catch (const ConfigError& e) {
-    std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
-    return 2;
-  } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "error: unexpected failure: " << e.what() << "\n";
-    return 3;
-  }
+  return apps::inference_main(argc, argv, "generate_difflm", kUsage, flags(), run);
 }

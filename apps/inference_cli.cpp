@@ -27,36 +27,27 @@ std::vector<CliFlag> common_inference_flags() {
   };
 }
 
+Cli::Cli(std::string program, std::string usage, std::vector<CliFlag> flags)
+    : program_(std::move(program)), usage_(std::move(usage)), flags_(std::move(flags)) {
+  // The names and help are string literals, so the rows may view them.
+  for (const CliFlag& f : flags_) {
+    training::FlagSpec row;
+    row.name = f.name;
+    row.kind = f.value != nullptr ? training::FlagKind::String : training::FlagKind::StoreTrue;
+    row.help = f.help;
+    table_.push_back(row);
+  }
+}
+
 void Cli::parse(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
   std::vector<std::string> errors;
-  for (int i = 1; i < argc; ++i) {
-    std::string tok = argv[i];
-    std::string value;
-    bool has_value = false;
-    const size_t eq = tok.find('=');
-    if (tok.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = tok.substr(eq + 1);
-      tok = tok.substr(0, eq);
-      has_value = true;
-    }
-    const CliFlag* f = find(tok);
-    if (f == nullptr) {
-      errors.push_back("unknown flag `" + tok + "` (" + program_ + " --help lists the flags)");
-      continue;
-    }
-    if (f->value != nullptr && !has_value) {
-      if (i + 1 >= argc) {
-        errors.push_back("`" + tok + "` expects a value (" + f->value + ")");
-        continue;
-      }
-      value = argv[++i];
-    } else if (f->value == nullptr && has_value) {
-      errors.push_back("`" + tok + "` takes no value");
-      continue;
-    }
-    auto& slot = values_[tok];
-    if (!slot.empty() && !f->repeatable) errors.push_back("`" + tok + "` given twice");
-    slot.push_back(f->value != nullptr ? value : "1");
+  for (const training::ToolFlag& t : training::parse_tool_flags(table_, args)) {
+    const std::string name(t.flag->name);
+    const CliFlag& f = flags_[static_cast<size_t>(t.flag - table_.data())];
+    auto& slot = values_[name];
+    if (!slot.empty() && !f.repeatable) errors.push_back("`" + name + "` given twice");
+    slot.push_back(f.value != nullptr ? t.values.at(0) : "1");
   }
   if (!errors.empty()) throw ConfigError(errors, {});
 }
@@ -96,10 +87,26 @@ std::string Cli::help() const {
   return os.str();
 }
 
-const CliFlag* Cli::find(const std::string& name) const {
-  for (const CliFlag& f : flags_)
-    if (name == f.name) return &f;
-  return nullptr;
+int inference_main(int argc, char** argv, const std::string& program, const std::string& usage,
+                   std::vector<CliFlag> flags, const std::function<int(const Cli&)>& body) {
+  try {
+    Cli cli(program, usage, std::move(flags));
+    cli.parse(argc, argv);
+    if (cli.has("--help")) {
+      std::cout << cli.help();
+      return 0;
+    }
+    return body(cli);
+  } catch (const ConfigError& e) {
+    std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: unexpected failure: " << e.what() << "\n";
+    return 3;
+  }
 }
 
 training::InferenceSource inference_source(const Cli& cli, std::vector<std::string>& errors) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates docs/flags.md from the flag table (src/training/flag_table.cpp) through a built
-# pretrain_difflm, so the reference can never drift from the parser. unit_training's
+# Regenerates docs/flags.md from the flag table (src/training/arguments/flag_table.cpp) through a
+# built pretrain_difflm, so the reference can never drift from the parser. unit_training's
 # FlagTable.DocsFlagsMdIsUpToDate fails until this has been run after a table change.
 # Usage: scripts/gen_flags_doc.sh [path/to/pretrain_difflm]   (default: build/bin/pretrain_difflm)
 set -euo pipefail

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 #include "megadlm/parallel/pipeline_parallel/layer_partition.h"
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 namespace megadlm {
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include "megadlm/core/error.h"
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 
 namespace megadlm::training {
 

@@ -13,7 +13,7 @@
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/directory_lock.h"
 #include "megadlm/training/checkpoint/training_state.h"
-#include "megadlm/training/checkpoint_args.h"
+#include "megadlm/training/arguments/checkpoint_args.h"
 #include "megadlm/training/trainer.h"
 
 namespace megadlm {

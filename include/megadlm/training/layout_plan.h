@@ -26,7 +26,7 @@
 #pragma once
 #include <string>
 #include <vector>
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/memory_plan.h"
 #include "megadlm/training/training_config.h"
 

@@ -12,7 +12,7 @@
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/file_io.h"
 #include "megadlm/training/checkpoint/safetensors.h"
-#include "megadlm/training/checkpoint_args.h"
+#include "megadlm/training/arguments/checkpoint_args.h"
 
 namespace megadlm::checkpoint {
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 #include "megadlm/comm/bootstrap.h"
-#include "megadlm/training/config_agreement.h"
+#include "megadlm/training/arguments/config_agreement.h"
 #include "support/scratch.h"
 #include "support/spmd.h"
 

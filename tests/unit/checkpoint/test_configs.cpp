@@ -3,10 +3,10 @@
 // real parser, and the Hugging Face name and config mapping (both directions, and the models
 // it must refuse, naming the flag or config field).
 #include <gtest/gtest.h>
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/huggingface.h"
-#include "megadlm/training/checkpoint_args.h"
+#include "megadlm/training/arguments/checkpoint_args.h"
 #include "support/scratch.h"
 
 using namespace megadlm;

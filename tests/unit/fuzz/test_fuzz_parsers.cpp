@@ -15,7 +15,7 @@
 #include "megadlm/core/error.h"
 #include "megadlm/data/indexed_dataset.h"
 #include "megadlm/data/tokenizer.h"
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/format.h"
 #include "megadlm/training/checkpoint/safetensors.h"

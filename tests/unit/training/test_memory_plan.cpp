@@ -7,7 +7,7 @@
 // recomputation, micro-batches in flight under 1F1B, the refusal and its advice).
 #include <gtest/gtest.h>
 #include <cmath>
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/layout_plan.h"
 #include "megadlm/training/memory_plan.h"
 #include "megadlm/model/saved_activations.h"

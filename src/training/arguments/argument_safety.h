@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include "training/argument_state.h"
+#include "training/arguments/argument_state.h"
 
 namespace megadlm::training::detail {
 

@@ -8,10 +8,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include "megadlm/training/arguments.h"
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/arguments.h"
+#include "megadlm/training/arguments/flags.h"
 #include "support/scratch.h"
-#include "training/argument_safety.h"
+#include "training/arguments/argument_safety.h"
 
 using namespace megadlm;
 using namespace megadlm::training;

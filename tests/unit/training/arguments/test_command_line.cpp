@@ -1,11 +1,11 @@
-// The lexing half of parse_arguments (training/command_line.h): CLI11 driven by the flag table,
-// and @file expansion. Each test states the argparse behaviour it pins; the values and messages
-// the rules then produce are test_arguments.cpp's business.
+// The lexing half of parse_arguments (training/arguments/command_line.h): CLI11 driven by the flag
+// table, and @file expansion. Each test states the argparse behaviour it pins; the values and
+// messages the rules then produce are test_arguments.cpp's business.
 #include <gtest/gtest.h>
 #include <fstream>
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "support/scratch.h"
-#include "training/command_line.h"
+#include "training/arguments/command_line.h"
 
 using namespace megadlm;
 using namespace megadlm::training;

@@ -3,7 +3,7 @@
 // Megatron-LM (Megatron-Core 0.10 as bundled by MegaDLMs; rows marked "(upstream)" are
 // Megatron-LM flags MegaDLMs lacks) and MegaDLMs' difflm flags. Long because it is the table; rules
 // that combine flags live in argument_rules.cpp. After editing, run scripts/gen_flags_doc.sh.
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 // Rows name only the fields that differ from FlagSpec's defaults; GCC 12 still warns about the
 // omitted members of a designated initializer.
@@ -45,10 +45,11 @@ constexpr FlagSpec kFlags[] = {
      .help = "Contiguous micro-batches per virtual stage in the interleaved schedule.",
      .default_doc = "--pipeline-model-parallel-size"},
     {.name = "--no-overlap-p2p-communication", .kind = K::StoreFalse, .group = G::Parallel,
-     .dest = "overlap_p2p_comm",
+     .status = S::Ignored, .dest = "overlap_p2p_comm",
      .help = "Do not overlap pipeline send/receive with compute (only meaningful with virtual "
-             "pipeline stages; megadlm always issues each step's transfers as one batched group, "
-             "Megatron's batch_p2p_comm)."},
+             "pipeline stages). Still checked by the pipeline rules (V-19, C-7).",
+     .hint = "megadlm's pipeline p2p is not overlapped: each step's transfers are issued as one "
+             "batched group, Megatron's batch_p2p_comm"},
     {.name = "--overlap-p2p-communication-warmup-flush", .kind = K::StoreTrue, .group = G::Parallel,
      .status = S::Ignored, .help = "Also overlap pipeline p2p in warm-up and flush."},
     {.name = "--decoder-first-pipeline-num-layers", .kind = K::Int, .group = G::Parallel,
@@ -410,15 +411,18 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--moe-batch-level-expert-choice", .kind = K::StoreTrue, .group = G::MoE,
      .help = "Expert choice over all tokens of the micro-batch instead of each sequence "
              "(MegaDLMs' config field moe_batch_level_expert_choice)."},
-    {.name = "--moe-input-jitter-eps", .kind = K::Float, .group = G::MoE, .status = S::Ignored,
-     .help = "Multiplicative router input jitter.", .range = "[0, inf)"},
+    {.name = "--moe-input-jitter-eps", .kind = K::Float, .group = G::MoE, .status = S::NotYet,
+     .help = "Multiplicative router input jitter.",
+     .hint = "megadlm's router does not jitter its input", .range = "[0, inf)"},
     {.name = "--moe-per-layer-logging", .kind = K::StoreTrue, .group = G::MoE, .status = S::Ignored,
      .help = "Log MoE losses per layer.",
      .hint = "the per-layer expert load is in the --metrics-jsonl rows"},
-    {.name = "--moe-layer-recompute", .kind = K::StoreTrue, .group = G::MoE, .status = S::Ignored,
-     .help = "Recompute MoE layers in backward."},
-    {.name = "--moe-use-upcycling", .kind = K::StoreTrue, .group = G::MoE, .status = S::Ignored,
-     .help = "Convert a dense checkpoint to MoE."},
+    {.name = "--moe-layer-recompute", .kind = K::StoreTrue, .group = G::MoE, .status = S::NotYet,
+     .help = "Recompute MoE layers in backward.",
+     .hint = "megadlm keeps the MoE layers' activations (use --recompute-granularity full)"},
+    {.name = "--moe-use-upcycling", .kind = K::StoreTrue, .group = G::MoE, .status = S::NotYet,
+     .help = "Convert a dense checkpoint to MoE.",
+     .hint = "megadlm cannot turn a dense checkpoint into an MoE one"},
     {.name = "--moe-extended-tp", .kind = K::StoreTrue, .group = G::MoE, .status = S::Ignored,
      .help = "Deprecated."},
     {.name = "--moe-router-score-function", .kind = K::String, .group = G::MoE,
@@ -673,8 +677,10 @@ constexpr FlagSpec kFlags[] = {
      .status = S::Ignored, .default_value = "1", .help = "Dataset index builder threads."},
     {.name = "--renormalize-blend-weights", .kind = K::StoreTrue, .group = G::Data,
      .help = "Weigh a blend by the samples each dataset was asked for (after the 0.5% margin)."},
-    {.name = "--dataloader-type", .kind = K::String, .group = G::Data, .status = S::Ignored,
-     .choices = "single cyclic external", .help = "Sampler type."},
+    {.name = "--dataloader-type", .kind = K::String, .group = G::Data,
+     .choices = "single cyclic external", .not_yet = "cyclic external",
+     .help = "Sampler type: megadlm reads the samples in Megatron's `single` order.",
+     .default_doc = "single"},
     {.name = "--num-workers", .kind = K::Int, .group = G::Data, .status = S::Ignored,
      .default_value = "2", .help = "Data loader worker processes."},
     {.name = "--tokenizer-type", .kind = K::String, .group = G::Data,

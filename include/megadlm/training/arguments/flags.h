@@ -2,7 +2,7 @@
 // accepts (Megatron-LM / MegaDLMs spellings, plus megadlm's own). The
 // parser, `--help`, `--help-markdown` and docs/flags.md are all generated from it.
 // This header knows flag *spellings*; the typed configs never do. Parsing and validation live in
-// training/arguments.h.
+// training/arguments/arguments.h.
 #pragma once
 #include <optional>
 #include <span>
@@ -68,6 +68,7 @@ struct FlagSpec {
   Nargs nargs = Nargs::Plus;
   std::string_view help;
   /// Removed: the replacement ("use `--micro-batch-size` instead"). Ignored: why it has no effect.
+  /// NotYet: what megadlm lacks (added to the "not supported yet" message).
   std::string_view hint;
   /// Shown instead of the default in --help when the default is derived ("4 × hidden-size").
   std::string_view default_doc;
@@ -92,7 +93,7 @@ bool flag_takes_value(const FlagSpec& flag);
 
 /// The known flag closest to `unknown` (longest-common-subsequence ratio, ties broken by edit
 /// distance), or "" when nothing is reasonably close.
-std::string nearest_flag(std::string_view unknown);
+std::string nearest_flag(std::string_view unknown, std::span<const FlagSpec> table = flag_table());
 
 /// Section title of a group ("parallelism", ...).
 const char* flag_group_title(FlagGroup group);

@@ -1,17 +1,17 @@
 // Command-line parsing (argparse semantics plus @file expansion; the lexing itself is CLI11 in
 // command_line.cpp), the argument state, and the start-up / dry-run reports. The rules that
 // combine flags live in argument_rules.cpp.
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include <cstdio>
 #include <sstream>
 #include "megadlm/parallel/rank_layout.h"
-#include "megadlm/training/checkpoint_args.h"
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/checkpoint_args.h"
+#include "megadlm/training/arguments/flags.h"
 #include "megadlm/training/layout_plan.h"
 #include "megadlm/training/memory_plan.h"
-#include "training/argument_state.h"
-#include "training/command_line.h"
-#include "training/logging_rules.h"
+#include "training/arguments/argument_state.h"
+#include "training/arguments/command_line.h"
+#include "training/arguments/logging_rules.h"
 
 namespace megadlm {
 
@@ -137,7 +137,41 @@ namespace {
 using detail::ArgState;
 using detail::FlagValue;
 
+// The value of one occurrence, converted and checked by its row; false (and the message in
+// `errors`) when it has none where one is needed, or one that does not parse.
+bool occurrence_value(const detail::FlagOccurrence& occ, FlagValue& value,
+                      std::vector<std::string>& errors) {
+  const FlagSpec& spec = *occ.flag;
+  const bool is_list = spec.kind == FlagKind::IntList || spec.kind == FlagKind::FloatList ||
+                       spec.kind == FlagKind::StringList;
+  if (flag_takes_value(spec) && !is_list && occ.values.empty()) {
+    errors.push_back(detail::backticked(spec.name) + " expects a value");
+    return false;
+  }
+  std::string error;
+  if (!detail::parse_flag_value(spec, occ.values, value, error)) {
+    errors.push_back(error);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+std::vector<ToolFlag> parse_tool_flags(std::span<const FlagSpec> table,
+                                       const std::vector<std::string>& args) {
+  const detail::LexedCommandLine lexed = detail::lex_command_line(args, table);
+  std::vector<std::string> errors;
+  std::vector<ToolFlag> out;
+  for (const detail::FlagOccurrence& occ : lexed.occurrences) {
+    errors.insert(errors.end(), occ.errors_before.begin(), occ.errors_before.end());
+    FlagValue v;
+    if (occurrence_value(occ, v, errors)) out.push_back({occ.flag, occ.values});
+  }
+  errors.insert(errors.end(), lexed.trailing_errors.begin(), lexed.trailing_errors.end());
+  if (!errors.empty()) throw ConfigError(std::move(errors), {});
+  return out;
+}
 
 std::vector<std::string> expand_flag_files(const std::vector<std::string>& args) {
   std::vector<std::string> errors;
@@ -151,8 +185,8 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   std::vector<std::string> tokens = detail::expand_flag_files(argv, errors);
   tokens = with_checkpoint_args(tokens, errors);  // before validation, as Megatron
 
-  // CLI11 splits the words into flag occurrences (training/command_line.h); their values are
-  // converted and checked here, in command-line order, so that every problem is reported.
+  // CLI11 splits the words into flag occurrences (training/arguments/command_line.h); their values
+  // are converted and checked here, in command-line order, so that every problem is reported.
   const detail::LexedCommandLine lexed = detail::lex_command_line(tokens);
   ArgState state(launch);
   bool help = false, help_markdown = false;
@@ -164,18 +198,8 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
       continue;
     }
     if (spec.name == "--help-markdown") help_markdown = true;
-    const bool is_list = spec.kind == FlagKind::IntList || spec.kind == FlagKind::FloatList ||
-                         spec.kind == FlagKind::StringList;
-    if (flag_takes_value(spec) && !is_list && occ.values.empty()) {
-      errors.push_back(detail::backticked(spec.name) + " expects a value");
-      continue;
-    }
     FlagValue v;
-    std::string error;
-    if (!detail::parse_flag_value(spec, occ.values, v, error)) {
-      errors.push_back(error);
-      continue;
-    }
+    if (!occurrence_value(occ, v, errors)) continue;
     state.set_given(spec, std::move(v));  // a repeated flag: the last one wins (argparse)
   }
   errors.insert(errors.end(), lexed.trailing_errors.begin(), lexed.trailing_errors.end());
@@ -202,7 +226,6 @@ ParsedArguments parse_arguments(const std::vector<std::string>& argv, const Laun
   if (refused) throw ConfigError(std::move(diag.errors), std::move(diag.not_supported));
 
   out.config = detail::build_run_config(state);
-  out.config.logging = detail::build_logging_config(state);
   out.dry_run = dry_run;
   out.plan = state.b("plan");
   for (const FlagSpec* f : state.given_flags()) out.given.insert(flag_dest(*f));

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <variant>
 #include <vector>
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 namespace megadlm::training::detail {
 

@@ -3,7 +3,7 @@
 // rules (argument_rules.cpp), so that this concern stays in one small file.
 #pragma once
 #include <cstdint>
-#include "training/argument_state.h"
+#include "training/arguments/argument_state.h"
 
 namespace megadlm::training::detail {
 

@@ -1,7 +1,7 @@
 // Generic safety rules over the flag table (argument_safety.h): finite, in-range numbers (the
 // table's `range` column) and usable output paths. Rule ids: M-2 for ranges unless a flag's
 // range is an older rule of its own (kRangeRule below), M-30 for output paths.
-#include "training/argument_safety.h"
+#include "training/arguments/argument_safety.h"
 #include <unistd.h>
 #include <cerrno>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include "training/rules_common.h"
+#include "training/arguments/rules_common.h"
 
 namespace megadlm::training::detail {
 

@@ -1,4 +1,4 @@
-#include "megadlm/training/checkpoint_args.h"
+#include "megadlm/training/arguments/checkpoint_args.h"
 #include <filesystem>
 #include "megadlm/core/error.h"
 #include "megadlm/training/checkpoint/checkpoint.h"

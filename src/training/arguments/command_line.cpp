@@ -12,7 +12,7 @@
 // the value of the flag right before it.
 // Hidden visibility for CLI11; the functions this file defines stay visible (tests call them).
 #pragma GCC visibility push(default)
-#include "training/command_line.h"
+#include "training/arguments/command_line.h"
 #pragma GCC visibility pop
 #include <CLI/CLI.hpp>
 #include <cctype>
@@ -127,13 +127,13 @@ struct Event {
 };
 
 // Runs CLI11 over words that contain no "--" (CLI11 reads everything after "--" as positional).
-void lex_segment(const std::vector<std::string>& words, LexedCommandLine& out,
-                 std::vector<std::string>& pending) {
+void lex_segment(const std::vector<std::string>& words, std::span<const FlagSpec> table,
+                 LexedCommandLine& out, std::vector<std::string>& pending) {
   CLI::App app;
   app.set_help_flag();  // the table's --help row is the help flag
   app.allow_extras();
   std::vector<Event> events;
-  for (const FlagSpec& f : flag_table()) {
+  for (const FlagSpec& f : table) {
     const FlagSpec* spec = &f;
     const std::string names = f.name == "--help" ? "-h,--help" : std::string(f.name);
     CLI::Option* opt = app.add_option(names, [&events, &app, spec](const CLI::results_t& results) {
@@ -187,7 +187,7 @@ void lex_segment(const std::vector<std::string>& words, LexedCommandLine& out,
     } else if (looks_like_flag(w)) {
       const std::string name = w.substr(0, w.find('='));
       std::string msg = "unknown flag `" + name + "`";
-      const std::string near = nearest_flag(name);
+      const std::string near = nearest_flag(name, table);
       if (!near.empty()) msg += "; did you mean `" + near + "`?";
       pending.push_back(msg);
       prev = Prev::UnknownFlag;
@@ -211,7 +211,8 @@ std::vector<std::string> expand_flag_files(const std::vector<std::string>& words
   return out;
 }
 
-LexedCommandLine lex_command_line(const std::vector<std::string>& words) {
+LexedCommandLine lex_command_line(const std::vector<std::string>& words,
+                                  std::span<const FlagSpec> table) {
   LexedCommandLine out;
   std::vector<std::string> pending;
   size_t start = 0;
@@ -220,7 +221,7 @@ LexedCommandLine lex_command_line(const std::vector<std::string>& words) {
     while (end < words.size() && words[end] != "--") ++end;
     lex_segment(std::vector<std::string>(words.begin() + static_cast<std::ptrdiff_t>(start),
                                          words.begin() + static_cast<std::ptrdiff_t>(end)),
-                out, pending);
+                table, out, pending);
     if (end == words.size()) break;
     pending.push_back("unexpected argument `--`: values must follow a flag");
     start = end + 1;

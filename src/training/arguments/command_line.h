@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <vector>
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 namespace megadlm::training::detail {
 
@@ -40,7 +40,9 @@ struct LexedCommandLine {
 /// lists up to the next flag, negative numbers as values, repeated flags kept as separate
 /// occurrences so that the last one can win). Words that are not table flags give "unknown flag
 /// `--x`; did you mean `--y`?" (the values after an unknown flag are skipped with it) or
-/// "unexpected argument `w`: values must follow a flag".
-LexedCommandLine lex_command_line(const std::vector<std::string>& words);
+/// "unexpected argument `w`: values must follow a flag". `table` is pretrain_difflm's flag table
+/// unless a tool lexes its own (parse_tool_flags).
+LexedCommandLine lex_command_line(const std::vector<std::string>& words,
+                                  std::span<const FlagSpec> table = flag_table());
 
 }  // namespace megadlm::training::detail

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/model/moe_config.h"
-#include "training/argument_state.h"
+#include "training/arguments/argument_state.h"
 
 namespace megadlm::training::detail {
 
@@ -49,10 +49,8 @@ void check_recompute(ArgState& a, Ctx& c, Diagnostics& d);
 void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d);
 void check_support(ArgState& a, Ctx& c, Diagnostics& d);
 
-// moe_rules.cpp: the MoE flags (after the model shape and the parallel sizes are resolved), and
-// the typed MoeConfig built from them.
+// moe_rules.cpp: the MoE flags (after the model shape and the parallel sizes are resolved).
 void check_moe(ArgState& a, Ctx& c, Diagnostics& d);
-void build_moe_config(const ArgState& a, MoeConfig& moe);
 /// --moe-layer-freq: an int N (layer i is MoE iff i % N == 0) or a Python list expression of
 /// 0/1 ("[1,0]*4", "([0]+[1]*23)"); `error` says what is wrong ("" = fine).
 std::vector<bool> parse_moe_layer_freq(const std::string& text, int64_t num_layers, std::string& error);

@@ -7,8 +7,8 @@
 #include <optional>
 #include <string>
 #include <vector>
-#include "megadlm/training/arguments.h"
-#include "training/flag_value.h"
+#include "megadlm/training/arguments/arguments.h"
+#include "training/arguments/flag_value.h"
 
 namespace megadlm::training::detail {
 
@@ -71,7 +71,8 @@ class ArgState {
 /// (ids M-*). Never throws on user input: everything goes into `diag`.
 void resolve_and_validate(ArgState& args, bool dry_run, Diagnostics& diag);
 
-/// The typed configs from resolved values (call only when resolve_and_validate found no error).
+/// The typed configs from resolved values (call only when resolve_and_validate found no error):
+/// the one place where flag values reach RunConfig (run_config.cpp).
 RunConfig build_run_config(const ArgState& args);
 
 }  // namespace megadlm::training::detail

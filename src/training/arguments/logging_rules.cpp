@@ -1,5 +1,5 @@
 // The logging flags -> LoggingConfig, and rule M-20 (see logging_rules.h).
-#include "training/logging_rules.h"
+#include "training/arguments/logging_rules.h"
 #include <filesystem>
 
 namespace megadlm::training::detail {

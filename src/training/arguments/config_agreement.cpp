@@ -1,4 +1,4 @@
-#include "megadlm/training/config_agreement.h"
+#include "megadlm/training/arguments/config_agreement.h"
 #include <sstream>
 #include <vector>
 #include "megadlm/core/error.h"

@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include "training/rules_common.h"
+#include "training/arguments/rules_common.h"
 
 namespace megadlm::training::detail {
 
@@ -269,42 +269,6 @@ void check_moe(ArgState& a, Ctx& c, Diagnostics& d) {
                   a.flag_value("num_experts") +
                   ": expert parameters in several distributed-optimizer instances are not "
                   "supported yet by megadlm");
-}
-
-void build_moe_config(const ArgState& a, MoeConfig& m) {
-  if (!a.is_set("num_experts")) return;
-  m.num_experts = static_cast<int>(a.i("num_experts"));
-  std::string error;
-  m.moe_layers = parse_moe_layer_freq(a.s("moe_layer_freq"), a.i("num_layers"), error);
-  m.topk = static_cast<int>(a.i("moe_router_topk"));
-  m.score = a.s("moe_router_score_function") == "sigmoid" ? MoeScoreFunction::Sigmoid : MoeScoreFunction::Softmax;
-  m.pre_softmax = a.b("moe_router_pre_softmax");
-  if (a.is_set("moe_router_topk_scaling_factor"))
-    m.topk_scaling_factor = static_cast<float>(a.f("moe_router_topk_scaling_factor"));
-  if (a.is_set("moe_router_num_groups")) m.num_groups = static_cast<int>(a.i("moe_router_num_groups"));
-  if (a.is_set("moe_router_group_topk")) m.group_topk = static_cast<int>(a.i("moe_router_group_topk"));
-  if (a.is_set("moe_router_topk_limited_devices"))
-    m.topk_limited_devices = static_cast<int>(a.i("moe_router_topk_limited_devices"));
-  const std::string lb = a.s("moe_router_load_balancing_type");
-  m.load_balancing = lb == "seq_aux_loss"            ? MoeLoadBalancing::SeqAuxLoss
-                     : lb == "sinkhorn"              ? MoeLoadBalancing::Sinkhorn
-                     : lb == "none"                  ? MoeLoadBalancing::None
-                     : lb == "softmax_expert_choice" ? MoeLoadBalancing::ExpertChoice
-                                                     : MoeLoadBalancing::AuxLoss;
-  m.aux_loss_coeff = static_cast<float>(a.f("moe_aux_loss_coeff"));
-  if (a.is_set("moe_z_loss_coeff")) m.z_loss_coeff = static_cast<float>(a.f("moe_z_loss_coeff"));
-  m.expert_bias = a.b("moe_router_enable_expert_bias");
-  m.bias_update_rate = static_cast<float>(a.f("moe_router_bias_update_rate"));
-  if (a.is_set("moe_expert_capacity_factor"))
-    m.capacity_factor = static_cast<float>(a.f("moe_expert_capacity_factor"));
-  m.pad_to_capacity = a.b("moe_pad_expert_input_to_capacity");
-  m.drop_policy = a.s("moe_token_drop_policy") == "position" ? MoeDropPolicy::Position : MoeDropPolicy::Probs;
-  m.batch_level_expert_choice = a.b("moe_batch_level_expert_choice");
-  m.ffn_hidden_size = static_cast<int>(a.i("moe_ffn_hidden_size"));
-  if (a.is_set("moe_shared_expert_intermediate_size"))
-    m.shared_expert_size = static_cast<int>(a.i("moe_shared_expert_intermediate_size"));
-  m.grouped_gemm = a.b("moe_grouped_gemm");
-  m.dispatcher = a.s("moe_token_dispatcher_type") == "alltoall" ? MoeDispatcher::AllToAll : MoeDispatcher::AllGather;
 }
 
 }  // namespace megadlm::training::detail

@@ -5,7 +5,8 @@
 #include <climits>
 #include <cstdlib>
 #include <functional>
-#include "training/rules_common.h"
+#include "training/arguments/flag_enums.h"
+#include "training/arguments/rules_common.h"
 
 namespace megadlm::training::detail {
 
@@ -662,11 +663,12 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   // --data-parallel-sharding-strategy, or --use-torch-fsdp2 = full sharding under FSDP2's rules.
   // The sharding strategies imply the distributed optimizer (Megatron-FSDP v1 forces it);
   // no_shard is plain DDP.
-  const std::string strategy = a.s("data_parallel_sharding_strategy");
+  const ShardingStrategy strategy =
+      enum_flag(a, "data_parallel_sharding_strategy", ShardingStrategy::OptimGradsParams);
   const bool megatron_fsdp = a.b("use_custom_fsdp");
   const bool torch_fsdp2 = a.b("use_torch_fsdp2");
   const bool fsdp = megatron_fsdp || torch_fsdp2;
-  const bool sharding = torch_fsdp2 || (megatron_fsdp && strategy != "no_shard");
+  const bool sharding = torch_fsdp2 || (megatron_fsdp && strategy != ShardingStrategy::NoShard);
   if (!fsdp && a.was_given("data_parallel_sharding_strategy"))
     d.warn(a.flag_value("data_parallel_sharding_strategy") +
               " has effect only with `--use-custom-fsdp` (`--use-megatron-fsdp`); without it use "
@@ -679,7 +681,7 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   if (megatron_fsdp && torch_fsdp2)
     d.error("F-13", "`--use-torch-fsdp2` and `--use-megatron-fsdp` (`--use-custom-fsdp`) choose two "
                     "FSDP wrappers; pass one of them");
-  if (megatron_fsdp && strategy == "no_shard" && a.b("use_distributed_optimizer"))
+  if (megatron_fsdp && strategy == ShardingStrategy::NoShard && a.b("use_distributed_optimizer"))
     d.warn("`--use-distributed-optimizer` has no effect with `--use-megatron-fsdp "
            "--data-parallel-sharding-strategy no_shard` (plain DDP); use `optim` to shard the "
            "optimizer state");
@@ -715,7 +717,7 @@ void check_data_parallel(ArgState& a, Ctx& c, Diagnostics& d) {
   if (a.s("ckpt_format") == "torch_dcp" && !torch_fsdp2)
     d.error("F-8", a.flag_value("ckpt_format") + " is FSDP2's format: it needs `--use-torch-fsdp2`");
   // F-7: the weights are not replicated any more.
-  if (sharding && (torch_fsdp2 || strategy == "optim_grads_params") &&
+  if (sharding && (torch_fsdp2 || strategy == ShardingStrategy::OptimGradsParams) &&
       a.is_set("check_weight_hash_across_dp_replicas_interval"))
     d.error("F-7", a.flag_value("check_weight_hash_across_dp_replicas_interval") + " needs "
                    "replicated weights; `optim_grads_params` shards them over the data-parallel ranks");

@@ -9,9 +9,9 @@
 #include <sstream>
 #include <unistd.h>
 #include "megadlm/data/indexed_dataset.h"
-#include "megadlm/training/arguments.h"
+#include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/data_setup.h"
-#include "megadlm/training/flags.h"
+#include "megadlm/training/arguments/flags.h"
 
 using namespace megadlm;
 using namespace megadlm::training;
@@ -213,6 +213,33 @@ std::vector<Row> rows() {
        {"`--fp16` is not supported yet by megadlm"}},
       {"ignored-flag-warns", cmd({"--wandb-project", "x"}), O::Accepted,
        {"`--wandb-project` has no effect in megadlm"}},
+      // Flags that would change results or memory are refused, not ignored: megadlm lacks them.
+      {"not-implemented-jitter", cmd({"--moe-input-jitter-eps", "0.01"}), O::NotSupported,
+       {"`--moe-input-jitter-eps 0.01` is not supported yet by megadlm: megadlm's router does not "
+        "jitter its input (see docs/flags.md)"}},
+      {"not-implemented-upcycling", cmd({"--save", "/tmp/c", "--save-interval", "5", "--moe-use-upcycling"}),
+       O::NotSupported,
+       {"`--moe-use-upcycling` is not supported yet by megadlm: megadlm cannot turn a dense checkpoint "
+        "into an MoE one"}},
+      {"not-implemented-moe-recompute", cmd({"--moe-layer-recompute"}), O::NotSupported,
+       {"`--moe-layer-recompute` is not supported yet by megadlm: megadlm keeps the MoE layers' "
+        "activations"}},
+      {"not-implemented-dataloader", cmd({"--dataloader-type", "cyclic"}), O::NotSupported,
+       {"`--dataloader-type cyclic` is not supported yet by megadlm (see docs/flags.md); supported: single"}},
+      {"not-implemented-dataloader", cmd({"--dataloader-type", "external"}), O::NotSupported,
+       {"`--dataloader-type external` is not supported yet by megadlm"}},
+      {"dataloader-single", cmd({"--dataloader-type", "single"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);
+         EXPECT_EQ(p.values.at("dataloader_type"), "single");
+       }},
+      {"not-implemented-in-dry-run", dry(1, {"--moe-layer-recompute"}), O::Accepted,
+       {"`--moe-layer-recompute` is not supported yet by megadlm"}},
+      {"no-p2p-overlap-has-no-effect",
+       dry(2, {"--pipeline-model-parallel-size", "2", "--num-layers", "4", "--no-overlap-p2p-communication",
+               "--global-batch-size", "4"}),
+       O::Accepted, {"`--no-overlap-p2p-communication` has no effect in megadlm (megadlm's pipeline p2p is "
+                     "not overlapped"}},
       {"dlm-flags", cmd({"--dlm-loss-weight", "inv_t_eps", "--dlm-min-masked", "3"}), O::Accepted,
        {}, [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.diffusion.loss_weight, DlmLossWeight::InvTEps);

@@ -1,16 +1,18 @@
 // Megatron-style command line → validated RunConfig. The only code that knows flag spellings
-// (with training/flags.h, the table). Parsing follows argparse (allow_abbrev=False): --kebab-case
-// flags, `--flag value` or `--flag=value`, lists, `--no-X` flags, last duplicate wins, unknown
-// flags are errors; plus `@file` expansion. Validation reports every violated rule at once
-// (Megatron's validate_args and more; rule ids in brackets, docs/rules.md). Library code: never
-// exits, never reads the
+// (with training/arguments/flags.h, the table). Parsing follows argparse (allow_abbrev=False):
+// --kebab-case flags, `--flag value` or `--flag=value`, lists, `--no-X` flags, last duplicate
+// wins, unknown flags are errors; plus `@file` expansion. Validation reports every violated rule
+// at once (Megatron's validate_args and more; rule ids in brackets, docs/rules.md). Library code:
+// never exits, never reads the
 // environment; the launcher facts come in as LaunchInfo.
 #pragma once
 #include <map>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 #include "megadlm/core/error.h"
+#include "megadlm/training/arguments/flags.h"
 #include "megadlm/training/training_config.h"
 
 namespace megadlm {
@@ -73,6 +75,20 @@ std::string format_arguments(const ParsedArguments& parsed);
 /// layout of `rank` (parallel/rank_layout.h format_layout) and the memory plan
 /// (training/memory_plan.h).
 std::string format_dry_run_report(const ParsedArguments& parsed, int rank = 0);
+
+/// One flag of a tool's own table as typed: its row and its value words (none for a switch).
+struct ToolFlag {
+  const FlagSpec* flag = nullptr;
+  std::vector<std::string> values;
+};
+
+/// The command line of a program other than pretrain_difflm (generate_difflm, evaluate_difflm,
+/// generate_bench): `args` lexed against that program's own `table` by the code that lexes
+/// pretrain_difflm's (`--flag value`, `--flag=value`, unknown flags named with the nearest known
+/// one, stray words) and each value checked by its row's kind and choices; no @file expansion.
+/// Returns the occurrences in command-line order; throws ConfigError listing every problem.
+std::vector<ToolFlag> parse_tool_flags(std::span<const FlagSpec> table,
+                                       const std::vector<std::string>& args);
 
 /// The @file-expanded command line (argparse's fromfile_prefix_chars); throws ConfigError on an
 /// unreadable file.
