@@ -97,7 +97,7 @@ TEST_F(VocabParallelNccl, EmbeddingForwardAndBackwardAreExactlyTheUnsplitOnes) {
     const ModelParallel mp = tp_world(sp);
     const Tensor out = tp::vocab_parallel_embedding(shard, ids, start, mp, s);
     // Under SP this rank holds rows [me * per, me * per + per) of the padded rows.
-    const int64_t per = sp ? tp::shard_rows(kTokens, tp) : kTokens, first = sp ? me * per : 0;
+    const int64_t per = sp ? shard_rows(kTokens, tp) : kTokens, first = sp ? me * per : 0;
     const int64_t real = std::max<int64_t>(0, std::min(per, kTokens - first));
     ASSERT_EQ(out.rows(), per);
     if (real > 0) {
