@@ -1,7 +1,7 @@
 // main() of the SPMD suites (spmd.h): rank-aware reporting, per-test agreement on failures, a
 // closing list of the tests that ran and of those that skipped (with their reasons), and one exit
-// code for the job: 1 on every rank when any rank failed, 77 when every test skipped (CTest's
-// SKIP_RETURN_CODE: reported as skipped, not passed), else 0.
+// code for the job: 1 on every rank when any rank failed, 77 on rank 0 when every test skipped
+// (CTest's SKIP_RETURN_CODE: reported as skipped, not passed; mpirun passes it on), else 0.
 #include <gtest/gtest.h>
 #include <cstdio>
 #include <cstdlib>
@@ -212,8 +212,10 @@ int main(int argc, char** argv) {
     g_runtime.reset();  // finalises MPI
   }
   if (global == 0 && all_skipped) {
-    if (g_rank == 0)
-      std::fprintf(stderr, "[spmd] every test skipped: exit %d (reported as skipped)\n", kAllSkippedExitCode);
+    // Rank 0 alone says it: Open MPI's mpirun returns the first non-zero exit code and kills the
+    // ranks still running, which would lose rank 0's report were another rank first.
+    if (g_rank != 0) return 0;
+    std::fprintf(stderr, "[spmd] every test skipped: exit %d (reported as skipped)\n", kAllSkippedExitCode);
     return kAllSkippedExitCode;
   }
   return global;
