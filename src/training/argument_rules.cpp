@@ -209,6 +209,9 @@ void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("V-29", "give only one of " + a.flag_value("lr_warmup_fraction") + " and " +
                           a.flag_value("lr_warmup_iters"));
     if (a.i("train_iters") < 1) d.error("M-2", a.flag_value("train_iters") + " must be >= 1");
+    if (a.is_set("save_gradients") && (a.i("save_gradients_iteration") < 1 || a.i("save_gradients_iteration") > a.i("train_iters")))
+      d.error("M-2", a.flag_value("save_gradients_iteration") + " must be between 1 and " +
+                         a.flag_value("train_iters") + ": the iteration whose gradients --save-gradients writes");
   } else if (samples) {
     if (a.is_set("lr_decay_iters"))
       d.error("V-30", "sample-based training (`--train-samples`) takes `--lr-decay-samples`, not " +
@@ -869,6 +872,8 @@ RunConfig build_run_config(const ArgState& a) {
   else if (a.is_set("save")) t.collective_log_dir = a.s("save");
   if (a.is_set("metrics_jsonl") && !a.is_set("collective_log_dir") && t.collective_log_dir.empty())
     t.collective_log_dir = ".";
+  t.save_gradients = a.s("save_gradients");
+  t.save_gradients_iteration = a.i("save_gradients_iteration");
 
   DataConfig& dc = r.data;
   dc.mock_data = a.b("mock_data");
