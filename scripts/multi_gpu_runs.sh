@@ -4,7 +4,8 @@
 # own `timeout`, and writes one results file, OUT/results.jsonl (one JSON object per run, fields
 # below) with OUT/results.md (the same as a table), plus OUT/logs/<run>.log and <run>.jsonl.
 #
-#   scripts/multi_gpu_runs.sh BUILD OUT [GPUS] [--cpu-dry] [--only REGEX] [--iters N] [--limit S]
+#   scripts/multi_gpu_runs.sh BUILD OUT [GPUS] [--cpu-dry] [--shared-gpu N] [--only REGEX]
+#                             [--iters N] [--limit S]
 #   scripts/multi_gpu_runs.sh --summarize OUT [MORE ...]   (re-reads OUT/logs, rewrites the
 #              results; first merges each MORE, the OUT of another call, into OUT)
 #
@@ -13,19 +14,41 @@
 #   --cpu-dry  the same run list on the CPU under mpirun (--oversubscribe) with the tiny model
 #              and few iterations: proves the plumbing and the parsing (tests/e2e/
 #              multi_gpu_runs_cpu.sh); the 1.7B and long-context runs are skipped there.
+#   --shared-gpu N  N ranks on this host's GPU(s), several ranks per GPU, each started through
+#              scripts/shared_gpu_rank.sh (its own NCCL_HOSTID, NCCL over loopback sockets;
+#              docs/launching.md "Many ranks on one GPU"): runs needing up to N ranks run. Exact,
+#              slow: results.md marks the speed columns meaningless. With --cpu-dry the wrapper
+#              is used too (MPI on the CPU ignores its NCCL settings): the plumbing is the same.
 #   --only RE  only runs whose name matches the extended regex RE (a device call has at most
 #              10 minutes: split the list, e.g. --only '^(ref|dp|tp)', into several calls with
 #              the same OUT; results accumulate, a run is redone only when named again. On the
 #              device, where $OUT starts empty in every call, give each call its own OUT and
 #              merge them afterwards: --summarize ALL OUT1 OUT2 ...; a device call returns few
 #              files, so write OUT under /tmp and pack it: tar czf $OUT/runs.tgz -C /tmp NAME).
-#   --iters N  training iterations of the equivalence runs (default 12; --cpu-dry: 3).
+#              A run's comparison needs its reference's logs (ref_1gpu, ref_1gpu_mbs2, ...): a
+#              call that does not run them leaves the comparison to the --summarize that merges.
+#   --iters N  training iterations of the equivalence runs (default 100, the long-curve setting
+#              below; --cpu-dry: 3).
 #   --limit S  seconds per run before `timeout` ends it (default 240; --cpu-dry: 60).
 #
+# The equivalence method (docs/parallelism/equivalence.md). Each run of the tiny model is
+# compared with the same model on one GPU in two ways:
+#   step-1 gradients  every run writes its first iteration's full fp32 gradients
+#                (pretrain_difflm --save-gradients logs/<run>.grads, assembled from any layout);
+#                scripts/compare_gradients.py compares them tensor by tensor with the reference's,
+#                each tensor against 3 x the relative difference of the noise pair (the two one-
+#                GPU runs with --micro-batch-size 4 and 2), floor 1e-5. One step's gradients
+#                cannot be amplified by training's chaos: this separates rounding from a bug.
+#   curve        per-iteration lm loss and grad norm over --iters iterations at a learning rate
+#                where the tiny model is not chaotic (--lr 3e-4, min 3e-5, cosine over 1000
+#                iterations: the CPU fp32 noise twin stays within 1.1e-6 relative for 100
+#                iterations, where lr 3e-3 reaches 1.9e-2; bf16 on the GPU: 2.6e-2 in 12),
+#                against 3 x the noise pair's largest relative difference, floor 1e-5.
 # Groups of runs:
 #   suite        bin/gpu_nccl under mpirun -np 2 (when carried): NCCL collectives exactly, and
 #                --tp-comm-overlap's rings with the side stream's events against the plain ones.
-#   equivalence  the tiny model (4 layers) under each layout against the same run on one GPU:
+#   equivalence  the tiny model (4 layers) under each layout against the same run on one GPU
+#                (both comparisons above):
 #                DP 2 plain / overlapped / distributed optimizer, TP 2 + SP with and without
 #                --tp-comm-overlap, PP 2 x VPP 2, CP 2 with each --cp-comm-type, EP 2 with each
 #                dispatcher, Megatron-FSDP over 2 with each sharding strategy; at 4 and 8 GPUs
@@ -33,8 +56,19 @@
 #                Bound: bf16 noise measured as the largest relative difference between two
 #                one-GPU runs of the same function that differ only in --micro-batch-size (4
 #                vs 2: other GEMM shapes and summation order); a layout passes within 3x that
-#                (floor 1e-5, the CPU layout suites' fp32 tolerance). The MoE runs take the
-#                dense noise (a smaller micro-batch changes MoE's aux loss, not only rounding).
+#                (floor 1e-5, the CPU layout suites' fp32 tolerance). The MoE runs' curves take
+#                the dense noise (a smaller micro-batch changes MoE's aux loss, not only
+#                rounding); their gradients take the MoE noise pair's per tensor (the router's
+#                bound then includes that aux-loss change: a weaker check for the router alone).
+#   guide        the parallelism guide's launch lines (tests/e2e/parallelism_guide_lines.sh) with
+#                8 ranks on the tiny model: DP no_shard, TP 4 + SP, PP 8 x VPP 4 (32 layers, its
+#                own one-GPU reference and noise pair), CP 2 p2p with hierarchical sizes 2 4
+#                (refused as written: the refusal is checked, then the valid form 2 1 runs), EP 4
+#                with 8 experts and grouped GEMM, TP 2 x PP 2 x CP 2 with EP 2, Megatron-FSDP and
+#                --use-torch-fsdp2 with --no-gradient-accumulation-fusion; each compared as above,
+#                and each launched again with torchrun (torchrun_<line>: torchrun
+#                --nproc_per_node=8 --no-python scripts/shared_gpu_rank.sh ..., when torchrun
+#                exists), whose losses must equal the mpirun run's (bound 1e-6 relative).
 #   scaling      the MegaDLMs 1.7B shape: DP (distributed optimizer, overlapped) at 1/2/4/8 with
 #                the same per-GPU batch; TP 2/4 + SP with and without --tp-comm-overlap; PP 2/4
 #                with and without VPP (bubble against (P-1)/(M V)); CP 2/4/8 at 32k and CP 8 at
@@ -44,7 +78,8 @@
 #                batch (TP, PP) are also compared with it, against the 1.7B shape's own noise.
 #   planner      its predicted peak memory (from --dry-run) against the measured one, when the
 #                build has a memory planner (skipped with the reason otherwise).
-#   fault        DP 2, a rank SIGKILLed, and a rank SIGSTOPped, mid-run: the job must end within
+#   fault        DP 2 (through the wrapper with --shared-gpu), a rank SIGKILLed, and a rank
+#                SIGSTOPped, mid-run: the job must end within
 #                the limit; the log must name the rank (kill) or the group, operation and rank
 #                of the timed-out collective with the last-collectives file (stop; needs one
 #                --distributed-timeout-minutes, so not in --cpu-dry).
@@ -53,14 +88,15 @@
 #
 # results.jsonl fields: run, group, np, model, reference, status (ok | failed | timeout |
 # skipped), exit, seconds, reason, command, iterations, max_rel_loss_diff, max_rel_grad_norm_diff,
-# bound, equal, tokens_per_s_per_gpu, mfu, peak_mem_gb, scaling_efficiency, bubble_measured,
+# bound, equal (the curve), grad_equal, grad_rel_diff (whole model), grad_beyond (tensors beyond
+# their bound), grad_worst (tensor, rel diff, bound), shared_gpu, tokens_per_s_per_gpu, mfu, peak_mem_gb, scaling_efficiency, bubble_measured,
 # bubble_estimate, fault fields (ended_s, names_rank, names_group_op, collective_log).
 # Every job runs with NCCL_NVLS_ENABLE=0 (multicast stays off on these machines).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 summarize_only=0
 if [ "${1:-}" = --summarize ]; then
   [ $# -ge 2 ] || usage
@@ -69,6 +105,7 @@ if [ "${1:-}" = --summarize ]; then
   for more in "$@"; do  # another call's runs: its lines replace OUT's lines of the same run
     [ -f "$more/runs.tsv" ] || { echo "multi_gpu_runs.sh: $more has no runs.tsv" >&2; exit 2; }
     cp -r "$more/logs/." "$out/logs/"
+    [ -f "$more/shared_gpu" ] && cp "$more/shared_gpu" "$out/shared_gpu"
     awk -F'\t' 'NR == FNR { drop[$1]; next } !($1 in drop)' "$more/runs.tsv" "$out/runs.tsv" > "$out/runs.tsv.tmp"
     cat "$more/runs.tsv" >> "$out/runs.tsv.tmp"
     mv "$out/runs.tsv.tmp" "$out/runs.tsv"
@@ -76,11 +113,14 @@ if [ "${1:-}" = --summarize ]; then
 else
   [ $# -ge 2 ] || usage
   build=$1; out=$2; shift 2
-  gpus=""; cpu_dry=0; only=""; iters=""; run_limit=""
+  gpus=""; cpu_dry=0; only=""; iters=""; run_limit=""; shared_gpu=""
   if [ $# -gt 0 ] && [[ $1 =~ ^[0-9]+$ ]]; then gpus=$1; shift; fi
   while [ $# -gt 0 ]; do
     case $1 in
       --cpu-dry) cpu_dry=1 ;;
+      --shared-gpu)
+        [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || { echo "multi_gpu_runs.sh: --shared-gpu needs a number of ranks >= 1, got '${2:-}'" >&2; exit 2; }
+        shared_gpu=$2; shift ;;
       --only) only=$2; shift ;;
       --iters) iters=$2; shift ;;
       --limit) run_limit=$2; shift ;;
@@ -90,11 +130,18 @@ else
   done
   [ -x "$build/bin/pretrain_difflm" ] || { echo "multi_gpu_runs.sh: $build/bin/pretrain_difflm is not built" >&2; exit 2; }
   build=$(cd "$build" && pwd)
+  if [ -n "$shared_gpu" ]; then
+    [ -z "$gpus" ] || { echo "multi_gpu_runs.sh: give GPUS or --shared-gpu N, not both" >&2; exit 2; }
+    if [ "$cpu_dry" = 0 ] && ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+      echo "multi_gpu_runs.sh: --shared-gpu $shared_gpu: no GPU visible to share (nvidia-smi -L lists none)" >&2; exit 2
+    fi
+    gpus=$shared_gpu
+  fi
   if [ -z "$gpus" ]; then
     if [ "$cpu_dry" = 1 ]; then gpus=4; else gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
   fi
   [ "${gpus:-0}" -ge 1 ] || { echo "multi_gpu_runs.sh: no GPU visible; give GPUS or --cpu-dry" >&2; exit 2; }
-  [ -n "$iters" ] || iters=$([ "$cpu_dry" = 1 ] && echo 3 || echo 12)
+  [ -n "$iters" ] || iters=$([ "$cpu_dry" = 1 ] && echo 3 || echo 100)
   [ -n "$run_limit" ] || run_limit=$([ "$cpu_dry" = 1 ] && echo 60 || echo 240)
 fi
 mkdir -p "$out/logs"
@@ -105,7 +152,7 @@ if [ "$summarize_only" = 0 ]; then
   export NCCL_NVLS_ENABLE=0
   export MEGADLM_BIN="$build/bin"
   export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  source "$root/scripts/lib/bench_run.sh"   # bench_run NAME NP FLAGS...: $out/NAME.{jsonl,log}
+  source "$root/scripts/lib/bench_run.sh"   # mpirun_flags (the launch itself: launch() below)
   bin="$build/bin"
   limit=$run_limit
   device=cuda
@@ -114,8 +161,37 @@ if [ "$summarize_only" = 0 ]; then
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     mpirun_flags+=(--oversubscribe)
   fi
+  # Several ranks per GPU: each rank starts through the wrapper (its NCCL_HOSTID and sockets).
+  rank_wrapper=()
+  if [ -n "$shared_gpu" ]; then
+    rank_wrapper=("$root/scripts/shared_gpu_rank.sh")
+    [ "$cpu_dry" = 1 ] || mpirun_flags+=(--oversubscribe)  # more ranks than cores is fine too
+    ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    if [ "$cpu_dry" = 1 ]; then where="the CPU (--cpu-dry)"; else where="${ngpu:-0} GPU(s)"; fi
+    echo "shared GPU: $shared_gpu ranks on $where" > "$out/shared_gpu"
+  fi
   logs="$out/logs"
   touch "$plan"
+
+  # launch NAME NP LAUNCHER FLAGS...: pretrain_difflm with $common and FLAGS on NP ranks under
+  # `timeout`, LAUNCHER mpirun or torchrun (NP 1: the binary alone), through the shared-GPU
+  # wrapper when set; writes logs/NAME.{jsonl,log} and echoes the exit status.
+  launch() {
+    local name=$1 np=$2 how=$3; shift 3
+    rm -f "$logs/$name.jsonl"
+    local prog=("$bin/pretrain_difflm" "${common[@]}" --metrics-jsonl "$logs/$name.jsonl" "$@")
+    if [ "$np" = 1 ]; then
+      timeout "$limit" "${prog[@]}" > "$logs/$name.log" 2>&1
+    elif [ "$how" = torchrun ]; then
+      # torchrun's own rendezvous on this host; --no-python: the wrapper is a shell script.
+      timeout "$limit" torchrun --standalone --nproc_per_node="$np" --no-python \
+        "${rank_wrapper[@]+"${rank_wrapper[@]}"}" "${prog[@]}" > "$logs/$name.log" 2>&1
+    else
+      timeout "$limit" mpirun -np "$np" "${mpirun_flags[@]}" "${rank_wrapper[@]+"${rank_wrapper[@]}"}" \
+        "${prog[@]}" > "$logs/$name.log" 2>&1
+    fi
+    echo $?
+  }
 
   # ---- the models. The tiny one: 4 layers (PP 2 x VPP 2), global batch 32 of micro-batches of
   # 4 (8 per GPU at DP 1, 1 at DP 8); --cpu-dry: 8 of 1, so that 2 CPU cores keep up.
@@ -123,8 +199,11 @@ if [ "$summarize_only" = 0 ]; then
   [ "$cpu_dry" = 1 ] && { mbs=1 gbs=8 mbs_noise=2; }
   # The padded vocabulary is a multiple of --make-vocab-size-divisible-by x TP (Megatron): 32 keeps
   # it at 128 for TP 1, 2 and 4, so that every layout trains the same model.
+  # lr 3e-4 (not the config's 3e-3): the long curve must not be chaotic. On the CPU in fp32 the
+  # micro-batch 4 / 2 twin stays within 2.2e-7 (loss) / 1.1e-6 (grad norm) relative for 100
+  # iterations at 3e-4, against 2.4e-3 / 1.9e-2 at 3e-3 (docs/parallelism/equivalence.md).
   tiny=(@configs/tiny_dlm.args --num-layers 4 --make-vocab-size-divisible-by 32
-        --micro-batch-size "$mbs" --global-batch-size "$gbs"
+        --micro-batch-size "$mbs" --global-batch-size "$gbs" --lr 3e-4 --min-lr 3e-5
         --difflm-varilen-prob 0 --log-interval 1 --eval-iters 0 --lr-warmup-iters 1
         --lr-decay-iters 1000 --distributed-timeout-minutes 1 --device "$device")
   tiny_moe=(--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 64 --moe-aux-loss-coeff 1e-2
@@ -145,17 +224,28 @@ if [ "$summarize_only" = 0 ]; then
   wanted() { [ -z "$only" ] || [[ $1 =~ $only ]]; }
 
   # run NAME GROUP NP MODEL REF FLAGS...: MODEL picks the flag set (tiny, tiny_moe, big, fgmoe).
+  # The tiny models also write their first iteration's gradients (logs/NAME.grads). With
+  # how=torchrun in the environment the ranks start under torchrun instead of mpirun.
   run() {
     local name=$1 group=$2 np=$3 model=$4 ref=$5; shift 5
     wanted "$name" || return 0
     local -a model_flags
+    local launcher=${how:-mpirun}
     case $model in
       tiny) model_flags=("${tiny[@]}" --train-iters "$iters") ;;
       tiny_moe) model_flags=("${tiny[@]}" "${tiny_moe[@]}" --train-iters "$iters") ;;
       big) model_flags=("${big[@]}") ;;
       fgmoe) model_flags=("${fgmoe[@]}") ;;
     esac
-    local cmd="NCCL_NVLS_ENABLE=0 $( [ "$np" = 1 ] || echo "mpirun -np $np ")bin/pretrain_difflm ${model_flags[*]} $*"
+    rm -rf "$logs/$name.grads"
+    case $model in tiny|tiny_moe) model_flags+=(--save-gradients "$logs/$name.grads") ;; esac
+    local starter="mpirun -np $np ${rank_wrapper[*]+${rank_wrapper[*]#"$root/"} }"
+    [ "$launcher" = torchrun ] && starter="torchrun --standalone --nproc_per_node=$np --no-python ${rank_wrapper[*]+${rank_wrapper[*]#"$root/"} }"
+    local cmd="NCCL_NVLS_ENABLE=0 $( [ "$np" = 1 ] || echo "$starter")bin/pretrain_difflm ${model_flags[*]} $*"
+    if [ "$launcher" = torchrun ] && ! command -v torchrun > /dev/null; then
+      record "$name" "$group" "$np" "$model" "$ref" skipped "" 0 "no torchrun on this machine (PyTorch's launcher)" "$cmd"
+      echo "$name: skipped (no torchrun)"; return 0
+    fi
     if [ "$np" -gt "$gpus" ]; then
       record "$name" "$group" "$np" "$model" "$ref" skipped "" 0 "needs $np GPUs, $gpus given" "$cmd"
       echo "$name: skipped (needs $np GPUs)"; return 0
@@ -173,9 +263,8 @@ if [ "$summarize_only" = 0 ]; then
       record "$name" "$group" "$np" "$model" "$ref" skipped "" 0 "this build cannot run it: ${why:-dry run failed}" "$cmd"
       echo "$name: skipped (${why:-dry run failed})"; return 0
     fi
-    # bench_run reads $common and $out: local here, so it writes logs/NAME.{jsonl,log}.
-    local common=("${model_flags[@]}") out=$logs start=$SECONDS rc status
-    rc=$(bench_run "$name" "$np" "$@" | sed -n 's/.* exit \([0-9]*\)$/\1/p')
+    local common=("${model_flags[@]}") start=$SECONDS rc status
+    rc=$(launch "$name" "$np" "$launcher" "$@")
     status=ok
     [ "$rc" = 0 ] || status=failed
     [ "$rc" = 124 ] && status=timeout
@@ -190,7 +279,7 @@ if [ "$summarize_only" = 0 ]; then
     local name=$1 sig=$2
     wanted "$name" || return 0
     local flags=("${tiny[@]}" --train-iters 100000 --collective-log-dir "$logs/$name.collectives")
-    local cmd="NCCL_NVLS_ENABLE=0 mpirun -np 2 bin/pretrain_difflm ${flags[*]} (then kill -$sig one rank)"
+    local cmd="NCCL_NVLS_ENABLE=0 mpirun -np 2 ${rank_wrapper[*]+${rank_wrapper[*]#"$root/"} }bin/pretrain_difflm ${flags[*]} (then kill -$sig one rank)"
     if [ "$gpus" -lt 2 ]; then
       record "$name" fault 2 tiny "" skipped "" 0 "needs 2 GPUs" "$cmd"; return 0
     fi
@@ -202,8 +291,8 @@ if [ "$summarize_only" = 0 ]; then
     rm -rf "$logs/$name.collectives" "$logs/$name.jsonl" "$logs/$name.fault"
     mkdir -p "$logs/$name.collectives"
     local start=$SECONDS
-    timeout "$limit" mpirun -np 2 "${mpirun_flags[@]}" "$bin/pretrain_difflm" "${flags[@]}" \
-      --metrics-jsonl "$logs/$name.jsonl" > "$logs/$name.log" 2>&1 &
+    timeout "$limit" mpirun -np 2 "${mpirun_flags[@]}" "${rank_wrapper[@]+"${rank_wrapper[@]}"}" "$bin/pretrain_difflm" \
+      "${flags[@]}" --metrics-jsonl "$logs/$name.jsonl" > "$logs/$name.log" 2>&1 &
     local job=$! victim="" victim_rank="" rc
     for _ in $(seq 600); do  # until two iterations are logged (or the job ends)
       local logged
@@ -298,6 +387,7 @@ if [ "$summarize_only" = 0 ]; then
   run ref_1gpu equivalence 1 tiny ""
   run ref_1gpu_mbs2 noise 1 tiny ref_1gpu --micro-batch-size "$mbs_noise"
   run ref_moe_1gpu equivalence 1 tiny_moe ""
+  run ref_moe_1gpu_mbs2 noise 1 tiny_moe ref_moe_1gpu --micro-batch-size "$mbs_noise"
   run dp2 equivalence 2 tiny ref_1gpu
   run dp2_overlap equivalence 2 tiny ref_1gpu --overlap-grad-reduce
   run dp2_distopt equivalence 2 tiny ref_1gpu --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
@@ -331,6 +421,44 @@ if [ "$summarize_only" = 0 ]; then
   run ep4_tp2_sp equivalence 8 tiny_moe ref_moe_1gpu --expert-model-parallel-size 4 --tensor-model-parallel-size 2 \
     --sequence-parallel --moe-token-dispatcher-type alltoall
   run fsdp8 equivalence 8 tiny ref_1gpu --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
+
+  # ------------------------------------------------------------- 1b. the parallelism guide's lines
+  # docs/parallelism/*.md's launch lines (tests/e2e/parallelism_guide_lines.sh) with 8 ranks on
+  # the tiny model, each also under torchrun (same losses expected: torchrun_*).
+  guide() {  # guide NAME MODEL REF FLAGS...: the mpirun run and its torchrun twin
+    local name=$1 model=$2 ref=$3; shift 3
+    run "$name" guide 8 "$model" "$ref" "$@"
+    how=torchrun run "torchrun_${name#guide_}" launcher 8 "$model" "$name" "$@"
+  }
+  l32=(--num-layers 32)  # PP 8 x VPP 4: one layer per virtual stage
+  if [ "$gpus" -ge 8 ]; then  # the 32-layer reference serves only the 8-rank PP line
+    run guide_ref_32l equivalence 1 tiny "" "${l32[@]}"
+    run guide_ref_32l_mbs2 noise 1 tiny guide_ref_32l "${l32[@]}" --micro-batch-size "$mbs_noise"
+  fi
+  guide guide_dp_no_shard tiny ref_1gpu --data-parallel-sharding-strategy no_shard
+  guide guide_tp4_sp tiny ref_1gpu --tensor-model-parallel-size 4 --sequence-parallel
+  guide guide_pp8_vpp4 tiny guide_ref_32l "${l32[@]}" --pipeline-model-parallel-size 8 \
+    --virtual-pipeline-model-parallel-size 4
+  # As written (levels 2 x 4 = 8 for CP 2) the line is refused: the refusal must say why.
+  if wanted guide_cp2_as_written; then
+    cpw=(--context-parallel-size 2 --cp-comm-type p2p --hierarchical-context-parallel-sizes 2 4)
+    refusal=$("$bin/pretrain_difflm" "${tiny[@]}" --train-iters "$iters" "${cpw[@]}" --dry-run --world-size 8 2>&1)
+    rc=$?
+    if [ "$rc" = 2 ] && grep -q "multiply to 8, not to \`--context-parallel-size 2\`" <<< "$refusal"; then
+      record guide_cp2_as_written guide 8 tiny "" ok 2 0 "refused as expected: $(grep -m1 -o 'multiply to 8[^[]*' <<< "$refusal")" "bin/pretrain_difflm ... ${cpw[*]} --dry-run --world-size 8"
+    else
+      record guide_cp2_as_written guide 8 tiny "" failed "$rc" 0 "expected exit 2 naming the levels' product; got exit $rc: $(tail -2 <<< "$refusal")" "bin/pretrain_difflm ... ${cpw[*]} --dry-run --world-size 8"
+    fi
+    echo "guide_cp2_as_written: exit $rc"
+  fi
+  guide guide_cp2_p2p_h21 tiny ref_1gpu --context-parallel-size 2 --cp-comm-type p2p \
+    --hierarchical-context-parallel-sizes 2 1
+  guide guide_ep4 tiny_moe ref_moe_1gpu --expert-model-parallel-size 4 --num-experts 8 --moe-grouped-gemm \
+    --sequence-parallel
+  guide guide_tp2_pp2_cp2_ep2 tiny_moe ref_moe_1gpu --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
+    --context-parallel-size 2 --expert-model-parallel-size 2 --sequence-parallel
+  guide guide_custom_fsdp tiny ref_1gpu --use-custom-fsdp --no-gradient-accumulation-fusion
+  guide guide_torch_fsdp2 tiny ref_1gpu --use-torch-fsdp2 --no-gradient-accumulation-fusion
 
   # ------------------------------------------------------------- 2. scaling (1.7B shape)
   # Per-GPU work of the DP runs: 4 micro-batches of 4 x 2048 tokens (bench_dp.sh's).
@@ -381,9 +509,15 @@ if [ "$summarize_only" = 0 ]; then
 fi
 
 # ------------------------------------------------------------- results
-python3 - "$out" "$plan" <<'PY'
-import json, os, re, statistics, sys
-out, plan = sys.argv[1], sys.argv[2]
+# compare_gradients.py needs numpy: the first python3 that has it (a pyenv python3 may not).
+numpy_python=""
+for py in python3 /usr/bin/python3; do
+  if command -v "$py" > /dev/null && "$py" -c "import numpy" 2> /dev/null; then numpy_python=$(command -v "$py"); break; fi
+done
+python3 - "$out" "$plan" "$root/scripts/compare_gradients.py" "$numpy_python" <<'PY'
+import json, os, re, statistics, subprocess, sys
+out, plan, compare_gradients, numpy_python = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+shared = open(os.path.join(out, "shared_gpu")).read().strip() if os.path.exists(os.path.join(out, "shared_gpu")) else None
 logs = os.path.join(out, "logs")
 cols = ["run", "group", "np", "model", "reference", "status", "exit", "seconds", "reason", "command"]
 runs = []
@@ -411,13 +545,57 @@ def max_rel(a, b, key):
 def steady(r):
     return r[2:] if len(r) > 3 else r[1:] if len(r) > 1 else r
 
-# The measured noise: two one-GPU runs of the same function, other micro-batch sizes.
-noise = {}
+# The measured noise: two one-GPU runs of the same function, other micro-batch sizes. The MoE
+# pair's curves are not noise alone (the aux loss is per micro-batch): MoE curves take the dense
+# noise; the MoE pair serves the MoE gradients (per tensor).
+# A run shorter than its reference (e.g. CP 8 with fewer --iters) is compared over its own
+# iterations, against the noise of the same prefix.
+noise, noise_series, grad_noise = {}, {}, {}
 for r in runs:
     if r["group"] == "noise" and r["status"] == "ok":
         a, b = rows(r["run"]), rows(r["reference"])
-        if a and b:
-            noise[r["reference"]] = max(max_rel(a, b, "lm_loss") or 0, max_rel(a, b, "grad_norm") or 0)
+        if a and b and r["model"] != "tiny_moe":
+            noise_series[r["reference"]] = [max(abs(x["lm_loss"] - y["lm_loss"]) / abs(y["lm_loss"]),
+                                                abs(x["grad_norm"] - y["grad_norm"]) / abs(y["grad_norm"]))
+                                            for x, y in zip(a, b)]
+            noise[r["reference"]] = max(noise_series[r["reference"]])
+        grad_noise[r["reference"]] = r["run"]
+
+def noise_over(ref, n):
+    s = noise_series.get(ref, noise_series.get("ref_1gpu"))
+    return max(s[:n]) if s else None
+
+def grads(name):
+    p = os.path.join(logs, name + ".grads", "gradients.safetensors")
+    return p if os.path.exists(p) else None
+
+def compare_grads(res, mine, ref, noise_pair, floor):
+    """scripts/compare_gradients.py on two step-1 dumps; its verdict into res."""
+    a, b = grads(mine), grads(ref)
+    if not a or not b:
+        res["grad_equal"] = None
+        res["grad_note"] = "no step-1 gradients of " + (mine if not a else ref)
+        return
+    if not numpy_python:
+        res["grad_equal"] = None
+        res["grad_note"] = "no python3 with numpy here: step-1 gradients not compared"
+        return
+    js = os.path.join(logs, mine + ".gradcmp.json")
+    if os.path.exists(js): os.remove(js)
+    cmd = [numpy_python, compare_gradients, a, b, "--floor", str(floor), "--json", js, "--quiet"]
+    if noise_pair and grads(noise_pair[0]) and grads(noise_pair[1]):
+        cmd += ["--noise", grads(noise_pair[0]), grads(noise_pair[1])]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if not os.path.exists(js):
+        res["grad_equal"] = None
+        res["grad_note"] = "compare_gradients.py failed: " + (p.stderr or p.stdout).strip()[-300:]
+        return
+    v = json.load(open(js))
+    res["grad_equal"] = v["equal"]
+    res["grad_rel_diff"] = v["whole_rel_diff"]
+    res["grad_beyond"] = v["beyond"]
+    res["grad_worst"] = v["worst"]
+    res["grad_noise_pair"] = list(noise_pair) if "--noise" in cmd else None
 
 results = []
 for r in runs:
@@ -440,16 +618,28 @@ for r in runs:
         if mem: res["peak_mem_gb_per_stage"] = mem[-1]["peak_mem_gb_per_stage"]
     ref = by.get(r["reference"]) if r["reference"] else None
     theirs = rows(r["reference"]) if ref and ref["status"] == "ok" else []
-    if mine and theirs and r["group"] in ("equivalence", "noise"):
+    if r["status"] == "ok" and ref and ref["status"] == "ok" and r["group"] in ("equivalence", "guide"):
+        # Step-1 gradients against the reference, each tensor within 3 x its noise (floor 1e-5).
+        compare_grads(res, r["run"], r["reference"],
+                      (grad_noise[r["reference"]], r["reference"]) if r["reference"] in grad_noise else None, 1e-5)
+    if r["status"] == "ok" and ref and ref["status"] == "ok" and r["group"] == "launcher":
+        compare_grads(res, r["run"], r["reference"], None, 1e-6)  # the same run, another launcher
+    if mine and theirs and r["group"] == "launcher":
         res["max_rel_loss_diff"] = max_rel(mine, theirs, "lm_loss")
         res["max_rel_grad_norm_diff"] = max_rel(mine, theirs, "grad_norm")
-        if r["group"] == "equivalence":
+        res["bound"] = 1e-6
+        res["equal"] = (len(mine) == len(theirs) and res["max_rel_loss_diff"] is not None and
+                        res["max_rel_loss_diff"] <= 1e-6 and (res["max_rel_grad_norm_diff"] or 0) <= 1e-6)
+    if mine and theirs and r["group"] in ("equivalence", "noise", "guide"):
+        res["max_rel_loss_diff"] = max_rel(mine, theirs, "lm_loss")
+        res["max_rel_grad_norm_diff"] = max_rel(mine, theirs, "grad_norm")
+        if r["group"] in ("equivalence", "guide"):
             # MoE: a smaller micro-batch changes the aux loss (per micro-batch statistics), so
             # the MoE runs take the dense model's noise.
-            n = noise.get(r["reference"], noise.get("ref_1gpu"))
+            n = noise_over(r["reference"], len(mine))
             res["noise"] = n
             res["bound"] = max(3 * (n or 0), 1e-5)
-            res["equal"] = (len(mine) == len(theirs) and
+            res["equal"] = (len(mine) <= len(theirs) and
                             res["max_rel_loss_diff"] is not None and res["max_rel_loss_diff"] <= res["bound"] and
                             res["max_rel_grad_norm_diff"] is not None and res["max_rel_grad_norm_diff"] <= res["bound"])
     if (mine and theirs and r["group"] == "scaling" and r["reference"] in noise and
@@ -511,13 +701,22 @@ def fmt(v, pct=False):
     if isinstance(v, bool): return "yes" if v else "**no**"
     if isinstance(v, float): return ("%.1f%%" % (100 * v)) if pct else ("%.2e" % v if abs(v) < 0.01 and v != 0 else "%.3g" % v)
     return str(v)
+speed = "†" if shared else ""
 lines = ["# multi-GPU runs", "",
-         "Bound of the equivalence runs: 3 x the measured noise (the largest relative loss / grad-norm "
-         "difference between two 1-GPU runs that differ only in --micro-batch-size), at least 1e-5.", ""]
+         "Curves (loss diff, grad-norm diff, bound, equal): the largest per-iteration relative difference "
+         "from the reference; bound 3 x the measured noise (the largest relative loss / grad-norm "
+         "difference between two 1-GPU runs that differ only in --micro-batch-size), at least 1e-5; "
+         "torchrun twins (group launcher): 1e-6 from their mpirun run.",
+         "Step-1 gradients (grads): scripts/compare_gradients.py, every tensor within 3 x the noise pair's "
+         "relative difference of that tensor (floor 1e-5); the column gives the whole model's relative "
+         "difference and yes/**no** (the tensors beyond their bound in the notes).", ""]
+if shared:
+    lines += ["† " + shared + ": the speed columns (tokens/s/GPU, MFU, scaling) mean nothing here.", ""]
 for n, v in sorted(noise.items()): lines.append("- measured noise against `%s`: %s" % (n, fmt(v)))
-lines += ["", "| run | group | GPUs | status | s | loss diff | grad-norm diff | bound | equal | tokens/s/GPU | MFU | peak GB | scaling | notes |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+lines += ["", "| run | group | GPUs | status | s | loss diff | grad-norm diff | bound | equal | grads | tokens/s/GPU%s | MFU%s | peak GB | scaling%s | notes |" % (speed, speed, speed),
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in results:
+    if shared: r["shared_gpu"] = shared
     notes = r.get("reason") or ""
     if r["group"] == "fault" and r["status"] != "skipped":
         notes = "rank %s, ended %s s after the signal; names rank: %s; %s; %d collectives file(s)" % (
@@ -525,9 +724,16 @@ for r in results:
             len(r.get("collective_log") or []))
     if "bubble_measured" in r: notes = "bubble %.3f (estimate %.3f)" % (r["bubble_measured"], r["bubble_estimate"])
     if "prediction" in r: notes = r["prediction"]
-    lines.append("| %s | %s | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+    g = "-"
+    if r.get("grad_equal") is not None:
+        g = "%s %s" % (fmt(r.get("grad_rel_diff")), fmt(r["grad_equal"]))
+        if r.get("grad_beyond"): notes = ("beyond their bound: " + ", ".join(r["grad_beyond"][:4]) +
+                                          (" (+%d)" % (len(r["grad_beyond"]) - 4) if len(r["grad_beyond"]) > 4 else "") +
+                                          ("; " + notes if notes else ""))
+    elif r.get("grad_note"): notes = r["grad_note"] + ("; " + notes if notes else "")
+    lines.append("| %s | %s | %d | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         r["run"], r["group"], r["np"], r["status"], r["seconds"], fmt(r.get("max_rel_loss_diff")),
-        fmt(r.get("max_rel_grad_norm_diff")), fmt(r.get("bound")), fmt(r.get("equal")),
+        fmt(r.get("max_rel_grad_norm_diff")), fmt(r.get("bound")), fmt(r.get("equal")), g,
         "%.0f" % r["tokens_per_s_per_gpu"] if "tokens_per_s_per_gpu" in r else "-",
         fmt(r.get("mfu"), True) if r.get("mfu") else "-", fmt(r.get("peak_mem_gb")),
         fmt(r.get("scaling_efficiency"), True), notes.replace("|", "/")))
@@ -535,6 +741,8 @@ open(os.path.join(out, "results.md"), "w").write("\n".join(lines) + "\n")
 counts = {}
 for r in results: counts[r["status"]] = counts.get(r["status"], 0) + 1
 bad = [r["run"] for r in results if r.get("equal") is False]
-print("results: %s in %s/results.jsonl; %s" % (", ".join("%d %s" % (v, k) for k, v in sorted(counts.items())), out,
-      "not equal: " + ", ".join(bad) if bad else "every compared run equal within its bound"))
+bad_grads = [r["run"] for r in results if r.get("grad_equal") is False]
+print("results: %s in %s/results.jsonl; %s; %s" % (", ".join("%d %s" % (v, k) for k, v in sorted(counts.items())), out,
+      "not equal: " + ", ".join(bad) if bad else "every compared curve equal within its bound",
+      "step-1 gradients not equal: " + ", ".join(bad_grads) if bad_grads else "every compared run's step-1 gradients within their bounds"))
 PY

@@ -14,6 +14,7 @@
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/diffusion/sft_process.h"
 #include "megadlm/training/flops.h"
+#include "megadlm/training/gradient_dump.h"
 #include "megadlm/training/lr_schedule.h"
 #include "megadlm/training/memory_plan.h"
 
@@ -248,6 +249,11 @@ IterationMetrics Trainer::step() {
   });
   if (!verdict.report.empty()) logging::warn(verdict.report);
   if (verdict.action == FaultAction::Stop) stop_on_fault(verdict.report);
+  if (!tc.save_gradients.empty() && iteration_ + 1 == tc.save_gradients_iteration) {
+    // --save-gradients: the reduced gradients the step below reads (before clipping).
+    const std::string path = save_gradients(pm, cfg_, tc.save_gradients, iteration_ + 1);
+    if (logging_rank()) log_ << " saved the gradients of iteration " << iteration_ + 1 << " to " << path << std::endl;
+  }
   IterationMetrics out;
   out.fault_report = verdict.report;
   out.lm_loss = verdict.result.lm_loss;

@@ -59,6 +59,10 @@ struct TrainingConfig {
   /// Where a communication timeout or abort writes each rank's last collectives ("" = the
   /// system's temporary directory); resolved from --collective-log-dir, --metrics-jsonl, --save.
   std::string collective_log_dir;
+  /// --save-gradients DIR ("" = off): iteration save_gradients_iteration's reduced gradients,
+  /// before clipping, as DIR/gradients.safetensors (training/gradient_dump.h).
+  std::string save_gradients;
+  int64_t save_gradients_iteration = 1;
   /// --profile: steps (profile_step_start, profile_step_end] (counted in completed iterations,
   /// as Megatron does) run between cudaProfilerStart and cudaProfilerStop on profile_ranks.
   bool profile = false;

@@ -211,6 +211,9 @@ void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("V-29", "give only one of " + a.flag_value("lr_warmup_fraction") + " and " +
                           a.flag_value("lr_warmup_iters"));
     if (a.i("train_iters") < 1) d.error("M-2", a.flag_value("train_iters") + " must be >= 1");
+    if (a.is_set("save_gradients") && (a.i("save_gradients_iteration") < 1 || a.i("save_gradients_iteration") > a.i("train_iters")))
+      d.error("M-2", a.flag_value("save_gradients_iteration") + " must be between 1 and " +
+                         a.flag_value("train_iters") + ": the iteration whose gradients --save-gradients writes");
   } else if (samples) {
     if (a.is_set("lr_decay_iters"))
       d.error("V-30", "sample-based training (`--train-samples`) takes `--lr-decay-samples`, not " +

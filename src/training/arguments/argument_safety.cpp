@@ -193,7 +193,7 @@ std::string path_problem(const std::string& path, bool file) {
 
 void check_output_paths(const ArgState& a, bool dry_run, Diagnostics& d) {
   if (dry_run) return;
-  for (const char* dest : {"save", "non_persistent_global_ckpt_dir", "data_cache_path", "collective_log_dir"}) {
+  for (const char* dest : {"save", "non_persistent_global_ckpt_dir", "data_cache_path", "collective_log_dir", "save_gradients"}) {
     if (!a.is_set(dest) || a.s(dest).empty()) continue;
     const std::string why = path_problem(a.s(dest), /*file=*/false);
     if (!why.empty()) d.error("M-30", a.flag_value(dest) + " cannot be used: " + why);

@@ -955,6 +955,15 @@ constexpr FlagSpec kFlags[] = {
              "sequence number, when queued and completed) on a communication timeout or abort, "
              "as collectives_rank<R>.txt; the error names the file (docs/launching.md).",
      .default_doc = "the directory of --metrics-jsonl, else --save, else the system's temporary directory"},
+    {.name = "--save-gradients", .kind = K::String, .group = G::Megadlm,
+     .help = "A diagnostic: after the backward and every gradient reduction of iteration "
+             "--save-gradients-iteration, before clipping and the optimizer step, write every "
+             "parameter's full fp32 gradient (assembled from any TP / PP / CP / EP / DP / FSDP / "
+             "distributed-optimizer layout, under the checkpoint's global names) to "
+             "DIR/gradients.safetensors; scripts/compare_gradients.py compares two such files "
+             "(docs/parallelism/equivalence.md)."},
+    {.name = "--save-gradients-iteration", .kind = K::Int, .group = G::Megadlm, .default_value = "1",
+     .help = "The iteration (1 = the first of this run) whose gradients --save-gradients writes."},
     {.name = "--dry-run", .kind = K::StoreTrue, .group = G::Megadlm,
      .help = "Parse and validate for --world-size ranks, print the arguments and the rank "
              "layout, and exit without touching a GPU."},

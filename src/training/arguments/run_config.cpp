@@ -136,6 +136,8 @@ void assign(const ArgState& a, const char* dest, T& out) {
   FIELD(device, training.device)                                                                \
   FIELD(gpu_memory_gb, training.gpu_memory_gb)                                                  \
   FIELD(log_interval, training.log_interval)                                                    \
+  FIELD(save_gradients, training.save_gradients)                                                \
+  FIELD(save_gradients_iteration, training.save_gradients_iteration)                            \
   FIELD(profile, training.profile)                                                              \
   FIELD(profile_step_start, training.profile_step_start)                                        \
   FIELD(profile_step_end, training.profile_step_end)                                            \
