@@ -90,15 +90,6 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 }
 }  // namespace
 
-bool needs_context_parallel_kernel(const AttentionArgs& a) {
-  // The flash kernels (and cuDNN) take keys that are the queries' own rows: one length, one
-  // document tensor, a local causal mask and dropout at local positions plus offsets. Equal
-  // increasing maps give the same causal mask as local order; dropout needs identity maps.
-  if (a.keys() != a.seq || a.key_document_ids != nullptr) return true;
-  if (a.mask == AttentionMask::Causal && !a.query_chunks.same_as(a.key_chunks)) return true;
-  return a.dropout_p > 0 && !(a.query_chunks.identity() && a.key_chunks.identity());
-}
-
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionArgs& args, const Stream& stream) {
   detail::check_device("attention_forward", stream, {&q, &k, &v, &out, &lse});
