@@ -27,6 +27,7 @@
 // a mutex, like the cuBLASLt algorithm cache in gemm.cpp); a key whose build failed is
 // remembered as refused so that it costs one failed build.
 #include "ops/cuda/attention_cudnn.h"
+#include "ops/attention_support.h"
 
 #if MEGADLM_WITH_CUDNN
 #include <cudnn_graph.h>
@@ -50,8 +51,6 @@
 
 namespace megadlm::ops::cuda {
 namespace {
-
-constexpr int64_t kMinVersion = 90600;  // ragged statistics and ragged GQA (gpu-libraries.md §1.6)
 
 /// A plan build or launch that cuDNN refused; becomes CudnnRun::refusal.
 struct Refused : std::runtime_error {
@@ -846,19 +845,8 @@ QkvPointers packed(const Tensor& qk_rows, const Tensor& v_rows, const AttentionA
   return {base, base + hd * 2, v_base + (hd + kd) * 2, hd + 2 * kd, hd + 2 * kd};
 }
 
-/// Whether a call runs dense rows with the padding mask of AttentionArgs::row_lengths (forward
-/// only) rather than the ragged batch of its documents.
-bool row_padded(const AttentionArgs& a, bool backward) {
-  return !backward && a.document_ids != nullptr && a.row_lengths != nullptr;
-}
-
-/// Whether a call runs its documents as one ragged (THD) batch.
-bool ragged_documents(const AttentionArgs& a, bool backward) {
-  return a.document_ids != nullptr && !row_padded(a, backward);
-}
-
 Key key_of(const AttentionArgs& a, bool backward, int device, int64_t bucket, const QkvPointers& p) {
-  const bool padded = row_padded(a, backward), ragged = ragged_documents(a, backward);
+  const bool padded = attention_row_padded(a, backward), ragged = attention_ragged_documents(a, backward);
   return {device, backward, ragged ? bucket : a.batch, a.num_heads, a.num_kv_heads, a.seq, a.head_dim,
           p.row_q, p.row_kv, a.mask == AttentionMask::Causal, ragged, backward && a.deterministic, padded};
 }
@@ -1003,18 +991,10 @@ std::string cudnn_attention_version() {
          std::to_string(v % 100);
 }
 
+int64_t cudnn_runtime_version() { return runtime_version(); }
+
 std::string cudnn_attention_unsupported(const AttentionArgs& a, bool backward) {
-  const int64_t v = runtime_version();
-  if (v < kMinVersion) return cudnn_attention_version() + " is older than 9.6.0";
-  if (v == 91000 || v == 91001) return cudnn_attention_version() + " has known SDPA bugs";
-  if (a.dropout_p > 0.0f)
-    return "attention dropout is keyed by global coordinates (cuDNN's dropout cannot reproduce it)";
-  if (a.head_dim % 8 != 0 || a.head_dim > 256)
-    return "head_dim " + std::to_string(a.head_dim) + " (cuDNN needs a multiple of 8, at most 256)";
-  if (backward && a.seq == 1) return "a backward with one key (cuDNN does not support s = 1)";
-  if (a.document_ids != nullptr && a.batch * a.seq * a.num_heads * a.head_dim >= (int64_t{1} << 31))
-    return "packed rows too large for the ragged offsets";
-  return {};
+  return attention_cudnn_refusal(a, backward, runtime_version());
 }
 
 namespace {
@@ -1030,7 +1010,7 @@ CudnnRun run_forward(const QkvPointers& in, Tensor& out, Tensor& lse, const Atte
   }
   NvtxRange range("attention_forward_cudnn");
   Documents docs;
-  const bool ragged = ragged_documents(a, false);
+  const bool ragged = attention_ragged_documents(a, false);
   if (ragged) {
     docs.count = document_count(a, stream, &docs.starts_host_derived);
     docs.bucket = bucket_for(docs.count);
@@ -1082,7 +1062,7 @@ CudnnRun run_backward(const Tensor& dout, const QkvPointers& in, const Tensor& o
   }
   NvtxRange range("attention_backward_cudnn");
   Documents docs;
-  const bool ragged = ragged_documents(a, true);
+  const bool ragged = attention_ragged_documents(a, true);
   if (ragged) {
     docs.count = document_count(a, stream, &docs.starts_host_derived);
     docs.bucket = bucket_for(docs.count);
@@ -1130,15 +1110,6 @@ CudnnRun run_backward(const Tensor& dout, const QkvPointers& in, const Tensor& o
   return run;
 }
 
-/// The packed path's own limit: the ragged GQA backward's full-head scratch would take the packed
-/// row's stride (the frontend's implicit multiplier), several times its size; the caller then
-/// splits q, k, v and runs the separate-tensor path.
-std::string packed_refusal(const AttentionArgs& a, bool backward) {
-  if (ragged_documents(a, backward) && a.num_heads != a.num_kv_heads)
-    return "packed QKV with documents and GQA (the separate-tensor path runs it)";
-  return {};
-}
-
 }  // namespace
 
 CudnnRun cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
@@ -1155,23 +1126,15 @@ CudnnRun cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Ten
 
 CudnnRun cudnn_attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out,
                                         Tensor& lse, const AttentionArgs& a, const Stream& stream) {
-  if (std::string why = packed_refusal(a, false); !why.empty()) return {false, why};
+  if (std::string why = attention_cudnn_packed_refusal(a, false); !why.empty()) return {false, why};
   return run_forward(packed(qk_rows, v_rows, a), out, lse, a, stream);
 }
 
 CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qk_rows,
                                          const Tensor& v_rows, const Tensor& out, const Tensor& lse,
                                          Tensor& dqkv, const AttentionArgs& a, const Stream& stream) {
-  if (std::string why = packed_refusal(a, true); !why.empty()) return {false, why};
+  if (std::string why = attention_cudnn_packed_refusal(a, true); !why.empty()) return {false, why};
   return run_backward(dout, packed(qk_rows, v_rows, a), out, lse, packed(dqkv, dqkv, a), a, stream);
-}
-
-std::string cudnn_attention_packed_refusal(const AttentionArgs& a) {
-  for (const bool backward : {false, true}) {
-    if (std::string why = cudnn_attention_unsupported(a, backward); !why.empty()) return why;
-    if (std::string why = packed_refusal(a, backward); !why.empty()) return why;
-  }
-  return {};
 }
 
 }  // namespace megadlm::ops::cuda
@@ -1182,8 +1145,10 @@ namespace megadlm::ops::cuda {
 
 std::string cudnn_attention_version() { return "cuDNN (not built: cudnn_graph.h not found)"; }
 
-std::string cudnn_attention_unsupported(const AttentionArgs&, bool) {
-  return "this libmegadlm was built without cuDNN";
+int64_t cudnn_runtime_version() { return 0; }
+
+std::string cudnn_attention_unsupported(const AttentionArgs& a, bool backward) {
+  return attention_cudnn_refusal(a, backward, 0);
 }
 
 CudnnRun cudnn_attention_forward(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
@@ -1205,10 +1170,6 @@ CudnnRun cudnn_attention_forward_packed(const Tensor&, const Tensor&, Tensor&, T
 CudnnRun cudnn_attention_backward_packed(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                          const Tensor&, Tensor&, const AttentionArgs& a, const Stream&) {
   return {false, cudnn_attention_unsupported(a, true)};
-}
-
-std::string cudnn_attention_packed_refusal(const AttentionArgs& a) {
-  return cudnn_attention_unsupported(a, false);
 }
 
 }  // namespace megadlm::ops::cuda
