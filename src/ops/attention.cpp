@@ -90,15 +90,6 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 }
 }  // namespace
 
-bool needs_context_parallel_kernel(const AttentionArgs& a) {
-  // The flash kernels (and cuDNN) take keys that are the queries' own rows: one length, one
-  // document tensor, a local causal mask and dropout at local positions plus offsets. Equal
-  // increasing maps give the same causal mask as local order; dropout needs identity maps.
-  if (a.keys() != a.seq || a.key_document_ids != nullptr) return true;
-  if (a.mask == AttentionMask::Causal && !a.query_chunks.same_as(a.key_chunks)) return true;
-  return a.dropout_p > 0 && !(a.query_chunks.identity() && a.key_chunks.identity());
-}
-
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionArgs& args, const Stream& stream) {
   detail::check_device("attention_forward", stream, {&q, &k, &v, &out, &lse});
@@ -106,10 +97,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor
   detail::check_numel("attention_forward", out, q.numel(), "out");
   detail::check_numel("attention_forward", lse, args.batch * args.num_heads * args.seq, "lse");
   detail::check_aux_float("attention_forward", lse, q, "lse");
+  // CUDA: the support table (ops/attention_support.h) picks the implementation.
   if (stream.is_cuda()) {
-    if (needs_context_parallel_kernel(args))
-      MDLM_CUDA_BACKEND(cuda::attention_forward_context_parallel(q, k, v, out, lse, args, stream));
-    else MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
+    MDLM_CUDA_BACKEND(cuda::attention_forward(q, k, v, out, lse, args, stream));
   } else {
     cpu::attention_forward(q, k, v, out, lse, args, stream);
   }
@@ -126,11 +116,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   detail::check_numel("attention_backward", dk, k.numel(), "dk");
   detail::check_numel("attention_backward", dv, v.numel(), "dv");
   if (stream.is_cuda()) {
-    if (needs_context_parallel_kernel(args))
-      MDLM_CUDA_BACKEND(cuda::attention_backward_context_parallel(dout, q, k, v, out, lse, dq, dk,
-                                                                  dv, args, stream));
-    else MDLM_CUDA_BACKEND(
-        cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream));
+    MDLM_CUDA_BACKEND(cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream));
   } else {
     cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
   }
@@ -185,8 +171,9 @@ void attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tenso
   detail::check_device(op, stream, {&qk_rows, &v_rows, &out, &lse});
   check_packed(op, qk_rows, args);
   check_packed(op, v_rows, args);
-  // cuDNN reads the packed rows in place when it runs the call (never a context-parallel block).
-  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
+  // cuDNN reads the packed rows in place where the support table says so (never a
+  // context-parallel block); otherwise split copies take the separate-tensor path.
+  if (stream.is_cuda()) {
     bool done = false;
     MDLM_CUDA_BACKEND(done = cuda::attention_forward_packed(qk_rows, v_rows, out, lse, args, stream));
     if (done) return;
@@ -203,7 +190,7 @@ void attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const 
   check_packed(op, qk_rows, args);
   check_packed(op, v_rows, args);
   check_packed(op, dqkv, args);
-  if (stream.is_cuda() && !needs_context_parallel_kernel(args)) {
+  if (stream.is_cuda()) {
     bool done = false;
     MDLM_CUDA_BACKEND(done = cuda::attention_backward_packed(dout, qk_rows, v_rows, out, lse, dqkv, args, stream));
     if (done) return;
@@ -218,7 +205,7 @@ void attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const 
 }
 
 bool attention_packed_reads_in_place(const AttentionArgs& args, const Stream& stream) {
-  if (!stream.is_cuda() || needs_context_parallel_kernel(args)) return false;
+  if (!stream.is_cuda()) return false;
   bool in_place = false;
   MDLM_CUDA_BACKEND(in_place = cuda::attention_packed_reads_in_place(args));
   return in_place;

@@ -1,14 +1,15 @@
 // CUDA entries of the attention family (cuda_ops.h, attention_impl.h): argument checks, scratch
-// buffers from the stream-ordered pool, and the choice between cuDNN (attention_cudnn.cpp), the
-// flash kernels (attention_forward.cu, attention_backward.cu) and the simple ones
-// (attention_simple.cu), for the ordinary entries and for the context-parallel ones (a separate
-// key block: context_parallel_attention_kernel). Which path runs is printed once per kind of call
-// (stderr).
+// buffers from the stream-ordered pool, and the dispatch of each call to what the support table
+// (ops/attention_support.h) chose: cuDNN (attention_cudnn.cpp), the flash kernels
+// (attention_forward.cu, attention_backward.cu) or the simple ones (attention_simple.cu), with
+// the own kernel as the fallback of a cuDNN call refused at run time. Which path runs is printed
+// once per kind of call (stderr).
 #include <climits>
 #include <cstdio>
 #include <mutex>
 #include <set>
 #include "core/cuda/cuda_utils.h"
+#include "ops/attention_support.h"
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attention_cudnn.h"
 #include "ops/cuda/attention_impl.h"
@@ -81,15 +82,6 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
-const char* kernel_label(AttentionKernel k) {
-  switch (k) {
-    case AttentionKernel::Flash: return "megadlm flash kernels";
-    case AttentionKernel::Simple: return "megadlm simple kernels";
-    case AttentionKernel::Cudnn: return "cuDNN fused attention";
-  }
-  return "?";
-}
-
 /// Prints a line the first time it is seen in the process (which path a kind of call takes).
 void note_once(const std::string& line) {
   static std::mutex mutex;
@@ -110,71 +102,69 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
                         a.deterministic && direction[0] == 'b' ? ", deterministic" : "", ")");
 }
 
-/// Runs cuDNN unless the backend is Flash; true when it ran. A refusal is an error for the
-/// Cudnn backend and a logged fallback for Auto.
-template <typename Call>
-bool try_cudnn(const char* direction, const AttentionArgs& a, Call&& call) {
-  if (a.backend == AttentionBackend::Flash) return false;
-  const CudnnRun run = call();
-  if (run.ran) {
-    note_once(call_kind(direction, a) + ": " + kernel_label(AttentionKernel::Cudnn) + " (" +
-              cudnn_attention_version() + ")");
-    return true;
-  }
-  MDLM_CHECK(a.backend != AttentionBackend::Cudnn, "attention ", direction,
-             ": --attention-backend cudnn (fused), but cuDNN cannot run this call: ", run.refusal,
-             "; use --attention-backend auto or flash");
-  note_once(call_kind(direction, a) + ": " + kernel_label(default_attention_kernel(a)) +
-            " (cuDNN: " + run.refusal + ")");
-  return false;
+ops::AttentionDeviceFacts device_facts() {
+  return {.cuda = true, .cudnn_version = cudnn_runtime_version()};
 }
 
-}  // namespace
-
-/// Whether the flash backward runs a separate key block (attention_backward.cu: kKeys).
-constexpr bool kFlashBackwardKeyBlocks = true;
-
-AttentionKernel context_parallel_attention_kernel(const AttentionArgs& a, bool backward) {
-  // The flash kernels take a separate key length and the keys' own documents (kKeys), but their
-  // causal mask and dropout coordinates are local positions: calls with a causal mask or dropout
-  // here need the chunk maps (or keys at other positions), which only the simple kernels apply.
-  // A separate key length with document_ids needs the keys' own ids.
-  const bool flash = (a.head_dim == 64 || a.head_dim == 128) && a.mask == AttentionMask::None &&
-                     a.dropout_p == 0.0f &&
-                     (a.document_ids == nullptr || a.key_document_ids != nullptr ||
-                      a.keys() == a.seq);
-  if (backward && !kFlashBackwardKeyBlocks) return AttentionKernel::Simple;
-  return flash ? AttentionKernel::Flash : AttentionKernel::Simple;
+ops::AttentionChoice choose(const AttentionArgs& a, bool backward,
+                            ops::AttentionEntry entry = ops::AttentionEntry::Separate) {
+  return ops::choose_attention(a, backward, device_facts(), entry);
 }
 
-AttentionKernel default_attention_kernel(const AttentionArgs& args) {
-  // Packed documents (document_ids) run on the flash kernels too: each query tile visits only
-  // the key tiles of its documents (docs/kernels/attention.md).
-  return args.head_dim == 64 || args.head_dim == 128 ? AttentionKernel::Flash
-                                                     : AttentionKernel::Simple;
+AttentionKernel kernel_of(ops::AttentionImpl impl) {
+  if (ops::is_cudnn(impl)) return AttentionKernel::Cudnn;
+  return impl == ops::AttentionImpl::Flash || impl == ops::AttentionImpl::FlashKeyBlock
+             ? AttentionKernel::Flash
+             : AttentionKernel::Simple;
 }
 
-void attention_forward_with(AttentionKernel kernel, const Tensor& q, const Tensor& k,
-                            const Tensor& v, Tensor& out, Tensor& lse, const AttentionArgs& args,
-                            const Stream& stream) {
-  const char* op = "cuda::attention_forward";
-  if (kernel == AttentionKernel::Cudnn) {
-    AttentionArgs forced = args;
-    forced.backend = AttentionBackend::Cudnn;
-    try_cudnn("forward", forced, [&] { return cudnn_attention_forward(q, k, v, out, lse, forced, stream); });
+/// Runs the call the way the support table chose: `cudnn()` queues cuDNN's call (a CudnnRun),
+/// `own(impl)` one of the own kernels. A cuDNN call refused at run time (an unaligned tensor, a
+/// plan that does not build) runs the choice's fallback, or fails under --attention-backend cudnn.
+template <typename Cudnn, typename Own>
+void dispatch(const char* direction, const AttentionArgs& a, const ops::AttentionChoice& c,
+              Cudnn&& cudnn, Own&& own) {
+  MDLM_CHECK(c.error.empty(), "attention ", direction, ": ", c.error);
+  const std::string kind = call_kind(direction, a);
+  if (ops::is_cudnn(c.impl)) {
+    const CudnnRun run = cudnn();
+    if (run.ran) {
+      note_once(kind + ": " + ops::attention_impl_name(c.impl) + " (" + c.reason + ")");
+      return;
+    }
+    MDLM_CHECK(a.backend != AttentionBackend::Cudnn, "attention ", direction,
+               ": --attention-backend cudnn (fused), but cuDNN cannot run this call: ", run.refusal,
+               "; use --attention-backend auto or flash");
+    note_once(kind + ": " + ops::attention_impl_name(c.fallback) + " (cuDNN: " + run.refusal + ")");
+    own(c.fallback);
     return;
   }
-  // A call of the context-parallel entries: the simple kernels' key-block path, or the flash
-  // kernels where they run it exactly.
-  const bool key_block = ops::needs_context_parallel_kernel(args);
-  if (key_block && kernel == AttentionKernel::Simple) {
+  note_once(kind + ": " + ops::attention_impl_name(c.impl) + " (" + c.reason + ")");
+  own(c.impl);
+}
+
+/// The own kernel that runs a call given a chosen AttentionKernel (the tests' hook): the
+/// key-block variants for the context-parallel cases.
+ops::AttentionImpl own_impl(const char* op, AttentionKernel kernel, const AttentionArgs& a,
+                            bool backward) {
+  if (!ops::needs_context_parallel_kernel(a))
+    return kernel == AttentionKernel::Flash ? ops::AttentionImpl::Flash : ops::AttentionImpl::Simple;
+  if (kernel == AttentionKernel::Simple) return ops::AttentionImpl::SimpleKeyBlock;
+  MDLM_CHECK(choose(a, backward).impl == ops::AttentionImpl::FlashKeyBlock, op,
+             ": the flash kernels run a separate key block (kv_seq, key_document_ids) only "
+             "bidirectionally without dropout, for head_dim 64/128; this call needs the simple "
+             "kernels");
+  return ops::AttentionImpl::FlashKeyBlock;
+}
+
+void run_own_forward(ops::AttentionImpl impl, const Tensor& q, const Tensor& k, const Tensor& v,
+                     Tensor& out, Tensor& lse, const AttentionArgs& args, const Stream& stream) {
+  const char* op = "cuda::attention_forward";
+  if (impl == ops::AttentionImpl::SimpleKeyBlock) {
     simple_attention_forward_key_block(q, k, v, out, lse, args, stream);
     return;
   }
-  MDLM_CHECK(!key_block || context_parallel_attention_kernel(args, false) == AttentionKernel::Flash,
-             op, ": the flash kernels run a separate key block (kv_seq, key_document_ids) only "
-             "bidirectionally without dropout, for head_dim 64/128; this call needs the simple "
-             "kernels");
+  const AttentionKernel kernel = kernel_of(impl);
   check_args(op, kernel, args);
   const int64_t q_numel = args.batch * args.seq * args.num_heads * args.head_dim;
   const int64_t kv_numel = args.batch * args.keys() * args.num_kv_heads * args.head_dim;
@@ -194,28 +184,16 @@ void attention_forward_with(AttentionKernel kernel, const Tensor& q, const Tenso
   }
 }
 
-void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const Tensor& q,
-                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                             Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
-                             const Stream& stream) {
+void run_own_backward(ops::AttentionImpl impl, const Tensor& dout, const Tensor& q,
+                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                      Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
+                      const Stream& stream) {
   const char* op = "cuda::attention_backward";
-  if (kernel == AttentionKernel::Cudnn) {
-    AttentionArgs forced = args;
-    forced.backend = AttentionBackend::Cudnn;
-    try_cudnn("backward", forced, [&] {
-      return cudnn_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, forced, stream);
-    });
-    return;
-  }
-  const bool key_block = ops::needs_context_parallel_kernel(args);
-  if (key_block && kernel == AttentionKernel::Simple) {
+  if (impl == ops::AttentionImpl::SimpleKeyBlock) {
     simple_attention_backward_key_block(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
     return;
   }
-  MDLM_CHECK(!key_block || context_parallel_attention_kernel(args, true) == AttentionKernel::Flash,
-             op, ": the flash backward runs a separate key block (kv_seq, key_document_ids) only "
-             "bidirectionally without dropout, for head_dim 64/128; this call needs the simple "
-             "kernels");
+  const AttentionKernel kernel = kernel_of(impl);
   check_args(op, kernel, args);
   const int64_t q_numel = args.batch * args.seq * args.num_heads * args.head_dim;
   const int64_t kv_numel = args.batch * args.keys() * args.num_kv_heads * args.head_dim;
@@ -264,68 +242,93 @@ void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const T
   }
 }
 
-void attention_forward_context_parallel(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        Tensor& out, Tensor& lse, const AttentionArgs& args,
-                                        const Stream& stream) {
-  const AttentionKernel kernel = context_parallel_attention_kernel(args, false);
-  note_once(call_kind("forward", args) + ": " + kernel_label(kernel) + " (context-parallel entry)");
-  attention_forward_with(kernel, q, k, v, out, lse, args, stream);
+}  // namespace
+
+AttentionKernel context_parallel_attention_kernel(const AttentionArgs& a, bool backward) {
+  return kernel_of(choose(a, backward).impl);
 }
 
-void attention_backward_context_parallel(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tensor& out, const Tensor& lse,
-                                         Tensor& dq, Tensor& dk, Tensor& dv,
-                                         const AttentionArgs& args, const Stream& stream) {
-  const AttentionKernel kernel = context_parallel_attention_kernel(args, true);
-  note_once(call_kind("backward", args) + ": " + kernel_label(kernel) + " (context-parallel entry)");
-  attention_backward_with(kernel, dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+AttentionKernel default_attention_kernel(const AttentionArgs& args) {
+  AttentionArgs own = args;
+  own.backend = AttentionBackend::Flash;
+  return kernel_of(choose(own, false).impl);
+}
+
+void attention_forward_with(AttentionKernel kernel, const Tensor& q, const Tensor& k,
+                            const Tensor& v, Tensor& out, Tensor& lse, const AttentionArgs& args,
+                            const Stream& stream) {
+  if (kernel == AttentionKernel::Cudnn) {
+    AttentionArgs forced = args;
+    forced.backend = AttentionBackend::Cudnn;
+    cuda::attention_forward(q, k, v, out, lse, forced, stream);
+    return;
+  }
+  run_own_forward(own_impl("cuda::attention_forward", kernel, args, false), q, k, v, out, lse,
+                  args, stream);
+}
+
+void attention_backward_with(AttentionKernel kernel, const Tensor& dout, const Tensor& q,
+                             const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                             Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
+                             const Stream& stream) {
+  if (kernel == AttentionKernel::Cudnn) {
+    AttentionArgs forced = args;
+    forced.backend = AttentionBackend::Cudnn;
+    cuda::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, forced, stream);
+    return;
+  }
+  run_own_backward(own_impl("cuda::attention_backward", kernel, args, true), dout, q, k, v, out,
+                   lse, dq, dk, dv, args, stream);
 }
 
 bool attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out, Tensor& lse,
                               const AttentionArgs& args, const Stream& stream) {
-  if (args.backend == AttentionBackend::Flash) return false;
+  const ops::AttentionChoice c = choose(args, false, ops::AttentionEntry::Packed);
+  const std::string kind = call_kind("forward", args) + ", packed QKV: ";
+  if (!c.packed_in_place) {
+    note_once(kind + c.reason);
+    return false;
+  }
   const CudnnRun run = cudnn_attention_forward_packed(qk_rows, v_rows, out, lse, args, stream);
-  note_once(call_kind("forward", args) + ", packed QKV: " +
-            (run.ran ? std::string("cuDNN in place") : "split copies (cuDNN: " + run.refusal + ")"));
+  note_once(kind + (run.ran ? std::string("cuDNN in place") : "split copies (cuDNN: " + run.refusal + ")"));
   return run.ran;
 }
 
 bool attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const Tensor& v_rows,
                                const Tensor& out, const Tensor& lse, Tensor& dqkv,
                                const AttentionArgs& args, const Stream& stream) {
-  if (args.backend == AttentionBackend::Flash) return false;
+  const ops::AttentionChoice c = choose(args, true, ops::AttentionEntry::Packed);
+  const std::string kind = call_kind("backward", args) + ", packed QKV: ";
+  if (!c.packed_in_place) {
+    note_once(kind + c.reason);
+    return false;
+  }
   const CudnnRun run = cudnn_attention_backward_packed(dout, qk_rows, v_rows, out, lse, dqkv, args, stream);
-  note_once(call_kind("backward", args) + ", packed QKV: " +
-            (run.ran ? std::string("cuDNN in place") : "split and concat copies (cuDNN: " + run.refusal + ")"));
+  note_once(kind + (run.ran ? std::string("cuDNN in place")
+                            : "split and concat copies (cuDNN: " + run.refusal + ")"));
   return run.ran;
 }
 
 bool attention_packed_reads_in_place(const AttentionArgs& args) {
-  return args.backend != AttentionBackend::Flash && cudnn_attention_packed_refusal(args).empty();
+  return choose(args, false, ops::AttentionEntry::Packed).packed_in_place &&
+         choose(args, true, ops::AttentionEntry::Packed).packed_in_place;
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                        const AttentionArgs& args, const Stream& stream) {
-  if (try_cudnn("forward", args, [&] { return cudnn_attention_forward(q, k, v, out, lse, args, stream); }))
-    return;
-  if (args.backend == AttentionBackend::Flash)
-    note_once(call_kind("forward", args) + ": " + kernel_label(default_attention_kernel(args)) +
-              " (--attention-backend flash)");
-  attention_forward_with(default_attention_kernel(args), q, k, v, out, lse, args, stream);
+  dispatch("forward", args, choose(args, false),
+           [&] { return cudnn_attention_forward(q, k, v, out, lse, args, stream); },
+           [&](ops::AttentionImpl impl) { run_own_forward(impl, q, k, v, out, lse, args, stream); });
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                         const AttentionArgs& args, const Stream& stream) {
-  if (try_cudnn("backward", args, [&] {
-        return cudnn_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
-      }))
-    return;
-  if (args.backend == AttentionBackend::Flash)
-    note_once(call_kind("backward", args) + ": " + kernel_label(default_attention_kernel(args)) +
-              " (--attention-backend flash)");
-  attention_backward_with(default_attention_kernel(args), dout, q, k, v, out, lse, dq, dk, dv,
-                          args, stream);
+  dispatch("backward", args, choose(args, true),
+           [&] { return cudnn_attention_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream); },
+           [&](ops::AttentionImpl impl) {
+             run_own_backward(impl, dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+           });
 }
 
 }  // namespace megadlm::ops::cuda

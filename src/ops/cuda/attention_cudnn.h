@@ -1,11 +1,13 @@
 // Internal: the cuDNN backend of the attention family (attention_cudnn.cpp), called by the
 // entries in attention.cu. Plain C++ (no CUDA or cuDNN headers), so tests can include it.
 //
-// cuDNN's fused flash attention through the backend graph API (no frontend): the composite
-// cuDNN's SDPA forward and backward graphs, built once per shape and cached. Dense rows use
-// the [B, S, H, D] tensors in place; packed documents run as one ragged (THD) batch of
-// documents. See docs/kernels/attention.md, "cuDNN backend".
+// cuDNN's fused flash attention through the backend graph API (no frontend; the generic layer is
+// cudnn_graph.h): the composite SDPA graphs cuDNN's frontend emits, built once per shape
+// and cached. Dense rows use the [B, S, H, D] tensors in place; packed documents run as one
+// ragged (THD) batch of documents. Whether cuDNN may run a call is decided by the support table
+// (ops/attention_support.h). See docs/kernels/attention.md, "cuDNN backend".
 #pragma once
+#include <cstdint>
 #include <string>
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
@@ -14,11 +16,14 @@
 namespace megadlm::ops::cuda {
 
 /// Why cuDNN cannot compute these arguments exactly (dropout, head_dim, version, ...), or an
-/// empty string when it may (the plan build can still refuse; see CudnnRun).
+/// empty string when it may (the plan build can still refuse; see CudnnRun): the support
+/// table's attention_cudnn_refusal with the loaded library's version.
 std::string cudnn_attention_unsupported(const AttentionArgs& args, bool backward);
 
 /// "cuDNN 9.14.0" (the library loaded at run time), or why none is available.
 std::string cudnn_attention_version();
+/// cudnnGetVersion() of the loaded library (91400 = 9.14.0); 0 when built without cuDNN.
+int64_t cudnn_runtime_version();
 
 /// Result of one cuDNN attention call: ran, or refused (nothing was queued) with the reason.
 struct CudnnRun {
@@ -44,8 +49,4 @@ CudnnRun cudnn_attention_forward_packed(const Tensor& qk_rows, const Tensor& v_r
 CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qk_rows,
                                          const Tensor& v_rows, const Tensor& out, const Tensor& lse,
                                          Tensor& dqkv, const AttentionArgs& args, const Stream& stream);
-/// Why the packed forward or backward of these arguments would not run on cuDNN ("" if both would;
-/// a plan that fails to build is still refused at its first call).
-std::string cudnn_attention_packed_refusal(const AttentionArgs& args);
-
 }  // namespace megadlm::ops::cuda

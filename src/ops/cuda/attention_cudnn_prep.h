@@ -1,6 +1,5 @@
-// Internal: the small kernels around the cuDNN attention graphs (attention_cudnn_prep.cu):
-// ragged (THD) offsets of packed documents and the conversion of the softmax statistics between
-// megadlm's lse layout [B, Hq, S] and cuDNN's ragged one [B * S, Hq].
+// Internal: the small kernel around the cuDNN attention graphs (attention_cudnn_prep.cu): the
+// ragged (THD) offsets and lengths of packed documents.
 #pragma once
 #include <cuda_runtime.h>
 #include <cstdint>
@@ -11,23 +10,16 @@ namespace megadlm::ops::cuda::cudnn_prep {
 /// the per-document tensors of a ragged batch of `bucket` >= num_docs documents (the extra ones
 /// empty, at the end of the buffer): seq_len[n] (int32, [bucket]) and the element offsets of
 /// document n in q, k/v, o (start times the elements per token of each) and in the statistics
-/// (int64, [bucket + 1] each). Statistics: with stats_row_len == 0 cuDNN's ragged layout
-/// [tokens, stats] (start * stats); with stats_row_len = S megadlm's lse layout [B, stats, S],
-/// where a document starting at token s of row b begins at (b * stats) * S + s (documents never
-/// cross rows).
+/// (int64, [bucket + 1] each). Statistics: megadlm's lse layout [B, stats, S] (stats = heads,
+/// stats_row_len = S), where a document starting at token s of row b begins at
+/// (b * stats) * S + s (documents never cross rows).
 struct RaggedPerToken {
   int64_t q, kv, o, stats;
-  int64_t stats_row_len = 0;
+  int64_t stats_row_len;
 };
 void launch_ragged_layout(const int32_t* starts, int64_t num_docs, int64_t bucket,
                           RaggedPerToken per_token, int32_t* seq_len, int64_t* q_offsets,
                           int64_t* kv_offsets, int64_t* o_offsets, int64_t* stats_offsets,
                           cudaStream_t stream);
-
-/// thd[(b * S + s) * H + h] = bhs[(b * H + h) * S + s] (to_thd), or the reverse.
-void launch_lse_to_thd(const float* bhs, float* thd, int64_t batch, int64_t heads, int64_t seq,
-                       cudaStream_t stream);
-void launch_lse_from_thd(const float* thd, float* bhs, int64_t batch, int64_t heads, int64_t seq,
-                         cudaStream_t stream);
 
 }  // namespace megadlm::ops::cuda::cudnn_prep

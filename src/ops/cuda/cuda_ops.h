@@ -21,19 +21,9 @@
 #include "megadlm/ops/sampling.h"
 
 namespace megadlm::ops::cuda {
-// CUDA-only: the attention calls the ordinary entries cannot run (a separate key length, key
-// documents, a causal mask between different chunk maps, dropout with a chunked map;
-// ops::needs_context_parallel_kernel). src/ops/attention.cpp routes them here; the flash kernels
-// run the bidirectional ones without dropout (a separate key block), the simple kernels the rest
-// (context_parallel_attention_kernel, attention_impl.h). Same contract as attention_forward/backward.
-void attention_forward_context_parallel(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        Tensor& out, Tensor& lse, const AttentionArgs& args,
-                                        const Stream& stream);
-void attention_backward_context_parallel(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tensor& out, const Tensor& lse,
-                                         Tensor& dq, Tensor& dk, Tensor& dv,
-                                         const AttentionArgs& args, const Stream& stream);
-
+// attention_forward / attention_backward (backend_ops.inc) run every CUDA attention call, the
+// context-parallel ones (a separate key block, chunk maps) included: the support table
+// (ops/attention_support.h) picks cuDNN, the flash or the simple kernels.
 #include "ops/backend_ops.inc"
 
 // CUDA-only fast paths whose dispatch has a generic fallback (split q, k, v and the ordinary
@@ -43,6 +33,6 @@ bool attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tenso
 bool attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const Tensor& v_rows,
                                const Tensor& out, const Tensor& lse, Tensor& dqkv,
                                const AttentionArgs& args, const Stream& stream);
-/// Whether those two would run (the backend allows cuDNN and cuDNN takes both directions).
+/// Whether those two would run (the support table reads both directions' rows in place).
 bool attention_packed_reads_in_place(const AttentionArgs& args);
 }  // namespace megadlm::ops::cuda

@@ -1,0 +1,86 @@
+// Internal: which implementation runs an attention call, decided in one place (host code,
+// compiled in CPU builds too, so that a unit test can enumerate the cases without a GPU).
+//
+// choose_attention answers, for the arguments of one call, its direction, its entry (separate
+// q, k, v tensors or the packed QKV rows) and the facts of the device (a CUDA stream or not, the
+// cuDNN runtime's version), which implementation runs it and why:
+//
+//   CPU stream                                   -> Cpu
+//   keys other than the queries' own rows        -> FlashKeyBlock / SimpleKeyBlock
+//     (needs_context_parallel_kernel)               (the context-parallel cases, any backend)
+//   --attention-backend flash                    -> Flash (head_dim 64/128) / Simple
+//   cuDNN runs it exactly (cudnn_refusal == "")  -> CudnnDense / CudnnRagged (documents) /
+//                                                   CudnnPadded (row_lengths, forward)
+//   cuDNN refuses, backend auto                  -> Flash / Simple, the refusal as the reason
+//   cuDNN refuses, backend cudnn                 -> an error (AttentionChoice::error)
+//
+// A cuDNN choice can still be refused when the call runs (a tensor not 16-byte aligned, a plan
+// that does not build): the CUDA dispatcher then runs AttentionChoice::fallback (backend auto)
+// or fails (backend cudnn). The packed entries read q, k, v in place only on cuDNN, and not for
+// documents with GQA (packed_refusal); otherwise they split copies and run the separate-tensor
+// choice. src/ops/cuda/attention.cu is the one caller that acts on the answer;
+// tests/unit/ops/test_attention_support.cpp lists the cases. docs/kernels/attention.md, "Which
+// implementation runs", says what adding a mask touches.
+#pragma once
+#include <cstdint>
+#include <string>
+#include "megadlm/ops/attention.h"
+
+namespace megadlm::ops {
+
+enum class AttentionImpl : uint8_t {
+  Cpu,             ///< the reference loops (src/ops/cpu/attention.cpp)
+  CudnnDense,      ///< cuDNN's fused attention on the [B, S] rows
+  CudnnRagged,     ///< cuDNN, the packed documents of every row as one ragged (THD) batch
+  CudnnPadded,     ///< cuDNN, dense rows with the padding mask of row_lengths (forward only)
+  Flash,           ///< megadlm's flash kernels (head_dim 64/128; documents, dropout included)
+  Simple,          ///< megadlm's simple kernels (any head_dim <= 256)
+  FlashKeyBlock,   ///< the flash kernels on a separate key block (kv_seq, key documents)
+  SimpleKeyBlock,  ///< the simple kernels with the chunk maps (causal / dropout across shards)
+};
+const char* attention_impl_name(AttentionImpl impl);
+bool is_cudnn(AttentionImpl impl);
+
+/// What choose_attention needs to know about the device of the call.
+struct AttentionDeviceFacts {
+  bool cuda = false;          ///< the call's stream is a CUDA stream
+  int64_t cudnn_version = 0;  ///< cudnnGetVersion() of the loaded library (91400 = 9.14.0); 0: no cuDNN
+};
+
+/// Which entry the call came through.
+enum class AttentionEntry : uint8_t {
+  Separate,  ///< attention_forward / attention_backward: q, k, v as separate tensors
+  Packed,    ///< attention_*_packed: q, k, v as columns of the fused QKV rows
+};
+
+struct AttentionChoice {
+  AttentionImpl impl = AttentionImpl::Cpu;
+  /// What runs when a cuDNN choice is refused at run time (an unaligned tensor, a plan that does
+  /// not build) under --attention-backend auto: the own kernel. Equal to impl otherwise.
+  AttentionImpl fallback = AttentionImpl::Cpu;
+  std::string reason;  ///< why, one short phrase (also the dispatcher's log line)
+  /// Packed entry only: cuDNN reads the packed rows in place. False: split copies of q, k, v
+  /// run `impl` through the separate-tensor entry.
+  bool packed_in_place = false;
+  /// Non-empty: the call fails with this message (--attention-backend cudnn that cuDNN refuses).
+  std::string error;
+};
+
+AttentionChoice choose_attention(const AttentionArgs& args, bool backward,
+                                 const AttentionDeviceFacts& device,
+                                 AttentionEntry entry = AttentionEntry::Separate);
+
+/// Why cuDNN cannot compute these arguments exactly with this runtime version (too old, a known
+/// bad version, dropout, head_dim, a backward with one key, ragged offsets overflowing), or ""
+/// when it may (the plan build can still refuse).
+std::string attention_cudnn_refusal(const AttentionArgs& args, bool backward, int64_t cudnn_version);
+
+/// The packed entries' own limit on top of attention_cudnn_refusal, or "".
+std::string attention_cudnn_packed_refusal(const AttentionArgs& args, bool backward);
+
+/// Whether cuDNN runs a call with documents as dense rows with row_lengths' padding mask (forward
+/// with row_lengths) rather than as a ragged batch, and whether it runs a ragged batch.
+bool attention_row_padded(const AttentionArgs& args, bool backward);
+bool attention_ragged_documents(const AttentionArgs& args, bool backward);
+
+}  // namespace megadlm::ops
