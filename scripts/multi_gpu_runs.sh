@@ -63,7 +63,8 @@
 #   guide        the parallelism guide's launch lines (tests/e2e/parallelism_guide_lines.sh) with
 #                8 ranks on the tiny model: DP no_shard, TP 4 + SP, PP 8 x VPP 4 (32 layers, its
 #                own one-GPU reference and noise pair), CP 2 p2p with hierarchical sizes 2 4
-#                (refused as written: the refusal is checked, then the valid form 2 1 runs), EP 4
+#                (refused as written: the refusal is checked, group refusal; then the valid form
+#                2 1 runs), EP 4
 #                with 8 experts and grouped GEMM, TP 2 x PP 2 x CP 2 with EP 2, Megatron-FSDP and
 #                --use-torch-fsdp2 with --no-gradient-accumulation-fusion; each compared as above,
 #                and each launched again with torchrun (torchrun_<line>: torchrun
@@ -445,9 +446,9 @@ if [ "$summarize_only" = 0 ]; then
     refusal=$("$bin/pretrain_difflm" "${tiny[@]}" --train-iters "$iters" "${cpw[@]}" --dry-run --world-size 8 2>&1)
     rc=$?
     if [ "$rc" = 2 ] && grep -q "multiply to 8, not to \`--context-parallel-size 2\`" <<< "$refusal"; then
-      record guide_cp2_as_written guide 8 tiny "" ok 2 0 "refused as expected: $(grep -m1 -o 'multiply to 8[^[]*' <<< "$refusal")" "bin/pretrain_difflm ... ${cpw[*]} --dry-run --world-size 8"
+      record guide_cp2_as_written refusal 8 tiny "" ok 2 0 "refused as expected: $(grep -m1 -o 'multiply to 8[^[]*' <<< "$refusal")" "bin/pretrain_difflm ... ${cpw[*]} --dry-run --world-size 8"
     else
-      record guide_cp2_as_written guide 8 tiny "" failed "$rc" 0 "expected exit 2 naming the levels' product; got exit $rc: $(tail -2 <<< "$refusal")" "bin/pretrain_difflm ... ${cpw[*]} --dry-run --world-size 8"
+      record guide_cp2_as_written refusal 8 tiny "" failed "$rc" 0 "expected exit 2 naming the levels' product; got exit $rc: $(tail -2 <<< "$refusal")" "bin/pretrain_difflm ... ${cpw[*]} --dry-run --world-size 8"
     fi
     echo "guide_cp2_as_written: exit $rc"
   fi
@@ -604,7 +605,8 @@ for r in runs:
            "exit": int(r["exit"]) if r["exit"] else None, "seconds": int(r["seconds"] or 0),
            "reason": r["reason"] or None, "command": r["command"]}
     mine = rows(r["run"]) if r["status"] == "ok" else []
-    if r["status"] == "ok" and r["group"] not in ("fault", "suite"):
+    if shared: res["shared_gpu"] = shared
+    if r["status"] == "ok" and r["group"] not in ("fault", "suite", "refusal"):
         res["iterations"] = len(mine)
         if not mine:
             res["status"], res["reason"] = "failed", "no metrics rows in logs/%s.jsonl" % r["run"]
@@ -716,7 +718,6 @@ for n, v in sorted(noise.items()): lines.append("- measured noise against `%s`: 
 lines += ["", "| run | group | GPUs | status | s | loss diff | grad-norm diff | bound | equal | grads | tokens/s/GPU%s | MFU%s | peak GB | scaling%s | notes |" % (speed, speed, speed),
           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in results:
-    if shared: r["shared_gpu"] = shared
     notes = r.get("reason") or ""
     if r["group"] == "fault" and r["status"] != "skipped":
         notes = "rank %s, ended %s s after the signal; names rank: %s; %s; %d collectives file(s)" % (
