@@ -105,6 +105,13 @@ void check_consistency(const LaunchEnvironment& e, const char* v_world, const ch
 void read_master(const Reader& r, LaunchEnvironment& e) {
   if (auto a = r.lookup("MASTER_ADDR")) e.master_addr = *a;
   if (auto p = r.optional_int("MASTER_PORT")) e.master_port = *p;
+  // torchrun's agent serves its own store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True), so
+  // megadlm's NCCL id rendezvous takes the next port there; MEGADLM_RENDEZVOUS_PORT names another.
+  if (auto p = r.optional_int("MEGADLM_RENDEZVOUS_PORT")) {
+    e.master_port = *p;
+  } else if (r.lookup("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True" && e.master_port > 0) {
+    e.master_port += 1;
+  }
   // The rendezvous token: explicit (scripts/launch.sh makes a random one), else an id every
   // process of this launch shares and other launches do not: torchrun's run id (a fresh uuid
   // with --standalone), Slurm's job and step.

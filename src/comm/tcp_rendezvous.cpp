@@ -101,9 +101,10 @@ TcpRendezvousServer::TcpRendezvousServer(int port) {
       close(fd_);
       fd_ = -1;
       if (err != EADDRNOTAVAIL && err != EAFNOSUPPORT) {
-        MDLM_FAIL("rank 0 cannot listen on MASTER_PORT ", port, " for the NCCL id rendezvous: ",
+        MDLM_FAIL("rank 0 cannot listen on port ", port, " for the NCCL id rendezvous: ",
                   errno_text(err), "; another program (or an earlier run) holds it: choose a free "
-                  "MASTER_PORT");
+                  "MASTER_PORT, or MEGADLM_RENDEZVOUS_PORT (under torchrun the rendezvous uses "
+                  "MASTER_PORT + 1, since torchrun's own store holds MASTER_PORT)");
       }
     }
   }

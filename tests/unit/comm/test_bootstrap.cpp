@@ -87,6 +87,20 @@ TEST(LaunchEnvironment, ReadsTorchRunVariables) {
   EXPECT_EQ(e.master_port, 29500);
 }
 
+TEST(LaunchEnvironment, TorchRunsAgentStoreKeepsMasterPortSoTheRendezvousTakesTheNext) {
+  // torchrun (agent store) serves its own store on MASTER_PORT: ours must not bind it.
+  EXPECT_EQ(detect_launch_environment(fake(with(kTorchRun, {{"TORCHELASTIC_USE_AGENT_STORE", "True"}})))
+                .master_port,
+            29501);
+  EXPECT_EQ(detect_launch_environment(fake(with(kTorchRun, {{"TORCHELASTIC_USE_AGENT_STORE", "False"}})))
+                .master_port,
+            29500);
+  EXPECT_EQ(detect_launch_environment(fake(with(kTorchRun, {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                                                            {"MEGADLM_RENDEZVOUS_PORT", "41000"}})))
+                .master_port,
+            41000);
+}
+
 TEST(LaunchEnvironment, ReadsSlurmVariables) {
   const LaunchEnvironment e = detect_launch_environment(fake(kSrun));
   EXPECT_EQ(e.launcher, Launcher::Slurm);
