@@ -98,5 +98,5 @@ data=(--data-path "$prefix" --split 90,10,0)
 printf 'XXXX' | dd of="$prefix.idx" bs=1 seek=0 conv=notrunc 2>/dev/null
 if train 80 c --exit-interval 1; then echo "FAIL: a corrupted .idx was accepted"; exit 1; fi
 grep -q "$prefix.idx" "$tmp/c.err" || { cat "$tmp/c.err"; echo "FAIL: the error does not name the file"; exit 1; }
-grep -q "iteration" "$tmp/c.log" && { echo "FAIL: training started"; exit 1; }
+grep -qE " iteration +[0-9]+/" "$tmp/c.log" && { echo "FAIL: training started"; exit 1; }
 echo "PASS: preprocess -> train with validation (loss falls), cache reused, blend files train as the flags, corruption rejected"

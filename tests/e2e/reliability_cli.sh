@@ -27,7 +27,7 @@ has() { grep -qF -- "$1" <<< "$out" || fail "output lacks \"$1\": $(tail -5 <<< 
 # ---- 1
 expect 2 train --train-iters 4 --min-lr nan --save "$tmp/nan" --save-interval 2
 has '`--min-lr nan` must be a finite number >= 0'
-! grep -q "iteration " <<< "$out" || fail "1: training started"
+! grep -qE " iteration +[0-9]+/" <<< "$out" || fail "1: training started"
 [ ! -e "$tmp/nan/latest_checkpointed_iteration.txt" ] || fail "1: a checkpoint was written"
 echo "PASS 1: --min-lr nan is refused before training: $(grep -o '`--min-lr nan`[^[]*' <<< "$out")"
 
@@ -78,7 +78,7 @@ echo "PASS 3b: a second run into one folder is refused naming pid $a; after kill
 touch "$tmp/a_file"
 expect 2 train --train-iters 4 --save "$tmp/a_file" --save-interval 2
 has "\`--save $tmp/a_file\` cannot be used: $tmp/a_file exists and is not a directory"
-! grep -q "iteration " <<< "$out" || fail "4: training started"
+! grep -qE " iteration +[0-9]+/" <<< "$out" || fail "4: training started"
 expect 2 train --train-iters 4 --data-cache-path "$tmp/a_file/cache"
 has "\`--data-cache-path $tmp/a_file/cache\` cannot be used"
 echo "PASS 4: an unusable --save / --data-cache-path is refused at start-up, naming the flag"
