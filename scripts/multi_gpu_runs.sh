@@ -390,10 +390,10 @@ if [ "$summarize_only" = 0 ]; then
   # The same step in fp32 on the CPU: how far bf16 rounding alone moves the one-GPU gradients.
   # Layouts that move where bf16 rounds (TP, SP, CP, EP) are held to that, not to the micro-batch
   # pair (cuBLAS gives the same rows for either micro-batch, so that pair shows fp32 sum order only).
-  run ref_1gpu_fp32 fp32ref 1 tiny ref_1gpu --device cpu --train-iters 1
+  run ref_1gpu_fp32 fp32ref 1 tiny ref_1gpu --device cpu
   run ref_moe_1gpu equivalence 1 tiny_moe ""
   run ref_moe_1gpu_mbs2 noise 1 tiny_moe ref_moe_1gpu --micro-batch-size "$mbs_noise"
-  run ref_moe_1gpu_fp32 fp32ref 1 tiny_moe ref_moe_1gpu --device cpu --train-iters 1
+  run ref_moe_1gpu_fp32 fp32ref 1 tiny_moe ref_moe_1gpu --device cpu
   run dp2 equivalence 2 tiny ref_1gpu
   run dp2_overlap equivalence 2 tiny ref_1gpu --overlap-grad-reduce
   run dp2_distopt equivalence 2 tiny ref_1gpu --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
@@ -556,7 +556,7 @@ def steady(r):
 # noise; the MoE pair serves the MoE gradients (per tensor).
 # A run shorter than its reference (e.g. CP 8 with fewer --iters) is compared over its own
 # iterations, against the noise of the same prefix.
-noise, noise_series, grad_noise, grad_noise_fp32 = {}, {}, {}, {}
+noise, noise_series, grad_noise, grad_noise_fp32, noise_series_fp32 = {}, {}, {}, {}, {}
 for r in runs:
     if r["group"] == "noise" and r["status"] == "ok":
         a, b = rows(r["run"]), rows(r["reference"])
@@ -568,9 +568,20 @@ for r in runs:
         grad_noise[r["reference"]] = r["run"]
     if r["group"] == "fp32ref" and r["status"] == "ok":
         grad_noise_fp32[r["reference"]] = r["run"]
+        a, b = rows(r["run"]), rows(r["reference"])
+        if a and b and r["model"] != "tiny_moe":
+            noise_series_fp32[r["reference"]] = [max(abs(x["lm_loss"] - y["lm_loss"]) / abs(y["lm_loss"]),
+                                                     abs(x["grad_norm"] - y["grad_norm"]) / abs(y["grad_norm"]))
+                                                 for x, y in zip(a, b)]
 
-def noise_over(ref, n):
-    s = noise_series.get(ref, noise_series.get("ref_1gpu"))
+def moves_roundings(r):
+    """TP, SP, CP and EP change where bf16 rounds; DP, the distributed optimizer, FSDP and PP do not."""
+    return re.search(r"--(tensor|expert)-model-parallel-size [2-9]|--context-parallel-size [2-9]|--sequence-parallel",
+                     r["command"]) is not None
+
+def noise_over(ref, n, fp32=False):
+    series = noise_series_fp32 if fp32 else noise_series
+    s = series.get(ref, series.get("ref_1gpu"))
     return max(s[:n]) if s else None
 
 def grads(name):
@@ -631,9 +642,7 @@ for r in runs:
         # Step-1 gradients against the reference, each tensor within 3 x its noise (floor 1e-5).
         # Layouts that move bf16 roundings (TP, SP, CP, EP): the fp32 pair (ref_*_fp32, ref); the
         # others (DP, distributed optimizer, FSDP, PP): the micro-batch pair.
-        moves = re.search(r"--(tensor|context|expert)-model-parallel-size [2-9]|--context-parallel-size [2-9]|--sequence-parallel",
-                          r["command"])
-        pair_of = grad_noise_fp32 if moves and r["reference"] in grad_noise_fp32 else grad_noise
+        pair_of = grad_noise_fp32 if moves_roundings(r) and r["reference"] in grad_noise_fp32 else grad_noise
         compare_grads(res, r["run"], r["reference"],
                       (pair_of[r["reference"]], r["reference"]) if r["reference"] in pair_of else None, 1e-5)
     if r["status"] == "ok" and ref and ref["status"] == "ok" and r["group"] == "launcher":
@@ -650,7 +659,9 @@ for r in runs:
         if r["group"] in ("equivalence", "guide"):
             # MoE: a smaller micro-batch changes the aux loss (per micro-batch statistics), so
             # the MoE runs take the dense model's noise.
-            n = noise_over(r["reference"], len(mine))
+            # Layouts that move bf16 roundings: the one-GPU run's distance from fp32 on the CPU.
+            n = noise_over(r["reference"], len(mine), fp32=moves_roundings(r))
+            if n is None: n = noise_over(r["reference"], len(mine))
             res["noise"] = n
             res["bound"] = max(3 * (n or 0), 1e-5)
             res["equal"] = (len(mine) <= len(theirs) and
