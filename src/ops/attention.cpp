@@ -18,6 +18,16 @@ const char* attention_backend_name(AttentionBackend b) {
   return "?";
 }
 
+bool block_diffusion_visible(const int32_t* r, int64_t half, bool causal_clean, int64_t i,
+                             int64_t j) {
+  const bool noisy_q = i < half, noisy_k = j < half;
+  const int64_t p = noisy_q ? i : i - half, kp = noisy_k ? j : j - half;
+  const int32_t doc_start = r[p], block_start = r[2 * half + p], block_end = r[3 * half + p];
+  if (noisy_q) return noisy_k ? block_start <= kp && kp < block_end : doc_start <= kp && kp < block_start;
+  if (noisy_k) return false;
+  return doc_start <= kp && (causal_clean ? kp <= p : kp < block_end);
+}
+
 namespace {
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                      const AttentionArgs& a) {
@@ -80,6 +90,20 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
     MDLM_CHECK(a.document_ids != nullptr, op, ": row_lengths needs document_ids");
     MDLM_CHECK(r.dtype() == DType::I32 && r.numel() == a.batch && r.device() == q.device(), op,
                ": row_lengths must be int32 [batch] on the device of q, got ", r.str());
+  }
+  if (is_block_diffusion(a.mask)) {
+    MDLM_CHECK(a.block_ranges != nullptr, op, ": a block diffusion mask needs block_ranges");
+    const Tensor& r = *a.block_ranges;
+    MDLM_CHECK(a.seq % 2 == 0 && r.dtype() == DType::I32 && r.numel() == a.batch * 2 * a.seq &&
+                   r.device() == q.device(),
+               op, ": block_ranges must be int32 [batch, 4, seq / 2] on the device of q (seq ",
+               a.seq, " even), got ", r.str());
+    MDLM_CHECK(a.document_ids == nullptr && a.keys() == a.seq && a.query_chunks.identity() &&
+                   a.key_chunks.identity() && a.row_lengths == nullptr && a.dropout_p == 0.0f,
+               op, ": a block diffusion mask takes its documents from block_ranges and runs without "
+               "document_ids, separate key blocks, chunk maps, row_lengths and attention dropout");
+  } else {
+    MDLM_CHECK(a.block_ranges == nullptr, op, ": block_ranges needs a block diffusion mask");
   }
   if (q.is_cuda()) {
     MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());

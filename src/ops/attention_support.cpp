@@ -112,7 +112,18 @@ AttentionChoice choose_attention(const AttentionArgs& a, bool backward,
     c.reason = "a CPU stream";
     return c;
   }
-  if (needs_context_parallel_kernel(a)) {
+  if (is_block_diffusion(a.mask)) {
+    // cuDNN has no block diffusion mask; the flash kernels apply it per tile (kBlockDiffusion,
+    // whole query tiles in one half: L a multiple of 128), the simple kernels per element.
+    const bool flash = flash_head_dim(a) && (a.seq / 2) % 128 == 0;
+    c.impl = c.fallback = flash ? AttentionImpl::Flash : AttentionImpl::Simple;
+    c.reason = flash ? "block diffusion mask" : detail::concat("block diffusion mask, head_dim ", a.head_dim,
+                                                              " and half length ", a.seq / 2,
+                                                              " (flash: 64/128 and a multiple of 128)");
+    if (a.backend == AttentionBackend::Cudnn)
+      c.error = "--attention-backend cudnn (fused), but cuDNN has no block diffusion mask; use "
+                "--attention-backend auto or flash";
+  } else if (needs_context_parallel_kernel(a)) {
     c = key_block_choice(a);
   } else if (a.backend == AttentionBackend::Flash) {
     c.impl = c.fallback = own_kernel(a);

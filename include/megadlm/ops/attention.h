@@ -68,7 +68,18 @@ enum class AttentionMask : uint8_t {
   None,    ///< bidirectional (--attention-mask-type no_mask)
   Causal,  ///< query i sees keys j <= i (causal / causal_bottom_right with Sq == Skv; by
            ///< global position with chunk maps)
+  /// Block diffusion over the doubled row [x_t | x_0] (seq = 2L, see block_ranges below): a
+  /// noisy token sees the noisy tokens of its own block and the clean tokens of the earlier
+  /// blocks of its document; a clean token sees the clean tokens of its own and earlier blocks
+  /// (BD3-LM, Fast-dLLM v2, LLaDA2, SDAR).
+  BlockDiffusion,
+  /// The same, except that a clean token sees the clean tokens up to itself (causal), the
+  /// variant trained with an autoregressive loss on the clean half.
+  BlockDiffusionCausal,
 };
+inline bool is_block_diffusion(AttentionMask m) {
+  return m == AttentionMask::BlockDiffusion || m == AttentionMask::BlockDiffusionCausal;
+}
 
 /// Which CUDA implementation runs (--attention-backend; the CPU backend ignores it).
 enum class AttentionBackend : uint8_t {
@@ -112,9 +123,29 @@ struct AttentionArgs {
   /// outputs at live positions, unspecified outputs and lse at padding positions. The other
   /// backends, and every backward, ignore it and use document_ids.
   const Tensor* row_lengths = nullptr;
+  /// Block diffusion masks only: int32 [B, 4, L] on the device of q, L = seq / 2, for each
+  /// position p of a row's L positions the four positions (within the same L) doc_start,
+  /// doc_end (the document holding p: [doc_start, doc_end)), block_start, block_end (the
+  /// diffusion block holding p, inside that document). Rows 0..L-1 of q/k/v are the noisy copy
+  /// x_t of positions 0..L-1 and rows L..2L-1 the clean copy x_0. Query row i, key row j,
+  /// p = i mod L, kp = j mod L, ranges of p:
+  ///   noisy i, noisy j:  block_start <= kp < block_end
+  ///   noisy i, clean j:  doc_start   <= kp < block_start
+  ///   clean i, noisy j:  never
+  ///   clean i, clean j:  doc_start   <= kp < block_end      (BlockDiffusion)
+  ///                      doc_start   <= kp <= p             (BlockDiffusionCausal)
+  /// Every query sees at least its own key. Not combined with document_ids (the ranges hold the
+  /// documents), separate key blocks, chunk maps, row_lengths or dropout.
+  const Tensor* block_ranges = nullptr;
   AttentionBackend backend = AttentionBackend::Auto;
   bool deterministic = false;  ///< bitwise reproducible backward (see the top of this file)
 };
+
+/// Whether block diffusion's query row i may see key row j (the rule above), from the int32
+/// ranges of the batch row (4 x L, as block_ranges holds them). The CPU reference and the tests
+/// use it; the CUDA kernels apply the same rule.
+bool block_diffusion_visible(const int32_t* row_ranges, int64_t half, bool causal_clean, int64_t i,
+                             int64_t j);
 
 /// Whether CUDA runs these arguments on its context-parallel entries rather than the ordinary
 /// ones (cuDNN / flash): a separate key length or key documents, a causal mask between different

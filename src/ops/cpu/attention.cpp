@@ -44,12 +44,20 @@ struct KeyRange {
   const int32_t* key_docs = nullptr;
   bool causal = false;
   ChunkMap query_chunks, key_chunks;
+  const int32_t* block_ranges = nullptr;  // block diffusion: this row's [4, seq / 2] ranges
+  bool causal_clean = false;
 
   KeyRange(const AttentionArgs& a, int64_t b, bool causal_mask)
       : first(a.seq, 0), last(a.seq, a.keys()), causal(causal_mask), query_chunks(a.query_chunks),
         key_chunks(a.key_chunks) {
     per_key = a.key_document_ids != nullptr || a.keys() != a.seq ||
               (causal && !a.query_chunks.same_as(a.key_chunks));
+    if (is_block_diffusion(a.mask)) {  // every key tested by the rule (no documents, no maps)
+      block_ranges = a.block_ranges->data<int32_t>() + b * 2 * a.seq;
+      causal_clean = a.mask == AttentionMask::BlockDiffusionCausal;
+      per_key = true;
+      return;
+    }
     if (a.document_ids != nullptr) query_docs = a.document_ids->data<int32_t>() + b * a.seq;
     if (per_key) {
       if (a.document_ids != nullptr) {
@@ -69,6 +77,8 @@ struct KeyRange {
 
   bool visible(int64_t i, int64_t j) const {
     if (!per_key) return true;
+    if (block_ranges != nullptr)
+      return block_diffusion_visible(block_ranges, static_cast<int64_t>(first.size()) / 2, causal_clean, i, j);
     if (query_docs != nullptr && query_docs[i] != key_docs[j]) return false;
     return !causal || key_chunks.global(j) <= query_chunks.global(i);
   }

@@ -34,6 +34,12 @@ attn::Shape shape_of(const AttentionArgs& a) {
   s.kv_seq = a.keys();
   if (a.key_document_ids != nullptr)
     s.key_docs = static_cast<const int32_t*>(a.key_document_ids->data_ptr());
+  if (is_block_diffusion(a.mask)) {
+    s.bd_ranges = static_cast<const int32_t*>(a.block_ranges->data_ptr());
+    s.bd_causal_clean = a.mask == AttentionMask::BlockDiffusionCausal;
+    // TODO(block diffusion kernels): remove once the flash and simple kernels apply the rule.
+    MDLM_CHECK(false, "CUDA attention: the block diffusion mask is not implemented in the CUDA kernels yet");
+  }
   return s;
 }
 
@@ -94,6 +100,8 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
   return megadlm::detail::concat("attention ", direction, " (head_dim ", a.head_dim,
                         a.num_heads != a.num_kv_heads ? ", GQA" : "",
                         a.mask == AttentionMask::Causal ? ", causal" : "",
+                        a.mask == AttentionMask::BlockDiffusion ? ", block diffusion" : "",
+                        a.mask == AttentionMask::BlockDiffusionCausal ? ", block diffusion (causal clean half)" : "",
                         a.document_ids != nullptr ? ", packed documents" : "",
                         a.keys() != a.seq ? ", separate key length" : "",
                         a.key_document_ids != nullptr ? ", key documents" : "",

@@ -28,6 +28,12 @@ struct Shape {
   /// The flash kernels read them only when instantiated with kKeys (separate_keys()).
   int64_t kv_seq = 0;
   const int32_t* key_docs = nullptr;
+  /// Block diffusion (ops::AttentionMask::BlockDiffusion*): int32 [B, 4, seq / 2] ranges
+  /// (doc_start, doc_end, block_start, block_end of each position; the rule is in
+  /// include/megadlm/ops/attention.h), or null. causal is false then; bd_causal_clean selects
+  /// BlockDiffusionCausal. Never with docs, a separate key block or dropout.
+  const int32_t* bd_ranges = nullptr;
+  bool bd_causal_clean = false;
   int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
   bool separate_keys() const { return keys() != seq || key_docs != nullptr; }
 };
