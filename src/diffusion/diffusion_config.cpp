@@ -20,4 +20,12 @@ const char* dlm_loss_weight_name(DlmLossWeight w) {
   return "?";
 }
 
+const char* block_time_granularity_name(BlockTimeGranularity g) {
+  switch (g) {
+    case BlockTimeGranularity::Block: return "block";
+    case BlockTimeGranularity::Sequence: return "sequence";
+  }
+  return "?";
+}
+
 }  // namespace megadlm

@@ -1,6 +1,7 @@
 #include "megadlm/diffusion/forward_process.h"
 #include <algorithm>
 #include <cmath>
+#include <vector>
 #include "megadlm/core/error.h"
 #include "megadlm/core/philox.h"
 
@@ -30,22 +31,32 @@ NoiseKeys noise_keys(uint64_t seed, bool training) {
   return {k, k, k, 1, 2, 3};
 }
 
+// Noises one sample of `len` clean tokens in place of `input`, writing mask bits and weights.
+// Position i belongs to noise group group[i] in [0, groups) (null: every position in group 0),
+// and each group draws its own t from counter c0 = group: the full-sequence objective has one
+// group, block diffusion one per block (or one per sequence with --dlm-t-granularity sequence).
 void noise_sample(const int32_t* clean, int64_t len, int64_t g, const DiffusionConfig& cfg,
-                  const NoiseKeys& keys, int32_t* input, uint8_t* mask, float* weight) {
-  const float t_raw =
-      uniform_from_u32(philox(keys.time, 0, keys.time_c1, lo32(g), hi32(g)).w[0]);
-  double t = t_raw;
-  double p_mask = t;
-  if (cfg.loss_weight == DlmLossWeight::InvT) {
-    t = t_raw + 1.0 / 16777216.0;  // (0, 1]: 1/t stays finite
-    p_mask = t;
-  } else if (cfg.loss_weight == DlmLossWeight::InvTEps) {
-    p_mask = (1.0 - kLladaEps) * t + kLladaEps;
+                  const NoiseKeys& keys, const int32_t* group, int64_t groups, int32_t* input,
+                  uint8_t* mask, float* weight) {
+  std::vector<double> t(static_cast<size_t>(groups)), p_mask(static_cast<size_t>(groups));
+  for (int64_t k = 0; k < groups; ++k) {
+    const float t_raw = uniform_from_u32(
+        philox(keys.time, static_cast<uint32_t>(k), keys.time_c1, lo32(g), hi32(g)).w[0]);
+    double tk = t_raw, pk = t_raw;
+    if (cfg.loss_weight == DlmLossWeight::InvT) {
+      tk = t_raw + 1.0 / 16777216.0;  // (0, 1]: 1/t stays finite
+      pk = tk;
+    } else if (cfg.loss_weight == DlmLossWeight::InvTEps) {
+      pk = (1.0 - kLladaEps) * tk + kLladaEps;
+    }
+    t[static_cast<size_t>(k)] = tk;
+    p_mask[static_cast<size_t>(k)] = pk;
   }
+  const auto group_of = [&](int64_t i) { return group != nullptr ? static_cast<size_t>(group[i]) : size_t{0}; };
   int64_t n = 0;
   for (int64_t i = 0; i < len; ++i) {
     const float u = uniform_from_u32(philox(keys.mask, lo32(i), keys.mask_c1, lo32(g), hi32(g)).w[0]);
-    mask[i] = u < p_mask ? 1 : 0;
+    mask[i] = u < p_mask[group_of(i)] ? 1 : 0;
     n += mask[i];
   }
   const int64_t need = std::min<int64_t>(cfg.min_masked, len);
@@ -57,15 +68,25 @@ void noise_sample(const int32_t* clean, int64_t len, int64_t g, const DiffusionC
       ++n;
     }
   }
-  double w = 0;
-  switch (cfg.loss_weight) {
-    case DlmLossWeight::ExactRatio: w = n > 0 ? static_cast<double>(len) / static_cast<double>(n) : 0; break;
-    case DlmLossWeight::InvT: w = 1.0 / t; break;
-    case DlmLossWeight::InvTEps: w = 1.0 / p_mask; break;
+  // exact_ratio: each group's length over its masked count (the whole row for one group).
+  std::vector<int64_t> group_len(static_cast<size_t>(groups), 0), group_masked(static_cast<size_t>(groups), 0);
+  for (int64_t i = 0; i < len; ++i) {
+    ++group_len[group_of(i)];
+    group_masked[group_of(i)] += mask[i];
+  }
+  std::vector<double> w(static_cast<size_t>(groups), 0.0);
+  for (size_t k = 0; k < w.size(); ++k) {
+    switch (cfg.loss_weight) {
+      case DlmLossWeight::ExactRatio:
+        w[k] = group_masked[k] > 0 ? static_cast<double>(group_len[k]) / static_cast<double>(group_masked[k]) : 0;
+        break;
+      case DlmLossWeight::InvT: w[k] = 1.0 / t[k]; break;
+      case DlmLossWeight::InvTEps: w[k] = 1.0 / p_mask[k]; break;
+    }
   }
   for (int64_t i = 0; i < len; ++i) {
     input[i] = mask[i] ? static_cast<int32_t>(cfg.mask_token) : clean[i];
-    weight[i] = mask[i] ? static_cast<float>(w) : 0.0f;
+    weight[i] = mask[i] ? static_cast<float>(w[group_of(i)]) : 0.0f;
   }
 }
 
@@ -86,6 +107,76 @@ int64_t varilen_length(int64_t first_sample, int64_t seq, const DiffusionConfig&
   return 1 + std::min<int64_t>(static_cast<int64_t>(u * static_cast<double>(seq - 1)), seq - 2);
 }
 
+namespace {
+
+// Block diffusion (see forward_process.h): each row of L clean tokens becomes [x_t | x_0].
+HostMicroBatch build_block_diffusion_micro_batch(const std::vector<std::vector<int32_t>>& samples,
+                                                 int64_t first_sample, const DiffusionConfig& config,
+                                                 const BatchContext& ctx) {
+  const int64_t L = static_cast<int64_t>(samples[0].size()) - 1, B = config.block_size;
+  MDLM_CHECK(B > 0 && L % B == 0, "block diffusion: --dlm-block-size ", B,
+             " must divide the sequence length ", L);
+  HostMicroBatch mb;
+  mb.batch = static_cast<int64_t>(samples.size());
+  mb.first_sample = first_sample;
+  mb.seq = 2 * L;
+  const size_t n = static_cast<size_t>(mb.batch * 2 * L);
+  mb.input_ids.resize(n);
+  mb.labels.resize(n);
+  mb.loss_weights.assign(n, 0.0f);
+  mb.positions.resize(n);
+  mb.noise_mask.assign(n, 0);
+  mb.block_ranges.resize(static_cast<size_t>(mb.batch * 4 * L));
+  const NoiseKeys keys = noise_keys(ctx.seed, ctx.training);
+  std::vector<int32_t> group(static_cast<size_t>(L));
+  double loss_tokens = 0;
+  for (int64_t b = 0; b < mb.batch; ++b) {
+    const int32_t* clean = samples[static_cast<size_t>(b)].data() + 1;  // w_1..w_L, as difflm-noshift
+    const size_t row = static_cast<size_t>(b * 2 * L);
+    int32_t* ranges = &mb.block_ranges[static_cast<size_t>(b * 4 * L)];
+    // Documents: runs closed by an EOD when attention is per document, else the whole row.
+    int64_t doc_start = 0, blocks = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const bool closes = ctx.eod_token >= 0 && clean[i] == ctx.eod_token;
+      if (i == L - 1 || (ctx.per_document_attention && closes)) {
+        for (int64_t j = doc_start; j <= i; ++j) {
+          const int64_t block_start = doc_start + (j - doc_start) / B * B;
+          ranges[j] = static_cast<int32_t>(doc_start);
+          ranges[L + j] = static_cast<int32_t>(i + 1);
+          ranges[2 * L + j] = static_cast<int32_t>(block_start);
+          ranges[3 * L + j] = static_cast<int32_t>(std::min(block_start + B, i + 1));
+          if (j == block_start) ++blocks;
+          group[static_cast<size_t>(j)] = config.t_granularity == BlockTimeGranularity::Block
+                                              ? static_cast<int32_t>(blocks - 1) : 0;
+        }
+        doc_start = i + 1;
+      }
+    }
+    int32_t doc_pos_start = 0;
+    for (int64_t i = 0; i < L; ++i) {
+      const int32_t pos = static_cast<int32_t>(ctx.reset_position_ids ? i - doc_pos_start : i);
+      mb.positions[row + static_cast<size_t>(i)] = pos;          // x_t and x_0 share positions
+      mb.positions[row + static_cast<size_t>(L + i)] = pos;
+      if (ctx.eod_token >= 0 && clean[i] == ctx.eod_token) doc_pos_start = static_cast<int32_t>(i + 1);
+    }
+    const int64_t groups = config.t_granularity == BlockTimeGranularity::Block ? blocks : 1;
+    noise_sample(clean, L, first_sample + b, config, keys, group.data(), groups, &mb.input_ids[row],
+                 &mb.noise_mask[row], &mb.loss_weights[row]);
+    for (int64_t i = 0; i < L; ++i) {
+      mb.input_ids[row + static_cast<size_t>(L + i)] = clean[i];  // the clean copy x_0
+      mb.labels[row + static_cast<size_t>(i)] = clean[i];
+      mb.labels[row + static_cast<size_t>(L + i)] = clean[i];     // weight 0: never scored
+      const bool keep = !(ctx.eod_mask_loss && clean[i] == ctx.eod_token);
+      if (!keep) mb.loss_weights[row + static_cast<size_t>(i)] = 0.0f;
+      loss_tokens += keep ? 1.0 : 0.0;
+    }
+  }
+  mb.loss_tokens = loss_tokens;
+  return mb;
+}
+
+}  // namespace
+
 HostMicroBatch build_micro_batch(const std::vector<std::vector<int32_t>>& samples,
                                  int64_t first_sample, const DiffusionConfig& config,
                                  const BatchContext& ctx) {
@@ -96,10 +187,12 @@ HostMicroBatch build_micro_batch(const std::vector<std::vector<int32_t>>& sample
     MDLM_CHECK(static_cast<int64_t>(s.size()) == full + 1, "build_micro_batch: sample of ",
                s.size(), " tokens, expected ", full + 1);
 
+  const bool diffusion = config.mode == RunningMode::DiffLMNoShift;
+  if (diffusion && config.block_diffusion())
+    return build_block_diffusion_micro_batch(samples, first_sample, config, ctx);
   HostMicroBatch mb;
   mb.batch = static_cast<int64_t>(samples.size());
   mb.first_sample = first_sample;
-  const bool diffusion = config.mode == RunningMode::DiffLMNoShift;
   const int64_t len = diffusion ? varilen_length(first_sample, full, config, ctx) : full;
   mb.seq = len;
   const size_t n = static_cast<size_t>(mb.batch * len);
@@ -128,7 +221,7 @@ HostMicroBatch build_micro_batch(const std::vector<std::vector<int32_t>>& sample
     }
     if (diffusion) {
       const int32_t* clean = w + 1;  // no shift: input and label are the same token w_{i+1}
-      noise_sample(clean, len, first_sample + b, config, keys, &mb.input_ids[row],
+      noise_sample(clean, len, first_sample + b, config, keys, nullptr, 1, &mb.input_ids[row],
                    &mb.noise_mask[row], &mb.loss_weights[row]);
       for (int64_t i = 0; i < len; ++i) {
         mb.labels[row + static_cast<size_t>(i)] = clean[i];

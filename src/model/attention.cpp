@@ -51,6 +51,14 @@ ops::AttentionArgs SelfAttention::core_args(const MicroBatch& mb, const ModelRun
   a.head_dim = c.kv_channels;
   a.mask = c.attention_mask == AttentionMaskType::Causal ? ops::AttentionMask::Causal
                                                           : ops::AttentionMask::None;
+  if (c.attention_mask == AttentionMaskType::BlockCausal) {
+    // The micro-batch is the doubled row [x_t | x_0] with its block ranges (forward_process.h).
+    MDLM_CHECK(mb.block_ranges.defined(), "block diffusion attention: the micro-batch has no block "
+               "ranges (built without --dlm-block-size?)");
+    a.mask = c.block_diffusion_causal_clean ? ops::AttentionMask::BlockDiffusionCausal
+                                            : ops::AttentionMask::BlockDiffusion;
+    a.block_ranges = &mb.block_ranges;
+  }
   a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
   if (rt.training && c.attention_dropout > 0.0f) {
     a.dropout_p = c.attention_dropout;

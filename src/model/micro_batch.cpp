@@ -16,6 +16,8 @@ void check_sizes(const HostMicroBatch& h) {
              "micro-batch arrays must have batch*seq = ", t, " entries");
   MDLM_CHECK(h.document_ids.empty() || static_cast<int64_t>(h.document_ids.size()) == t,
              "micro-batch document_ids must have batch*seq = ", t, " entries");
+  MDLM_CHECK(h.block_ranges.empty() || (h.seq % 2 == 0 && static_cast<int64_t>(h.block_ranges.size()) == 2 * t),
+             "micro-batch block_ranges must have batch*4*(seq/2) = ", 2 * t, " entries");
 }
 
 /// Each row of `v` ([batch, seq]) extended to `len` values, new ones from fill(b, i).
@@ -53,6 +55,8 @@ MicroBatch upload_rows(const HostMicroBatch& h, const Stream& stream) {
     starts.push_back(static_cast<int32_t>(t));
     mb.document_starts = Tensor::from_ints(starts, {static_cast<int64_t>(starts.size())}).to(dev, stream);
   }
+  if (!h.block_ranges.empty())
+    mb.block_ranges = Tensor::from_ints(h.block_ranges, {h.batch, 4, h.seq / 2}).to(dev, stream);
   std::vector<int32_t> rows;
   for (int64_t i = 0; i < t; ++i)
     if (h.loss_weights[static_cast<size_t>(i)] != 0.0f) rows.push_back(static_cast<int32_t>(i));
@@ -93,6 +97,8 @@ MicroBatch MicroBatch::upload(const HostMicroBatch& full, const Stream& stream, 
                               int cp_size) {
   check_sizes(full);
   if (cp_size <= 1) return upload_rows(full, stream);
+  MDLM_CHECK(full.block_ranges.empty(), "block diffusion micro-batches do not split over context-"
+             "parallel ranks (--context-parallel-size 1 with --attention-mask-type block_causal)");
   const HostMicroBatch h = pad_for_context_parallel(full, cp_size);
   const cp::Split split{cp_size, cp_rank, h.seq};
   split.check();

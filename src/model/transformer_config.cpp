@@ -24,6 +24,7 @@ const char* attention_mask_type_name(AttentionMaskType t) {
   switch (t) {
     case AttentionMaskType::NoMask: return "no_mask";
     case AttentionMaskType::Causal: return "causal";
+    case AttentionMaskType::BlockCausal: return "block_causal";
   }
   return "?";
 }

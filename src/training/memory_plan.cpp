@@ -226,7 +226,10 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
   }
 
   // Activations: the schedule's worst point, replayed from this stage's action list.
-  const int64_t tokens = static_cast<int64_t>(cfg.training.micro_batch_size) * m.seq_length / cp;
+  // Block diffusion runs the layers on [x_t | x_0]: twice the tokens (the logits stay the
+  // noisy half's masked rows, which the output layer's estimate bounds by all rows anyway).
+  const int64_t doubled = cfg.diffusion.block_diffusion() ? 2 : 1;
+  const int64_t tokens = static_cast<int64_t>(cfg.training.micro_batch_size) * m.seq_length * doubled / cp;
   std::vector<ChunkBytes> cb;
   for (size_t c = 0; c < ranges.size(); ++c)
     cb.push_back(chunk_bytes(m, ranges[c], pp_rank == pp - 1 && c + 1 == ranges.size(), tp, sp, tokens, b, device));
@@ -318,7 +321,8 @@ PlannedRecordBytes planned_record_bytes(const RunConfig& config, PlanDevice devi
   const TransformerConfig& m = config.model;
   const int tp = pc.tensor_model_parallel_size;
   const bool sp = pc.sequence_parallel && tp > 1;
-  const int64_t tokens = static_cast<int64_t>(config.training.micro_batch_size) * m.seq_length /
+  const int64_t doubled = config.diffusion.block_diffusion() ? 2 : 1;  // [x_t | x_0]
+  const int64_t tokens = static_cast<int64_t>(config.training.micro_batch_size) * m.seq_length * doubled /
                          pc.context_parallel_size;
   const Bytes b = bytes_of(device);
   PlannedRecordBytes r;

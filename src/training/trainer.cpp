@@ -28,7 +28,8 @@ Trainer::Trainer(const RunConfig& config, std::shared_ptr<const SampleSource> da
       pm_(parallelize(cfg_, groups)),
       training_log_(cfg_, log_, pm_->rank == 0) {
   MDLM_CHECK(data_ != nullptr, "Trainer needs a sample source");
-  flops_per_iteration_ = megatron_flops_per_iteration(cfg_.model, cfg_.training.global_batch_size);
+  flops_per_iteration_ = megatron_flops_per_iteration(cfg_.model, cfg_.training.global_batch_size,
+                                                     cfg_.diffusion.block_size);
   // The planner's peak for this rank's stage, logged next to the measured one.
   try {
     const PlanDevice device = cfg_.training.device == DeviceKind::Cuda ? PlanDevice::Cuda : PlanDevice::Cpu;

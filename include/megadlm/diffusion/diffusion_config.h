@@ -22,6 +22,12 @@ enum class SftLossNorm {
   Token,         ///< token: sum_b sum_masked CE / p_b over sum_b answer_length_b (SMDM)
 };
 
+/// How block diffusion draws the noise level (--dlm-t-granularity).
+enum class BlockTimeGranularity {
+  Block,     ///< one t per block (BD3-LM, Fast-dLLM v2), the default
+  Sequence,  ///< one t per sequence, shared by its blocks (Megatron-Bridge's sbd, LLaDA2 SFT)
+};
+
 struct DiffusionConfig {
   RunningMode mode = RunningMode::DiffLMNoShift;
   int64_t mask_token = 151656;       ///< --mask-token (MegaDLMs default: Qwen2.5 <|video_pad|>)
@@ -30,9 +36,15 @@ struct DiffusionConfig {
   int min_masked = 1;                ///< --dlm-min-masked: at least this many masks per sequence
   bool sft = false;                  ///< supervised fine-tuning (--sft-data-path): diffusion/sft_process.h
   SftLossNorm sft_loss_norm = SftLossNorm::AnswerLength;
+  /// Block diffusion (--attention-mask-type block_causal --dlm-block-size B): 0 for the
+  /// full-sequence objective. diffusion/forward_process.h says what the micro-batch becomes.
+  int64_t block_size = 0;
+  BlockTimeGranularity t_granularity = BlockTimeGranularity::Block;
+  bool block_diffusion() const { return block_size > 0; }
 };
 
 const char* running_mode_name(RunningMode m);
 const char* dlm_loss_weight_name(DlmLossWeight w);
+const char* block_time_granularity_name(BlockTimeGranularity g);
 
 }  // namespace megadlm

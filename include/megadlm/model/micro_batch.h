@@ -32,6 +32,10 @@ struct HostMicroBatch {
   /// the whole row. Tokens attend only to tokens of their own document.
   std::vector<int32_t> document_ids;
   double loss_tokens = 0;             ///< sum of the Megatron loss mask: the normaliser's share
+  /// Block diffusion (diffusion/forward_process.h): seq = 2L holds each row as [x_t | x_0], and
+  /// this holds [B, 4, L] int32: per position the document and block ranges (doc_start, doc_end,
+  /// block_start, block_end; ops::AttentionArgs::block_ranges). Empty otherwise.
+  std::vector<int32_t> block_ranges;
 };
 
 /// The micro-batch padded so its sequences split over `cp` ranks: each row extended to
@@ -58,6 +62,8 @@ struct MicroBatch {
   /// int32 [R]: the rows of nonzero loss weight, ascending (the output layer computes logits for
   /// these rows only, ops::linear_cross_entropy); R may be 0.
   Tensor loss_rows;
+  /// Block diffusion: int32 [B, 4, seq / 2] (see HostMicroBatch), or undefined.
+  Tensor block_ranges;
   double loss_tokens = 0;  ///< of the whole (unsplit) micro-batch
   /// Context parallelism: the split of the full sequences and the views CP attention needs
   /// (null without CP).

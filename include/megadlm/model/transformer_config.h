@@ -12,7 +12,10 @@ namespace megadlm {
 enum class PositionEmbeddingType { LearnedAbsolute, Rope, None };
 enum class NormType { LayerNorm, RMSNorm };
 enum class MlpActivation { Gelu, SwiGLU };
-enum class AttentionMaskType { NoMask, Causal };
+/// BlockCausal: block diffusion (--attention-mask-type block_causal): the model runs on the
+/// doubled row [x_t | x_0] with ops::AttentionMask::BlockDiffusion, or BlockDiffusionCausal when
+/// block_diffusion_causal_clean is set; the micro-batch carries the block ranges.
+enum class AttentionMaskType { NoMask, Causal, BlockCausal };
 /// Activation recomputation (--recompute-granularity / --recompute-method): Full drops a layer's
 /// activations in forward and re-runs the layer inside backward; Selective re-runs the
 /// submodules of --recompute-modules (core_attn: nothing, the fused attention kernels never store
@@ -45,6 +48,9 @@ struct TransformerConfig {
   float attention_dropout = 0.1f;
   float hidden_dropout = 0.1f;
   AttentionMaskType attention_mask = AttentionMaskType::NoMask;
+  /// Block diffusion only: clean tokens attend causally (the variant trained with an AR loss on
+  /// the clean half, --dlm-bd-clean-attention causal) instead of block-causally.
+  bool block_diffusion_causal_clean = false;
   RecomputeGranularity recompute_granularity = RecomputeGranularity::None;
   /// Uniform: layers are grouped into units of recompute_num_layers, each unit keeps only its
   /// input; Block: the first recompute_num_layers layers of each pipeline chunk are recomputed.

@@ -8,7 +8,13 @@
 
 namespace megadlm {
 
-double megatron_flops_per_iteration(const TransformerConfig& m, int64_t global_batch_size);
+/// block_size > 0: block diffusion (docs/training_objectives.md). The layers run on the doubled
+/// row [x_t | x_0] (2S tokens through every projection and MLP), the output layer on the S noisy
+/// tokens, and attention scores the mask's visible pairs, S·B + S² per sequence (S² + S·B/2 + S/2
+/// with the causal clean half) instead of S²: the same count the PyTorch peer uses. Tokens of
+/// throughput are the S useful (noisy) ones.
+double megatron_flops_per_iteration(const TransformerConfig& m, int64_t global_batch_size,
+                                    int64_t block_size = 0);
 
 /// bf16 dense GEMM rate measured with cuBLASLt on the H200 (docs/benchmarks.md): the MFU denominator.
 inline constexpr double kH200PeakTflops = 811.0;

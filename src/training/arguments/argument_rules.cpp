@@ -580,7 +580,7 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   if (multiple > 0) a.set("padded_vocab_size", (vocab + multiple - 1) / multiple * multiple);
 }
 
-// ------------------------------------------------------------- diffusion (D-2, D-3, D-4, D-6, D-7, M-12)
+// ------------------------------------------------------------- diffusion (D-2, D-3, D-4, D-6, D-7, D-10, D-11, M-12)
 
 void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
   const std::string mode = a.s("model_running_mode");
@@ -590,16 +590,46 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
     a.set("attention_mask_type", std::string(mode == "vanilla" ? "causal" : "no_mask"));
   const std::string mask = a.s("attention_mask_type");
   // D-2
-  if (difflm && mask != "no_mask")
-    d.error("D-2", "`--model-running-mode difflm-noshift` needs `--attention-mask-type no_mask` (got " +
-                       a.flag_value("attention_mask_type") + "); valid: no_mask");
+  if (difflm && mask != "no_mask" && mask != "block_causal")
+    d.error("D-2", "`--model-running-mode difflm-noshift` needs `--attention-mask-type no_mask` "
+                   "(full-sequence diffusion) or `block_causal` (block diffusion) (got " +
+                       a.flag_value("attention_mask_type") + "); valid: no_mask, block_causal");
+  // D-10, D-11: block diffusion (docs/training_objectives.md).
+  const bool block = mask == "block_causal";
+  if (block && !difflm)
+    d.error("D-10", "`--attention-mask-type block_causal` trains block diffusion, which needs "
+                   "`--model-running-mode difflm-noshift` (got " + a.flag_value("model_running_mode") + ")");
+  if (block && !a.is_set("dlm_block_size"))
+    d.error("D-10", "`--attention-mask-type block_causal` needs `--dlm-block-size B` (the diffusion "
+                   "block length, dividing `--seq-length`)");
+  if (a.is_set("dlm_block_size")) {
+    const int64_t bs = a.i("dlm_block_size");
+    if (!block)
+      d.error("D-10", a.flag_value("dlm_block_size") + " needs `--attention-mask-type block_causal` "
+                     "(block diffusion); got " + a.flag_value("attention_mask_type"));
+    else if (bs < 1 || (c.seq > 0 && c.seq % bs != 0))
+      d.error("D-10", a.flag_value("dlm_block_size") + " must divide " + a.flag_value("seq_length") +
+                         (c.seq > 0 ? "; valid: a divisor of " + num(c.seq) + " (e.g. " +
+                                          num(c.seq % 32 == 0 ? 32 : c.seq) + ")" : std::string()));
+  }
+  if (block) {
+    if (c.cp > 1)
+      d.error("D-11", "block diffusion (`--attention-mask-type block_causal`) does not run with " +
+                         a.flag_value("context_parallel_size") + " yet; valid: 1");
+    if (a.f("attention_dropout") > 0)
+      d.error("D-11", "block diffusion's attention kernels run without attention dropout; got " +
+                         a.flag_value("attention_dropout") + "; valid: `--attention-dropout 0`");
+    if (a.is_set("sft_data_path"))
+      d.error("D-11", "block diffusion fine-tuning on prompt/response data (`--sft-data-path`) is not "
+                     "supported yet; train on `--data-path`");
+  } else if (a.was_given("dlm_t_granularity")) {
+    d.error("D-10", a.flag_value("dlm_t_granularity") + " needs `--attention-mask-type block_causal`");
+  }
   if (mode == "vanilla" && mask != "causal" && mask != "causal_bottom_right")
     d.warn("`--model-running-mode vanilla` always trains with causal attention (as MegaDLMs "
            "does); " + a.flag_value("attention_mask_type") + " is not used");
-  // D-3
-  if (mask == "block_causal" && a.s("core_attn_implementation") != "FlexAttention")
-    d.error("D-3", "`--attention-mask-type block_causal` needs `--core-attn-implementation "
-                   "FlexAttention` in MegaDLMs");
+  // D-3 (MegaDLMs' block_causal needs --core-attn-implementation FlexAttention; megadlm runs
+  // block diffusion on its own kernels, so that half of the rule does not apply.)
   if (difflm && a.s("transformer_impl") == "local")
     d.error("D-3", "`--transformer-impl local` silently builds causal attention in MegaDLMs, "
                    "which breaks `--model-running-mode difflm-noshift`; remove it");

@@ -52,7 +52,7 @@ inline constexpr EnumChoice<AttentionMaskType> kAttentionMask[] = {
     {"no_mask", AttentionMaskType::NoMask},
     {"causal", AttentionMaskType::Causal},
     {"causal_bottom_right", AttentionMaskType::Causal},  // equal query and key lengths
-    {"block_causal", AttentionMaskType::NoMask}};  // not yet
+    {"block_causal", AttentionMaskType::BlockCausal}};
 inline constexpr EnumChoice<RunningMode> kRunningMode[] = {
     {"difflm-noshift", RunningMode::DiffLMNoShift},
     {"vanilla", RunningMode::Vanilla},
@@ -60,6 +60,8 @@ inline constexpr EnumChoice<RunningMode> kRunningMode[] = {
 inline constexpr EnumChoice<DlmLossWeight> kDlmLossWeight[] = {
     {"exact_ratio", DlmLossWeight::ExactRatio}, {"inv_t", DlmLossWeight::InvT},
     {"inv_t_eps", DlmLossWeight::InvTEps}};
+inline constexpr EnumChoice<BlockTimeGranularity> kBlockTimeGranularity[] = {
+    {"block", BlockTimeGranularity::Block}, {"sequence", BlockTimeGranularity::Sequence}};
 inline constexpr EnumChoice<SftLossNorm> kSftLossNorm[] = {
     {"answer_len", SftLossNorm::AnswerLength}, {"token", SftLossNorm::Token}};
 inline constexpr EnumChoice<LrDecayStyle> kLrDecayStyle[] = {
@@ -107,6 +109,7 @@ inline std::span<const EnumChoice<AttentionMaskType>> enum_choices(AttentionMask
 inline std::span<const EnumChoice<RunningMode>> enum_choices(RunningMode*) { return kRunningMode; }
 inline std::span<const EnumChoice<DlmLossWeight>> enum_choices(DlmLossWeight*) { return kDlmLossWeight; }
 inline std::span<const EnumChoice<SftLossNorm>> enum_choices(SftLossNorm*) { return kSftLossNorm; }
+inline std::span<const EnumChoice<BlockTimeGranularity>> enum_choices(BlockTimeGranularity*) { return kBlockTimeGranularity; }
 inline std::span<const EnumChoice<LrDecayStyle>> enum_choices(LrDecayStyle*) { return kLrDecayStyle; }
 inline std::span<const EnumChoice<WsdDecayStyle>> enum_choices(WsdDecayStyle*) { return kWsdDecayStyle; }
 inline std::span<const EnumChoice<DeviceKind>> enum_choices(DeviceKind*) { return kDevice; }

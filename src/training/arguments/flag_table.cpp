@@ -897,9 +897,10 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--mask-token", .kind = K::Int, .group = G::Diffusion, .default_value = "151656",
      .help = "Token id written at masked positions; must be below the padded vocabulary."},
     {.name = "--attention-mask-type", .kind = K::String, .group = G::Diffusion,
-     .choices = "no_mask causal causal_bottom_right block_causal", .not_yet = "block_causal",
+     .choices = "no_mask causal causal_bottom_right block_causal",
      .help = "no_mask: bidirectional (diffusion); causal (causal_bottom_right is the same mask "
-             "for training).",
+             "for training); block_causal: block diffusion with --dlm-block-size (the model runs "
+             "on [x_t | x_0], docs/training_objectives.md).",
      .default_doc = "no_mask with difflm-noshift, causal with vanilla"},
     {.name = "--core-attn-implementation", .kind = K::String, .group = G::Diffusion,
      .status = S::Ignored, .default_value = "TEDotProductAttention",
@@ -942,8 +943,14 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--dlm-shift", .kind = K::String, .group = G::Diffusion, .default_value = "none",
      .choices = "none right", .not_yet = "right",
      .help = "none: position j predicts token j; right: Dream-style shifted logits."},
-    {.name = "--dlm-block-size", .kind = K::Int, .group = G::Diffusion, .status = S::NotYet,
-     .help = "Block size of block_causal attention."},
+    {.name = "--dlm-block-size", .kind = K::Int, .group = G::Diffusion,
+     .help = "Block diffusion's block length B (with --attention-mask-type block_causal); divides "
+             "--seq-length. Each block draws its own noise level; a noisy token attends to its "
+             "own noisy block and the earlier clean blocks."},
+    {.name = "--dlm-t-granularity", .kind = K::String, .group = G::Megadlm, .default_value = "block",
+     .choices = "block sequence",
+     .help = "Block diffusion: one noise level t per block (BD3-LM, Fast-dLLM v2) or one per "
+             "sequence shared by its blocks (Megatron-Bridge's sbd, LLaDA2 SFT)."},
 
     // ---------------------------------------------------------------- megadlm
     {.name = "--device", .kind = K::String, .group = G::Megadlm, .choices = "cpu cuda",

@@ -115,6 +115,7 @@ void assign(const ArgState& a, const char* dest, T& out) {
   FIELD(dlm_sft_loss_norm, diffusion.sft_loss_norm)                                             \
   FIELD(dlm_loss_weight, diffusion.loss_weight)                                                 \
   FIELD(dlm_min_masked, diffusion.min_masked)                                                   \
+  FIELD(dlm_t_granularity, diffusion.t_granularity)                                             \
   FIELD(lr, optimizer.lr)                                                                       \
   FIELD(min_lr, optimizer.min_lr)                                                               \
   FIELD(lr_warmup_init, optimizer.lr_warmup_init)                                               \
@@ -262,6 +263,7 @@ RunConfig build_run_config(const ArgState& a) {
                          ? AttentionMaskType::Causal
                          : enum_flag(a, "attention_mask_type", AttentionMaskType::NoMask);
   r.diffusion.sft = a.is_set("sft_data_path");
+  if (m.attention_mask == AttentionMaskType::BlockCausal) r.diffusion.block_size = a.i("dlm_block_size");
 
   TrainingConfig& t = r.training;
   // Next to the logs: the metrics file's directory, else the checkpoints'.
