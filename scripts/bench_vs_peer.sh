@@ -4,6 +4,12 @@
 #   s2048  seq 2048, micro-batch 4   (peer --params amp and --params bf16)
 #   s8192  seq 8192, micro-batch 1   (peer --params amp)
 #   gqa4   seq 2048, micro-batch 4, 4 query groups (peer --params amp)
+#   bd2048 block diffusion, seq 2048, micro-batch 4, block 32 (peer --objective bd --params amp)
+#   bd8192 block diffusion, seq 8192, micro-batch 1, block 32
+#   bd2048b4 block diffusion, seq 2048, micro-batch 4, block 4
+#   Block diffusion: both sides draw one t per block, weight 1/p with p = (1 - 1e-3) t + 1e-3,
+#   run [x_t | x_0] through the layers and score the noisy half; tokens/s counts the useful
+#   (noisy-half) tokens on both sides, as the peer prints them.
 # Writes OUT_DIR/bench_vs_peer.json and .md: tokens/s of both, the ratios, and the peak memory the
 # allocators reserved (megadlm: the stream-ordered pool's reserved high-water mark; PyTorch:
 # max_memory_reserved), both in GiB. Logs of every run beside them.
@@ -33,13 +39,17 @@ read -r -a extra <<< "${MEGADLM_FLAGS:-}"
 mkdir -p "$out"
 [ -x "$bin/pretrain_difflm" ] || { echo "bench_vs_peer.sh: $bin/pretrain_difflm not found (set MEGADLM_BIN)"; exit 2; }
 
+bd_flags="--attention-mask-type block_causal --dlm-loss-weight inv_t_eps --attention-dropout 0"
 # shape -> megadlm flags, global batch (8 micro-batches an iteration), peer flags.
 shape_flags() {
   case $1 in
     s2048) echo "--micro-batch-size 4 --global-batch-size 32" ;;
     s8192) echo "--seq-length 8192 --max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 8" ;;
     gqa4) echo "--group-query-attention --num-query-groups 4 --micro-batch-size 4 --global-batch-size 32" ;;
-    *) echo "bench_vs_peer.sh: unknown shape $1 (s2048, s8192, gqa4)" >&2; return 1 ;;
+    bd2048) echo "--micro-batch-size 4 --global-batch-size 32 $bd_flags --dlm-block-size 32" ;;
+    bd8192) echo "--seq-length 8192 --max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 8 $bd_flags --dlm-block-size 32" ;;
+    bd2048b4) echo "--micro-batch-size 4 --global-batch-size 32 $bd_flags --dlm-block-size 4" ;;
+    *) echo "bench_vs_peer.sh: unknown shape $1 (s2048, s8192, gqa4, bd2048, bd8192, bd2048b4)" >&2; return 1 ;;
   esac
 }
 peer_flags() {
@@ -47,6 +57,9 @@ peer_flags() {
     s2048) echo "--seq 2048 --mbs 4" ;;
     s8192) echo "--seq 8192 --mbs 1" ;;
     gqa4) echo "--seq 2048 --mbs 4 --kv-heads 4" ;;
+    bd2048) echo "--seq 2048 --mbs 4 --objective bd --block-size 32" ;;
+    bd8192) echo "--seq 8192 --mbs 1 --objective bd --block-size 32" ;;
+    bd2048b4) echo "--seq 2048 --mbs 4 --objective bd --block-size 4" ;;
   esac
 }
 
@@ -120,7 +133,9 @@ for s in shapes:
             row[f"memory_vs_{params}"] = m["peak_reserved_gib"] / q["peak_reserved_gib"]
     res[s] = row
 json.dump(res, open(os.path.join(out, "bench_vs_peer.json"), "w"), indent=2)
-names = {"s2048": "seq 2048, micro-batch 4", "s8192": "seq 8192, micro-batch 1", "gqa4": "seq 2048, GQA 4 query groups"}
+names = {"s2048": "seq 2048, micro-batch 4", "s8192": "seq 8192, micro-batch 1", "gqa4": "seq 2048, GQA 4 query groups",
+         "bd2048": "block diffusion, seq 2048, mb 4, block 32", "bd8192": "block diffusion, seq 8192, mb 1, block 32",
+         "bd2048b4": "block diffusion, seq 2048, mb 4, block 4"}
 f = lambda v, fmt: (fmt % v) if v is not None else "–"
 lines = ["| shape (MegaDLMs 1.7B) | megadlm tokens/s | peer amp | ratio | peer bf16 params | ratio | MFU 811 / 989 | reserved GiB megadlm / amp / bf16 |",
          "|---|---|---|---|---|---|---|---|"]
@@ -131,6 +146,14 @@ for s, row in res.items():
         f(row.get("ratio_vs_amp"), "%.3f"), f(b and b["tokens_per_s"], "%.0f"), f(row.get("ratio_vs_bf16"), "%.3f"),
         ("%.1f%% / %.1f%%" % (100 * m["mfu_811"], 100 * m["mfu_989"])) if m else "–",
         f(m and m["peak_reserved_gib"], "%.1f"), f(a and a["peak_reserved_gib"], "%.1f"), f(b and b["peak_reserved_gib"], "%.1f")))
+# Block diffusion's cost per useful token against the full-sequence objective at the same shape.
+for bd, full in (("bd2048", "s2048"), ("bd8192", "s8192")):
+    if res.get(bd, {}).get("megadlm") and res.get(full, {}).get("megadlm"):
+        c = res[full]["megadlm"]["tokens_per_s"] / res[bd]["megadlm"]["tokens_per_s"]
+        res[bd]["megadlm_cost_vs_full_sequence"] = c
+        lines.append("")
+        lines.append("megadlm %s / %s cost per useful token: %.2fx" % (bd, full, c))
+json.dump(res, open(os.path.join(out, "bench_vs_peer.json"), "w"), indent=2)
 md = "\n".join(lines) + "\n"
 open(os.path.join(out, "bench_vs_peer.md"), "w").write(md)
 print(md)

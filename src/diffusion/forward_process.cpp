@@ -110,6 +110,8 @@ int64_t varilen_length(int64_t first_sample, int64_t seq, const DiffusionConfig&
 namespace {
 
 // Block diffusion (see forward_process.h): each row of L clean tokens becomes [x_t | x_0].
+// Loss: the noisy half's masked tokens, weight of their block; the AR variant adds the clean
+// half's next-token cross entropy and counts masked + next-token positions in the normaliser.
 HostMicroBatch build_block_diffusion_micro_batch(const std::vector<std::vector<int32_t>>& samples,
                                                  int64_t first_sample, const DiffusionConfig& config,
                                                  const BatchContext& ctx) {
@@ -162,13 +164,25 @@ HostMicroBatch build_block_diffusion_micro_batch(const std::vector<std::vector<i
     const int64_t groups = config.t_granularity == BlockTimeGranularity::Block ? blocks : 1;
     noise_sample(clean, L, first_sample + b, config, keys, group.data(), groups, &mb.input_ids[row],
                  &mb.noise_mask[row], &mb.loss_weights[row]);
+    const bool ar = config.ar_loss_weight > 0.0f;
     for (int64_t i = 0; i < L; ++i) {
-      mb.input_ids[row + static_cast<size_t>(L + i)] = clean[i];  // the clean copy x_0
-      mb.labels[row + static_cast<size_t>(i)] = clean[i];
-      mb.labels[row + static_cast<size_t>(L + i)] = clean[i];     // weight 0: never scored
+      const size_t noisy = row + static_cast<size_t>(i), copy = row + static_cast<size_t>(L + i);
+      mb.input_ids[copy] = clean[i];  // the clean copy x_0
+      mb.labels[noisy] = clean[i];
       const bool keep = !(ctx.eod_mask_loss && clean[i] == ctx.eod_token);
-      if (!keep) mb.loss_weights[row + static_cast<size_t>(i)] = 0.0f;
-      loss_tokens += keep ? 1.0 : 0.0;
+      if (!keep) mb.loss_weights[noisy] = 0.0f;
+      if (!ar) {
+        mb.labels[copy] = clean[i];  // weight 0: never scored
+        loss_tokens += keep ? 1.0 : 0.0;
+        continue;
+      }
+      // The AR variant: the clean copy of position i predicts token i + 1 (none after the last).
+      mb.loss_weights[noisy] *= config.diffusion_loss_scale;
+      loss_tokens += mb.noise_mask[noisy] && keep ? 1.0 : 0.0;
+      const bool next = i + 1 < L && !(ctx.eod_mask_loss && clean[i] == ctx.eod_token);
+      mb.labels[copy] = i + 1 < L ? clean[i + 1] : clean[i];
+      mb.loss_weights[copy] = next ? config.ar_loss_weight : 0.0f;
+      loss_tokens += next ? 1.0 : 0.0;
     }
   }
   mb.loss_tokens = loss_tokens;

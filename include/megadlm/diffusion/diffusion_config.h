@@ -40,6 +40,12 @@ struct DiffusionConfig {
   /// full-sequence objective. diffusion/forward_process.h says what the micro-batch becomes.
   int64_t block_size = 0;
   BlockTimeGranularity t_granularity = BlockTimeGranularity::Block;
+  /// The causal-clean-half variant (--dlm-bd-clean-attention causal): the clean half also
+  /// carries a next-token loss of this weight (--dlm-ar-loss-weight), and the diffusion term is
+  /// scaled by diffusion_loss_scale (--dlm-diffusion-loss-scale); the row's normaliser is then
+  /// its masked count plus its next-token count (Megatron-Bridge's sbd_block_diff). 0: no AR loss.
+  float ar_loss_weight = 0.0f;
+  float diffusion_loss_scale = 1.0f;
   bool block_diffusion() const { return block_size > 0; }
 };
 

@@ -17,6 +17,12 @@
 // Evaluation (ctx.training false) draws t, masks and fallbacks from the EvalNoise purpose with
 // the same counters (c1 = 1, 2, 3 for t, mask, fallback) keyed by the validation sample index,
 // so every evaluation of the same held-out samples sees the same masks and numbers compare.
+// block diffusion (config.block_size = B > 0; docs/training_objectives.md): the row becomes
+//   [x_t | x_0] (seq 2L, both halves at the same positions), blocks of B from each row or
+//   document start, one t per block k from philox(seed, DiffusionTime, {k, 0, g}) (or k = 0 for
+//   the whole row with t_granularity Sequence), masks and fallbacks as above; the noisy half's
+//   masked tokens weigh w of their block, the clean half nothing (or, with ar_loss_weight > 0,
+//   the next token at that weight); block_ranges holds each position's document and block.
 // vanilla: input w_0..w_{S-1}, label w_1..w_S, loss weight = loss_mask, causal attention.
 // Documents (Megatron's --reset-position-ids / --reset-attention-mask): an EOD token ends its
 // document; with reset_position_ids positions restart at 0 after each EOD of the input, and

@@ -622,9 +622,21 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
     if (a.is_set("sft_data_path"))
       d.error("D-11", "block diffusion fine-tuning on prompt/response data (`--sft-data-path`) is not "
                      "supported yet; train on `--data-path`");
-  } else if (a.was_given("dlm_t_granularity")) {
-    d.error("D-10", a.flag_value("dlm_t_granularity") + " needs `--attention-mask-type block_causal`");
   }
+  for (const char* dest : {"dlm_t_granularity", "dlm_bd_clean_attention"})
+    if (!block && a.was_given(dest))
+      d.error("D-10", a.flag_value(dest) + " needs `--attention-mask-type block_causal`");
+  // The AR loss belongs to the causal clean half: a block-causal clean token sees the token it
+  // would predict.
+  for (const char* dest : {"dlm_ar_loss_weight", "dlm_diffusion_loss_scale"})
+    if (a.was_given(dest) && !(block && a.s("dlm_bd_clean_attention") == "causal"))
+      d.error("D-10", a.flag_value(dest) + " needs `--attention-mask-type block_causal "
+                      "--dlm-bd-clean-attention causal` (the next-token loss needs a causal clean "
+                      "half: a block-causal clean token sees the token it would predict)");
+  if (block && a.s("dlm_bd_clean_attention") == "causal" &&
+      (a.f("dlm_ar_loss_weight") <= 0 || a.f("dlm_diffusion_loss_scale") <= 0))
+    d.error("D-10", a.flag_value("dlm_ar_loss_weight") + " and " + a.flag_value("dlm_diffusion_loss_scale") +
+                        " must be positive");
   if (mode == "vanilla" && mask != "causal" && mask != "causal_bottom_right")
     d.warn("`--model-running-mode vanilla` always trains with causal attention (as MegaDLMs "
            "does); " + a.flag_value("attention_mask_type") + " is not used");

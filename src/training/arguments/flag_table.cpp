@@ -947,6 +947,17 @@ constexpr FlagSpec kFlags[] = {
      .help = "Block diffusion's block length B (with --attention-mask-type block_causal); divides "
              "--seq-length. Each block draws its own noise level; a noisy token attends to its "
              "own noisy block and the earlier clean blocks."},
+    {.name = "--dlm-bd-clean-attention", .kind = K::String, .group = G::Megadlm,
+     .default_value = "block_causal", .choices = "block_causal causal",
+     .help = "Block diffusion: the clean half attends block-causally (BD3-LM, Fast-dLLM v2, LLaDA2, "
+             "SDAR) or causally with a next-token loss on the clean half (Megatron-Bridge's "
+             "sbd_block_diff; --dlm-ar-loss-weight, --dlm-diffusion-loss-scale)."},
+    {.name = "--dlm-ar-loss-weight", .kind = K::Float, .group = G::Megadlm, .default_value = "1.0",
+     .help = "With --dlm-bd-clean-attention causal: the weight of the clean half's next-token loss "
+             "(Megatron-Bridge's ar_loss_weight)."},
+    {.name = "--dlm-diffusion-loss-scale", .kind = K::Float, .group = G::Megadlm, .default_value = "1.0",
+     .help = "With --dlm-bd-clean-attention causal: the scale of the diffusion term "
+             "(Megatron-Bridge's dlm_loss_weight, 0.3 in its recipes)."},
     {.name = "--dlm-t-granularity", .kind = K::String, .group = G::Megadlm, .default_value = "block",
      .choices = "block sequence",
      .help = "Block diffusion: one noise level t per block (BD3-LM, Fast-dLLM v2) or one per "

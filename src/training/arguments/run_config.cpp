@@ -263,7 +263,14 @@ RunConfig build_run_config(const ArgState& a) {
                          ? AttentionMaskType::Causal
                          : enum_flag(a, "attention_mask_type", AttentionMaskType::NoMask);
   r.diffusion.sft = a.is_set("sft_data_path");
-  if (m.attention_mask == AttentionMaskType::BlockCausal) r.diffusion.block_size = a.i("dlm_block_size");
+  if (m.attention_mask == AttentionMaskType::BlockCausal) {
+    r.diffusion.block_size = a.i("dlm_block_size");
+    m.block_diffusion_causal_clean = a.s("dlm_bd_clean_attention") == "causal";
+    if (m.block_diffusion_causal_clean) {
+      r.diffusion.ar_loss_weight = static_cast<float>(a.f("dlm_ar_loss_weight"));
+      r.diffusion.diffusion_loss_scale = static_cast<float>(a.f("dlm_diffusion_loss_scale"));
+    }
+  }
 
   TrainingConfig& t = r.training;
   // Next to the logs: the metrics file's directory, else the checkpoints'.

@@ -4,7 +4,7 @@
 // for the full-sequence objective. Cases: DP with the distributed optimizer, TP + SP, PP with
 // virtual stages, TP x PP, Megatron-FSDP (each sharding strategy), EP with an MoE model, full
 // activation recomputation; each with whole rows and with packed documents (blocks restart at
-// every document), and with both clean-half rules (block-causal; causal). Context parallelism
+// every document), and with both clean-half rules (block-causal; causal with its next-token loss). Context parallelism
 // is refused for block diffusion (rule D-9) and not listed. Run at 2 and 4 ranks.
 #include <gtest/gtest.h>
 #include <map>
@@ -40,6 +40,10 @@ RunConfig tiny_run(const Layout& l, const Objective& o, int world) {
   RunConfig r = test::tiny_run(test::TinyShape::small(4), 6);
   r.model.attention_mask = AttentionMaskType::BlockCausal;
   r.model.block_diffusion_causal_clean = o.causal_clean;
+  if (o.causal_clean) {  // Megatron-Bridge's sbd weights: the clean half's next-token loss too
+    r.diffusion.ar_loss_weight = 1.0f;
+    r.diffusion.diffusion_loss_scale = 0.3f;
+  }
   r.diffusion.block_size = o.block;
   r.diffusion.loss_weight = DlmLossWeight::InvTEps;  // the peer's 1/p weighting
   if (o.documents) {

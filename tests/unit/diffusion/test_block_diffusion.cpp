@@ -154,6 +154,29 @@ TEST(BlockDiffusionBatch, BlocksRestartAtEveryDocumentWithPerDocumentAttention) 
   EXPECT_EQ(whole.block_ranges[L + 0], 12);
 }
 
+TEST(BlockDiffusionBatch, TheCausalVariantAlsoScoresTheNextTokenOnTheCleanHalf) {
+  DiffusionConfig c = bd(4);
+  c.ar_loss_weight = 1.0f;
+  c.diffusion_loss_scale = 0.3f;
+  const auto samples = make_samples(1, 8);
+  const HostMicroBatch mb = build_micro_batch(samples, 3, c, BatchContext{});
+  const HostMicroBatch plain = build_micro_batch(samples, 3, bd(4), BatchContext{});
+  int64_t masked = 0;
+  for (int64_t i = 0; i < 8; ++i) {
+    const size_t noisy = static_cast<size_t>(i), copy = static_cast<size_t>(8 + i);
+    masked += mb.noise_mask[noisy];
+    EXPECT_FLOAT_EQ(mb.loss_weights[noisy], 0.3f * plain.loss_weights[noisy]) << "the diffusion term's scale";
+    EXPECT_EQ(mb.input_ids[noisy], plain.input_ids[noisy]) << "the same noise";
+    if (i + 1 < 8) {
+      EXPECT_EQ(mb.labels[copy], samples[0][static_cast<size_t>(i + 2)]) << "clean position i predicts token i + 1";
+      EXPECT_FLOAT_EQ(mb.loss_weights[copy], 1.0f);
+    } else {
+      EXPECT_EQ(mb.loss_weights[copy], 0.0f) << "no token after the row's last";
+    }
+  }
+  EXPECT_EQ(mb.loss_tokens, static_cast<double>(masked + 7)) << "normaliser: masked + next-token positions";
+}
+
 TEST(BlockDiffusionBatch, TheFullSequenceObjectiveIsUnchanged) {
   // block_size 0: the same micro-batch as before block diffusion existed (no ranges, seq L).
   DiffusionConfig c = bd(0, DlmLossWeight::ExactRatio);
