@@ -817,9 +817,28 @@ std::vector<Row> rows() {
 
       // ------------------------------------------------------------------ diffusion
       {"D-2", cmd({"--attention-mask-type", "causal"}), O::Rejected,
-       {"`--model-running-mode difflm-noshift` needs `--attention-mask-type no_mask` (got `--attention-mask-type causal`); valid: no_mask [D-2]"}},
-      {"D-3", cmd({"--model-running-mode", "vanilla", "--attention-mask-type", "block_causal"}), O::Rejected,
-       {"`--attention-mask-type block_causal` needs `--core-attn-implementation FlexAttention`", "[D-3]"}},
+       {"`--model-running-mode difflm-noshift` needs `--attention-mask-type no_mask` (full-sequence diffusion) or `block_causal` (block diffusion) (got `--attention-mask-type causal`); valid: no_mask, block_causal [D-2]"}},
+      {"D-10", cmd({"--model-running-mode", "vanilla", "--attention-mask-type", "block_causal"}), O::Rejected,
+       {"`--attention-mask-type block_causal` trains block diffusion, which needs `--model-running-mode difflm-noshift` (got `--model-running-mode vanilla`) [D-10]",
+        "`--attention-mask-type block_causal` needs `--dlm-block-size B`"}},
+      {"D-10/block-size", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "5", "--attention-dropout", "0"}), O::Rejected,
+       {"`--dlm-block-size 5` must divide `--seq-length 32`; valid: a divisor of 32 (e.g. 32) [D-10]"}},
+      {"D-10/block-size-alone", cmd({"--dlm-block-size", "8"}), O::Rejected,
+       {"`--dlm-block-size 8` needs `--attention-mask-type block_causal` (block diffusion); got `--attention-mask-type no_mask` [D-10]"}},
+      {"D-10/ar-loss", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0",
+                            "--dlm-ar-loss-weight", "0.5"}), O::Rejected,
+       {"`--dlm-ar-loss-weight 0.5` needs `--attention-mask-type block_causal --dlm-bd-clean-attention causal`", "[D-10]"}},
+      {"D-10-ok", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0",
+                       "--dlm-bd-clean-attention", "causal", "--dlm-diffusion-loss-scale", "0.3"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.diffusion.block_size, 8);
+         EXPECT_TRUE(p.config.model.block_diffusion_causal_clean);
+         EXPECT_FLOAT_EQ(p.config.diffusion.diffusion_loss_scale, 0.3f);
+         EXPECT_FLOAT_EQ(p.config.diffusion.ar_loss_weight, 1.0f);
+         EXPECT_EQ(p.config.model.attention_mask, AttentionMaskType::BlockCausal);
+       }},
+      {"D-11", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8"}), O::Rejected,
+       {"block diffusion's attention kernels run without attention dropout; got `--attention-dropout 0.1`; valid: `--attention-dropout 0` [D-11]"}},
       {"D-3", cmd({"--transformer-impl", "local"}), O::Rejected, {"`--transformer-impl local`", "[D-3]"}},
       {"D-4", cmd({"--mask-token", "128"}), O::Rejected,
        {"`--mask-token 128` is outside the padded vocabulary of 128", "valid: 0 to 127 [D-4]"}},
@@ -1055,7 +1074,7 @@ const char* const kImplementedRules[] = {
     "B-1",  "B-2",  "B-3",  "C-2",  "C-4",  "C-5",  "C-6",  "C-7",  "C-8",  "C-9",  "C-10",
     "C-11", "C-12", "C-13", "C-14", "C-15", "C-16", "C-17", "C-18", "C-19", "C-21", "G-2",
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
-    "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "M-1",  "M-2",  "M-3",  "M-4",
+    "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "D-10", "D-11",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
     "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "M-26", "R-14", "F-7", "F-8", "F-10", "F-13"};
 
