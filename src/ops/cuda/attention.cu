@@ -37,8 +37,6 @@ attn::Shape shape_of(const AttentionArgs& a) {
   if (is_block_diffusion(a.mask)) {
     s.bd_ranges = static_cast<const int32_t*>(a.block_ranges->data_ptr());
     s.bd_causal_clean = a.mask == AttentionMask::BlockDiffusionCausal;
-    // TODO(block diffusion kernels): remove once the flash and simple kernels apply the rule.
-    MDLM_CHECK(false, "CUDA attention: the block diffusion mask is not implemented in the CUDA kernels yet");
   }
   return s;
 }

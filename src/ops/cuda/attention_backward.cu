@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include "core/cuda/cuda_utils.h"
+#include "ops/attention_block_diffusion.h"
 #include "ops/cuda/attention_common.cuh"
 
 namespace megadlm::ops::cuda::attn {
@@ -43,6 +44,10 @@ struct BackwardConfig {
   // kDocs only, after the above: 4 document bounds, the key tile's ids, 2 stages of query ids.
   static constexpr int kSmemDocs = kSmemBytes;
   static constexpr int kDocBytes = 4 * (4 + kBlockN + 2 * kBlockM);
+  // kBlockDiff only, in the same place: the query-tile plan (first, count of the noisy and of
+  // the clean query tiles: BlockDiffusionTiles), then the query ranges of each key of the tile,
+  // lo[2][kBlockN] and hi[2][kBlockN] (BlockDiffusionRow::queries_of).
+  static constexpr int kBdBytes = 4 * (4 + 4 * kBlockN);
   static_assert(kBlockN == 16 * kWarps && kBlockM == 64, "warp layout assumes these tiles");
   static_assert(kThreads >= 3 * kBlockM, "threads 2 kBlockM.. copy the query ids");
 };
@@ -101,9 +106,18 @@ __global__ void attention_delta_kernel(const bf16* __restrict__ dout, const bf16
 // whose ids lie in [id of key n0, id of the tile's last key] (key_document_bounds over the query
 // ids; possibly none: then one tile is visited, all masked, and dK = dV = 0). Only without causal
 // mask and dropout, as in the forward.
-template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys>
+// kBlockDiff: block diffusion (s.bd_ranges; ops/attention_block_diffusion.h), alone, with
+// seq / 2 a multiple of kBlockN (the key tile and every query tile lie in one half). The query
+// ranges of the tile's keys go to shared memory (kBdBytes); the block visits the query tiles of
+// [lo[0] of key n0, hi[0] of its last key) (noisy queries) and then of [lo[1] of key n0, hi[1]
+// of its last key) (clean queries; empty for a noisy key tile, and the noisy range of a clean key
+// tile may be empty), and P^T is 0 outside each key's range, tested only in tiles that are not
+// inside the range of every key of the warp.
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys, bool kBlockDiff>
 __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtrs p, Shape s) {
   static_assert(!kKeys || (!kCausal && !kDropout), "a separate key block: no causal mask, no dropout");
+  static_assert(!kBlockDiff || (!kCausal && !kDropout && !kDocs && !kKeys),
+                "block diffusion: no other mask, no dropout, no documents, no key block");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
   constexpr int kQTiles = C::kQTiles, kDTiles = C::kDTiles, kRowBytes = C::kRowBytes;
@@ -133,6 +147,10 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   const uint32_t sQueryDocs = base + C::kSmemDocs + (4 + kBlockN) * 4;
   const int32_t* const docs = kDocs ? s.docs + b * seq : nullptr;
   const int32_t* const key_docs = kDocs ? (kKeys ? s.key_docs + b * kv_seq : docs) : nullptr;
+  // kBlockDiff: [0, 4) the query-tile plan, then lo[2][kBlockN], hi[2][kBlockN] (never with kDocs).
+  int* const bd_plan = reinterpret_cast<int*>(smem + C::kSmemDocs);
+  int* const bd_lo = bd_plan + 4;
+  int* const bd_hi = bd_lo + 2 * kBlockN;
 
   // Queries [q_begin, q_end) may see keys of this tile. Causal: query tiles that end before this
   // key tile starts see none of its keys.
@@ -157,9 +175,39 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     if (!kCausal) q_begin = doc_smem[0];  // causal: n0 is inside key n0's document already
     q_end = doc_smem[3];
   }
+  if constexpr (kBlockDiff) {
+    const ops::detail::BlockDiffusionRow bd{s.bd_ranges + b * seq * 2, seq / 2, s.bd_causal_clean};
+    for (int r = tid; r < kBlockN; r += C::kThreads) {
+      int lo[2], hi[2];
+      bd.queries_of(n0 + r, lo, hi);
+      bd_lo[r] = lo[0];
+      bd_lo[kBlockN + r] = lo[1];
+      bd_hi[r] = hi[0];
+      bd_hi[kBlockN + r] = hi[1];
+    }
+    if (tid == 0) {  // the plan from the ranges of the first and the last key
+      int lo_first[2], hi_first[2], lo_last[2], hi_last[2];
+      bd.queries_of(n0, lo_first, hi_first);
+      bd.queries_of(n0 + kBlockN - 1, lo_last, hi_last);
+      ops::detail::BlockDiffusionTiles plan =
+          ops::detail::BlockDiffusionTiles::of(lo_first, hi_last, kBlockM);
+      // >= 1 with valid ranges (the key's own query sees it); with malformed ones still one
+      // tile inside the row, so that the loop keeps its shape.
+      if (plan.total() == 0) {
+        plan.first[0] = min(plan.first[0], seq / kBlockM - 1);
+        plan.count[0] = 1;
+      }
+      bd_plan[0] = plan.first[0];
+      bd_plan[1] = plan.count[0];
+      bd_plan[2] = plan.first[1];
+      bd_plan[3] = plan.count[1];
+    }
+    __syncthreads();
+  }
   const int q_tile_first = q_begin / kBlockM;
   // >= 1 since q_begin <= n0 < q_end (query n0 sees key n0).
-  const int q_tiles = (q_end + kBlockM - 1) / kBlockM - q_tile_first;
+  const int q_tiles =
+      kBlockDiff ? bd_plan[1] + bd_plan[3] : (q_end + kBlockM - 1) / kBlockM - q_tile_first;
   const int iters = group * q_tiles;  // (query head of the group, query tile) pairs
   // Inside the loop the document variant re-derives these two from shared memory rather than
   // holding them in registers (D = 128 has none to spare).
@@ -169,13 +217,23 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
   };
   auto num_q_tiles = [&]() -> int {
     if constexpr (kDocs) return (doc_smem[3] + kBlockM - 1) / kBlockM - first_q_tile();
+    else if constexpr (kBlockDiff) return bd_plan[1] + bd_plan[3];
     else return q_tiles;
+  };
+  // The first query of the ti-th query tile visited (ti < num_q_tiles()).
+  auto q_tile_start = [&](int ti) -> int {
+    if constexpr (kBlockDiff) {
+      const int count0 = bd_plan[1];
+      return (ti < count0 ? bd_plan[0] + ti : bd_plan[2] + (ti - count0)) * kBlockM;
+    } else {
+      return (first_q_tile() + ti) * kBlockM;
+    }
   };
 
   // Q, dO tiles and the LSE/delta rows of iteration `it` into `stage`.
   auto load_query_tile = [&](int it, int stage) {
     const int h = kvh * group + it / num_q_tiles();
-    const int q0 = (first_q_tile() + it % num_q_tiles()) * kBlockM;
+    const int q0 = q_tile_start(it % num_q_tiles());
     const int64_t offset = ((b * seq + q0) * heads + h) * kDim;
     load_tile_async<kBlockM, kDim, C::kThreads>(sQ + stage * C::kQBytes, p.q + offset, q_stride,
                                                 seq - q0, tid);
@@ -250,7 +308,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     [[maybe_unused]] uint32_t keep_col[2] = {0u, 0u};
     if constexpr (kDropout) {
       const int h = kvh * group + it / num_q_tiles();  // as below
-      const int q0 = (first_q_tile() + it % num_q_tiles()) * kBlockM;
+      const int q0 = q_tile_start(it % num_q_tiles());
       const uint32_t key_group =
           static_cast<uint32_t>((s.dropout.key_offset + key0) / 4) + (g >> 1);
       uint32_t mine = 0;
@@ -277,7 +335,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     __syncthreads();  // tile `it` (and K, V) visible to all warps
 
     const int h = kvh * group + it / num_q_tiles();
-    const int q0 = (first_q_tile() + it % num_q_tiles()) * kBlockM;
+    const int q0 = q_tile_start(it % num_q_tiles());
     const uint32_t sQs = sQ + stage * C::kQBytes, sDos = sDo + stage * C::kQBytes;
 
     // kDocs: bit 4 nt + e of `visible` says whether element (nt, e) below (key
@@ -302,6 +360,29 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
           }
       }
     }
+    // kBlockDiff: the same word from the keys' query ranges of this tile's half. The ends of the
+    // ranges are non-decreasing along the keys, so the whole tile is visible to the warp's 16
+    // keys iff [q0, q0 + kBlockM) lies in [lo of its last key, hi of its first): no test then.
+    if constexpr (kBlockDiff) {
+      const int* const lo = bd_lo + (q0 >= seq / 2 ? kBlockN : 0);
+      const int* const hi = lo + 2 * kBlockN;
+      if (q0 >= lo[warp * 16 + 15] && q0 + kBlockM <= hi[warp * 16]) {
+        visible = 0xffffffffu;
+      } else {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = warp * 16 + key_of_row(r);  // in the tile
+          const int key_lo = lo[key], key_hi = hi[key];
+#pragma unroll
+          for (int nt = 0; nt < kQTiles; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int q = q0 + nt * 8 + 2 * t + c;
+              visible |= uint32_t(q >= key_lo && q < key_hi) << (4 * nt + 2 * r + c);
+            }
+        }
+      }
+    }
 
     // ---- S^T = K Q^T for this warp's 16 keys x 64 queries ----
     float acc_s[kQTiles][4];
@@ -324,7 +405,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
 
     // ---- P^T = exp(scale * S^T - lse), masked entries 0 ----
     // Element (nt, e) is key key0 + key_of_row(e / 2), query q0 + 8 nt + 2t + e % 2.
-    const bool needs_mask = kDocs ? visible != 0xffffffffu
+    const bool needs_mask = kDocs || kBlockDiff ? visible != 0xffffffffu
                                   : q0 + kBlockM > seq || key0 + 16 > kv_seq ||
                                         (kCausal && key0 + 15 > q0);
 #pragma unroll
@@ -339,7 +420,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
           float pv = exp2f(fmaf(acc_s[nt][e], scale_log2, -lse_log2));
           if (needs_mask) {
             const int key = key0 + key_of_row(r), q = q0 + ql;
-            const bool masked = kDocs ? !((visible >> (4 * nt + e)) & 1u)
+            const bool masked = kDocs || kBlockDiff ? !((visible >> (4 * nt + e)) & 1u)
                                       : key >= kv_seq || q >= seq || (kCausal && key > q);
             if (masked) pv = 0.0f;
           }
@@ -512,10 +593,11 @@ __global__ void attention_dq_convert_kernel(const float4* __restrict__ acc, uint
   }
 }
 
-template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys = false>
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys = false,
+          bool kBlockDiff = false>
 void launch_backward_main(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_backward_kernel<C, kCausal, kDropout, kDocs, kKeys>;
-  constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0);
+  auto kernel = flash_backward_kernel<C, kCausal, kDropout, kDocs, kKeys, kBlockDiff>;
+  constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0) + (kBlockDiff ? C::kBdBytes : 0);
   if (kSmem > 48 * 1024)
     MDLM_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -539,6 +621,10 @@ void launch_backward_mask(const Shape& s, const BackwardPtrs& p, cudaStream_t st
 
 template <class C>
 void launch_backward_docs(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) {
+  if (s.bd_ranges != nullptr) {  // block diffusion: alone (checked in flash_backward)
+    launch_backward_main<C, false, false, false, false, true>(s, p, stream);
+    return;
+  }
   if (s.separate_keys()) {  // a key block of its own: bidirectional, no dropout (checked)
     Shape keys = s;
     keys.kv_seq = s.keys();
@@ -568,6 +654,12 @@ void flash_backward(const Shape& s, const BackwardPtrs& p, cudaStream_t stream) 
                                     (s.docs == nullptr || s.key_docs != nullptr || s.keys() == s.seq)),
              "flash attention backward: a separate key block runs without causal mask and dropout "
              "(and with the keys' document ids when kv_seq != seq); use the simple kernels");
+  MDLM_CHECK(s.bd_ranges == nullptr ||
+                 (s.seq % 256 == 0 && !s.causal && s.dropout.p == 0.0f && s.docs == nullptr &&
+                  !s.separate_keys()),
+             "flash attention backward: block diffusion needs seq / 2 a multiple of 128 (got seq ",
+             s.seq, ") and runs without causal mask, dropout, document ids and a separate key "
+             "block; use the simple kernels");
   launch_attention_delta(s, p, stream);
   if (s.dim == 128) launch_backward_docs<Bwd128>(s, p, stream);
   else launch_backward_docs<Bwd64>(s, p, stream);

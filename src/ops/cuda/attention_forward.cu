@@ -4,6 +4,7 @@
 // softmax in fp32 registers. Tiling, register and shared-memory budgets: docs/kernels/attention.md.
 #include <cmath>
 #include "core/cuda/cuda_utils.h"
+#include "ops/attention_block_diffusion.h"
 #include "ops/cuda/attention_common.cuh"
 
 namespace megadlm::ops::cuda::attn {
@@ -30,6 +31,9 @@ struct ForwardConfig {
   static constexpr int kSmemBytes = kQBytes + 4 * kKVBytes;  // Q, 2 stages of K, 2 of V
   // kDocs only, after the above: 4 document bounds, the query rows' ids, 2 stages of key ids.
   static constexpr int kDocBytes = 4 * (4 + kBlockM + 2 * kBlockN);
+  // kBlockDiff only, after the above: the key ranges of each query row, lo[2][kBlockM] then
+  // hi[2][kBlockM] (BlockDiffusionRow::keys_of).
+  static constexpr int kBdBytes = 4 * 4 * kBlockM;
   static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "a warp owns one or two m16 tiles");
   static_assert(kBlockN % 16 == 0 && kDim % 64 == 0, "tile shapes");
   static_assert(kWarps >= 4 && kThreads >= kBlockN, "document_bounds, key id copies");
@@ -57,9 +61,19 @@ using Fwd64 = ForwardConfig<64, 128, 64, 4, true>;
 // [id of row m0, id of the last row] (key_document_bounds). A row that sees no key keeps max -inf
 // and sum 0: out 0, lse -inf. Only without causal mask and dropout (both need the keys to be the
 // queries' own positions; the context-parallel cases with chunk maps run on the simple kernels).
-template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys>
+// kBlockDiff: block diffusion (s.bd_ranges; ops/attention_block_diffusion.h), alone (no causal
+// mask, dropout, documents or key block), with seq / 2 a multiple of kBlockM so that the query
+// tile lies in one half. The key ranges of the block's rows go to shared memory (kBdBytes); the
+// block visits the key tiles of two ranges, [lo[0] of row m0, hi[0] of the last row) and then
+// [lo[1] of row m0, hi[1] of the last row) (the noisy and the clean keys of a noisy tile; a clean
+// tile has only the first, the second may be empty), a warp skips a tile outside its rows' hull,
+// and a score is masked to -inf by its row's range only in tiles that are not inside every range
+// of the warp's rows.
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys, bool kBlockDiff>
 __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs p, Shape s) {
   static_assert(!kKeys || (!kCausal && !kDropout), "a separate key block: no causal mask, no dropout");
+  static_assert(!kBlockDiff || (!kCausal && !kDropout && !kDocs && !kKeys),
+                "block diffusion: no other mask, no dropout, no documents, no key block");
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kDim = C::kDim, kBlockM = C::kBlockM, kBlockN = C::kBlockN;
   constexpr int kMTiles = C::kMTiles, kNTiles = C::kNTiles, kDTiles = C::kDTiles;
@@ -90,6 +104,9 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   const uint32_t sKeyDocs = sQ + C::kSmemBytes + (4 + kBlockM) * 4;
   const int32_t* const docs = kDocs ? s.docs + b * seq : nullptr;
   const int32_t* const key_docs = kDocs ? (kKeys ? s.key_docs + b * kv_seq : docs) : nullptr;
+  // kBlockDiff: lo[2][kBlockM], then hi[2][kBlockM], in the same place (never with kDocs).
+  int* const bd_lo = reinterpret_cast<int*>(smem + C::kSmemBytes);
+  int* const bd_hi = bd_lo + 2 * kBlockM;
 
   // Per-lane ldmatrix bases; a k step, n tile or m tile only adds a compile-time offset.
   // Q as the A operand: lanes 0-15 address rows 0-15 at the k step's first 8 columns, lanes
@@ -109,6 +126,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   // lie in [doc_smem[0], doc_smem[3]) (set below, before the first use).
   int j_first = 0, n_end = kCausal ? min(seq, m0 + kBlockM) : kv_seq;
   int n_tiles = (n_end + kBlockN - 1) / kBlockN;
+  // kBlockDiff: the tiles of the two key ranges (set below, before the first use).
+  [[maybe_unused]] ops::detail::BlockDiffusionTiles bd_tiles{};
   // kDocs: every row of the block sees every key of [uniform_lo, uniform_hi) (modulo causal),
   // an empty range unless the block's rows are one document.
   [[maybe_unused]] int uniform_lo = 0, uniform_hi = 0;
@@ -144,6 +163,34 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
     uniform_hi = doc_smem[1];
     n_tiles = (n_end + kBlockN - 1) / kBlockN - j_first;  // >= 1: row m0 sees itself
   }
+  if constexpr (kBlockDiff) {
+    const ops::detail::BlockDiffusionRow bd{s.bd_ranges + b * seq * 2, seq / 2, s.bd_causal_clean};
+    for (int r = tid; r < kBlockM; r += C::kThreads) {
+      int lo[2], hi[2];
+      bd.keys_of(m0 + r, lo, hi);
+      bd_lo[r] = lo[0];
+      bd_lo[kBlockM + r] = lo[1];
+      bd_hi[r] = hi[0];
+      bd_hi[kBlockM + r] = hi[1];
+    }
+    __syncthreads();
+    const int lo_first[2] = {bd_lo[0], bd_lo[kBlockM]};
+    const int hi_last[2] = {bd_hi[kBlockM - 1], bd_hi[2 * kBlockM - 1]};
+    bd_tiles = ops::detail::BlockDiffusionTiles::of(lo_first, hi_last, kBlockN);
+    // >= 1 with valid ranges (row m0 sees its own key, in the first range); with malformed ones
+    // still one tile (at a position inside the half, every score masked or not, never a read
+    // outside the row) so that the pipeline below keeps its shape.
+    if (bd_tiles.total() == 0) {
+      bd_tiles.first[0] = min(bd_tiles.first[0], kv_seq / kBlockN - 1);
+      bd_tiles.count[0] = 1;
+    }
+    n_tiles = bd_tiles.total();
+  }
+  // The first key of the j-th tile visited.
+  auto tile_start = [&](int jj) {
+    if constexpr (kBlockDiff) return bd_tiles.tile(jj) * kBlockN;
+    else return (kDocs ? j_first + jj : jj) * kBlockN;
+  };
   // Keys [n0, n0 + kBlockN) into stage `stage`: K in this commit group's call, V in the caller's
   // next one; rows past the sequence end are zero-filled.
   auto load_key_ids = [&](int n0, int stage) {
@@ -155,8 +202,8 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
       }
     }
   };
-  if constexpr (kDocs) {
-    const int n0 = j_first * kBlockN;
+  if constexpr (kDocs || kBlockDiff) {
+    const int n0 = tile_start(0);
     const int64_t first = static_cast<int64_t>(n0) * kv_stride;
     load_tile_async<kBlockN, kDim, C::kThreads>(sK, k + first, kv_stride, kv_seq - n0, tid);
     load_key_ids(n0, 0);
@@ -187,7 +234,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   uint32_t q_frag[C::kQInRegs ? kMTiles : 1][C::kQInRegs ? C::kKSteps : 1][4];
 
   for (int j = 0; j < n_tiles; ++j) {  // j: iteration (stage j & 1); the tile is j_first + j
-    const int n0 = (kDocs ? j_first + j : j) * kBlockN;
+    const int n0 = tile_start(j);
     const uint32_t sKj = sK + (j & 1) * C::kKVBytes;
     const uint32_t sVj = sV + (j & 1) * C::kKVBytes;
     // ---- dropout keep bits of this tile, drawn before the wait so the integer work overlaps the
@@ -222,13 +269,16 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
     // (read at j-1) may be refilled.
     __syncthreads();
     if (j + 1 < n_tiles) {
-      const int64_t next = static_cast<int64_t>(n0 + kBlockN) * kv_stride;
+      // Contiguous tiles, except where block diffusion jumps to its second range.
+      const int n1 = kBlockDiff ? tile_start(j + 1) : n0 + kBlockN;
+      const int valid = kBlockDiff ? kv_seq - n1 : kv_seq - n0 - kBlockN;
+      const int64_t next = static_cast<int64_t>(n1) * kv_stride;
       load_tile_async<kBlockN, kDim, C::kThreads>(sK + ((j + 1) & 1) * C::kKVBytes, k + next,
-                                                  kv_stride, kv_seq - n0 - kBlockN, tid);
+                                                  kv_stride, valid, tid);
       load_key_ids(n0 + kBlockN, (j + 1) & 1);
       cp_async_commit();
       load_tile_async<kBlockN, kDim, C::kThreads>(sV + ((j + 1) & 1) * C::kKVBytes, v + next,
-                                                  kv_stride, kv_seq - n0 - kBlockN, tid);
+                                                  kv_stride, valid, tid);
       cp_async_commit();
     } else {
       cp_async_commit();
@@ -246,7 +296,13 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
 
     // Causal: a tile entirely above the diagonal for this warp's rows contributes nothing
     // (p = 0, the softmax state is unchanged), so the warp skips it; barriers stay uniform.
-    const bool warp_active = !kCausal || n0 <= warp_row0 + C::kRowsPerWarp - 1;
+    // Block diffusion: the same for a tile outside the hull [lo of the warp's first row, hi of
+    // its last row) of this range; `bd_row` is the warp's first row in this range's arrays.
+    [[maybe_unused]] const int bd_row =
+        kBlockDiff ? (j >= bd_tiles.count[0] ? kBlockM : 0) + warp * C::kRowsPerWarp : 0;
+    const bool warp_active =
+        kBlockDiff ? n0 < bd_hi[bd_row + C::kRowsPerWarp - 1] && n0 + kBlockN > bd_lo[bd_row]
+                   : !kCausal || n0 <= warp_row0 + C::kRowsPerWarp - 1;
     float acc_s[kMTiles][kNTiles][4];
     if (warp_active) {
       // ---- S = Q K^T (raw scores, fp32) ----
@@ -282,11 +338,31 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
 
       // ---- mask: keys past the sequence end, keys after the query when causal, and keys of
       // another document than the query's (kDocs; none when the tile lies in the block's one
-      // document) ----
-      const bool needs_mask = n0 + kBlockN > kv_seq ||
-                              (kCausal && n0 + kBlockN - 1 > warp_row0) ||
-                              (kDocs && !(n0 >= uniform_lo && n0 + kBlockN <= uniform_hi));
-      if (needs_mask) {
+      // document); block diffusion: keys outside the row's range ----
+      [[maybe_unused]] const bool needs_mask =
+          n0 + kBlockN > kv_seq || (kCausal && n0 + kBlockN - 1 > warp_row0) ||
+          (kDocs && !(n0 >= uniform_lo && n0 + kBlockN <= uniform_hi));
+      if constexpr (kBlockDiff) {
+        // The ends of the ranges are non-decreasing along the rows, so the tile lies in the range
+        // of every row of the warp iff it lies in [lo of its last row, hi of its first): then no
+        // score is masked (the bulk of the tiles); otherwise each row tests its own range.
+        if (!(n0 >= bd_lo[bd_row + C::kRowsPerWarp - 1] && n0 + kBlockN <= bd_hi[bd_row])) {
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+              const int r = bd_row + mt * 16 + g + 8 * hf;  // this row's range
+              const int lo = bd_lo[r], hi = bd_hi[r];
+#pragma unroll
+              for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                  const int col = n0 + nt * 8 + 2 * t + c;
+                  if (col < lo || col >= hi) acc_s[mt][nt][2 * hf + c] = -INFINITY;
+                }
+            }
+        }
+      } else if (needs_mask) {
         [[maybe_unused]] const int* const key_ids = doc_smem + 4 + kBlockM + (j & 1) * kBlockN;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
@@ -433,10 +509,11 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
   }
 }
 
-template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys = false>
+template <class C, bool kCausal, bool kDropout, bool kDocs, bool kKeys = false,
+          bool kBlockDiff = false>
 void launch_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
-  auto kernel = flash_forward_kernel<C, kCausal, kDropout, kDocs, kKeys>;
-  constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0);
+  auto kernel = flash_forward_kernel<C, kCausal, kDropout, kDocs, kKeys, kBlockDiff>;
+  constexpr int kSmem = C::kSmemBytes + (kDocs ? C::kDocBytes : 0) + (kBlockDiff ? C::kBdBytes : 0);
   if (kSmem > 48 * 1024)
     MDLM_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
@@ -460,6 +537,10 @@ void launch_forward_mask(const Shape& s, const ForwardPtrs& p, cudaStream_t stre
 
 template <class C>
 void launch_forward_docs(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  if (s.bd_ranges != nullptr) {  // block diffusion: alone (checked in flash_forward)
+    launch_forward<C, false, false, false, false, true>(s, p, stream);
+    return;
+  }
   if (s.separate_keys()) {  // a key block of its own: bidirectional, no dropout (checked)
     Shape keys = s;
     keys.kv_seq = s.keys();
@@ -475,6 +556,12 @@ void launch_forward_docs(const Shape& s, const ForwardPtrs& p, cudaStream_t stre
 }  // namespace
 
 void flash_forward(const Shape& s, const ForwardPtrs& p, cudaStream_t stream) {
+  MDLM_CHECK(s.bd_ranges == nullptr ||
+                 (s.seq % 256 == 0 && !s.causal && s.dropout.p == 0.0f && s.docs == nullptr &&
+                  !s.separate_keys()),
+             "flash attention forward: block diffusion needs seq / 2 a multiple of 128 (got seq ",
+             s.seq, ") and runs without causal mask, dropout, document ids and a separate key "
+             "block; use the simple kernels");
   MDLM_CHECK(!s.separate_keys() || (!s.causal && s.dropout.p == 0.0f &&
                                     (s.docs == nullptr || s.key_docs != nullptr || s.keys() == s.seq)),
              "flash attention forward: a separate key block runs without causal mask and dropout "

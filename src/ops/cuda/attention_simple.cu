@@ -8,8 +8,12 @@
 // ids; include/megadlm/ops/attention.h) run here too: simple_attention_*_key_block at the end of
 // the file, which the context-parallel entries (attention.cu) call for what the flash kernels
 // cannot.
+// Block diffusion (kBlockDiff, Shape::bd_ranges): each query row scans the two key ranges of
+// BlockDiffusionRow::keys_of and each key row the two query ranges of queries_of
+// (ops/attention_block_diffusion.h), testing every element with the rule itself; any L, any D.
 #include <cmath>
 #include "core/cuda/cuda_utils.h"
+#include "ops/attention_block_diffusion.h"
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attention_impl.h"
 #include "ops/cuda/cuda_ops.h"
@@ -117,7 +121,7 @@ __device__ __forceinline__ void key_window(const Shape& s, const KeyBlock& kb, i
 // Row index r = (b * Hq + h) * S + i (the lse order); single-pass online softmax. With dropout
 // the row sum stays undropped (lse unchanged) and only the P V terms are masked. A row that sees
 // no key (context-parallel blocks only) writes zeros and lse = -inf.
-template <bool kDropout>
+template <bool kDropout, bool kBlockDiff>
 __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s, KeyBlock kb) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
@@ -129,32 +133,46 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s, Ke
 #pragma unroll
   for (int r = 0; r < kMaxPerLane; ++r) acc[r] = 0.0f;
   float m = -INFINITY, l = 0.0f;
-  int64_t first, n;
-  key_window(s, kb, b, i, first, n);
   const int32_t qdoc = s.docs ? s.docs[b * s.seq + i] : 0;
   const int64_t gq = kb.query_chunks.global(i);
-  [[maybe_unused]] uint32_t keep_bits = 0;
-  for (int64_t j = first; j < n; ++j) {
-    if constexpr (kDropout) {
-      if (((j - first) & 31) == 0)
-        keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+  // Block diffusion: two key ranges (the second empty for a clean row), every key tested.
+  [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
+      kBlockDiff ? s.bd_ranges + b * s.seq * 2 : nullptr, static_cast<int>(s.seq / 2),
+      s.bd_causal_clean};
+  [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
+  if constexpr (kBlockDiff) bd.keys_of(static_cast<int>(i), bd_lo, bd_hi);
+  for (int range = 0; range < (kBlockDiff ? 2 : 1); ++range) {
+    int64_t first, n;
+    if constexpr (kBlockDiff) {
+      first = range == 0 ? bd_lo[0] : bd_lo[1];  // selects: no local-memory array
+      n = range == 0 ? bd_hi[0] : bd_hi[1];
+    } else {
+      key_window(s, kb, b, i, first, n);
     }
-    if (kb.per_key && !kb.visible(s, b, qdoc, gq, j)) continue;  // uniform over the warp
-    const int64_t kv = ((b * kb.kv_seq + j) * s.kv_heads + kh) * s.dim;
-    const float x = s.scale * warp_dot(q, p.k + kv, s.dim, lane);
-    const float m_new = fmaxf(m, x);
-    const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
-    const float pj = expf(x - m_new);
-    l = l * corr + pj;
-    float pv = pj;
-    if constexpr (kDropout) pv = (keep_bits >> ((j - first) & 31)) & 1u ? pj : 0.0f;
+    [[maybe_unused]] uint32_t keep_bits = 0;
+    for (int64_t j = first; j < n; ++j) {
+      if constexpr (kDropout) {
+        if (((j - first) & 31) == 0)
+          keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+      }
+      if (kb.per_key && !kb.visible(s, b, qdoc, gq, j)) continue;  // uniform over the warp
+      if (kBlockDiff && !bd.visible(static_cast<int>(i), static_cast<int>(j))) continue;
+      const int64_t kv = ((b * kb.kv_seq + j) * s.kv_heads + kh) * s.dim;
+      const float x = s.scale * warp_dot(q, p.k + kv, s.dim, lane);
+      const float m_new = fmaxf(m, x);
+      const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
+      const float pj = expf(x - m_new);
+      l = l * corr + pj;
+      float pv = pj;
+      if constexpr (kDropout) pv = (keep_bits >> ((j - first) & 31)) & 1u ? pj : 0.0f;
 #pragma unroll
-    for (int r = 0; r < kMaxPerLane; ++r) {
-      const int d = lane + 32 * r;
-      const float vd = d < s.dim ? __bfloat162float(p.v[kv + d]) : 0.0f;
-      acc[r] = acc[r] * corr + pv * vd;
+      for (int r = 0; r < kMaxPerLane; ++r) {
+        const int d = lane + 32 * r;
+        const float vd = d < s.dim ? __bfloat162float(p.v[kv + d]) : 0.0f;
+        acc[r] = acc[r] * corr + pv * vd;
+      }
+      m = m_new;
     }
-    m = m_new;
   }
   const float out_scale = l > 0.0f ? (kDropout ? s.dropout.scale / l : 1.0f / l) : 0.0f;
   store_row(p.out + ((b * s.seq + i) * s.heads + h) * s.dim, acc, out_scale, s.dim, lane);
@@ -162,7 +180,7 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s, Ke
 }
 
 // dq of one query row (same row order as the forward), delta already computed.
-template <bool kDropout>
+template <bool kDropout, bool kBlockDiff>
 __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyBlock kb) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
@@ -176,33 +194,46 @@ __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyBlo
 #pragma unroll
   for (int r = 0; r < kMaxPerLane; ++r) dq[r] = 0.0f;
   const float lse = p.lse[row], delta = p.delta[row];
-  int64_t first, n;
-  key_window(s, kb, b, i, first, n);
   const int32_t qdoc = s.docs ? s.docs[b * s.seq + i] : 0;
   const int64_t gq = kb.query_chunks.global(i);
-  [[maybe_unused]] uint32_t keep_bits = 0;
-  for (int64_t j = first; j < n; ++j) {
-    if constexpr (kDropout) {
-      if (((j - first) & 31) == 0)
-        keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+  [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
+      kBlockDiff ? s.bd_ranges + b * s.seq * 2 : nullptr, static_cast<int>(s.seq / 2),
+      s.bd_causal_clean};
+  [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
+  if constexpr (kBlockDiff) bd.keys_of(static_cast<int>(i), bd_lo, bd_hi);
+  for (int range = 0; range < (kBlockDiff ? 2 : 1); ++range) {
+    int64_t first, n;
+    if constexpr (kBlockDiff) {
+      first = range == 0 ? bd_lo[0] : bd_lo[1];  // selects: no local-memory array
+      n = range == 0 ? bd_hi[0] : bd_hi[1];
+    } else {
+      key_window(s, kb, b, i, first, n);
     }
-    if (kb.per_key && !kb.visible(s, b, qdoc, gq, j)) continue;
-    const int64_t kv = ((b * kb.kv_seq + j) * s.kv_heads + kh) * s.dim;
-    const float pij = expf(s.scale * warp_dot(q, p.k + kv, s.dim, lane) - lse);
-    float dp = warp_dot(dout, p.v + kv, s.dim, lane);
-    if constexpr (kDropout) dp = (keep_bits >> ((j - first) & 31)) & 1u ? dp * s.dropout.scale : 0.0f;
-    const float ds = pij * (dp - delta);
+    [[maybe_unused]] uint32_t keep_bits = 0;
+    for (int64_t j = first; j < n; ++j) {
+      if constexpr (kDropout) {
+        if (((j - first) & 31) == 0)
+          keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
+      }
+      if (kb.per_key && !kb.visible(s, b, qdoc, gq, j)) continue;
+      if (kBlockDiff && !bd.visible(static_cast<int>(i), static_cast<int>(j))) continue;
+      const int64_t kv = ((b * kb.kv_seq + j) * s.kv_heads + kh) * s.dim;
+      const float pij = expf(s.scale * warp_dot(q, p.k + kv, s.dim, lane) - lse);
+      float dp = warp_dot(dout, p.v + kv, s.dim, lane);
+      if constexpr (kDropout) dp = (keep_bits >> ((j - first) & 31)) & 1u ? dp * s.dropout.scale : 0.0f;
+      const float ds = pij * (dp - delta);
 #pragma unroll
-    for (int r = 0; r < kMaxPerLane; ++r) {
-      const int d = lane + 32 * r;
-      if (d < s.dim) dq[r] += ds * __bfloat162float(p.k[kv + d]);
+      for (int r = 0; r < kMaxPerLane; ++r) {
+        const int d = lane + 32 * r;
+        if (d < s.dim) dq[r] += ds * __bfloat162float(p.k[kv + d]);
+      }
     }
   }
   store_row(p.dq + qi, dq, s.scale, s.dim, lane);
 }
 
 // dk, dv of one key row r = (b * Hkv + kh) * S + j, summed over the query heads of the group.
-template <bool kDropout>
+template <bool kDropout, bool kBlockDiff>
 __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyBlock kb) {
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kWarpsPerBlock) + threadIdx.x / 32;
@@ -228,35 +259,48 @@ __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyB
     q_first = s.causal ? j : (docs ? doc_lo(docs, j) : 0);
     q_end = docs ? doc_hi(docs, j, s.seq) : s.seq;
   }
+  // Block diffusion: the noisy and the clean queries that see this key, every query tested.
+  [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
+      kBlockDiff ? s.bd_ranges + b * s.seq * 2 : nullptr, static_cast<int>(s.seq / 2),
+      s.bd_causal_clean};
+  [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
+  if constexpr (kBlockDiff) bd.queries_of(static_cast<int>(j), bd_lo, bd_hi);
   for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-    for (int64_t i = q_first; i < q_end; ++i) {
-      [[maybe_unused]] const int64_t i_step = i - q_first;
-      if constexpr (kDropout) {
-        // Here the lanes draw the next 32 queries of this key.
-        if ((i_step & 31) == 0)
-          keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i + lane, j));
+    for (int range = 0; range < (kBlockDiff ? 2 : 1); ++range) {
+      if constexpr (kBlockDiff) {
+        q_first = range == 0 ? bd_lo[0] : bd_lo[1];  // selects: no local-memory array
+        q_end = range == 0 ? bd_hi[0] : bd_hi[1];
       }
-      if (kb.per_key) {  // uniform over the warp
-        if (docs && docs[i] != kdoc) continue;
-        if (s.causal && gk > kb.query_chunks.global(i)) continue;
-      }
-      const int64_t qi = ((b * s.seq + i) * s.heads + h) * s.dim;
-      const int64_t stat = (b * s.heads + h) * s.seq + i;
-      const float pij = expf(s.scale * warp_dot(k, p.q + qi, s.dim, lane) - p.lse[stat]);
-      float dp = warp_dot(v, p.dout + qi, s.dim, lane);
-      float pz = pij;  // P * Z; the 1/(1-p) of dv is applied once at the store
-      if constexpr (kDropout) {
-        const bool kept = (keep_bits >> (i_step & 31)) & 1u;
-        dp = kept ? dp * s.dropout.scale : 0.0f;
-        pz = kept ? pij : 0.0f;
-      }
-      const float ds = pij * (dp - p.delta[stat]);
+      for (int64_t i = q_first; i < q_end; ++i) {
+        [[maybe_unused]] const int64_t i_step = i - q_first;
+        if constexpr (kDropout) {
+          // Here the lanes draw the next 32 queries of this key.
+          if ((i_step & 31) == 0)
+            keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i + lane, j));
+        }
+        if (kb.per_key) {  // uniform over the warp
+          if (docs && docs[i] != kdoc) continue;
+          if (s.causal && gk > kb.query_chunks.global(i)) continue;
+        }
+        if (kBlockDiff && !bd.visible(static_cast<int>(i), static_cast<int>(j))) continue;
+        const int64_t qi = ((b * s.seq + i) * s.heads + h) * s.dim;
+        const int64_t stat = (b * s.heads + h) * s.seq + i;
+        const float pij = expf(s.scale * warp_dot(k, p.q + qi, s.dim, lane) - p.lse[stat]);
+        float dp = warp_dot(v, p.dout + qi, s.dim, lane);
+        float pz = pij;  // P * Z; the 1/(1-p) of dv is applied once at the store
+        if constexpr (kDropout) {
+          const bool kept = (keep_bits >> (i_step & 31)) & 1u;
+          dp = kept ? dp * s.dropout.scale : 0.0f;
+          pz = kept ? pij : 0.0f;
+        }
+        const float ds = pij * (dp - p.delta[stat]);
 #pragma unroll
-      for (int r = 0; r < kMaxPerLane; ++r) {
-        const int d = lane + 32 * r;
-        if (d < s.dim) {
-          dv[r] += pz * __bfloat162float(p.dout[qi + d]);
-          dk[r] += ds * __bfloat162float(p.q[qi + d]);
+        for (int r = 0; r < kMaxPerLane; ++r) {
+          const int d = lane + 32 * r;
+          if (d < s.dim) {
+            dv[r] += pz * __bfloat162float(p.dout[qi + d]);
+            dk[r] += ds * __bfloat162float(p.q[qi + d]);
+          }
         }
       }
     }
@@ -265,37 +309,39 @@ __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyB
   store_row(p.dv + kv, dv, kDropout ? s.dropout.scale : 1.0f, s.dim, lane);
 }
 
-template <bool kDropout>
+template <bool kDropout, bool kBlockDiff = false>
 void launch_simple_forward(const Shape& s, const KeyBlock& kb, const ForwardPtrs& p,
                            cudaStream_t stream) {
   const int64_t rows = s.batch * s.heads * s.seq;
-  attention_forward_warp_per_row_kernel<kDropout><<<megadlm::detail::grid_for(rows, kWarpsPerBlock),
+  attention_forward_warp_per_row_kernel<kDropout, kBlockDiff><<<megadlm::detail::grid_for(rows, kWarpsPerBlock),
                                                     kWarpsPerBlock * 32, 0, stream>>>(p, s, kb);
   MDLM_CUDA_CHECK_LAUNCH();
 }
 
-template <bool kDropout>
+template <bool kDropout, bool kBlockDiff = false>
 void launch_simple_backward(const Shape& s, const KeyBlock& kb, const BackwardPtrs& p,
                             cudaStream_t stream) {
   const int64_t q_rows = s.batch * s.heads * s.seq;
-  attention_dq_warp_per_row_kernel<kDropout><<<megadlm::detail::grid_for(q_rows, kWarpsPerBlock),
+  attention_dq_warp_per_row_kernel<kDropout, kBlockDiff><<<megadlm::detail::grid_for(q_rows, kWarpsPerBlock),
                                                kWarpsPerBlock * 32, 0, stream>>>(p, s, kb);
   MDLM_CUDA_CHECK_LAUNCH();
   const int64_t kv_rows = s.batch * s.kv_heads * kb.kv_seq;
-  attention_dkdv_warp_per_row_kernel<kDropout><<<megadlm::detail::grid_for(kv_rows, kWarpsPerBlock),
+  attention_dkdv_warp_per_row_kernel<kDropout, kBlockDiff><<<megadlm::detail::grid_for(kv_rows, kWarpsPerBlock),
                                                  kWarpsPerBlock * 32, 0, stream>>>(p, s, kb);
   MDLM_CUDA_CHECK_LAUNCH();
 }
 
 void forward_blocks(const Shape& s, const KeyBlock& kb, const ForwardPtrs& p, cudaStream_t stream) {
-  if (s.dropout.p > 0.0f) launch_simple_forward<true>(s, kb, p, stream);
+  if (s.bd_ranges != nullptr) launch_simple_forward<false, true>(s, kb, p, stream);  // no dropout
+  else if (s.dropout.p > 0.0f) launch_simple_forward<true>(s, kb, p, stream);
   else launch_simple_forward<false>(s, kb, p, stream);
 }
 
 void backward_blocks(const Shape& s, const KeyBlock& kb, const BackwardPtrs& p,
                      cudaStream_t stream) {
   launch_attention_delta(s, p, stream);
-  if (s.dropout.p > 0.0f) launch_simple_backward<true>(s, kb, p, stream);
+  if (s.bd_ranges != nullptr) launch_simple_backward<false, true>(s, kb, p, stream);  // no dropout
+  else if (s.dropout.p > 0.0f) launch_simple_backward<true>(s, kb, p, stream);
   else launch_simple_backward<false>(s, kb, p, stream);
 }
 

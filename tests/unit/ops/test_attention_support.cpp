@@ -235,6 +235,64 @@ TEST(AttentionSupport, PackedRowsAreReadInPlaceOnlyByCudnn) {
   EXPECT_FALSE(packed(dense(), false, {.cuda = true, .cudnn_version = 0}).packed_in_place);
 }
 
+TEST(AttentionSupport, BlockDiffusionRunsFlashForHalfLengthsOf128AndSimpleOtherwise) {
+  // The doubled row [x_t | x_0]: seq 512 is L = 256, a multiple of 128, so every 128-row tile of
+  // the flash kernels lies in one half; cuDNN has no such mask, under any backend.
+  const Tensor ranges = Tensor::from_ints(std::vector<int32_t>(2 * 4 * 256, 0), {2, 4, 256});
+  for (const AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal})
+    for (const AttentionBackend backend : {AttentionBackend::Auto, AttentionBackend::Flash})
+      for (const int64_t head_dim : {64, 128})
+        for (const bool deterministic : {false, true})
+          for (const bool backward : {false, true}) {
+            AttentionArgs a = dense(head_dim);
+            a.seq = 512;
+            a.num_kv_heads = 2;
+            a.mask = mask;
+            a.block_ranges = &ranges;
+            a.backend = backend;
+            a.deterministic = deterministic;
+            const AttentionChoice c = ops::choose_attention(a, backward, kH200);
+            EXPECT_EQ(c.impl, AttentionImpl::Flash);
+            EXPECT_EQ(c.fallback, AttentionImpl::Flash);
+            EXPECT_EQ(c.reason, "block diffusion mask");
+            EXPECT_TRUE(c.error.empty());
+            // Without cuDNN nothing changes.
+            EXPECT_EQ(ops::choose_attention(a, backward, {.cuda = true, .cudnn_version = 0}).impl,
+                      AttentionImpl::Flash);
+          }
+  AttentionArgs a = dense(32);
+  a.seq = 512;
+  a.mask = AttentionMask::BlockDiffusion;
+  a.block_ranges = &ranges;
+  for (const bool backward : {false, true}) {
+    const AttentionChoice c = ops::choose_attention(a, backward, kH200);
+    EXPECT_EQ(c.impl, AttentionImpl::Simple);
+    EXPECT_EQ(c.fallback, AttentionImpl::Simple);
+    EXPECT_EQ(c.reason, "block diffusion mask, head_dim 32 and half length 256 (flash: 64/128 and "
+                        "a multiple of 128)");
+  }
+  a = dense(128);
+  a.seq = 192;  // L = 96: a 128-row tile would straddle the halves
+  a.mask = AttentionMask::BlockDiffusionCausal;
+  a.block_ranges = &ranges;
+  EXPECT_EQ(bwd(a).impl, AttentionImpl::Simple);
+  EXPECT_EQ(bwd(a).reason, "block diffusion mask, head_dim 128 and half length 96 (flash: 64/128 "
+                           "and a multiple of 128)");
+  a.seq = 768;  // L = 384 (blocks of 48 fit it too)
+  EXPECT_EQ(fwd(a).impl, AttentionImpl::Flash);
+  a.backend = AttentionBackend::Cudnn;
+  EXPECT_EQ(fwd(a).error, "--attention-backend cudnn (fused), but cuDNN has no block diffusion "
+                          "mask; use --attention-backend auto or flash");
+  EXPECT_EQ(bwd(a).error, fwd(a).error);
+  a.backend = AttentionBackend::Auto;
+  const AttentionChoice packed = ops::choose_attention(a, false, kH200, AttentionEntry::Packed);
+  EXPECT_FALSE(packed.packed_in_place);
+  EXPECT_EQ(packed.impl, AttentionImpl::Flash);
+  EXPECT_EQ(packed.reason, "split copies (block diffusion mask)");
+  EXPECT_EQ(fwd(a, {.cuda = false}).impl, AttentionImpl::Cpu);
+  EXPECT_FALSE(ops::needs_context_parallel_kernel(a));
+}
+
 // Over a grid of calls: a cuDNN choice is exactly a call cuDNN accepts (under a backend other
 // than flash, outside the key-block cases), the fallback is never cuDNN, and only the cudnn
 // backend fails.
