@@ -39,7 +39,7 @@ ModelParallel ModelParallel::from(const parallel::ProcessGroups& groups, const P
   mp.sequence_parallel = config.sequence_parallel && mp.tp.size > 1;
   mp.tp_comm_overlap = config.tp_comm_overlap && mp.sequence_parallel;
   if (mp.tp_comm_overlap) mp.tp_side_stream = std::make_shared<SideStream>();
-  for (const std::string& t : config.cp_comm_type) mp.cp_comm_types.push_back(cp::comm_type_from_name(t));
+  mp.cp_comm_types = config.cp_comm_type;
   if (mp.cp.size > 1) mp.cp_side_stream = std::make_shared<SideStream>();
   return mp;
 }

@@ -82,7 +82,7 @@ class ContextParallelNccl : public ::testing::Test {
     ParallelConfig pc;
     pc.world_size = n;
     pc.context_parallel_size = n;
-    pc.cp_comm_type = {c.comm};
+    pc.cp_comm_type = {cp::comm_type_from_name(c.comm)};
     pc.hierarchical_context_parallel_sizes = c.levels;
     // The groups depend on the hierarchy only: built once per hierarchy (new NCCL communicators
     // over loopback sockets are slow on a shared GPU).

@@ -88,7 +88,7 @@ RunConfig tiny_cuda_run(const Layout& l, int world) {
   p.pipeline_model_parallel_size = l.pp;
   p.virtual_pipeline_model_parallel_size = l.vpp > 1 ? l.vpp : 0;
   p.context_parallel_size = l.cp;
-  p.cp_comm_type = {l.cp_comm};
+  p.cp_comm_type = {cp::comm_type_from_name(l.cp_comm)};
   p.sequence_parallel = l.sp && l.tp > 1;
   p.tp_comm_overlap = l.tp_overlap && p.sequence_parallel;
   p.data_parallel_size = dp;

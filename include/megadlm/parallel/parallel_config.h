@@ -3,6 +3,7 @@
 // Built and validated from flags by training/arguments, which reports every violated rule
 // (docs/rules.md) with flag names; parallel/rank_layout turns it into process groups.
 #pragma once
+#include "megadlm/parallel/context_parallel/comm_type.h"
 #include <optional>
 #include <string>
 #include <vector>
@@ -38,7 +39,7 @@ struct ParallelConfig {
   /// schedule points; align_param_gather is forced false without virtual stages (V-20).
   bool align_param_gather = false;
   bool align_grad_reduce = true;
-  std::vector<std::string> cp_comm_type{"p2p"};
+  std::vector<cp::CommType> cp_comm_type{cp::CommType::P2P};  ///< --cp-comm-type, one or one per layer
   std::vector<int> hierarchical_context_parallel_sizes;
 
   bool use_distributed_optimizer = false;

@@ -60,6 +60,10 @@ inline constexpr EnumChoice<RunningMode> kRunningMode[] = {
 inline constexpr EnumChoice<DlmLossWeight> kDlmLossWeight[] = {
     {"exact_ratio", DlmLossWeight::ExactRatio}, {"inv_t", DlmLossWeight::InvT},
     {"inv_t_eps", DlmLossWeight::InvTEps}};
+/// `allgather` is the help text's spelling of TE's `all_gather`.
+inline constexpr EnumChoice<cp::CommType> kCpCommType[] = {
+    {"p2p", cp::CommType::P2P}, {"all_gather", cp::CommType::AllGather},
+    {"allgather", cp::CommType::AllGather}, {"a2a", cp::CommType::A2A}, {"a2a+p2p", cp::CommType::A2AP2P}};
 inline constexpr EnumChoice<BlockTimeGranularity> kBlockTimeGranularity[] = {
     {"block", BlockTimeGranularity::Block}, {"sequence", BlockTimeGranularity::Sequence}};
 inline constexpr EnumChoice<SftLossNorm> kSftLossNorm[] = {
@@ -120,6 +124,7 @@ inline std::span<const EnumChoice<MoeLoadBalancing>> enum_choices(MoeLoadBalanci
 inline std::span<const EnumChoice<MoeDropPolicy>> enum_choices(MoeDropPolicy*) { return kMoeDropPolicy; }
 inline std::span<const EnumChoice<MoeDispatcher>> enum_choices(MoeDispatcher*) { return kMoeDispatcher; }
 inline std::span<const EnumChoice<ShardingStrategy>> enum_choices(ShardingStrategy*) { return kShardingStrategy; }
+inline std::span<const EnumChoice<cp::CommType>> enum_choices(cp::CommType*) { return kCpCommType; }
 
 /// The enum a choice word stands for. The parser has already checked the word against the
 /// flag's choices, so a word without a row is a programming error (check_enum_flags finds it).

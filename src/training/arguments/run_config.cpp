@@ -20,6 +20,10 @@ template <class T>
 struct IsOptional : std::false_type {};
 template <class T>
 struct IsOptional<std::optional<T>> : std::true_type {};
+template <class T>
+struct IsEnumVector : std::false_type {};
+template <class E>
+struct IsEnumVector<std::vector<E>> : std::is_enum<E> {};
 
 // `out` = the flag `dest`, converted to the field's type. None reads as 0, false, "" or an empty
 // list (as the string accessors do), except for optionals and enums, which keep their default.
@@ -42,6 +46,9 @@ void assign(const ArgState& a, const char* dest, T& out) {
     out = a.s(dest);
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     out = a.strings(dest);
+  } else if constexpr (IsEnumVector<T>::value) {  // a list flag whose words are enum choices
+    out.clear();
+    for (const std::string& w : a.strings(dest)) out.push_back(enum_of_word<typename T::value_type>(w));
   } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
     out = a.ints(dest);
   } else {
@@ -303,7 +310,8 @@ std::vector<std::string> check_enum_flags() {
   RunConfig r;
   // Both directions: each choice has a row, each row is a choice.
   auto check = [&](const char* dest, auto& field) {
-    using T = std::remove_reference_t<decltype(field)>;
+    using F = std::remove_reference_t<decltype(field)>;
+    using T = typename std::conditional_t<IsEnumVector<F>::value, F, std::vector<F>>::value_type;
     if constexpr (std::is_enum_v<T>) {
       const FlagSpec* flag = nullptr;
       for (const FlagSpec& f : flag_table())

@@ -113,7 +113,8 @@ RunConfig tiny_run(const Layout& l, int cp, int world) {
   p.expert_model_parallel_size = l.ep;
   p.expert_tensor_parallel_size = l.tp;
   p.expert_data_parallel_size = world / (l.ep * l.tp * l.pp);
-  p.cp_comm_type = l.comm;
+  p.cp_comm_type.clear();
+  for (const std::string& t : l.comm) p.cp_comm_type.push_back(cp::comm_type_from_name(t));
   for (const std::string& t : l.comm) {
     if (t != "a2a+p2p") continue;
     p.hierarchical_context_parallel_sizes = l.hierarchical;

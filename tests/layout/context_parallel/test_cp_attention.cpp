@@ -76,7 +76,7 @@ struct Problem {
     ParallelConfig pc;
     pc.world_size = cp;
     pc.context_parallel_size = cp;
-    pc.cp_comm_type = {s.comm};
+    pc.cp_comm_type = {cp::comm_type_from_name(s.comm)};
     if (s.comm == "a2a+p2p") pc.hierarchical_context_parallel_sizes = {2, cp / 2};
     groups = parallel::ProcessGroups::build(rt.world_shared(), pc);
     const ModelParallel mp = ModelParallel::from(groups, pc);

@@ -33,7 +33,7 @@ RunConfig tiny_run(int cp, int world, bool dist_opt) {
   r.parallel.context_parallel_size = cp;
   r.parallel.data_parallel_size = world / cp;
   r.parallel.use_distributed_optimizer = dist_opt;
-  r.parallel.cp_comm_type = {"p2p"};
+  r.parallel.cp_comm_type = {cp::CommType::P2P};
   return r;
 }
 

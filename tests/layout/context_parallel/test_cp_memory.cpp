@@ -55,7 +55,7 @@ TEST(ContextParallelMemory, SavedActivationsPerRankAreOneOverCp) {
     SCOPED_TRACE(type);
     RunConfig cfg = one;
     cfg.parallel.world_size = cfg.parallel.context_parallel_size = cp;
-    cfg.parallel.cp_comm_type = {type};
+    cfg.parallel.cp_comm_type = {cp::comm_type_from_name(type)};
     if (std::string(type) == "a2a+p2p") cfg.parallel.hierarchical_context_parallel_sizes = {2, cp / 2};
     const parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
     const SavedActivationBytes split = forward_bytes(cfg, &groups, h);

@@ -140,7 +140,7 @@ std::vector<Row> rows() {
       {"parse-int-list", dry(16, {"--context-parallel-size", "8", "--hierarchical-context-parallel-sizes", "2", "4", "--cp-comm-type", "a2a+p2p"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.parallel.hierarchical_context_parallel_sizes, (std::vector<int>{2, 4}));
-         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"a2a+p2p"}));
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<cp::CommType>{cp::CommType::A2AP2P}));
          EXPECT_EQ(p.values.at("hierarchical_context_parallel_sizes"), "[2, 4]");
        }},
       {"parse-string-list-choices", cmd({"--cp-comm-type", "p2p", "ring"}), O::Rejected,
@@ -379,7 +379,7 @@ std::vector<Row> rows() {
       {"V-50", dry(2, {"--context-parallel-size", "2", "--use-legacy-models"}), O::Rejected, {"[V-50]"}},
       {"cp-comm-type-allgather", dry(2, {"--context-parallel-size", "2", "--cp-comm-type", "allgather"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
-         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"all_gather"}));
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<cp::CommType>{cp::CommType::AllGather}));
        }},
 
       // ------------------------------------------------------------------ pipeline
@@ -900,7 +900,7 @@ std::vector<Row> rows() {
        [](const ParsedArguments& p) {
          EXPECT_EQ(p.config.parallel.context_parallel_size, 2);
          EXPECT_EQ(p.config.parallel.data_parallel_size, 1);
-         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"p2p"}));
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<cp::CommType>{cp::CommType::P2P}));
          EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
        }, LaunchInfo{.world_size = 2, .rank = 1, .visible_gpus = 0}},
       // Packed documents split over CP ranks (MegaDLMs refuses them; megadlm keeps documents by
@@ -910,7 +910,7 @@ std::vector<Row> rows() {
             "--cut-off-varlen-to-seqlen", "--num-layers", "2", "--cp-comm-type", "a2a", "all_gather"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_TRUE(p.config.data.per_document_attention);
-         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"a2a", "all_gather"}));
+         EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<cp::CommType>{cp::CommType::A2A, cp::CommType::AllGather}));
          EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
        }, LaunchInfo{.world_size = 2, .rank = 0, .visible_gpus = 0}},
       {"dp-real-run", cmd({"--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"}),

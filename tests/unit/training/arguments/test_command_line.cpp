@@ -66,7 +66,7 @@ TEST(CommandLine, RepeatedFlagsStaySeparateAndTheLastWins) {
       base({"--num-layers", "6", "--cp-comm-type", "p2p", "a2a", "--cp-comm-type", "all_gather"}), {});
   EXPECT_EQ(p.config.model.num_layers, 6);
   // argparse's store action replaces a list; it does not extend it.
-  EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<std::string>{"all_gather"}));
+  EXPECT_EQ(p.config.parallel.cp_comm_type, (std::vector<cp::CommType>{cp::CommType::AllGather}));
 }
 
 TEST(CommandLine, ListFlagsEndAtTheNextFlag) {
