@@ -40,6 +40,23 @@ for a, b in (("bd", "full"), ("bd", "bd_docs"), ("bd", "bd_causal")):
     assert diff > 1e-3, (a, b, diff)
 print("first losses:", {n: round(r[0]["lm_loss"], 4) for n, r in rows.items()})
 PY
+# Resume is exact: 20 iterations straight, or 10, a checkpoint, and 10 more from it.
+run straight "${bd[@]}" --train-iters 20 --lr-decay-iters 60
+run first "${bd[@]}" --train-iters 10 --lr-decay-iters 60 --save "$tmp/ckpt" --save-interval 10
+run resumed "${bd[@]}" --train-iters 20 --lr-decay-iters 60 --load "$tmp/ckpt"
+grep -q '"block_size": 8' "$tmp/ckpt/iter_0000010/"*.json 2>/dev/null || grep -rq '"block_size": *8' "$tmp/ckpt" ||
+  { echo "FAIL: the checkpoint's config does not record the block size"; exit 1; }
+python3 - "$tmp" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+rows = lambda n: [json.loads(l) for l in open(os.path.join(d, n + ".jsonl")) if '"lm_loss"' in l]
+a, b = rows("straight")[10:], rows("resumed")
+b = [r for r in b if r.get("iteration", 0) > 10] or b[-10:]
+assert len(a) == 10 and len(b) == 10, (len(a), len(b))
+for x, y in zip(a, b):
+    assert x["lm_loss"] == y["lm_loss"] and x["grad_norm"] == y["grad_norm"], (x, y)
+print("resume: iterations 11-20 bitwise equal to the straight run")
+PY
 # The FLOP count per iteration (the throughput line divides it by the time): block diffusion
 # counts 2L tokens through the layers and L·B + L² attention pairs, more than the full sequence.
 grep -q "throughput per GPU" "$tmp/bd.log" || { echo "FAIL: no throughput field"; exit 1; }

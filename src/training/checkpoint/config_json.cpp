@@ -29,7 +29,10 @@ const EnumNames<PositionEmbeddingType> kPos{{{PositionEmbeddingType::LearnedAbso
 const EnumNames<NormType> kNorm{{{NormType::LayerNorm, "LayerNorm"}, {NormType::RMSNorm, "RMSNorm"}}};
 const EnumNames<MlpActivation> kAct{{{MlpActivation::Gelu, "gelu"}, {MlpActivation::SwiGLU, "swiglu"}}};
 const EnumNames<AttentionMaskType> kMask{{{AttentionMaskType::NoMask, "no_mask"},
-                                          {AttentionMaskType::Causal, "causal"}}};
+                                          {AttentionMaskType::Causal, "causal"},
+                                          {AttentionMaskType::BlockCausal, "block_causal"}}};
+const EnumNames<BlockTimeGranularity> kGranularity{{{BlockTimeGranularity::Block, "block"},
+                                                   {BlockTimeGranularity::Sequence, "sequence"}}};
 const EnumNames<RunningMode> kMode{{{RunningMode::DiffLMNoShift, "difflm-noshift"},
                                     {RunningMode::Vanilla, "vanilla"}}};
 const EnumNames<DlmLossWeight> kWeight{{{DlmLossWeight::ExactRatio, "exact_ratio"},
@@ -79,7 +82,7 @@ const std::vector<Field<TransformerConfig>>& model_fields() {
       MDLM_FIELD(m, add_qkv_bias), MDLM_FIELD(m, untie_embeddings_and_output_weights),
       MDLM_FIELD(m, vocab_size), MDLM_FIELD(m, padded_vocab_size), MDLM_FIELD(m, init_method_std),
       MDLM_FIELD(m, attention_dropout), MDLM_FIELD(m, hidden_dropout),
-      MDLM_ENUM(m, attention_mask, kMask)};
+      MDLM_ENUM(m, attention_mask, kMask), MDLM_FIELD(m, block_diffusion_causal_clean)};
   return f;
 }
 
@@ -99,7 +102,9 @@ const std::vector<Field<MoeConfig>>& moe_fields() {
 const std::vector<Field<DiffusionConfig>>& diffusion_fields() {
   static const std::vector<Field<DiffusionConfig>> f = {
       MDLM_ENUM(d, mode, kMode), MDLM_FIELD(d, mask_token), MDLM_FIELD(d, varilen_prob),
-      MDLM_ENUM(d, loss_weight, kWeight), MDLM_FIELD(d, min_masked)};
+      MDLM_ENUM(d, loss_weight, kWeight), MDLM_FIELD(d, min_masked), MDLM_FIELD(d, block_size),
+      MDLM_ENUM(d, t_granularity, kGranularity), MDLM_FIELD(d, ar_loss_weight),
+      MDLM_FIELD(d, diffusion_loss_scale)};
   return f;
 }
 
