@@ -35,11 +35,11 @@
 //    it needs document_ids, and a query sees only keys of its own document.
 // A query that sees no key of the block (possible only with these fields) gets out = 0 and
 // lse = -inf, and receives no gradient; ops/attention_merge.h merges such blocks exactly.
-// With the defaults (identity maps, kv_seq = seq, no key documents) nothing changes. CUDA runs
-// such calls on its context-parallel entries (never cuDNN): a separate key block (kv_seq, key
-// documents) bidirectionally without dropout on the flash kernels (head_dim 64/128), and what
-// needs the chunk maps (a causal mask between different maps, dropout at chunked positions) or
-// another head_dim on the simple kernels (src/ops/attention.cpp, src/ops/cuda/attention.cu).
+// With the defaults (identity maps, kv_seq = seq, no key documents) nothing changes. On CUDA the
+// support table (src/ops/attention_support.h) sends such calls to the key-block kernels, never
+// cuDNN: a separate key block (kv_seq, key documents) bidirectionally without dropout to the
+// flash kernels (head_dim 64/128), and what needs the chunk maps (a causal mask between different
+// maps, dropout at chunked positions) or another head_dim to the simple kernels.
 //
 // Per-document (packed, "varlen") attention: with document_ids, an int32 [B, S] tensor whose
 // values are non-decreasing along each row, query i of row b sees key j only when
@@ -147,11 +147,12 @@ struct AttentionArgs {
 bool block_diffusion_visible(const int32_t* row_ranges, int64_t half, bool causal_clean, int64_t i,
                              int64_t j);
 
-/// Whether CUDA runs these arguments on its context-parallel entries rather than the ordinary
-/// ones (cuDNN / flash): a separate key length or key documents, a causal mask between different
-/// chunk maps, dropout with a chunked map. Those entries run the flash kernels where they compute
-/// the call exactly (a separate key block, bidirectional, no dropout, head_dim 64/128) and the
-/// simple kernels otherwise. False for every call without the CP fields.
+/// Whether these arguments need the key-block kernels rather than the ordinary choices (cuDNN /
+/// flash): a separate key length or key documents, a causal mask between different chunk maps,
+/// dropout with a chunked map. The support table (src/ops/attention_support.h) then picks the
+/// flash kernels where they compute the call exactly (a separate key block, bidirectional, no
+/// dropout, head_dim 64/128) and the simple kernels otherwise. False for every call without the
+/// CP fields.
 bool needs_context_parallel_kernel(const AttentionArgs& args);
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
