@@ -148,7 +148,8 @@ class Trainer {
   std::unique_ptr<ParallelModel> pm_;
   TrainingLog training_log_;
   // --rerun-mode and the checks (training/fault_detection.h); cfg_ is initialised before it.
-  FaultDetector fault_detector_{cfg_.fault_detection, cfg_.training.check_for_nan_in_loss_and_grad};
+  FaultDetector fault_detector_{cfg_.fault_detection, cfg_.training.check_for_nan_in_loss_and_grad,
+                                uniform_guess_loss(cfg_)};
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   int64_t adam_steps_ = 0;
