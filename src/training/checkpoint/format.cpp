@@ -167,6 +167,7 @@ CheckpointIndex CheckpointIndex::parse(const std::string& text, const std::strin
                   "the seed, the iteration, ...) would resume a different run silently. Restore the file "
                   "from a copy; change a run with flags instead (--seed with --no-load-rng, "
                   "--override-opt_param-scheduler), not in the index");
+      idx.checksummed = true;
     }
     CheckpointState& s = idx.state;
     s.iteration = j.at("iteration").get<int64_t>();

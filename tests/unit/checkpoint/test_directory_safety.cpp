@@ -376,6 +376,7 @@ TEST(IndexIntegrity, AnEditedIndexIsRefusedNamingTheFile) {
   train(cfg);
   const std::string ckpt = dir / "iter_0000002";
   EXPECT_EQ(checkpoint::CheckpointReader(ckpt).index().state.consumed_samples, 4);
+  EXPECT_TRUE(checkpoint::CheckpointReader(ckpt).index().checksummed);
   RunConfig resume = cfg;
   resume.training.train_iters = 3;
   resume.checkpoint.load = dir.str();

@@ -113,6 +113,7 @@ struct CheckpointIndex {
   CheckpointState state;
   std::map<std::string, TensorInfo> tensors;  ///< by full name ("model/...", "optimizer/...")
   std::map<std::string, FileInfo> files;      ///< by file name
+  bool checksummed = false;  ///< parse() found and verified kIndexChecksumField (older indices have none)
 
   std::string to_json() const;
   /// Parses and checks the index: its checksum (kIndexChecksumField; indices written before it
