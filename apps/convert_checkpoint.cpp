@@ -414,7 +414,9 @@ int main(int argc, char** argv) {
       for (const auto& [name, f] : reader.index().files) files.push_back(name);
       reader.verify_files(files, nullptr, Stream::cpu());
       const CheckpointState& st = reader.index().state;
-      std::cout << "check: " << reader.dir() << " is complete: " << files.size() << " files verified (sizes and "
+      std::cout << "check: " << reader.dir() << " is complete: "
+                << (reader.index().checksummed ? "the index (its SHA-256) and " : "the index (written without a checksum), ")
+                << files.size() << " files verified (sizes and "
                 << "SHA-256), " << reader.index().tensors.size() << " tensors; iteration " << st.iteration
                 << ", consumed samples " << st.consumed_samples << (st.has_optimizer ? ", with" : ", without")
                 << " optimizer state; saved under " << st.saved_under << "\n";

@@ -98,12 +98,15 @@ int inference_main(int argc, char** argv, const std::string& program, const std:
     }
     return body(cli);
   } catch (const ConfigError& e) {
+    std::cout.flush();  // the error comes last in `> log 2>&1`
     std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
     return 2;
   } catch (const Error& e) {
+    std::cout.flush();  // the error comes last in `> log 2>&1`
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
+    std::cout.flush();  // the error comes last in `> log 2>&1`
     std::cerr << "error: unexpected failure: " << e.what() << "\n";
     return 3;
   }

@@ -12,8 +12,12 @@
 // validate_results; a checkpoint of the last good state is saved with --save). Only rank 0 prints the configuration and the iteration lines
 // (stdout, Megatron's format); diagnostics go through core/logging (stderr, rank 0 unless
 // --log-all-ranks, errors from every rank, "[rank r] " before each line of rank r > 0).
+#include <unistd.h>
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -42,6 +46,53 @@ namespace {
 class NullBuffer : public std::streambuf {
   int overflow(int c) override { return c; }
 };
+
+// Megatron's record on rank 0's stdout, written a line at a time (so that a diagnostic on stderr
+// never lands inside it in `> log 2>&1`) with the first write error kept: a full disk does not
+// stop training, but the run must not end with exit 0 and a log cut short (main says why).
+class RecordBuffer : public std::streambuf {
+ public:
+  ~RecordBuffer() override { write_out(); }
+  int error() const { return error_; }
+
+ protected:
+  int overflow(int c) override {
+    if (c == traits_type::eof()) return traits_type::not_eof(c);
+    pending_.push_back(static_cast<char>(c));
+    if (c == '\n') write_out();
+    return c;
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    pending_.append(s, static_cast<size_t>(n));
+    if (std::memchr(s, '\n', static_cast<size_t>(n)) != nullptr) write_out();
+    return n;
+  }
+  int sync() override {
+    write_out();
+    return 0;  // the stream stays usable: the error is reported at the end
+  }
+
+ private:
+  void write_out() {
+    std::fflush(stdout);  // anything printed through stdio first keeps its place
+    size_t done = 0;
+    while (done < pending_.size()) {
+      const ssize_t n = ::write(STDOUT_FILENO, pending_.data() + done, pending_.size() - done);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        if (error_ == 0) error_ = n < 0 ? errno : EIO;
+        break;
+      }
+    }
+    pending_.clear();
+  }
+  std::string pending_;
+  int error_ = 0;
+};
+RecordBuffer* g_record_buffer = nullptr;  // rank 0's, for main's final check
 
 // Cluster preemption (Slurm sends SIGTERM, or SIGUSR1 with --signal): the handler only records
 // it; the trainer notices at the next iteration boundary, saves (with --save) and returns.
@@ -114,9 +165,8 @@ void check_memory(const RunConfig& c, const comm::LaunchEnvironment& env, int vi
   if (!memory.fits()) throw ConfigError({memory_advice(c, memory)}, {});
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The program; main() adds the check of standard output.
+int run(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   std::optional<comm::DistributedRuntime> runtime;
   int rank = 0;
@@ -186,7 +236,10 @@ int main(int argc, char** argv) {
                    ", local rank ", env.local_rank, " of ", env.local_world_size, ")");
     NullBuffer null_buffer;
     std::ostream null_stream(&null_buffer);
-    std::ostream& record = rank == 0 ? std::cout : null_stream;  // Megatron's record: rank 0, stdout
+    static RecordBuffer record_buffer;  // outlives the run: main() checks it after run() returns
+    g_record_buffer = &record_buffer;
+    std::ostream record_stream(&record_buffer);
+    std::ostream& record = rank == 0 ? record_stream : null_stream;  // Megatron's record: rank 0, stdout
     for (const std::string& w : parsed.warnings) logging::warn(w);
     record << training::format_arguments(parsed);
     // Data first: a missing or corrupted dataset stops the run before any device is touched.
@@ -221,4 +274,24 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return fail(std::string("unexpected failure: ") + e.what(), 3);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int code = run(argc, argv);
+  // The record on stdout (`> log`): a write error there — a full disk — must not end in exit 0
+  // with a log cut short. Errors were said on stderr when they happened; this one is said last.
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  int err = flushed ? 0 : errno;
+  if (g_record_buffer != nullptr && g_record_buffer->error() != 0) err = g_record_buffer->error();
+  if (err != 0 || std::ferror(stdout) || !std::cout.good()) {
+    logging::error("writing the record (the arguments and iteration lines) to standard output failed (",
+                   err != 0 ? std::strerror(err) : "a write failed",
+                   "): the log of this run is incomplete; free space where it goes");
+    return code == 0 ? 2 : code;
+  }
+  return code;
 }

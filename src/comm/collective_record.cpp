@@ -9,8 +9,14 @@ namespace megadlm::comm {
 
 namespace {
 
+long long ms_between(std::chrono::system_clock::time_point a, std::chrono::system_clock::time_point b) {
+  return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count());
+}
+
+}  // namespace
+
 // "2025-06-01 10:12:44.123": wall clock, so that the files of several hosts line up.
-std::string wall_text(std::chrono::system_clock::time_point t) {
+std::string wall_clock_text(std::chrono::system_clock::time_point t) {
   const std::time_t secs = std::chrono::system_clock::to_time_t(t);
   std::tm tm{};
   localtime_r(&secs, &tm);
@@ -21,12 +27,6 @@ std::string wall_text(std::chrono::system_clock::time_point t) {
   std::snprintf(out, sizeof out, "%s.%03d", buf, static_cast<int>(ms));
   return out;
 }
-
-long long ms_between(std::chrono::system_clock::time_point a, std::chrono::system_clock::time_point b) {
-  return static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count());
-}
-
-}  // namespace
 
 CollectiveRecord::CollectiveRecord(size_t capacity) : capacity_(std::max<size_t>(capacity, 1)) {
   ring_.reserve(capacity_);
@@ -88,7 +88,7 @@ std::string CollectiveRecord::format(const std::string& group, std::chrono::syst
                                          : "NOT COMPLETED (waiting " + std::to_string(ms_between(e.enqueued, now)) + " ms)";
     std::snprintf(line, sizeof line, "  #%-7llu %-14s %12lld %-5s %-23s %s%s%s\n",
                   static_cast<unsigned long long>(e.seq), e.op, static_cast<long long>(e.count),
-                  e.dtype ? dtype_name(*e.dtype) : "-", wall_text(e.enqueued).c_str(), done.c_str(),
+                  e.dtype ? dtype_name(*e.dtype) : "-", wall_clock_text(e.enqueued).c_str(), done.c_str(),
                   e.detail.empty() ? "" : "  ", e.detail.c_str());
     os << line;
   }

@@ -19,20 +19,26 @@ using ::megadlm::detail::concat;
 class CommRegistry {
  public:
   void add(Communicator* c);
+  /// Also keeps the communicator's last collectives (its block of the file, as of now): a group
+  /// destroyed while an error unwinds — the one that timed out, typically — must still be in
+  /// the file abort_job writes afterwards.
   void remove(Communicator* c);
   /// Calls abort() on every live communicator (newest first, so splits go before the world).
   void abort_all() noexcept;
 
   /// Where write_collective_log() puts its file ("" = the system's temporary directory).
   void set_log_dir(std::string dir);
-  /// Writes the collective records of every live communicator of this process to
+  /// Writes the collective records of every live communicator of this process, and of the
+  /// last kMaxRetired destroyed ones, to
   /// <dir>/collectives_rank<R>.txt (in the temporary directory: megadlm_collectives_rank<R>_pid<P>.txt)
   /// with `reason` in its header; returns the path, or "" when it could not be written. Never throws.
   std::string write_collective_log(const std::string& reason) noexcept;
 
  private:
+  static constexpr size_t kMaxRetired = 64;
   std::mutex mu_;
   std::vector<Communicator*> live_;
+  std::vector<std::string> retired_;  // formatted blocks of destroyed communicators, oldest first
   std::string log_dir_;
 };
 

@@ -31,8 +31,24 @@ void CommRegistry::add(Communicator* c) {
 }
 
 void CommRegistry::remove(Communicator* c) {
+  // Called from the communicator's destructor body: its virtual functions are still its own.
+  std::string block;
+  try {
+    const CollectiveRecord* r = c->collective_record();
+    if (r != nullptr && r->issued() > 0)
+      block = r->format(concat("group '", c->name(), "' (rank ", c->rank(), " of ", c->size(),
+                               "; destroyed at ", wall_clock_text(std::chrono::system_clock::now()),
+                               ", waits measured then)"),
+                        std::chrono::system_clock::now());
+  } catch (...) {
+    block.clear();  // a record that cannot be formatted is not worth failing a destructor for
+  }
   std::lock_guard<std::mutex> lock(mu_);
   live_.erase(std::remove(live_.begin(), live_.end(), c), live_.end());
+  if (!block.empty()) {
+    retired_.push_back(std::move(block));
+    if (retired_.size() > kMaxRetired) retired_.erase(retired_.begin());
+  }
 }
 
 void CommRegistry::abort_all() noexcept {
@@ -73,6 +89,9 @@ std::string CommRegistry::write_collective_log(const std::string& reason) noexce
       if (r == nullptr) continue;
       os << "\n" << r->format(concat("group '", c->name(), "' (rank ", c->rank(), " of ", c->size(), ")"), now);
     }
+    // Groups destroyed before this write (an error unwinding the trainer destroys its groups
+    // before the program calls abort_job): the one that hung is usually among them.
+    for (const std::string& block : retired_) os << "\n" << block;
     std::ofstream f(path, std::ios::trunc);
     f << os.str();
     f.close();

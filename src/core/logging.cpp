@@ -9,7 +9,10 @@
 #include "megadlm/core/logging.h"
 #pragma GCC visibility pop
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <spdlog/logger.h>
@@ -78,6 +81,17 @@ std::shared_ptr<spdlog::logger> make_logger(const Options& o) {
   }
   auto logger = std::make_shared<spdlog::logger>("megadlm", sinks.begin(), sinks.end());
   logger->set_level(to_spdlog(o.level));
+  // A sink that cannot write (a full disk under --log-dir) is said once, plainly, on stderr:
+  // the console sink still takes every message, the file misses them from here on. (spdlog's
+  // default prints "[*** LOG ERROR ***]" lines; this handler must not log, only print.)
+  const std::string prefix = o.rank == 0 ? std::string() : "[rank " + std::to_string(o.rank) + "] ";
+  auto said = std::make_shared<std::atomic<bool>>(false);
+  logger->set_error_handler([prefix, said, dir = o.dir](const std::string& what) {
+    if (said->exchange(true)) return;
+    std::fprintf(stderr, "%sWARNING: --log-dir %s: %s; the log file misses the messages from here on (the "
+                 "console still shows them)\n", prefix.c_str(), dir.c_str(), what.c_str());
+    std::fflush(stderr);
+  });
   logger->flush_on(spdlog::level::trace);  // messages are few; none may be lost in a crash
   return logger;
 }
@@ -119,6 +133,12 @@ bool enabled(Level level) {
 }
 
 void write(Level level, std::string_view message) {
+  // stdout (the record: the argument dump, the iteration lines) is block-buffered when it goes
+  // to a file and stderr is not: with `> log 2>&1` a message would land in the middle of text
+  // printed before it. Flushing first keeps the file in the order things happened, so its last
+  // lines say what went wrong.
+  std::cout.flush();
+  std::fflush(stdout);
   std::lock_guard<std::mutex> lock(mutex());
   Logger& l = logger_locked();
   const std::string prefix = l.options.rank == 0 ? std::string() : "[rank " + std::to_string(l.options.rank) + "] ";

@@ -11,8 +11,11 @@
 // "R2 == R1" is bitwise, or — for a GPU whose kernels are not deterministic — R2 rejected for
 // the same kind of reason (both spikes, or the same values non-finite): a replay that drifts in
 // the last bits reproduces the result all the same, and the report says by how much it drifted.
-// Without --check-for-spiky-loss a loss >= 10x the recent median is still reported (never
-// rejected): a diverging run is not silent.
+// A spike is a loss >= 10x the median of recent accepted losses, or >= 10x the loss of a uniform
+// guess, ln(vocabulary) (a gradual divergence raises the median with it; docs/faults.md).
+// Without --check-for-spiky-loss both are still reported (never rejected): a diverging run is
+// not silent. A flagged result that is applied marks the state after it as not good
+// (FaultVerdict::flagged; the trainer's stop names the state before it).
 // Megatron's machine also re-runs a reproducible result from a checkpoint on another GPU; a run
 // stopped with exit code 16 is that checkpoint (resume it elsewhere to rule out a device fault).
 #include "megadlm/training/fault_detection.h"
@@ -71,8 +74,23 @@ const char* injection_name(ErrorInjectionType t) {
 
 }  // namespace
 
-FaultDetector::FaultDetector(const FaultDetectionConfig& config, bool check_nan)
-    : cfg_(config), check_nan_(check_nan) {}
+double uniform_guess_loss(const RunConfig& c) {
+  const int64_t vocab = c.model.padded_vocab_size > 0 ? c.model.padded_vocab_size : c.model.vocab_size;
+  if (vocab < 2) return 0;
+  double scale = 1.0;
+  if (c.diffusion.block_diffusion())
+    scale = std::max(1.0, static_cast<double>(c.diffusion.diffusion_loss_scale) + c.diffusion.ar_loss_weight);
+  return std::log(static_cast<double>(vocab)) * scale;
+}
+
+FaultDetector::FaultDetector(const FaultDetectionConfig& config, bool check_nan, double uniform_loss)
+    : cfg_(config), check_nan_(check_nan), uniform_loss_(uniform_loss) {}
+
+std::string FaultDetector::divergence(const StepResult& r) const {
+  if (uniform_loss_ <= 0 || !std::isfinite(r.lm_loss) || r.lm_loss < cfg_.spike_factor * uniform_loss_) return "";
+  return "a diverging loss (" + num(r.lm_loss) + " >= " + num(cfg_.spike_factor) + " x " + num(uniform_loss_) +
+         ", the loss of a uniform guess over the vocabulary: the model is far worse than guessing)";
+}
 
 bool FaultDetector::inject(int64_t iteration, uint64_t seed) const {
   // Never at the first step (as Megatron: there is no earlier state to stop at), and only where
@@ -96,6 +114,12 @@ std::string FaultDetector::rejection(const StepResult& r) const {
     if (std::fabs(r.lm_loss) >= cfg_.spike_factor * std::fabs(ref) && ref != 0)
       return "a spiky loss (" + num(r.lm_loss) + " >= " + num(cfg_.spike_factor) + " x the recent median " +
              num(ref) + ")";
+  }
+  // A gradual divergence raises the median with it (4.85 -> 2614 over 90 iterations is never 10x
+  // the median of the last 32): an absolute reference catches it, the loss of a uniform guess.
+  if (cfg_.check_spiky_loss) {
+    const std::string why = divergence(r);
+    if (!why.empty()) return why;
   }
   if (cfg_.check_large_grads && !grad_norms_.empty() && std::isfinite(r.grad_norm)) {
     const double ref = median(grad_norms_);
@@ -142,7 +166,8 @@ FaultVerdict FaultDetector::run_step(int64_t iteration, uint64_t seed,
     v.replayed = true;
     v.result = replay;
     if (!why.empty()) v.report = at + "found " + why + " (--rerun-mode report_stats: no verdict, the replay is applied)";
-    if (rejection(replay).empty()) accept(replay);
+    v.flagged = !rejection(replay).empty();
+    if (!v.flagged) accept(replay);
     return v;
   }
   if (why.empty()) {
@@ -155,6 +180,11 @@ FaultVerdict FaultDetector::run_step(int64_t iteration, uint64_t seed,
                    " x the recent median " + num(ref) + ": the run may be diverging (not rejected; "
                    "--check-for-spiky-loss with --rerun-mode validate_results replays such steps)";
     }
+    // ... and a gradual one, against the uniform guess.
+    if (!cfg_.check_spiky_loss && v.report.empty() && !divergence(first).empty())
+      v.report = at + "found " + divergence(first) + ": the run is diverging (not rejected; "
+                 "--check-for-spiky-loss with --rerun-mode validate_results replays such steps)";
+    v.flagged = !v.report.empty();
     accept(first);
     return v;
   }
@@ -162,11 +192,13 @@ FaultVerdict FaultDetector::run_step(int64_t iteration, uint64_t seed,
   if (cfg_.rerun_mode == RerunMode::Disabled) {
     // No replay: the trainer's NaN check decides about non-finite values; a spike is reported.
     if (!non_finite) v.report = at + "found " + why + " (not replayed: --rerun-mode disabled)";
+    v.flagged = !non_finite;
     return v;
   }
   if (!non_finite && !injecting && spikes_in_a_row_ >= kMaxReplayedSpikesInARow) {
     v.report = at + "found " + why + " again (" + std::to_string(spikes_in_a_row_) +
                " reproducible spikes in a row: the run diverges; no longer replayed)";
+    v.flagged = true;
     ++spikes_in_a_row_;
     return v;
   }
@@ -208,6 +240,7 @@ FaultVerdict FaultDetector::run_step(int64_t iteration, uint64_t seed,
     accept(replay);
   } else {
     ++spikes_in_a_row_;
+    v.flagged = true;
     v.report = found + "the same result" + drift + ": REPRODUCIBLE, not a transient fault (the model and data give it; "
                "a diverging run, e.g. --lr too high?). The step is applied";
   }

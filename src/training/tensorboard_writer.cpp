@@ -109,7 +109,7 @@ void TensorBoardWriter::write_record(const std::string& event) {
   put_fixed(r, masked_crc32c(r.data(), 8));
   r += event;
   put_fixed(r, masked_crc32c(event.data(), event.size()));
-  if (std::fwrite(r.data(), 1, r.size(), file_) != r.size()) MDLM_FAIL(path_, ": write failed (", std::strerror(errno), ")");
+  if (std::fwrite(r.data(), 1, r.size(), file_) != r.size()) write_failed();
 }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {
@@ -125,7 +125,13 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
 }
 
 void TensorBoardWriter::flush() {
-  if (std::fflush(file_) != 0) MDLM_FAIL(path_, ": write failed (", std::strerror(errno), ")");
+  if (std::fflush(file_) != 0) write_failed();
+}
+
+void TensorBoardWriter::write_failed() const {
+  MDLM_FAIL("--tensorboard-dir: writing the event file ", path_, " failed (", std::strerror(errno),
+            "). The run stops rather than lose its TensorBoard record silently: free space, then resume "
+            "from the last checkpoint; or run without --tensorboard-dir");
 }
 
 TrainingTensorBoard::TrainingTensorBoard(const TensorBoardOptions& options)

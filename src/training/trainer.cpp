@@ -250,6 +250,13 @@ IterationMetrics Trainer::step() {
   });
   if (!verdict.report.empty()) logging::warn(verdict.report);
   if (verdict.action == FaultAction::Stop) stop_on_fault(verdict.report);
+  // The update below comes from a flagged result: from here on the state is not a good one to
+  // fall back to (stop_on_fault names the last state before it).
+  if (verdict.flagged && verdict.action == FaultAction::Apply && !first_flagged_iteration_ &&
+      std::isfinite(verdict.result.lm_loss) && std::isfinite(verdict.result.grad_norm)) {
+    first_flagged_iteration_ = iteration_ + 1;
+    first_flagged_report_ = verdict.report;
+  }
   if (!tc.save_gradients.empty() && iteration_ + 1 == tc.save_gradients_iteration) {
     // --save-gradients: the reduced gradients the step below reads (before clipping).
     const std::string path = save_gradients(pm, cfg_, tc.save_gradients, iteration_ + 1);

@@ -2,9 +2,12 @@
 // at exit and on a stop request, and the iteration-boundary decisions every rank must take
 // together. The format, the safety protocol and the layout independence live in
 // training/checkpoint/; this file only maps the trainer's state onto them.
+#include <unistd.h>
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <filesystem>
+#include <random>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -76,6 +79,32 @@ std::string layout_text(const RunConfig& c, int dp) {
              : std::string())
      << "; model dtype " << (c.training.device == DeviceKind::Cuda ? "bf16" : "f32");
   return os.str();
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const std::filesystem::path x = std::filesystem::weakly_canonical(a, ec);
+  const std::filesystem::path y = std::filesystem::weakly_canonical(b, ec);
+  return (x / "").lexically_normal() == (y / "").lexically_normal();
+}
+
+// A new trajectory id: 16 hex digits, different for every run that draws one.
+std::string new_trajectory_id() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  v ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
+  v ^= static_cast<uint64_t>(::getpid()) << 20;
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// "iter_0000015, iter_0000020" (the first 8, then how many in all).
+std::string iteration_list(const std::vector<int64_t>& its) {
+  std::string out;
+  for (size_t i = 0; i < its.size() && i < 8; ++i) out += (i ? ", " : "") + checkpoint::iteration_dir_name(its[i]);
+  if (its.size() > 8) out += ", ... (" + std::to_string(its.size()) + " in all)";
+  return out;
 }
 
 }  // namespace
@@ -166,6 +195,7 @@ void Trainer::save_checkpoint(bool non_persistent) {
   st.model_args = training::checkpoint_model_args(cfg_);
   st.saved_under = layout_text(cfg_, pm_->grad_group ? pm_->grad_group->size() : 1);
   st.created_by = "megadlm pretrain_difflm";
+  st.trajectory = trajectory_;
   const std::string tag = std::to_string(iteration_);
   std::function<void()> after_commit;
   if (non_persistent) {
@@ -187,10 +217,16 @@ void Trainer::save_checkpoint(bool non_persistent) {
   } else if (ck.keep_last_n_checkpoints > 0) {
     // --keep-last-n-checkpoints: pruned only once this save has committed ("latest" names it),
     // so the newest complete checkpoint is never the one removed and a crash keeps N.
+    // Only this run's trajectory is ranked (its saves and the history it continues), and the
+    // checkpoint it was loaded from is never removed: a rewound run keeps its branch point and
+    // its own saves, whatever newer checkpoints another trajectory left in the folder.
     const int64_t keep = ck.keep_last_n_checkpoints;
-    after_commit = [this, dir, keep] {
+    std::vector<std::string> protect;
+    if (!loaded_from_.empty() && same_directory(std::filesystem::path(loaded_from_).parent_path().string(), dir))
+      protect.push_back(std::filesystem::path(loaded_from_).filename().string());
+    after_commit = [this, dir, keep, protect] {
       try {
-        const std::vector<std::string> removed = checkpoint::remove_checkpoints_beyond(dir, keep);
+        const std::vector<std::string> removed = checkpoint::remove_checkpoints_beyond(dir, keep, trajectory_, protect);
         if (logging_rank() && !removed.empty()) {
           log_ << "  removed checkpoints beyond the newest " << keep << " (--keep-last-n-checkpoints):";
           for (const std::string& r : removed) log_ << " " << r;
@@ -268,19 +304,52 @@ void Trainer::finish_checkpoints(bool exiting) {
 }
 
 void Trainer::stop_on_fault(const std::string& report) {
-  // The update of this step was not applied: the weights are those after iteration_ (the last
-  // good state). A checkpoint of it lets the run be resumed elsewhere (Megatron's exit code 16:
-  // "resume to disambiguate" a device fault from the model's own result).
+  // The update of this step was not applied: the weights are those after iteration_. That is
+  // the last good state unless an earlier update came from a flagged result (a reproducible
+  // spike, a possible divergence, applied as the rules say): then every state since is the
+  // divergence's, and the last good one is the state before that update.
   std::string where;
-  if (!cfg_.checkpoint.save.empty()) {
+  const CheckpointConfig& ck = cfg_.checkpoint;
+  if (first_flagged_iteration_) {
+    const int64_t good = *first_flagged_iteration_ - 1;
+    std::string first = first_flagged_report_;
+    if (first.size() > 200) first = first.substr(0, 200) + "...";
+    where = "; no checkpoint was written: the state at iteration " + std::to_string(iteration_) +
+            " is not a good state, it follows the update of iteration " + std::to_string(*first_flagged_iteration_) +
+            ", whose result was flagged (" + first + ") and applied. The last good state is iteration " +
+            std::to_string(good) + (good == 0 ? " (the initialisation)" : "");
+    // This run's checkpoints (its trajectory's), and the one it was loaded from.
+    std::vector<int64_t> ours;
+    if (!ck.save.empty())
+      for (int64_t it : checkpoint::list_checkpoint_iterations(ck.save))
+        if (checkpoint::read_trajectory(checkpoint::checkpoint_dir(ck.save, std::to_string(it))) == trajectory_)
+          ours.push_back(it);
+    std::string held;
+    if (std::find(ours.begin(), ours.end(), good) != ours.end()) held = checkpoint::checkpoint_dir(ck.save, std::to_string(good));
+    else if (resumed_ && good == last_loaded_iteration_) held = loaded_from_;
+    if (!held.empty()) {
+      where += ": the checkpoint " + held + " (resume it with a lower --lr: --load " +
+               std::filesystem::path(held).parent_path().string() + " --ckpt-step " + std::to_string(good) +
+               ", with --overwrite-checkpoints or another --save to save past the later checkpoints)";
+    } else {
+      std::vector<int64_t> earlier;
+      for (int64_t it : ours)
+        if (it < good) earlier.push_back(it);
+      where += ", which no checkpoint holds" +
+               (earlier.empty() ? std::string(" (and none is older)")
+                                : " (the newest older one: " + checkpoint::checkpoint_dir(ck.save, std::to_string(earlier.back())) + ")") +
+               "; lower --lr and start again from there";
+    }
+  } else if (!ck.save.empty()) {
     if (last_checkpoint_iteration_ != iteration_) save_checkpoint();
     if (ckpt_writer_ && ckpt_writer_->pending()) ckpt_writer_->wait();
     where = "; the last good state (iteration " + std::to_string(iteration_) + ") is the checkpoint " +
-            checkpoint::checkpoint_dir(cfg_.checkpoint.save, std::to_string(iteration_)) +
+            checkpoint::checkpoint_dir(ck.save, std::to_string(iteration_)) +
             " (resume it, on other hardware to rule out a device fault)";
   } else {
     where = "; no checkpoint was saved (no --save)";
   }
+  if (ckpt_writer_ && ckpt_writer_->pending()) ckpt_writer_->wait();  // a scheduled save in flight
   throw FaultStop(report + ". Stopping the run" + where, kExitReproducibleFault);
 }
 
@@ -302,13 +371,6 @@ std::vector<std::pair<std::string, std::string>> save_directories(const Checkpoi
                      inside ? "--save (its non_persistent directory)" : "--non-persistent-global-ckpt-dir");
   }
   return out;
-}
-
-bool same_directory(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  const std::filesystem::path x = std::filesystem::weakly_canonical(a, ec);
-  const std::filesystem::path y = std::filesystem::weakly_canonical(b, ec);
-  return (x / "").lexically_normal() == (y / "").lexically_normal();
 }
 
 }  // namespace
@@ -342,11 +404,14 @@ void Trainer::lock_save_directories() {
 void Trainer::check_save_directories() {
   // A save directory that holds checkpoints must be the one this run continues: otherwise its
   // saves would interleave with (and its "latest" would replace) another run's. Megatron
-  // overwrites silently; a run resumed from the directory (also at an explicit --ckpt-step)
-  // continues its own history and may replace later iterations.
+  // overwrites silently. A run resumed from the directory continues its own trajectory; one
+  // rewound to an older checkpoint (an explicit --ckpt-step below newer ones) starts another,
+  // and the newer checkpoints belong to the abandoned one: saving over them, and moving "latest"
+  // back, needs --overwrite-checkpoints.
   const CheckpointConfig& ck = cfg_.checkpoint;
+  if (!resumed_) trajectory_ = new_trajectory_id();
   if (save_directories(ck).empty()) return;
-  std::string error;
+  std::string error, warning;
   if (logging_rank()) {
     std::vector<std::string> continued;
     if (resumed_) {
@@ -354,25 +419,75 @@ void Trainer::check_save_directories() {
       continued.push_back(ck.load);
       if (ck.non_persistent_global) continued.push_back(ck.non_persistent_load_dir());
     }
+    // Rewinding: the newer checkpoints of the folder the run was loaded from.
+    const std::string loaded_dir = std::filesystem::path(loaded_from_).parent_path().string();
+    if (resumed_ && ck.ckpt_step && !checkpoint::list_checkpoint_iterations(loaded_dir).empty() &&
+        checkpoint::list_checkpoint_iterations(loaded_dir).back() > iteration_)
+      trajectory_ = new_trajectory_id();
+    // The iterations this run saves at (on schedule, --checkpoint-steps, the end).
+    auto planned = [&](int64_t it) {
+      const int64_t last = cfg_.training.train_iters;
+      if (it <= iteration_ || it > last) return false;
+      if (it == last || (ck.save_interval > 0 && it % ck.save_interval == 0)) return true;
+      return std::find(ck.extra_save_iterations.begin(), ck.extra_save_iterations.end(), it - 1) !=
+             ck.extra_save_iterations.end();
+    };
     for (const auto& [dir, flag] : save_directories(ck)) {
       const std::vector<int64_t> held = checkpoint::list_checkpoint_iterations(dir);
       if (held.empty()) continue;
       bool ours = false;
       for (const std::string& c : continued) ours = ours || (!c.empty() && same_directory(c, dir));
-      if (ours) continue;
+      if (!ours) {
+        std::ostringstream msg;
+        msg << flag << " " << dir << " already holds " << held.size() << " checkpoint(s) of another run (newest: "
+            << checkpoint::iteration_dir_name(held.back()) << ") and this run "
+            << (loaded_from_.empty() ? "does not resume from it"
+                : !resumed_          ? "starts anew from " + loaded_from_ + " (fine-tuning or a release checkpoint)"
+                                     : "resumes from " + loaded_from_)
+            << ": its saves would overwrite them";
+        if (ck.overwrite_checkpoints) {
+          warning += (warning.empty() ? "" : "\n") + msg.str() + " (--overwrite-checkpoints: they are replaced " +
+                     "where this run saves the same iteration, and latest will name this run's)";
+          continue;
+        }
+        msg << ". Resume from it with --load " << dir
+            << ", save into an empty directory, or add --overwrite-checkpoints to save over them";
+        error = msg.str();
+        break;
+      }
+      // This run's folder: checkpoints newer than the one loaded that are not of this run's
+      // trajectory (a rewind's abandoned ones, or those a forced rewind left behind).
+      std::vector<int64_t> at_stake, overwritten;
+      for (int64_t it : held) {
+        if (it <= iteration_) continue;
+        if (checkpoint::read_trajectory(checkpoint::checkpoint_dir(dir, std::to_string(it))) == trajectory_) continue;
+        at_stake.push_back(it);
+        if (planned(it)) overwritten.push_back(it);
+      }
+      if (at_stake.empty()) continue;
+      const std::optional<std::string> latest = checkpoint::read_latest(dir);
       std::ostringstream msg;
-      msg << flag << " " << dir << " already holds " << held.size() << " checkpoint(s) of another run (newest: "
-          << checkpoint::iteration_dir_name(held.back()) << ") and this run "
-          << (loaded_from_.empty() ? "does not resume from it"
-              : !resumed_          ? "starts anew from " + loaded_from_ + " (fine-tuning or a release checkpoint)"
-                                   : "resumes from " + loaded_from_)
-          << ": its saves would overwrite them. Resume from it with --load " << dir
-          << ", or save into an empty directory";
+      msg << flag << " " << dir << ": this run resumes from " << loaded_from_ << " (iteration " << iteration_
+          << (ck.ckpt_step ? ", --ckpt-step " + std::to_string(*ck.ckpt_step) : std::string()) << "), but " << dir
+          << " also holds " << at_stake.size() << " newer checkpoint(s) of another trajectory: "
+          << iteration_list(at_stake) << (latest ? " (" + std::string(checkpoint::kLatestFileName) + " names " + *latest + ")" : "")
+          << ". This run's saves would "
+          << (overwritten.empty() ? std::string() : "overwrite " + iteration_list(overwritten) + " and ")
+          << "move latest back to its own iterations";
+      if (ck.overwrite_checkpoints) {
+        warning += (warning.empty() ? "" : "\n") + msg.str() + " (--overwrite-checkpoints: going ahead; the "
+                   "other trajectory's checkpoints this run does not reach stay)";
+        continue;
+      }
+      msg << ". Save this run into another directory (--save NEW_DIR; --load " << ck.load
+          << (ck.ckpt_step ? " --ckpt-step " + std::to_string(*ck.ckpt_step) : std::string())
+          << " still reads from here), or add --overwrite-checkpoints to replace them";
       error = msg.str();
       break;
     }
   }
   checkpoint::agree(pm_->world.get(), pm_->runtime.stream, error, "checking the checkpoint directory");
+  if (!warning.empty()) logging::warn(warning);
 }
 
 void Trainer::load_checkpoint_files() {
@@ -545,6 +660,8 @@ void Trainer::load_checkpoint_files() {
     nan_iterations_ = st.nan_iterations;
     last_checkpoint_iteration_ = iteration_;
     resumed_ = true;
+    trajectory_ = st.trajectory;
+    last_loaded_iteration_ = iteration_;
     // The RNG state is the seed: every random number is a function of (seed, global position).
     if (ck.load_rng && st.rng_seed && *st.rng_seed != cfg_.training.seed) {
       logging::warn("using the checkpoint's seed ", *st.rng_seed, " instead of --seed ", cfg_.training.seed,

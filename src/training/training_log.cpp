@@ -1,5 +1,10 @@
 #include "megadlm/training/training_log.h"
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <ctime>
 #include <fstream>
@@ -77,11 +82,37 @@ void TrainingLog::check_metrics_file() const {
              ": cannot open the file for appending");
 }
 
-void TrainingLog::append_metrics(const std::string& json_line) const {
+void TrainingLog::append_metrics(const std::string& json_line, const std::string& what) const {
   if (cfg_.training.metrics_jsonl.empty()) return;
-  std::ofstream f(cfg_.training.metrics_jsonl, std::ios::app);
-  f << json_line << "\n";
-  MDLM_CHECK(f.good(), "--metrics-jsonl ", cfg_.training.metrics_jsonl, ": write failed");
+  // The whole row or nothing: written, flushed and closed with every error checked (an
+  // ofstream reports a full disk only when its buffer is flushed, at the close its destructor
+  // does silently), and a row cut short is cut off again, so the file stays one JSON object per
+  // line. A failed write stops the run: the metrics asked for are not lost without a word.
+  const std::string& path = cfg_.training.metrics_jsonl;
+  const std::string row = json_line + "\n";
+  std::string error;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    error = std::strerror(errno);
+  } else {
+    struct stat st {};
+    const off_t before = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? st.st_size : -1;
+    size_t done = 0;
+    while (done < row.size() && error.empty()) {
+      const ssize_t n = ::write(fd, row.data() + done, row.size() - done);
+      if (n > 0) done += static_cast<size_t>(n);
+      else if (n < 0 && errno == EINTR) continue;
+      else error = n < 0 ? std::strerror(errno) : "the write made no progress";
+    }
+    if (!error.empty() && done > 0 && before >= 0 && ::ftruncate(fd, before) != 0) {
+      error += "; the partial row could not be removed (" + std::string(std::strerror(errno)) + ")";
+    }
+    if (::close(fd) != 0 && error.empty()) error = std::strerror(errno);
+  }
+  if (!error.empty())
+    MDLM_FAIL("--metrics-jsonl ", path, ": writing ", what, " failed (", error, "). The run stops rather than "
+              "lose its metrics silently: free space (or fix the file), then resume from the last checkpoint; "
+              "or run without --metrics-jsonl");
 }
 
 void TrainingLog::startup(const std::string& text) const {
@@ -170,7 +201,7 @@ void TrainingLog::iteration(const std::vector<IterationMetrics>& window, int64_t
     j["moe_dropped_fraction"] = moe.dropped_fraction;
     j["moe_load_max_over_mean_per_layer"] = last.moe.load_max_over_mean_per_layer;
   }
-  append_metrics(j.dump());
+  append_metrics(j.dump(), "the row of iteration " + std::to_string(last.iteration));
 }
 
 void TrainingLog::validation(double loss, const std::string& what, const std::string& key,
@@ -189,7 +220,7 @@ void TrainingLog::validation(double loss, const std::string& what, const std::st
   j[key] = loss;
   j[key.substr(0, key.find("_lm_loss")) + "_ppl"] = std::exp(std::min(20.0, loss));
   j["consumed_samples"] = consumed_samples;
-  append_metrics(j.dump());
+  append_metrics(j.dump(), "the " + j["kind"].get<std::string>() + " row of iteration " + std::to_string(iteration));
 }
 
 void TrainingLog::memory_check(double predicted_gb, double measured_gb, double reserved_gb,
@@ -214,9 +245,7 @@ void TrainingLog::peak_memory_per_stage(const std::vector<float>& gb, int64_t it
   j["kind"] = "memory";
   j["iteration"] = iteration;
   j["peak_mem_gb_per_stage"] = gb;
-  if (cfg_.training.metrics_jsonl.empty()) return;
-  std::ofstream f(cfg_.training.metrics_jsonl, std::ios::app);
-  f << j.dump() << "\n";
+  append_metrics(j.dump(), "the memory row of iteration " + std::to_string(iteration));
 }
 
 }  // namespace megadlm

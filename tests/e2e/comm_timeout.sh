@@ -4,7 +4,8 @@
 # raises CommTimeoutError naming the group, the operation and its rank, and abort_job ends the
 # job. Pass: non-zero exit in under 30 s with that message on stderr, and rank 0's last
 # collectives in the directory given to the probe (all_reduce #1 completed, #2 not), named by the
-# error. Exit 77 (skipped) when the build or the machine has no MPI.
+# error. Then the same in a split group that is destroyed before abort_job rewrites the file: the
+# group stays in it. Exit 77 (skipped) when the build or the machine has no MPI.
 set -uo pipefail
 bin=$1
 probe=$bin/comm_timeout_probe
@@ -44,3 +45,20 @@ grep -qE "^  #2 +all_reduce +3 f32 .* NOT COMPLETED \(waiting [0-9]+ ms\)  sum" 
 echo "--- $record"; cat "$record"
 grep -F "CommTimeoutError" "$tmp/err" | head -1
 echo "PASS: the skipped all_reduce ended the job in ${elapsed_ms} ms with the group, operation and rank named"
+
+# The same in a group split from the world ('dp'), destroyed while the error unwinds — as a
+# trainer's groups are — before abort_job writes the file again: the group that hung must still
+# be in it, not only the world's start-up operations.
+timeout 120 mpirun -np 2 "${flags[@]}" "$probe" 3 "$tmp/split" split > "$tmp/out" 2> "$tmp/err"
+rc=$?
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "split: exit $rc"
+grep -qF "group 'dp'" "$tmp/err" || fail "split: stderr does not name group 'dp'"
+record="$tmp/split/collectives_rank00000.txt"
+[ -f "$record" ] || fail "split: $record was not written"
+grep -qE "^group 'world' \(rank 0 of 2\)" "$record" || fail "split: no world block: $(cat "$record")"
+grep -qE "^group 'dp' \(rank 0 of 2; destroyed at .*\): 2 operation\(s\) issued" "$record" ||
+  fail "split: the group that hung is missing from the file abort_job wrote: $(cat "$record")"
+grep -qE "^  #2 +all_reduce +3 f32 .* NOT COMPLETED \(waiting [0-9]+ ms\)  sum" "$record" ||
+  fail "split: dp's all_reduce #2 not recorded as pending: $(cat "$record")"
+echo "--- $record"; cat "$record"
+echo "PASS: a hung split group destroyed before abort_job is still in the last-collectives file"

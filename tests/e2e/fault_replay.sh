@@ -6,7 +6,9 @@
 #   2. an injected persistent fault: the replay reproduces it, the run stops with exit code 16
 #      and a checkpoint of the last good state, which verifies and resumes bitwise;
 #   3. a diverging run (--lr 1e3) with --check-for-spiky-loss is reported as a spike, and without
-#      any flag as a possible divergence (a warning; the healthy run has none).
+#      any flag as a possible divergence (a warning; the healthy run has none);
+#   4. a gradual divergence (--lr 20), which the median of recent losses follows, is reported
+#      against the loss of a uniform guess.
 set -uo pipefail
 bin=$1; src=$2
 tmp=$(mktemp -d)
@@ -57,4 +59,16 @@ grep -q "WARNING: iteration [0-9]*: lm loss .* the run may be diverging" "$tmp/d
   fail "3: without flags the divergence is silent: $(grep 'lm loss' "$tmp/diverge_default.log" | tail -3)"
 ! grep -q "may be diverging" "$tmp/clean.log" || fail "3: the healthy run was reported as diverging"
 echo "PASS 3: without flags too: $(grep -m1 'may be diverging' "$tmp/diverge_default.log" | cut -c1-120)"
+
+# ---- 4: a gradual divergence (--lr 20 reached over a long warm-up: the loss climbs from 4.85
+# past 100 in 50 iterations, the median of the last 32 with it, never 10x it) is caught against
+# the loss of a uniform guess, 10 x ln(vocabulary)
+"$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --log-interval 10 --lr 20 --lr-warmup-iters 200 \
+  --lr-decay-iters 1000 --train-iters 50 --eval-iters 0 --check-for-spiky-loss > "$tmp/gradual.log" 2>&1 ||
+  fail "4: the run failed: $(tail -3 "$tmp/gradual.log")"
+! grep -q "found a spiky loss" "$tmp/gradual.log" || fail "4: not a gradual divergence (the median rule saw it)"
+grep -q "found a diverging loss (.* >= 1.000000E+01 x 4.852030E+00, the loss of a uniform guess" "$tmp/gradual.log" ||
+  fail "4: the gradual divergence was not reported: $(grep -o 'lm loss: [^|]*' "$tmp/gradual.log" | tr '\n' ' ')"
+! grep -q "found a diverging loss" "$tmp/clean.log" || fail "4: the healthy run was reported as diverging"
+echo "PASS 4: $(grep -m1 'found a diverging loss' "$tmp/gradual.log" | cut -c1-160)"
 echo "PASS: fault_replay"

@@ -4,6 +4,7 @@
 #      scripts/qwen_reference.py (a dependency-free Qwen forward pass written from the
 #      architecture's definition; transformers itself runs on the GPU machine), import back:
 #      every tensor bitwise equal; Hugging Face -> megadlm -> Hugging Face: bitwise equal too;
+#      an import into a training run's folder (it would repoint "latest" to release) is refused;
 #   2. Qwen2-style (q/k/v biases, grouped-query attention, tied embeddings), sharded export;
 #   3. the imported checkpoint trains with --use-checkpoint-args (resume and --finetune);
 #   4. bf16 export, tokenizer files copied, --verify says why it skipped without transformers.
@@ -31,6 +32,15 @@ conv --to-hf --load "$tmp/q3_back" --out "$tmp/q3_hf2" > /dev/null || fail "re-e
 conv --compare "$tmp/q3_hf" "$tmp/q3_hf2" > "$tmp/c2.log" || fail "HF -> megadlm -> HF differs: $(cat "$tmp/c2.log")"
 cmp -s "$tmp/q3_hf/model.safetensors" "$tmp/q3_hf2/model.safetensors" || fail "the re-exported file is not byte-identical"
 echo "PASS 1b: round trips bitwise: $(tail -1 "$tmp/c.log")"
+# An import into a training run's folder would repoint its latest to release: refused.
+conv --from-hf "$tmp/q3_hf" --save "$tmp/q3" > "$tmp/into.log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] || fail "import into a training folder: exit $rc, expected 2: $(cat "$tmp/into.log")"
+grep -q "error: --save $tmp/q3 holds 1 checkpoint(s) of a training run (newest: iter_0000004; latest_checkpointed_iteration.txt names 4): writing the import there would point" "$tmp/into.log" ||
+  fail "import into a training folder: $(cat "$tmp/into.log")"
+[ "$(cat "$tmp/q3/latest_checkpointed_iteration.txt")" = 4 ] && [ ! -e "$tmp/q3/release" ] ||
+  fail "the refused import changed $tmp/q3"
+echo "PASS 1c: an import into a training folder is refused: $(grep -o 'writing the import.*resuming' "$tmp/into.log")"
 
 # ---- 2. Qwen2 style, sharded
 q2=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --group-query-attention --num-query-groups 2

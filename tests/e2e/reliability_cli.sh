@@ -3,7 +3,9 @@
 #   1. a non-finite flag value (--min-lr nan) stops the run before training, naming the flag;
 #   2. a failed preprocess_data leaves the previous dataset of the prefix untouched;
 #   3. --load D --save D with iter_* folders but no latest_checkpointed_iteration.txt is refused
-#      (naming the folders and --ckpt-step), nothing overwritten; two runs saving into one folder:
+#      (naming the folders and --ckpt-step), nothing overwritten; a rewind below newer checkpoints
+#      is refused naming them and --overwrite-checkpoints; an edited index fails --check and the
+#      resume; two runs saving into one folder:
 #      the second refuses naming the first's pid; a kill -9'd holder's lock is taken over;
 #   4. an unusable --save (a regular file) is refused at start-up naming the flag;
 #   5. (MPI) an invalid flag on rank 1 only is reported, naming the rank; an error on every rank
@@ -56,6 +58,26 @@ has "--ckpt-step 6"
 expect 0 train --train-iters 8 --load "$tmp/ck" --ckpt-step 6 --save "$tmp/ck" --save-interval 2
 has "successfully loaded checkpoint from $tmp/ck/iter_0000006"
 echo "PASS 3a: a missing latest pointer is refused naming the folders and --ckpt-step; --ckpt-step 6 resumes"
+# A rewind below newer checkpoints of the folder would overwrite another trajectory's 6 and 8.
+sums=$(cd "$tmp/ck" && find iter_* -type f -exec sha256sum {} + | sort)
+expect 2 train --train-iters 8 --load "$tmp/ck" --ckpt-step 4 --save "$tmp/ck" --save-interval 2
+has "also holds 2 newer checkpoint(s) of another trajectory: iter_0000006, iter_0000008 (latest_checkpointed_iteration.txt names 8)"
+has "would overwrite iter_0000006, iter_0000008 and move latest back"
+has "add --overwrite-checkpoints"
+[ "$sums" = "$(cd "$tmp/ck" && find iter_* -type f -exec sha256sum {} + | sort)" ] || fail "3a: the refused rewind changed checkpoints"
+echo "PASS 3a: a rewind (--ckpt-step 4) over another trajectory's 6 and 8 is refused naming them and --overwrite-checkpoints"
+# An edited index (the data position) fails convert_checkpoint --check and the resume, naming the file.
+expect 0 "$bin/convert_checkpoint" --check "$tmp/ck"
+has "the index (its SHA-256) and"
+cp "$tmp/ck/iter_0000008/metadata.json" "$tmp/metadata.saved"
+sed -i 's/"consumed_samples": 64,/"consumed_samples": 864,/' "$tmp/ck/iter_0000008/metadata.json"
+! cmp -s "$tmp/metadata.saved" "$tmp/ck/iter_0000008/metadata.json" || fail "3a: the index was not edited"
+expect 2 "$bin/convert_checkpoint" --check "$tmp/ck"
+has "$tmp/ck/iter_0000008/metadata.json was modified after it was saved"
+expect 2 train --train-iters 10 --load "$tmp/ck" --save "$tmp/ck" --save-interval 2
+has "metadata.json was modified after it was saved"
+cp "$tmp/metadata.saved" "$tmp/ck/iter_0000008/metadata.json"
+echo "PASS 3a: an edited consumed_samples fails --check and the resume, naming the file"
 # ... and a fresh run into a folder of another run is refused too.
 expect 2 train --train-iters 4 --save "$tmp/ck" --save-interval 2
 has "already holds 4 checkpoint(s) of another run (newest: iter_0000008)"

@@ -27,6 +27,9 @@ struct CollectiveEntry {
   std::optional<std::chrono::system_clock::time_point> completed;  ///< none: never seen done
 };
 
+/// "2025-06-01 10:12:44.123" (local wall clock, so that the files of several hosts line up).
+std::string wall_clock_text(std::chrono::system_clock::time_point t);
+
 /// A bounded ring of CollectiveEntry, safe to read while the owner writes (one mutex; the cost
 /// is a lock and a small copy per operation, next to the message formatting each op already does).
 class CollectiveRecord {

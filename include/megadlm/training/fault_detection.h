@@ -33,6 +33,9 @@ struct FaultVerdict {
   FaultAction action = FaultAction::Apply;
   StepResult result;   ///< the result the action refers to (the replay's when one ran)
   bool replayed = false;
+  /// The result applied (action Apply) was itself flagged — a spike, a possible divergence —
+  /// so the state after this step is not a good state to fall back to (Trainer::stop_on_fault).
+  bool flagged = false;
   std::string report;  ///< for the log: what was found and decided ("" when nothing was)
 };
 
@@ -49,10 +52,19 @@ class FaultStop : public Error {
 
 inline constexpr int kExitReproducibleFault = 16;
 
+/// The loss of a model that guesses uniformly over the `vocab` logits: ln(vocab), times the
+/// objective's scale (block diffusion's --dlm-diffusion-loss-scale plus --dlm-ar-loss-weight
+/// when they add up to more than 1). A freshly initialised model is near it; a loss many times
+/// above it is a divergence.
+double uniform_guess_loss(const RunConfig& config);
+
 class FaultDetector {
  public:
-  /// `check_nan`: --check-for-nan-in-loss-and-grad.
-  FaultDetector(const FaultDetectionConfig& config, bool check_nan);
+  /// `check_nan`: --check-for-nan-in-loss-and-grad. `uniform_loss` (> 0; 0 turns the rule off):
+  /// the loss of a uniform guess, ln(vocabulary) times the objective's scale
+  /// (uniform_guess_loss()); a loss of spike_factor times it is a divergence whatever the recent
+  /// losses were (a gradual one raises the median with it).
+  FaultDetector(const FaultDetectionConfig& config, bool check_nan, double uniform_loss = 0);
 
   /// Runs `forward_backward` for step `iteration` (1-based) — it zeroes and fills the gradient
   /// buffers and returns the global loss and gradient norm — once, and once more when the
@@ -73,11 +85,14 @@ class FaultDetector {
  private:
   /// Why `r` is rejected ("" = it is not).
   std::string rejection(const StepResult& r) const;
+  /// "a diverging loss (...)" when r's loss is spike_factor x the uniform guess or more, else "".
+  std::string divergence(const StepResult& r) const;
   void accept(const StepResult& r);
   bool inject(int64_t iteration, uint64_t seed) const;
 
   FaultDetectionConfig cfg_;
   bool check_nan_;
+  double uniform_loss_ = 0;
   std::deque<double> losses_, grad_norms_;  // recent accepted values (the spike references)
   int spikes_in_a_row_ = 0;
   // report_stats

@@ -39,6 +39,7 @@ class TensorBoardWriter {
 
  private:
   void write_record(const std::string& event);
+  [[noreturn]] void write_failed() const;  // throws naming the flag, the file and errno
   std::string path_;
   std::FILE* file_ = nullptr;
 };

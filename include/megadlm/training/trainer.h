@@ -30,6 +30,7 @@
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include "megadlm/data/sample_source.h"
@@ -93,8 +94,9 @@ class Trainer {
   const std::string& loaded_checkpoint() const { return loaded_from_; }
 
  private:
-  /// At construction: locks the save directories, loads --load, and refuses to save over
-  /// another run's checkpoints (trainer_checkpoint.cpp).
+  /// At construction: locks the save directories, loads --load, decides this run's trajectory,
+  /// and refuses to save over another run's or trajectory's checkpoints unless
+  /// --overwrite-checkpoints (trainer_checkpoint.cpp).
   void load_checkpoint();
   void lock_save_directories();
   void load_checkpoint_files();
@@ -108,7 +110,9 @@ class Trainer {
   /// waiting for an async one.
   void finish_checkpoints(bool exiting = false);
   /// A reproducible fault at the current step: saves the state before it (with --save) and
-  /// throws FaultStop naming the checkpoint.
+  /// throws FaultStop naming the checkpoint — unless an earlier update came from a flagged
+  /// result (a spike, a divergence): then nothing is saved and the message names the last good
+  /// state, the one before that update, and the checkpoint holding it if any.
   [[noreturn]] void stop_on_fault(const std::string& report);
   void log_interval(const std::vector<IterationMetrics>& window);
   void log_peak_memory_per_stage();
@@ -144,7 +148,8 @@ class Trainer {
   std::unique_ptr<ParallelModel> pm_;
   TrainingLog training_log_;
   // --rerun-mode and the checks (training/fault_detection.h); cfg_ is initialised before it.
-  FaultDetector fault_detector_{cfg_.fault_detection, cfg_.training.check_for_nan_in_loss_and_grad};
+  FaultDetector fault_detector_{cfg_.fault_detection, cfg_.training.check_for_nan_in_loss_and_grad,
+                                uniform_guess_loss(cfg_)};
   int64_t iteration_ = 0;
   int64_t consumed_samples_ = 0;
   int64_t adam_steps_ = 0;
@@ -160,6 +165,17 @@ class Trainer {
   bool resumed_ = false;  // loaded_from_ holds this run's own state (not --finetune, not release)
   std::vector<std::unique_ptr<checkpoint::DirectoryLock>> save_locks_;  // rank 0
   int64_t last_checkpoint_iteration_ = -1;  // iteration of the last persistent save or load
+  // The run history this run's saves belong to (checkpoint::CheckpointState::trajectory): a
+  // resume continues its checkpoint's, a fresh run or a rewind below newer checkpoints draws a
+  // new one. Retention ranks only its checkpoints; saves over another's need
+  // --overwrite-checkpoints. Decided by rank 0, the rank that writes the index.
+  std::string trajectory_;
+  // The first iteration whose update was applied from a result fault detection flagged (a
+  // spike, a possible divergence): that state and every later one are not a good state
+  // (stop_on_fault). Unset while none was.
+  std::optional<int64_t> first_flagged_iteration_;
+  std::string first_flagged_report_;
+  int64_t last_loaded_iteration_ = -1;  // the iteration this run resumed from (-1: none)
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();
 };
 

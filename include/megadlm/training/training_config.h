@@ -122,8 +122,12 @@ struct CheckpointConfig {
   /// --non-persistent-global-ckpt-dir ("" = DIR/non_persistent below --save / --load).
   std::string non_persistent_global_ckpt_dir;
   /// --keep-last-n-checkpoints: after each persistent save has committed, only the newest N
-  /// complete checkpoints of --save stay (and always the one "latest" names); 0 keeps all.
+  /// complete checkpoints of this run's trajectory in --save stay (and always the one "latest"
+  /// names and the one this run was loaded from; other trajectories' are never removed); 0 keeps all.
   int64_t keep_last_n_checkpoints = 0;
+  /// --overwrite-checkpoints: this run may save over complete checkpoints of another trajectory
+  /// in --save (a fresh run into a used folder, or a rewind below newer checkpoints).
+  bool overwrite_checkpoints = false;
 
   /// Megatron's _NON_PERSISTENT_CKPT_SUBDIR.
   static constexpr const char* kNonPersistentSubdir = "non_persistent";

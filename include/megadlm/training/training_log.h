@@ -76,7 +76,9 @@ class TrainingLog {
   void peak_memory_per_stage(const std::vector<float>& gb, int64_t iteration) const;
 
  private:
-  void append_metrics(const std::string& json_line) const;
+  /// One row of --metrics-jsonl; throws naming the file, `what` and the system's reason when
+  /// it cannot be written whole (the run stops: docs/monitoring.md).
+  void append_metrics(const std::string& json_line, const std::string& what) const;
 
   const RunConfig& cfg_;
   std::ostream& log_;

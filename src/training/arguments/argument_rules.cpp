@@ -371,7 +371,7 @@ void check_checkpoint(ArgState& a, Diagnostics& d) {
                         a.flag_value("rerun_mode") + "): faults are injected where results are replayed");
   if (a.is_set("keep_last_n_checkpoints") && !a.is_set("save"))
     d.warn(a.flag_value("keep_last_n_checkpoints") + " has no effect without `--save`");
-  for (const char* dest : {"no_save_optim", "no_save_rng", "async_save"})
+  for (const char* dest : {"no_save_optim", "no_save_rng", "async_save", "overwrite_checkpoints"})
     if (a.b(dest) && !a.is_set("save")) d.warn(a.flag(dest) + " has no effect without `--save`");
   if (a.is_set("ckpt_convert_format") && (!a.is_set("ckpt_convert_save") || !a.is_set("load")))
     d.error("V-58", a.flag_value("ckpt_convert_format") + " needs `--ckpt-convert-save` and `--load`");

@@ -793,10 +793,15 @@ constexpr FlagSpec kFlags[] = {
      .help = "Directory of the global rolling checkpoints.",
      .default_doc = "<--save>/non_persistent (<--load>/non_persistent when loading)"},
     {.name = "--keep-last-n-checkpoints", .kind = K::Int, .group = G::Checkpoint,
-     .help = "(megadlm) Keep only the newest N complete checkpoints of --save: older ones are "
-             "removed after each save has committed; the newest complete one (and the one "
-             "latest_checkpointed_iteration.txt names) is never removed.",
+     .help = "(megadlm) Keep only the newest N complete checkpoints of this run's trajectory in "
+             "--save: older ones are removed after each save has committed; the one "
+             "latest_checkpointed_iteration.txt names, the one this run was loaded from and "
+             "other trajectories' checkpoints are never removed.",
      .default_doc = "keep all", .range = "[1, inf)"},
+    {.name = "--overwrite-checkpoints", .kind = K::StoreTrue, .group = G::Checkpoint,
+     .help = "(megadlm) Let this run save over complete checkpoints of another trajectory in "
+             "--save: a fresh run or a rewind (--ckpt-step below newer checkpoints) is otherwise "
+             "refused, naming them. The other trajectory's checkpoints this run does not reach stay."},
     {.name = "--exit-on-missing-checkpoint", .kind = K::StoreTrue, .group = G::Checkpoint,
      .help = "Fail when --load holds no checkpoint (instead of starting from scratch)."},
     {.name = "--ckpt-step", .kind = K::Int, .group = G::Checkpoint,

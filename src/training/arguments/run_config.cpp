@@ -193,6 +193,7 @@ void assign(const ArgState& a, const char* dest, T& out) {
   FIELD(use_checkpoint_opt_param_scheduler, checkpoint.use_checkpoint_opt_param_scheduler)      \
   IF_SET(non_persistent_save_interval, checkpoint.non_persistent_save_interval)                 \
   IF_SET(keep_last_n_checkpoints, checkpoint.keep_last_n_checkpoints)                           \
+  FIELD(overwrite_checkpoints, checkpoint.overwrite_checkpoints)                                \
   FIELD(non_persistent_global_ckpt_dir, checkpoint.non_persistent_global_ckpt_dir)              \
   FIELD(rerun_mode, fault_detection.rerun_mode)                                                 \
   FIELD(check_for_spiky_loss, fault_detection.check_spiky_loss)                                 \

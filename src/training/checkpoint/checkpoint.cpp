@@ -39,6 +39,11 @@ std::string manifest_name(int rank) {
 
 bool single(const comm::Communicator* c) { return c == nullptr || c->size() == 1; }
 
+bool is_iteration_dir_name(const std::string& n) {
+  if (n.size() <= 5 || n.size() > 23 || n.rfind("iter_", 0) != 0) return false;  // stoll-safe
+  return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 /// One f64 reduced over the group (identity on one rank).
 double all_reduce_scalar(comm::Communicator* c, const Stream& s, double v, comm::ReduceOp op) {
   if (single(c)) return v;
@@ -363,11 +368,6 @@ void CheckpointWriter::finish(Job& job) {
 
 namespace {
 
-bool is_iteration_dir_name(const std::string& n) {
-  if (n.size() <= 5 || n.rfind("iter_", 0) != 0) return false;
-  return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
 // Removes the iter_* directories of `dir` that `doomed` names: each is renamed out of the iter_*
 // namespace first (one atomic rename), then deleted, so a crash half-way leaves no partial
 // iter_*; leftovers of an earlier interrupted removal go too.
@@ -400,7 +400,7 @@ std::vector<std::pair<int64_t, std::string>> complete_iteration_dirs(const std::
   if (!fs::is_directory(dir, ec)) return out;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    if (!is_iteration_dir_name(n) || n.size() > 24) continue;
+    if (!is_iteration_dir_name(n)) continue;
     if (file_size_or_missing((e.path() / kIndexFileName).string()) < 0) continue;  // not complete
     out.emplace_back(std::stoll(n.substr(5)), n);
   }
@@ -426,14 +426,33 @@ std::vector<std::string> remove_older_checkpoints(const std::string& dir, const 
   return remove_iteration_dirs(dir, std::move(doomed));
 }
 
-std::vector<std::string> remove_checkpoints_beyond(const std::string& dir, int64_t keep) {
+std::optional<std::string> read_trajectory(const std::string& checkpoint_dir) {
+  try {
+    const json j = json::parse(read_text_file((fs::path(checkpoint_dir) / kIndexFileName).string()));
+    if (!j.is_object()) return std::nullopt;
+    return j.value("trajectory", std::string());
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+std::vector<std::string> remove_checkpoints_beyond(const std::string& dir, int64_t keep,
+                                                   const std::optional<std::string>& trajectory,
+                                                   const std::vector<std::string>& protect) {
   MDLM_CHECK(keep >= 1, "--keep-last-n-checkpoints must keep at least one checkpoint, got ", keep);
-  const auto complete = complete_iteration_dirs(dir);  // ascending
-  const std::string latest = latest_dir_name(dir);
+  std::vector<std::pair<int64_t, std::string>> ranked;  // ascending
+  for (const auto& c : complete_iteration_dirs(dir)) {
+    // Another trajectory's checkpoints (a run that was rewound, whose later checkpoints stay)
+    // are neither ranked nor removed; an unreadable index is left alone too.
+    if (trajectory && read_trajectory((fs::path(dir) / c.second).string()) != *trajectory) continue;
+    ranked.push_back(c);
+  }
+  std::set<std::string> kept_names(protect.begin(), protect.end());
+  kept_names.insert(latest_dir_name(dir));
   std::vector<fs::path> doomed;
-  const size_t n = complete.size(), kept = static_cast<size_t>(std::min<int64_t>(keep, static_cast<int64_t>(n)));
+  const size_t n = ranked.size(), kept = static_cast<size_t>(std::min<int64_t>(keep, static_cast<int64_t>(n)));
   for (size_t i = 0; i + kept < n; ++i)
-    if (complete[i].second != latest) doomed.push_back(fs::path(dir) / complete[i].second);
+    if (kept_names.count(ranked[i].second) == 0) doomed.push_back(fs::path(dir) / ranked[i].second);
   return remove_iteration_dirs(dir, std::move(doomed));
 }
 
@@ -477,6 +496,16 @@ CheckpointReader::CheckpointReader(std::string dir) : dir_(std::move(dir)) {
   if (file_size_or_missing(path) < 0)
     MDLM_FAIL(dir_, " has no ", kIndexFileName, ": it is not a complete megadlm checkpoint");
   index_ = CheckpointIndex::parse(read_text_file(path), path);
+  // The folder's number is what "latest" and --ckpt-step go by; the index's iteration is what a
+  // resume continues from. They must be the same checkpoint.
+  fs::path p = fs::path(dir_).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string name = p.filename().string();
+  if (is_iteration_dir_name(name) && std::stoll(name.substr(5)) != index_.state.iteration)
+    MDLM_FAIL(path, " records iteration ", index_.state.iteration, ", but its folder is ", name,
+              " (the number ", kLatestFileName, " and --ckpt-step go by): the folder was renamed or the "
+              "index belongs to another checkpoint. Rename the folder back (",
+              iteration_dir_name(index_.state.iteration), ") or restore its own ", kIndexFileName);
 }
 
 CheckpointReader::~CheckpointReader() = default;

@@ -6,10 +6,26 @@
 #include "megadlm/core/error.h"
 #include "megadlm/training/checkpoint/file_io.h"
 #include "megadlm/training/checkpoint/safetensors.h"
+#include "megadlm/training/checkpoint/sha256.h"
 
 namespace megadlm::checkpoint {
 
 using nlohmann::json;
+
+namespace {
+
+// SHA-256 of the index without its checksum field, in nlohmann's compact form (keys sorted,
+// numbers printed so that they parse back to the same value): the same text whatever the file's
+// whitespace, different as soon as any value changes.
+std::string index_digest(json j) {
+  j.erase(kIndexChecksumField);
+  const std::string canonical = j.dump();
+  Sha256 h;
+  h.update(canonical.data(), canonical.size());
+  return h.hex_digest();
+}
+
+}  // namespace
 
 std::string iteration_dir_name(int64_t iteration) {
   char buf[32];
@@ -105,6 +121,7 @@ std::string CheckpointIndex::to_json() const {
   j["model_args"] = state.model_args;
   j["saved_under"] = state.saved_under;
   j["created_by"] = state.created_by;
+  if (!state.trajectory.empty()) j["trajectory"] = state.trajectory;
   json& files_j = j["files"] = json::object();
   for (const auto& [name, f] : files) files_j[name] = {{"bytes", f.bytes}, {"sha256", f.sha256}};
   json& tensors_j = j["tensors"] = json::object();
@@ -119,6 +136,7 @@ std::string CheckpointIndex::to_json() const {
                         {"range", {p.region.begin, p.region.end}}});
     tensors_j[name] = {{"shape", t.shape}, {"pieces", pieces}};
   }
+  j[kIndexChecksumField] = index_digest(j);
   return j.dump(1);
 }
 
@@ -137,6 +155,20 @@ CheckpointIndex CheckpointIndex::parse(const std::string& text, const std::strin
     if (version > kFormatVersion || version < 1)
       MDLM_FAIL(path, " has format version ", version, "; this megadlm reads versions 1 to ",
                 kFormatVersion, " (a newer megadlm wrote it?)");
+    // The index is the checkpoint's state (iteration, data position, seed, ...): an edit of any
+    // value would resume a different run without a word, so it carries its own checksum.
+    // Indices written before the checksum existed have none and are read as they are.
+    if (j.contains(kIndexChecksumField)) {
+      const std::string expected = j.at(kIndexChecksumField).get<std::string>();
+      const std::string actual = index_digest(j);
+      if (actual != expected)
+        MDLM_FAIL(path, " was modified after it was saved: the SHA-256 of its content is ", actual, ", its ",
+                  kIndexChecksumField, " field says ", expected, ". A value changed by hand (consumed_samples, "
+                  "the seed, the iteration, ...) would resume a different run silently. Restore the file "
+                  "from a copy; change a run with flags instead (--seed with --no-load-rng, "
+                  "--override-opt_param-scheduler), not in the index");
+      idx.checksummed = true;
+    }
     CheckpointState& s = idx.state;
     s.iteration = j.at("iteration").get<int64_t>();
     s.consumed_samples = j.at("consumed_samples").get<int64_t>();
@@ -149,6 +181,7 @@ CheckpointIndex CheckpointIndex::parse(const std::string& text, const std::strin
     if (j.contains("model_args")) s.model_args = j.at("model_args").get<std::vector<std::string>>();
     s.saved_under = j.value("saved_under", std::string());
     s.created_by = j.value("created_by", std::string());
+    s.trajectory = j.value("trajectory", std::string());
     for (const auto& [name, f] : j.at("files").items())
       idx.files[name] = FileInfo{f.at("bytes").get<uint64_t>(), f.at("sha256").get<std::string>()};
     for (const auto& [name, t] : j.at("tensors").items()) {

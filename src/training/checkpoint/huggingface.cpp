@@ -9,7 +9,9 @@
 #include "megadlm/core/error.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/model/gpt_model.h"
+#include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
+#include "megadlm/training/checkpoint/directory_lock.h"
 #include "megadlm/training/checkpoint/file_io.h"
 #include "megadlm/training/checkpoint/safetensors.h"
 #include "megadlm/training/arguments/checkpoint_args.h"
@@ -398,6 +400,18 @@ Tensor HfWeights::read(const std::string& name) const {
 }
 
 void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfImportOptions& options) {
+  // A training run's folder is not the place for an import: the save would point its "latest"
+  // at release/, and the run's next --load would start over from the import instead of resuming
+  // (the trainer refuses the same mix: docs/checkpoints.md, "never over another run").
+  if (const std::vector<int64_t> held = list_checkpoint_iterations(save_dir); !held.empty()) {
+    const std::optional<std::string> latest = read_latest(save_dir);
+    MDLM_FAIL("--save ", save_dir, " holds ", held.size(), " checkpoint(s) of a training run (newest: ",
+              iteration_dir_name(held.back()), latest ? "; " + std::string(kLatestFileName) + " names " + *latest : std::string(),
+              "): writing the import there would point ", kLatestFileName, " at ", kReleaseDirName,
+              ", and the run's next --load would start from the import instead of resuming. Import into "
+              "another (empty or new) directory");
+  }
+  const DirectoryLock lock(save_dir, "--save");  // not while a run saves there
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (file_size_or_missing(config_path) < 0) MDLM_FAIL(hf_dir, " has no config.json: not a Hugging Face model folder");
   RunConfig cfg = run_config_from_hf(read_text_file(config_path), config_path);

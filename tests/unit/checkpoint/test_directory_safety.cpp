@@ -220,3 +220,198 @@ TEST(RunConfigJson, NonFiniteValuesAreRefusedNamingTheField) {
   const std::string what = error_of([&] { checkpoint::run_config_to_json(cfg); });
   EXPECT_NE(what.find("the run configuration holds a non-finite optimizer.min_lr"), std::string::npos) << what;
 }
+
+// ---------------------------------------------------------------- trajectories (rewinds)
+
+namespace {
+
+std::string latest_of(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / checkpoint::kLatestFileName);
+  std::string s;
+  f >> s;
+  return s;
+}
+
+std::string index_text(const std::string& dir, int64_t iteration) {
+  std::ifstream f(fs::path(dir) / checkpoint::iteration_dir_name(iteration) / checkpoint::kIndexFileName);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Run A: iterations 1..6 saved into `dir`, latest 6.
+RunConfig six_saves(const std::string& dir) {
+  RunConfig cfg = tiny_run(6);
+  cfg.checkpoint.save = dir;
+  cfg.checkpoint.save_interval = 1;
+  train(cfg);
+  return cfg;
+}
+
+}  // namespace
+
+// C27: `--load D --ckpt-step 2 --save D` then saving 3 and 4 would replace run A's complete
+// iter_0000003/4 and move latest from 6 back to 4. Refused naming the folder, the iterations at
+// stake and --overwrite-checkpoints; with the flag it goes ahead, and a later plain resume of the
+// rewound run is refused again while A's 5 and 6 are there.
+TEST(Trajectories, ARewindDoesNotSaveOverAnotherTrajectoryUnlessAsked) {
+  TempDir dir("safety_rewind_");
+  RunConfig a = six_saves(dir.str());
+  const std::string a3 = index_text(dir.str(), 3);
+  RunConfig rewind = a;
+  rewind.training.train_iters = 4;
+  rewind.optimizer.lr_decay_iters = 6;
+  rewind.checkpoint.load = dir.str();
+  rewind.checkpoint.ckpt_step = 2;
+  const std::string what = error_of([&] { train(rewind); });
+  EXPECT_NE(what.find("--save " + dir.str() + ": this run resumes from " + (dir / "iter_0000002")), std::string::npos) << what;
+  EXPECT_NE(what.find("also holds 4 newer checkpoint(s) of another trajectory: iter_0000003, iter_0000004, "
+                      "iter_0000005, iter_0000006 (latest_checkpointed_iteration.txt names 6)"), std::string::npos) << what;
+  EXPECT_NE(what.find("would overwrite iter_0000003, iter_0000004 and move latest back"), std::string::npos) << what;
+  EXPECT_NE(what.find("--overwrite-checkpoints"), std::string::npos) << what;
+  EXPECT_NE(what.find("--save NEW_DIR"), std::string::npos) << what;
+  EXPECT_EQ(latest_of(dir.str()), "6");  // nothing was touched
+  EXPECT_TRUE(index_text(dir.str(), 3) == a3);
+
+  // Into another folder: allowed, and the original stays whole.
+  TempDir other("safety_rewind_other_");
+  RunConfig branch = rewind;
+  branch.checkpoint.save = other.str();
+  EXPECT_EQ(error_of([&] { train(branch); }), "");
+  EXPECT_EQ(iteration_dirs(other.str()), (std::vector<std::string>{"iter_0000003", "iter_0000004"}));
+  EXPECT_TRUE(index_text(dir.str(), 3) == a3);
+
+  // Asked for: the rewound run replaces 3 and 4; A's 5 and 6 stay.
+  rewind.checkpoint.overwrite_checkpoints = true;
+  EXPECT_EQ(error_of([&] { train(rewind); }), "");
+  EXPECT_EQ(latest_of(dir.str()), "4");
+  EXPECT_FALSE(index_text(dir.str(), 3) == a3);
+  EXPECT_EQ(iteration_dirs(dir.str()).back(), "iter_0000006");
+  const auto b = checkpoint::read_trajectory(dir / "iter_0000004");
+  ASSERT_TRUE(b);
+  EXPECT_NE(*b, *checkpoint::read_trajectory(dir / "iter_0000005"));  // two trajectories in one folder
+  EXPECT_EQ(*b, *checkpoint::read_trajectory(dir / "iter_0000003"));
+
+  // Resuming the rewound run (latest 4) would save 5 over A's 5: refused again.
+  RunConfig resume = a;
+  resume.training.train_iters = 5;
+  resume.checkpoint.load = dir.str();
+  const std::string again = error_of([&] { train(resume); });
+  EXPECT_NE(again.find("newer checkpoint(s) of another trajectory: iter_0000005, iter_0000006"), std::string::npos) << again;
+}
+
+// The other side: a plain resume continues its own trajectory, also when a newer checkpoint of
+// that trajectory is there (a crash between the rename of iter_N and the rewrite of latest).
+TEST(Trajectories, APlainResumeOverItsOwnNewerCheckpointIsNotRefused) {
+  TempDir dir("safety_crash_window_");
+  RunConfig a = six_saves(dir.str());
+  write_latest(dir.str(), "5");  // as if the run died right after iter_0000006 was renamed into place
+  RunConfig resume = a;
+  resume.checkpoint.load = dir.str();
+  const std::string what = error_of([&] { train(resume); });
+  EXPECT_EQ(what, "");
+  EXPECT_EQ(latest_of(dir.str()), "6");
+}
+
+// C28: the same rewind with --keep-last-n-checkpoints 2 must not remove the checkpoint it loaded
+// or its own saves (ranking by iteration across trajectories kept A's 5/6 and removed 2 and 3),
+// and never removes another trajectory's checkpoints.
+TEST(Retention, ARewoundRunKeepsItsLoadSourceAndItsOwnSaves) {
+  TempDir dir("safety_rewind_keep_");
+  RunConfig a = six_saves(dir.str());
+  RunConfig rewind = a;
+  rewind.training.train_iters = 4;
+  rewind.optimizer.lr_decay_iters = 6;
+  rewind.checkpoint.load = dir.str();
+  rewind.checkpoint.ckpt_step = 2;
+  rewind.checkpoint.keep_last_n_checkpoints = 2;
+  rewind.checkpoint.overwrite_checkpoints = true;
+  const std::string log = train(rewind);
+  const std::vector<std::string> left = iteration_dirs(dir.str());
+  for (const char* name : {"iter_0000002", "iter_0000003", "iter_0000004"})
+    EXPECT_NE(std::find(left.begin(), left.end(), name), left.end()) << name << " was removed:\n" << log;
+  for (const char* name : {"iter_0000001", "iter_0000005", "iter_0000006"})  // A's: not this run's to remove
+    EXPECT_NE(std::find(left.begin(), left.end(), name), left.end()) << name << " was removed:\n" << log;
+
+  // A plain run of one trajectory: the newest N of its saves, and its load source.
+  TempDir plain("safety_keep_source_");
+  RunConfig first = tiny_run(5);
+  first.checkpoint.save = plain.str();
+  first.checkpoint.save_interval = 1;
+  first.checkpoint.keep_last_n_checkpoints = 2;
+  train(first);
+  EXPECT_EQ(iteration_dirs(plain.str()), (std::vector<std::string>{"iter_0000004", "iter_0000005"}));
+  RunConfig more = first;
+  more.training.train_iters = 8;
+  more.optimizer.lr_decay_iters = 5;
+  more.checkpoint.load = plain.str();
+  train(more);
+  EXPECT_EQ(iteration_dirs(plain.str()), (std::vector<std::string>{"iter_0000005", "iter_0000007", "iter_0000008"}));
+}
+
+// ---------------------------------------------------------------- the index is the state
+
+namespace {
+
+void edit_index(const std::string& ckpt, const std::string& from, const std::string& to) {
+  const std::string path = (fs::path(ckpt) / checkpoint::kIndexFileName).string();
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  in.close();
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << path;
+  text.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::trunc) << text;
+}
+
+}  // namespace
+
+// C5: metadata.json carries its own checksum. An edited consumed_samples (120 -> 920 skipped 800
+// samples) or seed (every mask changes) used to load silently; now every reader (a resume,
+// convert_checkpoint --check) refuses naming the file.
+TEST(IndexIntegrity, AnEditedIndexIsRefusedNamingTheFile) {
+  TempDir dir("safety_index_");
+  RunConfig cfg = tiny_run(2);
+  cfg.checkpoint.save = dir.str();
+  cfg.checkpoint.save_interval = 1;
+  cfg.training.seed = 1234;
+  train(cfg);
+  const std::string ckpt = dir / "iter_0000002";
+  EXPECT_EQ(checkpoint::CheckpointReader(ckpt).index().state.consumed_samples, 4);
+  EXPECT_TRUE(checkpoint::CheckpointReader(ckpt).index().checksummed);
+  RunConfig resume = cfg;
+  resume.training.train_iters = 3;
+  resume.checkpoint.load = dir.str();
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"consumed_samples\": 4,", "\"consumed_samples\": 904,"}, {"\"seed\": 1234", "\"seed\": 1235"}}) {
+    SCOPED_TRACE(to);
+    const std::string saved = index_text(dir.str(), 2);
+    edit_index(ckpt, from, to);
+    const std::string what = error_of([&] { checkpoint::CheckpointReader r(ckpt); });
+    EXPECT_NE(what.find(ckpt + "/metadata.json was modified after it was saved"), std::string::npos) << what;
+    EXPECT_NE(error_of([&] { train(resume); }).find("was modified after it was saved"), std::string::npos);
+    std::ofstream(fs::path(ckpt) / checkpoint::kIndexFileName, std::ios::trunc) << saved;
+  }
+  // Whitespace is not content: the index re-indented still loads.
+  edit_index(ckpt, "\"consumed_samples\": 4,", "\"consumed_samples\":     4,");
+  EXPECT_EQ(error_of([&] { checkpoint::CheckpointReader r(ckpt); }), "");
+}
+
+// C4b: the folder's number (what latest and --ckpt-step go by) and the index's iteration (what a
+// resume continues from) must agree.
+TEST(IndexIntegrity, AFolderWhoseNumberIsNotItsIterationIsRefused) {
+  TempDir dir("safety_rename_");
+  RunConfig cfg = tiny_run(2);
+  cfg.checkpoint.save = dir.str();
+  cfg.checkpoint.save_interval = 2;
+  train(cfg);
+  fs::rename(dir / "iter_0000002", dir / "iter_0000007");
+  write_latest(dir.str(), "7");
+  const std::string what = error_of([&] { checkpoint::CheckpointReader r(dir / "iter_0000007"); });
+  EXPECT_NE(what.find((dir / "iter_0000007") + "/metadata.json records iteration 2, but its folder is "
+                      "iter_0000007"), std::string::npos) << what;
+  EXPECT_NE(what.find("Rename the folder back (iter_0000002)"), std::string::npos) << what;
+  RunConfig resume = cfg;
+  resume.training.train_iters = 8;
+  resume.checkpoint.load = dir.str();
+  EXPECT_NE(error_of([&] { train(resume); }).find("records iteration 2, but its folder is iter_0000007"),
+            std::string::npos);
+}

@@ -308,8 +308,12 @@ TEST(Rolling, ALoadTakesTheNewerOfPersistentAndRollingAndResumesExactly) {
                        dir.str() + "/non_persistent is older: 8)"), std::string::npos) << b.log;
   ASSERT_EQ(b.metrics.size(), 2u);
   expect_same_tail(straight.metrics, b.metrics);
-  // --ckpt-step names a persistent iteration, whatever the rolling directory holds.
+  // --ckpt-step names a persistent iteration, whatever the rolling directory holds. (A rewind
+  // below the folder's 10 and 12: saving over them needs --overwrite-checkpoints.)
   second.checkpoint.ckpt_step = 6;
+  EXPECT_NE(error_of([&] { train(second); }).find("newer checkpoint(s) of another trajectory: iter_0000010, iter_0000012"),
+            std::string::npos);
+  second.checkpoint.overwrite_checkpoints = true;
   EXPECT_EQ(train(second).metrics.size(), 6u);
 }
 

@@ -141,6 +141,49 @@ TEST(FaultDetector, ByDefaultADivergingLossIsReportedNotRejected) {
   EXPECT_EQ(s.calls, 5u);
 }
 
+// A gradual divergence (R13: 4.85 -> 2614 over 90 iterations at --lr 20) raises the median of the
+// last 32 with it, so the 10x-median rule never fires; the loss of a uniform guess, ln(vocab),
+// does not move: 10 x it is a divergence, rejected with --check-for-spiky-loss, reported without.
+TEST(FaultDetector, AGradualDivergenceIsCaughtAgainstTheUniformGuess) {
+  const double uniform = std::log(128.0);  // 4.852
+  std::vector<double> losses;
+  for (int i = 0; i < 90; ++i) losses.push_back(uniform * std::pow(1.0735, i));  // -> ~2600
+  ASSERT_GT(losses.back(), 2500.0);
+  auto first_report = [&](const FaultDetectionConfig& c, double reference, const std::string& want) {
+    FaultDetector d(c, true, reference);
+    for (size_t i = 0; i < losses.size(); ++i) {
+      Script s{{{losses[i], 1.0}, {losses[i], 1.0}}};
+      const FaultVerdict v = step(d, static_cast<int64_t>(i) + 1, s);
+      EXPECT_EQ(v.action, FaultAction::Apply);
+      if (!v.report.empty()) {
+        EXPECT_NE(v.report.find(want), std::string::npos) << v.report;
+        EXPECT_TRUE(v.flagged);
+        return static_cast<int64_t>(i) + 1;
+      }
+      EXPECT_FALSE(v.flagged);
+    }
+    return int64_t{-1};
+  };
+  // The median alone never sees it (each loss is 1.07x the previous one).
+  EXPECT_EQ(first_report(validate(true), 0, ""), -1);
+  // Against the uniform guess: from the first loss >= 48.5 (iteration 34), replayed and reported.
+  const int64_t at = first_report(validate(true), uniform, "found a diverging loss (");
+  EXPECT_EQ(at, 34);
+  EXPECT_GE(losses[static_cast<size_t>(at - 1)], 10 * uniform);
+  EXPECT_LT(losses[static_cast<size_t>(at - 2)], 10 * uniform);
+  // Without --check-for-spiky-loss: reported, not replayed.
+  EXPECT_EQ(first_report(FaultDetectionConfig{}, uniform, "the run is diverging (not rejected"), 34);
+  // The reference: ln of the padded vocabulary (times block diffusion's loss scale above 1).
+  RunConfig cfg;
+  cfg.model.vocab_size = 100;
+  cfg.model.padded_vocab_size = 128;
+  EXPECT_DOUBLE_EQ(uniform_guess_loss(cfg), uniform);
+  cfg.diffusion.block_size = 4;
+  cfg.diffusion.diffusion_loss_scale = 2.0f;
+  cfg.diffusion.ar_loss_weight = 1.0f;
+  EXPECT_DOUBLE_EQ(uniform_guess_loss(cfg), 3 * uniform);
+}
+
 TEST(FaultDetector, WithoutReplaysSpikesAreReportedAndNansLeftToTheTrainersCheck) {
   FaultDetectionConfig c;
   c.check_spiky_loss = true;
@@ -254,6 +297,46 @@ TEST(FaultReplay, APersistentFaultStopsWithACheckpointOfTheLastGoodState) {
   EXPECT_EQ(t.iteration(), 1);  // the faulty step was not applied
   const checkpoint::CheckpointReader saved(dir / "iter_0000001");
   EXPECT_EQ(saved.index().state.iteration, 1);
+}
+
+// R14: after a fast divergence the run stopped on a reproducible NaN and called the state
+// before the NaN — the weights after several applied spikes (loss 2.2e13) — "the last good
+// state", and saved it as such. The last good state is the one before the first flagged result
+// was applied; no checkpoint of a diverged state is written as a good one.
+TEST(FaultReplay, AfterAnAppliedSpikeTheLastGoodStateIsTheOneBeforeIt) {
+  test::TempDir dir("fault_spike_stop_");
+  RunConfig cfg = test::tiny_run(test::TinyShape::small(), 12);
+  cfg.optimizer.lr = 1e3f;
+  cfg.optimizer.clip_grad = 0.0f;
+  cfg.checkpoint.save = dir.str();
+  cfg.checkpoint.save_interval = 1;
+  cfg.fault_detection = validate(true);
+  auto data = std::make_shared<MockGptDataset>(cfg.model.vocab_size, cfg.model.seq_length, cfg.diffusion.mask_token);
+  std::ostringstream log;
+  Trainer t(cfg, data, log);
+  std::string what;
+  try {
+    t.train();
+  } catch (const FaultStop& e) {
+    what = e.what();
+  }
+  ASSERT_NE(what, "") << "the diverging run did not stop on a reproducible fault: " << log.str();
+  // The first applied spike, as the message names it.
+  const std::string marker = "whose result was flagged (iteration ";
+  const size_t m = what.find(marker);
+  ASSERT_NE(m, std::string::npos) << what;
+  const int64_t flagged = std::stoll(what.substr(m + marker.size()));
+  ASSERT_LT(flagged, t.iteration() + 1) << what;
+  const int64_t good = flagged - 1;
+  EXPECT_EQ(what.find("the last good state (iteration " + std::to_string(t.iteration()) + ")"), std::string::npos) << what;
+  EXPECT_NE(what.find("no checkpoint was written: the state at iteration " + std::to_string(t.iteration()) +
+                      " is not a good state"), std::string::npos) << what;
+  EXPECT_NE(what.find("The last good state is iteration " + std::to_string(good)), std::string::npos) << what;
+  if (good > 0) {
+    EXPECT_NE(what.find("the checkpoint " + (dir / checkpoint::iteration_dir_name(good)) + " (resume it"),
+              std::string::npos) << what;
+  }
+  EXPECT_EQ(t.iteration(), checkpoint::list_checkpoint_iterations(dir.str()).back());  // nothing saved at the stop
 }
 
 TEST(FaultReplay, ADivergingRunIsReportedAsASpike) {

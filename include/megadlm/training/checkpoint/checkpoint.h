@@ -113,9 +113,18 @@ std::vector<std::string> remove_older_checkpoints(const std::string& dir, const 
 
 /// Retention (--keep-last-n-checkpoints): removes the complete iter_* checkpoints of DIR beyond
 /// the `keep` newest by iteration (keep >= 1), never the one latest_checkpointed_iteration.txt
-/// names, never release/ or a directory without an index. Same removal protocol as above; call
-/// on one rank after a commit. Returns the removed directories.
-std::vector<std::string> remove_checkpoints_beyond(const std::string& dir, int64_t keep);
+/// names, never one of `protect` (directory names, e.g. "iter_0000010": the checkpoint a run
+/// was loaded from), never release/ or a directory without an index. With `trajectory`, only
+/// the checkpoints of that trajectory (CheckpointState::trajectory) are ranked and removed: a
+/// run never removes another trajectory's checkpoints, nor lets them push its own out. Same
+/// removal protocol as above; call on one rank after a commit. Returns the removed directories.
+std::vector<std::string> remove_checkpoints_beyond(const std::string& dir, int64_t keep,
+                                                   const std::optional<std::string>& trajectory = std::nullopt,
+                                                   const std::vector<std::string>& protect = {});
+
+/// The trajectory an iteration directory's index records ("" when it records none: written
+/// before trajectories existed); nullopt when the index cannot be read.
+std::optional<std::string> read_trajectory(const std::string& checkpoint_dir);
 
 /// An opened checkpoint directory: the index is read and checked; files are opened on use.
 class CheckpointReader {

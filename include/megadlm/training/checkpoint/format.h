@@ -27,6 +27,8 @@ namespace megadlm::checkpoint {
 inline constexpr const char* kFormatName = "megadlm-checkpoint";
 inline constexpr int kFormatVersion = 1;
 inline constexpr const char* kIndexFileName = "metadata.json";
+/// The index's own checksum: SHA-256 of the index without this field (compact JSON, keys sorted).
+inline constexpr const char* kIndexChecksumField = "index_sha256";
 inline constexpr const char* kLatestFileName = "latest_checkpointed_iteration.txt";
 inline constexpr const char* kReleaseDirName = "release";
 inline constexpr const char* kIncompleteSuffix = ".incomplete";
@@ -100,16 +102,23 @@ struct CheckpointState {
   std::vector<std::string> model_args;  ///< flags for --use-checkpoint-args
   std::string saved_under;              ///< the layout that wrote it (for people, not for loading)
   std::string created_by;               ///< program and version
+  /// Which run history the checkpoint belongs to (docs/checkpoints.md, "Trajectories"): a fresh
+  /// run draws one, a resume inherits its checkpoint's, a rewind to an older checkpoint (an
+  /// explicit --ckpt-step below newer checkpoints of the folder) draws a new one. "" for
+  /// checkpoints written before the field existed.
+  std::string trajectory;
 };
 
 struct CheckpointIndex {
   CheckpointState state;
   std::map<std::string, TensorInfo> tensors;  ///< by full name ("model/...", "optimizer/...")
   std::map<std::string, FileInfo> files;      ///< by file name
+  bool checksummed = false;  ///< parse() found and verified kIndexChecksumField (older indices have none)
 
   std::string to_json() const;
-  /// Parses and checks the index: known format and version, pieces inside their tensors and
-  /// naming listed files. Throws naming `path`.
+  /// Parses and checks the index: its checksum (kIndexChecksumField; indices written before it
+  /// existed have none), known format and version, pieces inside their tensors and naming listed
+  /// files. Throws naming `path`.
   static CheckpointIndex parse(const std::string& json, const std::string& path);
 };
 

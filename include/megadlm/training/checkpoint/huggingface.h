@@ -79,7 +79,9 @@ struct HfImportOptions {
 
 /// Reads a Hugging Face folder (model.safetensors or a sharded index) and writes the megadlm
 /// checkpoint `save_dir`/release with latest_checkpointed_iteration.txt = "release": weights
-/// only, loadable with --load (iteration 0, fresh optimizer) or --finetune.
+/// only, loadable with --load (iteration 0, fresh optimizer) or --finetune. Refuses a
+/// `save_dir` that holds iteration checkpoints (a training run's folder, whose "latest" it would
+/// repoint) and one a running trainer holds (its megadlm.lock).
 void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfImportOptions& options);
 
 /// Logits (host f32 [batch * seq, padded vocab]) of the checkpoint's model for `tokens`
