@@ -2,6 +2,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,7 +11,6 @@
 #include <limits>
 #include <map>
 #include <ostream>
-#include <regex>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
@@ -156,23 +156,44 @@ uint64_t NumpyRandomState::interval(uint64_t max) {
 // ------------------------------------------------------------------------- split and blend
 
 SplitMatrix parse_split(const std::string& split) {
+  // Megatron reads the numbers with the pattern [.0-9]+, which drops a minus sign ("100,-5,5"
+  // becomes 100, 5, 5) and skips a "nan": the splits would not be what was typed. Each word
+  // between separators (commas, slashes as in Megatron's legacy --split, whitespace) is read
+  // whole and must be a finite number >= 0.
+  const std::string valid = "; valid: 1 to 3 finite proportions >= 0 for train, valid and test, not all 0 "
+                            "(example: 969,30,1)";
   std::vector<double> v;
-  static const std::regex number("[.0-9]+");
-  for (auto it = std::sregex_iterator(split.begin(), split.end(), number); it != std::sregex_iterator(); ++it) {
-    const std::string tok = it->str();
+  std::vector<std::string> words;
+  std::string word;
+  for (size_t i = 0; i <= split.size(); ++i) {
+    const char c = i < split.size() ? split[i] : ',';
+    if (c == ',' || c == '/' || std::isspace(static_cast<unsigned char>(c))) {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+    } else {
+      word.push_back(c);
+    }
+  }
+  for (const std::string& w : words) {
     char* end = nullptr;
-    const double x = std::strtod(tok.c_str(), &end);
-    if (end == tok.c_str() || *end != '\0')
-      MDLM_FAIL("--split \"", split, "\": cannot read \"", tok, "\" as a number (example: 969,30,1)");
+    const double x = std::strtod(w.c_str(), &end);
+    if (end == w.c_str() || *end != '\0')
+      MDLM_FAIL("--split \"", split, "\": cannot read \"", w, "\" as a number", valid);
+    if (!std::isfinite(x))
+      MDLM_FAIL("--split \"", split, "\": the proportion \"", w, "\" is not a finite number", valid);
+    if (x < 0)
+      MDLM_FAIL("--split \"", split, "\": the proportion \"", w, "\" is negative", valid);
     v.push_back(x);
   }
   if (v.empty() || v.size() > 3)
-    MDLM_FAIL("--split \"", split, "\": expected 1 to 3 comma-separated proportions for train, "
-              "valid and test (example: 969,30,1), found ", v.size());
+    MDLM_FAIL("--split \"", split, "\": expected 1 to 3 proportions for train, valid and test "
+              "(example: 969,30,1), found ", v.size());
   v.resize(3, 0.0);
   double sum = 0;
   for (double x : v) sum += x;
-  if (!(sum > 0)) MDLM_FAIL("--split \"", split, "\": the proportions add up to 0");
+  if (!(sum > 0)) MDLM_FAIL("--split \"", split, "\": the proportions add up to 0", valid);
+  if (!std::isfinite(sum))
+    MDLM_FAIL("--split \"", split, "\": the proportions add up to more than the largest number", valid);
   for (double& x : v) x /= sum;
   SplitMatrix m;
   double at = 0;
@@ -231,6 +252,19 @@ Blend parse_blend(const std::vector<std::string>& values, const std::string& fla
     MDLM_FAIL(flag, ": unparsable blend weight(s) ", list, "; a blend is `weight prefix weight "
               "prefix ...` (e.g. `0.3 /data/a_text_document 0.7 /data/b_text_document`) "
               "or prefixes only");
+  }
+  // The weights are normalised by their sum: a sum that overflows (1e308 1e308) would turn
+  // every weight into 0 and the error would come from the sample counts.
+  double sum = 0;
+  for (double w : b.weights) sum += w;
+  if (!std::isfinite(sum)) {
+    std::string list;
+    for (size_t i = 0; i < b.weights.size(); ++i) {
+      if (!list.empty()) list += ", ";
+      list.append(values[2 * i]).append(" (").append(b.prefixes[i]).append(")");
+    }
+    MDLM_FAIL(flag, ": the blend weights ", list, " add up to more than the largest number a double "
+              "holds; scale them down (only their ratios matter, e.g. 1 and 1 for two equal weights)");
   }
   return b;
 }

@@ -165,6 +165,38 @@ TEST(Split, ParsesLikeMegatron) {
   EXPECT_THROW(parse_split("0,0,0"), Error);
 }
 
+// D10/D11 (issue 32): Megatron reads the numbers with the pattern [.0-9]+, so "100,-5,5" lost its
+// minus sign and "nan,5,5" its first proportion: the splits then did not say what was typed.
+// Each proportion is read whole and must be a finite number >= 0.
+TEST(Split, RefusesNegativeAndNonFiniteProportions) {
+  struct Case {
+    const char* split;
+    const char* says;
+  };
+  for (const Case& c : {Case{"100,-5,5", "\"-5\" is negative"}, Case{"nan,5,5", "\"nan\" is not a finite number"},
+                        Case{"5,inf,5", "\"inf\" is not a finite number"},
+                        Case{"1e999,1,1", "\"1e999\" is not a finite number"},
+                        Case{"90,5x,5", "cannot read \"5x\" as a number"},
+                        Case{"1,2,3,4", "expected 1 to 3"}}) {
+    try {
+      parse_split(c.split);
+      ADD_FAILURE() << c.split << " was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("--split \"") + c.split + "\""), std::string::npos) << what;
+      EXPECT_NE(what.find(c.says), std::string::npos) << what;
+      EXPECT_NE(what.find("969,30,1"), std::string::npos) << what;  // what would be valid
+    }
+  }
+  // The separators Megatron's pattern let through still work: commas, slashes, spaces.
+  for (const char* ok : {"969, 30, 1", "969/30/1", "969 30 1", " 969,30,1 ", "9.69e2,30,1"}) {
+    const SplitMatrix m = parse_split(ok);
+    ASSERT_TRUE(m[0] && m[1] && m[2]) << ok;
+    EXPECT_DOUBLE_EQ(m[0]->second, 0.969) << ok;
+    EXPECT_DOUBLE_EQ(m[1]->second, 0.999) << ok;
+  }
+}
+
 TEST(Blend, ParsesPrefixesAndWeightedPairs) {
   Blend b = parse_blend({"A"}, "--data-path");
   EXPECT_EQ(b.prefixes, (std::vector<std::string>{"A"}));
@@ -195,6 +227,23 @@ TEST(Blend, ParsesPrefixesAndWeightedPairs) {
                                          "weighted blend is `weight prefix` pairs"),
               std::string::npos) << e.what();
   }
+}
+
+// D8 (issue 32): weights whose sum overflows a double normalise to 0 and NaN; the error then
+// came from the sample counts. The weights are named instead.
+TEST(Blend, RefusesWeightsWhoseSumOverflows) {
+  try {
+    parse_blend({"1e308", "A", "1e308", "B"}, "--data-path");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--data-path: the blend weights 1e308 (A), 1e308 (B) add up to more than "
+                        "the largest number"), std::string::npos) << what;
+    EXPECT_NE(what.find("only their ratios matter"), std::string::npos) << what;
+  }
+  // Large weights whose sum is finite are fine: only the ratios count.
+  const Blend b = parse_blend({"1e300", "A", "3e300", "B"}, "--data-path");
+  EXPECT_EQ(b.weights.size(), 2u);
 }
 
 TEST(Blend, GreedyIndicesFollowTheWeights) {
