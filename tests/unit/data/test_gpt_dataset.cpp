@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -148,6 +149,108 @@ TEST(GptDataset, CacheIsReusedOnlyForTheSameParameters) {
   GptDataset rebuilt(data, Split::Train, 0, 10, 20, o);
   EXPECT_FALSE(rebuilt.loaded_from_cache());
   EXPECT_EQ(rebuilt.shuffle_index(), first.shuffle_index());
+}
+
+namespace {
+
+// Overwrites element `at` of an .npy file of T's written by the cache (header, then the data).
+template <typename T>
+void poke_npy(const std::string& path, int64_t at, T value) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  char head[10];
+  f.read(head, 10);
+  const uint16_t len = static_cast<uint16_t>(static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8));
+  f.seekp(10 + len + at * static_cast<int64_t>(sizeof(T)));
+  f.write(reinterpret_cast<const char*>(&value), sizeof(T));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+std::string cache_file(const std::string& dir, const std::string& ending) {
+  for (auto& f : std::filesystem::directory_iterator(dir)) {
+    const std::string p = f.path().string();
+    if (p.size() >= ending.size() && p.compare(p.size() - ending.size(), ending.size(), ending) == 0) return p;
+  }
+  ADD_FAILURE() << "no cache file *" << ending << " in " << dir;
+  return {};
+}
+
+}  // namespace
+
+// D21 (issue 32): one out-of-range value in a --data-cache-path index file crashed the run
+// (SIGSEGV, no message). Every index read from the cache is checked (ranges, monotonicity,
+// sizes); a damaged file is named in a warning and the indices are rebuilt (and rewritten).
+TEST(GptDataset, DamagedCachedIndicesAreDetectedAndRebuilt) {
+  const std::string dir = temp_dir("damaged");
+  auto data = make_dataset(dir + "/d", kLengths);
+  GptDatasetOptions o;
+  o.seq_length = 4;
+  o.cache_dir = dir + "/cache";
+  const GptDataset first(data, Split::Train, 0, 10, 20, o);
+  std::vector<std::vector<int32_t>> want;
+  for (int64_t i = 0; i < first.size(); ++i) want.push_back(first.sample(i));
+  struct Damage {
+    const char* file;
+    int64_t at;
+    int64_t value;
+  };
+  // Out of range, negative, huge; a sample index that goes backwards or points past its
+  // document; a shuffle index that repeats a sample.
+  for (const Damage& d : {Damage{"document_index.npy", 3, 1000000}, Damage{"document_index.npy", 0, -1},
+                          Damage{"document_index.npy", 5, 7},  // a document twice in an epoch
+                          Damage{"sample_index.npy", 6, int64_t{1} << 40}, Damage{"sample_index.npy", 7, 1000},
+                          Damage{"sample_index.npy", 4, 0}, Damage{"sample_index.npy", 1, -3},
+                          Damage{"shuffle_index.npy", 2, 23}, Damage{"shuffle_index.npy", 2, -1},
+                          Damage{"shuffle_index.npy", 2, first.shuffle_index()[3]}}) {
+    SCOPED_TRACE(std::string(d.file) + "[" + std::to_string(d.at) + "] = " + std::to_string(d.value));
+    const std::string path = cache_file(o.cache_dir, d.file);
+    if (std::string(d.file) == "document_index.npy") poke_npy<int32_t>(path, d.at, static_cast<int32_t>(d.value));
+    else poke_npy<int64_t>(path, d.at, d.value);
+    std::ostringstream log;
+    o.log = &log;
+    const GptDataset again(data, Split::Train, 0, 10, 20, o);
+    EXPECT_FALSE(again.loaded_from_cache());
+    EXPECT_NE(log.str().find(path), std::string::npos) << log.str();  // the file is named
+    ASSERT_EQ(again.size(), first.size());
+    for (int64_t i = 0; i < again.size(); ++i) EXPECT_EQ(again.sample(i), want[static_cast<size_t>(i)]);
+    // ...and rewritten: the next run loads it.
+    const GptDataset third(data, Split::Train, 0, 10, 20, o);
+    EXPECT_TRUE(third.loaded_from_cache());
+  }
+}
+
+TEST(BlendedDataset, DamagedCachedIndicesAreDetectedAndRebuilt) {
+  const std::string dir = temp_dir("damaged_blend");
+  std::vector<int32_t> many(60, 20);
+  make_dataset(dir + "/a", many);
+  make_dataset(dir + "/b", many);
+  GptDatasetOptions o;
+  o.seq_length = 8;
+  o.cache_dir = dir + "/cache";
+  DataSources src;
+  src.blend = parse_blend({"0.25", dir + "/a", "0.75", dir + "/b"}, "--data-path");
+  src.split = "100,0,0";
+  const auto first = build_gpt_datasets(src, {100, std::nullopt, std::nullopt}, o).train();
+  std::vector<std::vector<int32_t>> want;
+  for (int64_t i = 0; i < first->num_samples(); ++i) want.push_back(first->sample(i));
+  struct Damage {
+    const char* file;
+    int64_t at;
+    int64_t value;
+  };
+  for (const Damage& d : {Damage{"dataset_index.npy", 5, 7}, Damage{"dataset_index.npy", 5, -1},
+                          Damage{"dataset_sample_index.npy", 9, int64_t{1} << 40},
+                          Damage{"dataset_sample_index.npy", 9, -2}, Damage{"dataset_sample_index.npy", 9, 0}}) {
+    SCOPED_TRACE(std::string(d.file) + "[" + std::to_string(d.at) + "] = " + std::to_string(d.value));
+    const std::string path = cache_file(o.cache_dir, std::string("BlendedDataset-train-") + d.file);
+    if (std::string(d.file) == "dataset_index.npy") poke_npy<int16_t>(path, d.at, static_cast<int16_t>(d.value));
+    else poke_npy<int64_t>(path, d.at, d.value);
+    std::ostringstream log;
+    o.log = &log;
+    const auto again = build_gpt_datasets(src, {100, std::nullopt, std::nullopt}, o).train();
+    EXPECT_NE(log.str().find(path), std::string::npos) << log.str();
+    ASSERT_EQ(again->num_samples(), first->num_samples());
+    for (int64_t i = 0; i < again->num_samples(); ++i) EXPECT_EQ(again->sample(i), want[static_cast<size_t>(i)]);
+  }
 }
 
 TEST(Split, ParsesLikeMegatron) {
