@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# generate_difflm on inputs a user gets wrong, or that the model makes awkward (issue 32):
-#   G4  prompt + --gen-length longer than the model's positions: refused, the limit named
-#   G5  an absurd --gen-length (100000000): refused before anything runs
-#   G12 a prompt holding the mask token id: refused up front, naming the prompt and position
-#   G8  byte-level BPE output that is not UTF-8 (a cut multi-byte character): every row written,
-#       the text with U+FFFD where bytes form no character, the token ids exact
+# generate_difflm on inputs a user gets wrong, or that the model makes awkward:
+#   - prompt + --gen-length longer than the model's positions: refused, the limit named
+#   - an absurd --gen-length (100000000): refused before anything runs
+#   - a prompt holding the mask token id: refused up front, naming the prompt and position
+#   - byte-level BPE output that is not UTF-8 (a cut multi-byte character): every row written,
+#     the text with U+FFFD where bytes form no character, the token ids exact
 # The model: configs/tiny_dlm.args (64 positions, RoPE, vocabulary 128, mask 127), two steps.
 set -euo pipefail
 source "$2/tests/e2e/lib/inference.sh"
@@ -43,19 +43,19 @@ with open("pmask.jsonl", "w") as f:  # the mask id 127 at position 2 of prompt 1
     f.write(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
     f.write(json.dumps({"prompt_ids": [5, 9, 127, 10]}) + "\n")
 P
-# G4: 13 + 64 = 77 and 56 + 32 = 88 positions on a 64-position model (the longest prompt named).
+# 13 + 64 = 77 and 56 + 32 = 88 positions on a 64-position model (the longest prompt named).
 refused positions77 "prompt 0 (13 tokens) plus \`--gen-length 64\` needs 77 positions" \
   "the model has 64 (its --max-position-embeddings)" "\`--gen-length\` at most 51 with this prompt" -- \
   --prompts-jsonl p13.jsonl --gen-length 64 --steps 64
 refused positions88 "prompt 1 (56 tokens) plus \`--gen-length 32\` needs 88 positions" \
   "\`--gen-length\` at most 8 with this prompt, or prompts of at most 32 tokens" -- \
   --prompts-jsonl p56.jsonl --gen-length 32 --steps 32 --block-length 8
-# G5: the generation alone is longer than the model (56 + 192 = 248; 100000000).
+# The generation alone is longer than the model (56 + 192 = 248; 100000000).
 refused positions248 "\`--gen-length 192\` is more than the model's 64 positions" -- \
   --prompts-jsonl p56.jsonl --gen-length 192 --steps 192 --block-length 64
 refused gen_length "\`--gen-length 100000000\` is more than the model's 64 positions" -- \
   --prompts-jsonl p13.jsonl --gen-length 100000000 --steps 100000000
-# G12: the mask id in a prompt (the sampler would fill it and leave a generated position masked).
+# The mask id in a prompt (the sampler would fill it and leave a generated position masked).
 refused mask_in_prompt "prompt 1 holds the mask token 127 at position 2" -- \
   --prompts-jsonl pmask.jsonl --gen-length 8 --steps 8
 # Within the limit: 13 + 48 = 61 positions run.
@@ -63,7 +63,7 @@ refused mask_in_prompt "prompt 1 holds the mask token 127 at position 2" -- \
   --block-length 16 --output fits.jsonl 2> fits.err || { cat fits.err; echo "FAIL: 61 positions refused"; exit 1; }
 [ "$(wc -l < fits.jsonl)" -eq 1 ] || { echo "FAIL: no row for 61 positions"; exit 1; }
 
-# G8: a byte-level BPE tokenizer.json whose 128 tokens are the single bytes 0x80-0xFF
+# A byte-level BPE tokenizer.json whose 128 tokens are the single bytes 0x80-0xFF
 # (continuation and lead bytes): generated text is mostly not UTF-8.
 "$PY" - <<'P'
 import json
@@ -117,4 +117,4 @@ import json
 a = [json.loads(l)['token_ids'] for l in open('ids.jsonl')]
 b = [json.loads(l)['token_ids'] for l in open('utf8_1.jsonl')]
 assert a == b, (a, b)" || { echo "FAIL: decoding changed the token ids"; exit 1; }
-echo "PASS: positions (G4, G5) and the mask id (G12) refused up front; text that is not UTF-8 (G8) written with U+FFFD, ids exact"
+echo "PASS: positions and the mask id refused up front; text that is not UTF-8 written with U+FFFD, ids exact"

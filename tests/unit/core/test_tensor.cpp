@@ -45,7 +45,7 @@ TEST(Tensor, WrongDtypeAccessIsAnError) {
   }
 }
 
-// R9 (issue 32): a host allocation that fails said "check failed: p != nullptr". It names the
+// A host allocation that fails said "check failed: p != nullptr". It names the
 // tensor's shape, dtype and bytes, what megadlm's host tensors hold already, the machine's memory
 // and what to change.
 TEST(Tensor, FailedHostAllocationSaysWhatHowMuchAndWhatToChange) {

@@ -176,7 +176,7 @@ std::string cache_file(const std::string& dir, const std::string& ending) {
 
 }  // namespace
 
-// D21 (issue 32): one out-of-range value in a --data-cache-path index file crashed the run
+// One out-of-range value in a --data-cache-path index file crashed the run
 // (SIGSEGV, no message). Every index read from the cache is checked (ranges, monotonicity,
 // sizes); a damaged file is named in a warning and the indices are rebuilt (and rewritten).
 TEST(GptDataset, DamagedCachedIndicesAreDetectedAndRebuilt) {
@@ -268,7 +268,7 @@ TEST(Split, ParsesLikeMegatron) {
   EXPECT_THROW(parse_split("0,0,0"), Error);
 }
 
-// D10/D11 (issue 32): Megatron reads the numbers with the pattern [.0-9]+, so "100,-5,5" lost its
+// Megatron reads the numbers with the pattern [.0-9]+, so "100,-5,5" lost its
 // minus sign and "nan,5,5" its first proportion: the splits then did not say what was typed.
 // Each proportion is read whole and must be a finite number >= 0.
 TEST(Split, RefusesNegativeAndNonFiniteProportions) {
@@ -332,7 +332,7 @@ TEST(Blend, ParsesPrefixesAndWeightedPairs) {
   }
 }
 
-// D8 (issue 32): weights whose sum overflows a double normalise to 0 and NaN; the error then
+// Weights whose sum overflows a double normalise to 0 and NaN; the error then
 // came from the sample counts. The weights are named instead.
 TEST(Blend, RefusesWeightsWhoseSumOverflows) {
   try {

@@ -224,7 +224,7 @@ TEST(HuggingFaceTokenizer, RefusesNormalizersOtherThanNfc) {
   }
 }
 
-// G8 (issue 32): generated ids can end inside a multi-byte character (or hold bytes that form
+// Generated ids can end inside a multi-byte character (or hold bytes that form
 // none); their text was not UTF-8, and generate_difflm's JSON writer threw. Decoding replaces
 // each maximal ill-formed stretch with U+FFFD, as Hugging Face's byte-level decoder
 // (String::from_utf8_lossy) and Megatron's GPT-2 tokenizer (errors="replace") do.
@@ -266,7 +266,7 @@ std::string tokenizer_json_with(const fs::path& dir, const std::vector<std::stri
 
 }  // namespace
 
-// D18 (issue 32): Hugging Face's BPE builder refuses a merge whose two parts or whose result are
+// Hugging Face's BPE builder refuses a merge whose two parts or whose result are
 // not in the vocabulary (MergeTokenOutOfVocabulary); megadlm accepted it and failed, if ever,
 // on the first text that needed the merge. Refused at load, naming the file and the merge.
 TEST(HuggingFaceTokenizer, RefusesMergesOfTokensOutsideTheVocabulary) {

@@ -374,7 +374,7 @@ TEST(Sampler, KvCacheWithThresholdKeepsTheBlockBatchAndNeedsACachingModel) {
   }
 }
 
-// G12 (issue 32): a prompt holding the mask token ran, and the block's transfer counts (made
+// A prompt holding the mask token ran, and the block's transfer counts (made
 // for the generated positions) left a generated position masked. Refused, naming the prompt.
 TEST(Sampler, RefusesPromptsHoldingTheMaskToken) {
   HashModel model;
@@ -389,7 +389,7 @@ TEST(Sampler, RefusesPromptsHoldingTheMaskToken) {
   EXPECT_EQ(model.calls, 0);
 }
 
-// G4/G5 (issue 32): a canvas longer than the model's positions ran without a word.
+// A canvas longer than the model's positions ran without a word.
 class ShortModel : public HashModel {
  public:
   int64_t max_positions() const override { return 10; }
@@ -411,7 +411,7 @@ TEST(Sampler, RefusesCanvasesLongerThanTheModelsPositions) {
   EXPECT_TRUE(request_problems({{{5, 6, 7}, 0}}, config(8, 8, 8), kVocab, 0).empty());  // 0: no limit
 }
 
-// G8 (issue 32): generate_difflm writes each row as soon as it is final. A row that stops at EOS
+// Generate_difflm writes each row as soon as it is final. A row that stops at EOS
 // is reported after its block, before the rows that go on; every report is the returned result.
 TEST(Sampler, ReportsEachRequestWhenItIsFinished) {
   SamplerConfig cfg = config(12, 12, 4);

@@ -111,7 +111,7 @@ TEST(FuzzParsers, IndexedDatasetIdx) {
   RecordProperty("accepted", o.accepted);
 }
 
-// The .npy index files a --data-cache-path run reads back (issue 32, D21: one value out of
+// The .npy index files a --data-cache-path run reads back (one value out of
 // range crashed the run). A damaged file is either noticed (the indices are rebuilt: the
 // samples are the undamaged ones) or still a valid index (then every sample is still whole);
 // nothing crashes and nothing reads outside the data.

@@ -798,12 +798,12 @@ std::vector<Row> rows() {
        {"--data-args-path /nonexistent/blend.txt: cannot read the file (No such file or directory)", "[M-18]"}},
       {"M-18-json", cmd({"--per-split-data-args-path", "/nonexistent/splits.json"}, {"--mock-data"}),
        O::Rejected, {"--per-split-data-args-path /nonexistent/splits.json: cannot read the file", "[M-18]"}},
-      // D8 (issue 32): weights whose sum overflows are named, not found out by the sample counts.
+      // Weights whose sum overflows are named, not found out by the sample counts.
       {"M-18-overflow", dry(1, {"--data-path", "1e308", "corpus_a", "1e308", "corpus_b"}, {"--mock-data"}),
        O::Rejected,
        {"--data-path: the blend weights 1e308 (corpus_a), 1e308 (corpus_b) add up to more than the largest number",
         "[M-18]"}},
-      // D10/D11 (issue 32): Megatron's pattern [.0-9]+ dropped the minus sign and the "nan";
+      // Megatron's pattern [.0-9]+ dropped the minus sign and the "nan";
       // the proportions are read whole and checked before the start (Megatron: when the
       // datasets are built).
       {"R-15", dry(1, {"--data-path", "corpus_text_document", "--split", "100,-5,5"}, {"--mock-data"}),

@@ -92,7 +92,7 @@ TEST(FlagTable, SuggestsTheNearestFlag) {
   EXPECT_EQ(nearest_flag("--zzzzzzzzzzzzzzzzzzzzzz"), "");
 }
 
-// F6 (issue 32): edit distance alone turned `--learning-rate` into `--error-injection-rate`.
+// Edit distance alone turned `--learning-rate` into `--error-injection-rate`.
 // Spellings of other trainers (Hugging Face, PyTorch scripts) map to Megatron's flag first;
 // underscores count as dashes.
 TEST(FlagTable, SuggestsKnownAliasesBeforeTheNearestName) {
