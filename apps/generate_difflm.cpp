@@ -13,6 +13,7 @@
 // at EOS); `text` is their decoding up to the first EOS; `steps` counts the forward passes.
 // Exit codes: 0 success; 2 invalid arguments or a reported error; 3 unexpected failure.
 #include <chrono>
+#include <map>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include "inference_cli.h"
@@ -109,13 +110,15 @@ int run(const apps::Cli& cli) {
   sc.stop_at_eos = !cli.has("--no-stop-at-eos") && sc.eos_token >= 0;
   for (const std::string& p : sampler_config_problems(sc, model.input_vocab_size())) errors.push_back(p);
   const std::vector<apps::Prompt> prompts = read_prompts(cli, tok.get(), errors);
-  size_t longest = 0;
-  for (const apps::Prompt& p : prompts) longest = std::max(longest, p.ids.size());
-  if (cfg.model.position_embedding_type == PositionEmbeddingType::LearnedAbsolute &&
-      static_cast<int64_t>(longest) + sc.gen_length > cfg.model.max_position_embeddings)
-    errors.push_back("the longest prompt (" + std::to_string(longest) + " tokens) plus `--gen-length " +
-                     std::to_string(sc.gen_length) + "` exceeds the model's learned positions (" +
-                     std::to_string(cfg.model.max_position_embeddings) + ")");
+  // Every prompt is checked before anything is generated (ids in the vocabulary, no mask token,
+  // prompt + --gen-length within the model's positions, learned or RoPE): generate() would
+  // refuse a bad one only when its batch comes.
+  if (errors.empty()) {
+    std::vector<GenerationRequest> all;
+    for (size_t i = 0; i < prompts.size(); ++i) all.push_back({prompts[i].ids, static_cast<int64_t>(i)});
+    for (const std::string& p : request_problems(all, sc, model.input_vocab_size(), model.max_positions()))
+      errors.push_back(p);
+  }
   if (!errors.empty()) throw ConfigError(errors, {});
 
   apps::JsonlOutput out(cli, "--output", errors);
@@ -132,30 +135,43 @@ int run(const apps::Cli& cli) {
             << "\n";
   const auto t0 = std::chrono::steady_clock::now();
   int64_t generated = 0;
+  // Rows are written in input order, each as soon as it and every row before it are finished
+  // (a row of a batch that stops at EOS can be done blocks before the others), and flushed: a
+  // run that is stopped keeps every row it finished.
+  size_t next = 0;
+  std::map<size_t, GenerationResult> pending;
+  auto write_row = [&](size_t i, const GenerationResult& r) {
+    const apps::Prompt& p = prompts[i];
+    std::vector<int32_t> shown = r.tokens;
+    const auto eos = std::find(shown.begin(), shown.end(), static_cast<int32_t>(sc.eos_token));
+    if (sc.eos_token >= 0) shown.erase(eos, shown.end());
+    json j;
+    j["index"] = i;
+    j["prompt"] = p.has_text ? json(p.text) : json(nullptr);
+    j["prompt_ids"] = p.ids;
+    // Well-formed UTF-8 even where the ids end inside a character (U+FFFD there); the ids
+    // themselves are exact.
+    j["text"] = tok ? json(tok->decode(shown)) : json(nullptr);
+    j["token_ids"] = r.tokens;
+    j["steps"] = r.steps;
+    j["stopped_at_eos"] = r.stopped_at_eos;
+    out.write(j);
+    out.flush();
+    generated += static_cast<int64_t>(r.tokens.size());
+  };
   for (size_t first = 0; first < prompts.size(); first += static_cast<size_t>(batch_size)) {
     std::vector<GenerationRequest> batch;
     for (size_t i = first; i < std::min(prompts.size(), first + static_cast<size_t>(batch_size)); ++i)
       batch.push_back({prompts[i].ids, static_cast<int64_t>(i)});
-    const std::vector<GenerationResult> results = generate(model, batch, sc);
-    for (size_t k = 0; k < results.size(); ++k) {
-      const apps::Prompt& p = prompts[first + k];
-      const GenerationResult& r = results[k];
-      std::vector<int32_t> shown = r.tokens;
-      const auto eos = std::find(shown.begin(), shown.end(), static_cast<int32_t>(sc.eos_token));
-      if (sc.eos_token >= 0) shown.erase(eos, shown.end());
-      json j;
-      j["index"] = first + k;
-      j["prompt"] = p.has_text ? json(p.text) : json(nullptr);
-      j["prompt_ids"] = p.ids;
-      j["text"] = tok ? json(tok->decode(shown)) : json(nullptr);
-      j["token_ids"] = r.tokens;
-      j["steps"] = r.steps;
-      j["stopped_at_eos"] = r.stopped_at_eos;
-      out.write(j);
-      generated += static_cast<int64_t>(r.tokens.size());
-    }
-    out.flush();
+    generate(model, batch, sc, [&](size_t k, const GenerationResult& r) {
+      pending.emplace(first + k, r);
+      for (auto it = pending.find(next); it != pending.end(); it = pending.find(next)) {
+        write_row(next++, it->second);
+        pending.erase(it);
+      }
+    });
   }
+  MDLM_CHECK(next == prompts.size() && pending.empty(), "wrote ", next, " of ", prompts.size(), " rows");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cerr << " > generated " << generated << " tokens for " << prompts.size() << " prompts in " << s
             << " s (" << (s > 0 ? static_cast<double>(generated) / s : 0.0) << " tokens/s)\n";

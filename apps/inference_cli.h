@@ -109,8 +109,11 @@ class JsonlOutput {
   JsonlOutput(const Cli& cli, const std::string& flag, std::vector<std::string>& errors);
   JsonlOutput(const JsonlOutput&) = delete;
   JsonlOutput& operator=(const JsonlOutput&) = delete;
-  /// One row, one line (buffered until flush()).
-  void write(const nlohmann::json& row) { *out_ << row.dump() << "\n"; }
+  /// One row, one line (buffered until flush()). Strings that are not UTF-8 (a --prompt given
+  /// in another encoding) are written with U+FFFD rather than stopping the run.
+  void write(const nlohmann::json& row) {
+    *out_ << row.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
   void flush() { out_->flush(); }
 
  private:

@@ -1,6 +1,11 @@
 #include "megadlm/core/tensor.h"
+#include <sys/resource.h>
+#include <unistd.h>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 #include "core/cuda_bridge.h"
 #include "megadlm/core/stream.h"
@@ -78,7 +83,54 @@ void convert_host(const void* src, DType sdt, void* dst, DType ddt, int64_t n) {
   for (int64_t i = 0; i < n; ++i) store_element(dst, ddt, i, load_element(src, sdt, i));
 }
 
+// Bytes of the host tensors alive now (what host_bytes_in_use() reports).
+std::atomic<int64_t> g_host_bytes{0};
+
+std::string human_bytes(double b) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  size_t u = 0;
+  while (b >= 1024 && u + 1 < sizeof(kUnits) / sizeof(kUnits[0])) {
+    b /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, kUnits[u]);
+  return buf;
+}
+
+// "out of host memory": what was asked for, what megadlm holds, what the machine has, and what
+// to change (a failed allocation said only "check failed: p != nullptr").
+[[noreturn]] void fail_host_allocation(const Shape& shape, DType dtype, size_t bytes) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const double total = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  double available = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    double kib = 0;
+    meminfo >> kib;
+    if (key == "MemAvailable:") {
+      available = kib * 1024;
+      break;
+    }
+    meminfo.ignore(1 << 10, '\n');
+  }
+  std::string machine = total > 0 ? "this machine has " + human_bytes(total) : "this machine's memory is unknown";
+  if (available >= 0) machine += " (" + human_bytes(available) + " available now)";
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    machine += ", and this process may map at most " + human_bytes(static_cast<double>(as.rlim_cur)) +
+               " (ulimit -v)";
+  MDLM_FAIL("out of host memory: the tensor ", dtype_name(dtype), shape_str(shape), " needs ", bytes, " bytes (",
+            human_bytes(static_cast<double>(bytes)), "); ", human_bytes(static_cast<double>(g_host_bytes.load())),
+            " are already held by megadlm's host tensors; ", machine,
+            ". To need less: a smaller --micro-batch-size or --seq-length, --recompute-activations, "
+            "more ranks to shard the model and optimizer over (tensor or pipeline parallelism, "
+            "--use-distributed-optimizer), or the GPU; --dry-run predicts a run's peak memory");
+}
+
 }  // namespace
+
+int64_t host_bytes_in_use() { return g_host_bytes.load(); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const Stream& stream) {
   Tensor t;
@@ -88,11 +140,14 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const Stream& stream) {
   t.device_ = stream.device();
   size_t bytes = std::max<size_t>(t.nbytes(), 1);
   if (stream.device().is_cpu()) {
-    size_t rounded = (bytes + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded);
-    MDLM_CHECK(p != nullptr, "host allocation of ", rounded, " bytes failed for tensor ",
-               shape_str(shape));
-    std::shared_ptr<void> releaser(p, [](void* q) { std::free(q); });
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = rounded < bytes ? nullptr : std::aligned_alloc(64, rounded);
+    if (p == nullptr) fail_host_allocation(shape, dtype, rounded);
+    g_host_bytes += static_cast<int64_t>(rounded);
+    std::shared_ptr<void> releaser(p, [rounded](void* q) {
+      g_host_bytes -= static_cast<int64_t>(rounded);
+      std::free(q);
+    });
     t.storage_ = std::make_shared<Storage>(p, bytes, t.device_, std::move(releaser));
   } else {
     std::shared_ptr<void> releaser;

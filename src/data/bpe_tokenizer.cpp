@@ -276,7 +276,9 @@ class ByteLevelBpe final : public Tokenizer {
         else unicode::append_utf8(out, cp);
       }
     }
-    return out;
+    // Ids may end inside a character (or hold bytes that make none): text, as Hugging Face's
+    // ByteLevel decoder gives it, has U+FFFD there.
+    return unicode::to_valid_utf8(out);
   }
 
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token.size()); }
@@ -439,7 +441,18 @@ void set_vocab(ByteLevelBpe& t, const json& vocab, const std::string& path) {
   for (const auto& [tok, id] : t.vocab) t.id_to_token[static_cast<size_t>(id)] = tok;
 }
 
-void add_merge(ByteLevelBpe& t, std::string left, const std::string& right) {
+// Merge number `n` (from 1, in the file's order) of `source`: both parts and their
+// concatenation must be tokens of the vocabulary, as Hugging Face's BPE builder requires
+// (MergeTokenOutOfVocabulary); otherwise the file is refused here rather than on the first
+// text that needs the merge.
+void add_merge(ByteLevelBpe& t, std::string left, const std::string& right, size_t n, const std::string& source) {
+  const std::string merge = left + " " + right;
+  const char* const why = ", which is not in the vocabulary (every merge joins two tokens of the "
+                          "vocabulary into a third; Hugging Face's tokenizers refuses this file too)";
+  for (const std::string* part : std::initializer_list<const std::string*>{&left, &right})
+    if (t.vocab.count(*part) == 0) MDLM_FAIL(source, ": merge ", n, " \"", merge, "\" uses \"", *part, "\"", why);
+  if (t.vocab.count(left + right) == 0)
+    MDLM_FAIL(source, ": merge ", n, " \"", merge, "\" makes \"", left + right, "\"", why);
   left.push_back(' ');
   left += right;
   t.merge_rank.emplace(std::move(left), static_cast<int>(t.merge_rank.size()));
@@ -587,14 +600,16 @@ std::unique_ptr<Tokenizer> huggingface_tokenizer_from_json(const json& j, const 
               "not a byte-level BPE (SentencePiece-style tokenizers need the .model file and "
               "--tokenizer-type SentencePieceTokenizer)");
   set_vocab(*t, model.at("vocab"), path);
+  size_t n = 0;
   for (const json& m : model.at("merges")) {
+    ++n;
     if (m.is_string()) {
       const std::string s = m.get<std::string>();
       const size_t sp = s.find(' ');
       if (sp == std::string::npos) MDLM_FAIL(path, ": merge \"", s, "\" is not `left right`");
-      add_merge(*t, s.substr(0, sp), s.substr(sp + 1));
+      add_merge(*t, s.substr(0, sp), s.substr(sp + 1), n, path);
     } else {
-      add_merge(*t, m.at(0).get<std::string>(), m.at(1).get<std::string>());
+      add_merge(*t, m.at(0).get<std::string>(), m.at(1).get<std::string>(), n, path);
     }
   }
   t->ignore_merges = model.value("ignore_merges", false);
@@ -647,12 +662,13 @@ std::unique_ptr<Tokenizer> load_gpt2_bpe_tokenizer(const std::string& vocab_file
   std::ifstream f(merge_file);
   if (!f) MDLM_FAIL("cannot open --merge-file ", merge_file);
   std::string line;
+  size_t n = 0;
   while (std::getline(f, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty() || line.rfind("#version", 0) == 0) continue;
     const size_t sp = line.find(' ');
     if (sp == std::string::npos) MDLM_FAIL(merge_file, ": merge line \"", line, "\" is not `left right`");
-    add_merge(*t, line.substr(0, sp), line.substr(sp + 1));
+    add_merge(*t, line.substr(0, sp), line.substr(sp + 1), ++n, merge_file);
   }
   if (t->merge_rank.empty()) MDLM_FAIL(merge_file, ": no merges found");
   t->pattern = Pattern::Gpt2;

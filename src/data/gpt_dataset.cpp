@@ -2,6 +2,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -10,10 +11,10 @@
 #include <limits>
 #include <map>
 #include <ostream>
-#include <regex>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
 
 namespace megadlm::data {
 
@@ -124,6 +125,18 @@ std::vector<double> normalize(const std::vector<double>& w) {
   return out;
 }
 
+// A cached index file that fails its check: which file, and what is wrong with it.
+struct CacheDamage {
+  std::string file, what;
+};
+
+void report_damage(const GptDatasetOptions& o, const CacheDamage& d) {
+  const std::string msg = "the dataset index cache file " + d.file + " (--data-cache-path) is damaged: " +
+                          d.what + "; rebuilding the indices" + (o.write_cache ? " and rewriting the file" : "");
+  logging::warn(msg);
+  log_line(o, " > " + msg);
+}
+
 }  // namespace
 
 const char* split_name(Split s) {
@@ -156,23 +169,44 @@ uint64_t NumpyRandomState::interval(uint64_t max) {
 // ------------------------------------------------------------------------- split and blend
 
 SplitMatrix parse_split(const std::string& split) {
+  // Megatron reads the numbers with the pattern [.0-9]+, which drops a minus sign ("100,-5,5"
+  // becomes 100, 5, 5) and skips a "nan": the splits would not be what was typed. Each word
+  // between separators (commas, slashes as in Megatron's legacy --split, whitespace) is read
+  // whole and must be a finite number >= 0.
+  const std::string valid = "; valid: 1 to 3 finite proportions >= 0 for train, valid and test, not all 0 "
+                            "(example: 969,30,1)";
   std::vector<double> v;
-  static const std::regex number("[.0-9]+");
-  for (auto it = std::sregex_iterator(split.begin(), split.end(), number); it != std::sregex_iterator(); ++it) {
-    const std::string tok = it->str();
+  std::vector<std::string> words;
+  std::string word;
+  for (size_t i = 0; i <= split.size(); ++i) {
+    const char c = i < split.size() ? split[i] : ',';
+    if (c == ',' || c == '/' || std::isspace(static_cast<unsigned char>(c))) {
+      if (!word.empty()) words.push_back(word);
+      word.clear();
+    } else {
+      word.push_back(c);
+    }
+  }
+  for (const std::string& w : words) {
     char* end = nullptr;
-    const double x = std::strtod(tok.c_str(), &end);
-    if (end == tok.c_str() || *end != '\0')
-      MDLM_FAIL("--split \"", split, "\": cannot read \"", tok, "\" as a number (example: 969,30,1)");
+    const double x = std::strtod(w.c_str(), &end);
+    if (end == w.c_str() || *end != '\0')
+      MDLM_FAIL("--split \"", split, "\": cannot read \"", w, "\" as a number", valid);
+    if (!std::isfinite(x))
+      MDLM_FAIL("--split \"", split, "\": the proportion \"", w, "\" is not a finite number", valid);
+    if (x < 0)
+      MDLM_FAIL("--split \"", split, "\": the proportion \"", w, "\" is negative", valid);
     v.push_back(x);
   }
   if (v.empty() || v.size() > 3)
-    MDLM_FAIL("--split \"", split, "\": expected 1 to 3 comma-separated proportions for train, "
-              "valid and test (example: 969,30,1), found ", v.size());
+    MDLM_FAIL("--split \"", split, "\": expected 1 to 3 proportions for train, valid and test "
+              "(example: 969,30,1), found ", v.size());
   v.resize(3, 0.0);
   double sum = 0;
   for (double x : v) sum += x;
-  if (!(sum > 0)) MDLM_FAIL("--split \"", split, "\": the proportions add up to 0");
+  if (!(sum > 0)) MDLM_FAIL("--split \"", split, "\": the proportions add up to 0", valid);
+  if (!std::isfinite(sum))
+    MDLM_FAIL("--split \"", split, "\": the proportions add up to more than the largest number", valid);
   for (double& x : v) x /= sum;
   SplitMatrix m;
   double at = 0;
@@ -231,6 +265,19 @@ Blend parse_blend(const std::vector<std::string>& values, const std::string& fla
     MDLM_FAIL(flag, ": unparsable blend weight(s) ", list, "; a blend is `weight prefix weight "
               "prefix ...` (e.g. `0.3 /data/a_text_document 0.7 /data/b_text_document`) "
               "or prefixes only");
+  }
+  // The weights are normalised by their sum: a sum that overflows (1e308 1e308) would turn
+  // every weight into 0 and the error would come from the sample counts.
+  double sum = 0;
+  for (double w : b.weights) sum += w;
+  if (!std::isfinite(sum)) {
+    std::string list;
+    for (size_t i = 0; i < b.weights.size(); ++i) {
+      if (!list.empty()) list += ", ";
+      list.append(values[2 * i]).append(" (").append(b.prefixes[i]).append(")");
+    }
+    MDLM_FAIL(flag, ": the blend weights ", list, " add up to more than the largest number a double "
+              "holds; scale them down (only their ratios matter, e.g. 1 and 1 for two equal weights)");
   }
   return b;
 }
@@ -381,10 +428,14 @@ void GptDataset::build() {
         read_npy(base + "-document_index.npy", document_index_, num_epochs_ * (end_ - begin_)) &&
         read_npy(base + "-sample_index.npy", sample_index_, 2 * (built + 1)) &&
         read_npy(base + "-shuffle_index.npy", shuffle_index_, built)) {
-      from_cache_ = true;
-      log_line(options_, " > loaded the GPTDataset " + std::string(split_name(split_)) +
-                             " indices of " + data_->prefix() + " from " + base + "-*");
-      return;
+      const std::optional<std::pair<std::string, std::string>> damage = check_indices(built);
+      if (!damage) {
+        from_cache_ = true;
+        log_line(options_, " > loaded the GPTDataset " + std::string(split_name(split_)) +
+                               " indices of " + data_->prefix() + " from " + base + "-*");
+        return;
+      }
+      report_damage(options_, {base + "-" + damage->first, damage->second});
     }
   }
 
@@ -455,6 +506,56 @@ void GptDataset::build() {
                            std::to_string(num_epochs_) + " epoch(s))" +
                            (options_.cache_dir.empty() ? "; not cached (no --data-cache-path)" : ""));
   }
+}
+
+// The indices read from the cache, checked against what build() makes of this dataset's
+// sequences: every document index entry in [begin, end) and each sequence there once per epoch;
+// the sample index a pair (entry, offset) per sample, entries not decreasing, each offset inside
+// its sequence, and sample k starting at stream position k*S; the shuffle index a permutation.
+// Then sample() reads only inside the data. nullopt when all holds, else (file, what is wrong).
+std::optional<std::pair<std::string, std::string>> GptDataset::check_indices(int64_t built) const {
+  using Damage = std::optional<std::pair<std::string, std::string>>;
+  auto at = [](const char* what, int64_t i, int64_t v) {
+    return std::string(what) + std::to_string(i) + " = " + std::to_string(v);
+  };
+  const int64_t S = options_.seq_length;
+  std::vector<int64_t> seen(static_cast<size_t>(end_ - begin_), 0);
+  for (size_t i = 0; i < document_index_.size(); ++i) {
+    const int64_t d = document_index_[i];
+    if (d < begin_ || d >= end_)
+      return Damage({"document_index.npy", at("entry ", static_cast<int64_t>(i), d) + " is outside the split's "
+                     "sequences [" + std::to_string(begin_) + ", " + std::to_string(end_) + ")"});
+    if (++seen[static_cast<size_t>(d - begin_)] > num_epochs_)
+      return Damage({"document_index.npy", "sequence " + std::to_string(d) + " appears more than once per epoch (" +
+                     std::to_string(num_epochs_) + " epoch(s)), at " + at("entry ", static_cast<int64_t>(i), d)});
+  }
+  const int64_t entries = static_cast<int64_t>(document_index_.size());
+  int64_t entry = 0, entry_start = 0;  // stream position of the start of `entry`
+  for (int64_t k = 0; k <= built; ++k) {
+    const int64_t e = sample_index_[static_cast<size_t>(2 * k)], off = sample_index_[static_cast<size_t>(2 * k + 1)];
+    if (e < entry || e >= entries)
+      return Damage({"sample_index.npy", "sample " + std::to_string(k) + " starts in document index entry " +
+                     std::to_string(e) + (e < entry ? ", before the previous sample's " + std::to_string(entry)
+                                                    : ", past the " + std::to_string(entries) + " entries")});
+    for (; entry < e; ++entry) entry_start += data_->sequence_length(document_index_[static_cast<size_t>(entry)]);
+    const int64_t len = data_->sequence_length(document_index_[static_cast<size_t>(e)]);
+    if (off < 0 || off >= len)
+      return Damage({"sample_index.npy", "sample " + std::to_string(k) + " starts at offset " + std::to_string(off) +
+                     " of a sequence of " + std::to_string(len) + " tokens"});
+    if (entry_start + off != k * S)
+      return Damage({"sample_index.npy", "sample " + std::to_string(k) + " starts at token " +
+                     std::to_string(entry_start + off) + " of the epochs, not at " + std::to_string(k * S) +
+                     " (sample x --seq-length)"});
+  }
+  std::vector<uint8_t> used(static_cast<size_t>(built), 0);
+  for (int64_t i = 0; i < built; ++i) {
+    const int64_t k = shuffle_index_[static_cast<size_t>(i)];
+    if (k < 0 || k >= built)
+      return Damage({"shuffle_index.npy", at("entry ", i, k) + " is outside the " + std::to_string(built) + " samples"});
+    if (used[static_cast<size_t>(k)]++)
+      return Damage({"shuffle_index.npy", at("entry ", i, k) + " repeats a sample (not a permutation)"});
+  }
+  return std::nullopt;
 }
 
 std::vector<int32_t> GptDataset::sample(int64_t index) const {
@@ -535,9 +636,33 @@ BlendedDataset::BlendedDataset(std::vector<std::shared_ptr<const GptDataset>> da
     base = (std::filesystem::path(options_.cache_dir) /
             (hex16(fnv1a64(desc)) + "-BlendedDataset-" + split_name(datasets_[0]->split()))).string();
   }
-  const bool hit = !base.empty() && read_text(base + "-description.json") == desc &&
-                   read_npy(base + "-dataset_index.npy", dataset_index_, size) &&
-                   read_npy(base + "-dataset_sample_index.npy", dataset_sample_index_, size);
+  bool hit = !base.empty() && read_text(base + "-description.json") == desc &&
+             read_npy(base + "-dataset_index.npy", dataset_index_, size) &&
+             read_npy(base + "-dataset_sample_index.npy", dataset_sample_index_, size);
+  if (hit) {
+    // What build_blending_indices makes: dataset ids in range, each dataset's samples taken in
+    // order 0, 1, 2, ..., and no dataset asked for more samples than it has (the check below
+    // would blame the weights for a damaged file).
+    std::vector<int64_t> taken(datasets_.size(), 0);
+    for (int64_t i = 0; i < size && hit; ++i) {
+      const int64_t d = dataset_index_[static_cast<size_t>(i)], k = dataset_sample_index_[static_cast<size_t>(i)];
+      std::optional<CacheDamage> damage;
+      if (d < 0 || d >= static_cast<int64_t>(datasets_.size()))
+        damage = CacheDamage{base + "-dataset_index.npy", "entry " + std::to_string(i) + " = " + std::to_string(d) +
+                             " is not one of the " + std::to_string(datasets_.size()) + " datasets"};
+      else if (k != taken[static_cast<size_t>(d)] || k >= datasets_[static_cast<size_t>(d)]->size())
+        damage = CacheDamage{base + "-dataset_sample_index.npy",
+                             "entry " + std::to_string(i) + " = " + std::to_string(k) + " is not sample " +
+                                 std::to_string(taken[static_cast<size_t>(d)]) + " of dataset " + std::to_string(d) +
+                                 " (" + std::to_string(datasets_[static_cast<size_t>(d)]->size()) + " samples)"};
+      else
+        ++taken[static_cast<size_t>(d)];
+      if (damage) {
+        report_damage(options_, *damage);
+        hit = false;
+      }
+    }
+  }
   if (!hit) {
     build_blending_indices(weights_, size, dataset_index_, dataset_sample_index_);
     if (!base.empty() && options_.write_cache) {

@@ -30,6 +30,40 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+std::string to_valid_utf8(std::string_view bytes) {
+  const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  std::string out;
+  size_t i = 0;
+  while (i < n) {
+    const unsigned char c = s[i];
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte (table 3-7)
+    if (c < 0x80) len = 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) len = 3;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    size_t ok = len == 0 ? 0 : 1;  // bytes of a well-formed prefix
+    while (ok > 0 && ok < len && i + ok < n) {
+      const unsigned char b = s[i + ok];
+      if (ok == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+      ++ok;
+    }
+    if (len > 0 && ok == len) {
+      out.append(bytes.substr(i, len));
+      i += len;
+    } else {
+      out.append("\xEF\xBF\xBD");  // U+FFFD for the maximal subpart (at least the byte at i)
+      i += std::max<size_t>(ok, 1);
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // Hangul syllables decompose and compose by arithmetic (The Unicode Standard, section 3.12).

@@ -12,6 +12,12 @@ namespace megadlm::data::unicode {
 /// Appends the UTF-8 encoding (1 to 4 bytes) of code point `cp` (at most U+10FFFF).
 void append_utf8(std::string& out, uint32_t cp);
 
+/// `bytes` as well-formed UTF-8: every maximal ill-formed subpart (a byte that starts no
+/// character, or the start of one cut short) becomes U+FFFD, as The Unicode Standard recommends
+/// (section 3.9) and Rust's String::from_utf8_lossy (Hugging Face's byte-level decoder) and
+/// Python's errors="replace" do. Well-formed text is returned unchanged.
+std::string to_valid_utf8(std::string_view bytes);
+
 /// True when `utf8` is certainly in NFC, so that nfc() would return it unchanged: the UAX #15
 /// quick check, with its Maybe answers settled where that is cheap. Text below U+0300 costs a
 /// byte scan.

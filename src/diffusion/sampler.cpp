@@ -56,6 +56,60 @@ std::vector<std::string> sampler_config_problems(const SamplerConfig& c, int64_t
   return out;
 }
 
+std::vector<std::string> request_problems(const std::vector<GenerationRequest>& requests, const SamplerConfig& c,
+                                          int64_t vocab, int64_t max_positions) {
+  std::vector<std::string> out;
+  constexpr size_t kShown = 8;  // per kind of problem; then how many more
+  size_t bad_ids = 0, masks = 0;
+  size_t longest = 0, too_long = 0;
+  const GenerationRequest* longest_request = nullptr;
+  for (const GenerationRequest& r : requests) {
+    const std::string name = "prompt " + std::to_string(r.sample_index);
+    for (size_t p = 0; p < r.prompt.size(); ++p) {
+      const int32_t id = r.prompt[p];
+      if (vocab > 0 && (id < 0 || id >= vocab)) {
+        if (bad_ids++ < kShown)
+          out.push_back(name + " holds token id " + std::to_string(id) + " at position " + std::to_string(p) +
+                        ", outside the model's vocabulary [0, " + std::to_string(vocab) + ")");
+        break;
+      }
+      if (c.mask_token >= 0 && id == c.mask_token) {
+        if (masks++ < kShown)
+          out.push_back(name + " holds the mask token " + std::to_string(c.mask_token) + " at position " +
+                        std::to_string(p) + " (of " + std::to_string(r.prompt.size()) +
+                        "): the sampler would fill it as a generated position and leave one of the " +
+                        "--gen-length positions masked; remove it from the prompt (or, if " +
+                        std::to_string(c.mask_token) + " is not the model's mask token, give that with --mask-token)");
+        break;
+      }
+    }
+    if (max_positions > 0 && static_cast<int64_t>(r.prompt.size()) + c.gen_length > max_positions) ++too_long;
+    if (longest_request == nullptr || r.prompt.size() > longest) {
+      longest = r.prompt.size();
+      longest_request = &r;
+    }
+  }
+  if (bad_ids > kShown) out.push_back("... and " + std::to_string(bad_ids - kShown) + " more prompts with ids outside the vocabulary");
+  if (masks > kShown) out.push_back("... and " + std::to_string(masks - kShown) + " more prompts holding the mask token");
+  if (max_positions > 0 && c.gen_length > max_positions) {
+    out.push_back("`--gen-length " + std::to_string(c.gen_length) + "` is more than the model's " +
+                  std::to_string(max_positions) + " positions (its --max-position-embeddings), before any prompt "
+                  "token; valid: the prompt's length plus --gen-length at most " + std::to_string(max_positions));
+  } else if (too_long > 0 && longest_request != nullptr) {
+    const int64_t L = static_cast<int64_t>(longest);
+    out.push_back("prompt " + std::to_string(longest_request->sample_index) + " (" + std::to_string(L) +
+                  " tokens) plus `--gen-length " + std::to_string(c.gen_length) + "` needs " +
+                  std::to_string(L + c.gen_length) + " positions; the model has " + std::to_string(max_positions) +
+                  " (its --max-position-embeddings)" +
+                  (too_long > 1 ? ", and " + std::to_string(too_long - 1) + " other prompt(s) are too long too" : "") +
+                  "; valid: `--gen-length` at most " + std::to_string(max_positions - L) + " with this prompt" +
+                  (max_positions > c.gen_length
+                       ? ", or prompts of at most " + std::to_string(max_positions - c.gen_length) + " tokens"
+                       : std::string()));
+  }
+  return out;
+}
+
 std::vector<int64_t> transfer_schedule(int64_t masked, int64_t steps) {
   std::vector<int64_t> c(static_cast<size_t>(steps), masked / steps);
   for (int64_t i = 0; i < masked % steps; ++i) ++c[static_cast<size_t>(i)];
@@ -183,7 +237,7 @@ CanvasBatch forward_canvas(const std::vector<Row*>& rows, int64_t seq, const Can
 }  // namespace
 
 std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<GenerationRequest>& requests,
-                                       const SamplerConfig& cfg) {
+                                       const SamplerConfig& cfg, const GenerationFinished& on_finished) {
   const int64_t vocab = model.vocab_size(), inputs = model.input_vocab_size();
   const std::vector<std::string> problems = sampler_config_problems(cfg, inputs);
   if (!problems.empty()) {
@@ -191,16 +245,17 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
     for (const std::string& p : problems) msg += "\n  " + p;
     MDLM_FAIL(msg);
   }
+  const std::vector<std::string> bad = request_problems(requests, cfg, inputs, model.max_positions());
+  if (!bad.empty()) {
+    std::string msg = "invalid prompts:";
+    for (const std::string& p : bad) msg += "\n  " + p;
+    MDLM_FAIL(msg);
+  }
   std::vector<GenerationResult> results(requests.size());
   if (requests.empty()) return results;
   const int32_t mask = static_cast<int32_t>(cfg.mask_token);
   std::vector<std::vector<int32_t>> prompts;
-  for (size_t r = 0; r < requests.size(); ++r) {
-    for (int32_t id : requests[r].prompt)
-      MDLM_CHECK(id >= 0 && id < inputs, "prompt ", requests[r].sample_index, " holds token id ", id,
-                 ", outside the model's vocabulary [0, ", inputs, ")");
-    prompts.push_back(requests[r].prompt);
-  }
+  for (size_t r = 0; r < requests.size(); ++r) prompts.push_back(requests[r].prompt);
   std::vector<int64_t> start;
   // Pads are never attended to by real tokens; any valid id works.
   const CanvasBatch layout = build_canvas(prompts, cfg.gen_length, mask, 0, start);
@@ -235,6 +290,7 @@ std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<Gen
     }
     out.steps = row.steps;
     out.stopped_at_eos = stopped;
+    if (on_finished) on_finished(row.request, out);
   };
 
   const Stream& stream = model.stream();

@@ -23,6 +23,10 @@ using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
 int64_t shape_numel(const Shape& s);
 
+/// Bytes of host (CPU) tensor storage alive now, as allocated (rounded up to 64-byte lines);
+/// named in the error when a host allocation fails.
+int64_t host_bytes_in_use();
+
 /// Owns one allocation (host or device).
 class Storage {
  public:

@@ -113,6 +113,9 @@ class GptDataset final : public SampleSource {
 
  private:
   void build();
+  /// Indices read from --data-cache-path checked against the data: nullopt when they are what
+  /// build() could have made, else the damaged file's name (after the cache prefix) and why.
+  std::optional<std::pair<std::string, std::string>> check_indices(int64_t built) const;
   std::string description() const;
 
   std::shared_ptr<const IndexedDataset> data_;

@@ -19,7 +19,9 @@ class Tokenizer {
   /// Token ids of `text`, as Megatron's tokenizer.tokenize(text) gives them (for Hugging Face
   /// tokenizers: with the post-processor's special tokens, e.g. Llama-3's BOS). Thread-safe.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
-  /// Text of `ids` (special tokens included as their text). Thread-safe.
+  /// Text of `ids` (special tokens included as their text), always well-formed UTF-8: byte-level
+  /// tokens that end inside a character, or bytes that form none, become U+FFFD, as in Hugging
+  /// Face's decoder and Megatron's GPT-2 tokenizer (errors="replace"). Thread-safe.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
   /// Number of ids (Megatron's tokenizer.vocab_size: base vocabulary plus added tokens).
   virtual int64_t vocab_size() const = 0;

@@ -38,6 +38,7 @@
 // Combines with the threshold (Fast-dLLM's fastest setting).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -106,6 +107,9 @@ class LogitsModel {
   /// Token ids the model accepts as input (the mask token and prompts may use any of them):
   /// the embedding's rows, which can be more than vocab_size() (a padded vocabulary).
   virtual int64_t input_vocab_size() const { return vocab_size(); }
+  /// Positions the model has (learned position embeddings, or the length it was trained for
+  /// with RoPE: --max-position-embeddings); a canvas must not be longer. 0: no limit.
+  virtual int64_t max_positions() const { return 0; }
   /// The stream the returned logits live on.
   virtual const Stream& stream() const = 0;
   /// Logits [rows.size(), vocab_size()] of the flat token indices `rows` (b * seq + i) of
@@ -124,11 +128,26 @@ class LogitsModel {
                                int64_t col1, bool refresh);
 };
 
+/// Every problem of `requests` for `config` and a model with `vocab` input ids and
+/// `max_positions` positions (0: no limit), each naming the prompt by its sample_index. Empty =
+/// valid. A prompt token outside [0, vocab); the mask token in a prompt (the sampler would
+/// take the position for one to fill, and the block's transfer counts, made for the generated
+/// positions, would leave one of those masked); a prompt plus `--gen-length` longer than the
+/// model (the limit named, and what would fit). Every prompt of a batch is checked, so a program
+/// can refuse its input before it generates anything.
+std::vector<std::string> request_problems(const std::vector<GenerationRequest>& requests, const SamplerConfig& config,
+                                          int64_t vocab, int64_t max_positions);
+
+/// Called by generate() once for each request as it is finished (stopped at EOS after a block,
+/// or at the end): its position in `requests` and its result (the one generate() returns).
+using GenerationFinished = std::function<void(size_t request, const GenerationResult& result)>;
+
 /// Runs the sampler on `requests` as one batch (the caller chooses the batch size). Throws
-/// megadlm::Error on an invalid configuration (sampler_config_problems) or a prompt token outside
-/// the vocabulary.
+/// megadlm::Error on an invalid configuration (sampler_config_problems) or request
+/// (request_problems, with the model's input vocabulary and max_positions()). `on_finished`,
+/// when given, sees each result as soon as it is final, so a program can write it then.
 std::vector<GenerationResult> generate(LogitsModel& model, const std::vector<GenerationRequest>& requests,
-                                       const SamplerConfig& config);
+                                       const SamplerConfig& config, const GenerationFinished& on_finished = {});
 
 /// LLaDA's get_num_transfer_tokens for one block: `masked` tokens over `steps` steps.
 std::vector<int64_t> transfer_schedule(int64_t masked, int64_t steps);

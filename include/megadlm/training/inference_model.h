@@ -41,6 +41,7 @@ class InferenceModel final : public LogitsModel {
   int64_t vocab_size() const override;
   /// The padded vocabulary: every row of the embedding (a mask token may sit among the padding).
   int64_t input_vocab_size() const override { return cfg_.model.padded_vocab_size; }
+  int64_t max_positions() const override { return cfg_.model.max_position_embeddings; }
   const Stream& stream() const override { return rt_.stream; }
   Tensor logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) override;
   bool supports_kv_cache() const override { return true; }

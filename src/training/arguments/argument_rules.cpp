@@ -429,7 +429,7 @@ void check_layer_options(ArgState& a, Ctx& c, Diagnostics& d) {
                         "`--attention-dropout 0`");
 }
 
-// ------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11, M-18)
+// ------------------------- data sources and tokenizer (V-15, V-16, V-28, V-52, V-59, M-10, M-11, M-18, R-15)
 
 // M-18: reads the files of --data-args-path / --per-split-data-args-path into the flags they
 // stand for, then parses every blend (the dataset builder parses them again, with the same
@@ -514,6 +514,15 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   // lists then take the place of the flags they stand for: the datasets are built from
   // --data-path and --train/valid/test-data-path alone, whichever way they were given.
   if (d.errors.size() == errors_before) check_blends(a, data_args, per_split_args, d);
+  // Megatron checks the proportions only when it builds the datasets, after reading them
+  // with a pattern that drops minus signs and "nan"; here each is read whole, before the start.
+  if (a.is_set("split")) {
+    try {
+      (void)data::parse_split(a.s("split"));
+    } catch (const Error& e) {
+      d.error("R-15", e.what());
+    }
+  }
   // V-28
   if (!a.is_set("dataloader_type")) a.set("dataloader_type", std::string("single"));
   if (a.i("num_dataset_builder_threads") < 1)

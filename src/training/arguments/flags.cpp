@@ -318,7 +318,101 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-std::string nearest_flag(std::string_view unknown, std::span<const FlagSpec> table) {
+std::span<const std::pair<std::string_view, std::string_view>> flag_aliases() {
+  // Without these, edit distance alone offered `--error-injection-rate` for `--learning-rate`.
+  static constexpr std::pair<std::string_view, std::string_view> kAliases[] = {
+      // learning rate and its schedule
+      {"--learning-rate", "--lr"},
+      {"--max-learning-rate", "--lr"},
+      {"--max-lr", "--lr"},
+      {"--min-learning-rate", "--min-lr"},
+      {"--end-learning-rate", "--min-lr"},
+      {"--warmup-steps", "--lr-warmup-iters"},
+      {"--num-warmup-steps", "--lr-warmup-iters"},
+      {"--warmup-iters", "--lr-warmup-iters"},
+      {"--warmup-ratio", "--lr-warmup-fraction"},
+      {"--lr-scheduler-type", "--lr-decay-style"},
+      {"--lr-scheduler", "--lr-decay-style"},
+      {"--lr-schedule", "--lr-decay-style"},
+      {"--decay-steps", "--lr-decay-iters"},
+      // optimizer
+      {"--max-grad-norm", "--clip-grad"},
+      {"--grad-clip", "--clip-grad"},
+      {"--gradient-clipping", "--clip-grad"},
+      {"--clip-grad-norm", "--clip-grad"},
+      {"--adam-epsilon", "--adam-eps"},
+      {"--beta1", "--adam-beta1"},
+      {"--beta2", "--adam-beta2"},
+      {"--optim", "--optimizer"},
+      // length of the run and batches
+      {"--max-steps", "--train-iters"},
+      {"--num-train-steps", "--train-iters"},
+      {"--train-steps", "--train-iters"},
+      {"--total-steps", "--train-iters"},
+      {"--num-iterations", "--train-iters"},
+      {"--per-device-train-batch-size", "--micro-batch-size"},
+      {"--train-micro-batch-size-per-gpu", "--micro-batch-size"},
+      {"--train-batch-size", "--global-batch-size"},
+      {"--total-batch-size", "--global-batch-size"},
+      {"--gradient-accumulation-steps", "--global-batch-size"},
+      // model shape (Hugging Face config names)
+      {"--num-hidden-layers", "--num-layers"},
+      {"--n-layers", "--num-layers"},
+      {"--n-layer", "--num-layers"},
+      {"--d-model", "--hidden-size"},
+      {"--hidden-dim", "--hidden-size"},
+      {"--n-embd", "--hidden-size"},
+      {"--num-heads", "--num-attention-heads"},
+      {"--n-heads", "--num-attention-heads"},
+      {"--n-head", "--num-attention-heads"},
+      {"--num-key-value-heads", "--num-query-groups"},
+      {"--n-kv-heads", "--num-query-groups"},
+      {"--intermediate-size", "--ffn-hidden-size"},
+      {"--ffn-dim", "--ffn-hidden-size"},
+      {"--max-seq-length", "--seq-length"},
+      {"--max-seq-len", "--seq-length"},
+      {"--seq-len", "--seq-length"},
+      {"--sequence-length", "--seq-length"},
+      {"--context-length", "--seq-length"},
+      {"--rope-theta", "--rotary-base"},
+      {"--rms-norm-eps", "--norm-epsilon"},
+      {"--layer-norm-eps", "--norm-epsilon"},
+      {"--layernorm-epsilon", "--norm-epsilon"},
+      {"--initializer-range", "--init-method-std"},
+      {"--num-local-experts", "--num-experts"},
+      {"--num-experts-per-tok", "--moe-router-topk"},
+      {"--gradient-checkpointing", "--recompute-activations"},
+      {"--bfloat16", "--bf16"},
+      // parallel sizes
+      {"--tp", "--tensor-model-parallel-size"},
+      {"--pp", "--pipeline-model-parallel-size"},
+      {"--cp", "--context-parallel-size"},
+      {"--ep", "--expert-model-parallel-size"},
+      // files and intervals
+      {"--output-dir", "--save"},
+      {"--save-dir", "--save"},
+      {"--checkpoint-dir", "--save"},
+      {"--resume-from-checkpoint", "--load"},
+      {"--save-steps", "--save-interval"},
+      {"--eval-steps", "--eval-interval"},
+      {"--logging-steps", "--log-interval"},
+      {"--logging-dir", "--tensorboard-dir"},
+      {"--dataset", "--data-path"},
+      {"--tokenizer-name", "--tokenizer-model"},
+      {"--tokenizer-path", "--tokenizer-model"},
+  };
+  return kAliases;
+}
+
+std::string nearest_flag(std::string_view unknown_as_typed, std::span<const FlagSpec> table) {
+  std::string unknown(unknown_as_typed);
+  std::replace(unknown.begin(), unknown.end(), '_', '-');
+  auto in_table = [&](std::string_view name) {
+    return std::any_of(table.begin(), table.end(), [&](const FlagSpec& f) { return f.name == name; });
+  };
+  if (unknown != unknown_as_typed && in_table(unknown)) return unknown;  // --global_batch_size
+  for (const auto& [alias, flag] : flag_aliases())
+    if (alias == unknown && in_table(flag)) return std::string(flag);
   // Plain edit distance ties "--tensor-parallel-size" between --tensor-model-parallel-size
   // (6 insertions) and --context-parallel-size (6 edits); the longest-common-subsequence ratio
   // (what difflib uses) prefers the flag that contains everything the user typed.

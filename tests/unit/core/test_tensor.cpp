@@ -44,3 +44,31 @@ TEST(Tensor, WrongDtypeAccessIsAnError) {
     EXPECT_NE(std::string(e.what()).find("i32"), std::string::npos);
   }
 }
+
+// A host allocation that fails said "check failed: p != nullptr". It names the
+// tensor's shape, dtype and bytes, what megadlm's host tensors hold already, the machine's memory
+// and what to change.
+TEST(Tensor, FailedHostAllocationSaysWhatHowMuchAndWhatToChange) {
+  try {
+    // 4 PiB: more than any address space gives.
+    (void)Tensor::empty({1 << 20, 1 << 20, 1024}, DType::F32, Stream::cpu());
+    ADD_FAILURE() << "a 4 PiB host tensor was allocated";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("check failed"), std::string::npos) << what;
+    for (const char* says : {"out of host memory", "f32[1048576, 1048576, 1024]", "4503599627370496 bytes",
+                             "4.0 PiB", "held by megadlm's host tensors", "this machine has",
+                             "--micro-batch-size", "--recompute-activations", "--dry-run"})
+      EXPECT_NE(what.find(says), std::string::npos) << says << " not in: " << what;
+  }
+}
+
+// The total named in that message: the bytes of the host tensors alive now.
+TEST(Tensor, CountsTheHostBytesItHolds) {
+  const int64_t before = host_bytes_in_use();
+  {
+    const Tensor t = Tensor::empty({1000}, DType::F32, Stream::cpu());
+    EXPECT_EQ(host_bytes_in_use(), before + 4032);  // rounded up to 64-byte lines
+  }
+  EXPECT_EQ(host_bytes_in_use(), before);
+}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -150,6 +151,108 @@ TEST(GptDataset, CacheIsReusedOnlyForTheSameParameters) {
   EXPECT_EQ(rebuilt.shuffle_index(), first.shuffle_index());
 }
 
+namespace {
+
+// Overwrites element `at` of an .npy file of T's written by the cache (header, then the data).
+template <typename T>
+void poke_npy(const std::string& path, int64_t at, T value) {
+  std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+  char head[10];
+  f.read(head, 10);
+  const uint16_t len = static_cast<uint16_t>(static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8));
+  f.seekp(10 + len + at * static_cast<int64_t>(sizeof(T)));
+  f.write(reinterpret_cast<const char*>(&value), sizeof(T));
+  ASSERT_TRUE(f.good()) << path;
+}
+
+std::string cache_file(const std::string& dir, const std::string& ending) {
+  for (auto& f : std::filesystem::directory_iterator(dir)) {
+    const std::string p = f.path().string();
+    if (p.size() >= ending.size() && p.compare(p.size() - ending.size(), ending.size(), ending) == 0) return p;
+  }
+  ADD_FAILURE() << "no cache file *" << ending << " in " << dir;
+  return {};
+}
+
+}  // namespace
+
+// One out-of-range value in a --data-cache-path index file crashed the run
+// (SIGSEGV, no message). Every index read from the cache is checked (ranges, monotonicity,
+// sizes); a damaged file is named in a warning and the indices are rebuilt (and rewritten).
+TEST(GptDataset, DamagedCachedIndicesAreDetectedAndRebuilt) {
+  const std::string dir = temp_dir("damaged");
+  auto data = make_dataset(dir + "/d", kLengths);
+  GptDatasetOptions o;
+  o.seq_length = 4;
+  o.cache_dir = dir + "/cache";
+  const GptDataset first(data, Split::Train, 0, 10, 20, o);
+  std::vector<std::vector<int32_t>> want;
+  for (int64_t i = 0; i < first.size(); ++i) want.push_back(first.sample(i));
+  struct Damage {
+    const char* file;
+    int64_t at;
+    int64_t value;
+  };
+  // Out of range, negative, huge; a sample index that goes backwards or points past its
+  // document; a shuffle index that repeats a sample.
+  for (const Damage& d : {Damage{"document_index.npy", 3, 1000000}, Damage{"document_index.npy", 0, -1},
+                          Damage{"document_index.npy", 5, 7},  // a document twice in an epoch
+                          Damage{"sample_index.npy", 6, int64_t{1} << 40}, Damage{"sample_index.npy", 7, 1000},
+                          Damage{"sample_index.npy", 4, 0}, Damage{"sample_index.npy", 1, -3},
+                          Damage{"shuffle_index.npy", 2, 23}, Damage{"shuffle_index.npy", 2, -1},
+                          Damage{"shuffle_index.npy", 2, first.shuffle_index()[3]}}) {
+    SCOPED_TRACE(std::string(d.file) + "[" + std::to_string(d.at) + "] = " + std::to_string(d.value));
+    const std::string path = cache_file(o.cache_dir, d.file);
+    if (std::string(d.file) == "document_index.npy") poke_npy<int32_t>(path, d.at, static_cast<int32_t>(d.value));
+    else poke_npy<int64_t>(path, d.at, d.value);
+    std::ostringstream log;
+    o.log = &log;
+    const GptDataset again(data, Split::Train, 0, 10, 20, o);
+    EXPECT_FALSE(again.loaded_from_cache());
+    EXPECT_NE(log.str().find(path), std::string::npos) << log.str();  // the file is named
+    ASSERT_EQ(again.size(), first.size());
+    for (int64_t i = 0; i < again.size(); ++i) EXPECT_EQ(again.sample(i), want[static_cast<size_t>(i)]);
+    // ...and rewritten: the next run loads it.
+    const GptDataset third(data, Split::Train, 0, 10, 20, o);
+    EXPECT_TRUE(third.loaded_from_cache());
+  }
+}
+
+TEST(BlendedDataset, DamagedCachedIndicesAreDetectedAndRebuilt) {
+  const std::string dir = temp_dir("damaged_blend");
+  std::vector<int32_t> many(60, 20);
+  make_dataset(dir + "/a", many);
+  make_dataset(dir + "/b", many);
+  GptDatasetOptions o;
+  o.seq_length = 8;
+  o.cache_dir = dir + "/cache";
+  DataSources src;
+  src.blend = parse_blend({"0.25", dir + "/a", "0.75", dir + "/b"}, "--data-path");
+  src.split = "100,0,0";
+  const auto first = build_gpt_datasets(src, {100, std::nullopt, std::nullopt}, o).train();
+  std::vector<std::vector<int32_t>> want;
+  for (int64_t i = 0; i < first->num_samples(); ++i) want.push_back(first->sample(i));
+  struct Damage {
+    const char* file;
+    int64_t at;
+    int64_t value;
+  };
+  for (const Damage& d : {Damage{"dataset_index.npy", 5, 7}, Damage{"dataset_index.npy", 5, -1},
+                          Damage{"dataset_sample_index.npy", 9, int64_t{1} << 40},
+                          Damage{"dataset_sample_index.npy", 9, -2}, Damage{"dataset_sample_index.npy", 9, 0}}) {
+    SCOPED_TRACE(std::string(d.file) + "[" + std::to_string(d.at) + "] = " + std::to_string(d.value));
+    const std::string path = cache_file(o.cache_dir, std::string("BlendedDataset-train-") + d.file);
+    if (std::string(d.file) == "dataset_index.npy") poke_npy<int16_t>(path, d.at, static_cast<int16_t>(d.value));
+    else poke_npy<int64_t>(path, d.at, d.value);
+    std::ostringstream log;
+    o.log = &log;
+    const auto again = build_gpt_datasets(src, {100, std::nullopt, std::nullopt}, o).train();
+    EXPECT_NE(log.str().find(path), std::string::npos) << log.str();
+    ASSERT_EQ(again->num_samples(), first->num_samples());
+    for (int64_t i = 0; i < again->num_samples(); ++i) EXPECT_EQ(again->sample(i), want[static_cast<size_t>(i)]);
+  }
+}
+
 TEST(Split, ParsesLikeMegatron) {
   SplitMatrix m = parse_split("969, 30, 1");
   ASSERT_TRUE(m[0] && m[1] && m[2]);
@@ -163,6 +266,38 @@ TEST(Split, ParsesLikeMegatron) {
   EXPECT_FALSE(m[1]);
   EXPECT_THROW(parse_split("a,b"), Error);
   EXPECT_THROW(parse_split("0,0,0"), Error);
+}
+
+// Megatron reads the numbers with the pattern [.0-9]+, so "100,-5,5" lost its
+// minus sign and "nan,5,5" its first proportion: the splits then did not say what was typed.
+// Each proportion is read whole and must be a finite number >= 0.
+TEST(Split, RefusesNegativeAndNonFiniteProportions) {
+  struct Case {
+    const char* split;
+    const char* says;
+  };
+  for (const Case& c : {Case{"100,-5,5", "\"-5\" is negative"}, Case{"nan,5,5", "\"nan\" is not a finite number"},
+                        Case{"5,inf,5", "\"inf\" is not a finite number"},
+                        Case{"1e999,1,1", "\"1e999\" is not a finite number"},
+                        Case{"90,5x,5", "cannot read \"5x\" as a number"},
+                        Case{"1,2,3,4", "expected 1 to 3"}}) {
+    try {
+      parse_split(c.split);
+      ADD_FAILURE() << c.split << " was accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("--split \"") + c.split + "\""), std::string::npos) << what;
+      EXPECT_NE(what.find(c.says), std::string::npos) << what;
+      EXPECT_NE(what.find("969,30,1"), std::string::npos) << what;  // what would be valid
+    }
+  }
+  // The separators Megatron's pattern let through still work: commas, slashes, spaces.
+  for (const char* ok : {"969, 30, 1", "969/30/1", "969 30 1", " 969,30,1 ", "9.69e2,30,1"}) {
+    const SplitMatrix m = parse_split(ok);
+    ASSERT_TRUE(m[0] && m[1] && m[2]) << ok;
+    EXPECT_DOUBLE_EQ(m[0]->second, 0.969) << ok;
+    EXPECT_DOUBLE_EQ(m[1]->second, 0.999) << ok;
+  }
 }
 
 TEST(Blend, ParsesPrefixesAndWeightedPairs) {
@@ -195,6 +330,23 @@ TEST(Blend, ParsesPrefixesAndWeightedPairs) {
                                          "weighted blend is `weight prefix` pairs"),
               std::string::npos) << e.what();
   }
+}
+
+// Weights whose sum overflows a double normalise to 0 and NaN; the error then
+// came from the sample counts. The weights are named instead.
+TEST(Blend, RefusesWeightsWhoseSumOverflows) {
+  try {
+    parse_blend({"1e308", "A", "1e308", "B"}, "--data-path");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("--data-path: the blend weights 1e308 (A), 1e308 (B) add up to more than "
+                        "the largest number"), std::string::npos) << what;
+    EXPECT_NE(what.find("only their ratios matter"), std::string::npos) << what;
+  }
+  // Large weights whose sum is finite are fine: only the ratios count.
+  const Blend b = parse_blend({"1e300", "A", "3e300", "B"}, "--data-path");
+  EXPECT_EQ(b.weights.size(), 2u);
 }
 
 TEST(Blend, GreedyIndicesFollowTheWeights) {

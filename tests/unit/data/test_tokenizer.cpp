@@ -224,6 +224,82 @@ TEST(HuggingFaceTokenizer, RefusesNormalizersOtherThanNfc) {
   }
 }
 
+// Generated ids can end inside a multi-byte character (or hold bytes that form
+// none); their text was not UTF-8, and generate_difflm's JSON writer threw. Decoding replaces
+// each maximal ill-formed stretch with U+FFFD, as Hugging Face's byte-level decoder
+// (String::from_utf8_lossy) and Megatron's GPT-2 tokenizer (errors="replace") do.
+TEST(HuggingFaceTokenizer, DecodesBytesThatAreNotUtf8WithReplacementCharacters) {
+  auto t = tiny_tokenizer(nullptr);
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_EQ(t->decode(std::vector<int32_t>{0xC3, 0xA9}), "\xC3\xA9");  // whole: unchanged
+  EXPECT_EQ(t->decode(std::vector<int32_t>{256}), "\xC3\xA9");
+  EXPECT_EQ(t->decode(std::vector<int32_t>{'a', 0xC3}), "a" + fffd);       // cut at the end
+  EXPECT_EQ(t->decode(std::vector<int32_t>{0xE6, 0x97, 'b'}), fffd + "b");  // one for the cut prefix
+  EXPECT_EQ(t->decode(std::vector<int32_t>{0xA9, 0xA9}), fffd + fffd);     // lone continuation bytes
+  EXPECT_EQ(t->decode(std::vector<int32_t>{0xFF, 'x', 0xC0, 0x80}), fffd + "x" + fffd + fffd);
+  EXPECT_EQ(t->decode(std::vector<int32_t>{0xED, 0xA0, 0x80}), fffd + fffd + fffd);  // a surrogate
+  EXPECT_EQ(t->decode(std::vector<int32_t>{0xF0, 0x9F, 0xA4, 0x96, 0xF0, 0x9F}), "\xF0\x9F\xA4\x96" + fffd);
+  EXPECT_EQ(t->decode(std::vector<int32_t>{257, 0xC3}), "<|end|>" + fffd);
+}
+
+namespace {
+
+// A tokenizer.json over the 256 byte symbols plus `extra` tokens (ids 256...), with `merges`;
+// returns the file's path in `dir`.
+std::string tokenizer_json_with(const fs::path& dir, const std::vector<std::string>& extra,
+                                const std::vector<std::string>& merges) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_symbol(b)] = b;
+  for (size_t k = 0; k < extra.size(); ++k) vocab[extra[k]] = 256 + static_cast<int>(k);
+  const json j = {
+      {"added_tokens", json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", {{"type", "ByteLevel"}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+  };
+  fs::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << j.dump();
+  return (dir / "tokenizer.json").string();
+}
+
+}  // namespace
+
+// Hugging Face's BPE builder refuses a merge whose two parts or whose result are
+// not in the vocabulary (MergeTokenOutOfVocabulary); megadlm accepted it and failed, if ever,
+// on the first text that needed the merge. Refused at load, naming the file and the merge.
+TEST(HuggingFaceTokenizer, RefusesMergesOfTokensOutsideTheVocabulary) {
+  const fs::path dir = fs::temp_directory_path() / ("megadlm_merges_" + std::to_string(::getpid()));
+  struct Case {
+    std::vector<std::string> extra, merges;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      // the result "hi" is not a token
+      {{}, {"h i"}, "merge 1 \"h i\" makes \"hi\", which is not in the vocabulary"},
+      // the left part "xy" is not a token (the second merge)
+      {{"hi", "hix"}, {"h i", "xy z"}, "merge 2 \"xy z\" uses \"xy\", which is not in the vocabulary"},
+      // the right part "ab" is not a token
+      {{"hi", "hiab"}, {"h i", "hi ab"}, "merge 2 \"hi ab\" uses \"ab\", which is not in the vocabulary"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = tokenizer_json_with(dir, c.extra, c.merges);
+    try {
+      load_huggingface_tokenizer(path);
+      ADD_FAILURE() << c.says << ": accepted";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path + ": "), std::string::npos) << what;
+      EXPECT_NE(what.find(c.says), std::string::npos) << what;
+    }
+  }
+  // Merges whose parts and results are tokens load and apply.
+  const auto t = load_huggingface_tokenizer(tokenizer_json_with(dir, {"hi", "hix"}, {"h i", "hi x"}));
+  EXPECT_EQ(t->encode("hix"), (std::vector<int32_t>{257}));
+  fs::remove_all(dir);
+}
+
 TEST(HuggingFaceTokenizer, GptStyleTokenizerJsonMatchesTheGpt2Files) {
   // A GPT-2 / GPT-NeoX style tokenizer.json (ByteLevel pre-tokenizer with use_regex) written
   // from GPT-2's files: the tokenizer.json path must give the ids the files give.

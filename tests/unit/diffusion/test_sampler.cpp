@@ -273,15 +273,15 @@ TEST(Sampler, GuidanceEvaluatesThePromptMaskedCanvasAlongside) {
   HashModel model;
   SamplerConfig cfg = config(4, 4, 4);
   cfg.cfg_scale = 1.5;
-  generate(model, {{{1, 2, kMask, 3}, 0}}, cfg);
+  generate(model, {{{1, 2, 4, 3}, 0}}, cfg);
   const CanvasBatch& c = model.canvases[0];
   ASSERT_EQ(c.batch, 2);
   EXPECT_EQ(std::vector<int32_t>(c.tokens.begin(), c.tokens.begin() + 8),
-            (std::vector<int32_t>{1, 2, kMask, 3, kMask, kMask, kMask, kMask}));
-  // The prompt's own M is not a prompt token (LLaDA's prompt_index = x != M): it stays M in both.
+            (std::vector<int32_t>{1, 2, 4, 3, kMask, kMask, kMask, kMask}));
+  // The unconditional canvas: every prompt token M (a prompt never holds M: request_problems).
   EXPECT_EQ(std::vector<int32_t>(c.tokens.begin() + 8, c.tokens.end()), std::vector<int32_t>(8, kMask));
-  // Queried: the prompt's M and the 4 generated positions, in both halves.
-  EXPECT_EQ(model.rows_seen, 2 * (5 + 4 + 3 + 2));
+  // Queried: the 4 generated positions, one fewer each step, in both halves.
+  EXPECT_EQ(model.rows_seen, 2 * (4 + 3 + 2 + 1));
 }
 
 TEST(Sampler, StoppingAtEosKeepsTheReferencePrefixAndSkipsLaterBlocks) {
@@ -372,4 +372,67 @@ TEST(Sampler, KvCacheWithThresholdKeepsTheBlockBatchAndNeedsACachingModel) {
     EXPECT_NE(std::string(e.what()).find("`--kv-cache dual`: this model has no key/value cache"), std::string::npos)
         << e.what();
   }
+}
+
+// A prompt holding the mask token ran, and the block's transfer counts (made
+// for the generated positions) left a generated position masked. Refused, naming the prompt.
+TEST(Sampler, RefusesPromptsHoldingTheMaskToken) {
+  HashModel model;
+  const SamplerConfig cfg = config(4, 4, 4);
+  try {
+    generate(model, {{{5, 6}, 0}, {{5, kMask, 6}, 3}}, cfg);
+    ADD_FAILURE() << "a prompt holding the mask token was run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("prompt 3 holds the mask token 31 at position 1 (of 3)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(model.calls, 0);
+}
+
+// A canvas longer than the model's positions ran without a word.
+class ShortModel : public HashModel {
+ public:
+  int64_t max_positions() const override { return 10; }
+};
+
+TEST(Sampler, RefusesCanvasesLongerThanTheModelsPositions) {
+  ShortModel model;
+  EXPECT_NO_THROW(generate(model, {{{5, 6}, 0}}, config(8, 8, 8)));  // 2 + 8 = 10
+  const auto problems = request_problems({{{5, 6}, 0}, {{5, 6, 7}, 1}}, config(8, 8, 8), kVocab, 10);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("prompt 1 (3 tokens) plus `--gen-length 8` needs 11 positions; the model has 10"),
+            std::string::npos) << problems[0];
+  EXPECT_NE(problems[0].find("`--gen-length` at most 7 with this prompt, or prompts of at most 2 tokens"),
+            std::string::npos) << problems[0];
+  const auto huge = request_problems({{{5}, 0}}, config(100000000, 100000000, 100000000), kVocab, 10);
+  ASSERT_EQ(huge.size(), 1u);
+  EXPECT_NE(huge[0].find("`--gen-length 100000000` is more than the model's 10 positions"), std::string::npos) << huge[0];
+  EXPECT_THROW(generate(model, {{{5, 6, 7}, 0}}, config(8, 8, 8)), Error);
+  EXPECT_TRUE(request_problems({{{5, 6, 7}, 0}}, config(8, 8, 8), kVocab, 0).empty());  // 0: no limit
+}
+
+// Generate_difflm writes each row as soon as it is final. A row that stops at EOS
+// is reported after its block, before the rows that go on; every report is the returned result.
+TEST(Sampler, ReportsEachRequestWhenItIsFinished) {
+  SamplerConfig cfg = config(12, 12, 4);
+  cfg.eos_token = 0;
+  cfg.stop_at_eos = true;
+  HashModel model;
+  model.bias[0] = 6.0f;  // EOS is the favourite: rows stop early...
+  std::vector<std::pair<size_t, int>> reports;  // (request, model calls so far)
+  std::vector<GenerationResult> seen(3);
+  const auto results = generate(model, {{{5, 6}, 0}, {{7}, 1}, {{8, 9, 10}, 2}}, cfg,
+                                [&](size_t r, const GenerationResult& g) {
+                                  reports.emplace_back(r, model.calls);
+                                  seen[r] = g;
+                                });
+  ASSERT_EQ(reports.size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(seen[r].tokens, results[r].tokens);
+    EXPECT_EQ(seen[r].stopped_at_eos, results[r].stopped_at_eos);
+  }
+  // ...and each is reported when its block ends, not after the whole batch.
+  for (const auto& [r, calls] : reports)
+    if (results[r].stopped_at_eos) EXPECT_LE(calls, model.calls);
+  EXPECT_TRUE(results[0].stopped_at_eos || results[1].stopped_at_eos || results[2].stopped_at_eos);
 }

@@ -1,4 +1,5 @@
-// File parsers survive garbage: a Megatron .idx, a safetensors header, a checkpoint
+// File parsers survive garbage: a Megatron .idx, the dataset index cache of --data-cache-path
+// (document, sample, shuffle and blend indices), a safetensors header, a checkpoint
 // index (metadata.json, with its run configuration), a Hugging Face tokenizer.json and a flag
 // file are each fed kFuzzIterations inputs derived from a valid one by mutator.h (fixed
 // seed). Every input must either parse (and then be usable: every sequence, tensor or token read
@@ -13,6 +14,8 @@
 #include <typeinfo>
 #include "mutator.h"
 #include "megadlm/core/error.h"
+#include "megadlm/core/logging.h"
+#include "megadlm/data/gpt_dataset.h"
 #include "megadlm/data/indexed_dataset.h"
 #include "megadlm/data/tokenizer.h"
 #include "megadlm/training/arguments/arguments.h"
@@ -51,9 +54,9 @@ struct Outcome {
 // input of a failing iteration is at `input_path` (the attempt writes it there).
 template <typename Attempt>
 Outcome run_fuzzer(const std::string& target, const std::string& input_path, const std::string& must_name,
-             Attempt&& attempt) {
+             Attempt&& attempt, int iterations = kFuzzIterations) {
   Outcome o;
-  for (int i = 0; i < kFuzzIterations; ++i) {
+  for (int i = 0; i < iterations; ++i) {
     fuzz::Rng rng(kSeed ^ (static_cast<uint64_t>(i) * 0x100000001B3ull));
     const auto keep = [&](const std::string& why) {
       const std::string kept = "/tmp/megadlm_fuzz_failure_" + target;
@@ -106,6 +109,79 @@ TEST(FuzzParsers, IndexedDatasetIdx) {
   });
   EXPECT_GT(o.refused, kFuzzIterations / 2);  // most damage must be noticed
   RecordProperty("accepted", o.accepted);
+}
+
+// The .npy index files a --data-cache-path run reads back (one value out of
+// range crashed the run). A damaged file is either noticed (the indices are rebuilt: the
+// samples are the undamaged ones) or still a valid index (then every sample is still whole);
+// nothing crashes and nothing reads outside the data.
+TEST(FuzzParsers, DatasetIndexCache) {
+  test::TempDir dir("fuzz_cache_");
+  const std::string a = dir / "a", b = dir / "b";
+  for (const std::string& prefix : {a, b}) {
+    data::IndexedDatasetWriter w(prefix, data::IndexDType::Int32);
+    for (int d = 0; d < 12; ++d) {
+      std::vector<int32_t> t(static_cast<size_t>(1 + (d * 5) % 9));
+      for (size_t k = 0; k < t.size(); ++k) t[k] = static_cast<int32_t>(100 * d + k);
+      w.add_document(t);
+    }
+    w.finalize();
+  }
+  data::GptDatasetOptions o;
+  o.seq_length = 4;
+  o.cache_dir = dir / "cache";
+  data::DataSources src;
+  src.blend = data::parse_blend({"0.4", a, "0.6", b}, "--data-path");
+  src.split = "100,0,0";
+  const std::array<std::optional<int64_t>, 3> want_samples = {40, std::nullopt, std::nullopt};
+  const auto reference = data::build_gpt_datasets(src, want_samples, o).train();
+  std::vector<std::vector<int32_t>> want;
+  for (int64_t i = 0; i < reference->num_samples(); ++i) want.push_back(reference->sample(i));
+  std::vector<std::pair<std::string, std::string>> files;  // path, bytes
+  for (const auto& f : fs::directory_iterator(o.cache_dir))
+    if (f.path().extension() == ".npy") files.emplace_back(f.path().string(), slurp(f.path().string()));
+  ASSERT_EQ(files.size(), 3u * 2 + 2);  // document, sample, shuffle index of a and b; the blend's two
+  const logging::Options quiet_before = logging::options();
+  logging::Options quiet = quiet_before;
+  quiet.level = logging::Level::Error;  // one warning per damaged file otherwise
+  logging::configure(quiet);
+  const std::string input = dir / "case.npy";
+  int undamaged = 0;
+  size_t last = 0;  // the file damaged last time (a rebuild rewrites it, an accepted one stays)
+  // Each input builds two datasets and a blend and reads every sample (files written, renamed):
+  // fewer iterations than the parsers of one file get.
+  constexpr int kIterations = kFuzzIterations / 5;
+  const Outcome out = run_fuzzer("index_cache", input, "", [&](int, fuzz::Rng& rng) {
+    spit(files[last].first, files[last].second);
+    last = rng.below(files.size());
+    const auto& [path, bytes] = files[last];
+    const std::string damaged = rng.coin(50) ? fuzz::mutate_bytes(bytes, rng) : [&] {
+      // Same size, one element's bytes replaced: the file is read, its values checked.
+      std::string s = bytes;
+      const size_t at = 128 + rng.below(s.size() - 128);
+      const uint64_t v = fuzz::interesting_integers()[rng.below(fuzz::interesting_integers().size())];
+      for (size_t k = 0; k < 8 && at + k < s.size(); ++k) s[at + k] = static_cast<char>(v >> (8 * k));
+      return s;
+    }();
+    spit(input, damaged);
+    spit(path, damaged);
+    const auto got = data::build_gpt_datasets(src, want_samples, o).train();
+    if (got->num_samples() != static_cast<int64_t>(want.size()))
+      throw std::runtime_error("the blend has " + std::to_string(got->num_samples()) + " samples, not " +
+                               std::to_string(want.size()));
+    bool same = true;
+    for (int64_t i = 0; i < got->num_samples(); ++i) {
+      const std::vector<int32_t> s = got->sample(i);
+      if (s.size() != 5) throw std::runtime_error("sample " + std::to_string(i) + " has " + std::to_string(s.size()) + " tokens");
+      same = same && s == want[static_cast<size_t>(i)];
+    }
+    undamaged += same;
+  }, kIterations);
+  logging::configure(quiet_before);
+  EXPECT_EQ(out.refused, 0);  // a cache is rebuilt, never a reason to stop
+  // Most damage is noticed and rebuilt; what is left is a valid index of other samples.
+  EXPECT_GT(undamaged, kIterations * 3 / 4);
+  RecordProperty("undamaged", undamaged);
 }
 
 TEST(FuzzParsers, SafetensorsHeader) {

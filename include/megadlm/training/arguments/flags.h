@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace megadlm::training {
@@ -91,8 +92,13 @@ std::string flag_dest(const FlagSpec& flag);
 /// Whether the flag consumes values on the command line.
 bool flag_takes_value(const FlagSpec& flag);
 
-/// The known flag closest to `unknown` (longest-common-subsequence ratio, ties broken by edit
-/// distance), or "" when nothing is reasonably close.
+/// Other trainers' spellings of Megatron's flags (Hugging Face's TrainingArguments and model
+/// configurations, common training scripts) and the flag each means: ("--learning-rate", "--lr").
+std::span<const std::pair<std::string_view, std::string_view>> flag_aliases();
+
+/// The flag `unknown` most likely meant, or "" when nothing is reasonably close. Underscores
+/// count as dashes; a known alias (flag_aliases) comes first, when its flag is in `table`; then
+/// the closest name (longest-common-subsequence ratio, ties broken by edit distance).
 std::string nearest_flag(std::string_view unknown, std::span<const FlagSpec> table = flag_table());
 
 /// Section title of a group ("parallelism", ...).

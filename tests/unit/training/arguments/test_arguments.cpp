@@ -798,6 +798,22 @@ std::vector<Row> rows() {
        {"--data-args-path /nonexistent/blend.txt: cannot read the file (No such file or directory)", "[M-18]"}},
       {"M-18-json", cmd({"--per-split-data-args-path", "/nonexistent/splits.json"}, {"--mock-data"}),
        O::Rejected, {"--per-split-data-args-path /nonexistent/splits.json: cannot read the file", "[M-18]"}},
+      // Weights whose sum overflows are named, not found out by the sample counts.
+      {"M-18-overflow", dry(1, {"--data-path", "1e308", "corpus_a", "1e308", "corpus_b"}, {"--mock-data"}),
+       O::Rejected,
+       {"--data-path: the blend weights 1e308 (corpus_a), 1e308 (corpus_b) add up to more than the largest number",
+        "[M-18]"}},
+      // Megatron's pattern [.0-9]+ dropped the minus sign and the "nan";
+      // the proportions are read whole and checked before the start (Megatron: when the
+      // datasets are built).
+      {"R-15", dry(1, {"--data-path", "corpus_text_document", "--split", "100,-5,5"}, {"--mock-data"}),
+       O::Rejected, {"--split \"100,-5,5\": the proportion \"-5\" is negative", "[R-15]"}},
+      {"R-15-nan", dry(1, {"--data-path", "corpus_text_document", "--split", "nan,5,5"}, {"--mock-data"}),
+       O::Rejected, {"--split \"nan,5,5\": the proportion \"nan\" is not a finite number", "[R-15]"}},
+      {"R-15-zero", dry(1, {"--data-path", "corpus_text_document", "--split", "0,0,0"}, {"--mock-data"}),
+       O::Rejected, {"--split \"0,0,0\": the proportions add up to 0", "[R-15]"}},
+      {"R-15-ok", dry(1, {"--data-path", "corpus_text_document", "--split", "98/2"}, {"--mock-data"}),
+       O::Accepted, {}},
       {"M-10", cmd({}, {"--mock-data"}), O::Rejected, {"no training data: pass `--mock-data` or `--data-path` [M-10]"}},
       {"V-15", dry(1, {"--data-path", "corpus_text_document"}, {"--mock-data"}), O::Accepted,
        {"using Megatron's legacy default \"969, 30, 1\""},
@@ -1076,7 +1092,7 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "D-10", "D-11",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "M-26", "R-14", "F-7", "F-8", "F-10", "F-13"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "M-26", "R-14", "R-15", "F-7", "F-8", "F-10", "F-13"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();

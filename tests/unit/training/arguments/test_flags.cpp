@@ -92,6 +92,39 @@ TEST(FlagTable, SuggestsTheNearestFlag) {
   EXPECT_EQ(nearest_flag("--zzzzzzzzzzzzzzzzzzzzzz"), "");
 }
 
+// Edit distance alone turned `--learning-rate` into `--error-injection-rate`.
+// Spellings of other trainers (Hugging Face, PyTorch scripts) map to Megatron's flag first;
+// underscores count as dashes.
+TEST(FlagTable, SuggestsKnownAliasesBeforeTheNearestName) {
+  EXPECT_EQ(nearest_flag("--learning-rate"), "--lr");
+  EXPECT_EQ(nearest_flag("--learning_rate"), "--lr");
+  EXPECT_EQ(nearest_flag("--min-learning-rate"), "--min-lr");
+  EXPECT_EQ(nearest_flag("--max-steps"), "--train-iters");
+  EXPECT_EQ(nearest_flag("--warmup-steps"), "--lr-warmup-iters");
+  EXPECT_EQ(nearest_flag("--max-grad-norm"), "--clip-grad");
+  EXPECT_EQ(nearest_flag("--num-hidden-layers"), "--num-layers");
+  EXPECT_EQ(nearest_flag("--num-heads"), "--num-attention-heads");
+  EXPECT_EQ(nearest_flag("--intermediate-size"), "--ffn-hidden-size");
+  EXPECT_EQ(nearest_flag("--max-seq-length"), "--seq-length");
+  EXPECT_EQ(nearest_flag("--per-device-train-batch-size"), "--micro-batch-size");
+  EXPECT_EQ(nearest_flag("--output-dir"), "--save");
+  EXPECT_EQ(nearest_flag("--adam-epsilon"), "--adam-eps");
+  EXPECT_EQ(nearest_flag("--tp"), "--tensor-model-parallel-size");
+  // Underscores alone: the flag itself.
+  EXPECT_EQ(nearest_flag("--global_batch_size"), "--global-batch-size");
+  // An alias is offered only when its flag is in the table searched.
+  FlagSpec only;
+  only.name = "--error-injection-rate";
+  only.kind = FlagKind::Float;
+  const std::vector<FlagSpec> small = {only};
+  EXPECT_EQ(nearest_flag("--learning-rate", small), "--error-injection-rate");
+  // Every alias names a flag of the table.
+  for (const auto& [alias, flag] : flag_aliases()) {
+    EXPECT_NE(find_flag(flag), nullptr) << alias << " -> " << flag;
+    EXPECT_EQ(find_flag(alias), nullptr) << alias << " is a flag itself";
+  }
+}
+
 TEST(FlagTable, HelpIsGeneratedFromTheTable) {
   const std::string help = format_help();
   EXPECT_EQ(help.rfind("usage: pretrain_difflm [FLAG ...] [@FILE ...]", 0), 0u);
