@@ -456,6 +456,21 @@ Tensor MoeLayer::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, co
   }
   saved.logits = Tensor::empty({saved.rows, cfg_.num_experts}, rt.stat_dtype(), s);
   ops::gemm(saved.x, store_->param(router_.weight()), saved.logits, {.trans_b = true}, s);
+  if (cfg_.force_load_balancing) {
+    // Benchmark routing: random logits replace the router's (the backward treats them as the
+    // router's output, Megatron's straight-through estimator). Drawn for every local row, then
+    // compacted as x is under CP.
+    const ops::RandomLogitsArgs ra{.seed = rt.seed, .layer = static_cast<uint32_t>(layer_), .seq_len = mb.seq,
+                                   .sample_offset = mb.first_sample,
+                                   .row_offset = mp_.local_row_offset(mb.tokens()), .chunks = mb.position_map()};
+    if (saved.compact.defined()) {
+      Tensor all = Tensor::empty({local_rows, cfg_.num_experts}, saved.logits.dtype(), s);
+      ops::moe_random_logits(all, ra, s);
+      ops::moe_permute(all, saved.compact, saved.logits, s);
+    } else {
+      ops::moe_random_logits(saved.logits, ra, s);
+    }
+  }
   Tensor probs, dispatched;
   route(mb, saved, probs, dispatched, rt);
   if (rt.training) balance(mb, saved, dispatched, rt);

@@ -127,6 +127,16 @@ void moe_router_stats(const Tensor& logits, Tensor& score_sums, Tensor& lse_sq,
   else cpu::moe_router_stats(logits, score_sums, lse_sq, groups, stream);
 }
 
+void moe_random_logits(Tensor& logits, const RandomLogitsArgs& args, const Stream& stream) {
+  const char* op = "moe_random_logits";
+  detail::check_device(op, stream, {&logits});
+  check_stat(op, logits, "logits");
+  MDLM_CHECK(args.seq_len >= 1 && args.row_offset >= 0 && args.sample_offset >= 0, op, ": bad seq_len ",
+             args.seq_len, ", row_offset ", args.row_offset, " or sample_offset ", args.sample_offset);
+  if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::moe_random_logits(logits, args, stream));
+  else cpu::moe_random_logits(logits, args, stream);
+}
+
 void moe_count_tokens(const Tensor& indices, Tensor& counts, const RowGroups& groups,
                       const Stream& stream) {
   const char* op = "moe_count_tokens";

@@ -30,6 +30,8 @@ std::string name_of(const GemmCase& g) {
 ///  - bf16 C: rounding of the output to bf16 dominates -> kBf16ParityRelL2;
 ///  - f32 C: fp32 accumulation (cuBLASLt) vs double (CPU) over K terms -> kF32AccumRelL2; a TF32
 ///    product would miss it by ~5x (10-bit mantissa operands), which is what this also checks.
+///    Sums of 4096 terms get kF32AccumLongSumRelL2: on the H100 the wgrad shape 384x256x4096
+///    measured 4.0e-6 (cuBLASLt's kernel for that shape sums in another order than the H200's).
 void run_case(const GemmCase& g) {
   Stream gpu = gpu_stream();
   const Shape sa = g.trans_a ? Shape{g.k, g.m} : Shape{g.m, g.k};
@@ -49,7 +51,9 @@ void run_case(const GemmCase& g) {
   ops::gemm(a.device, b.device, c_dev, dev_args, gpu);
   ops::gemm(a.host, b.host, c_host, host_args, Stream::cpu());
   expect_close(name_of(g), download(c_dev, gpu), test::to_doubles(c_host),
-               g.c == DType::BF16 ? test::kBf16ParityRelL2 : test::kF32AccumRelL2);
+               g.c == DType::BF16 ? test::kBf16ParityRelL2
+               : g.k >= 4096      ? test::kF32AccumLongSumRelL2
+                                  : test::kF32AccumRelL2);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // MoE kernel parity: the CUDA router (top-k for every score mode and group limit, its backward,
 // statistics, aux/z gradients), dispatch plan, permute/unpermute (+ backward) and grouped GEMM
 // against the CPU reference on the same (bf16-rounded where the CUDA op reads bf16) inputs,
-// including experts without tokens and one expert holding every token; and a whole MoE training
-// step CUDA vs CPU.
+// including experts without tokens and one expert holding every token; the benchmark routing's
+// random logits; and a whole MoE training step CUDA vs CPU.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <numeric>
@@ -65,6 +65,19 @@ TEST(MoeParity, RouterTopkMatchesCpuForEveryScoreFunction) {
   topk_case("group-limited 8 groups keep 3", {.topk = 6, .num_groups = 8, .group_topk = 3}, false);
   topk_case("device-limited 4 groups keep 2",
             {.topk = 4, .num_groups = 4, .group_topk = 2, .group_score = ops::RouterGroupScore::Max}, false);
+}
+
+TEST(MoeParity, RandomLogitsMatchCpu) {
+  // Same coordinates (an SP row offset, a CP chunk map) on both sides: the same normal values,
+  // up to the device's double-precision log/cos against the host's, then the f32 rounding.
+  Stream gpu = gpu_stream();
+  const ops::RandomLogitsArgs a{.seed = 11, .layer = 5, .seq_len = 50, .sample_offset = 9, .row_offset = 30,
+                                .chunks = ops::ChunkMap{25, 1, 2}};
+  Tensor dev = poisoned({kRows, kExperts}, DType::F32, gpu);
+  Tensor host = poisoned_host({kRows, kExperts});
+  ops::moe_random_logits(dev, a, gpu);
+  ops::moe_random_logits(host, a, Stream::cpu());
+  expect_close("moe random logits", download(dev, gpu), test::to_doubles(host), 1e-6);
 }
 
 TEST(MoeParity, RouterStatisticsAndLossGradientsMatchCpu) {

@@ -15,6 +15,8 @@
 //   * dropout:       c0 = hidden element / 4, c1 = position, c2 = sample low bits, c3 = layer site
 //   * attn dropout:  c0 = key position / 4, c1 = query position, c2 = sample low bits,
 //                    c3 = (layer site << 16) | query head
+//   * MoE benchmark routing (--moe-router-force-load-balancing): c0 = expert / 2, c1 = position,
+//                    c2 = sample low bits, c3 = layer (ops/moe.h)
 //   * fault injection: purpose ErrorInjection, c0..c1 = iteration (training/fault_detection)
 //   * sampler:       Gumbel noise c0 = token / 2, c1 = generated position, c2 = request's sample
 //                    index, c3 = step; random remasking c0 = generated position, c1 = 0, c2, c3 as
@@ -45,6 +47,7 @@ enum class RngPurpose : uint32_t {
   EvalNoise = 0x2005,
   HiddenDropout = 0x3001,
   AttentionDropout = 0x3002,
+  MoeRandomLogits = 0x3003,
   MockData = 0x4001,
   SftShuffle = 0x4002,
   SamplerGumbel = 0x5001,

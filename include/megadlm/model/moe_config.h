@@ -31,6 +31,8 @@ struct MoeConfig {
   float z_loss_coeff = 0.0f;           ///< 0: no z-loss
   bool expert_bias = false;            ///< --moe-router-enable-expert-bias (aux-loss-free balancing)
   float bias_update_rate = 1e-3f;
+  /// --moe-router-force-load-balancing: random router logits (benchmarks only, ops::moe_random_logits)
+  bool force_load_balancing = false;
   std::optional<float> capacity_factor;  ///< unset: dropless
   bool pad_to_capacity = false;
   MoeDropPolicy drop_policy = MoeDropPolicy::Probs;

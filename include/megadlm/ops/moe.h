@@ -16,8 +16,10 @@
 #pragma once
 #include <cstdint>
 #include <vector>
+#include "megadlm/core/philox.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
+#include "megadlm/ops/chunk_map.h"
 
 namespace megadlm::ops {
 
@@ -83,6 +85,34 @@ enum class CapacityDropPolicy : uint8_t { Probs, Position };
 /// @param[out] kept     i32 [T, K] (written): indices with the dropped slots set to -1
 void moe_capacity_drop(const Tensor& probs, const Tensor& indices, Tensor& kept, int64_t capacity,
                        int num_experts, CapacityDropPolicy policy, const Stream& stream);
+
+/// Megatron's --moe-router-force-load-balancing (benchmark routing): every router logit is
+/// replaced by a standard normal value, so each expert gets about T·k/E rows whatever the model
+/// has learned; the gradient passes straight through to the router. The values are keyed by
+/// global coordinates, so every layout routes a token alike: row r of logits [R, E] is
+/// micro-batch row g = row_offset + r, of sample sample_offset + g / seq_len at position
+/// chunks.global(g % seq_len), and expert e's value is normal_from_words of words
+/// (2(e%2), 2(e%2)+1) of philox(key(seed, MoeRandomLogits), {e/2, position, sample, layer}).
+struct RandomLogitsArgs {
+  uint64_t seed = 0;
+  uint32_t layer = 0;          ///< global layer index
+  int64_t seq_len = 1;         ///< rows per sample in the micro-batch
+  int64_t sample_offset = 0;   ///< global index of the micro-batch's first sample
+  int64_t row_offset = 0;      ///< logits' row 0 is this row of the micro-batch (SP shards)
+  ChunkMap chunks = {};        ///< global position of each of the seq_len local positions (CP)
+};
+
+/// The value of expert e for the token at (sample, position): host and device share it.
+MDLM_HOST_DEVICE double random_logit_value(const PhiloxKey& key, uint32_t layer, int64_t sample,
+                                           int64_t position, int64_t e) {
+  const PhiloxWords w = philox(key, static_cast<uint32_t>(e / 2), static_cast<uint32_t>(position),
+                               static_cast<uint32_t>(sample), layer);
+  const int pair = static_cast<int>(e % 2) * 2;
+  return normal_from_words(w.w[pair], w.w[pair + 1]);
+}
+
+/// logits [R, E] (f32 or f64) written with the values above.
+void moe_random_logits(Tensor& logits, const RandomLogitsArgs& args, const Stream& stream);
 
 /// Rows are grouped for per-sequence statistics: row t belongs to group
 /// (row_offset + t) / rows_per_group (rows_per_group 0: one group).

@@ -375,6 +375,17 @@ void moe_permute(const Tensor& x, const Tensor& dest, Tensor& out, const Stream&
     }
 }
 
+void moe_random_logits(Tensor& logits, const RandomLogitsArgs& a, const Stream&) {
+  const int64_t rows = logits.rows(), experts = logits.cols();
+  FloatAccess out("moe_random_logits", logits, "logits");
+  const PhiloxKey key = PhiloxKey::make(a.seed, RngPurpose::MoeRandomLogits);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t g = a.row_offset + r;
+    const int64_t sample = a.sample_offset + g / a.seq_len, position = a.chunks.global(g % a.seq_len);
+    for (int64_t e = 0; e < experts; ++e) out.set(r * experts + e, random_logit_value(key, a.layer, sample, position, e));
+  }
+}
+
 void moe_unpermute(const Tensor& y, const Tensor& dest, const Tensor& probs, Tensor& out,
                    const Stream&) {
   const int64_t rows = dest.rows(), slots = dest.cols(), h = out.cols();

@@ -561,6 +561,19 @@ void on_host(const Stream& stream, std::initializer_list<const Tensor*> inputs,
   stream.synchronize();  // the host buffers go out of scope
 }
 
+// One thread per (row, pair of experts): a Philox call gives the values of experts 2q and 2q+1.
+__global__ void random_logits_kernel(float* __restrict__ logits, int64_t rows, int64_t experts,
+                                     RandomLogitsArgs a, PhiloxKey key) {
+  const int64_t pairs = (experts + 1) / 2;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * pairs) return;
+  const int64_t r = i / pairs, e0 = (i % pairs) * 2;
+  const int64_t g = a.row_offset + r;
+  const int64_t sample = a.sample_offset + g / a.seq_len, position = a.chunks.global(g % a.seq_len);
+  for (int64_t e = e0; e < e0 + 2 && e < experts; ++e)
+    logits[r * experts + e] = static_cast<float>(random_logit_value(key, a.layer, sample, position, e));
+}
+
 }  // namespace
 
 void moe_router_topk_forward(const Tensor& logits, const Tensor& expert_bias, Tensor& probs,
@@ -672,6 +685,15 @@ void moe_dispatch_plan(const Tensor& indices, int first_expert, int num_experts,
   MDLM_CUDA_CHECK_LAUNCH();
   plan_dest_kernel<<<static_cast<unsigned>(chunks), kPlanChunk, 0, s>>>(
       indices.data<int32_t>(), n, first_expert, num_experts, chunk.data<int32_t>(), dest.data<int32_t>());
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+void moe_random_logits(Tensor& logits, const RandomLogitsArgs& args, const Stream& stream) {
+  NvtxRange range("moe_random_logits");
+  const int64_t rows = logits.rows(), experts = logits.cols(), n = rows * ((experts + 1) / 2);
+  if (n == 0) return;
+  random_logits_kernel<<<static_cast<unsigned>(ceil_div(n, 256)), 256, 0, megadlm::detail::native_stream(stream)>>>(
+      logits.data<float>(), rows, experts, args, PhiloxKey::make(args.seed, RngPurpose::MoeRandomLogits));
   MDLM_CUDA_CHECK_LAUNCH();
 }
 

@@ -408,6 +408,10 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--moe-router-bias-update-rate", .kind = K::Float, .group = G::MoE,
      .default_value = "0.001", .help = "(upstream) Step of the expert-bias update.",
      .range = "[0, inf)"},
+    {.name = "--moe-router-force-load-balancing", .kind = K::StoreTrue, .group = G::MoE,
+     .help = "(upstream) Benchmark routing: the router's logits are replaced by random normal "
+             "values (the gradient passes straight through), so every expert gets about the same "
+             "load. For speed measurements only: the model does not learn to route."},
     {.name = "--moe-batch-level-expert-choice", .kind = K::StoreTrue, .group = G::MoE,
      .help = "Expert choice over all tokens of the micro-batch instead of each sequence "
              "(MegaDLMs' config field moe_batch_level_expert_choice)."},

@@ -217,6 +217,7 @@ void assign(const ArgState& a, const char* dest, T& out) {
   IF_SET(moe_z_loss_coeff, z_loss_coeff)                                                        \
   FIELD(moe_router_enable_expert_bias, expert_bias)                                             \
   FIELD(moe_router_bias_update_rate, bias_update_rate)                                          \
+  FIELD(moe_router_force_load_balancing, force_load_balancing)                                  \
   FIELD(moe_expert_capacity_factor, capacity_factor)                                            \
   FIELD(moe_pad_expert_input_to_capacity, pad_to_capacity)                                      \
   FIELD(moe_token_drop_policy, drop_policy)                                                     \

@@ -6,8 +6,8 @@
 // shards of the router statistics.
 // Cases: EP = world with each dispatcher, expert TP, EP x TP with SP, PP with a stage without
 // MoE layers, the distributed optimizer, capacity dropping, context parallelism (with padded
-// sequences; alone, with EP, with TP + SP), and an expert bias that leaves experts without
-// tokens. Run at 2 and 4 ranks; a case that does not fit the world skips.
+// sequences; alone, with EP, with TP + SP), an expert bias that leaves experts without tokens,
+// and benchmark routing by random logits (--moe-router-force-load-balancing). Run at 2 and 4 ranks; a case that does not fit the world skips.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <sstream>
@@ -30,6 +30,7 @@ struct Layout {
   MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
   std::optional<float> capacity;
   bool expert_bias = false;
+  bool force_balance = false;  // --moe-router-force-load-balancing
   bool grouped = false;
   std::vector<bool> moe_layers;  // empty: every layer
   MoeDropPolicy drop = MoeDropPolicy::Position;
@@ -46,6 +47,7 @@ RunConfig tiny_run(const Layout& l, int world) {
   m.capacity_factor = l.capacity;
   m.drop_policy = l.drop;
   m.grouped_gemm = l.grouped;
+  m.force_load_balancing = l.force_balance;
   if (l.expert_bias) {
     m.expert_bias = true;
     m.score = MoeScoreFunction::Sigmoid;
@@ -95,6 +97,7 @@ void expect_same_as_single_process(Layout l) {
   Layout one;
   one.capacity = l.capacity;
   one.expert_bias = l.expert_bias;
+  one.force_balance = l.force_balance;
   one.moe_layers = l.moe_layers;
   one.drop = l.drop;
   one.iters = l.iters;
@@ -115,6 +118,11 @@ void expect_same_as_single_process(Layout l) {
     double most = 0;
     for (size_t i = 1; i < ref.size(); ++i) most = std::max(most, ref[i].moe.load_max_over_mean);
     EXPECT_GE(most, 2.0);
+  }
+  if (l.force_balance) {
+    // Random logits spread the 60 slots of a micro-batch over the 8 experts: far from the
+    // collapsed routing (max/mean up to 4 with top-2 of 8) every iteration.
+    for (size_t i = 0; i < ref.size(); ++i) EXPECT_LT(ref[i].moe.load_max_over_mean, 2.0) << "iteration " << i + 1;
   }
 }
 
@@ -185,4 +193,14 @@ TEST(ExpertParallel, ExpertBiasThatStarvesExpertsMatchesOneProcess) {
   // fp32 reassociation of the fused ops swaps one pair at step 9, a discrete change. The steps
   // before it (which include the starving) must match.
   expect_same_as_single_process({.ep = 0, .expert_bias = true, .iters = 8});
+}
+
+TEST(ExpertParallel, ForcedLoadBalancingRoutesEveryLayoutAlike) {
+  // The random logits are keyed by (sample, position, layer, expert): SP shards, CP chunks
+  // (with their padding rows) and pipeline stages draw the values the single process draws.
+  const int world = runtime().world().size();
+  expect_same_as_single_process({.ep = 0, .force_balance = true});
+  expect_same_as_single_process({.ep = 2, .tp = 2, .sp = true, .force_balance = true});
+  expect_same_as_single_process({.ep = 1, .cp = 2, .force_balance = true});
+  expect_same_as_single_process({.ep = world / 2, .pp = 2, .force_balance = true});
 }

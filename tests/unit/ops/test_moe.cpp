@@ -2,6 +2,7 @@
 // finite differences, the expert-major permutation, capacity dropping and grouped GEMMs (with
 // empty groups and a group holding every row).
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include "megadlm/ops/elementwise.h"
@@ -394,4 +395,70 @@ TEST(GroupedGemm, RejectsSizesThatDoNotCoverTheRows) {
   Tensor c = Tensor::zeros({4, 3}, DType::F32, s);
   EXPECT_THROW(ops::grouped_gemm(a, w, c, {1, 2}, {.trans_b = true}, s), Error);
   EXPECT_NO_THROW(ops::grouped_gemm(a, w, c, {1, 3}, {.trans_b = true}, s));
+}
+
+TEST(MoeRandomLogits, StandardNormalValuesKeyedByGlobalCoordinates) {
+  Stream s = cpu();
+  // 6 samples of 10 positions, 16 experts: mean ~0 and variance ~1 over 960 values.
+  const int64_t seq = 10, rows = 60, experts = 16;
+  const ops::RandomLogitsArgs whole{.seed = 7, .layer = 3, .seq_len = seq, .sample_offset = 4};
+  Tensor all = Tensor::empty({rows, experts}, DType::F64, s);
+  ops::moe_random_logits(all, whole, s);
+  const std::vector<double> v = test::to_doubles(all);
+  double mean = 0, var = 0;
+  for (double x : v) mean += x / static_cast<double>(v.size());
+  for (double x : v) var += (x - mean) * (x - mean) / static_cast<double>(v.size() - 1);
+  EXPECT_NEAR(mean, 0.0, 0.1);
+  EXPECT_NEAR(var, 1.0, 0.12);
+  // Every value distinct (no two experts or tokens share a draw).
+  std::vector<double> sorted = v;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+
+  // An SP shard (rows 25..39 of the micro-batch) draws exactly the whole tensor's rows.
+  Tensor shard = Tensor::empty({15, experts}, DType::F64, s);
+  ops::RandomLogitsArgs sa = whole;
+  sa.row_offset = 25;
+  ops::moe_random_logits(shard, sa, s);
+  const std::vector<double> sv = test::to_doubles(shard);
+  for (int64_t i = 0; i < 15 * experts; ++i) ASSERT_EQ(sv[static_cast<size_t>(i)], v[static_cast<size_t>(25 * experts + i)]) << i;
+
+  // A CP shard holding chunks 0 and 4 of length 1 of each 10-position sample (local seq 2) draws
+  // the values of global positions 0 and 4 of the same samples.
+  Tensor cp = Tensor::empty({12, experts}, DType::F64, s);
+  ops::RandomLogitsArgs ca = whole;
+  ca.seq_len = 2;
+  ca.chunks = ops::ChunkMap{1, 0, 4};
+  ops::moe_random_logits(cp, ca, s);
+  const std::vector<double> cv = test::to_doubles(cp);
+  for (int64_t b = 0; b < 6; ++b)
+    for (int64_t j = 0; j < 2; ++j)
+      for (int64_t e = 0; e < experts; ++e)
+        ASSERT_EQ(cv[static_cast<size_t>((b * 2 + j) * experts + e)],
+                  v[static_cast<size_t>((b * seq + (j == 0 ? 0 : 4)) * experts + e)]) << b << " " << j << " " << e;
+
+  // Another layer or seed draws other values.
+  Tensor other = Tensor::empty({rows, experts}, DType::F64, s);
+  ops::RandomLogitsArgs oa = whole;
+  oa.layer = 4;
+  ops::moe_random_logits(other, oa, s);
+  EXPECT_NE(test::to_doubles(other), v);
+}
+
+TEST(MoeRandomLogits, TopKOverRandomLogitsSpreadsTheLoad) {
+  // 512 tokens, top-8 of 64 experts: every expert gets about 64 slots (max/mean well under 2),
+  // where logits favouring a few experts would give every slot to 8 of them (max/mean 8).
+  Stream s = cpu();
+  const int64_t rows = 512, experts = 64;
+  Tensor logits = Tensor::empty({rows, experts}, DType::F32, s);
+  ops::moe_random_logits(logits, {.seed = 1, .layer = 0, .seq_len = 128}, s);
+  ops::RouterTopkArgs a;
+  a.topk = 8;
+  const Routed r = route(logits, a);
+  std::vector<int> load(static_cast<size_t>(experts), 0);
+  for (int32_t e : ints(r.indices)) ++load[static_cast<size_t>(e)];
+  const double mean = static_cast<double>(rows * 8) / static_cast<double>(experts);
+  const int most = *std::max_element(load.begin(), load.end());
+  EXPECT_LT(most / mean, 1.6);
+  EXPECT_GT(*std::min_element(load.begin(), load.end()), 0);
 }
