@@ -264,11 +264,23 @@ std::vector<GenerationResult> generate_blocks(LogitsModel& model, const std::vec
   const int64_t nblocks = seq / B;
   const bool threshold = cfg.confidence_threshold > 0;
   const int64_t steps_per_block = cfg.steps / (G / B);
+  // The causal clean stream of columns [c0, c1) into the cache: one forward where the cache's
+  // causal windows allow it (from column 0, or an even width), else column by column.
+  auto causal_update = [&](int64_t c0, int64_t c1) {
+    if (c0 == 0 || (c1 - c0) % 2 == 0) {
+      model.exact_cache_logits(window(rows, c0, c1), c0, key_documents(rows, seq, c1), true, one_row);
+      count_forward();
+      return;
+    }
+    for (int64_t c = c0; c < c1; ++c) {
+      model.exact_cache_logits(window(rows, c, c + 1), c, key_documents(rows, seq, c + 1), true, one_row);
+      count_forward();
+    }
+  };
   // Prefill: the prompt's complete blocks [0, JB) under the clean-stream rule.
   if (dec.exact_cache && J > 0) {
     if (dec.causal_clean) {
-      model.exact_cache_logits(window(rows, 0, J * B), 0, key_documents(rows, seq, J * B), true, one_row);
-      count_forward();
+      causal_update(0, J * B);
     } else {
       for (int64_t j = 0; j < J; ++j) {
         model.exact_cache_logits(window(rows, j * B, (j + 1) * B), j * B, key_documents(rows, seq, (j + 1) * B),
@@ -341,8 +353,12 @@ std::vector<GenerationResult> generate_blocks(LogitsModel& model, const std::vec
         if (!row.finished && has_eos(row, b1)) finish(row, true);
     // The finished block's clean keys and values (the clean-stream rule) for the blocks after it.
     if (dec.exact_cache && j + 1 < nblocks && !all_finished()) {
-      model.exact_cache_logits(window(rows, b0, b1), b0, key_documents(rows, seq, b1), dec.causal_clean, one_row);
-      count_forward();
+      if (dec.causal_clean) {
+        causal_update(b0, b1);
+      } else {
+        model.exact_cache_logits(window(rows, b0, b1), b0, key_documents(rows, seq, b1), false, one_row);
+        count_forward();
+      }
     }
   }
   for (Row& row : rows)

@@ -64,8 +64,13 @@ Tensor SelfAttention::context_cached(const Tensor& x, const MicroBatch& mb, cons
     // one stream; the key documents and the causal flag say what each query sees.
     MDLM_CHECK(mb.document_ids.defined() && cache.key_document_ids.defined(), "layer ", layer_,
                ": the exact cache needs the queries' and the keys' document ids");
-    MDLM_CHECK(!cache.causal || cache.column0 % mb.seq == 0, "layer ", layer_, ": a causal cached call of ", mb.seq,
-               " columns from column ", cache.column0, " (not a multiple of its width)");
+    // Causal: query i is column column0 + i. From column 0 the identity maps say so; a window of
+    // one column needs no mask (the key documents hide the columns after it); otherwise a
+    // two-chunk query map (ops/chunk_map.h) of the window's halves.
+    const bool chunked = cache.causal && cache.column0 > 0 && mb.seq > 1;
+    MDLM_CHECK(!chunked || (mb.seq % 2 == 0 && cache.column0 % (mb.seq / 2) == 0), "layer ", layer_,
+               ": a causal cached call of ", mb.seq, " columns from column ", cache.column0,
+               " (needs column 0, one column, or an even width whose half divides the first column)");
     if (!cache.k[layer].defined()) {
       cache.k[layer] = Tensor::zeros({cache.batch * cache.seq, groups_ * hd}, x.dtype(), s);
       cache.v[layer] = Tensor::zeros({cache.batch * cache.seq, groups_ * hd}, x.dtype(), s);
@@ -82,10 +87,10 @@ Tensor SelfAttention::context_cached(const Tensor& x, const MicroBatch& mb, cons
     a.kv_seq = cache.seq;
     a.document_ids = &mb.document_ids;
     a.key_document_ids = &cache.key_document_ids;
-    if (cache.causal) {
-      a.mask = ops::AttentionMask::Causal;
-      const int64_t chunk = cache.column0 / mb.seq;
-      a.query_chunks = ops::ChunkMap{mb.seq, chunk, chunk + 1};  // local i -> column column0 + i
+    if (cache.causal && (cache.column0 == 0 || chunked)) a.mask = ops::AttentionMask::Causal;
+    if (chunked) {
+      const int64_t half = mb.seq / 2, chunk = cache.column0 / half;
+      a.query_chunks = ops::ChunkMap{half, chunk, chunk + 1};  // local i -> column column0 + i
     }
     a.backend = cfg_->attention_backend;
     a.deterministic = cfg_->deterministic_mode;

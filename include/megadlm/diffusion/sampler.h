@@ -144,7 +144,8 @@ class LogitsModel {
   /// (tokens, positions and document_ids of those columns, every row): their keys and values are
   /// written into the cache at those columns, and each query attends to the cache's columns
   /// whose `key_documents` entry ([batch * seq], the cache's layout) equals its document, with
-  /// `causal` only to columns <= its own (col0 a multiple of window.seq then). Logits
+  /// `causal` only to columns <= its own (col0 = 0, or one column whose later columns
+  /// key_documents hides, or an even width whose half divides col0). Logits
   /// [rows.size(), vocab_size()] of the window's flat indices `rows` (b * window.seq + i).
   virtual Tensor exact_cache_logits(const CanvasBatch& window, int64_t col0, const std::vector<int32_t>& key_documents,
                                     bool causal, const std::vector<int32_t>& rows);

@@ -25,7 +25,9 @@ struct KvCache {
   /// Block decoding's exact cache: k, v are allocated once ([batch * seq], zeros) and never
   /// replaced; the call's columns [column0, column0 + mb.seq) are written, then its queries (of
   /// document mb.document_ids) attend to every column whose key_document_ids entry is theirs,
-  /// and with `causal` only to columns <= their own (column0 must then be a multiple of mb.seq).
+  /// and with `causal` only to columns <= their own: from column 0 any width; a window of one
+  /// column relies on the key documents to hide the columns after it; otherwise an even width
+  /// whose half divides column0.
   bool exact = false;
   bool causal = false;
   Tensor key_document_ids;  ///< exact: int32 [batch * seq], set for each call
