@@ -7,8 +7,8 @@
 # and causal with the next-token loss, which also decodes autoregressively). megadlm runs the
 # ragged prompts as one batch (block-aligned left padding), the reference each alone. Every case
 # runs with the exact cache and with --kv-cache none (training's doubled forward, recomputed each
-# step): the same tokens. Then a block-diffusion model trained 60 iterations decodes with a
-# threshold and reports its tokens per forward; EOS stopping; bad arguments are refused by flag.
+# step): the same tokens. Then a block-diffusion model that memorised four sentences completes
+# them, with a threshold at more than one token per forward (reported); EOS stopping; bad arguments are refused by flag.
 set -euo pipefail
 source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
@@ -83,26 +83,48 @@ compare stop.jsonl stop_ref.jsonl || { echo "FAIL: stopping at EOS $eos differs 
 grep -q '"stopped_at_eos":true' stop.jsonl || { echo "FAIL: no row stopped at EOS $eos"; exit 1; }
 echo "stopping at EOS $eos: the reference's tokens"
 
-# A block-diffusion model trained 60 iterations, decoded with a threshold: tokens per forward.
-"$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" "${bd[@]}" --dlm-block-size 8 --device cpu --train-iters 60 \
-  --eval-iters 0 --save trained --save-interval 60 > train_trained.log 2>&1 || { cat train_trained.log; exit 1; }
-"$bin/generate_difflm" --load trained --prompts-jsonl prompts.jsonl --gen-length 32 --batch-size 5 --device cpu \
-  --confidence-threshold 0.5 --no-stop-at-eos --output thr.jsonl 2> thr.err || { cat thr.err; exit 1; }
-"$bin/generate_difflm" --load trained --prompts-jsonl prompts.jsonl --gen-length 32 --batch-size 5 --device cpu \
-  --no-stop-at-eos --output static.jsonl 2> static.err || { cat static.err; exit 1; }
-grep "tokens per forward" thr.err static.err
+# A block-diffusion model (blocks of 4) trained on the CPU to memorise four sentences (as
+# generate_memorized.sh does for the full-sequence model) completes each from its first 5 tokens,
+# and with a threshold commits more than one token per decoding forward.
 "$PY" - <<'PYEOF'
-import json
-thr = [json.loads(l) for l in open("thr.jsonl")]
-static = [json.loads(l) for l in open("static.jsonl")]
-tpf = sum(len(r["token_ids"]) for r in thr) / sum(r["steps"] for r in thr)
-stpf = sum(len(r["token_ids"]) for r in static) / sum(r["steps"] for r in static)
-assert all(len(r["token_ids"]) == 32 for r in thr + static)
-assert abs(stpf - 1.0) < 1e-12, stpf  # default steps = gen length: one token a forward
-assert 1.0 <= tpf <= 8.0, tpf
-print(f"threshold 0.5: {tpf:.3f} tokens per decoding forward (static schedule: {stpf:.3f})")
+import json, random
+random.seed(3)
+with open("sentences.jsonl", "w") as f, open("mprompts.jsonl", "w") as p:
+    for s in range(4):
+        toks = [1] + [random.randrange(2, 120) for _ in range(15)]
+        f.write(json.dumps({"text": " ".join(map(str, toks))}) + "\n")
+        p.write(json.dumps({"prompt": " ".join(map(str, toks[1:6])), "expect": toks[6:14]}) + "\n")
 PYEOF
-grep -q "tokens per forward: " thr.err || { echo "FAIL: no tokens per forward in the log"; exit 1; }
+"$bin/preprocess_data" --input sentences.jsonl --output-prefix mem --tokenizer-type NullTokenizer \
+  --vocab-size 128 --workers 1 > pre.log 2>&1 || { cat pre.log; exit 1; }
+args=$(grep -v '^#' "$src/configs/tiny_dlm.args" | tr '\n' ' ' | sed -e 's/--mock-data//' \
+  -e 's/--train-iters [0-9]*//' -e 's/--seq-length [0-9]*//' -e 's/--max-position-embeddings [0-9]*//' \
+  -e 's/--lr [0-9e.-]*//' -e 's/--min-lr [0-9e.-]*//' -e 's/--micro-batch-size [0-9]*//' \
+  -e 's/--global-batch-size [0-9]*//' -e 's/--attention-mask-type [a-z_]*//')
+# shellcheck disable=SC2086
+"$bin/pretrain_difflm" $args "${bd[@]}" --device cpu --tokenizer-type NullTokenizer --mask-token 126 \
+  --data-path mem_text_document --split 100,0,0 --seq-length 16 --max-position-embeddings 16 \
+  --train-iters 600 --lr 5e-3 --min-lr 5e-4 --micro-batch-size 16 --global-batch-size 16 \
+  --difflm-varilen-prob 0 --eval-iters 0 --log-interval 100 --save mem_ckpt --save-interval 600 > train_mem.log 2>&1 \
+  || { cat train_mem.log; exit 1; }
+for mode in "--confidence-threshold 0.9" "--steps 8"; do
+  "$bin/generate_difflm" --load mem_ckpt --prompts-jsonl mprompts.jsonl --gen-length 8 --batch-size 4 --device cpu \
+    --no-stop-at-eos $mode --output mem.jsonl 2> mem.err || { cat mem.err; exit 1; }
+  grep "tokens per forward" mem.err
+  "$PY" - "$mode" <<'PYEOF'
+import json, sys
+want = [json.loads(l)["expect"] for l in open("mprompts.jsonl")]
+got = [json.loads(l) for l in open("mem.jsonl")]
+bad = [(i, g["token_ids"], w) for i, (g, w) in enumerate(zip(got, want)) if g["token_ids"] != w]
+assert not bad and len(got) == 4, f"{sys.argv[1]}: not the memorised sentences: {bad}"
+tpf = sum(len(g["token_ids"]) for g in got) / sum(g["steps"] for g in got)
+if "threshold" in sys.argv[1]:
+    assert tpf > 1.0, f"threshold 0.9 committed {tpf} tokens per forward"
+else:
+    assert abs(tpf - 1.0) < 1e-12, tpf  # 8 steps for 8 tokens: one a forward
+print(f"{sys.argv[1]}: the 4 memorised sentences, {tpf:.3f} tokens per decoding forward")
+PYEOF
+done
 
 # Bad arguments: by flag, exit code 2, before any generation.
 refuse() {
