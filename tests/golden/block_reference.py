@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Independent NumPy reference of block decoding (and the causal variant's autoregressive decoding).
 
-Written from the block-diffusion decoding rule (shared spec: blocks at multiples of B from position
-0, the partial last prompt block decoded with the first new tokens, the active block attending the
+Written from the block-diffusion decoding rule as docs/generation.md ("Block decoding") states it
+(blocks at multiples of B from position 0, the partial last prompt block decoded with the first new
+tokens, the active block attending the
 committed blocks and itself bidirectionally, committed blocks seen through the clean-stream rule),
 not from megadlm's C++. No cache at all: every step runs the whole sequence up to the end of the
 active block in float64 with an explicit attention mask, one prompt at a time:
