@@ -109,7 +109,9 @@ int run(const apps::Cli& cli) {
   if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
   if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
     errors.push_back("no prompt: give `--prompt TEXT` or `--prompts-jsonl FILE`");
-  if (decode_flag == "full" || decode_flag == "block")  // else once the model says which sampler runs
+  // Before the model is loaded, where the values do not depend on it (block decoding's block size
+  // and default steps come from the checkpoint); the rest once the model says which sampler runs.
+  if (decode_flag == "full" || (decode_flag != "ar" && cli.has("--steps") && cli.has("--block-length")))
     for (const std::string& p : sampler_config_problems(sc, 0)) errors.push_back(p);
   if (!errors.empty()) throw ConfigError(errors, {});
 
