@@ -106,6 +106,25 @@ MicroBatch window_batch(const CanvasBatch& c, int64_t col0, int64_t col1, const 
   return MicroBatch::upload(h, stream);
 }
 
+// A block-diffusion model (--attention-mask-type block_causal) given plain rows rather than its
+// doubled [x_t | x_0] rows with block ranges: the full-sequence sampler on a block-diffusion
+// checkpoint (generate_difflm --decode full), bidirectional over the canvas. The layers read the
+// mask type from the model's configuration at each call, so it is switched for the call.
+class FullSequenceAttention {
+ public:
+  FullSequenceAttention(const GptModel& model, bool on)
+      : cfg_(const_cast<TransformerConfig&>(model.config())), saved_(cfg_.attention_mask) {
+    if (on && saved_ == AttentionMaskType::BlockCausal) cfg_.attention_mask = AttentionMaskType::NoMask;
+  }
+  ~FullSequenceAttention() { cfg_.attention_mask = saved_; }
+  FullSequenceAttention(const FullSequenceAttention&) = delete;
+  FullSequenceAttention& operator=(const FullSequenceAttention&) = delete;
+
+ private:
+  TransformerConfig& cfg_;
+  AttentionMaskType saved_;
+};
+
 Tensor device_ints(const std::vector<int32_t>& v, const Stream& stream) {
   Tensor t = Tensor::from_ints(v, {static_cast<int64_t>(v.size())});
   return stream.device().is_cpu() ? t : t.to(stream.device(), stream);
@@ -121,6 +140,7 @@ Tensor InferenceModel::logits(const CanvasBatch& canvas, const std::vector<int32
   const CanvasBatch& c = compact ? compact->canvas : canvas;
   MicroBatch mb = window_batch(c, 0, c.seq, rt_.stream);
   if (compact) mb.row_lengths = device_ints(compact->lengths, rt_.stream);
+  const FullSequenceAttention plain(*model_, canvas.block_ranges.empty());
   return model_->logits_at(mb, device_ints(compact ? compact->rows : rows, rt_.stream), rt_, vocab_size());
 }
 
@@ -150,6 +170,7 @@ Tensor InferenceModel::cached_logits(const CanvasBatch& canvas, const std::vecto
   cache_.refresh = refresh;
   ModelRuntime rt = rt_;
   rt.kv_cache = &cache_;
+  const FullSequenceAttention plain(*model_, true);  // Fast-dLLM's cache runs plain rows
   const MicroBatch mb = window_batch(canvas, col0, col1, rt_.stream);
   return model_->logits_at(mb, device_ints(local, rt_.stream), rt, vocab_size());
 }

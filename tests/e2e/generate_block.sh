@@ -71,6 +71,20 @@ CASES
   --device cpu --seed 77 --no-stop-at-eos --output batched.jsonl 2> gen.err
 compare single.jsonl batched.jsonl || { echo "FAIL: batch 1 and batch 5 differ"; exit 1; }
 
+# `--decode full` on a block-diffusion checkpoint: LLaDA's full-sequence sampler, bidirectional over
+# the canvas, equal to llada_reference.py on the exported folder.
+"$bin/generate_difflm" --load ckpt --decode full --prompts-jsonl prompts.jsonl --gen-length 16 --steps 8 \
+  --block-length 4 --batch-size 5 --device cpu --no-stop-at-eos --output fullseq.jsonl 2> gen.err || { cat gen.err; exit 1; }
+"$PY" "$ref" generate --model hf --prompts-jsonl prompts.jsonl --gen-length 16 --steps 8 --block-length 4 \
+  --mask-id 127 --output fullseq_ref.jsonl > /dev/null
+"$PY" - <<'PYEOF' || { echo "FAIL: --decode full on a block-diffusion checkpoint differs from llada_reference.py"; exit 1; }
+import json
+a = [json.loads(l)["token_ids"] for l in open("fullseq.jsonl")]
+b = [json.loads(l)["token_ids"] for l in open("fullseq_ref.jsonl")]
+assert a == b, (a, b)
+PYEOF
+echo "--decode full on the block-diffusion checkpoint: llada_reference.py's tokens"
+
 # EOS: a token the reference generates in prompt 0's second decoded block becomes the EOS id.
 "$PY" "$bref" generate --model hf --prompts-jsonl prompts.jsonl --gen-length 16 --steps 8 --block-length 4 \
   --mask-id 127 --output full.jsonl
