@@ -38,7 +38,8 @@ const char* kUsage =
     "                       [--gen-length G] [--steps S] [--block-length K] [--remasking low_confidence|random]\n"
     "                       [--temperature T] [--cfg-scale W] [--batch-size B] [--output FILE] ...\n"
     "LLaDA's sampler (generate.py): G masked tokens after the prompt, decoded in G/K semi-autoregressive\n"
-    "blocks with S/(G/K) steps each; docs/generation.md.";
+    "blocks with S/(G/K) steps each; block-diffusion checkpoints: block decoding with an exact cache\n"
+    "(--decode block|ar|full, --kv-cache exact|none); docs/generation.md.";
 
 std::vector<apps::CliFlag> flags() {
   std::vector<apps::CliFlag> f = apps::common_inference_flags();
@@ -47,8 +48,9 @@ std::vector<apps::CliFlag> flags() {
       {"--prompts-jsonl", "FILE", "one JSON object per line with \"prompt\" (text) or \"prompt_ids\" (token ids)"},
       {"--output", "FILE", "write the JSONL completions here (default: stdout)"},
       {"--gen-length", "G", "tokens to generate (LLaDA gen_length; default 128)"},
-      {"--steps", "S", "sampling steps in all (default 128); a multiple of G/K"},
-      {"--block-length", "K", "semi-autoregressive block length (default: G); divides G"},
+      {"--steps", "S", "sampling steps in all (default 128; block decoding: G); a multiple of G/K"},
+      {"--block-length", "K", "semi-autoregressive block length (default: G; block decoding: the checkpoint's "
+                              "--dlm-block-size); divides G"},
       {"--remasking", "MODE", "low_confidence (default) or random: which masked positions are decoded first"},
       {"--temperature", "T", "Gumbel-max sampling temperature in float64 (default 0: greedy)"},
       {"--cfg-scale", "W", "classifier-free guidance scale (default 0: off); the unconditional canvas has the prompt masked"},
