@@ -196,10 +196,11 @@ TEST(BlockDecodingParity, ExactCacheWindowsMatchTheCpu) {
 // same call (their exact caches stay in step) and against the GPU's own uncached forward of the
 // same state (training's doubled rows over the columns written so far, rebuilt from a shadow of
 // the cache): logits within bf16 tolerance, and the same proposed token (argmax) wherever the
-// CPU's top two logits are more than kDecisive apart. Whole decodings are then compared token for
+// CPU's top two logits are more than kDecisive apart (the GPU-vs-GPU check: twice the tolerance,
+// two bf16 computations). Whole decodings are then compared token for
 // token where no near-tie lies on the way; where one does, bf16 and f32 may take different but
 // equally valid paths (reported, not failed: the rows' tokens up to that decision must agree).
-constexpr double kDecisive = 0.25;
+constexpr double kDecisive = 1.0;  // logits spread over ~35: several bf16 roundings of the largest
 
 class Checked final : public LogitsModel {
  public:
@@ -273,7 +274,7 @@ class Checked final : public LogitsModel {
     }
     const double rel = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
     (what[0] == 'C' ? worst_cpu : worst_uncached) = std::max(what[0] == 'C' ? worst_cpu : worst_uncached, rel);
-    EXPECT_LE(rel, kTol) << what;
+    EXPECT_LE(rel, what[0] == 'C' ? kTol : 2 * kTol) << what;
     for (size_t r = 0; r < got.size() / 64; ++r) {
       const auto row = want.begin() + static_cast<std::ptrdiff_t>(r * 64);
       std::vector<double> sorted(row, row + 64);
