@@ -283,3 +283,19 @@ TEST(BlockSampler, StopsAtEosAfterTheBlock) {
   EXPECT_EQ(r[0].tokens, std::vector<int32_t>(full[0].tokens.begin(), first + 1));
   EXPECT_LT(r[0].steps, full[0].steps);
 }
+
+TEST(BlockSampler, OddBlocksOfTheCausalVariantUpdateColumnByColumn) {
+  // Block 3: a causal cache update of an odd width away from column 0 runs one column at a time
+  // (the cache's causal windows need column 0 or an even width); the tokens stay the uncached ones.
+  SamplerConfig c = config(9, 9, 3);
+  BlockDecoding exact, none;
+  exact.causal_clean = none.causal_clean = true;
+  none.exact_cache = false;
+  HashModel a, b;
+  const auto ra = run(a, c, exact), rb = run(b, c, none);
+  for (size_t r = 0; r < ra.size(); ++r) EXPECT_EQ(ra[r].tokens, rb[r].tokens) << "row " << r;
+  int single = 0;
+  for (const auto& call : a.calls) single += call.causal && call.width == 1;
+  // Prompts up to 7 tokens: J = 2, blocks 2..5 decoded (columns 6..17), updates of blocks 2, 3, 4.
+  EXPECT_EQ(single, 3 * 3);
+}
