@@ -22,6 +22,15 @@ Tensor LogitsModel::cached_logits(const CanvasBatch&, const std::vector<int32_t>
   MDLM_FAIL("this model has no key/value cache (`--kv-cache` needs one)");
 }
 
+void LogitsModel::exact_cache_reset(int64_t, int64_t) {
+  MDLM_FAIL("this model has no exact key/value cache (block decoding with `--kv-cache exact` needs one)");
+}
+
+Tensor LogitsModel::exact_cache_logits(const CanvasBatch&, int64_t, const std::vector<int32_t>&, bool,
+                                       const std::vector<int32_t>&) {
+  MDLM_FAIL("this model has no exact key/value cache (block decoding with `--kv-cache exact` needs one)");
+}
+
 std::vector<std::string> sampler_config_problems(const SamplerConfig& c, int64_t vocab) {
   std::vector<std::string> out;
   auto flag = [](const char* f, auto v) { return std::string("`") + f + " " + std::to_string(v) + "`"; };

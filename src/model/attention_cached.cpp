@@ -4,8 +4,11 @@
 // computes only its columns, writes their keys and values over the cached ones
 // (ops::copy_row_block, one call for the whole batch) and lets their queries attend to every
 // cached column (ops::attention_forward with kv_seq = the canvas length and the keys' own
-// document ids, so padding stays invisible).
+// document ids, so padding stays invisible). Block decoding's exact cache (cache.exact) writes
+// the call's columns into storage allocated once and attends by the call's key documents
+// (exact_cached below).
 #include "megadlm/model/attention.h"
+#include <cmath>
 #include "megadlm/model/kv_cache.h"
 #include "megadlm/ops/attention.h"
 #include "megadlm/ops/elementwise.h"
@@ -20,7 +23,7 @@ Tensor SelfAttention::context_cached(const Tensor& x, const MicroBatch& mb, cons
   MDLM_CHECK(!mp_.tp.enabled() && !mp_.cp.enabled() && !mp_.sequence_parallel, "layer ", layer_,
              ": the key/value cache is for inference on one rank (no tensor or context parallelism)");
   MDLM_CHECK(mb.batch == cache.batch && cache.column0 >= 0 && cache.column0 + mb.seq <= cache.seq &&
-                 (!cache.refresh || (cache.column0 == 0 && mb.seq == cache.seq)),
+                 (cache.exact || !cache.refresh || (cache.column0 == 0 && mb.seq == cache.seq)),
              "layer ", layer_, ": a micro-batch of ", mb.batch, " x ", mb.seq, " columns from ", cache.column0,
              " does not fit the cached canvases ", cache.batch, " x ", cache.seq, cache.refresh ? " (refresh)" : "");
   const int64_t t = mb.tokens();
@@ -56,6 +59,44 @@ Tensor SelfAttention::context_cached(const Tensor& x, const MicroBatch& mb, cons
   }
   Tensor out = Tensor::empty({t, heads_ * hd}, x.dtype(), s);
   Tensor lse = Tensor::empty({mb.batch * heads_ * mb.seq}, rt.stat_dtype(), s);
+  if (cache.exact) {
+    // Block decoding: the training mask type (block_causal over [x_t | x_0]) does not apply to
+    // one stream; the key documents and the causal flag say what each query sees.
+    MDLM_CHECK(mb.document_ids.defined() && cache.key_document_ids.defined(), "layer ", layer_,
+               ": the exact cache needs the queries' and the keys' document ids");
+    // Causal: query i is column column0 + i. From column 0 the identity maps say so; a window of
+    // one column needs no mask (the key documents hide the columns after it); otherwise a
+    // two-chunk query map (ops/chunk_map.h) of the window's halves.
+    const bool chunked = cache.causal && cache.column0 > 0 && mb.seq > 1;
+    MDLM_CHECK(!chunked || (mb.seq % 2 == 0 && cache.column0 % (mb.seq / 2) == 0), "layer ", layer_,
+               ": a causal cached call of ", mb.seq, " columns from column ", cache.column0,
+               " (needs column 0, one column, or an even width whose half divides the first column)");
+    if (!cache.k[layer].defined()) {
+      cache.k[layer] = Tensor::zeros({cache.batch * cache.seq, groups_ * hd}, x.dtype(), s);
+      cache.v[layer] = Tensor::zeros({cache.batch * cache.seq, groups_ * hd}, x.dtype(), s);
+    }
+    ops::copy_row_block(k, cache.k[layer], mb.batch, cache.column0, s);
+    ops::copy_row_block(v, cache.v[layer], mb.batch, cache.column0, s);
+    ops::AttentionArgs a;
+    a.batch = mb.batch;
+    a.seq = mb.seq;
+    a.num_heads = heads_;
+    a.num_kv_heads = groups_;
+    a.head_dim = hd;
+    a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    a.kv_seq = cache.seq;
+    a.document_ids = &mb.document_ids;
+    a.key_document_ids = &cache.key_document_ids;
+    if (cache.causal && (cache.column0 == 0 || chunked)) a.mask = ops::AttentionMask::Causal;
+    if (chunked) {
+      const int64_t half = mb.seq / 2, chunk = cache.column0 / half;
+      a.query_chunks = ops::ChunkMap{half, chunk, chunk + 1};  // local i -> column column0 + i
+    }
+    a.backend = cfg_->attention_backend;
+    a.deterministic = cfg_->deterministic_mode;
+    ops::attention_forward(q, cache.k[layer], cache.v[layer], out, lse, a, s);
+    return out;
+  }
   ops::AttentionArgs a = core_args(mb, rt);
   a.row_lengths = nullptr;  // the cache keeps the canvas's own layout (InferenceModel::cached_logits)
   if (cache.refresh) {

@@ -94,10 +94,36 @@ MicroBatch window_batch(const CanvasBatch& c, int64_t col0, int64_t col1, const 
     if (!c.document_ids.empty())
       h.document_ids.insert(h.document_ids.end(), c.document_ids.begin() + first, c.document_ids.begin() + last);
   }
+  if (!c.block_ranges.empty()) {  // block diffusion's doubled rows: whole rows only
+    MDLM_CHECK(col0 == 0 && col1 == c.seq && c.seq % 2 == 0 &&
+                   c.block_ranges.size() == static_cast<size_t>(c.batch * 2 * c.seq),
+               "block ranges of ", c.block_ranges.size(), " entries for ", c.batch, " doubled rows of ", c.seq,
+               " columns [", col0, ", ", col1, ")");
+    h.block_ranges = c.block_ranges;
+  }
   h.labels = h.input_ids;  // unused: no loss
   h.loss_weights.assign(h.input_ids.size(), 0.0f);
   return MicroBatch::upload(h, stream);
 }
+
+// A block-diffusion model (--attention-mask-type block_causal) given plain rows rather than its
+// doubled [x_t | x_0] rows with block ranges: the full-sequence sampler on a block-diffusion
+// checkpoint (generate_difflm --decode full), bidirectional over the canvas. The layers read the
+// mask type from the model's configuration at each call, so it is switched for the call.
+class FullSequenceAttention {
+ public:
+  FullSequenceAttention(const GptModel& model, bool on)
+      : cfg_(const_cast<TransformerConfig&>(model.config())), saved_(cfg_.attention_mask) {
+    if (on && saved_ == AttentionMaskType::BlockCausal) cfg_.attention_mask = AttentionMaskType::NoMask;
+  }
+  ~FullSequenceAttention() { cfg_.attention_mask = saved_; }
+  FullSequenceAttention(const FullSequenceAttention&) = delete;
+  FullSequenceAttention& operator=(const FullSequenceAttention&) = delete;
+
+ private:
+  TransformerConfig& cfg_;
+  AttentionMaskType saved_;
+};
 
 Tensor device_ints(const std::vector<int32_t>& v, const Stream& stream) {
   Tensor t = Tensor::from_ints(v, {static_cast<int64_t>(v.size())});
@@ -109,10 +135,12 @@ Tensor device_ints(const std::vector<int32_t>& v, const Stream& stream) {
 Tensor InferenceModel::logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) {
   // Left-padded rows run dense with the live tokens first: cuDNN's padding mask instead of its
   // ragged batch of documents (batch-16 canvas on the H200: ~47 vs 68 us a layer).
-  const std::optional<CompactCanvas> compact = compact_rows(canvas, rows);
+  const std::optional<CompactCanvas> compact =
+      canvas.block_ranges.empty() ? compact_rows(canvas, rows) : std::nullopt;
   const CanvasBatch& c = compact ? compact->canvas : canvas;
   MicroBatch mb = window_batch(c, 0, c.seq, rt_.stream);
   if (compact) mb.row_lengths = device_ints(compact->lengths, rt_.stream);
+  const FullSequenceAttention plain(*model_, canvas.block_ranges.empty());
   return model_->logits_at(mb, device_ints(compact ? compact->rows : rows, rt_.stream), rt_, vocab_size());
 }
 
@@ -142,8 +170,36 @@ Tensor InferenceModel::cached_logits(const CanvasBatch& canvas, const std::vecto
   cache_.refresh = refresh;
   ModelRuntime rt = rt_;
   rt.kv_cache = &cache_;
+  const FullSequenceAttention plain(*model_, true);  // Fast-dLLM's cache runs plain rows
   const MicroBatch mb = window_batch(canvas, col0, col1, rt_.stream);
   return model_->logits_at(mb, device_ints(local, rt_.stream), rt, vocab_size());
+}
+
+void InferenceModel::exact_cache_reset(int64_t batch, int64_t seq) {
+  MDLM_CHECK(batch > 0 && seq > 0, "an exact cache of ", batch, " x ", seq, " columns");
+  cache_ = KvCache{};
+  cache_.batch = batch;
+  cache_.seq = seq;
+  cache_.exact = true;
+}
+
+Tensor InferenceModel::exact_cache_logits(const CanvasBatch& window, int64_t col0,
+                                          const std::vector<int32_t>& key_documents, bool causal,
+                                          const std::vector<int32_t>& rows) {
+  MDLM_CHECK(cache_.exact && cache_.batch == window.batch && 0 <= col0 && col0 + window.seq <= cache_.seq &&
+                 key_documents.size() == static_cast<size_t>(cache_.batch * cache_.seq) &&
+                 window.document_ids.size() == window.tokens.size(),
+             "an exact cached forward of ", window.batch, " x ", window.seq, " columns from ", col0,
+             " does not fit the exact cache ", cache_.batch, " x ", cache_.seq, cache_.exact ? "" : " (not reset)");
+  for (const int32_t r : rows)
+    MDLM_CHECK(r >= 0 && r < window.batch * window.seq, "exact cached logits of row ", r, " outside the window");
+  cache_.column0 = col0;
+  cache_.causal = causal;
+  cache_.key_document_ids = device_ints(key_documents, rt_.stream);
+  ModelRuntime rt = rt_;
+  rt.kv_cache = &cache_;
+  const MicroBatch mb = window_batch(window, 0, window.seq, rt_.stream);
+  return model_->logits_at(mb, device_ints(rows, rt_.stream), rt, vocab_size());
 }
 
 }  // namespace megadlm::training

@@ -86,6 +86,9 @@ struct GenerationRequest {
 struct GenerationResult {
   std::vector<int32_t> tokens;  ///< the G generated tokens, or up to the first EOS when stopped
   int64_t steps = 0;            ///< model evaluations (forward passes) this request took part in
+  /// Block decoding (block_sampler.h): every forward it took part in, the cache's prefill and
+  /// updates included (steps counts those that proposed its tokens); 0 for the full sampler.
+  int64_t forwards = 0;
   bool stopped_at_eos = false;
 };
 
@@ -95,6 +98,11 @@ struct CanvasBatch {
   std::vector<int32_t> tokens;        ///< [batch * seq]
   std::vector<int32_t> positions;     ///< [batch * seq]
   std::vector<int32_t> document_ids;  ///< [batch * seq], or empty when no row is padded
+  /// Block diffusion's training-time forward (block decoding without a cache,
+  /// diffusion/block_sampler.h): each row is the doubled [x_t | x_0] (seq = 2L) and this holds
+  /// its [batch, 4, L] document and block ranges (ops::AttentionArgs::block_ranges; no
+  /// document_ids then). Empty otherwise.
+  std::vector<int32_t> block_ranges;
 };
 
 /// What the sampler (and the likelihood estimator) needs of a model: logits at chosen tokens.
@@ -126,6 +134,21 @@ class LogitsModel {
   /// The default throws: a model without a cache.
   virtual Tensor cached_logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows, int64_t col0,
                                int64_t col1, bool refresh);
+
+  /// Whether the exact key/value cache of block decoding is implemented (below).
+  virtual bool supports_exact_cache() const { return false; }
+  /// Block decoding's exact cache (diffusion/block_sampler.h): empties it and sizes it for
+  /// `batch` canvases of `seq` columns. The default throws.
+  virtual void exact_cache_reset(int64_t batch, int64_t seq);
+  /// Runs the columns [col0, col0 + window.seq) of the cached canvases, given as `window`
+  /// (tokens, positions and document_ids of those columns, every row): their keys and values are
+  /// written into the cache at those columns, and each query attends to the cache's columns
+  /// whose `key_documents` entry ([batch * seq], the cache's layout) equals its document, with
+  /// `causal` only to columns <= its own (col0 = 0, or one column whose later columns
+  /// key_documents hides, or an even width whose half divides col0). Logits
+  /// [rows.size(), vocab_size()] of the window's flat indices `rows` (b * window.seq + i).
+  virtual Tensor exact_cache_logits(const CanvasBatch& window, int64_t col0, const std::vector<int32_t>& key_documents,
+                                    bool causal, const std::vector<int32_t>& rows);
 };
 
 /// Every problem of `requests` for `config` and a model with `vocab` input ids and

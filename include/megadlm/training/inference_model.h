@@ -47,6 +47,10 @@ class InferenceModel final : public LogitsModel {
   bool supports_kv_cache() const override { return true; }
   Tensor cached_logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows, int64_t col0, int64_t col1,
                        bool refresh) override;
+  bool supports_exact_cache() const override { return true; }
+  void exact_cache_reset(int64_t batch, int64_t seq) override;
+  Tensor exact_cache_logits(const CanvasBatch& window, int64_t col0, const std::vector<int32_t>& key_documents,
+                            bool causal, const std::vector<int32_t>& rows) override;
 
  private:
   RunConfig cfg_;
@@ -54,7 +58,7 @@ class InferenceModel final : public LogitsModel {
   ModelRuntime rt_;
   ParameterStore store_;
   std::unique_ptr<GptModel> model_;
-  KvCache cache_;  // the last refresh's keys and values (--kv-cache)
+  KvCache cache_;  // the last refresh's keys and values (--kv-cache), or block decoding's exact cache
 };
 
 }  // namespace megadlm::training

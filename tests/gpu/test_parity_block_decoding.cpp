@@ -1,0 +1,329 @@
+// Block decoding (diffusion/block_sampler.h) on CUDA: a tiny block-diffusion model (block 4, both
+// clean-half variants) with the same bf16-representable weights as a bf16 CUDA model and an f32
+// CPU model. The exact cache's window logits (CUDA's key-block attention over the cache, the
+// causal windows' chunked query maps, copy_row_block) against the CPU within bf16 tolerance; then
+// whole decodings (ragged batch, static schedule and threshold, both variants, the causal one's
+// autoregressive decoding) checked at every model call: the CUDA logits and proposals equal the
+// CPU's given the same call, and the GPU's uncached forward of the same state (training's doubled
+// block-diffusion attention); whole-trajectory agreement is reported (a bf16 near-tie may send
+// CUDA and CPU down different valid paths; a tiny random model has logit gaps of 0.002).
+#include <gtest/gtest.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include "megadlm/diffusion/block_sampler.h"
+#include "megadlm/model/gpt_model.h"
+#include "megadlm/model/kv_cache.h"
+#include "parity.h"
+
+using namespace megadlm;
+using namespace megadlm::test::parity;
+
+namespace {
+
+constexpr int32_t kMask = 63;
+
+TransformerConfig config(bool causal_clean) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 128;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 32;
+  c.ffn_hidden_size = 256;
+  c.seq_length = 32;
+  c.max_position_embeddings = 64;
+  c.position_embedding_type = PositionEmbeddingType::Rope;
+  c.normalization = NormType::RMSNorm;
+  c.qk_layernorm = true;
+  c.activation = MlpActivation::SwiGLU;
+  c.vocab_size = c.padded_vocab_size = 64;
+  c.init_method_std = 0.5f;
+  c.attention_dropout = c.hidden_dropout = 0;
+  c.attention_mask = AttentionMaskType::BlockCausal;
+  c.block_diffusion_causal_clean = causal_clean;
+  return c;
+}
+
+// The LogitsModel InferenceModel is, around a bare GptModel on one device.
+class Side final : public LogitsModel {
+ public:
+  Side(const TransformerConfig& cfg, Stream s, DType dt) : model_(cfg, store) {
+    rt_.stream = s;
+    rt_.dtype = dt;
+    rt_.training = false;
+    store.materialize(dt, 5, s);
+  }
+  int64_t vocab_size() const override { return 64; }
+  const Stream& stream() const override { return rt_.stream; }
+  Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override {
+    HostMicroBatch h = host(c);
+    h.block_ranges = c.block_ranges;
+    return model_.logits_at(MicroBatch::upload(h, rt_.stream), ints(rows), rt_, 64);
+  }
+  bool supports_exact_cache() const override { return true; }
+  void exact_cache_reset(int64_t batch, int64_t seq) override {
+    cache_ = KvCache{};
+    cache_.batch = batch;
+    cache_.seq = seq;
+    cache_.exact = true;
+  }
+  Tensor exact_cache_logits(const CanvasBatch& w, int64_t col0, const std::vector<int32_t>& key_docs, bool causal,
+                            const std::vector<int32_t>& rows) override {
+    cache_.column0 = col0;
+    cache_.causal = causal;
+    cache_.key_document_ids = ints(key_docs);
+    ModelRuntime rt = rt_;
+    rt.kv_cache = &cache_;
+    return model_.logits_at(MicroBatch::upload(host(w), rt_.stream), ints(rows), rt, 64);
+  }
+  ParameterStore store;
+
+ private:
+  static HostMicroBatch host(const CanvasBatch& c) {
+    HostMicroBatch h;
+    h.batch = c.batch;
+    h.seq = c.seq;
+    h.input_ids = c.tokens;
+    h.positions = c.positions;
+    h.document_ids = c.document_ids;
+    h.labels = h.input_ids;
+    h.loss_weights.assign(h.input_ids.size(), 0.0f);
+    return h;
+  }
+  Tensor ints(const std::vector<int32_t>& v) const {
+    Tensor t = Tensor::from_ints(v, {static_cast<int64_t>(v.size())});
+    return rt_.stream.is_cuda() ? t.to(rt_.stream.device(), rt_.stream) : t;
+  }
+  GptModel model_;
+  ModelRuntime rt_;
+  KvCache cache_;
+};
+
+// The CPU weights rounded to bf16, and the GPU model given exactly those.
+void same_weights(Side& cpu, Side& gpu) {
+  for (size_t h = 0; h < cpu.store.descs().size(); ++h) {
+    Tensor p = cpu.store.param(static_cast<int>(h));
+    std::vector<float> v = p.to_floats(Stream::cpu());
+    for (float& x : v) x = round_to_bf16(x);
+    Tensor rounded = Tensor::from_floats(v, p.shape());
+    copy_tensor(rounded, p, Stream::cpu());
+    Tensor g = gpu.store.param(static_cast<int>(h));
+    copy_tensor(rounded, g, gpu.stream());
+  }
+  gpu.stream().synchronize();
+}
+
+std::vector<GenerationRequest> prompts() {  // lengths 7, 2, 4, 1: every remainder mod 4
+  return {{{5, 17, 33, 2, 40, 14, 61}, 0}, {{10, 3}, 1}, {{44, 45, 46, 47}, 2}, {{9}, 3}};
+}
+
+SamplerConfig sampler(double threshold) {
+  SamplerConfig c;
+  c.gen_length = 12;
+  c.steps = 12;
+  c.block_length = 4;
+  c.mask_token = kMask;
+  c.confidence_threshold = threshold;
+  return c;
+}
+
+constexpr double kTol = 2 * test::kBf16ParityRelL2;
+
+}  // namespace
+
+TEST(BlockDecodingParity, ExactCacheWindowsMatchTheCpu) {
+  MDLM_REQUIRE_GPU();
+  for (const bool causal : {false, true}) {
+    Side cpu(config(causal), Stream::cpu(), DType::F32);
+    Side gpu(config(causal), gpu_stream(), DType::BF16);
+    same_weights(cpu, gpu);
+    // Two rows of 12 columns: row 0 padded by 4 (document 0), prompt, then masks in [8, 12).
+    CanvasBatch w;
+    std::vector<int32_t> docs;
+    for (int b = 0; b < 2; ++b)
+      for (int c = 0; c < 12; ++c) {
+        const bool pad = b == 0 && c < 4;
+        w.tokens.push_back(pad ? 0 : c >= 9 ? kMask : 1 + (b * 13 + c * 7) % 60);
+        w.positions.push_back(pad ? c : b == 0 ? c - 4 : c);
+        w.document_ids.push_back(pad ? 0 : 1);
+      }
+    auto slice = [&](int64_t c0, int64_t c1) {
+      CanvasBatch s;
+      s.batch = 2;
+      s.seq = c1 - c0;
+      for (int b = 0; b < 2; ++b)
+        for (int64_t c = c0; c < c1; ++c) {
+          const size_t k = static_cast<size_t>(b * 12 + c);
+          s.tokens.push_back(w.tokens[k]);
+          s.positions.push_back(w.positions[k]);
+          s.document_ids.push_back(w.document_ids[k]);
+        }
+      return s;
+    };
+    auto key_docs = [&](int64_t written) {
+      std::vector<int32_t> k;
+      for (int b = 0; b < 2; ++b)
+        for (int c = 0; c < 12; ++c) k.push_back(c < written ? w.document_ids[static_cast<size_t>(b * 12 + c)] : 3);
+      return k;
+    };
+    cpu.exact_cache_reset(2, 12);
+    gpu.exact_cache_reset(2, 12);
+    const std::string tag = causal ? "causal clean" : "block-causal clean";
+    // Prefill [0, 8) (causal: one forward from column 0; else two blocks), then the block [8, 12).
+    if (causal) {
+      expect_close(tag + ", prefill", test::to_doubles(gpu.exact_cache_logits(slice(0, 8), 0, key_docs(8), true, {7, 15}), gpu.stream()),
+                   test::to_doubles(cpu.exact_cache_logits(slice(0, 8), 0, key_docs(8), true, {7, 15}), cpu.stream()), kTol);
+    } else {
+      for (int64_t c0 : {0, 4})
+        expect_close(tag + ", prefill block " + std::to_string(c0 / 4),
+                     test::to_doubles(gpu.exact_cache_logits(slice(c0, c0 + 4), c0, key_docs(c0 + 4), false, {3, 7}), gpu.stream()),
+                     test::to_doubles(cpu.exact_cache_logits(slice(c0, c0 + 4), c0, key_docs(c0 + 4), false, {3, 7}), cpu.stream()), kTol);
+    }
+    const std::vector<int32_t> rows = {0, 1, 2, 3, 4, 5, 6, 7};
+    expect_close(tag + ", block [8, 12)",
+                 test::to_doubles(gpu.exact_cache_logits(slice(8, 12), 8, key_docs(12), false, rows), gpu.stream()),
+                 test::to_doubles(cpu.exact_cache_logits(slice(8, 12), 8, key_docs(12), false, rows), cpu.stream()), kTol);
+    if (causal)  // the finished block's causal update: the chunked query map
+      expect_close(tag + ", causal update [8, 12)",
+                   test::to_doubles(gpu.exact_cache_logits(slice(8, 12), 8, key_docs(12), true, rows), gpu.stream()),
+                   test::to_doubles(cpu.exact_cache_logits(slice(8, 12), 8, key_docs(12), true, rows), cpu.stream()), kTol);
+  }
+}
+
+// The CUDA model as the sampler sees it, checked at every call against the CPU model given the
+// same call (their exact caches stay in step) and against the GPU's own uncached forward of the
+// same state (training's doubled rows over the columns written so far, rebuilt from a shadow of
+// the cache): logits within bf16 tolerance, and the same proposed token (argmax) wherever the
+// CPU's top two logits are more than kDecisive apart (the GPU-vs-GPU check: twice the tolerance,
+// two bf16 computations). Whole decodings are then compared token for
+// token where no near-tie lies on the way; where one does, bf16 and f32 may take different but
+// equally valid paths (reported, not failed: the rows' tokens up to that decision must agree).
+constexpr double kDecisive = 1.0;  // logits spread over ~35: several bf16 roundings of the largest
+
+class Checked final : public LogitsModel {
+ public:
+  Checked(Side& gpu, Side& cpu, int64_t block) : gpu_(gpu), cpu_(cpu), block_(block) {}
+  int64_t vocab_size() const override { return 64; }
+  const Stream& stream() const override { return gpu_.stream(); }
+  Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override { return gpu_.logits(c, rows); }
+  bool supports_exact_cache() const override { return true; }
+  void exact_cache_reset(int64_t batch, int64_t seq) override {
+    gpu_.exact_cache_reset(batch, seq);
+    cpu_.exact_cache_reset(batch, seq);
+    batch_ = batch;
+    seq_ = seq;
+    tokens_.assign(static_cast<size_t>(batch * seq), 0);
+    positions_ = docs_ = tokens_;
+  }
+  Tensor exact_cache_logits(const CanvasBatch& w, int64_t col0, const std::vector<int32_t>& key_docs, bool causal,
+                            const std::vector<int32_t>& rows) override {
+    for (int64_t b = 0; b < w.batch; ++b)
+      for (int64_t i = 0; i < w.seq; ++i) {
+        const size_t at = static_cast<size_t>(b * seq_ + col0 + i), from = static_cast<size_t>(b * w.seq + i);
+        tokens_[at] = w.tokens[from];
+        positions_[at] = w.positions[from];
+        docs_[at] = w.document_ids[from];
+      }
+    Tensor g = gpu_.exact_cache_logits(w, col0, key_docs, causal, rows);
+    const std::vector<double> got = test::to_doubles(g, gpu_.stream());
+    const std::vector<double> want =
+        test::to_doubles(cpu_.exact_cache_logits(w, col0, key_docs, causal, rows), cpu_.stream());
+    check("CUDA vs CPU", got, want);
+    // The same state without a cache: the doubled rows over [0, L), L = the columns written.
+    const int64_t L = col0 + w.seq;
+    CanvasBatch d;
+    d.batch = batch_;
+    d.seq = 2 * L;
+    for (int64_t b = 0; b < batch_; ++b) {
+      for (int copy = 0; copy < 2; ++copy)
+        for (int64_t c = 0; c < L; ++c) {
+          d.tokens.push_back(tokens_[static_cast<size_t>(b * seq_ + c)]);
+          d.positions.push_back(positions_[static_cast<size_t>(b * seq_ + c)]);
+        }
+      const int32_t* doc = docs_.data() + b * seq_;
+      for (int field = 0; field < 4; ++field)
+        for (int64_t c = 0; c < L; ++c) {
+          int64_t ds = c, de = c + 1;
+          while (ds > 0 && doc[ds - 1] == doc[c]) --ds;
+          while (de < L && doc[de] == doc[c]) ++de;
+          const int64_t v[4] = {ds, de, std::max(ds, c / block_ * block_), std::min(de, (c / block_ + 1) * block_)};
+          d.block_ranges.push_back(static_cast<int32_t>(v[field]));
+        }
+    }
+    std::vector<int32_t> drows;  // causal calls: the clean copy (the causal clean stream); else the noisy one
+    for (int32_t r : rows) {
+      const int64_t b = r / w.seq, c = col0 + r % w.seq;
+      drows.push_back(static_cast<int32_t>(b * 2 * L + (causal ? L + c : c)));
+    }
+    check("cached vs uncached (GPU)", got, test::to_doubles(gpu_.logits(d, drows), gpu_.stream()));
+    return g;
+  }
+  int calls = 0;
+  double worst_cpu = 0, worst_uncached = 0;
+
+ private:
+  void check(const std::string& what, const std::vector<double>& got, const std::vector<double>& want) {
+    ++calls;
+    ASSERT_EQ(got.size(), want.size()) << what;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      num += (got[i] - want[i]) * (got[i] - want[i]);
+      den += want[i] * want[i];
+    }
+    const double rel = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+    (what[0] == 'C' ? worst_cpu : worst_uncached) = std::max(what[0] == 'C' ? worst_cpu : worst_uncached, rel);
+    EXPECT_LE(rel, what[0] == 'C' ? kTol : 2 * kTol) << what;
+    for (size_t r = 0; r < got.size() / 64; ++r) {
+      const auto row = want.begin() + static_cast<std::ptrdiff_t>(r * 64);
+      std::vector<double> sorted(row, row + 64);
+      std::sort(sorted.rbegin(), sorted.rend());
+      if (sorted[0] - sorted[1] <= kDecisive) continue;
+      const auto top = [](auto first) { return std::max_element(first, first + 64) - first; };
+      EXPECT_EQ(top(got.begin() + static_cast<std::ptrdiff_t>(r * 64)), top(row)) << what << ", row " << r;
+    }
+  }
+  Side& gpu_;
+  Side& cpu_;
+  int64_t block_, batch_ = 0, seq_ = 0;
+  std::vector<int32_t> tokens_, positions_, docs_;
+};
+
+TEST(BlockDecodingParity, CudaDecodingCheckedAtEveryCallAgainstCpuAndUncached) {
+  MDLM_REQUIRE_GPU();
+  for (const bool causal : {false, true})
+    for (const bool ar : {false, true}) {
+      if (ar && !causal) continue;
+      for (const double threshold : {0.0, 0.3}) {
+        if (ar && threshold > 0) continue;
+        Side cpu(config(causal), Stream::cpu(), DType::F32);
+        Side gpu(config(causal), gpu_stream(), DType::BF16);
+        same_weights(cpu, gpu);
+        Side cpu_alone(config(causal), Stream::cpu(), DType::F32);
+        same_weights(cpu_alone, gpu);  // the same rounded weights (gpu keeps cpu's)
+        BlockDecoding exact, none;
+        exact.causal_clean = none.causal_clean = causal;
+        exact.autoregressive = none.autoregressive = ar;
+        none.exact_cache = false;
+        const SamplerConfig sc = sampler(threshold);
+        const std::string tag = std::string(causal ? "causal" : "block-causal") + (ar ? ", ar" : ", block") +
+                                ", threshold " + std::to_string(threshold);
+        Checked checked(gpu, cpu, 4);
+        const auto got = generate_blocks(checked, prompts(), sc, exact);
+        EXPECT_GT(checked.calls, 0) << tag;
+        // Whole trajectories: CPU alone, GPU uncached (reported).
+        const auto want = generate_blocks(cpu_alone, prompts(), sc, exact);
+        const auto uncached = generate_blocks(gpu, prompts(), sc, none);
+        int same_cpu = 0, same_uncached = 0;
+        for (size_t r = 0; r < want.size(); ++r) {
+          same_cpu += got[r].tokens == want[r].tokens;
+          same_uncached += got[r].tokens == uncached[r].tokens;
+        }
+        std::printf("[parity] block decoding %s: %d calls, logits rel_l2 vs CPU <= %.2e, vs uncached <= %.2e; "
+                    "whole decodings: %d/%zu rows equal to the CPU's, %d/%zu to the GPU's uncached\n",
+                    tag.c_str(), checked.calls / 2, checked.worst_cpu, checked.worst_uncached, same_cpu, want.size(),
+                    same_uncached, want.size());
+      }
+    }
+}
