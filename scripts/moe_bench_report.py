@@ -95,6 +95,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results")
     ap.add_argument("--skip", type=int, default=6, help="warm-up iterations of megadlm left out")
+    ap.add_argument("--mbs", type=int, default=4, help="micro-batch size both sides ran")
     ap.add_argument("--update", help="Markdown file to write the section into (docs/benchmarks.md)")
     a = ap.parse_args()
     d = a.results
@@ -123,7 +124,7 @@ def main():
     md = [BEGIN, "",
           "Fine-grained MoE on one GPU (`scripts/device_moe.sh`, written by `scripts/moe_bench_report.py`):",
           "configs/fine_grained_moe.args — 12 layers, hidden 2048, 16 heads, 64 SwiGLU experts top-8 of",
-          "width 768, vocab 50304, seq 2048, micro-batch 4, one micro-batch per step (the peer's step), bf16",
+          "width 768, vocab 50304, seq 2048, micro-batch %d (both sides), one micro-batch per step (the peer's step), bf16" % a.mbs,
           "with fp32 main weights, dropless, grouped GEMMs. Peer: `peer_torch_dlm.py --layers 12 --experts 64",
           "--topk 8 --expert-ffn 768 --compile 0 --params amp` (eager PyTorch, torch._grouped_mm) in the same",
           "call. TFLOP/s count active-parameter FLOPs with the peer's formula. Tokens: megadlm's mock dataset, the",
