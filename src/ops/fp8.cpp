@@ -76,4 +76,41 @@ void fp8_dequantize(std::span<const uint8_t> codes, float scale_inv, Fp8Type typ
   for (size_t i = 0; i < codes.size(); ++i) out[i] = fp8_math::decode(codes[i], f) * scale_inv;
 }
 
+void fp8_gemm_reference(std::span<const uint8_t> a, Fp8Type type_a, float scale_inv_a,
+                        std::span<const uint8_t> b, Fp8Type type_b, float scale_inv_b,
+                        int64_t m, int64_t n, int64_t k, float alpha, std::span<float> d) {
+  MDLM_CHECK(m >= 0 && n >= 0 && k >= 0, "fp8_gemm_reference: negative size m=", m, " n=", n,
+             " k=", k);
+  MDLM_CHECK(a.size() == static_cast<size_t>(m * k) && b.size() == static_cast<size_t>(n * k) &&
+                 d.size() == static_cast<size_t>(m * n),
+             "fp8_gemm_reference: sizes a ", a.size(), " b ", b.size(), " d ", d.size(),
+             " do not match m=", m, " n=", n, " k=", k);
+  MDLM_CHECK(!(type_a == Fp8Type::E5M2 && type_b == Fp8Type::E5M2),
+             "fp8_gemm_reference: e5m2 x e5m2 has no Hopper GEMM; one operand must be e4m3");
+  std::vector<float> da(a.size()), db(b.size());
+  for (size_t i = 0; i < a.size(); ++i) da[i] = fp8_decode(a[i], type_a);
+  for (size_t i = 0; i < b.size(); ++i) db[i] = fp8_decode(b[i], type_b);
+  const double scale = static_cast<double>(alpha) * scale_inv_a * scale_inv_b;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      double acc = 0.0;
+      for (int64_t p = 0; p < k; ++p)
+        acc += static_cast<double>(da[i * k + p] * db[j * k + p]);  // exact in fp32
+      d[j * m + i] = static_cast<float>(acc * scale);
+    }
+}
+
+float fp8_quantize_transpose(std::span<const float> x, int64_t rows, int64_t cols, float scale,
+                             Fp8Type type, std::span<uint8_t> out) {
+  MDLM_CHECK(rows >= 0 && cols >= 0 && x.size() == static_cast<size_t>(rows * cols) &&
+                 out.size() == x.size(),
+             "fp8_quantize_transpose: x ", x.size(), " and out ", out.size(),
+             " elements for [", rows, ", ", cols, "]");
+  const fp8_math::Format f = format_of(type);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[c * rows + r] = fp8_math::encode(x[r * cols + c] * scale, f);
+  return fp8_amax(x);
+}
+
 }  // namespace megadlm::ops

@@ -82,4 +82,20 @@ float fp8_quantize(std::span<const float> x, float scale, Fp8Type type, std::spa
 void fp8_dequantize(std::span<const uint8_t> codes, float scale_inv, Fp8Type type,
                     std::span<float> out);
 
+/// The CPU emulation of an FP8 GEMM in cuBLASLt's "TN" layout, the only one Hopper runs:
+///   d[n·M + m] = alpha · scale_inv_a · scale_inv_b · Σ_k decode(a[m·K + k]) · decode(b[n·K + k])
+/// a: [M, K] codes (K contiguous), b: [N, K] codes, d: fp32 [N, M] (cuBLAS's column-major M×N
+/// output; for a linear y = x·wᵀ, a = w [out, in], b = x [tokens, in], d = y [tokens, out]).
+/// Each product of two FP8 values is exact in fp32; the sum runs in double and is rounded to fp32
+/// once at the end, so the emulation is the exact result of the quantized operands up to one
+/// rounding. (The device GEMM accumulates in fp32 in its own order: compare with a bound.)
+void fp8_gemm_reference(std::span<const uint8_t> a, Fp8Type type_a, float scale_inv_a,
+                        std::span<const uint8_t> b, Fp8Type type_b, float scale_inv_b,
+                        int64_t m, int64_t n, int64_t k, float alpha, std::span<float> d);
+
+/// Quantizes `x` [rows, cols] (row-major) with `scale` into `out` [cols, rows]: the transposed
+/// codes a weight-gradient GEMM needs in the TN layout. Returns max |x|.
+float fp8_quantize_transpose(std::span<const float> x, int64_t rows, int64_t cols, float scale,
+                             Fp8Type type, std::span<uint8_t> out);
+
 }  // namespace megadlm::ops

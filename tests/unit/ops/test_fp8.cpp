@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <unistd.h>
+#include "megadlm/core/error.h"
 #include "megadlm/ops/fp8.h"
 
 using namespace megadlm::ops;
@@ -204,4 +205,71 @@ TEST(Fp8, GoldenTableMatchesItsScript) {
   EXPECT_TRUE(fresh == committed)
       << "tests/golden/fp8_reference.inc differs from what tests/golden/fp8_reference.py prints; "
          "regenerate it (command in the script's header)";
+}
+
+// The emulated GEMM on codes whose values are small integers times powers of two: every product
+// and every partial sum is exact, so the expected output is computed independently by hand-rolled
+// integer arithmetic and must match exactly.
+TEST(Fp8Gemm, ReferenceIsExactOnExactlyRepresentableData) {
+  const int64_t m = 3, n = 2, k = 4;
+  // a (e4m3) holds integers -4..4, b (e5m2) integers -2..2: both exactly representable.
+  std::vector<int> ai(m * k), bi(n * k);
+  for (int64_t i = 0; i < m * k; ++i) ai[i] = static_cast<int>((i * 5) % 9) - 4;
+  for (int64_t i = 0; i < n * k; ++i) bi[i] = static_cast<int>((i * 3) % 5) - 2;
+  std::vector<uint8_t> a(m * k), b(n * k);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = fp8_encode(static_cast<float>(ai[i]), Fp8Type::E4M3);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = fp8_encode(static_cast<float>(bi[i]), Fp8Type::E5M2);
+  std::vector<float> d(m * n);
+  fp8_gemm_reference(a, Fp8Type::E4M3, 0.5f, b, Fp8Type::E5M2, 0.25f, m, n, k, 2.0f, d);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      int dot = 0;
+      for (int64_t p = 0; p < k; ++p) dot += ai[i * k + p] * bi[j * k + p];
+      EXPECT_EQ(d[j * m + i], static_cast<float>(dot) * 0.25f) << i << "," << j;  // 2·0.5·0.25
+    }
+  EXPECT_THROW(fp8_gemm_reference(b, Fp8Type::E5M2, 1, b, Fp8Type::E5M2, 1, n, n, k, 1, d),
+               megadlm::Error);
+}
+
+// Quantize -> emulated GEMM -> dequantized result tracks the fp32 GEMM of the unquantized data
+// within what e4m3 rounding allows (relative spacing 2^-3 per operand: each product is within
+// ~2^-3 of its exact value, and random signs make the relative L2 error far smaller).
+TEST(Fp8Gemm, QuantizedGemmTracksTheFp32Gemm) {
+  const int64_t m = 16, n = 8, k = 64;
+  std::vector<float> x(m * k), w(n * k);
+  uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 16777216.0f * 2.0f - 1.0f;
+  };
+  for (float& v : x) v = 3.0f * next();
+  for (float& v : w) v = 0.01f * next();
+  const float sx = fp8_current_scale(fp8_amax(x), 448.0f), sw = fp8_current_scale(fp8_amax(w), 448.0f);
+  std::vector<uint8_t> qx(x.size()), qw(w.size());
+  fp8_quantize(x, sx, Fp8Type::E4M3, qx);
+  fp8_quantize(w, sw, Fp8Type::E4M3, qw);
+  std::vector<float> d(m * n);
+  fp8_gemm_reference(qx, Fp8Type::E4M3, 1 / sx, qw, Fp8Type::E4M3, 1 / sw, m, n, k, 1.0f, d);
+  double err = 0, ref = 0;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < m; ++i) {
+      double exact = 0;
+      for (int64_t p = 0; p < k; ++p) exact += double(x[i * k + p]) * w[j * k + p];
+      err += (d[j * m + i] - exact) * (d[j * m + i] - exact);
+      ref += exact * exact;
+    }
+  EXPECT_LT(std::sqrt(err / ref), 0.06);   // e4m3: 3 mantissa bits, ~2^-4 relative per operand
+  EXPECT_GT(std::sqrt(err / ref), 1e-4);   // and it is really quantized (not an fp32 product)
+}
+
+TEST(Fp8, QuantizeTransposeWritesTheTransposedCodes) {
+  const int64_t rows = 3, cols = 5;
+  std::vector<float> x(rows * cols);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.37f * static_cast<float>(i) - 2.0f;
+  std::vector<uint8_t> row_wise(x.size()), col_wise(x.size());
+  const float amax_r = fp8_quantize(x, 7.0f, Fp8Type::E5M2, row_wise);
+  const float amax_c = fp8_quantize_transpose(x, rows, cols, 7.0f, Fp8Type::E5M2, col_wise);
+  EXPECT_EQ(amax_r, amax_c);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(col_wise[c * rows + r], row_wise[r * cols + c]);
 }
