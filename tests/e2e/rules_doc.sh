@@ -10,8 +10,8 @@ exec python3 - "$src" <<'EOF'
 import os, re, sys
 
 src = sys.argv[1]
-# Rule families (docs/rules.md): Megatron's V/B/C/G/R, MegaDLMs' D, FSDP's F, megadlm's M and MOE.
-RULE = re.compile(r"(?<![A-Za-z0-9_-])((?:V|B|C|D|F|G|M|R|MOE)-[0-9]+)(?![0-9A-Za-z_])")
+# Rule families (docs/rules.md): Megatron's V/B/C/G/R, MegaDLMs' D, FSDP's F, megadlm's M and MOE, the FP8 family
+RULE = re.compile(r"(?<![A-Za-z0-9_-])((?:V|B|C|D|F|G|M|R|MOE|FP8)-[0-9]+)(?![0-9A-Za-z_])")
 LITERAL = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 
 printed = {}
@@ -33,7 +33,7 @@ for top in ("src", "apps"):
 doc_path = os.path.join(src, "docs", "rules.md")
 with open(doc_path, encoding="utf-8") as f:
     doc = f.read()
-documented = set(re.findall(r'<a id="([A-Z]+-[0-9]+)"></a>', doc))
+documented = set(re.findall(r'<a id="([A-Z][A-Z0-9]*-[0-9]+)"></a>', doc))
 
 problems = []
 for rule in sorted(set(printed) - documented):

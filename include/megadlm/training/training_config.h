@@ -174,6 +174,39 @@ struct FaultDetectionConfig {
   ErrorInjectionType error_injection_type = ErrorInjectionType::TransientError;
 };
 
+/// --fp8-format: which FP8 types the linear GEMMs use (docs/fp8.md).
+enum class Fp8Format {
+  E4M3,    ///< e4m3 for every tensor
+  Hybrid,  ///< e4m3 activations and weights, e5m2 gradients
+};
+/// --fp8-recipe: how FP8 scales are chosen (mxfp8 and custom are refused, FP8-1 / FP8-2).
+enum class Fp8Recipe {
+  Delayed,     ///< per tensor, from an amax history of earlier steps
+  Tensorwise,  ///< per tensor, from the tensor's own amax ("current scaling")
+  Blockwise,   ///< one scale per 1x128 tile (activations, gradients) or 128x128 block (weights)
+  Mxfp8,       ///< 1x32 blocks with power-of-2 scales (Blackwell only; refused)
+  Custom,      ///< a Python quantizer factory (refused)
+};
+/// --fp8-amax-compute-algo: the amax a delayed scale is computed from.
+enum class Fp8AmaxComputeAlgo { MostRecent, Max };
+
+/// The FP8 flags, typed. `format` empty = FP8 off. Validated by the FP8-* rules (docs/rules.md);
+/// training in FP8 is not wired yet, so today a RunConfig with a format only comes out of a
+/// dry run that reports it as not supported.
+struct Fp8Config {
+  std::optional<Fp8Format> format;                              ///< --fp8-format
+  Fp8Recipe recipe = Fp8Recipe::Delayed;                        ///< --fp8-recipe
+  int margin = 0;                                               ///< --fp8-margin (delayed)
+  int amax_history_len = 1;                                     ///< --fp8-amax-history-len (delayed)
+  Fp8AmaxComputeAlgo amax_compute_algo = Fp8AmaxComputeAlgo::MostRecent;  ///< delayed
+  bool wgrad = true;                                            ///< false: --no-fp8-wgrad
+  bool param_gather = false;                                    ///< --fp8-param-gather
+  bool first_last_layers_bf16 = false;                          ///< --first-last-layers-bf16
+  int num_layers_at_start_in_bf16 = 1;                          ///< with first_last_layers_bf16
+  int num_layers_at_end_in_bf16 = 1;                            ///< with first_last_layers_bf16
+  bool enabled() const { return format.has_value(); }
+};
+
 /// Everything pretrain_difflm needs, after validation.
 struct RunConfig {
   ParallelConfig parallel;
@@ -185,6 +218,7 @@ struct RunConfig {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   FaultDetectionConfig fault_detection;
+  Fp8Config fp8;
 };
 
 }  // namespace megadlm

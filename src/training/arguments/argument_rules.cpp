@@ -193,6 +193,61 @@ void check_precision(ArgState& a, Diagnostics& d) {
     d.error("V-40", "`--moe-grouped-gemm` needs `--bf16`");
 }
 
+// ------------------------------------------------------------------------ FP8 (FP8-1…FP8-6)
+// Megatron's FP8 checks (validate_args and TransformerConfig) plus the Hopper limits. Runs after
+// the pipeline rules: FP8-5 bounds the bf16 layer counts by the layers per pipeline stage.
+
+void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
+  const bool fp8 = a.is_set("fp8");
+  const std::string recipe = a.s("fp8_recipe");
+  if (recipe == "mxfp8")
+    d.error("FP8-1", a.flag_value("fp8_recipe") + " is Blackwell-only (1x32 blocks with E8M0 "
+                     "scales need SM 10.x tensor cores); megadlm targets Hopper: valid recipes "
+                     "are delayed, tensorwise, blockwise");
+  if (a.is_set("fp4_format"))
+    d.error("FP8-1", a.flag_value("fp4_format") + " is Blackwell-only (NVFP4 needs SM 10.x "
+                     "tensor cores); megadlm targets Hopper: use `--fp8-format` or `--bf16`");
+  if (a.was_given("fp4_recipe") && !a.is_set("fp4_format"))
+    d.warn(a.flag_value("fp4_recipe") + " has no effect without `--fp4-format`");
+  if (recipe == "custom")
+    d.error("FP8-2", a.flag_value("fp8_recipe") + " needs a Python quantizer factory "
+                     "(`--fp8-quantizer-factory`), which megadlm cannot load; valid recipes are "
+                     "delayed, tensorwise, blockwise");
+  if (fp8 && a.is_set("fp4_format"))
+    d.error("FP8-3", a.flag_value("fp8") + " and " + a.flag_value("fp4_format") +
+                         " are mutually exclusive; give one of them");
+  if (a.b("first_last_layers_bf16")) {
+    if (recipe == "delayed")
+      d.error("FP8-4", "`--first-last-layers-bf16` cannot be used with `--fp8-recipe delayed` "
+                       "(bf16 layers break the shared amax reduction of delayed scaling); valid: "
+                       "`--fp8-recipe tensorwise` or `blockwise`");
+    if (c.model_ok && c.sizes_ok && c.pp > 0) {
+      const int64_t per_stage = c.num_layers / c.pp;
+      for (const char* dest : {"num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"}) {
+        const int64_t v = a.i(dest);
+        if (v < 0 || v > per_stage)
+          d.error("FP8-5", a.flag_value(dest) + " must lie in [0, " + num(per_stage) +
+                               "] (`--num-layers " + num(c.num_layers) + "` / pipeline size " +
+                               num(c.pp) + ")");
+      }
+    }
+  }
+  if (a.b("fp8_param_gather") && !fp8)
+    d.error("FP8-6", "`--fp8-param-gather` needs `--fp8-format` (e4m3 or hybrid)");
+  // Megatron ignores these silently; a warning says which setting does nothing.
+  if (!fp8) {
+    for (const char* dest : {"fp8_recipe", "fp8_margin", "fp8_amax_history_len",
+                             "fp8_amax_compute_algo", "fp8_wgrad", "first_last_layers_bf16"})
+      if (a.was_given(dest) && !(recipe == "mxfp8" || recipe == "custom"))
+        d.warn(a.flag_value(dest) + " has no effect without `--fp8-format`");
+  } else if (recipe != "delayed") {
+    for (const char* dest : {"fp8_margin", "fp8_amax_history_len", "fp8_amax_compute_algo"})
+      if (a.was_given(dest))
+        d.warn(a.flag_value(dest) + " has no effect with " + a.flag_value("fp8_recipe") +
+               " (it tunes delayed scaling)");
+  }
+}
+
 // ------------------------------------------ schedule lengths and LR (V-29, V-30, V-37, V-41, V-60, M-8, M-9)
 
 void check_schedule(ArgState& a, Ctx& c, Diagnostics& d) {
@@ -741,6 +796,7 @@ void resolve_and_validate(ArgState& a, bool dry_run, Diagnostics& d) {
   check_recompute(a, c, d);
   check_data_parallel(a, c, d);
   check_precision(a, d);
+  check_fp8(a, c, d);
   check_schedule(a, c, d);
   check_checkpoint(a, d);
   check_layer_options(a, c, d);

@@ -104,6 +104,16 @@ inline constexpr EnumChoice<ShardingStrategy> kShardingStrategy[] = {
     {"optim_grads", ShardingStrategy::OptimGrads},
     {"optim_grads_params", ShardingStrategy::OptimGradsParams}};
 
+inline constexpr EnumChoice<Fp8Format> kFp8Format[] = {{"e4m3", Fp8Format::E4M3},
+                                                       {"hybrid", Fp8Format::Hybrid}};
+inline constexpr EnumChoice<Fp8Recipe> kFp8Recipe[] = {
+    {"tensorwise", Fp8Recipe::Tensorwise}, {"delayed", Fp8Recipe::Delayed},
+    {"mxfp8", Fp8Recipe::Mxfp8},  // refused (FP8-1)
+    {"blockwise", Fp8Recipe::Blockwise},
+    {"custom", Fp8Recipe::Custom}};  // refused (FP8-2)
+inline constexpr EnumChoice<Fp8AmaxComputeAlgo> kFp8AmaxComputeAlgo[] = {
+    {"most_recent", Fp8AmaxComputeAlgo::MostRecent}, {"max", Fp8AmaxComputeAlgo::Max}};
+
 inline std::span<const EnumChoice<RecomputeGranularity>> enum_choices(RecomputeGranularity*) { return kRecomputeGranularity; }
 inline std::span<const EnumChoice<RecomputeMethod>> enum_choices(RecomputeMethod*) { return kRecomputeMethod; }
 inline std::span<const EnumChoice<PositionEmbeddingType>> enum_choices(PositionEmbeddingType*) { return kPositionEmbedding; }
@@ -125,6 +135,9 @@ inline std::span<const EnumChoice<MoeDropPolicy>> enum_choices(MoeDropPolicy*) {
 inline std::span<const EnumChoice<MoeDispatcher>> enum_choices(MoeDispatcher*) { return kMoeDispatcher; }
 inline std::span<const EnumChoice<ShardingStrategy>> enum_choices(ShardingStrategy*) { return kShardingStrategy; }
 inline std::span<const EnumChoice<cp::CommType>> enum_choices(cp::CommType*) { return kCpCommType; }
+inline std::span<const EnumChoice<Fp8Format>> enum_choices(Fp8Format*) { return kFp8Format; }
+inline std::span<const EnumChoice<Fp8Recipe>> enum_choices(Fp8Recipe*) { return kFp8Recipe; }
+inline std::span<const EnumChoice<Fp8AmaxComputeAlgo>> enum_choices(Fp8AmaxComputeAlgo*) { return kFp8AmaxComputeAlgo; }
 
 /// The enum a choice word stands for. The parser has already checked the word against the
 /// flag's choices, so a word without a row is a programming error (check_enum_flags finds it).

@@ -634,20 +634,49 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--exp-avg-sq-dtype", .kind = K::String, .group = G::Precision, .status = S::NotYet,
      .default_value = "fp32", .choices = "fp32 fp16 fp8", .help = "Dtype of Adam's second moment."},
     {.name = "--fp8-format", .kind = K::String, .group = G::Precision, .status = S::NotYet,
-     .dest = "fp8", .choices = "e4m3 hybrid", .help = "FP8 training through Transformer Engine."},
-    {.name = "--fp8-margin", .kind = K::Int, .group = G::Precision, .status = S::Ignored,
-     .default_value = "0", .help = "FP8 scaling knob."},
+     .dest = "fp8", .choices = "e4m3 hybrid",
+     .help = "FP8 linear GEMMs: e4m3 for every tensor, or hybrid (e4m3 forward, e5m2 "
+             "gradients). The FP8 flags below are validated (FP8-* rules) and described in "
+             "docs/fp8.md.",
+     .hint = "FP8 linear layers are not wired into training yet (the FP8 quantizers and the "
+             "FP8 GEMM exist as ops, docs/fp8.md); train in `--bf16`"},
+    {.name = "--fp8-recipe", .kind = K::String, .group = G::Precision, .default_value = "delayed",
+     .choices = "tensorwise delayed mxfp8 blockwise custom",
+     .help = "(upstream) FP8 scaling: delayed (amax history), tensorwise (current per-tensor "
+             "amax), blockwise (1x128 tiles, 128x128 weight blocks); mxfp8 is Blackwell-only "
+             "and custom needs a Python quantizer factory (both refused)."},
+    {.name = "--fp8-margin", .kind = K::Int, .group = G::Precision, .default_value = "0",
+     .help = "Delayed scaling: the scale is divided by 2^margin."},
     {.name = "--fp8-interval", .kind = K::Int, .group = G::Precision, .status = S::Ignored,
-     .default_value = "1", .help = "FP8 scaling knob."},
-    {.name = "--fp8-amax-history-len", .kind = K::Int, .group = G::Precision, .status = S::Ignored,
-     .default_value = "1", .help = "FP8 scaling knob."},
+     .default_value = "1", .help = "Deprecated FP8 scaling-update interval.",
+     .hint = "deprecated upstream; scales update every step"},
+    {.name = "--fp8-amax-history-len", .kind = K::Int, .group = G::Precision,
+     .default_value = "1", .help = "Delayed scaling: steps of amax history kept per tensor.",
+     .range = "[1, inf)"},
     {.name = "--fp8-amax-compute-algo", .kind = K::String, .group = G::Precision,
-     .status = S::Ignored, .default_value = "most_recent", .choices = "most_recent max",
-     .help = "FP8 scaling knob."},
-    {.name = "--no-fp8-wgrad", .kind = K::StoreFalse, .group = G::Precision, .status = S::Ignored,
-     .dest = "fp8_wgrad", .help = "FP8 scaling knob."},
+     .default_value = "most_recent", .choices = "most_recent max",
+     .help = "Delayed scaling: the amax a scale comes from (the newest entry, or the history's "
+             "maximum)."},
+    {.name = "--no-fp8-wgrad", .kind = K::StoreFalse, .group = G::Precision,
+     .dest = "fp8_wgrad", .help = "Run the weight-gradient GEMMs in high precision under FP8."},
     {.name = "--fp8-param-gather", .kind = K::StoreTrue, .group = G::Precision, .status = S::NotYet,
-     .help = "Keep parameters in FP8 and all-gather them in FP8."},
+     .help = "Keep parameters in FP8 and all-gather them in FP8 (needs --fp8-format and the "
+             "distributed optimizer)."},
+    {.name = "--first-last-layers-bf16", .kind = K::StoreTrue, .group = G::Precision,
+     .help = "(upstream) Keep the first and last transformer layers in bf16 under FP8 (not with "
+             "delayed scaling)."},
+    {.name = "--num-layers-at-start-in-bf16", .kind = K::Int, .group = G::Precision,
+     .default_value = "1",
+     .help = "(upstream) With --first-last-layers-bf16: bf16 layers at the start, 0 to layers "
+             "per pipeline stage."},
+    {.name = "--num-layers-at-end-in-bf16", .kind = K::Int, .group = G::Precision,
+     .default_value = "1",
+     .help = "(upstream) With --first-last-layers-bf16: bf16 layers at the end, 0 to layers per "
+             "pipeline stage."},
+    {.name = "--fp4-format", .kind = K::String, .group = G::Precision, .choices = "e2m1",
+     .help = "(upstream) NVFP4 training; Blackwell-only, refused (FP8-1)."},
+    {.name = "--fp4-recipe", .kind = K::String, .group = G::Precision, .default_value = "nvfp4",
+     .choices = "nvfp4 custom", .help = "(upstream) NVFP4 scaling recipe; Blackwell-only, refused (FP8-1)."},
 
     // ---------------------------------------------------------------- data and tokenizer
     {.name = "--mock-data", .kind = K::StoreTrue, .group = G::Data,

@@ -199,7 +199,17 @@ void assign(const ArgState& a, const char* dest, T& out) {
   FIELD(check_for_spiky_loss, fault_detection.check_spiky_loss)                                 \
   FIELD(check_for_large_grads, fault_detection.check_large_grads)                               \
   FIELD(error_injection_rate, fault_detection.error_injection_rate)                             \
-  FIELD(error_injection_type, fault_detection.error_injection_type)
+  FIELD(error_injection_type, fault_detection.error_injection_type)                             \
+  IF_SET(fp8, fp8.format)                                                                       \
+  FIELD(fp8_recipe, fp8.recipe)                                                                 \
+  FIELD(fp8_margin, fp8.margin)                                                                 \
+  FIELD(fp8_amax_history_len, fp8.amax_history_len)                                             \
+  FIELD(fp8_amax_compute_algo, fp8.amax_compute_algo)                                           \
+  FIELD(fp8_wgrad, fp8.wgrad)                                                                   \
+  FIELD(fp8_param_gather, fp8.param_gather)                                                     \
+  FIELD(first_last_layers_bf16, fp8.first_last_layers_bf16)                                    \
+  FIELD(num_layers_at_start_in_bf16, fp8.num_layers_at_start_in_bf16)                           \
+  FIELD(num_layers_at_end_in_bf16, fp8.num_layers_at_end_in_bf16)
 
 // The MoE fields, filled only when --num-experts is given (a dense model keeps MoeConfig's
 // defaults).
@@ -340,6 +350,8 @@ std::vector<std::string> check_enum_flags() {
 #undef MEGADLM_CHECK_FIELD
   check("data_parallel_sharding_strategy", r.parallel.data_parallel_sharding_strategy);
   check("attention_mask_type", r.model.attention_mask);
+  Fp8Format fp8_format{};
+  check("fp8", fp8_format);  // an optional in the config, so not reached through the list above
   return problems;
 }
 

@@ -522,6 +522,73 @@ std::vector<Row> rows() {
       {"V-22", cmd({"--use-torch-fsdp2"}), O::Rejected, {"`--use-torch-fsdp2` cannot be used with tied embeddings", "[V-22]"}},
       {"V-23", cmd({"--overlap-param-gather-with-optimizer-step"}), O::Rejected, {"[V-23]"}},
       {"V-25", cmd({"--fp8-param-gather"}), O::Rejected, {"`--fp8-param-gather` needs `--use-distributed-optimizer` [V-25]"}},
+      // ------------------------------------------------------------------ FP8
+      {"FP8-not-yet", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}), O::NotSupported,
+       {"`--fp8-format hybrid` is not supported yet by megadlm: FP8 linear layers are not wired "
+        "into training yet"}},
+      {"FP8-dry-run-config",
+       dry(1, {"--fp8-format", "e4m3", "--fp8-margin", "2", "--fp8-amax-history-len", "16",
+               "--fp8-amax-compute-algo", "max", "--no-fp8-wgrad"}),
+       O::Accepted, {"`--fp8-format e4m3` is not supported yet"}, [](const ParsedArguments& p) {
+         const Fp8Config& f = p.config.fp8;
+         ASSERT_TRUE(f.enabled());
+         EXPECT_EQ(*f.format, Fp8Format::E4M3);
+         EXPECT_EQ(f.recipe, Fp8Recipe::Delayed);  // Megatron's default
+         EXPECT_EQ(f.margin, 2);
+         EXPECT_EQ(f.amax_history_len, 16);
+         EXPECT_EQ(f.amax_compute_algo, Fp8AmaxComputeAlgo::Max);
+         EXPECT_FALSE(f.wgrad);
+         EXPECT_FALSE(f.first_last_layers_bf16);
+         EXPECT_TRUE(p.warnings.empty()) << joined(p.warnings);
+       }},
+      {"FP8-defaults", cmd(), O::Accepted, {}, [](const ParsedArguments& p) {
+         const Fp8Config& f = p.config.fp8;
+         EXPECT_FALSE(f.enabled());
+         EXPECT_EQ(f.recipe, Fp8Recipe::Delayed);
+         EXPECT_EQ(f.amax_history_len, 1);  // Megatron's defaults, not TE's 1024 / max
+         EXPECT_EQ(f.amax_compute_algo, Fp8AmaxComputeAlgo::MostRecent);
+         EXPECT_EQ(f.num_layers_at_start_in_bf16, 1);
+         EXPECT_EQ(f.num_layers_at_end_in_bf16, 1);
+       }},
+      {"FP8-dry-run-bf16-layers",
+       dry(1, {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--first-last-layers-bf16",
+               "--num-layers-at-start-in-bf16", "0", "--num-layers-at-end-in-bf16", "2"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(*p.config.fp8.format, Fp8Format::Hybrid);
+         EXPECT_EQ(p.config.fp8.recipe, Fp8Recipe::Blockwise);
+         EXPECT_TRUE(p.config.fp8.first_last_layers_bf16);
+         EXPECT_EQ(p.config.fp8.num_layers_at_start_in_bf16, 0);
+         EXPECT_EQ(p.config.fp8.num_layers_at_end_in_bf16, 2);
+       }},
+      {"FP8-knob-without-format-warns", cmd({"--fp8-margin", "1"}), O::Accepted,
+       {"`--fp8-margin 1` has no effect without `--fp8-format`"}},
+      {"FP8-delayed-knob-with-tensorwise-warns",
+       dry(1, {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-amax-history-len", "8"}),
+       O::Accepted, {"`--fp8-amax-history-len 8` has no effect with `--fp8-recipe tensorwise`"}},
+      {"FP8-history-len-range", cmd({"--fp8-amax-history-len", "0"}), O::Rejected,
+       {"`--fp8-amax-history-len 0`", "[M-2]"}},
+      {"FP8-1", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}), O::Rejected,
+       {"`--fp8-recipe mxfp8` is Blackwell-only", "valid recipes are delayed, tensorwise, blockwise [FP8-1]"}},
+      {"FP8-1-fp4", cmd({"--fp4-format", "e2m1"}), O::Rejected,
+       {"`--fp4-format e2m1` is Blackwell-only", "[FP8-1]"}},
+      {"FP8-2", cmd({"--fp8-format", "e4m3", "--fp8-recipe", "custom"}), O::Rejected,
+       {"`--fp8-recipe custom` needs a Python quantizer factory", "[FP8-2]"}},
+      {"FP8-3", cmd({"--fp8-format", "hybrid", "--fp4-format", "e2m1"}), O::Rejected,
+       {"`--fp8-format hybrid` and `--fp4-format e2m1` are mutually exclusive", "[FP8-3]"}},
+      {"FP8-4", cmd({"--fp8-format", "hybrid", "--first-last-layers-bf16"}), O::Rejected,
+       {"`--first-last-layers-bf16` cannot be used with `--fp8-recipe delayed`", "[FP8-4]"}},
+      {"FP8-5", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
+                     "--num-layers-at-start-in-bf16", "3"}),
+       O::Rejected, {"`--num-layers-at-start-in-bf16 3` must lie in [0, 2] (`--num-layers 2` / pipeline size 1) [FP8-5]"}},
+      {"FP8-5-per-stage",
+       dry(2, {"--pipeline-model-parallel-size", "2", "--fp8-format", "hybrid", "--fp8-recipe",
+               "tensorwise", "--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "2"}),
+       O::Rejected, {"`--num-layers-at-end-in-bf16 2` must lie in [0, 1] (`--num-layers 2` / pipeline size 2) [FP8-5]"}},
+      {"FP8-5-negative", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--first-last-layers-bf16",
+                              "--num-layers-at-end-in-bf16", "-1"}),
+       O::Rejected, {"`--num-layers-at-end-in-bf16 -1` must lie in [0, 2]", "[FP8-5]"}},
+      {"FP8-6", cmd({"--fp8-param-gather", "--use-distributed-optimizer"}), O::Rejected,
+       {"`--fp8-param-gather` needs `--fp8-format` (e4m3 or hybrid) [FP8-6]"}},
       {"G-5", dry(6, {"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "4"}),
        O::Rejected, {"`--num-distributed-optimizer-instances 4` does not divide dp·cp = 6·1 = 6; valid: 1, 2, 3, 6 [G-5]"}},
       {"G-7", dry(2, {"--num-distributed-optimizer-instances", "2"}), O::Rejected,
@@ -1092,7 +1159,8 @@ const char* const kImplementedRules[] = {
     "G-3",  "G-4",  "G-5",  "G-7",  "G-8",  "R-1",  "R-3",  "R-4",  "R-5",  "R-6",  "R-7",
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "D-10", "D-11",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
-    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "M-26", "R-14", "R-15", "F-7", "F-8", "F-10", "F-13"};
+    "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "M-26", "R-14", "R-15", "F-7", "F-8", "F-10", "F-13",
+    "FP8-1", "FP8-2", "FP8-3", "FP8-4", "FP8-5", "FP8-6"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();

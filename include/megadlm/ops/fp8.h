@@ -1,0 +1,101 @@
+// FP8 numerics on the host: the two OCP FP8 formats (e4m3, e5m2) encoded and decoded exactly,
+// per-tensor scale computation (delayed scaling with an amax history, current "tensorwise"
+// scaling), and quantization of fp32 data with a scale. This is the reference every FP8 kernel
+// is compared with; it does not own FP8 tensors or GEMMs. docs/fp8.md explains the formats, the
+// scale conventions and the rules below.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace megadlm::ops {
+
+/// An FP8 storage format (1 sign bit).
+enum class Fp8Type {
+  E4M3,  ///< 4 exponent bits (bias 7), 3 mantissa bits; max 448; no infinities; NaN = S.1111.111
+  E5M2,  ///< 5 exponent bits (bias 15), 2 mantissa bits; max 57344; inf = S.11111.00
+};
+
+/// Largest finite value: 448 (e4m3) or 57344 (e5m2).
+float fp8_max(Fp8Type type);
+
+/// The value of an FP8 code (every one of the 256 codes: ±0, subnormals, normals, e5m2's ±inf,
+/// NaN as a quiet float NaN).
+float fp8_decode(uint8_t code, Fp8Type type);
+
+/// The FP8 code nearest to x: round to nearest, ties to even; magnitudes beyond the largest
+/// finite value, infinities included, saturate to ±max (what a "satfinite" conversion does);
+/// NaN gives 0x7F (the canonical NaN code of both formats, sign dropped); values below half the
+/// smallest subnormal give a zero of x's sign.
+uint8_t fp8_encode(float x, Fp8Type type);
+
+/// Current (tensorwise) scaling: the quantization multiplier s = fp8_max / amax, so that
+/// x·s covers the format's range. amax is first raised to `amax_epsilon`; an amax that is 0,
+/// infinite or NaN gives 1; a ratio that overflows fp32 gives FLT_MAX; `power_of_2` rounds s
+/// down to a power of two (its mantissa bits cleared, so amax·s ≤ fp8_max still holds).
+float fp8_current_scale(float amax, float fp8_max_value, bool power_of_2 = false,
+                        float amax_epsilon = 0.0f);
+
+/// Delayed scaling from an amax already chosen from the history: s = (fp8_max / amax) / 2^margin.
+/// An amax that is 0, infinite or NaN keeps `previous_scale`; an overflow gives FLT_MAX.
+float fp8_delayed_scale(float amax, float fp8_max_value, int margin, float previous_scale);
+
+/// Which amax of the history a delayed scale is computed from (--fp8-amax-compute-algo).
+enum class AmaxComputeAlgo { MostRecent, Max };
+
+/// The delayed-scaling state of one tensor: its amax history and its current scale.
+///
+/// The history is a ring of `len` slots; slot 0 collects the amaxes of the running step
+/// (fp8_record_amax keeps their maximum, so several micro-batches share one slot).
+/// fp8_delayed_update, once per step after the amaxes are final (and reduced over the ranks
+/// that share the scale):
+///   1. amax = slot 0 (MostRecent) or the maximum of all slots (Max);
+///   2. scale = fp8_delayed_scale(amax, fp8_max, margin, scale);
+///   3. the ring turns one slot left (slot i takes slot i+1, the last slot takes slot 0) and
+///      slot 0 is cleared: the oldest amax is dropped and the newest sits in the last slot.
+/// So the scale used in step n comes from amaxes of steps up to n-1. Worked example, len 3,
+/// Max, margin 0, e4m3: amaxes 2, 8, 4 in steps 0..2 give scales 224, 56, 56; after step 2 the
+/// ring holds {0, 8, 4}, so an amax of 1 in step 3 still gives 56 (8 is two steps old) and step
+/// 4's amax 1 gives 112 (the 8 has left the ring).
+struct Fp8ScalingState {
+  std::vector<float> amax_history;  ///< [len], slot 0 = the running step
+  float scale = 1.0f;               ///< quantization multiplier; dequantize with 1 / scale
+
+  explicit Fp8ScalingState(int len = 1) : amax_history(static_cast<size_t>(len), 0.0f) {}
+  float scale_inv() const { return 1.0f / scale; }
+};
+
+/// Slot 0 = max(slot 0, amax): a quantization's amax for the running step.
+void fp8_record_amax(Fp8ScalingState& state, float amax);
+
+/// The end-of-step update above; returns the new scale.
+float fp8_delayed_update(Fp8ScalingState& state, Fp8Type type, int margin, AmaxComputeAlgo algo);
+
+/// max |x_i| over x (NaNs ignored; 0 for an empty span).
+float fp8_amax(std::span<const float> x);
+
+/// out[i] = fp8_encode(x[i] · scale) with the product rounded to fp32 first; returns max |x_i|
+/// (the amax of the input, for the scale of a later step). out has x's size.
+float fp8_quantize(std::span<const float> x, float scale, Fp8Type type, std::span<uint8_t> out);
+
+/// out[i] = fp8_decode(codes[i]) · scale_inv.
+void fp8_dequantize(std::span<const uint8_t> codes, float scale_inv, Fp8Type type,
+                    std::span<float> out);
+
+/// The CPU emulation of an FP8 GEMM in cuBLASLt's "TN" layout, the only one Hopper runs:
+///   d[n·M + m] = alpha · scale_inv_a · scale_inv_b · Σ_k decode(a[m·K + k]) · decode(b[n·K + k])
+/// a: [M, K] codes (K contiguous), b: [N, K] codes, d: fp32 [N, M] (cuBLAS's column-major M×N
+/// output; for a linear y = x·wᵀ, a = w [out, in], b = x [tokens, in], d = y [tokens, out]).
+/// Each product of two FP8 values is exact in fp32; the sum runs in double and is rounded to fp32
+/// once at the end, so the emulation is the exact result of the quantized operands up to one
+/// rounding. (The device GEMM accumulates in fp32 in its own order: compare with a bound.)
+void fp8_gemm_reference(std::span<const uint8_t> a, Fp8Type type_a, float scale_inv_a,
+                        std::span<const uint8_t> b, Fp8Type type_b, float scale_inv_b,
+                        int64_t m, int64_t n, int64_t k, float alpha, std::span<float> d);
+
+/// Quantizes `x` [rows, cols] (row-major) with `scale` into `out` [cols, rows]: the transposed
+/// codes a weight-gradient GEMM needs in the TN layout. Returns max |x|.
+float fp8_quantize_transpose(std::span<const float> x, int64_t rows, int64_t cols, float scale,
+                             Fp8Type type, std::span<uint8_t> out);
+
+}  // namespace megadlm::ops

@@ -1,0 +1,87 @@
+// The scalar FP8 conversions, shared by the host reference (fp8.cpp) and the CUDA kernels so that
+// both round every value the same way, bit for bit. Float arithmetic only: the quantum of a
+// value's binade is a power of two, so a / quantum is exact and rintf (round to nearest, ties to
+// even, the default rounding mode on host and device) does the one rounding.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define MDLM_FP8_HD __host__ __device__ __forceinline__
+#else
+#define MDLM_FP8_HD inline
+#endif
+
+namespace megadlm::ops::fp8_math {
+
+struct Format {
+  int exponent_bits;
+  int mantissa_bits;
+  int bias;
+  float max_finite;
+  uint8_t max_code;  ///< magnitude bits of max_finite
+};
+
+// e4m3: S.1111.111 is NaN, so the largest finite is S.1111.110 = 1.75 · 2^8 = 448.
+// e5m2: exponent 11111 is inf/NaN, so the largest finite is S.11110.11 = 1.75 · 2^15 = 57344.
+MDLM_FP8_HD Format e4m3() { return {4, 3, 7, 448.0f, 0x7E}; }
+MDLM_FP8_HD Format e5m2() { return {5, 2, 15, 57344.0f, 0x7B}; }
+
+MDLM_FP8_HD uint32_t float_bits(float x) {
+  uint32_t b;
+  memcpy(&b, &x, sizeof b);
+  return b;
+}
+MDLM_FP8_HD float bits_float(uint32_t b) {
+  float x;
+  memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+MDLM_FP8_HD uint8_t encode(float x, Format f) {
+  const uint32_t bits = float_bits(x);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7F;  // NaN
+  const float a = fabsf(x);
+  // Everything from max_finite up rounds to max_finite or beyond: saturate (inf included).
+  if (a >= f.max_finite) return static_cast<uint8_t>(sign | f.max_code);
+  const int emin = 1 - f.bias;                 // exponent of the smallest normal
+  int e = static_cast<int>((bits >> 23) & 0xFFu) - 127;  // binade of a (fp32 subnormals: -127)
+  if (e < emin) e = emin;                      // FP8 subnormals share the smallest normal's quantum
+  const float quantum = ldexpf(1.0f, e - f.mantissa_bits);
+  const float n = rintf(a / quantum);          // 0 … 2^(M+1)
+  const int steps = static_cast<int>(n);
+  if (steps == 0) return sign;
+  const int one = 1 << f.mantissa_bits;
+  if (e == emin && steps < one) return static_cast<uint8_t>(sign | steps);  // subnormal
+  int exponent = e, mantissa = steps;
+  if (mantissa == 2 * one) {  // rounded up into the next binade
+    exponent += 1;
+    mantissa = one;
+  }
+  const int code = ((exponent + f.bias) << f.mantissa_bits) | (mantissa - one);
+  return static_cast<uint8_t>(sign | code);
+}
+
+MDLM_FP8_HD float decode(uint8_t code, Format f) {
+  const bool negative = (code & 0x80u) != 0;
+  const int magnitude = code & 0x7F;
+  const int exponent = magnitude >> f.mantissa_bits;
+  const int mantissa = magnitude & ((1 << f.mantissa_bits) - 1);
+  const int top = (1 << f.exponent_bits) - 1;
+  float v;
+  if (f.exponent_bits == 4 && magnitude == 0x7F) {
+    v = bits_float(0x7FC00000u);  // e4m3 NaN
+  } else if (f.exponent_bits == 5 && exponent == top) {
+    v = mantissa == 0 ? bits_float(0x7F800000u) : bits_float(0x7FC00000u);
+  } else if (exponent == 0) {
+    v = ldexpf(static_cast<float>(mantissa), 1 - f.bias - f.mantissa_bits);
+  } else {
+    v = ldexpf(static_cast<float>((1 << f.mantissa_bits) + mantissa),
+               exponent - f.bias - f.mantissa_bits);
+  }
+  return negative ? -v : v;
+}
+
+}  // namespace megadlm::ops::fp8_math
