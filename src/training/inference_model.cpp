@@ -94,6 +94,13 @@ MicroBatch window_batch(const CanvasBatch& c, int64_t col0, int64_t col1, const 
     if (!c.document_ids.empty())
       h.document_ids.insert(h.document_ids.end(), c.document_ids.begin() + first, c.document_ids.begin() + last);
   }
+  if (!c.block_ranges.empty()) {  // block diffusion's doubled rows: whole rows only
+    MDLM_CHECK(col0 == 0 && col1 == c.seq && c.seq % 2 == 0 &&
+                   c.block_ranges.size() == static_cast<size_t>(c.batch * 2 * c.seq),
+               "block ranges of ", c.block_ranges.size(), " entries for ", c.batch, " doubled rows of ", c.seq,
+               " columns [", col0, ", ", col1, ")");
+    h.block_ranges = c.block_ranges;
+  }
   h.labels = h.input_ids;  // unused: no loss
   h.loss_weights.assign(h.input_ids.size(), 0.0f);
   return MicroBatch::upload(h, stream);

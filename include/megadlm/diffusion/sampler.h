@@ -95,6 +95,11 @@ struct CanvasBatch {
   std::vector<int32_t> tokens;        ///< [batch * seq]
   std::vector<int32_t> positions;     ///< [batch * seq]
   std::vector<int32_t> document_ids;  ///< [batch * seq], or empty when no row is padded
+  /// Block diffusion's training-time forward (block decoding without a cache,
+  /// diffusion/block_sampler.h): each row is the doubled [x_t | x_0] (seq = 2L) and this holds
+  /// its [batch, 4, L] document and block ranges (ops::AttentionArgs::block_ranges; no
+  /// document_ids then). Empty otherwise.
+  std::vector<int32_t> block_ranges;
 };
 
 /// What the sampler (and the likelihood estimator) needs of a model: logits at chosen tokens.
