@@ -15,8 +15,19 @@ variant, causal inside the prefix. That is the inference-time form of the same c
   n_{j,m} of them ranked by philox((a, 1 + m, g, r)); estimate_r = (1/B) sum_m sum_j sum_masked
   CE * Ly_j / n_{j,m};  log p = -mean_r estimate_r.
 
+The block ELBO (evaluate_difflm --task elbo on a block-diffusion checkpoint) from the documented
+evaluation noise (include/megadlm/core/philox.h, docs/evaluation.md): sample g of the text cut
+into S+1-token samples scores its tokens 1..S (L = S); block k draws t_k = uniform_from_u32 of word
+0 of philox(key(seed + d, EvalNoise), (k, 1, g lo, g hi)), p_k = (1 - 1e-3) t_k + 1e-3
+(inv_t_eps), token i is masked iff uniform_from_u32(philox((i, 2, g lo, g hi)).w0) < p_{blk(i)},
+at least one token masked (fallback counters (k, 3, g lo, g hi)); ELBO per token =
+sum over masked i of CE_i / p_{blk(i)} over all tokens, each block's CE from the inference-time
+form above ([clean blocks < k ; noisy block k]).
+
 usage:
-  block_likelihood_reference.py --model HF_DIR --requests-jsonl F --output F --mask-id M
+  block_likelihood_reference.py elbo --model HF_DIR --text-jsonl F --eod E --seq-length S
+      --mask-id M --block-size B [--seed S] [--draws D] [--clean causal|block_causal]
+  block_likelihood_reference.py loglik --model HF_DIR --requests-jsonl F --output F --mask-id M
       --block-size B --mc-num N --mc-batch B [--seed S] [--clean causal|block_causal]
 """
 import argparse
@@ -82,10 +93,58 @@ def loglikelihood(model, context, answer, a, g):
     return -float(np.mean(estimates)), estimates
 
 
+PURPOSE_EVAL_NOISE = 0x2005
+
+
+def uniform_from_u32(x):
+    return np.float32((int(x) >> 8)) * np.float32(1.0 / 16777216.0)
+
+
+def elbo(model, stream, a):
+    seq, bs = a.seq_length, a.block_size
+    samples = (len(stream) - 1) // seq
+    per_draw = []
+    for d in range(a.draws):
+        seed = a.seed + d
+        total, tokens = 0.0, 0
+        for g in range(samples):
+            clean = np.array(stream[g * seq + 1:g * seq + seq + 1], dtype=np.int64)
+            lo, hi = g & 0xFFFFFFFF, g >> 32
+            blocks = (seq + bs - 1) // bs
+            p = []
+            for k in range(blocks):
+                t = float(uniform_from_u32(philox(seed, PURPOSE_EVAL_NOISE, k, 1, lo, hi)[0]))
+                p.append((1.0 - 1e-3) * t + 1e-3)
+            mask = np.array([float(uniform_from_u32(philox(seed, PURPOSE_EVAL_NOISE, i, 2, lo, hi)[0])) < p[i // bs]
+                             for i in range(seq)])
+            k = 0
+            while mask.sum() < 1:
+                u = float(uniform_from_u32(philox(seed, PURPOSE_EVAL_NOISE, k, 3, lo, hi)[0]))
+                mask[min(int(u * seq), seq - 1)] = True
+                k += 1
+            noisy = np.where(mask, a.mask_id, clean)
+            for b in range(blocks):
+                start, end = b * bs, min(seq, (b + 1) * bs)
+                pos = start + np.nonzero(mask[start:end])[0]
+                if len(pos) == 0:
+                    continue
+                x = np.concatenate([clean[:start], noisy[start:end]])
+                lp = log_softmax64(model.logits(x, allow=prefix_mask(end, bs, start, a.clean == "causal")))
+                total += float(np.sum(-lp[pos, clean[pos]])) / p[b]
+            tokens += seq
+        per_draw.append(total / tokens)
+    return {"elbo_per_token": float(np.mean(per_draw)), "per_draw": per_draw, "samples": samples}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=["loglik", "elbo"])
+    ap.add_argument("--text-jsonl")
+    ap.add_argument("--eod", type=int, default=-1)
+    ap.add_argument("--seq-length", type=int)
+    ap.add_argument("--draws", type=int, default=1)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--requests-jsonl", required=True)
+    ap.add_argument("--requests-jsonl")
     ap.add_argument("--output")
     ap.add_argument("--mask-id", type=int, required=True)
     ap.add_argument("--block-size", type=int, required=True)
@@ -98,6 +157,14 @@ def main():
     selftest()
     model = QwenModel(a.model)
     out = open(a.output, "w") if a.output else sys.stdout
+    if a.mode == "elbo":  # NullTokenizer text: whitespace-separated ids, the EOD after each line
+        stream = []
+        with open(a.text_jsonl) as f:
+            for line in f:
+                if line.strip():
+                    stream += [int(v) for v in json.loads(line)["text"].split()] + ([a.eod] if a.eod >= 0 else [])
+        out.write(json.dumps(elbo(model, stream, a)) + "\n")
+        return
     with open(a.requests_jsonl) as f:
         reqs = [json.loads(line) for line in f if line.strip()]
     for i, q in enumerate(reqs):
