@@ -10,9 +10,18 @@
 //   evaluate_difflm --load CKPT --task multiple-choice --task-jsonl FILE
 //       accuracy (acc) and length-normalised accuracy (acc_norm) over {"context", "choices",
 //       "gold"} documents, one loglik request per choice (context, target_delimiter + choice)
+//   evaluate_difflm --load CKPT --task harness --requests-jsonl FILE [--block-length K]
+//       lm-evaluation-harness style requests, one a line: {"request_type": "loglikelihood",
+//       "arguments": [context, continuation]} -> {"loglikelihood", "is_greedy"};
+//       {"request_type": "generate_until", "arguments": [context, {"until": [...],
+//       "max_gen_toks": N}]} -> {"generated_text"} (the full-sequence sampler, greedy)
+// Block-diffusion checkpoints (--dlm-block-size recorded) get the block estimators
+// (docs/evaluation.md "Block-diffusion models"). Every summary reports examples_per_second.
 // Per-request results go to --output (JSONL) or stdout; the summary line goes to stderr and, with
 // --summary-json FILE, to that file. Exit codes: 0 success; 2 invalid arguments or a reported
 // error; 3 unexpected failure.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -27,22 +36,24 @@ using nlohmann::json;
 namespace {
 
 const char* kUsage =
-    "usage: evaluate_difflm (--load DIR | --hf-dir DIR) --task elbo|loglik|multiple-choice ...\n"
+    "usage: evaluate_difflm (--load DIR | --hf-dir DIR) --task elbo|loglik|multiple-choice|harness ...\n"
     "  elbo:            (--data-path PREFIX | --text-jsonl FILE) [--seq-length S] [--max-samples N] [--mc-num D]\n"
     "  loglik:          --requests-jsonl FILE [--mc-num N] [--mc-batch-size B] [--cfg-scale W] [--check-greedy]\n"
     "  multiple-choice: --task-jsonl FILE [--target-delimiter STR] [--mc-num N] [--mc-batch-size B]\n"
+    "  harness:         --requests-jsonl FILE [--mc-num N] [--mc-batch-size B] [--block-length K]\n"
     "LLaDA's estimators (get_log_likelihood.py, eval_llada.py); docs/evaluation.md.";
 
 std::vector<apps::CliFlag> flags() {
   std::vector<apps::CliFlag> f = apps::common_inference_flags();
   const std::vector<apps::CliFlag> own = {
-      {"--task", "NAME", "elbo, loglik or multiple-choice"},
+      {"--task", "NAME", "elbo, loglik, multiple-choice or harness"},
       {"--data-path", "PREFIX", "elbo: a Megatron indexed dataset PREFIX.bin/.idx (documents concatenated in order)"},
       {"--text-jsonl", "FILE", "elbo: JSONL with \"text\" per line (tokenized, EOD appended when the tokenizer has one)"},
       {"--seq-length", "S", "elbo: tokens scored per sample (default: the checkpoint's --seq-length)"},
       {"--max-samples", "N", "elbo: score at most N samples"},
       {"--micro-batch-size", "B", "elbo: samples per forward pass (default 4)"},
-      {"--requests-jsonl", "FILE", "loglik: one (context, continuation) request per line"},
+      {"--requests-jsonl", "FILE", "loglik: one (context, continuation) request per line; harness: lm-eval requests"},
+      {"--block-length", "K", "harness generate_until: the sampler's block length (divides every max_gen_toks; default: one block)"},
       {"--task-jsonl", "FILE", "multiple-choice: one {\"context\", \"choices\", \"gold\"} document per line"},
       {"--target-delimiter", "STR", "multiple-choice: between context and choice (lm-eval's default \" \")"},
       {"--mc-num", "N", "Monte-Carlo samples per request (loglik default 128; elbo: noise draws, default 1)"},
@@ -128,6 +139,15 @@ size_t utf8_chars(const std::string& s) {
   return n;
 }
 
+using Clock = std::chrono::steady_clock;
+
+/// examples_per_second and seconds of a task that started at `t0` and scored `examples`.
+void add_rate(json& s, double examples, Clock::time_point t0) {
+  const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  s["seconds"] = sec;
+  s["examples_per_second"] = sec > 0 ? examples / sec : 0.0;
+}
+
 // ---- tasks -------------------------------------------------------------------------------
 
 json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, const data::Tokenizer* tok,
@@ -162,6 +182,7 @@ json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, co
   int64_t samples = stream.size() > 1 ? (static_cast<int64_t>(stream.size()) - 1) / seq : 0;
   if (max_samples >= 0) samples = std::min(samples, max_samples);
   if (samples == 0) MDLM_FAIL("the data holds ", stream.size(), " tokens: fewer than one sample of --seq-length ", seq, " + 1");
+  const Clock::time_point t0 = Clock::now();
   ElboResult total;
   total.per_draw.assign(static_cast<size_t>(draws), 0.0);
   std::vector<double> draw_tokens(static_cast<size_t>(draws), 0.0);
@@ -188,6 +209,8 @@ json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, co
   s["tokens"] = total.tokens / static_cast<double>(draws);
   s["per_draw"] = total.per_draw;
   s["loss_weight"] = dlm_loss_weight_name(cfg.diffusion.loss_weight);
+  if (cfg.diffusion.block_diffusion()) s["block_size"] = cfg.diffusion.block_size;
+  add_rate(s, static_cast<double>(samples), t0);
   out.write(s);
   return s;
 }
@@ -215,6 +238,7 @@ json run_loglik(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer*
     reqs.push_back(std::move(r));
   }
   if (!errors.empty()) throw ConfigError(errors, {});
+  const Clock::time_point t0 = Clock::now();
   double sum = 0;
   for (const LikelihoodRequest& r : reqs) {
     const LikelihoodResult res = conditional_loglikelihood(model, r, lc);
@@ -234,6 +258,8 @@ json run_loglik(const apps::Cli& cli, LogitsModel& model, const data::Tokenizer*
   s["mean_loglikelihood"] = reqs.empty() ? 0.0 : sum / static_cast<double>(reqs.size());
   s["mc_num"] = lc.mc_num;
   s["mc_batch_size"] = lc.mc_batch;
+  if (lc.block_size > 0) s["block_size"] = lc.block_size;
+  add_rate(s, static_cast<double>(reqs.size()), t0);
   return s;
 }
 
@@ -286,6 +312,7 @@ json run_multiple_choice(const apps::Cli& cli, LogitsModel& model, const data::T
   }
   if (docs.empty()) errors.push_back(path + ": no document");
   if (!errors.empty()) throw ConfigError(errors, {});
+  const Clock::time_point t0 = Clock::now();
   int64_t correct = 0, correct_norm = 0;
   for (size_t i = 0; i < docs.size(); ++i) {
     const Doc& d = docs[i];
@@ -314,6 +341,149 @@ json run_multiple_choice(const apps::Cli& cli, LogitsModel& model, const data::T
   s["acc"] = static_cast<double>(correct) / static_cast<double>(docs.size());
   s["acc_norm"] = static_cast<double>(correct_norm) / static_cast<double>(docs.size());
   s["mc_num"] = lc.mc_num;
+  if (lc.block_size > 0) s["block_size"] = lc.block_size;
+  add_rate(s, static_cast<double>(docs.size()), t0);
+  return s;
+}
+
+// ---- harness: lm-evaluation-harness style requests ----------------------------------------
+
+struct HarnessRequest {
+  std::string type;               // loglikelihood | generate_until
+  LikelihoodRequest ll;           // loglikelihood
+  std::vector<int32_t> prompt;    // generate_until
+  std::vector<std::string> until;
+  int64_t max_gen_toks = 256;     // lm-eval's default
+  json passthrough;               // doc_id, idx, ... copied to the result
+};
+
+/// The block-diffusion refusal of generate_until (one place: block decoding is another piece of
+/// work, generate_difflm's; remove this when evaluate_difflm calls it).
+std::string bd_generate_until_refusal(const RunConfig& cfg) {
+  if (!cfg.diffusion.block_diffusion()) return "";
+  return "generate_until on a block-diffusion checkpoint (--dlm-block-size " +
+         std::to_string(cfg.diffusion.block_size) + ") is not supported by evaluate_difflm yet: use "
+         "generate_difflm for its block decoding, or give only loglikelihood requests";
+}
+
+bool harness_request_of(const json& j, const data::Tokenizer* tok, HarnessRequest& h, std::string& error) {
+  h.type = j.value("request_type", j.value("type", std::string()));
+  for (const char* k : {"doc_id", "idx", "task_name", "metadata"})
+    if (j.contains(k)) h.passthrough[k] = j.at(k);
+  if (h.type == "loglikelihood") return request_of(j, tok, h.ll, error);
+  if (h.type != "generate_until") {
+    error = "\"request_type\": \"" + h.type + "\": valid: loglikelihood, generate_until";
+    return false;
+  }
+  std::string ctx;
+  json gen = json::object();
+  if (j.contains("arguments") || j.contains("args")) {
+    const json& a = j.contains("arguments") ? j.at("arguments") : j.at("args");
+    if (!a.is_array() || a.size() != 2 || !a[0].is_string() || !a[1].is_object()) {
+      error = "generate_until \"arguments\" must be [context, {\"until\": [...], \"max_gen_toks\": N}]";
+      return false;
+    }
+    ctx = a[0].get<std::string>();
+    gen = a[1];
+  } else if (j.contains("context")) {
+    ctx = j.at("context").get<std::string>();
+    gen = j;
+  } else {
+    error = "generate_until needs \"arguments\": [context, {\"until\", \"max_gen_toks\"}] or \"context\"";
+    return false;
+  }
+  if (gen.contains("until")) {
+    const json& u = gen.at("until");
+    if (u.is_string()) h.until.push_back(u.get<std::string>());
+    else h.until = u.get<std::vector<std::string>>();
+  }
+  if (gen.contains("max_gen_toks")) h.max_gen_toks = gen.at("max_gen_toks").get<int64_t>();
+  if (h.max_gen_toks < 1) {
+    error = "\"max_gen_toks\": " + std::to_string(h.max_gen_toks) + " must be >= 1";
+    return false;
+  }
+  if (tok == nullptr) {
+    error = "generate_until requests need a tokenizer (`--tokenizer-type`)";
+    return false;
+  }
+  h.prompt = tok->encode(ctx);
+  return true;
+}
+
+json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, const data::Tokenizer* tok,
+                 const LikelihoodConfig& lc, std::vector<std::string>& errors, apps::JsonlOutput& out) {
+  if (!cli.has("--requests-jsonl")) errors.push_back("--task harness needs `--requests-jsonl FILE`");
+  const std::string path = cli.get("--requests-jsonl");
+  const int64_t block_length = cli.integer("--block-length", 0, errors);
+  std::vector<HarnessRequest> reqs;
+  for (const json& j : read_jsonl("--requests-jsonl", path, errors)) {
+    HarnessRequest h;
+    std::string error;
+    const std::string where = path + " request " + std::to_string(reqs.size());
+    try {
+      if (!harness_request_of(j, tok, h, error)) errors.push_back(where + ": " + error);
+    } catch (const json::exception& e) {
+      errors.push_back(where + ": " + e.what());
+    }
+    h.ll.index = static_cast<int64_t>(reqs.size());
+    if (h.type == "generate_until") {
+      const std::string refusal = bd_generate_until_refusal(cfg);
+      if (!refusal.empty()) errors.push_back(where + ": " + refusal);
+      if (block_length > 0 && h.max_gen_toks % block_length != 0)
+        errors.push_back(where + ": \"max_gen_toks\": " + std::to_string(h.max_gen_toks) +
+                         " is not a multiple of `--block-length " + std::to_string(block_length) + "`");
+    }
+    reqs.push_back(std::move(h));
+  }
+  if (block_length < 0) errors.push_back("`--block-length " + std::to_string(block_length) + "` must be >= 1");
+  if (reqs.empty() && errors.empty()) errors.push_back(path + ": no request");
+  if (!errors.empty()) throw ConfigError(errors, {});
+  const Clock::time_point t0 = Clock::now();
+  int64_t n_ll = 0, n_gen = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const HarnessRequest& h = reqs[i];
+    json j = h.passthrough;
+    j["index"] = i;
+    j["request_type"] = h.type;
+    if (h.type == "loglikelihood") {
+      const LikelihoodResult res = conditional_loglikelihood(model, h.ll, lc);
+      const bool greedy = greedy_reproduces(model, h.ll, lc);
+      j["loglikelihood"] = res.loglikelihood;
+      j["is_greedy"] = greedy;
+      j["result"] = json::array({res.loglikelihood, greedy});  // what lm-eval's LM.loglikelihood returns
+      j["standard_error"] = res.standard_error;
+      ++n_ll;
+    } else {
+      SamplerConfig sc;
+      sc.gen_length = sc.steps = h.max_gen_toks;  // one token a step: the reference's setting
+      sc.block_length = block_length > 0 ? block_length : h.max_gen_toks;
+      sc.mask_token = lc.mask_token;
+      sc.seed = lc.seed;
+      sc.eos_token = tok->eod() != lc.mask_token ? tok->eod() : -1;
+      sc.stop_at_eos = sc.eos_token >= 0;
+      const std::vector<GenerationResult> r = generate(model, {{h.prompt, static_cast<int64_t>(i)}}, sc);
+      std::vector<int32_t> ids = r[0].tokens;
+      if (sc.eos_token >= 0) ids.erase(std::find(ids.begin(), ids.end(), static_cast<int32_t>(sc.eos_token)), ids.end());
+      std::string text = tok->decode(ids);
+      for (const std::string& u : h.until) {  // lm-eval: cut at the first occurrence of any stop string
+        const size_t at = u.empty() ? std::string::npos : text.find(u);
+        if (at != std::string::npos) text.resize(at);
+      }
+      j["generated_text"] = text;
+      j["result"] = text;
+      j["generated_tokens"] = ids.size();
+      ++n_gen;
+    }
+    out.write(j);
+  }
+  json s;
+  s["task"] = "harness";
+  s["requests"] = reqs.size();
+  s["loglikelihood_requests"] = n_ll;
+  s["generate_until_requests"] = n_gen;
+  s["mc_num"] = lc.mc_num;
+  if (lc.block_size > 0) s["block_size"] = lc.block_size;
+  add_rate(s, static_cast<double>(reqs.size()), t0);
   return s;
 }
 
@@ -322,9 +492,9 @@ int run(const apps::Cli& cli) {
   const training::InferenceSource src = apps::inference_source(cli, errors);
   const Device device = apps::inference_device(cli, errors);
   const std::string task = cli.get("--task");
-  if (task != "elbo" && task != "loglik" && task != "multiple-choice")
+  if (task != "elbo" && task != "loglik" && task != "multiple-choice" && task != "harness")
     errors.push_back("`--task " + (task.empty() ? std::string("(missing)") : task) +
-                     "`: valid: elbo, loglik, multiple-choice");
+                     "`: valid: elbo, loglik, multiple-choice, harness");
   const uint64_t seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
   if (task != "elbo") {
     for (const std::string& p : likelihood_config_problems(likelihood_config(cli, 0, seed, errors), 0))
@@ -349,10 +519,15 @@ int run(const apps::Cli& cli) {
     if (mask >= 0) c.diffusion.mask_token = mask;
     summary = run_elbo(cli, model, c, tok.get(), seed, errors, out);
   } else {
-    const LikelihoodConfig lc = likelihood_config(cli, mask, seed, errors);
+    LikelihoodConfig lc = likelihood_config(cli, mask, seed, errors);
+    lc.block_size = cfg.diffusion.block_size;
     for (const std::string& p : likelihood_config_problems(lc, model.input_vocab_size())) errors.push_back(p);
-    summary = task == "loglik" ? run_loglik(cli, model, tok.get(), lc, errors, out)
-                               : run_multiple_choice(cli, model, tok.get(), lc, errors, out);
+    if (lc.block_size > 0 && lc.cfg_scale > 0)
+      errors.push_back("`--cfg-scale " + cli.get("--cfg-scale") + "`: classifier-free guidance is not defined for "
+                       "block-diffusion checkpoints (--dlm-block-size " + std::to_string(lc.block_size) + "); leave it at 0");
+    if (task == "loglik") summary = run_loglik(cli, model, tok.get(), lc, errors, out);
+    else if (task == "harness") summary = run_harness(cli, model, cfg, tok.get(), lc, errors, out);
+    else summary = run_multiple_choice(cli, model, tok.get(), lc, errors, out);
   }
   out.flush();
   std::cerr << " > " << summary.dump() << "\n";

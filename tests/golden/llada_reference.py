@@ -129,8 +129,10 @@ class QwenModel:
         half = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
         return x * cos + half * sin
 
-    def logits(self, tokens, cache=None, cols=None):
+    def logits(self, tokens, cache=None, cols=None, allow=None):
         """float32 logits [S, V] of one sequence, positions 0..S-1.
+
+        `allow` (booleans [S, S], query by key): the attention mask; None = bidirectional.
 
         Fast-dLLM's approximate key/value cache: with `cache` (a list) and no `cols`, every layer's
         keys and values (after norm and RoPE) are stored in it; with cols = (c0, c1) only those
@@ -170,6 +172,8 @@ class QwenModel:
             k = np.repeat(k, rep, axis=1)
             v = np.repeat(v, rep, axis=1)
             scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
+            if allow is not None:
+                scores = np.where(allow[None], scores, -np.inf)
             scores -= scores.max(axis=-1, keepdims=True)
             prob = np.exp(scores)
             prob /= prob.sum(axis=-1, keepdims=True)

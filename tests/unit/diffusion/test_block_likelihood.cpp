@@ -1,0 +1,163 @@
+// Block-diffusion likelihood estimators (diffusion/likelihood.h): the ELBO is training's doubled
+// [x_t | x_0] forward of the same samples and noise, the diffusion term alone (the causal clean
+// half's next-token loss excluded); the block estimator with one block holding the whole answer
+// is exactly the full-sequence estimator (the same draws) of the same weights run
+// bidirectionally; its block ranges; refusals. The NumPy reference of several blocks is
+// tests/e2e/evaluate_block_diffusion.sh.
+#include <gtest/gtest.h>
+#include <cmath>
+#include "megadlm/diffusion/forward_process.h"
+#include "megadlm/diffusion/likelihood.h"
+#include "megadlm/model/gpt_model.h"
+
+using namespace megadlm;
+
+namespace {
+
+TransformerConfig tiny_bd_model(bool causal_clean) {
+  TransformerConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 16;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.kv_channels = 4;
+  c.ffn_hidden_size = 32;
+  c.seq_length = 8;
+  c.max_position_embeddings = 16;
+  c.position_embedding_type = PositionEmbeddingType::Rope;
+  c.normalization = NormType::RMSNorm;
+  c.activation = MlpActivation::SwiGLU;
+  c.vocab_size = 30;
+  c.padded_vocab_size = 32;
+  c.init_method_std = 0.3f;
+  c.attention_dropout = 0;
+  c.hidden_dropout = 0;
+  c.attention_mask = AttentionMaskType::BlockCausal;
+  c.block_diffusion_causal_clean = causal_clean;
+  return c;
+}
+
+// The real model behind LogitsModel, block ranges included (what training::InferenceModel does).
+class GptLogits : public LogitsModel {
+ public:
+  GptLogits(const GptModel& m, const ModelRuntime& rt, int64_t vocab) : m_(m), rt_(rt), vocab_(vocab) {}
+  int64_t vocab_size() const override { return vocab_; }
+  const Stream& stream() const override { return rt_.stream; }
+  Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override {
+    HostMicroBatch h;
+    h.batch = c.batch;
+    h.seq = c.seq;
+    h.input_ids = h.labels = c.tokens;
+    h.positions = c.positions;
+    h.document_ids = c.document_ids;
+    h.block_ranges = c.block_ranges;
+    h.loss_weights.assign(c.tokens.size(), 0.0f);
+    return m_.logits_at(MicroBatch::upload(h, rt_.stream), Tensor::from_ints(rows, {static_cast<int64_t>(rows.size())}), rt_);
+  }
+
+ private:
+  const GptModel& m_;
+  ModelRuntime rt_;
+  int64_t vocab_;
+};
+
+std::vector<std::vector<int32_t>> samples_of(int64_t seq) {
+  std::vector<std::vector<int32_t>> samples;
+  for (int b = 0; b < 3; ++b) {
+    std::vector<int32_t> s;
+    for (int64_t i = 0; i <= seq; ++i) s.push_back(static_cast<int32_t>(1 + (b * 13 + i * 7) % 28));
+    samples.push_back(s);
+  }
+  return samples;
+}
+
+}  // namespace
+
+TEST(BlockLikelihoodElbo, OneDrawIsTrainingsDiffusionLossOfTheDoubledRows) {
+  for (const bool causal : {false, true}) {
+    const TransformerConfig cfg = tiny_bd_model(causal);
+    ParameterStore store;
+    GptModel model(cfg, store);
+    ModelRuntime rt;
+    rt.stream = Stream::cpu();
+    rt.training = false;
+    store.materialize(DType::F32, 3, rt.stream);
+    const auto samples = samples_of(cfg.seq_length);
+    DiffusionConfig dc;
+    dc.mask_token = 29;
+    dc.varilen_prob = 0;
+    dc.block_size = 4;
+    dc.loss_weight = DlmLossWeight::InvTEps;
+    BatchContext ctx;
+    ctx.seed = 21;
+    ctx.training = false;
+    DiffusionConfig no_ar = dc;  // what the ELBO must equal: the noisy half's term alone
+    if (causal) {
+      dc.ar_loss_weight = 1.0f;  // a checkpoint trained with the next-token loss
+      dc.diffusion_loss_scale = 0.3f;
+    }
+    const HostMicroBatch hm = build_micro_batch(samples, 40, no_ar, ctx);
+    ASSERT_EQ(hm.seq, 2 * cfg.seq_length);
+    Tensor sum = Tensor::zeros({1}, DType::F32, rt.stream);
+    ModelRecord rec;
+    model.forward(MicroBatch::upload(hm, rt.stream), rec, sum, 0.0f, rt);
+    const double expected = static_cast<double>(sum.data<float>()[0]) / hm.loss_tokens;
+    GptLogits logits(model, rt, cfg.padded_vocab_size);
+    const ElboResult e = monte_carlo_elbo(logits, samples, 40, dc, 21, 1);
+    EXPECT_NEAR(e.per_token(), expected, 1e-5 * expected) << "causal clean " << causal;
+    EXPECT_EQ(e.tokens, 3.0 * cfg.seq_length);  // every token of every sample
+    if (causal) {  // the training loss with the AR term is another number
+      const HostMicroBatch with_ar = build_micro_batch(samples, 40, dc, ctx);
+      Tensor s2 = Tensor::zeros({1}, DType::F32, rt.stream);
+      ModelRecord r2;
+      model.forward(MicroBatch::upload(with_ar, rt.stream), r2, s2, 0.0f, rt);
+      EXPECT_GT(std::abs(static_cast<double>(s2.data<float>()[0]) / with_ar.loss_tokens - e.per_token()), 1e-3);
+    }
+  }
+}
+
+TEST(BlockLikelihoodLoglik, OneBlockHoldingTheAnswerIsTheFullSequenceEstimatorOfTheSameWeights) {
+  TransformerConfig bd = tiny_bd_model(false);
+  TransformerConfig full = bd;
+  full.attention_mask = AttentionMaskType::NoMask;
+  ParameterStore s1, s2;
+  GptModel m1(bd, s1), m2(full, s2);
+  ModelRuntime rt;
+  rt.stream = Stream::cpu();
+  rt.training = false;
+  s1.materialize(DType::F32, 7, rt.stream);
+  s2.materialize(DType::F32, 7, rt.stream);
+  GptLogits l1(m1, rt, 30), l2(m2, rt, 30);
+  LikelihoodConfig lc;
+  lc.mc_num = 8;
+  lc.mc_batch = 4;
+  lc.mask_token = 29;
+  lc.seed = 5;
+  const LikelihoodRequest r{{3, 9, 4}, {7, 11, 2, 8, 15}, 2};  // 8 tokens
+  const LikelihoodResult want = conditional_loglikelihood(l2, r, lc);
+  for (const int64_t b : {8, 16}) {  // one block holds everything
+    lc.block_size = b;
+    const LikelihoodResult got = conditional_loglikelihood(l1, r, lc);
+    ASSERT_EQ(got.estimates.size(), want.estimates.size());
+    for (size_t k = 0; k < want.estimates.size(); ++k) EXPECT_NEAR(got.estimates[k], want.estimates[k], 1e-4);
+  }
+  // Two blocks: a different conditional (the second block's answer sees the first only clean).
+  lc.block_size = 4;
+  const LikelihoodResult two = conditional_loglikelihood(l1, r, lc);
+  EXPECT_GT(std::abs(two.loglikelihood - want.loglikelihood), 1e-3);
+  EXPECT_TRUE(std::isfinite(two.loglikelihood));
+  lc.cfg_scale = 1.0;
+  EXPECT_THROW(conditional_loglikelihood(l1, r, lc), Error);
+}
+
+TEST(BlockLikelihoodRanges, BlocksAtAbsoluteMultiplesOfTheBlockSizeAndARaggedLastBlock) {
+  // n = 10, B = 4: one document [0, 10); blocks [0,4) [4,8) [8,10).
+  const std::vector<int32_t> r = block_likelihood_ranges(10, 4);
+  ASSERT_EQ(r.size(), 40u);
+  for (int j = 0; j < 10; ++j) {
+    EXPECT_EQ(r[static_cast<size_t>(j)], 0);
+    EXPECT_EQ(r[static_cast<size_t>(10 + j)], 10);
+    EXPECT_EQ(r[static_cast<size_t>(20 + j)], j / 4 * 4);
+    EXPECT_EQ(r[static_cast<size_t>(30 + j)], std::min(j / 4 * 4 + 4, 10));
+  }
+}
