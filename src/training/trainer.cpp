@@ -103,6 +103,9 @@ std::vector<HostMicroBatch> Trainer::host_micro_batches(const SampleSource& data
   const int64_t num_mb = cfg_.training.num_micro_batches(shard.size);
   std::vector<HostMicroBatch> host(static_cast<size_t>(num_mb));
   local_tokens = 0;
+  // The block-size warm-up (--dlm-block-size-schedule): this iteration's block size.
+  DiffusionConfig diffusion = cfg_.diffusion;
+  if (diffusion.block_diffusion()) diffusion.block_size = diffusion.block_size_at(iteration_);
   for (int64_t m = 0; m < num_mb; ++m) {
     std::vector<std::vector<int32_t>> samples;
     samples.reserve(static_cast<size_t>(mbs));
@@ -111,9 +114,9 @@ std::vector<HostMicroBatch> Trainer::host_micro_batches(const SampleSource& data
     if (cfg_.diffusion.sft) {  // prompt/response data: masks on the response only
       std::vector<int64_t> prompts;
       for (int64_t b = 0; b < mbs; ++b) prompts.push_back(data.prompt_length(mb_first + b));
-      host[static_cast<size_t>(m)] = build_sft_micro_batch(samples, prompts, mb_first, cfg_.diffusion, ctx);
+      host[static_cast<size_t>(m)] = build_sft_micro_batch(samples, prompts, mb_first, diffusion, ctx);
     } else {
-      host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, cfg_.diffusion, ctx);
+      host[static_cast<size_t>(m)] = build_micro_batch(samples, mb_first, diffusion, ctx);
     }
     for (int32_t id : host[static_cast<size_t>(m)].labels)
       MDLM_CHECK(id >= 0 && id < cfg_.model.padded_vocab_size, "sample ", mb_first, "..",
@@ -224,6 +227,13 @@ IterationMetrics Trainer::step() {
   // 1. This rank's host micro-batches and the global normaliser (the loss tokens of the whole
   //    samples: summed over the data group).
   double local_tokens = 0;
+  const DiffusionConfig& dc = cfg_.diffusion;
+  if (!dc.block_size_schedule.empty() && logging_rank() &&
+      (iteration_ == 0 || dc.block_size_at(iteration_) != dc.block_size_at(iteration_ - 1) ||
+       !announced_block_size_))
+    log_ << " block-size schedule: block size " << dc.block_size_at(iteration_) << " from iteration "
+         << iteration_ + 1 << std::endl;
+  announced_block_size_ = true;
   std::vector<HostMicroBatch> host = host_micro_batches(*data_, first, batch_context(true), local_tokens);
   const double loss_tokens = data_sum(local_tokens);
   MDLM_CHECK(loss_tokens > 0, "iteration ", iteration_ + 1,

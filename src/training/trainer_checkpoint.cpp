@@ -100,6 +100,23 @@ std::string new_trajectory_id() {
 }
 
 // "iter_0000015, iter_0000020" (the first 8, then how many in all).
+// What a run trains, in words: the part of the configuration a resume must keep (the block
+// size may change between stages; its warm-up is checked separately).
+std::string objective_description(const RunConfig& c) {
+  if (c.diffusion.mode == RunningMode::Vanilla) return "vanilla (autoregressive, causal)";
+  if (c.model.attention_mask != AttentionMaskType::BlockCausal)
+    return std::string("difflm-noshift (full-sequence diffusion, ") +
+           (c.model.attention_mask == AttentionMaskType::NoMask ? "no_mask" : "causal") + ")";
+  return std::string("difflm-noshift (block diffusion, clean half ") +
+         (c.model.block_diffusion_causal_clean ? "causal with the AR loss" : "block_causal") + ")";
+}
+
+std::string schedule_text(const std::vector<std::pair<int64_t, int64_t>>& sched) {
+  std::ostringstream out;
+  for (size_t k = 0; k < sched.size(); ++k) out << (k ? " " : "") << sched[k].first << ":" << sched[k].second;
+  return sched.empty() ? std::string("none") : out.str();
+}
+
 std::string iteration_list(const std::vector<int64_t>& its) {
   std::string out;
   for (size_t i = 0; i < its.size() && i < 8; ++i) out += (i ? ", " : "") + checkpoint::iteration_dir_name(its[i]);
@@ -627,6 +644,40 @@ void Trainer::load_checkpoint_files() {
       msg << "\n(give the same values, or choose a source: --override-opt_param-scheduler takes the "
              "flags, --use-checkpoint-opt_param-scheduler the checkpoint)";
       MDLM_FAIL(msg.str());
+    }
+  }
+
+  // The objective (running mode, attention mask, block diffusion's clean half). A resume
+  // continues one run, so it must train what the checkpoint trained; --finetune (Megatron's:
+  // weights only, iteration 0) may start another objective from its weights, e.g. an AR model
+  // adapted to block diffusion (docs/finetuning.md), and the new checkpoints record it.
+  if (saved) {
+    const std::string was = objective_description(*saved), now = objective_description(cfg_);
+    if (was != now && resume)
+      MDLM_FAIL("checkpoint ", *dir, " was trained with another objective: ", was, "; this run: ", now,
+                "\n(a resume continues the same objective; add --finetune to train the new "
+                "objective from its weights, starting at iteration 0: docs/finetuning.md)");
+    if (was != now) {
+      cfg_.diffusion.adapted_from = was + " (" + *dir + ", iteration " + std::to_string(st.iteration) + ")";
+      if (logging_rank()) log_ << " adapting the checkpoint's weights from " << was << " to " << now << std::endl;
+    } else if (cfg_.diffusion.adapted_from.empty()) {
+      cfg_.diffusion.adapted_from = saved->diffusion.adapted_from;  // keep the record on resumes
+    }
+  }
+  // The block-size warm-up: a resume continues the checkpoint's schedule (taken from it when the
+  // flags give none); --finetune starts the flags' schedule at iteration 0.
+  if (resume && saved && !saved->diffusion.block_size_schedule.empty()) {
+    DiffusionConfig& dc = cfg_.diffusion;
+    if (dc.block_size_schedule.empty()) {
+      dc.block_size_schedule = saved->diffusion.block_size_schedule;
+      if (logging_rank())
+        log_ << " continuing the checkpoint's block-size schedule (block size "
+             << dc.block_size_at(st.iteration) << " at iteration " << st.iteration + 1 << ")" << std::endl;
+    } else if (dc.block_size_schedule != saved->diffusion.block_size_schedule) {
+      MDLM_FAIL("checkpoint ", *dir, " was trained with another --dlm-block-size-schedule (",
+                schedule_text(saved->diffusion.block_size_schedule), "; this run ",
+                schedule_text(dc.block_size_schedule), ")\n(give the same schedule or none to continue "
+                "the checkpoint's, or --finetune to start a new one)");
     }
   }
 

@@ -1,6 +1,9 @@
 // How training examples are noised and scored (MegaDLMs' difflm objective: docs/compat.md).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace megadlm {
 
@@ -46,8 +49,22 @@ struct DiffusionConfig {
   /// its masked count plus its next-token count (Megatron-Bridge's sbd_block_diff). 0: no AR loss.
   float ar_loss_weight = 0.0f;
   float diffusion_loss_scale = 1.0f;
+  /// Block-size warm-up (--dlm-block-size-schedule): (size, until) pairs, sizes and iterations
+  /// increasing; block size `size` while the iteration count is below `until`, block_size after
+  /// the last. Empty: block_size from the first iteration.
+  std::vector<std::pair<int64_t, int64_t>> block_size_schedule;
+  /// Set when --finetune started this objective from a checkpoint trained with another one
+  /// (e.g. an AR model adapted to block diffusion): that objective, directory and iteration.
+  std::string adapted_from;
   bool block_diffusion() const { return block_size > 0; }
+  /// The block size of the training step that starts after `iteration` completed iterations.
+  int64_t block_size_at(int64_t iteration) const;
 };
+
+/// Parses --dlm-block-size-schedule's values ("SIZE:ITER" each). Returns an empty string and
+/// fills `out`, or the reason the entry is malformed (sizes/iterations not positive integers).
+std::string parse_block_size_schedule(const std::vector<std::string>& values,
+                                      std::vector<std::pair<int64_t, int64_t>>& out);
 
 const char* running_mode_name(RunningMode m);
 const char* dlm_loss_weight_name(DlmLossWeight w);

@@ -174,6 +174,7 @@ class Trainer {
   // spike, a possible divergence): that state and every later one are not a good state
   // (stop_on_fault). Unset while none was.
   std::optional<int64_t> first_flagged_iteration_;
+  bool announced_block_size_ = false;  ///< the block-size schedule logged its current size
   std::string first_flagged_report_;
   int64_t last_loaded_iteration_ = -1;  // the iteration this run resumed from (-1: none)
   std::chrono::steady_clock::time_point start_time_ = std::chrono::steady_clock::now();

@@ -40,6 +40,7 @@
 #include <sstream>
 #include "megadlm/core/error.h"
 #include "megadlm/data/gpt_dataset.h"
+#include "megadlm/diffusion/diffusion_config.h"
 #include "megadlm/data/tokenizer.h"
 #include "training/arguments/argument_safety.h"
 #include "training/arguments/rules_common.h"
@@ -644,7 +645,7 @@ void check_data(ArgState& a, Ctx& c, Diagnostics& d) {
   if (multiple > 0) a.set("padded_vocab_size", (vocab + multiple - 1) / multiple * multiple);
 }
 
-// ------------------------------------------------------------- diffusion (D-2, D-3, D-4, D-6, D-7, D-10, D-11, M-12)
+// ------------------------------------------------------------- diffusion (D-2, D-3, D-4, D-6, D-7, D-10, D-11, D-12, M-12)
 
 void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
   const std::string mode = a.s("model_running_mode");
@@ -675,6 +676,38 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
       d.error("D-10", a.flag_value("dlm_block_size") + " must divide " + a.flag_value("seq_length") +
                          (c.seq > 0 ? "; valid: a divisor of " + num(c.seq) + " (e.g. " +
                                           num(c.seq % 32 == 0 ? 32 : c.seq) + ")" : std::string()));
+  }
+  // D-12: the block-size warm-up schedule.
+  if (a.is_set("dlm_block_size_schedule")) {
+    const std::string flag = a.flag_value("dlm_block_size_schedule");
+    std::vector<std::pair<int64_t, int64_t>> sched;
+    const std::string bad = parse_block_size_schedule(a.strings("dlm_block_size_schedule"), sched);
+    if (!block) {
+      d.error("D-12", flag + " needs `--attention-mask-type block_causal` with `--dlm-block-size`");
+    } else if (!bad.empty()) {
+      d.error("D-12", flag + ": " + bad);
+    } else if (a.is_set("dlm_block_size")) {
+      const int64_t final_size = a.i("dlm_block_size");
+      for (size_t k = 0; k < sched.size(); ++k) {
+        const auto [size, until] = sched[k];
+        const std::string entry = "entry " + num(static_cast<int64_t>(size)) + ":" + num(until);
+        if (size >= final_size) {
+          d.error("D-12", flag + ": " + entry + " is not smaller than the final " +
+                             a.flag_value("dlm_block_size") + "; valid: sizes below it");
+          break;
+        }
+        if (k > 0 && (size <= sched[k - 1].first || until <= sched[k - 1].second)) {
+          d.error("D-12", flag + ": " + entry + " does not grow: sizes and iterations must both "
+                             "increase from one entry to the next");
+          break;
+        }
+        if (c.seq > 0 && c.seq % size != 0) {
+          d.error("D-12", flag + ": block size " + num(size) + " does not divide " +
+                             a.flag_value("seq_length") + "; valid: divisors of " + num(c.seq));
+          break;
+        }
+      }
+    }
   }
   if (block) {
     if (c.cp > 1)

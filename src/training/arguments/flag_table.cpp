@@ -985,6 +985,14 @@ constexpr FlagSpec kFlags[] = {
      .help = "Block diffusion's block length B (with --attention-mask-type block_causal); divides "
              "--seq-length. Each block draws its own noise level; a noisy token attends to its "
              "own noisy block and the earlier clean blocks."},
+    {.name = "--dlm-block-size-schedule", .kind = K::StringList, .group = G::Megadlm,
+     .nargs = Nargs::Plus,
+     .help = "Block-size warm-up for block diffusion: SIZE:ITER entries, each a block size and the "
+             "iteration it lasts until, sizes and iterations increasing and below "
+             "--dlm-block-size, which applies after the last entry. `1:100 4:300 --dlm-block-size "
+             "32`: block 1 for iterations 1-100, 4 for 101-300, 32 after (LLaDA2's block-size "
+             "warm-up; 1 is next-token-like). Checkpoints record it; a resume continues it, "
+             "--finetune restarts it. Every size divides --seq-length."},
     {.name = "--dlm-bd-clean-attention", .kind = K::String, .group = G::Megadlm,
      .default_value = "block_causal", .choices = "block_causal causal",
      .help = "Block diffusion: the clean half attends block-causally (BD3-LM, Fast-dLLM v2, LLaDA2, "

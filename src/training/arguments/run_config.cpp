@@ -284,6 +284,11 @@ RunConfig build_run_config(const ArgState& a) {
   r.diffusion.sft = a.is_set("sft_data_path");
   if (m.attention_mask == AttentionMaskType::BlockCausal) {
     r.diffusion.block_size = a.i("dlm_block_size");
+    if (a.is_set("dlm_block_size_schedule")) {
+      const std::string bad = parse_block_size_schedule(a.strings("dlm_block_size_schedule"),
+                                                        r.diffusion.block_size_schedule);
+      MDLM_CHECK(bad.empty(), "--dlm-block-size-schedule: ", bad);
+    }
     m.block_diffusion_causal_clean = a.s("dlm_bd_clean_attention") == "causal";
     if (m.block_diffusion_causal_clean) {
       r.diffusion.ar_loss_weight = static_cast<float>(a.f("dlm_ar_loss_weight"));

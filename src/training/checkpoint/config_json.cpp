@@ -104,7 +104,8 @@ const std::vector<Field<DiffusionConfig>>& diffusion_fields() {
       MDLM_ENUM(d, mode, kMode), MDLM_FIELD(d, mask_token), MDLM_FIELD(d, varilen_prob),
       MDLM_ENUM(d, loss_weight, kWeight), MDLM_FIELD(d, min_masked), MDLM_FIELD(d, block_size),
       MDLM_ENUM(d, t_granularity, kGranularity), MDLM_FIELD(d, ar_loss_weight),
-      MDLM_FIELD(d, diffusion_loss_scale)};
+      MDLM_FIELD(d, diffusion_loss_scale), MDLM_FIELD(d, block_size_schedule),
+      MDLM_FIELD(d, adapted_from)};
   return f;
 }
 

@@ -59,6 +59,27 @@ TEST(RunConfigJson, RoundTripsEveryRecordedField) {
             std::string::npos);
 }
 
+TEST(RunConfigJson, RecordsTheBlockSizeScheduleAndTheAdaptation) {
+  RunConfig a = qwen3_like();
+  a.model.attention_mask = AttentionMaskType::BlockCausal;
+  a.diffusion.block_size = 16;
+  a.diffusion.block_size_schedule = {{1, 100}, {4, 300}};
+  a.diffusion.adapted_from = "vanilla (autoregressive, causal) (ck, iteration 40)";
+  const std::string text = run_config_to_json(a);
+  // The JSON spells the schedule as [size, until] pairs, as docs/finetuning.md shows it.
+  EXPECT_NE(text.find("\"block_size_schedule\": [\n      [\n        1,\n        100\n      ],"), std::string::npos) << text;
+  const RunConfig b = run_config_from_json(text, "test");
+  EXPECT_EQ(b.diffusion.block_size_schedule, a.diffusion.block_size_schedule);
+  EXPECT_EQ(b.diffusion.adapted_from, a.diffusion.adapted_from);
+  EXPECT_EQ(b.diffusion.block_size_at(99), 1);
+  EXPECT_EQ(b.diffusion.block_size_at(100), 4);
+  EXPECT_EQ(b.diffusion.block_size_at(300), 16);
+  // A checkpoint written before the schedule existed reads as "no schedule".
+  const RunConfig old = run_config_from_json(run_config_to_json(qwen3_like()), "test");
+  EXPECT_TRUE(old.diffusion.block_size_schedule.empty());
+  EXPECT_TRUE(old.diffusion.adapted_from.empty());
+}
+
 TEST(RunConfigJson, ReportsDifferencesByFlagName) {
   const RunConfig saved = qwen3_like();
   RunConfig now = saved;

@@ -187,3 +187,23 @@ TEST(BlockDiffusionBatch, TheFullSequenceObjectiveIsUnchanged) {
   for (uint8_t m : mb.noise_mask) masked += m;
   EXPECT_GT(masked, 0);
 }
+
+// The block-size warm-up changes only the micro-batch: at each iteration the rows hold the
+// schedule's blocks. Independent reference: block j of size B spans [B*floor(j/B), +B).
+TEST(BlockDiffusionBatch, TheWarmUpScheduleSetsEachIterationsBlocks) {
+  DiffusionConfig c = bd(8);
+  c.block_size_schedule = {{1, 3}, {2, 5}, {4, 9}};
+  const int64_t L = 16;
+  const auto samples = make_samples(1, L);
+  const int64_t want[] = {1, 1, 1, 2, 2, 4, 4, 4, 4, 8, 8};
+  for (int64_t it = 0; it < 11; ++it) {
+    DiffusionConfig at = c;
+    at.block_size = c.block_size_at(it);
+    ASSERT_EQ(at.block_size, want[it]) << "iteration " << it;
+    const HostMicroBatch mb = build_micro_batch(samples, 0, at, BatchContext{});
+    for (int64_t j = 0; j < L; ++j) {
+      EXPECT_EQ(mb.block_ranges[static_cast<size_t>(2 * L + j)], j / want[it] * want[it]) << it << " " << j;
+      EXPECT_EQ(mb.block_ranges[static_cast<size_t>(3 * L + j)], j / want[it] * want[it] + want[it]) << it << " " << j;
+    }
+  }
+}

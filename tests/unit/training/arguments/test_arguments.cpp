@@ -922,6 +922,28 @@ std::vector<Row> rows() {
        }},
       {"D-11", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8"}), O::Rejected,
        {"block diffusion's attention kernels run without attention dropout; got `--attention-dropout 0.1`; valid: `--attention-dropout 0` [D-11]"}},
+      {"D-12", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "2:10", "1:20"}), O::Rejected,
+       {"`--dlm-block-size-schedule 2:10 1:20`: entry 1:20 does not grow: sizes and iterations must both increase from one entry to the next [D-12]"}},
+      {"D-12/final", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "8:10"}), O::Rejected,
+       {"entry 8:10 is not smaller than the final `--dlm-block-size 8`; valid: sizes below it [D-12]"}},
+      {"D-12/divides", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "3:10"}), O::Rejected,
+       {"block size 3 does not divide `--seq-length 32`; valid: divisors of 32 [D-12]"}},
+      {"D-12/syntax", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "4@10"}), O::Rejected,
+       {"entry '4@10' is not SIZE:ITER", "[D-12]"}},
+      {"D-12/no-block", cmd({"--dlm-block-size-schedule", "4:10"}), O::Rejected,
+       {"needs `--attention-mask-type block_causal` with `--dlm-block-size` [D-12]"}},
+      {"D-12-ok", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "1:10", "4:30"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         const auto& d = p.config.diffusion;
+         EXPECT_EQ(d.block_size_schedule, (std::vector<std::pair<int64_t, int64_t>>{{1, 10}, {4, 30}}));
+         // Iterations are counted as completed ones: steps 1..10 use 1, 11..30 use 4, then 8.
+         EXPECT_EQ(d.block_size_at(0), 1);
+         EXPECT_EQ(d.block_size_at(9), 1);
+         EXPECT_EQ(d.block_size_at(10), 4);
+         EXPECT_EQ(d.block_size_at(29), 4);
+         EXPECT_EQ(d.block_size_at(30), 8);
+         EXPECT_EQ(d.block_size_at(1000), 8);
+       }},
       {"D-3", cmd({"--transformer-impl", "local"}), O::Rejected, {"`--transformer-impl local`", "[D-3]"}},
       {"D-4", cmd({"--mask-token", "128"}), O::Rejected,
        {"`--mask-token 128` is outside the padded vocabulary of 128", "valid: 0 to 127 [D-4]"}},
