@@ -672,7 +672,7 @@ std::vector<OpBench> all_benches() {
   for (auto&& group : {gemm_benches(), norm_benches(), rope_benches(), activation_benches(),
                        cross_entropy_benches(), cross_entropy_shard_benches(), optimizer_benches(),
                        embedding_benches(), elementwise_benches(), attention_benches(), fused_benches(),
-                       context_parallel_benches(), moe_benches()})
+                       context_parallel_benches(), moe_benches(), fp8_benches()})
     all.insert(all.end(), group.begin(), group.end());
   return all;
 }

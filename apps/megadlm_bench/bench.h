@@ -72,5 +72,6 @@ std::vector<OpBench> attention_benches();
 std::vector<OpBench> fused_benches();
 std::vector<OpBench> context_parallel_benches();
 std::vector<OpBench> moe_benches();
+std::vector<OpBench> fp8_benches();
 
 }  // namespace megadlm::bench

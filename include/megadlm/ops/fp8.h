@@ -7,14 +7,9 @@
 #include <cstdint>
 #include <span>
 #include <vector>
+#include "megadlm/ops/fp8_type.h"
 
 namespace megadlm::ops {
-
-/// An FP8 storage format (1 sign bit).
-enum class Fp8Type {
-  E4M3,  ///< 4 exponent bits (bias 7), 3 mantissa bits; max 448; no infinities; NaN = S.1111.111
-  E5M2,  ///< 5 exponent bits (bias 15), 2 mantissa bits; max 57344; inf = S.11111.00
-};
 
 /// Largest finite value: 448 (e4m3) or 57344 (e5m2).
 float fp8_max(Fp8Type type);

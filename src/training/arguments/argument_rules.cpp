@@ -2,7 +2,7 @@
 // built from them; the parallel-layout and batch rules are in parallel_rules.cpp. Every rule
 // reports into Diagnostics with its id, nothing stops at the first problem. Ids: V-* validate_args,
 // B-* micro-batch calculator, C-* config dataclasses, G-* process groups, R-* runtime pre-checks,
-// D-* DiffLM, and megadlm's own:
+// D-* DiffLM, FP8-* FP8/FP4 precision (check_fp8), and megadlm's own:
 //   M-1 --world-size only with --dry-run          M-9  --lr required
 //   M-2 sizes and hyper-parameters in range        M-10 a data source required
 //   M-3 --device cuda needs --bf16 (not yet)       M-11 --vocab-size required

@@ -1,0 +1,121 @@
+// FP8 GEMM rows of `megadlm_bench ops`: the 1.7B model's linear GEMMs (forward, data gradient,
+// weight gradient) through the cuBLASLt FP8 GEMM in the TN layout Hopper requires, plus an 8192^3
+// product for the FP8 peak. Each row is first checked against the CPU emulation
+// (ops::fp8_gemm_reference) on a small product with the same formats and output dtype.
+// Timed: the GEMM alone, on codes already quantized (quantization is a separate kernel). The
+// percentage column is of the bf16 ceiling like every matrix row, so FP8 rows can exceed 100 %.
+// These rows call the internal CUDA entry points (src/ops/cuda/fp8_cuda.h) because megadlm has
+// no FP8 tensor dtype for a public ops:: call yet.
+#include <cstring>
+#include <string>
+#include <vector>
+#include "megadlm/core/error.h"
+#include "megadlm/ops/fp8.h"
+#include "megadlm_bench/bench.h"
+#if MEGADLM_WITH_CUDA
+#include "ops/cuda/fp8_cuda.h"
+#endif
+
+namespace megadlm::bench {
+
+#if MEGADLM_WITH_CUDA
+namespace {
+
+// cuBLASLt FP8 (fp32 D) vs the CPU emulation on the same codes: only accumulation differs
+// (tests/support/tolerances.h, kFp8GemmF32RelL2).
+constexpr double kTolFp8F32 = 1e-3;
+
+struct Fp8Shape {
+  std::string name;
+  int64_t m, n, k;         // d[n, m] = a[m, k] · b[n, k]ᵀ
+  ops::Fp8Type type_b;     // hybrid: gradients (dgrad's and wgrad's b) in e5m2
+  DType out;
+};
+
+/// Host codes in a device buffer (an i32 tensor: there is no byte dtype yet).
+Tensor device_codes(const std::vector<uint8_t>& codes, const Stream& s) {
+  std::vector<int32_t> words((codes.size() + 3) / 4, 0);
+  std::memcpy(words.data(), codes.data(), codes.size());
+  return device_ints(words, s);
+}
+
+/// Device codes of random values quantized on the device with their current scale.
+Tensor random_codes(int64_t rows, int64_t cols, ops::Fp8Type type, const Stream& s) {
+  Tensor x = random_device({rows, cols}, DType::BF16, s);
+  Tensor codes = Tensor::empty({(rows * cols + 3) / 4}, DType::I32, s);
+  Tensor scale = Tensor::from_floats({ops::fp8_max(type)}, {1}).to(s.device(), s);
+  Tensor amax = Tensor::from_floats({0.0f}, {1}).to(s.device(), s);
+  ops::cuda::fp8_quantize(x, static_cast<const float*>(scale.data_ptr()), type,
+                          static_cast<uint8_t*>(codes.data_ptr()), nullptr,
+                          static_cast<float*>(amax.data_ptr()), s);
+  return codes;
+}
+
+const char* type_name(ops::Fp8Type t) { return t == ops::Fp8Type::E4M3 ? "e4m3" : "e5m2"; }
+
+OpBench fp8_gemm_bench(const Fp8Shape& g) {
+  OpBench b;
+  b.name = "fp8_gemm_" + g.name;
+  b.shape = detail::concat(g.m, "x", g.n, "x", g.k, " TN e4m3x", type_name(g.type_b), "->",
+                           dtype_name(g.out));
+  b.flops = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k);
+  b.check = [g](const Stream& s) {
+    const int64_t m = 192, n = 320, k = 256;
+    const std::vector<float> a = bf16_values(m * k, -0.1f, 0.1f), bb = bf16_values(n * k, -2.0f, 2.0f);
+    const float sa = ops::fp8_current_scale(ops::fp8_amax(a), ops::fp8_max(ops::Fp8Type::E4M3));
+    const float sb = ops::fp8_current_scale(ops::fp8_amax(bb), ops::fp8_max(g.type_b));
+    std::vector<uint8_t> qa(a.size()), qb(bb.size());
+    ops::fp8_quantize(a, sa, ops::Fp8Type::E4M3, qa);
+    ops::fp8_quantize(bb, sb, g.type_b, qb);
+    Tensor qa_d = device_codes(qa, s), qb_d = device_codes(qb, s);
+    Tensor inv = Tensor::from_floats({1.0f / sa, 1.0f / sb}, {2}).to(s.device(), s);
+    Tensor d = Tensor::empty({n, m}, g.out, s);
+    const float* inv_p = static_cast<const float*>(inv.data_ptr());
+    ops::cuda::fp8_gemm(static_cast<const uint8_t*>(qa_d.data_ptr()), ops::Fp8Type::E4M3, inv_p,
+                        static_cast<const uint8_t*>(qb_d.data_ptr()), g.type_b, inv_p + 1, m, n, k,
+                        1.0f, d, s);
+    std::vector<float> ref(static_cast<size_t>(m * n));
+    ops::fp8_gemm_reference(qa, ops::Fp8Type::E4M3, 1.0f / sa, qb, g.type_b, 1.0f / sb, m, n, k, 1.0f, ref);
+    Check r;
+    r.add(rel_err(d, Tensor::from_floats(ref, {n, m}), s), g.out == DType::BF16 ? kTolBf16 : kTolFp8F32);
+    return r;
+  };
+  b.setup = [g](const Stream& s) -> std::function<void()> {
+    Tensor a = random_codes(g.m, g.k, ops::Fp8Type::E4M3, s);
+    Tensor bb = random_codes(g.n, g.k, g.type_b, s);
+    Tensor inv = Tensor::from_floats({1.0f, 1.0f}, {2}).to(s.device(), s);
+    Tensor d = Tensor::empty({g.n, g.m}, g.out, s);
+    return [a, bb, inv, d, g, &s]() mutable {
+      const float* inv_p = static_cast<const float*>(inv.data_ptr());
+      ops::cuda::fp8_gemm(static_cast<const uint8_t*>(a.data_ptr()), ops::Fp8Type::E4M3, inv_p,
+                          static_cast<const uint8_t*>(bb.data_ptr()), g.type_b, inv_p + 1, g.m, g.n,
+                          g.k, 1.0f, d, s);
+    };
+  };
+  return b;
+}
+
+}  // namespace
+#endif
+
+std::vector<OpBench> fp8_benches() {
+  std::vector<OpBench> out;
+#if MEGADLM_WITH_CUDA
+  const int64_t T = kTokens, H = kHidden, QKV = 3 * kHidden, F1 = 2 * kFfn, F2 = kFfn;
+  using ops::Fp8Type;
+  // Linear [out, in], y = x wᵀ. fprop: a = w [out, in], b = x [T, in]; dgrad: a = wᵀ [in, out],
+  // b = dy [T, out]; wgrad: a = xᵀ [in, T], b = dyᵀ [out, T], d = dw [out, in] in fp32.
+  struct Linear { const char* name; int64_t out, in; };
+  const Linear linears[] = {{"qkv", QKV, H}, {"proj", H, H}, {"fc1", F1, H}, {"fc2", H, F2}};
+  for (const Linear& l : linears) {
+    const std::string n = l.name;
+    out.push_back(fp8_gemm_bench({n + "_fwd", l.out, T, l.in, Fp8Type::E4M3, DType::BF16}));
+    out.push_back(fp8_gemm_bench({n + "_dgrad", l.in, T, l.out, Fp8Type::E5M2, DType::BF16}));
+    out.push_back(fp8_gemm_bench({n + "_wgrad", l.in, l.out, T, Fp8Type::E5M2, DType::F32}));
+  }
+  out.push_back(fp8_gemm_bench({"square_8192", 8192, 8192, 8192, Fp8Type::E4M3, DType::BF16}));
+#endif
+  return out;
+}
+
+}  // namespace megadlm::bench

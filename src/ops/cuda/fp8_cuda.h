@@ -1,0 +1,31 @@
+// Internal: the CUDA FP8 kernels and the cuBLASLt FP8 GEMM, on raw device buffers of FP8 codes
+// (megadlm has no FP8 tensor dtype yet; docs/fp8.md). They round exactly as the host reference of
+// include/megadlm/ops/fp8.h (both use ops/fp8_math.h), which the parity tests check bit for bit.
+// Built only with CUDA; callers guard on MEGADLM_WITH_CUDA.
+#pragma once
+#include <cstdint>
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/ops/fp8_type.h"
+
+namespace megadlm::ops::cuda {
+
+/// One pass over x (f32 or bf16, contiguous, on the stream's device; [rows, cols] = its 2-D
+/// view): codes[i] = encode(x[i] · *scale) when `codes` is not null, and, when `codes_t` is not
+/// null, the transposed codes codes_t[c·rows + r] = encode(x[r, c] · *scale) (the column-wise copy
+/// the weight-gradient GEMM reads in the TN layout). *amax is raised to max |x| (NaNs ignored):
+/// it accumulates, so zero it before the first call of a step. scale, amax: device floats.
+void fp8_quantize(const Tensor& x, const float* scale, Fp8Type type, uint8_t* codes,
+                  uint8_t* codes_t, float* amax, const Stream& stream);
+
+/// cuBLASLt FP8 GEMM in the TN layout with fp32 accumulation:
+///   d[n, m] = alpha · (*scale_inv_a) · (*scale_inv_b) · Σ_k a[m, k] · b[n, k]
+/// a: [m, k] codes, b: [n, k] codes (device; k contiguous), scale_inv_*: device floats (the
+/// dequantization factors), d: [n, m] f32 or bf16 tensor (written, not accumulated).
+/// e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3; m and k multiples of 16 (FP8 tensor cores).
+/// Throws naming the combination when cuBLASLt has no algorithm for it.
+void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
+              Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
+              float alpha, Tensor& d, const Stream& stream);
+
+}  // namespace megadlm::ops::cuda
