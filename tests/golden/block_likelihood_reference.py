@@ -22,7 +22,8 @@ into S+1-token samples scores its tokens 1..S (L = S); block k draws t_k = unifo
 (inv_t_eps), token i is masked iff uniform_from_u32(philox((i, 2, g lo, g hi)).w0) < p_{blk(i)},
 at least one token masked (fallback counters (k, 3, g lo, g hi)); ELBO per token =
 sum over masked i of CE_i / p_{blk(i)} over all tokens, each block's CE from the inference-time
-form above ([clean blocks < k ; noisy block k]).
+form above ([clean blocks < k ; noisy block k]). With --clean causal also the clean stream's
+exact next-token NLL per token (a plain causal forward of the sample).
 
 Block greedy decoding (for is_greedy): from the context, block by block at absolute multiples of
 B, each block's answer positions start masked and every step commits the single most confident
@@ -140,7 +141,17 @@ def elbo(model, stream, a):
                 total += float(np.sum(-lp[pos, clean[pos]])) / p[b]
             tokens += seq
         per_draw.append(total / tokens)
-    return {"elbo_per_token": float(np.mean(per_draw)), "per_draw": per_draw, "samples": samples}
+    out = {"elbo_per_token": float(np.mean(per_draw)), "per_draw": per_draw, "samples": samples}
+    if a.clean == "causal":  # the causal clean stream's exact next-token NLL (tokens 2..S given the rest)
+        nll, count = 0.0, 0
+        for g in range(samples):
+            clean = np.array(stream[g * seq + 1:g * seq + seq + 1], dtype=np.int64)
+            causal = np.tril(np.ones((seq, seq), dtype=bool))
+            lp = log_softmax64(model.logits(clean, allow=causal))
+            nll += float(-np.sum(lp[np.arange(seq - 1), clean[1:]]))
+            count += seq - 1
+        out["ar_nll_per_token"] = nll / count
+    return out
 
 
 def greedy(model, prompt, a):
