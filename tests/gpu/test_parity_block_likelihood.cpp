@@ -1,7 +1,7 @@
 // Block-diffusion likelihood estimators (diffusion/likelihood.h) on CUDA against the CPU: the same
 // bf16-representable weights in a bf16 CUDA model and an f32 CPU model with the block-diffusion
 // attention (block-causal clean half, and causal), the doubled [x_t | x_0] rows with block size
-// 8: the block ELBO of three 24-token samples, and log p(answer | context) of requests whose
+// 8: the block ELBO of three 24-token samples (and the causal clean half's AR NLL), and log p(answer | context) of requests whose
 // answers lie inside one block, across three and in a ragged last block. The Monte-Carlo draws are
 // the same on both sides (host Philox), so only the forward differs: bf16 activations and logits.
 // Bound (stated, per number): |gpu - cpu| <= 0.02 * |cpu| + 0.01 * (scored tokens per row) for
@@ -102,12 +102,21 @@ TEST(BlockLikelihoodParity, ElboAndLoglikelihoodMatchTheCpu) {
     dc.varilen_prob = 0;
     dc.block_size = 8;
     dc.loss_weight = DlmLossWeight::InvTEps;
+    if (causal) dc.ar_loss_weight = 1.0f;  // a causal clean half: its exact AR NLL too
     const ElboResult ec = monte_carlo_elbo(cpu, samples, 0, dc, 17, 2);
     const ElboResult eg = monte_carlo_elbo(gpu, samples, 0, dc, 17, 2);
     std::printf("[parity] BlockLikelihoodParity %s: ELBO cpu %.6f gpu %.6f (diff %.2e)\n", tag.c_str(),
                 ec.per_token(), eg.per_token(), eg.per_token() - ec.per_token());
     EXPECT_EQ(eg.tokens, ec.tokens);
     EXPECT_LE(std::abs(eg.per_token() - ec.per_token()), 0.02 * ec.per_token()) << tag;
+    EXPECT_EQ(eg.ar_tokens, ec.ar_tokens);
+    if (causal) {
+      ASSERT_EQ(ec.ar_tokens, 3.0 * 23);
+      const double ac = ec.ar_nll_sum / ec.ar_tokens, ag = eg.ar_nll_sum / eg.ar_tokens;
+      std::printf("[parity] BlockLikelihoodParity %s: AR NLL cpu %.6f gpu %.6f (diff %.2e)\n", tag.c_str(), ac, ag,
+                  ag - ac);
+      EXPECT_LE(std::abs(ag - ac), 0.02 * ac) << tag;
+    }
     // log p(answer | context).
     const std::vector<LikelihoodRequest> reqs = {
         {{5, 17, 33, 2, 9}, {14, 61, 7}, 0},                                   // inside block 0
