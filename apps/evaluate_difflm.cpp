@@ -193,6 +193,10 @@ json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, co
     for (int64_t d = 0; d < draws; ++d) {
       const ElboResult r = monte_carlo_elbo(model, batch, first, cfg.diffusion, seed + static_cast<uint64_t>(d), 1);
       total.nll_sum += r.nll_sum;
+      if (d == 0) {  // the same for every draw (the clean half never sees the noise)
+        total.ar_nll_sum += r.ar_nll_sum;
+        total.ar_tokens += r.ar_tokens;
+      }
       total.tokens += r.tokens;
       total.per_draw[static_cast<size_t>(d)] += r.nll_sum;
       draw_tokens[static_cast<size_t>(d)] += r.tokens;
@@ -210,6 +214,10 @@ json run_elbo(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, co
   s["per_draw"] = total.per_draw;
   s["loss_weight"] = dlm_loss_weight_name(cfg.diffusion.loss_weight);
   if (cfg.diffusion.block_diffusion()) s["block_size"] = cfg.diffusion.block_size;
+  if (total.ar_tokens > 0) {  // the causal clean half's exact autoregressive NLL
+    s["ar_nll_per_token"] = total.ar_nll_sum / total.ar_tokens;
+    s["ar_tokens"] = total.ar_tokens;
+  }
   add_rate(s, static_cast<double>(samples), t0);
   out.write(s);
   return s;
@@ -410,6 +418,19 @@ bool harness_request_of(const json& j, const data::Tokenizer* tok, HarnessReques
   return true;
 }
 
+/// The sampler's settings for a generate_until request (docs/evaluation.md).
+SamplerConfig harness_sampler_config(const HarnessRequest& h, int64_t block_length, const LikelihoodConfig& lc,
+                                     const data::Tokenizer& tok) {
+  SamplerConfig sc;
+  sc.gen_length = sc.steps = h.max_gen_toks;  // one token a step: the reference's setting
+  sc.block_length = block_length > 0 ? block_length : h.max_gen_toks;
+  sc.mask_token = lc.mask_token;
+  sc.seed = lc.seed;
+  sc.eos_token = tok.eod() != lc.mask_token ? tok.eod() : -1;
+  sc.stop_at_eos = sc.eos_token >= 0;
+  return sc;
+}
+
 json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, const data::Tokenizer* tok,
                  const LikelihoodConfig& lc, std::vector<std::string>& errors, apps::JsonlOutput& out) {
   if (!cli.has("--requests-jsonl")) errors.push_back("--task harness needs `--requests-jsonl FILE`");
@@ -426,6 +447,17 @@ json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg,
       errors.push_back(where + ": " + e.what());
     }
     h.ll.index = static_cast<int64_t>(reqs.size());
+    if (h.type == "generate_until" && !cfg.diffusion.block_diffusion() && error.empty() && tok != nullptr &&
+        block_length >= 0 &&
+        (block_length == 0 || h.max_gen_toks % block_length == 0)) {
+      const SamplerConfig sc = harness_sampler_config(h, block_length, lc, *tok);
+      for (const std::string& p : request_problems({{h.prompt, static_cast<int64_t>(reqs.size())}}, sc,
+                                                   model.input_vocab_size(), model.max_positions())) {
+        std::string msg = p;  // the sampler names its flag; here it is the request's max_gen_toks
+        for (size_t at; (at = msg.find("`--gen-length")) != std::string::npos;) msg.replace(at, 13, "`max_gen_toks");
+        errors.push_back(where + ": " + msg);
+      }
+    }
     if (h.type == "generate_until") {
       const std::string refusal = bd_generate_until_refusal(cfg);
       if (!refusal.empty()) errors.push_back(where + ": " + refusal);
@@ -454,13 +486,7 @@ json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg,
       j["standard_error"] = res.standard_error;
       ++n_ll;
     } else {
-      SamplerConfig sc;
-      sc.gen_length = sc.steps = h.max_gen_toks;  // one token a step: the reference's setting
-      sc.block_length = block_length > 0 ? block_length : h.max_gen_toks;
-      sc.mask_token = lc.mask_token;
-      sc.seed = lc.seed;
-      sc.eos_token = tok->eod() != lc.mask_token ? tok->eod() : -1;
-      sc.stop_at_eos = sc.eos_token >= 0;
+      const SamplerConfig sc = harness_sampler_config(h, block_length, lc, *tok);
       const std::vector<GenerationResult> r = generate(model, {{h.prompt, static_cast<int64_t>(i)}}, sc);
       std::vector<int32_t> ids = r[0].tokens;
       if (sc.eos_token >= 0) ids.erase(std::find(ids.begin(), ids.end(), static_cast<int32_t>(sc.eos_token)), ids.end());

@@ -333,9 +333,21 @@ ElboResult monte_carlo_elbo(LogitsModel& model, const std::vector<std::vector<in
       targets.push_back(mb.labels[k]);
       weight.push_back(mb.loss_weights[k]);
     }
+    // A causal clean half (trained with the next-token loss): its exact autoregressive NLL, in
+    // the same forward (the clean half never sees the noise: once, with draw 0).
+    const size_t diffusion_rows = rows.size();
+    const bool ar = d == 0 && diffusion.block_diffusion() && diffusion.ar_loss_weight > 0.0f;
+    const int64_t L = mb.seq / 2;
+    for (int64_t b = 0; ar && b < mb.batch; ++b)
+      for (int64_t i = 0; i + 1 < L; ++i) {  // clean copy of position i predicts token i + 1
+        rows.push_back(static_cast<int32_t>(b * 2 * L + L + i));
+        targets.push_back(samples[static_cast<size_t>(b)][static_cast<size_t>(i + 2)]);
+      }
     const std::vector<double> ce = token_losses(model, c, rows, targets, 0.0);
     double sum = 0;
-    for (size_t k = 0; k < ce.size(); ++k) sum += ce[k] * weight[k];
+    for (size_t k = 0; k < diffusion_rows; ++k) sum += ce[k] * weight[k];
+    for (size_t k = diffusion_rows; k < ce.size(); ++k) out.ar_nll_sum += ce[k];
+    out.ar_tokens += static_cast<double>(ce.size() - diffusion_rows);
     out.nll_sum += sum;
     out.tokens += mb.loss_tokens;
     out.per_draw.push_back(mb.loss_tokens > 0 ? sum / mb.loss_tokens : 0.0);

@@ -6,7 +6,8 @@
 # its next-token loss (configs/tiny_dlm.args, --dlm-block-size 8, two training steps on the CPU),
 # equal within 2e-5 (fp32 forward against float64); the reference of the other clean-half rule
 # differs (the mask matters); multiple-choice scores are the reference's log-likelihoods;
-# examples/s reported; guidance refused by flag.
+# is_greedy is the reference's block-by-block greedy decoding; examples/s reported; guidance
+# refused by flag.
 set -euo pipefail
 source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
@@ -77,6 +78,12 @@ import json, sys
 a, b = json.load(open("elbo.json")), json.load(open("elbo_ref.json"))
 worst = max(abs(x - y) for x, y in zip(a["per_draw"] + [a["elbo_per_token"]], b["per_draw"] + [b["elbo_per_token"]]))
 print(f"{sys.argv[1]} elbo: {a['elbo_per_token']:.6f}, largest difference {worst:.2e}, {a['examples_per_second']:.0f} samples/s")
+if "ar_nll_per_token" in b:  # the causal clean half: its exact autoregressive NLL too
+    d = abs(a["ar_nll_per_token"] - b["ar_nll_per_token"])
+    print(f"{sys.argv[1]} ar_nll_per_token: {a['ar_nll_per_token']:.6f}, difference {d:.2e}")
+    worst = max(worst, d) if a["ar_tokens"] == 3 * 15 else 1.0
+elif "ar_nll_per_token" in a:
+    worst = 1.0
 sys.exit(0 if a["samples"] == b["samples"] == 3 and a["block_size"] == 8 and worst <= 1e-5 else 1)
 P
 done
@@ -108,6 +115,26 @@ print(f"multiple choice: {len(got)} choices, largest difference {worst:.2e}, acc
       f"{s['examples_per_second']:.0f} documents/s")
 sys.exit(0 if len(got) == len(want) == 5 and worst <= 2e-5 and s["acc"] == acc and s["documents"] == 2 else 1)
 P
+# is_greedy (--check-greedy): true exactly for the continuation the reference's block-by-block
+# greedy decoding gives (12 tokens after a 5-token context: answer blocks of 3, 8 and 1 tokens),
+# false when its first or its last token is changed.
+echo '{"prompt_ids": [5, 17, 33, 2, 90]}' > gp.jsonl
+for model in bd:block_causal bdc:causal; do
+  ck=${model%%:*} clean=${model##*:}
+  "$PY" "$bref" greedy --model "hf_$ck" --prompts-jsonl gp.jsonl --gen-length 12 --mask-id 127 --block-size 8 \
+    --clean "$clean" | tail -1 > greedy.json
+  "$PY" -c "
+import json
+g = json.load(open('greedy.json'))['token_ids']
+for c in (g, [(g[0] + 1) % 120] + g[1:], g[:-1] + [(g[-1] + 1) % 120]):
+    print(json.dumps({'context_ids': [5, 17, 33, 2, 90], 'continuation_ids': c}))" > greedy_requests.jsonl
+  "$bin/evaluate_difflm" --load "$ck" --task loglik --requests-jsonl greedy_requests.jsonl --mc-num 4 \
+    --mc-batch-size 4 --check-greedy --device cpu --output greedy_out.jsonl 2> eval.err || { cat eval.err; exit 1; }
+  [ "$("$PY" -c "import json; print([json.loads(l)['is_greedy'] for l in open('greedy_out.jsonl')])")" = \
+    "[True, False, False]" ] || { echo "FAIL: $ck: is_greedy is not the reference's block greedy decoding";
+    cat greedy.json greedy_out.jsonl; exit 1; }
+  echo "$ck is_greedy: the reference's greedy continuation $(cat greedy.json) reproduced"
+done
 set +e
 "$bin/evaluate_difflm" --load bd --task loglik --requests-jsonl requests.jsonl --mc-num 4 --mc-batch-size 4 \
   --cfg-scale 1.0 --device cpu > bad.out 2>&1

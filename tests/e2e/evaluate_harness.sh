@@ -122,4 +122,6 @@ echo '{"request_type": "generate_until", "arguments": ["5", {"until": [], "max_g
 "$bin/evaluate_difflm" --load ckpt --task harness --requests-jsonl bad2.jsonl --tokenizer-type NullTokenizer \
   --block-length 4 --device cpu > bad.out 2>&1 && { echo "FAIL: max_gen_toks 6 with --block-length 4 accepted"; exit 1; }
 grep -qF '"max_gen_toks": 6 is not a multiple of `--block-length 4`' bad.out || { cat bad.out; exit 1; }
+echo '{"request_type": "generate_until", "arguments": ["5 17 33", {"until": [], "max_gen_toks": 64}]}' > long.jsonl
+refuse long.jsonl 'request 0: prompt 0 (3 tokens) plus `max_gen_toks 64` needs 67 positions; the model has 64' ckpt
 echo "PASS: harness requests equal the references; BD generate_until and bad requests refused"

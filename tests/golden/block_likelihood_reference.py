@@ -22,9 +22,17 @@ into S+1-token samples scores its tokens 1..S (L = S); block k draws t_k = unifo
 (inv_t_eps), token i is masked iff uniform_from_u32(philox((i, 2, g lo, g hi)).w0) < p_{blk(i)},
 at least one token masked (fallback counters (k, 3, g lo, g hi)); ELBO per token =
 sum over masked i of CE_i / p_{blk(i)} over all tokens, each block's CE from the inference-time
-form above ([clean blocks < k ; noisy block k]).
+form above ([clean blocks < k ; noisy block k]). With --clean causal also the clean stream's
+exact next-token NLL per token (a plain causal forward of the sample).
+
+Block greedy decoding (for is_greedy): from the context, block by block at absolute multiples of
+B, each block's answer positions start masked and every step commits the single most confident
+masked position (probability of its argmax; lower position on ties) from the forward of
+[decoded prefix ; the block], until the block is full; then the next block.
 
 usage:
+  block_likelihood_reference.py greedy --model HF_DIR --prompts-jsonl F --gen-length G --mask-id M
+      --block-size B [--clean causal|block_causal]     (prints {"index", "token_ids"} per prompt)
   block_likelihood_reference.py elbo --model HF_DIR --text-jsonl F --eod E --seq-length S
       --mask-id M --block-size B [--seed S] [--draws D] [--clean causal|block_causal]
   block_likelihood_reference.py loglik --model HF_DIR --requests-jsonl F --output F --mask-id M
@@ -133,12 +141,49 @@ def elbo(model, stream, a):
                 total += float(np.sum(-lp[pos, clean[pos]])) / p[b]
             tokens += seq
         per_draw.append(total / tokens)
-    return {"elbo_per_token": float(np.mean(per_draw)), "per_draw": per_draw, "samples": samples}
+    out = {"elbo_per_token": float(np.mean(per_draw)), "per_draw": per_draw, "samples": samples}
+    if a.clean == "causal":  # the causal clean stream's exact next-token NLL (tokens 2..S given the rest)
+        nll, count = 0.0, 0
+        for g in range(samples):
+            clean = np.array(stream[g * seq + 1:g * seq + seq + 1], dtype=np.int64)
+            causal = np.tril(np.ones((seq, seq), dtype=bool))
+            lp = log_softmax64(model.logits(clean, allow=causal))
+            nll += float(-np.sum(lp[np.arange(seq - 1), clean[1:]]))
+            count += seq - 1
+        out["ar_nll_per_token"] = nll / count
+    return out
+
+
+def greedy(model, prompt, a):
+    bs, lc = a.block_size, len(prompt)
+    x = list(prompt) + [a.mask_id] * a.gen_length
+    n = len(x)
+    s = lc
+    while s < n:
+        start = s // bs * bs
+        end = min(n, start + bs)
+        while any(t == a.mask_id for t in x[s:end]):
+            seq = np.array(x[:end], dtype=np.int64)
+            logits = model.logits(seq, allow=prefix_mask(end, bs, start, a.clean == "causal")).astype(np.float64)
+            best, best_conf, best_tok = -1, -1.0, 0
+            for i in range(s, end):
+                if x[i] != a.mask_id:
+                    continue
+                l = logits[i]
+                e = np.exp(l - l.max())
+                conf = 1.0 / e.sum()  # probability of the argmax
+                if conf > best_conf:
+                    best, best_conf, best_tok = i, conf, int(np.argmax(l))
+            x[best] = best_tok
+        s = end
+    return x[lc:]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=["loglik", "elbo"])
+    ap.add_argument("mode", choices=["loglik", "elbo", "greedy"])
+    ap.add_argument("--prompts-jsonl")
+    ap.add_argument("--gen-length", type=int)
     ap.add_argument("--text-jsonl")
     ap.add_argument("--eod", type=int, default=-1)
     ap.add_argument("--seq-length", type=int)
@@ -157,6 +202,12 @@ def main():
     selftest()
     model = QwenModel(a.model)
     out = open(a.output, "w") if a.output else sys.stdout
+    if a.mode == "greedy":
+        with open(a.prompts_jsonl) as f:
+            prompts = [json.loads(line)["prompt_ids"] for line in f if line.strip()]
+        for i, p in enumerate(prompts):
+            out.write(json.dumps({"index": i, "token_ids": greedy(model, p, a)}) + "\n")
+        return
     if a.mode == "elbo":  # NullTokenizer text: whitespace-separated ids, the EOD after each line
         stream = []
         with open(a.text_jsonl) as f:

@@ -88,6 +88,9 @@ struct ElboResult {
   double nll_sum = 0;               ///< sum over draws and tokens of loss weight * CE
   double tokens = 0;                ///< loss tokens over all draws (the normaliser)
   std::vector<double> per_draw;     ///< ELBO per token of each draw
+  /// Block diffusion with a causal clean half (--dlm-ar-loss-weight > 0): the clean half's exact
+  /// next-token NLL (tokens 2..S of each sample given the ones before), summed, and its count.
+  double ar_nll_sum = 0, ar_tokens = 0;
   double per_token() const { return tokens > 0 ? nll_sum / tokens : 0.0; }
 };
 

@@ -1,6 +1,6 @@
 // Block-diffusion likelihood estimators (diffusion/likelihood.h): the ELBO is training's doubled
 // [x_t | x_0] forward of the same samples and noise, the diffusion term alone (the causal clean
-// half's next-token loss excluded); the block estimator with one block holding the whole answer
+// half's next-token loss excluded, and reported apart as the exact AR NLL); the block estimator with one block holding the whole answer
 // is exactly the full-sequence estimator (the same draws) of the same weights run
 // bidirectionally; its block ranges; refusals. The NumPy reference of several blocks is
 // tests/e2e/evaluate_block_diffusion.sh.
@@ -112,6 +112,17 @@ TEST(BlockLikelihoodElbo, OneDrawIsTrainingsDiffusionLossOfTheDoubledRows) {
       ModelRecord r2;
       model.forward(MicroBatch::upload(with_ar, rt.stream), r2, s2, 0.0f, rt);
       EXPECT_GT(std::abs(static_cast<double>(s2.data<float>()[0]) / with_ar.loss_tokens - e.per_token()), 1e-3);
+      // The exact next-token NLL of the clean half: training's AR term alone (diffusion scale 0).
+      DiffusionConfig ar_only = dc;
+      ar_only.diffusion_loss_scale = 0.0f;
+      const HostMicroBatch am = build_micro_batch(samples, 40, ar_only, ctx);
+      Tensor s3 = Tensor::zeros({1}, DType::F32, rt.stream);
+      ModelRecord r3;
+      model.forward(MicroBatch::upload(am, rt.stream), r3, s3, 0.0f, rt);
+      EXPECT_EQ(e.ar_tokens, 3.0 * (cfg.seq_length - 1));
+      EXPECT_NEAR(e.ar_nll_sum, static_cast<double>(s3.data<float>()[0]), 1e-5 * e.ar_nll_sum);
+    } else {
+      EXPECT_EQ(e.ar_tokens, 0.0);
     }
   }
 }
