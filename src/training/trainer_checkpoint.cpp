@@ -626,6 +626,23 @@ void Trainer::load_checkpoint_files() {
     msg += "\n(use the flags it was trained with, or add --use-checkpoint-args to take them from it)";
     MDLM_FAIL(msg);
   }
+  // The objective (running mode, attention mask, block diffusion's clean half). A resume
+  // continues one run, so it must train what the checkpoint trained; --finetune (Megatron's:
+  // weights only, iteration 0) may start another objective from its weights, e.g. an AR model
+  // adapted to block diffusion (docs/finetuning.md), and the new checkpoints record it.
+  if (saved) {
+    const std::string was = objective_description(*saved), now = objective_description(cfg_);
+    if (was != now && resume)
+      MDLM_FAIL("checkpoint ", *dir, " was trained with another objective: ", was, "; this run: ", now,
+                "\n(a resume continues the same objective; add --finetune to train the new "
+                "objective from its weights, starting at iteration 0: docs/finetuning.md)");
+    if (was != now) {
+      cfg_.diffusion.adapted_from = was + " (" + *dir + ", iteration " + std::to_string(st.iteration) + ")";
+      if (logging_rank()) log_ << " adapting the checkpoint's weights from " << was << " to " << now << std::endl;
+    } else if (cfg_.diffusion.adapted_from.empty()) {
+      cfg_.diffusion.adapted_from = saved->diffusion.adapted_from;  // keep the record on resumes
+    }
+  }
   // LR schedule (Megatron's OptimizerParamScheduler.check_and_set_): the flags must agree with
   // the checkpoint unless one of the two sources is chosen explicitly.
   if (resume && saved && !ck.override_opt_param_scheduler) {
@@ -647,23 +664,6 @@ void Trainer::load_checkpoint_files() {
     }
   }
 
-  // The objective (running mode, attention mask, block diffusion's clean half). A resume
-  // continues one run, so it must train what the checkpoint trained; --finetune (Megatron's:
-  // weights only, iteration 0) may start another objective from its weights, e.g. an AR model
-  // adapted to block diffusion (docs/finetuning.md), and the new checkpoints record it.
-  if (saved) {
-    const std::string was = objective_description(*saved), now = objective_description(cfg_);
-    if (was != now && resume)
-      MDLM_FAIL("checkpoint ", *dir, " was trained with another objective: ", was, "; this run: ", now,
-                "\n(a resume continues the same objective; add --finetune to train the new "
-                "objective from its weights, starting at iteration 0: docs/finetuning.md)");
-    if (was != now) {
-      cfg_.diffusion.adapted_from = was + " (" + *dir + ", iteration " + std::to_string(st.iteration) + ")";
-      if (logging_rank()) log_ << " adapting the checkpoint's weights from " << was << " to " << now << std::endl;
-    } else if (cfg_.diffusion.adapted_from.empty()) {
-      cfg_.diffusion.adapted_from = saved->diffusion.adapted_from;  // keep the record on resumes
-    }
-  }
   // The block-size warm-up: a resume continues the checkpoint's schedule (taken from it when the
   // flags give none); --finetune starts the flags' schedule at iteration 0.
   if (resume && saved && !saved->diffusion.block_size_schedule.empty()) {

@@ -192,7 +192,14 @@ std::string hf_config_json(const RunConfig& c, DType dtype) {
   j["sliding_window"] = nullptr;
   j["max_window_layers"] = m.num_layers;
   j["torch_dtype"] = hf_dtype_name(dtype);
-  j["megadlm"] = {{"attention", m.attention_mask == AttentionMaskType::NoMask ? "bidirectional" : "causal"},
+  const bool block = m.attention_mask == AttentionMaskType::BlockCausal;
+  if (block) {  // block diffusion: the block size and mask id at the top, as block models' configs carry them
+    j["block_size"] = c.diffusion.block_size;
+    j["mask_token_id"] = c.diffusion.mask_token;
+  }
+  j["megadlm"] = {{"attention", m.attention_mask == AttentionMaskType::NoMask ? "bidirectional"
+                                : block ? "block_causal" : "causal"},
+                  {"bd_clean_attention", m.block_diffusion_causal_clean ? "causal" : "block_causal"},
                   {"vocab_size", m.vocab_size},
                   {"mask_token_id", c.diffusion.mask_token},
                   {"model_running_mode", c.diffusion.mode == RunningMode::Vanilla ? "vanilla" : "difflm-noshift"},
@@ -267,11 +274,21 @@ RunConfig run_config_from_hf(const std::string& text, const std::string& where) 
       if (e.num_moe_layers() == 0) e.num_experts = 0;  // every layer dense: a plain Qwen3
     }
     c.diffusion.mask_token = -1;  // unknown unless recorded
+    // A block model's config (block_size > 0 at the top level): block diffusion with that block.
+    if (j.contains("block_size") && j.at("block_size").is_number_integer() && j.at("block_size").get<int64_t>() > 0) {
+      m.attention_mask = AttentionMaskType::BlockCausal;
+      c.diffusion.block_size = j.at("block_size").get<int64_t>();
+      c.diffusion.mask_token = j.value("mask_token_id", int64_t{-1});
+    }
     if (j.contains("megadlm") && j.at("megadlm").is_object()) {
       const json& x = j.at("megadlm");
       m.vocab_size = x.value("vocab_size", m.vocab_size);
-      m.attention_mask = x.value("attention", std::string("bidirectional")) == "causal" ? AttentionMaskType::Causal
-                                                                                       : AttentionMaskType::NoMask;
+      const std::string attention = x.value("attention", std::string("bidirectional"));
+      m.attention_mask = attention == "causal" ? AttentionMaskType::Causal
+                         : attention == "block_causal" ? AttentionMaskType::BlockCausal
+                                                       : AttentionMaskType::NoMask;
+      if (m.attention_mask == AttentionMaskType::BlockCausal)
+        m.block_diffusion_causal_clean = x.value("bd_clean_attention", std::string()) == "causal";
       c.diffusion.mask_token = x.value("mask_token_id", int64_t{-1});
       if (x.value("model_running_mode", std::string()) == "vanilla") c.diffusion.mode = RunningMode::Vanilla;
       m.seq_length = x.value("seq_length", m.seq_length);

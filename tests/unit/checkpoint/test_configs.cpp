@@ -3,6 +3,7 @@
 // real parser, and the Hugging Face name and config mapping (both directions, and the models
 // it must refuse, naming the flag or config field).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/huggingface.h"
@@ -78,6 +79,34 @@ TEST(RunConfigJson, RecordsTheBlockSizeScheduleAndTheAdaptation) {
   const RunConfig old = run_config_from_json(run_config_to_json(qwen3_like()), "test");
   EXPECT_TRUE(old.diffusion.block_size_schedule.empty());
   EXPECT_TRUE(old.diffusion.adapted_from.empty());
+}
+
+TEST(HuggingFace, BlockModelsCarryTheirBlockSizeBothWays) {
+  RunConfig a = qwen3_like();
+  a.model.attention_mask = AttentionMaskType::BlockCausal;
+  a.model.block_diffusion_causal_clean = true;
+  a.diffusion.block_size = 16;
+  const std::string text = hf_config_json(a, DType::BF16);
+  const nlohmann::json j = nlohmann::json::parse(text);
+  EXPECT_EQ(j.at("block_size").get<int64_t>(), 16);
+  EXPECT_EQ(j.at("mask_token_id").get<int64_t>(), 999);
+  const RunConfig b = run_config_from_hf(text, "config.json");
+  EXPECT_EQ(b.model.attention_mask, AttentionMaskType::BlockCausal);
+  EXPECT_TRUE(b.model.block_diffusion_causal_clean);
+  EXPECT_EQ(b.diffusion.block_size, 16);
+  EXPECT_EQ(b.diffusion.mask_token, 999);
+  // A block model's own config (Qwen3 architecture, block_size and mask_token_id at the top, no
+  // megadlm section): block diffusion with a block-causal clean half.
+  const RunConfig s = run_config_from_hf(R"({"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+      "vocab_size": 1024, "block_size": 4, "mask_token_id": 1000})", "config.json");
+  EXPECT_EQ(s.model.attention_mask, AttentionMaskType::BlockCausal);
+  EXPECT_FALSE(s.model.block_diffusion_causal_clean);
+  EXPECT_EQ(s.diffusion.block_size, 4);
+  EXPECT_EQ(s.diffusion.mask_token, 1000);
+  // Without block_size: the full-sequence model, as before.
+  EXPECT_EQ(run_config_from_hf(hf_config_json(qwen3_like(), DType::BF16), "c.json").model.attention_mask,
+            AttentionMaskType::NoMask);
 }
 
 TEST(RunConfigJson, ReportsDifferencesByFlagName) {
