@@ -5,6 +5,28 @@
 
 namespace megadlm {
 
+Fp8Settings fp8_settings(const RunConfig& cfg) {
+  const Fp8Config& f = cfg.fp8;
+  MDLM_CHECK(f.enabled(), "fp8_settings without --fp8-format");
+  MDLM_CHECK(f.recipe == Fp8Recipe::Delayed || f.recipe == Fp8Recipe::Tensorwise,
+             "FP8 training implements the delayed and tensorwise recipes (docs/fp8.md)");
+  Fp8Settings s;
+  s.scaling = f.recipe == Fp8Recipe::Delayed ? Fp8Scaling::Delayed : Fp8Scaling::Tensorwise;
+  s.fwd_type = ops::Fp8Type::E4M3;
+  s.grad_type = *f.format == Fp8Format::Hybrid ? ops::Fp8Type::E5M2 : ops::Fp8Type::E4M3;
+  s.margin = f.margin;
+  s.history_len = f.amax_history_len;
+  s.algo = f.amax_compute_algo == Fp8AmaxComputeAlgo::Max ? ops::AmaxComputeAlgo::Max
+                                                          : ops::AmaxComputeAlgo::MostRecent;
+  s.wgrad = f.wgrad;
+  s.num_layers = cfg.model.num_layers;
+  if (f.first_last_layers_bf16) {
+    s.bf16_start = f.num_layers_at_start_in_bf16;
+    s.bf16_end = f.num_layers_at_end_in_bf16;
+  }
+  return s;
+}
+
 std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
   auto pm = std::make_unique<ParallelModel>();
   const ParallelConfig& pc = cfg.parallel;
@@ -48,6 +70,8 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
   }
   MDLM_CHECK(pm->pp_size == pc.pipeline_model_parallel_size, "the pp group has ", pm->pp_size,
              " ranks but --pipeline-model-parallel-size is ", pc.pipeline_model_parallel_size);
+  // FP8 linears (--fp8-format): one scaling state shared by every linear of this rank.
+  if (cfg.fp8.enabled()) pm->model_parallel.fp8 = std::make_shared<Fp8State>(fp8_settings(cfg));
   const int vpp = std::max(1, pc.virtual_pipeline_model_parallel_size);
   const auto ranges = pp::stage_layers(cfg.model.num_layers, pm->pp_size, vpp, pm->pp_rank,
                                        pc.decoder_first_pipeline_num_layers,

@@ -249,6 +249,7 @@ IterationMetrics Trainer::step() {
     pm.store.zero_grads(s);
     pm.data_parallel->start_step();
     if (pm.moe) pm.moe->begin_step(s);
+    if (pm.model_parallel.fp8) pm.model_parallel.fp8->begin_step(s);  // a replay records afresh
     Tensor loss_sum = Tensor::zeros({1}, DType::F32, s);
     run_schedule(host, loss_sum, static_cast<float>(1.0 / loss_tokens));
     pm.data_parallel->finish_grad_sync();
@@ -305,6 +306,10 @@ IterationMetrics Trainer::step() {
     pm.optimizer->step(grads, learning_rate(cfg_.optimizer, iteration_), grad_scale, s);
     pm.data_parallel->start_param_gather();
   }
+  // FP8: the step's amaxes (max over micro-batches, reduced over TP and data x context parallel)
+  // enter the delayed-scaling histories, and the next step casts the updated weights afresh.
+  if (pm.model_parallel.fp8)
+    pm.model_parallel.fp8->finish_step(pm.model_parallel.tp.get(), pm.grad_group.get(), s);
   s.synchronize();
   ++iteration_;
   consumed_samples_ += tc.global_batch_size;

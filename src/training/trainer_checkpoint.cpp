@@ -178,6 +178,50 @@ void Trainer::load_moe_state(const checkpoint::CheckpointReader& reader) {
   }
 }
 
+void Trainer::add_fp8_state(checkpoint::StateSnapshot& snap) const {
+  const std::shared_ptr<Fp8State>& fp8 = pm_->model_parallel.fp8;
+  if (!fp8 || !fp8->delayed() || fp8->size() == 0) return;
+  // After finish_step every rank of a stage holds the same state (the amaxes were reduced over
+  // TP and data x context parallel): the first rank of its gradient and TP groups writes it.
+  if ((pm_->grad_group && pm_->grad_group->rank() != 0) || pm_->model_parallel.tp.rank != 0) return;
+  auto host = std::make_shared<std::vector<std::vector<float>>>();
+  host->reserve(static_cast<size_t>(fp8->size()));
+  for (int i = 0; i < fp8->size(); ++i) {
+    host->push_back(fp8->state(i));
+    checkpoint::OutgoingPiece p;
+    p.tensor = std::string(checkpoint::kFp8StatePrefix) + fp8->name(i);
+    p.global_shape = {static_cast<int64_t>(host->back().size())};
+    p.region = checkpoint::Region::whole(p.global_shape);
+    p.dtype = DType::F32;
+    p.data = host->back().data();
+    snap.pieces.push_back(p);
+  }
+  auto previous = snap.keep_alive;
+  snap.keep_alive =
+      std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<std::vector<std::vector<float>>>>>(
+          previous, host);
+}
+
+void Trainer::load_fp8_state(const checkpoint::CheckpointReader& reader) {
+  const std::shared_ptr<Fp8State>& fp8 = pm_->model_parallel.fp8;
+  if (!fp8 || !fp8->delayed()) return;
+  int missing = 0;
+  for (int i = 0; i < fp8->size(); ++i) {
+    const std::string name = std::string(checkpoint::kFp8StatePrefix) + fp8->name(i);
+    if (!reader.has_tensor(name)) {  // a bf16 or tensorwise checkpoint: scales start afresh
+      ++missing;
+      continue;
+    }
+    const int64_t n = cfg_.fp8.amax_history_len + 1;
+    Tensor host = Tensor::empty({n}, DType::F32, Stream::cpu());
+    reader.read(name, {n}, checkpoint::Region::whole({n}), host);
+    fp8->set_state(i, host.to_floats(Stream::cpu()), pm_->runtime.stream);
+  }
+  if (missing > 0 && logging_rank())
+    log_ << " the checkpoint has no FP8 delayed-scaling state for " << missing << " of " << fp8->size()
+         << " tensors: their amax histories start empty" << std::endl;
+}
+
 void Trainer::save_checkpoint(bool non_persistent) {
   const CheckpointConfig& ck = cfg_.checkpoint;
   const std::string dir = non_persistent ? ck.non_persistent_save_dir() : ck.save;
@@ -200,6 +244,7 @@ void Trainer::save_checkpoint(bool non_persistent) {
   checkpoint::StateSnapshot snap = checkpoint::snapshot_state(pm_->store, *pm_->optimizer, writer, ck.save_optim,
                                                               pm_->runtime.stream, expert_writer);
   add_moe_state(snap);
+  add_fp8_state(snap);
   checkpoint::CheckpointState st;
   st.iteration = iteration_;
   st.consumed_samples = consumed_samples_;
@@ -683,7 +728,8 @@ void Trainer::load_checkpoint_files() {
 
   // Verify the files this load reads (spread over the ranks, agreed), then read. A rank that
   // fails while reading makes every rank fail here, before any step.
-  std::vector<std::string> prefixes = {checkpoint::kModelPrefix, checkpoint::kMoeStatePrefix};
+  std::vector<std::string> prefixes = {checkpoint::kModelPrefix, checkpoint::kMoeStatePrefix,
+                                       checkpoint::kFp8StatePrefix};
   if (load_optim) prefixes.push_back("optimizer/");
   reader->verify_files(reader->files_with(prefixes), world, s);
   error.clear();
@@ -695,6 +741,7 @@ void Trainer::load_checkpoint_files() {
   if (error.empty()) {
     try {
       load_moe_state(*reader);
+      load_fp8_state(*reader);
     } catch (const std::exception& e) {
       error = e.what();
     }

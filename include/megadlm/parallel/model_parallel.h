@@ -10,6 +10,7 @@
 #include "megadlm/comm/communicator.h"
 #include "megadlm/core/side_stream.h"
 #include "megadlm/parallel/context_parallel/comm_type.h"
+#include "megadlm/parallel/fp8_state.h"
 #include "megadlm/parallel/parallel_config.h"
 #include "megadlm/parallel/process_groups.h"
 
@@ -54,6 +55,9 @@ struct ModelParallel {
   bool tp_comm_overlap = false;
   /// The stream those rings' transfers run on (CUDA), shared by every layer; null without it.
   std::shared_ptr<SideStream> tp_side_stream;
+  /// FP8 linears (--fp8-format): the rank's shared scaling state; null: the linears run in the
+  /// activation dtype. A transformer layer kept in bf16 hands its linears a copy without it.
+  std::shared_ptr<Fp8State> fp8;
 
   /// Rows of activations this rank holds between TP regions for `rows` rows of the full
   /// (per-CP-rank) micro-batch: its SP shard, or all of them.

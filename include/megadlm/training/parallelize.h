@@ -67,6 +67,9 @@ struct ParallelModel {
 /// Builds this rank's ParallelModel for `config`. `groups`: the process groups of a
 /// multi-process run (null: a single process). Collective over the groups only through the
 /// data-parallel wrapper's construction (none today).
+/// The FP8 settings of a run with --fp8-format (delayed or tensorwise recipe).
+Fp8Settings fp8_settings(const RunConfig& cfg);
+
 std::unique_ptr<ParallelModel> parallelize(const RunConfig& config,
                                            const parallel::ProcessGroups* groups);
 

@@ -104,6 +104,9 @@ class Trainer {
   /// MoE state that is not a parameter (expert biases): added to a save, read on a load.
   void add_moe_state(checkpoint::StateSnapshot& snap) const;
   void load_moe_state(const checkpoint::CheckpointReader& reader);
+  /// FP8 delayed-scaling histories and scales (written once per stage, read by every rank).
+  void add_fp8_state(checkpoint::StateSnapshot& snap) const;
+  void load_fp8_state(const checkpoint::CheckpointReader& reader);
   /// After each iteration: commits async saves, saves on schedule, decides whether to stop.
   bool checkpoint_boundary();
   /// After the loop: the final save (not when `exiting`: checkpoint_boundary() saved) and

@@ -197,3 +197,148 @@ void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
 }
 
 }  // namespace megadlm::ops::cuda
+
+// ---------------------------------------------------------------- Tensor-level entry points
+namespace megadlm::ops::cuda {
+namespace {
+
+template <typename T>
+__global__ void fp8_amax_kernel(const T* __restrict__ x, int64_t n, float* __restrict__ amax) {
+  float local = 0.0f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    local = fmaxf(local, fabsf(load_f32(x, i)));  // fmaxf drops NaN
+  const float m = block_max(local);
+  if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
+}
+
+// The host rule fp8_current_scale (ops/fp8.cpp) without power_of_2 / epsilon.
+__global__ void fp8_scale_from_amax_kernel(const float* __restrict__ amax, float* __restrict__ scale,
+                                           int64_t n, float fp8_max_value) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const float a = amax[i];
+  float s = 1.0f;
+  if (a > 0.0f && isfinite(a)) {
+    s = __fdiv_rn(fp8_max_value, a);
+    if (isinf(s)) s = 3.402823466e+38f;
+  }
+  scale[i] = s;
+}
+
+__global__ void reciprocal_kernel(const float* __restrict__ x, float* __restrict__ y) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *y = __fdiv_rn(1.0f, *x);
+}
+
+__device__ __forceinline__ void store_out(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_out(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
+
+/// c = prod + beta · c_in + bias (bias [n], beta 0: c_in not read).
+template <typename TC>
+__global__ void fp8_epilogue_kernel(const float* __restrict__ prod, const TC* c_in, const TC* bias,
+                                    TC* c, int64_t m, int64_t n, float beta) {
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = prod[i];
+    if (beta != 0.0f) v += beta * load_f32(c_in, i);
+    if (bias != nullptr) v += load_f32(bias, i % n);
+    store_out(c, i, v);
+  }
+}
+
+unsigned grid_for(int64_t n, int block) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + block - 1) / block, 65535)));
+}
+
+Tensor byte_tensor(int64_t bytes, const Stream& stream) {
+  return Tensor::empty({std::max<int64_t>(1, (bytes + 3) / 4)}, DType::I32, stream);
+}
+
+const uint8_t* codes_of(const Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
+
+}  // namespace
+
+void fp8_amax(const Tensor& x, float* amax, const Stream& stream) {
+  MDLM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
+             "fp8_amax (CUDA): x must be f32 or bf16, got ", dtype_name(x.dtype()));
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const cudaStream_t s = megadlm::detail::native_stream(stream);
+  const int block = 256;
+  if (x.dtype() == DType::F32)
+    fp8_amax_kernel<float><<<grid_for(n, block), block, 0, s>>>(x.data<float>(), n, amax);
+  else
+    fp8_amax_kernel<__nv_bfloat16><<<grid_for(n, block), block, 0, s>>>(
+        static_cast<const __nv_bfloat16*>(x.data_ptr()), n, amax);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_scale_from_amax(const float* amax, float* scale, int64_t n, float fp8_max_value,
+                         const Stream& stream) {
+  if (n == 0) return;
+  fp8_scale_from_amax_kernel<<<grid_for(n, 256), 256, 0, megadlm::detail::native_stream(stream)>>>(
+      amax, scale, n, fp8_max_value);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
+                              Tensor* amax, const Stream& stream) {
+  Fp8Tensor q;
+  q.type = type;
+  q.rows = x.rows();
+  q.cols = x.cols();
+  const int64_t n = x.numel();
+  q.data = byte_tensor(n, stream);
+  if (columnwise) q.data_t = byte_tensor(n, stream);
+  Tensor scratch;
+  float* amax_ptr = nullptr;
+  if (amax != nullptr) {
+    amax_ptr = amax->data<float>();
+  } else {
+    scratch = Tensor::zeros({1}, DType::F32, stream);
+    amax_ptr = scratch.data<float>();
+  }
+  fp8_quantize(x, scale.data<float>(), type, static_cast<uint8_t*>(q.data.data_ptr()),
+               columnwise ? static_cast<uint8_t*>(q.data_t.data_ptr()) : nullptr, amax_ptr, stream);
+  q.scale_inv = Tensor::empty({1}, DType::F32, stream);
+  reciprocal_kernel<<<1, 32, 0, megadlm::detail::native_stream(stream)>>>(scale.data<float>(),
+                                                                         q.scale_inv.data<float>());
+  MDLM_CUDA_CHECK_LAUNCH();
+  return q;
+}
+
+void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
+                     const Stream& stream) {
+  // C[M, N] row-major = d[n = M, m = N] of fp8_gemm: its A operand is op(B) as [N, K] codes, its
+  // B operand op(A) as [M, K] codes (both K contiguous: the TN layout).
+  const Tensor& op_a = args.trans_a ? a.data_t : a.data;  // [M, K]
+  const Tensor& op_b = args.trans_b ? b.data : b.data_t;  // [N, K]
+  MDLM_CHECK(op_a.defined(), "fp8_gemm (CUDA): op(A) needs the ", args.trans_a ? "column" : "row",
+             "-wise codes of A (quantize with columnwise = true for a transposed use)");
+  MDLM_CHECK(op_b.defined(), "fp8_gemm (CUDA): op(B) needs the ", args.trans_b ? "row" : "column",
+             "-wise codes of B (quantize with columnwise = true for an untransposed use)");
+  const int64_t m = c.rows(), n = c.cols(), k = args.trans_a ? a.rows : a.cols;
+  MDLM_CHECK(c.dtype() == DType::F32 || c.dtype() == DType::BF16, "fp8_gemm (CUDA): C ", c.str(),
+             " must be f32 or bf16");
+  const bool direct = args.beta == 0.0f && args.bias == nullptr && args.addend == nullptr;
+  Tensor prod = direct ? c : Tensor::empty({m, n}, DType::F32, stream);
+  fp8_gemm(codes_of(op_b), b.type, b.scale_inv.data<float>(), codes_of(op_a), a.type,
+           a.scale_inv.data<float>(), n, m, k, args.alpha, prod, stream);
+  if (direct) return;
+  const cudaStream_t s = megadlm::detail::native_stream(stream);
+  const Tensor& c_in = args.addend != nullptr ? *args.addend : c;
+  const int64_t total = m * n;
+  if (c.dtype() == DType::F32)
+    fp8_epilogue_kernel<float><<<grid_for(total, 256), 256, 0, s>>>(
+        prod.data<float>(), c_in.data<float>(), args.bias ? args.bias->data<float>() : nullptr,
+        c.data<float>(), m, n, args.beta);
+  else
+    fp8_epilogue_kernel<__nv_bfloat16><<<grid_for(total, 256), 256, 0, s>>>(
+        prod.data<float>(), static_cast<const __nv_bfloat16*>(c_in.data_ptr()),
+        args.bias ? static_cast<const __nv_bfloat16*>(args.bias->data_ptr()) : nullptr,
+        static_cast<__nv_bfloat16*>(c.data_ptr()), m, n, args.beta);
+  MDLM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megadlm::ops::cuda

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
+#include "megadlm/ops/fp8_gemm.h"
 #include "megadlm/ops/fp8_type.h"
 
 namespace megadlm::ops::cuda {
@@ -27,5 +28,22 @@ void fp8_quantize(const Tensor& x, const float* scale, Fp8Type type, uint8_t* co
 void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
               Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
               float alpha, Tensor& d, const Stream& stream);
+
+// The Tensor-level entry points of include/megadlm/ops/fp8_gemm.h (the dispatch in
+// src/ops/fp8_gemm.cpp has checked devices and shapes).
+
+/// *amax = max(*amax, max |x|), x f32 or bf16 (one atomic per block).
+void fp8_amax(const Tensor& x, float* amax, const Stream& stream);
+/// scale[i] = fp8_current_scale(amax[i], fp8_max) on the device (the host rule of ops/fp8.h).
+void fp8_scale_from_amax(const float* amax, float* scale, int64_t n, float fp8_max_value,
+                         const Stream& stream);
+/// Row-wise codes (and with `columnwise` the transposed codes) in one pass, amax raised when
+/// given, scale_inv = 1 / scale on the device. Codes are stored as bytes in i32 tensors.
+Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
+                              Tensor* amax, const Stream& stream);
+/// ops::fp8_gemm on the device: cuBLASLt's TN FP8 GEMM, then (only when beta, a bias or an
+/// addend is asked for) one elementwise pass for the epilogue from an fp32 product.
+void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
+                     const Stream& stream);
 
 }  // namespace megadlm::ops::cuda

@@ -34,7 +34,10 @@ Tensor reduce_to_local_rows(Tensor partial, const ModelParallel& mp, const Strea
 }
 
 /// --tp-comm-overlap in effect: the SP collectives run as rings chunked with the GEMMs.
-bool overlapped(const ModelParallel& mp) { return mp.tp_comm_overlap && mp.sequence_parallel && mp.tp.size > 1; }
+/// FP8 linears run the plain collectives (the rings would cast every chunk: docs/fp8.md).
+bool overlapped(const ModelParallel& mp) {
+  return mp.tp_comm_overlap && mp.sequence_parallel && mp.tp.size > 1 && !mp.fp8;
+}
 
 /// The stream the rings' transfers run on: CUDA's side stream, none on the CPU.
 const Stream* side_stream(const ModelParallel& mp, const Stream& s) {
@@ -42,6 +45,82 @@ const Stream* side_stream(const ModelParallel& mp, const Stream& s) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------ FP8 linears
+
+Fp8Linear::Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, const ModelParallel& mp)
+    : state_(std::move(state)), tp_(mp.tp.get()), cp_(mp.cp.get()) {
+  if (!state_) return;
+  x_ = state_->add(name + ".input", Fp8State::Role::Input);
+  w_ = state_->add(name + ".weight", Fp8State::Role::Weight);
+  dy_ = state_->add(name + ".grad_output", Fp8State::Role::GradOutput);
+}
+
+ops::Fp8Tensor Fp8Linear::cast(int slot, const Tensor& x, bool activation, bool columnwise,
+                               const Stream& s) const {
+  const ops::Fp8Type type = state_->type(slot);
+  if (state_->delayed()) {
+    Tensor amax = state_->amax(slot, s);
+    return ops::fp8_quantize(x, state_->scale(slot, s), type, columnwise, &amax, s);
+  }
+  // Tensorwise: the amax of the whole logical tensor (all its TP / CP pieces), then its scale.
+  Tensor amax = Tensor::zeros({1}, DType::F32, s);
+  ops::fp8_amax(x, amax, s);
+  if (tp_ != nullptr) tp_->all_reduce(amax, comm::ReduceOp::Max, s);
+  if (activation && cp_ != nullptr) cp_->all_reduce(amax, comm::ReduceOp::Max, s);
+  Tensor scale = Tensor::empty({1}, DType::F32, s);
+  ops::fp8_scale_from_amax(amax, scale, type, s);
+  return ops::fp8_quantize(x, scale, type, columnwise, nullptr, s);
+}
+
+const ops::Fp8Tensor& Fp8Linear::weight(const Tensor& w, const Stream& s) const {
+  if (w_generation_ != state_->generation() || !w_cache_.defined()) {
+    // Both orientations in one pass: row-wise for the forward GEMM, column-wise for dgrad.
+    w_cache_ = cast(w_, w, /*activation=*/false, /*columnwise=*/true, s);
+    w_generation_ = state_->generation();
+  }
+  return w_cache_;
+}
+
+void Fp8Linear::forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::GemmArgs& args,
+                        const Stream& s) const {
+  const ops::Fp8Tensor& wq = weight(w, s);
+  const ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/false, s);
+  ops::GemmArgs a = args;
+  a.trans_b = true;
+  ops::fp8_gemm(xq, wq, y, a, s);
+}
+
+ops::Fp8Tensor Fp8Linear::quantize_grad(const Tensor& dy, const Stream& s) const {
+  return cast(dy_, dy, /*activation=*/true, /*columnwise=*/true, s);
+}
+
+Tensor Fp8Linear::backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s) const {
+  Tensor dx = Tensor::empty({dy_q.rows, w.cols()}, w.dtype(), s);
+  ops::fp8_gemm(dy_q, weight(w, s), dx, {}, s);
+  return dx;
+}
+
+void Fp8Linear::backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const Tensor& x, Tensor& dw,
+                                const Stream& s) const {
+  if (!state_->settings().wgrad) {  // --no-fp8-wgrad
+    ops::gemm(dy, x, dw, {.trans_a = true, .beta = 1.0f}, s);
+    return;
+  }
+  // x again, with the forward's scale (the same codes) and its transposed copy.
+  const ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/true, s);
+  ops::fp8_gemm(dy_q, xq, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
+}
+
+Tensor Fp8Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+                           const Stream& s) const {
+  const ops::Fp8Tensor dy_q = quantize_grad(dy, s);
+  Tensor dx = backward_data(dy_q, w, s);
+  backward_weight(dy_q, dy, x, dw, s);
+  return dx;
+}
+
+// ---------------------------------------------------------------------------------- TP linears
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::vector<LinearPart>& parts,
                                            int64_t in_features, bool bias, ParamInit init,
@@ -58,6 +137,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::vec
     w_last_ = h;
     local_out_ += parts[i].out_features / mp.tp.size;
   }
+  fp8_ = Fp8Linear(mp.fp8, parts[0].name, mp);
   if (bias) {
     const ParamInit zero{InitKind::Zeros, 0.0f};
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -97,6 +177,12 @@ Tensor ColumnParallelLinear::gather_and_forward(const Tensor& x, int64_t rows, T
 Tensor ColumnParallelLinear::forward(const Tensor& x_full, const Stream& s) const {
   Tensor b;
   if (b_first_ >= 0) b = store_->param_span(b_first_, b_last_);
+  if (fp8_.active()) {
+    const Tensor w = store_->param_span(w_first_, w_last_);
+    Tensor y = Tensor::empty({x_full.rows(), w.rows()}, x_full.dtype(), s);
+    fp8_.forward(x_full, w, y, {.bias = b_first_ >= 0 ? &b : nullptr}, s);
+    return y;
+  }
   return linear(x_full, store_->param_span(w_first_, w_last_), b_first_ >= 0 ? &b : nullptr, s);
 }
 
@@ -116,6 +202,12 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x_full, co
           if (db.defined()) ops::sum_rows(dy, db, s);
         });
   }
+  if (fp8_.active()) {
+    Tensor dw = store_->grad_span(w_first_, w_last_);
+    Tensor dx = fp8_.backward(dy, x_full, store_->param_span(w_first_, w_last_), dw, s);
+    if (db.defined()) ops::sum_rows(dy, db, s);
+    return reduce_to_local_rows(dx, mp_, s);
+  }
   Tensor dx = linear_backward(dy, x_full, store_->param_span(w_first_, w_last_),
                               store_->grad_span(w_first_, w_last_), db, s);
   return reduce_to_local_rows(dx, mp_, s);
@@ -134,6 +226,7 @@ RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& n
                       {.init = {InitKind::Zeros, 0.0f},
                        .weight_decay = false,
                        .tp = {.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = mp.tp.size}});
+  fp8_ = Fp8Linear(mp.fp8, name, mp);
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {
@@ -150,6 +243,12 @@ Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {
                                                {.trans_b = true, .bias = with_bias ? &b : nullptr}, s);
                                    });
   }
+  if (fp8_.active()) {
+    const Tensor w = store_->param(weight_);
+    Tensor y = Tensor::empty({x.rows(), w.rows()}, x.dtype(), s);
+    fp8_.forward(x, w, y, {.bias = with_bias ? &b : nullptr}, s);
+    return reduce_to_local_rows(y, mp_, s);
+  }
   return reduce_to_local_rows(linear(x, store_->param(weight_), with_bias ? &b : nullptr, s), mp_, s);
 }
 
@@ -159,6 +258,11 @@ void RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual, Ten
   MDLM_CHECK(y.rows() == x.rows() && y.cols() == store_->param(weight_).rows() && y.dtype() == x.dtype(),
              "RowParallelLinear::forward_add: y ", y.str(), " for x ", x.str());
   const Tensor b = bias_ >= 0 ? store_->param(bias_) : Tensor();
+  if (fp8_.active()) {
+    fp8_.forward(x, store_->param(weight_), y,
+                 {.beta = 1.0f, .bias = b.defined() ? &b : nullptr, .addend = &residual}, s);
+    return;
+  }
   ops::gemm(x, store_->param(weight_), y,
             {.trans_b = true, .beta = 1.0f, .bias = b.defined() ? &b : nullptr, .addend = &residual}, s);
 }
@@ -172,6 +276,19 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<Tensor(
                                    int64_t rows, const Stream& s) const {
   const Tensor w = store_->param(weight_);
   Tensor dx, dy_full;  // dy_full: the gradient of the full rows (SP's reduce-scatter -> all-gather)
+  if (fp8_.active()) {
+    dy_full = mp_.sequence_parallel ? gather_rows(dy, rows, mp_.tp.get(), s) : dy;
+    const ops::Fp8Tensor dy_q = fp8_.quantize_grad(dy_full, s);
+    dx = fp8_.backward_data(dy_q, w, s);
+    const Tensor x = input(dx);
+    Tensor dw = store_->grad(weight_);
+    fp8_.backward_weight(dy_q, dy_full, x, dw, s);
+    if (bias_ >= 0) {
+      Tensor db = store_->grad(bias_);
+      ops::sum_rows(dy_full, db, s);
+    }
+    return dx;
+  }
   if (overlapped(mp_)) {
     // dx = dy W for each gathered shard as it arrives; the weight gradient needs all of dy.
     dx = Tensor::empty({rows, w.cols()}, dy.dtype(), s);

@@ -204,7 +204,7 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
   if (recipe == "mxfp8")
     d.error("FP8-1", a.flag_value("fp8_recipe") + " is Blackwell-only (1x32 blocks with E8M0 "
                      "scales need SM 10.x tensor cores); megadlm targets Hopper: valid recipes "
-                     "are delayed, tensorwise, blockwise");
+                     "are delayed, tensorwise");
   if (a.is_set("fp4_format"))
     d.error("FP8-1", a.flag_value("fp4_format") + " is Blackwell-only (NVFP4 needs SM 10.x "
                      "tensor cores); megadlm targets Hopper: use `--fp8-format` or `--bf16`");
@@ -213,7 +213,7 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
   if (recipe == "custom")
     d.error("FP8-2", a.flag_value("fp8_recipe") + " needs a Python quantizer factory "
                      "(`--fp8-quantizer-factory`), which megadlm cannot load; valid recipes are "
-                     "delayed, tensorwise, blockwise");
+                     "delayed, tensorwise");
   if (fp8 && a.is_set("fp4_format"))
     d.error("FP8-3", a.flag_value("fp8") + " and " + a.flag_value("fp4_format") +
                          " are mutually exclusive; give one of them");
@@ -221,7 +221,7 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
     if (recipe == "delayed")
       d.error("FP8-4", "`--first-last-layers-bf16` cannot be used with `--fp8-recipe delayed` "
                        "(bf16 layers break the shared amax reduction of delayed scaling); valid: "
-                       "`--fp8-recipe tensorwise` or `blockwise`");
+                       "`--fp8-recipe tensorwise`");
     if (c.model_ok && c.sizes_ok && c.pp > 0) {
       const int64_t per_stage = c.num_layers / c.pp;
       for (const char* dest : {"num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"}) {
@@ -233,6 +233,17 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
       }
     }
   }
+  if (fp8 && recipe == "blockwise")
+    d.error("FP8-7", a.flag_value("fp8_recipe") +
+                         " is not built yet (its 1x128 / 128x128 block quantizers and "
+                         "block-scaled GEMMs are future work, docs/fp8.md); valid recipes: "
+                         "delayed, tensorwise");
+  if (fp8 && a.b("tp_comm_overlap"))
+    d.warn("`--tp-comm-overlap` has no effect on the FP8 linears (they run the plain sequence-parallel "
+           "collectives; docs/fp8.md)");
+  if (fp8 && a.is_set("num_experts"))
+    d.warn(a.flag_value("fp8") + ": the MoE layers' experts (grouped GEMMs), shared experts and router "
+           "stay in bf16; attention and the dense MLPs run in FP8 (docs/fp8.md)");
   if (a.b("fp8_param_gather") && !fp8)
     d.error("FP8-6", "`--fp8-param-gather` needs `--fp8-format` (e4m3 or hybrid)");
   // Megatron ignores these silently; a warning says which setting does nothing.

@@ -633,18 +633,16 @@ constexpr FlagSpec kFlags[] = {
      .default_value = "fp32", .choices = "fp32 fp16 fp8", .help = "Dtype of Adam's first moment."},
     {.name = "--exp-avg-sq-dtype", .kind = K::String, .group = G::Precision, .status = S::NotYet,
      .default_value = "fp32", .choices = "fp32 fp16 fp8", .help = "Dtype of Adam's second moment."},
-    {.name = "--fp8-format", .kind = K::String, .group = G::Precision, .status = S::NotYet,
+    {.name = "--fp8-format", .kind = K::String, .group = G::Precision,
      .dest = "fp8", .choices = "e4m3 hybrid",
-     .help = "FP8 linear GEMMs: e4m3 for every tensor, or hybrid (e4m3 forward, e5m2 "
-             "gradients). The FP8 flags below are validated (FP8-* rules) and described in "
-             "docs/fp8.md.",
-     .hint = "FP8 linear layers are not wired into training yet (the FP8 quantizers and the "
-             "FP8 GEMM exist as ops, docs/fp8.md); train in `--bf16`"},
+     .help = "FP8 linear GEMMs of the transformer layers (QKV, projection, fc1, fc2): e4m3 for "
+             "every tensor, or hybrid (e4m3 forward, e5m2 gradients); recipes delayed and "
+             "tensorwise. Validated by the FP8-* rules; docs/fp8.md."},
     {.name = "--fp8-recipe", .kind = K::String, .group = G::Precision, .default_value = "delayed",
      .choices = "tensorwise delayed mxfp8 blockwise custom",
      .help = "(upstream) FP8 scaling: delayed (amax history), tensorwise (current per-tensor "
-             "amax), blockwise (1x128 tiles, 128x128 weight blocks); mxfp8 is Blackwell-only "
-             "and custom needs a Python quantizer factory (both refused)."},
+             "amax); blockwise (1x128 tiles, 128x128 weight blocks) is not built yet (FP8-7); "
+             "mxfp8 is Blackwell-only and custom needs a Python quantizer factory (both refused)."},
     {.name = "--fp8-margin", .kind = K::Int, .group = G::Precision, .default_value = "0",
      .help = "Delayed scaling: the scale is divided by 2^margin."},
     {.name = "--fp8-interval", .kind = K::Int, .group = G::Precision, .status = S::Ignored,

@@ -23,6 +23,7 @@
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
 #include "megadlm/parallel/model_parallel.h"
+#include "megadlm/ops/fp8_gemm.h"
 #include "megadlm/parallel/parameter_store.h"
 
 namespace megadlm::tp {
@@ -30,6 +31,42 @@ namespace megadlm::tp {
 /// One parameter of a (possibly fused) column-parallel weight: `name` + ".weight"/".bias",
 /// `out_features` global output rows. Each part is split over TP on its own; the local parts sit
 /// adjacent in the store so the whole layer is one GEMM (q, k, v -> QKV; gate, up -> fc1).
+/// The FP8 side of one linear (docs/fp8.md, "Training"): its three scaled tensors in the rank's
+/// Fp8State and the weight cast of the current generation (one per optimizer step, reused by
+/// every micro-batch). Inactive (the high-precision GEMMs run) when built without a state.
+/// `tokens_sharded_over_cp`: activations and gradients of one micro-batch are split over CP,
+/// so their amaxes are reduced over CP as well as TP.
+class Fp8Linear {
+ public:
+  Fp8Linear() = default;
+  Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, const ModelParallel& mp);
+  bool active() const { return state_ != nullptr; }
+
+  /// y = x W^T (+ bias): x and W quantized (e4m3), fp32 accumulation, y in x's dtype; or, with
+  /// beta/addend, the GemmArgs epilogue (residual add).
+  void forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::GemmArgs& args,
+               const Stream& s) const;
+  /// dx = dy W (dy quantized to the gradient type), written; dW += dy^T x into the fp32 main grad
+  /// (FP8 unless --no-fp8-wgrad). Returns dx [rows, in].
+  Tensor backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, const Stream& s) const;
+  /// The weight-gradient half alone (for layers that need dx before x exists).
+  void backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const Tensor& x, Tensor& dw,
+                       const Stream& s) const;
+  ops::Fp8Tensor quantize_grad(const Tensor& dy, const Stream& s) const;
+  Tensor backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s) const;
+
+ private:
+  const ops::Fp8Tensor& weight(const Tensor& w, const Stream& s) const;
+  ops::Fp8Tensor cast(int slot, const Tensor& x, bool activation, bool columnwise, const Stream& s) const;
+
+  std::shared_ptr<Fp8State> state_;
+  comm::Communicator* tp_ = nullptr;  ///< null: a group of one
+  comm::Communicator* cp_ = nullptr;
+  int x_ = -1, w_ = -1, dy_ = -1;
+  mutable ops::Fp8Tensor w_cache_;
+  mutable uint64_t w_generation_ = ~uint64_t{0};
+};
+
 struct LinearPart {
   std::string name;
   int64_t out_features = 0;
@@ -61,6 +98,7 @@ class ColumnParallelLinear {
   ModelParallel mp_;
   ParameterStore::Handle w_first_ = -1, w_last_ = -1, b_first_ = -1, b_last_ = -1;
   int64_t local_out_ = 0;
+  Fp8Linear fp8_;
 };
 
 /// y[rows, out] = x[rows, in/tp] W^T + b, partial products summed over TP: the input features
@@ -90,6 +128,7 @@ class RowParallelLinear {
   ParameterStore* store_ = nullptr;
   ModelParallel mp_;
   ParameterStore::Handle weight_ = -1, bias_ = -1;
+  Fp8Linear fp8_;
 };
 
 }  // namespace megadlm::tp

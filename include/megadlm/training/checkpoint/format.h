@@ -37,6 +37,9 @@ inline constexpr const char* kIncompleteSuffix = ".incomplete";
 inline constexpr const char* kModelPrefix = "model/";
 /// State of the model that is not a parameter: "moe_state/expert_bias/decoder.layers.{i}" (f32 [E]).
 inline constexpr const char* kMoeStatePrefix = "moe_state/";
+/// FP8 delayed-scaling state (docs/fp8.md): "fp8_state/<linear weight name>.{input,weight,
+/// grad_output}" = f32 [history length + 1]: the amax history, then the scale. Layout-free names.
+inline constexpr const char* kFp8StatePrefix = "fp8_state/";
 inline constexpr const char* kExpAvgPrefix = "optimizer/exp_avg/";
 inline constexpr const char* kExpAvgSqPrefix = "optimizer/exp_avg_sq/";
 

@@ -523,13 +523,31 @@ std::vector<Row> rows() {
       {"V-23", cmd({"--overlap-param-gather-with-optimizer-step"}), O::Rejected, {"[V-23]"}},
       {"V-25", cmd({"--fp8-param-gather"}), O::Rejected, {"`--fp8-param-gather` needs `--use-distributed-optimizer` [V-25]"}},
       // ------------------------------------------------------------------ FP8
-      {"FP8-not-yet", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}), O::NotSupported,
-       {"`--fp8-format hybrid` is not supported yet by megadlm: FP8 linear layers are not wired "
-        "into training yet"}},
+      {"FP8-tensorwise-accepted", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"}), O::Accepted,
+       {}, [](const ParsedArguments& p) {
+         ASSERT_TRUE(p.config.fp8.enabled());
+         EXPECT_EQ(p.config.fp8.recipe, Fp8Recipe::Tensorwise);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
+      {"FP8-delayed-accepted", cmd({"--fp8-format", "e4m3"}), O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_EQ(*p.config.fp8.format, Fp8Format::E4M3);
+         EXPECT_EQ(p.config.fp8.recipe, Fp8Recipe::Delayed);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
+      {"FP8-bf16-layers-tensorwise-accepted",
+       cmd({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
+            "--num-layers-at-start-in-bf16", "1", "--num-layers-at-end-in-bf16", "0"}),
+       O::Accepted, {}},
+      {"FP8-7", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"}), O::Rejected,
+       {"`--fp8-recipe blockwise` is not built yet", "valid recipes: delayed, tensorwise [FP8-7]"}},
+      {"FP8-tp-comm-overlap-warns",
+       dry(2, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap",
+               "--fp8-format", "hybrid"}),
+       O::Accepted, {"`--tp-comm-overlap` has no effect on the FP8 linears"}},
       {"FP8-dry-run-config",
        dry(1, {"--fp8-format", "e4m3", "--fp8-margin", "2", "--fp8-amax-history-len", "16",
                "--fp8-amax-compute-algo", "max", "--no-fp8-wgrad"}),
-       O::Accepted, {"`--fp8-format e4m3` is not supported yet"}, [](const ParsedArguments& p) {
+       O::Accepted, {}, [](const ParsedArguments& p) {
          const Fp8Config& f = p.config.fp8;
          ASSERT_TRUE(f.enabled());
          EXPECT_EQ(*f.format, Fp8Format::E4M3);
@@ -551,11 +569,11 @@ std::vector<Row> rows() {
          EXPECT_EQ(f.num_layers_at_end_in_bf16, 1);
        }},
       {"FP8-dry-run-bf16-layers",
-       dry(1, {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--first-last-layers-bf16",
+       dry(1, {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
                "--num-layers-at-start-in-bf16", "0", "--num-layers-at-end-in-bf16", "2"}),
        O::Accepted, {}, [](const ParsedArguments& p) {
          EXPECT_EQ(*p.config.fp8.format, Fp8Format::Hybrid);
-         EXPECT_EQ(p.config.fp8.recipe, Fp8Recipe::Blockwise);
+         EXPECT_EQ(p.config.fp8.recipe, Fp8Recipe::Tensorwise);
          EXPECT_TRUE(p.config.fp8.first_last_layers_bf16);
          EXPECT_EQ(p.config.fp8.num_layers_at_start_in_bf16, 0);
          EXPECT_EQ(p.config.fp8.num_layers_at_end_in_bf16, 2);
@@ -568,7 +586,7 @@ std::vector<Row> rows() {
       {"FP8-history-len-range", cmd({"--fp8-amax-history-len", "0"}), O::Rejected,
        {"`--fp8-amax-history-len 0`", "[M-2]"}},
       {"FP8-1", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"}), O::Rejected,
-       {"`--fp8-recipe mxfp8` is Blackwell-only", "valid recipes are delayed, tensorwise, blockwise [FP8-1]"}},
+       {"`--fp8-recipe mxfp8` is Blackwell-only", "valid recipes are delayed, tensorwise [FP8-1]"}},
       {"FP8-1-fp4", cmd({"--fp4-format", "e2m1"}), O::Rejected,
        {"`--fp4-format e2m1` is Blackwell-only", "[FP8-1]"}},
       {"FP8-2", cmd({"--fp8-format", "e4m3", "--fp8-recipe", "custom"}), O::Rejected,
@@ -584,7 +602,7 @@ std::vector<Row> rows() {
        dry(2, {"--pipeline-model-parallel-size", "2", "--fp8-format", "hybrid", "--fp8-recipe",
                "tensorwise", "--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "2"}),
        O::Rejected, {"`--num-layers-at-end-in-bf16 2` must lie in [0, 1] (`--num-layers 2` / pipeline size 2) [FP8-5]"}},
-      {"FP8-5-negative", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--first-last-layers-bf16",
+      {"FP8-5-negative", cmd({"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
                               "--num-layers-at-end-in-bf16", "-1"}),
        O::Rejected, {"`--num-layers-at-end-in-bf16 -1` must lie in [0, 2]", "[FP8-5]"}},
       {"FP8-6", cmd({"--fp8-param-gather", "--use-distributed-optimizer"}), O::Rejected,

@@ -1,0 +1,54 @@
+// FP8 tensors and the FP8 GEMM on `Tensor`s, for both backends: the ops the FP8 linear layers of
+// parallel/tensor_parallel/ call (docs/fp8.md, "Training"). The numerics are those of
+// include/megadlm/ops/fp8.h: q = encode(x · scale), rounded to nearest even, saturating.
+//
+// Backends:
+//  - CPU (the reference): an Fp8Tensor's `data` is an f32 tensor of the *decoded, unscaled*
+//    codes (every value exactly representable in the FP8 format), so the GEMM is the fp32 GEMM
+//    of the decoded operands times alpha · scale_inv_a · scale_inv_b: the products are exact,
+//    only the fp32 summation order differs from the device.
+//  - CUDA: `data` holds the FP8 codes as bytes (row-wise, K contiguous for the forward GEMM),
+//    `data_t` the transposed codes written by the same pass (Hopper FP8 GEMMs are TN-only), and
+//    the GEMM is cuBLASLt's with fp32 accumulation (src/ops/cuda/fp8.cu).
+// Scales live on the tensors' device as f32 [1] tensors, so a delayed or current scale computed
+// on the device needs no host round trip.
+#pragma once
+#include <cstdint>
+#include "megadlm/core/stream.h"
+#include "megadlm/core/tensor.h"
+#include "megadlm/ops/fp8_type.h"
+#include "megadlm/ops/gemm.h"
+
+namespace megadlm::ops {
+
+/// A quantized [rows, cols] tensor: codes (backend storage above), its type and scale.
+struct Fp8Tensor {
+  Tensor data;       ///< row-wise codes (CPU: f32 decoded values [rows, cols]; CUDA: bytes)
+  Tensor data_t;     ///< CUDA only, when asked for: the transposed codes [cols, rows] as bytes
+  Tensor scale_inv;  ///< f32 [1]: the dequantization factor 1 / scale
+  Fp8Type type = Fp8Type::E4M3;
+  int64_t rows = 0, cols = 0;
+  bool defined() const { return data.defined() || data_t.defined(); }
+};
+
+/// amax[0] = max(amax[0], max |x|) (NaNs ignored). amax: f32 [1] (or a [1]-element view).
+void fp8_amax(const Tensor& x, Tensor& amax, const Stream& stream);
+
+/// Current (tensorwise) scaling, elementwise: scale[i] = fp8_current_scale(amax[i], fp8_max).
+void fp8_scale_from_amax(const Tensor& amax, Tensor& scale, Fp8Type type, const Stream& stream);
+
+/// Quantizes x ([rows, cols] view, f32 on CPU; bf16 or f32 on CUDA) with the device scalar
+/// `scale` in one pass: row-wise codes, and on CUDA with `columnwise` also the transposed codes.
+/// When `amax` is given, amax[0] is raised to max |x| in the same pass.
+Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
+                       Tensor* amax, const Stream& stream);
+
+/// C = alpha · op(A) · op(B) (+ beta · C or beta · addend) (+ bias) with A and B dequantized:
+/// the GemmArgs contract of ops::gemm (gemm.h), FP8 operands, fp32 accumulation, C f32 or the
+/// activation dtype. CUDA needs the layout it can run TN: op(A) from `data` (trans_a false) or
+/// `data_t` (trans_a true), op(B) from `data_t` (trans_b false) or `data` (trans_b true); N and K
+/// multiples of 16; not both operands e5m2.
+void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
+              const Stream& stream);
+
+}  // namespace megadlm::ops

@@ -1,0 +1,111 @@
+// FP8 tensors and GEMM on Tensors (include/megadlm/ops/fp8_gemm.h): the dispatch, the shared
+// checks, and the CPU backend, which emulates the device with the exact host numerics of
+// ops/fp8.h (codes decoded to f32, the GEMM of the decoded values scaled once by both inverse
+// scales, as cuBLASLt applies its A/B scale pointers).
+#include "megadlm/ops/fp8_gemm.h"
+#include <cmath>
+#include "megadlm/ops/fp8.h"
+#include "ops/dispatch.h"
+#include "ops/fp8_math.h"
+#if MEGADLM_WITH_CUDA
+#include "ops/cuda/fp8_cuda.h"
+#endif
+
+namespace megadlm::ops {
+
+namespace {
+fp8_math::Format format_of(Fp8Type type) {
+  return type == Fp8Type::E4M3 ? fp8_math::e4m3() : fp8_math::e5m2();
+}
+float host_scalar(const Tensor& t, const char* op, const char* what) {
+  MDLM_CHECK(t.defined() && t.numel() >= 1 && t.dtype() == DType::F32, op, ": ", what,
+             " must be an f32 scalar tensor, got ", t.defined() ? t.str() : std::string("undefined"));
+  return t.data<float>()[0];
+}
+}  // namespace
+
+void fp8_amax(const Tensor& x, Tensor& amax, const Stream& stream) {
+  detail::check_device("fp8_amax", stream, {&x, &amax});
+  detail::check_dtype("fp8_amax", amax, DType::F32, "amax");
+  if (stream.is_cuda()) {
+    MDLM_CUDA_BACKEND(cuda::fp8_amax(x, amax.data<float>(), stream));
+    return;
+  }
+  detail::check_dtype("fp8_amax", x, DType::F32, "x (CPU)");
+  float m = amax.data<float>()[0];
+  const float* p = x.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float a = std::fabs(p[i]);
+    if (a > m) m = a;  // NaN never compares greater: ignored
+  }
+  amax.data<float>()[0] = m;
+}
+
+void fp8_scale_from_amax(const Tensor& amax, Tensor& scale, Fp8Type type, const Stream& stream) {
+  detail::check_device("fp8_scale_from_amax", stream, {&amax, &scale});
+  detail::check_dtype("fp8_scale_from_amax", amax, DType::F32, "amax");
+  detail::check_dtype("fp8_scale_from_amax", scale, DType::F32, "scale");
+  detail::check_numel("fp8_scale_from_amax", scale, amax.numel(), "scale");
+  if (stream.is_cuda()) {
+    MDLM_CUDA_BACKEND(cuda::fp8_scale_from_amax(amax.data<float>(), scale.data<float>(), amax.numel(),
+                                                fp8_max(type), stream));
+    return;
+  }
+  for (int64_t i = 0; i < amax.numel(); ++i)
+    scale.data<float>()[i] = fp8_current_scale(amax.data<float>()[i], fp8_max(type));
+}
+
+Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
+                       Tensor* amax, const Stream& stream) {
+  detail::check_device("fp8_quantize", stream, {&x, &scale, amax});
+  detail::check_dtype("fp8_quantize", scale, DType::F32, "scale");
+  if (amax != nullptr) detail::check_dtype("fp8_quantize", *amax, DType::F32, "amax");
+  Fp8Tensor q;
+  q.type = type;
+  q.rows = x.rows();
+  q.cols = x.cols();
+  if (stream.is_cuda()) {
+    MDLM_CUDA_BACKEND(q = cuda::fp8_quantize_tensor(x, scale, type, columnwise, amax, stream));
+    return q;
+  }
+  detail::check_dtype("fp8_quantize", x, DType::F32, "x (CPU)");
+  const float s = host_scalar(scale, "fp8_quantize", "scale");
+  const fp8_math::Format f = format_of(type);
+  q.data = Tensor::empty({q.rows, q.cols}, DType::F32, stream);
+  const float* px = x.data<float>();
+  float* pq = q.data.data<float>();
+  float m = amax != nullptr ? amax->data<float>()[0] : 0.0f;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const float v = px[i];
+    const float a = std::fabs(v);
+    if (a > m) m = a;
+    pq[i] = fp8_math::decode(fp8_math::encode(v * s, f), f);  // v·s rounded to fp32 first
+  }
+  if (amax != nullptr) amax->data<float>()[0] = m;
+  q.scale_inv = Tensor::from_floats({1.0f / s}, {1});
+  return q;
+}
+
+void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
+              const Stream& stream) {
+  MDLM_CHECK(a.defined() && b.defined(), "fp8_gemm: undefined operand");
+  MDLM_CHECK(!(a.type == Fp8Type::E5M2 && b.type == Fp8Type::E5M2),
+             "fp8_gemm: e5m2 x e5m2 has no Hopper GEMM; one operand must be e4m3");
+  const int64_t m = args.trans_a ? a.cols : a.rows, k = args.trans_a ? a.rows : a.cols;
+  const int64_t kb = args.trans_b ? b.cols : b.rows, n = args.trans_b ? b.rows : b.cols;
+  MDLM_CHECK(k == kb, "fp8_gemm: inner dimensions differ: op(A) [", m, ", ", k, "], op(B) [", kb,
+             ", ", n, "]");
+  MDLM_CHECK(c.rows() == m && c.cols() == n, "fp8_gemm: C ", c.str(), " must be [", m, ", ", n, "]");
+  detail::check_device("fp8_gemm", stream, {&c, args.bias, args.addend});
+  if (stream.is_cuda()) {
+    MDLM_CUDA_BACKEND(cuda::fp8_gemm_tensor(a, b, c, args, stream));
+    return;
+  }
+  MDLM_CHECK(a.data.defined() && b.data.defined(), "fp8_gemm (CPU): operands need row-wise data");
+  GemmArgs scaled = args;
+  scaled.alpha = args.alpha * host_scalar(a.scale_inv, "fp8_gemm", "scale_inv of A") *
+                 host_scalar(b.scale_inv, "fp8_gemm", "scale_inv of B");
+  gemm(a.data, b.data, c, scaled, stream);
+}
+
+}  // namespace megadlm::ops

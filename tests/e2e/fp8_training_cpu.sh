@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# FP8 training on the CPU backend (docs/fp8.md "Training"), as a user runs it: the tiny diffusion
+# LM (configs/tiny_dlm.args) for 100 iterations in fp32 and in FP8 with the CPU emulation:
+#   1. --fp8-format hybrid --fp8-recipe delayed (history 16, max), hybrid tensorwise and e4m3
+#      tensorwise: every loss finite, the loss falls, and the mean loss of the last 20
+#      iterations is within BAND (relative) of the fp32 run's; the FP8 runs differ from fp32
+#      (FP8 is really on); measured band in docs/fp8.md;
+#   2. checkpoint resume with FP8 state: --save at 6, --exit-interval 6, --load: iterations 7..12
+#      bit-identical to the uninterrupted FP8 delayed run (the amax histories and scales resume);
+#   3. the refusals: blockwise and mxfp8 name the flag and the valid recipes.
+set -uo pipefail
+bin=$1; src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+BAND=${FP8_LOSS_BAND:-0.03}
+train() { "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --log-interval 1 "$@"; }
+loss_cols() { grep -o 'lm loss: [^ ]*' "$1" | awk '{print $3}'; }
+tail_mean() { loss_cols "$1" | tail -20 | awk '{s += $1} END {printf "%.6f", s / NR}'; }
+head_mean() { loss_cols "$1" | head -10 | awk '{s += $1} END {printf "%.6f", s / NR}'; }
+
+# ---- 1. FP8 vs fp32
+train --train-iters 100 > "$tmp/fp32.log" 2>&1 || fail "fp32 run: $(tail -3 "$tmp/fp32.log")"
+ref=$(tail_mean "$tmp/fp32.log")
+echo "fp32: last-20 mean loss $ref"
+for v in "hybrid delayed --fp8-amax-history-len 16 --fp8-amax-compute-algo max" "hybrid tensorwise" "e4m3 tensorwise" "e4m3 delayed"; do
+  set -- $v
+  fmt=$1; recipe=$2; shift 2
+  log="$tmp/$fmt-$recipe.log"
+  train --train-iters 100 --fp8-format "$fmt" --fp8-recipe "$recipe" "$@" > "$log" 2>&1 ||
+    fail "--fp8-format $fmt --fp8-recipe $recipe: $(tail -3 "$log")"
+  [ "$(loss_cols "$log" | wc -l)" -eq 100 ] || fail "$fmt $recipe: expected 100 iteration lines"
+  loss_cols "$log" | awk '{ if ($1 != $1 + 0 || $1 == "nan" || $1 == "inf") exit 1 }' || fail "$fmt $recipe: a non-finite loss"
+  cmp -s <(loss_cols "$log") <(loss_cols "$tmp/fp32.log") && fail "$fmt $recipe: losses identical to fp32 (FP8 not in effect?)"
+  m=$(tail_mean "$log"); h=$(head_mean "$log")
+  awk -v m="$m" -v r="$ref" -v h="$h" -v band="$BAND" -v name="$fmt $recipe" 'BEGIN {
+    d = (m - r) / r; if (d < 0) d = -d
+    printf "%s: last-20 mean loss %.6f, relative difference to fp32 %.4f (band %.3f)\n", name, m, d, band
+    if (!(m < 0.7 * h)) { print "FAIL: " name ": the loss did not fall"; exit 1 }
+    if (d > band) { print "FAIL: " name ": outside the band"; exit 1 } }' || exit 1
+done
+
+# ---- 2. bitwise resume with FP8 delayed state
+det() { sed -E 's/"(elapsed_ms|tokens_per_s|tflops_per_gpu|mfu|mfu_989|peak_mem_gb|peak_reserved_gb)":[^,}]*,?//g' "$1"; }
+fp8=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max
+     --lr-warmup-iters 2 --lr-decay-iters 12)
+train --train-iters 12 "${fp8[@]}" --metrics-jsonl "$tmp/straight.jsonl" > "$tmp/straight.log" 2>&1 || fail "straight FP8 run"
+train --train-iters 12 "${fp8[@]}" --save "$tmp/ck" --save-interval 6 --exit-interval 6 \
+  --metrics-jsonl "$tmp/first.jsonl" > "$tmp/first.log" 2>&1 || fail "first half: $(tail -3 "$tmp/first.log")"
+ls "$tmp/ck/iter_0000006" > /dev/null || fail "no checkpoint at 6"
+train --train-iters 12 "${fp8[@]}" --load "$tmp/ck" --metrics-jsonl "$tmp/second.jsonl" > "$tmp/second.log" 2>&1 ||
+  fail "resume: $(tail -3 "$tmp/second.log")"
+grep -q "no FP8 delayed-scaling state" "$tmp/second.log" && fail "the checkpoint lacked the FP8 state"
+cmp -s <(det "$tmp/straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tmp/second.jsonl" | grep '"kind":"train"') ||
+  { diff <(det "$tmp/straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tmp/second.jsonl" | grep '"kind":"train"') | head;
+    fail "resumed FP8 iterations differ"; }
+echo "PASS 2: FP8 delayed run stopped at 6 and resumed: iterations 7-12 bit-identical"
+
+# ---- 3. refusals name the flag and the valid values
+train --train-iters 2 --fp8-format hybrid --fp8-recipe blockwise > "$tmp/bw.log" 2>&1 && fail "blockwise accepted"
+grep -q "fp8-recipe blockwise. is not built yet.*valid recipes: delayed, tensorwise" "$tmp/bw.log" || { cat "$tmp/bw.log"; fail "blockwise message"; }
+train --train-iters 2 --fp8-format hybrid --fp8-recipe mxfp8 > "$tmp/mx.log" 2>&1 && fail "mxfp8 accepted"
+grep -q "Blackwell-only" "$tmp/mx.log" || fail "mxfp8 message"
+echo "PASS: FP8 training on the CPU"
