@@ -7,8 +7,15 @@
 // attention sums, DP and PP reorder the gradient sums. Such a difference can move a value across
 // an FP8 rounding boundary (one e4m3 step is 6-12 % of the value, an e5m2 step twice that), and a
 // flipped code changes the loss by far more than the fp32 rounding it came from, so the bound
-// is wider than the fp32 suites' 1e-5: kBound below, measured (the test prints the largest
-// relative difference of each case; docs/fp8.md records them).
+// is wider than the fp32 suites' 1e-5 where such flips happen. Measured on the CPU (largest
+// relative difference over 8 iterations, printed as "[fp8 layout]" lines; docs/fp8.md):
+//   delayed:    DP2 1.1e-7, PP2 2.4e-8, CP2 1.1e-7, TP2+SP 2.0e-4
+//   tensorwise: DP2 1.1e-7, PP2 5.5e-4, CP2 1.6e-3, TP2 5.5e-4, TP2+SP 5.5e-4
+// Bounds: 1e-5 (the fp32 suites' bound) where no flip was seen, 1e-3 for delayed TP, 3e-3 for
+// tensorwise TP/PP/CP. Tensorwise re-derives every scale from the current amaxes, so an
+// ulp-level difference in an amax (reassociated TP/CP sums, the gradient-norm sum over stages
+// feeding the clip) moves the scale itself and with it the rounding boundaries of the whole
+// tensor; with delayed scaling the scales come from the reduced history.
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <cmath>
@@ -25,7 +32,6 @@ using namespace megadlm;
 
 namespace {
 
-constexpr double kBound = 2e-4;  // relative, per iteration: loss and gradient norm
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
@@ -56,7 +62,15 @@ std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::Proces
   return t.train();
 }
 
+/// Relative bound per iteration (loss and gradient norm): the measured values above with margin.
+double bound(const Layout& l, Fp8Recipe recipe) {
+  const bool sums_split = l.tp > 1 || (recipe == Fp8Recipe::Tensorwise && (l.pp > 1 || l.cp > 1));
+  if (!sums_split) return 1e-5;
+  return recipe == Fp8Recipe::Delayed ? 1e-3 : 3e-3;
+}
+
 void expect_same_as_one_rank(const Layout& l, Fp8Recipe recipe, const char* name) {
+  const double kBound = bound(l, recipe);
   comm::DistributedRuntime& rt = test::spmd::mpi_runtime();
   const int world = rt.world().size();
   if (world != l.dp * l.tp * l.pp * l.cp) GTEST_SKIP() << name << " runs on " << l.dp * l.tp * l.pp * l.cp << " ranks";
