@@ -806,6 +806,24 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
   const std::string device_text =
       given ? a.flag_value("device") : "`--device cuda` (the default when a GPU is visible)";
   if (a.s("device") == "cuda") {
+    // FP8-8: Hopper's FP8 GEMMs need leading dimensions that are multiples of 16 (every GEMM
+    // dimension of the FP8 linears is a leading dimension of one of its three GEMMs).
+    if (a.is_set("fp8") && c.model_ok && c.sizes_ok && c.tp > 0 && c.cp > 0) {
+      const int64_t groups = c.query_groups > 0 ? c.query_groups : c.heads;
+      const int64_t tokens = a.i("micro_batch_size") * c.seq / c.cp;
+      const std::pair<std::string, int64_t> dims[] = {
+          {a.flag_value("hidden_size"), c.hidden},
+          {a.flag_value("ffn_hidden_size") + " / tensor-parallel size", c.ffn / c.tp},
+          {"heads x kv channels / tensor-parallel size", c.heads * c.kv / c.tp},
+          {"query groups x kv channels / tensor-parallel size", groups * c.kv / c.tp},
+          {a.flag_value("micro_batch_size") + " x " + a.flag_value("seq_length") +
+               " / context-parallel size (tokens of a micro-batch)", tokens}};
+      for (const auto& [what, v] : dims)
+        if (v > 0 && v % 16 != 0)
+          d.error("FP8-8", a.flag_value("fp8") + " on CUDA: " + what + " = " + num(v) +
+                               " must be a multiple of 16 (FP8 tensor-core GEMM leading dimensions); "
+                               "use sizes that are, or `--device cpu`");
+    }
     if (a.b("per_document_attention") && c.kv != 64 && c.kv != 128)
       d.warn(device_text + " with per-document attention (`--reset-attention-mask`) and " +
              a.flag_value("kv_channels") + ": packed batches run on the simple CUDA attention "
