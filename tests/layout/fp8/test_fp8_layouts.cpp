@@ -9,13 +9,16 @@
 // flipped code changes the loss by far more than the fp32 rounding it came from, so the bound
 // is wider than the fp32 suites' 1e-5 where such flips happen. Measured on the CPU (largest
 // relative difference over 8 iterations, printed as "[fp8 layout]" lines; docs/fp8.md):
-//   delayed:    DP2 1.1e-7, PP2 2.4e-8, CP2 1.1e-7, TP2+SP 2.0e-4
-//   tensorwise: DP2 1.1e-7, PP2 5.5e-4, CP2 1.6e-3, TP2 5.5e-4, TP2+SP 5.5e-4
-// Bounds: 1e-5 (the fp32 suites' bound) where no flip was seen, 1e-3 for delayed TP, 3e-3 for
-// tensorwise TP/PP/CP. Tensorwise re-derives every scale from the current amaxes, so an
-// ulp-level difference in an amax (reassociated TP/CP sums, the gradient-norm sum over stages
-// feeding the clip) moves the scale itself and with it the rounding boundaries of the whole
-// tensor; with delayed scaling the scales come from the reduced history.
+//                  delayed  tensorwise   (same runs without gradient clipping:)
+//   DP2            1.1e-7   1.1e-7        5.7e-8   5.8e-8
+//   PP2            2.4e-8   5.5e-4        2.5e-8   3.7e-8
+//   TP2 (+SP)      2.0e-4   5.5e-4        6.8e-8   1.6e-3
+//   CP2            1.1e-7   1.6e-3        2.6e-3   2.6e-3
+// Whether a flip happens in TP and CP runs depends on the trajectory (both recipes show one
+// in one of the two configurations); PP changes no sum inside the linears, only the order of
+// the gradient-norm sum over stages, whose last-bit difference reaches the weights through the
+// clip coefficient (without clipping PP2 matches to 4e-8). Bounds: 1e-5 (the fp32 suites')
+// for DP and delayed PP, 5e-3 for TP, CP and tensorwise PP (about 2x the largest measured).
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <cmath>
@@ -64,9 +67,8 @@ std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::Proces
 
 /// Relative bound per iteration (loss and gradient norm): the measured values above with margin.
 double bound(const Layout& l, Fp8Recipe recipe) {
-  const bool sums_split = l.tp > 1 || (recipe == Fp8Recipe::Tensorwise && (l.pp > 1 || l.cp > 1));
-  if (!sums_split) return 1e-5;
-  return recipe == Fp8Recipe::Delayed ? 1e-3 : 3e-3;
+  const bool flips = l.tp > 1 || l.cp > 1 || (recipe == Fp8Recipe::Tensorwise && l.pp > 1);
+  return flips ? 5e-3 : 1e-5;
 }
 
 void expect_same_as_one_rank(const Layout& l, Fp8Recipe recipe, const char* name) {
