@@ -7,6 +7,7 @@
 #      (FP8 is really on); measured band in docs/fp8.md;
 #   2. checkpoint resume with FP8 state: --save at 6, --exit-interval 6, --load: iterations 7..12
 #      bit-identical to the uninterrupted FP8 delayed run (the amax histories and scales resume);
+#      2b. (with MPI) a checkpoint saved under TP 2 + SP resumes in one process (same format);
 #   3. the refusals: blockwise and mxfp8 name the flag and the valid recipes.
 set -uo pipefail
 bin=$1; src=$2
@@ -55,6 +56,30 @@ cmp -s <(det "$tmp/straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tm
   { diff <(det "$tmp/straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tmp/second.jsonl" | grep '"kind":"train"') | head;
     fail "resumed FP8 iterations differ"; }
 echo "PASS 2: FP8 delayed run stopped at 6 and resumed: iterations 7-12 bit-identical"
+
+# ---- 2b. the same checkpoint format under another layout: saved by TP 2 + SP (2 ranks, MPI),
+# resumed in one process; the FP8 state is found by name and iterations 7..12 agree with the
+# straight one-process run within the FP8 layout bound (tests/layout/fp8: 5e-3 for TP)
+if [ -x "$bin/comm_timeout_probe" ] && "$bin/comm_timeout_probe" --mpi-compiled && command -v mpirun > /dev/null; then
+  flags=()
+  if grep -q "Open MPI" <<< "$(mpirun --version 2>&1 || true)"; then
+    flags+=(--oversubscribe)
+    [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+  fi
+  mpirun -np 2 "${flags[@]}" "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --log-interval 1 \
+    --train-iters 12 "${fp8[@]}" --tensor-model-parallel-size 2 --sequence-parallel --make-vocab-size-divisible-by 64 \
+    --save "$tmp/tp" --save-interval 6 --exit-interval 6 > "$tmp/tp.log" 2>&1 || fail "TP 2 save: $(tail -5 "$tmp/tp.log")"
+  train --train-iters 12 "${fp8[@]}" --load "$tmp/tp" --metrics-jsonl "$tmp/tp_resumed.jsonl" > "$tmp/tp_resume.log" 2>&1 ||
+    fail "1-process resume of a TP 2 checkpoint: $(tail -3 "$tmp/tp_resume.log")"
+  grep -q "no FP8 delayed-scaling state" "$tmp/tp_resume.log" && fail "the TP 2 checkpoint's FP8 state was not found by name"
+  paste -d' ' <(grep '"kind":"train"' "$tmp/straight.jsonl" | grep -o '"lm_loss":[^,]*' | tail -6 | cut -d: -f2) \
+              <(grep '"kind":"train"' "$tmp/tp_resumed.jsonl" | grep -o '"lm_loss":[^,]*' | cut -d: -f2) |
+    awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > 5e-3) { print "iteration " NR + 6 ": " $1 " vs " $2; bad = 1 } }
+         END { exit bad }' || fail "TP 2 -> 1 FP8 resume continued with other losses"
+  echo "PASS 2b: an FP8 checkpoint saved under TP 2 + SP resumes in one process"
+else
+  echo "(2b skipped: no MPI)"
+fi
 
 # ---- 3. refusals name the flag and the valid values
 train --train-iters 2 --fp8-format hybrid --fp8-recipe blockwise > "$tmp/bw.log" 2>&1 && fail "blockwise accepted"
