@@ -5,7 +5,10 @@
 //   convert_checkpoint --to-hf --load DIR [--ckpt-step N] --out HF_DIR [--dtype fp32|bf16]
 //                      [--tokenizer-dir DIR] [--max-shard-size-gb G] [--verify ...]
 //   convert_checkpoint --from-hf HF_DIR --save DIR [--dtype fp32|bf16] [--mask-token N]
-//                      [--seq-length S] [--verify ...]
+//                      [--seq-length S] [--hf-format F] [--verify ...]
+// --hf-format qwen (default), sdar, fast_dllm_v2 or llada: the public format written by --to-hf
+// (names and config.json keys, docs/checkpoints.md "Block-diffusion formats"); --from-hf reads
+// the format its config.json's model_type names and, given the flag, refuses another.
 //   convert_checkpoint --compare A B [--tolerance T] [--all]  (checkpoints or Hugging Face folders;
 //                      model weights, with --all the optimizer state too)
 //   convert_checkpoint --check DIR [--ckpt-step N]      (verify every file of a checkpoint)
@@ -50,9 +53,10 @@ namespace {
 const char* kUsage =
     "usage:\n"
     "  convert_checkpoint --to-hf --load DIR [--ckpt-step N] --out HF_DIR [--dtype fp32|bf16]\n"
-    "                     [--tokenizer-dir DIR] [--max-shard-size-gb G] [--verify [VERIFY OPTIONS]]\n"
+    "                     [--tokenizer-dir DIR] [--max-shard-size-gb G] [--hf-format F] [--verify [VERIFY OPTIONS]]\n"
     "  convert_checkpoint --from-hf HF_DIR --save DIR [--dtype fp32|bf16] [--mask-token N]\n"
-    "                     [--seq-length S] [--verify [VERIFY OPTIONS]]\n"
+    "                     [--seq-length S] [--hf-format F] [--verify [VERIFY OPTIONS]]\n"
+    "  --hf-format qwen (default) | sdar | fast_dllm_v2 | llada: the public format's names and config keys\n"
     "  convert_checkpoint --compare A B [--tolerance T] [--all]   (--all: optimizer state too)\n"
     "  convert_checkpoint --check DIR [--ckpt-step N]\n"
     "verify options: --verify-device cpu|cuda (default: cuda when a GPU is visible; cuda compares in bf16)\n"
@@ -118,7 +122,7 @@ Args parse(int argc, char** argv) {
     a.values[t] = argv[++i];
   }
   static const char* kKnown[] = {"--to-hf", "--verify", "--check", "--compare", "--all", "--load", "--ckpt-step", "--out",
-                                 "--dtype", "--tokenizer-dir", "--max-shard-size-gb", "--from-hf", "--save",
+                                 "--dtype", "--tokenizer-dir", "--max-shard-size-gb", "--from-hf", "--save", "--hf-format",
                                  "--mask-token", "--seq-length", "--tolerance", "--verify-device", "--verify-batch",
                                  "--verify-seq", "--verify-seed", "--hf-device", "--python", "--hf-verify-script",
                                  "--verify-max-abs", "--verify-mean-abs", "--verify-loss-diff"};
@@ -393,6 +397,12 @@ int compare(const std::string& a_path, const std::string& b_path, double toleran
   return differ == 0 && missing == 0 ? 0 : 1;
 }
 
+HfFormat hf_format_flag(const Args& a) {
+  const std::optional<HfFormat> f = hf_format_from_name(a.get("--hf-format"));
+  if (!f) MDLM_FAIL("`--hf-format ", a.get("--hf-format"), "`: valid: qwen, sdar, fast_dllm_v2, llada");
+  return *f;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -435,6 +445,7 @@ int main(int argc, char** argv) {
       o.dtype = dtype_flag(a);
       o.tokenizer_dir = a.get("--tokenizer-dir");
       o.max_shard_bytes = static_cast<uint64_t>(a.num("--max-shard-size-gb", 5.0) * 1e9);
+      if (a.has("--hf-format")) o.format = hf_format_flag(a);
       export_hf(reader, a.get("--out"), o);
       std::cout << "wrote the Hugging Face folder " << a.get("--out") << " from " << reader.dir() << "\n";
       if (a.has("--verify")) {
@@ -449,6 +460,7 @@ int main(int argc, char** argv) {
     o.dtype = dtype_flag(a);
     if (a.has("--mask-token")) o.mask_token = a.integer("--mask-token", 0, INT32_MAX);
     if (a.has("--seq-length")) o.seq_length = static_cast<int>(a.integer("--seq-length", 1, INT32_MAX));
+    if (a.has("--hf-format")) o.format = hf_format_flag(a);
     import_hf(a.get("--from-hf"), a.get("--save"), o);
     const CheckpointReader reader(checkpoint_dir(a.get("--save"), kReleaseDirName));
     std::cout << "wrote the megadlm checkpoint " << reader.dir() << " (start training from it with --load "

@@ -14,7 +14,9 @@
 //       lm-evaluation-harness style requests, one a line: {"request_type": "loglikelihood",
 //       "arguments": [context, continuation]} -> {"loglikelihood", "is_greedy"};
 //       {"request_type": "generate_until", "arguments": [context, {"until": [...],
-//       "max_gen_toks": N}]} -> {"generated_text"} (the full-sequence sampler, greedy)
+//       "max_gen_toks": N}]} -> {"generated_text"} (greedy, one token a step: the full-sequence
+//       sampler, or for block-diffusion checkpoints block decoding with the exact cache, which
+//       stops after the block where an `until` string appears)
 // Block-diffusion checkpoints (--dlm-block-size recorded) get the block estimators
 // (docs/evaluation.md "Block-diffusion models"). Every summary reports examples_per_second.
 // Per-request results go to --output (JSONL) or stdout; the summary line goes to stderr and, with
@@ -28,6 +30,7 @@
 #include <nlohmann/json.hpp>
 #include "inference_cli.h"
 #include "megadlm/data/indexed_dataset.h"
+#include "megadlm/diffusion/block_sampler.h"
 #include "megadlm/diffusion/likelihood.h"
 
 using namespace megadlm;
@@ -53,7 +56,8 @@ std::vector<apps::CliFlag> flags() {
       {"--max-samples", "N", "elbo: score at most N samples"},
       {"--micro-batch-size", "B", "elbo: samples per forward pass (default 4)"},
       {"--requests-jsonl", "FILE", "loglik: one (context, continuation) request per line; harness: lm-eval requests"},
-      {"--block-length", "K", "harness generate_until: the sampler's block length (divides every max_gen_toks; default: one block)"},
+      {"--block-length", "K", "harness generate_until: the sampler's block length (full-sequence models: divides every "
+                              "max_gen_toks, default one block; block-diffusion models: default the checkpoint's block size)"},
       {"--task-jsonl", "FILE", "multiple-choice: one {\"context\", \"choices\", \"gold\"} document per line"},
       {"--target-delimiter", "STR", "multiple-choice: between context and choice (lm-eval's default \" \")"},
       {"--mc-num", "N", "Monte-Carlo samples per request (loglik default 128; elbo: noise draws, default 1)"},
@@ -365,15 +369,6 @@ struct HarnessRequest {
   json passthrough;               // doc_id, idx, ... copied to the result
 };
 
-/// The block-diffusion refusal of generate_until (one place: block decoding is another piece of
-/// work, generate_difflm's; remove this when evaluate_difflm calls it).
-std::string bd_generate_until_refusal(const RunConfig& cfg) {
-  if (!cfg.diffusion.block_diffusion()) return "";
-  return "generate_until on a block-diffusion checkpoint (--dlm-block-size " +
-         std::to_string(cfg.diffusion.block_size) + ") is not supported by evaluate_difflm yet: use "
-         "generate_difflm for its block decoding, or give only loglikelihood requests";
-}
-
 bool harness_request_of(const json& j, const data::Tokenizer* tok, HarnessRequest& h, std::string& error) {
   h.type = j.value("request_type", j.value("type", std::string()));
   for (const char* k : {"doc_id", "idx", "task_name", "metadata"})
@@ -418,17 +413,53 @@ bool harness_request_of(const json& j, const data::Tokenizer* tok, HarnessReques
   return true;
 }
 
-/// The sampler's settings for a generate_until request (docs/evaluation.md).
+/// The sampler's settings for a generate_until request (docs/evaluation.md). Full-sequence
+/// models: LLaDA's sampler over max_gen_toks, one token a step, in blocks of --block-length (default
+/// one block). Block-diffusion models: block decoding (block_sampler.h) in blocks of the
+/// checkpoint's --dlm-block-size (or --block-length), one token a step, over max_gen_toks rounded
+/// up to whole blocks; the result keeps the first max_gen_toks tokens.
 SamplerConfig harness_sampler_config(const HarnessRequest& h, int64_t block_length, const LikelihoodConfig& lc,
-                                     const data::Tokenizer& tok) {
+                                     const data::Tokenizer& tok, const RunConfig& cfg) {
   SamplerConfig sc;
-  sc.gen_length = sc.steps = h.max_gen_toks;  // one token a step: the reference's setting
-  sc.block_length = block_length > 0 ? block_length : h.max_gen_toks;
+  if (cfg.diffusion.block_diffusion()) {
+    sc.block_length = block_length > 0 ? block_length : cfg.diffusion.block_size;
+    sc.gen_length = (h.max_gen_toks + sc.block_length - 1) / sc.block_length * sc.block_length;
+  } else {
+    sc.gen_length = h.max_gen_toks;
+    sc.block_length = block_length > 0 ? block_length : h.max_gen_toks;
+  }
+  sc.steps = sc.gen_length;  // one token a step: the reference's setting
   sc.mask_token = lc.mask_token;
   sc.seed = lc.seed;
   sc.eos_token = tok.eod() != lc.mask_token ? tok.eod() : -1;
   sc.stop_at_eos = sc.eos_token >= 0;
   return sc;
+}
+
+/// Block decoding for the harness: the exact cache, the checkpoint's clean-stream rule.
+BlockDecoding harness_block_decoding(const RunConfig& cfg) {
+  BlockDecoding d;
+  d.causal_clean = cfg.model.block_diffusion_causal_clean;
+  d.exact_cache = true;
+  return d;
+}
+
+/// The generated ids up to the first EOS, decoded and cut at the first occurrence of any stop
+/// string (lm-eval's generate_until); `cut` says whether a stop string was found.
+std::string harness_text(const data::Tokenizer& tok, std::vector<int32_t> ids, int64_t eos,
+                         const std::vector<std::string>& until, bool* cut = nullptr) {
+  if (eos >= 0) ids.erase(std::find(ids.begin(), ids.end(), static_cast<int32_t>(eos)), ids.end());
+  std::string text = tok.decode(ids);
+  bool found = false;
+  for (const std::string& u : until) {
+    const size_t at = u.empty() ? std::string::npos : text.find(u);
+    if (at != std::string::npos) {
+      text.resize(at);
+      found = true;
+    }
+  }
+  if (cut != nullptr) *cut = found;
+  return text;
 }
 
 json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg, const data::Tokenizer* tok,
@@ -447,31 +478,33 @@ json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg,
       errors.push_back(where + ": " + e.what());
     }
     h.ll.index = static_cast<int64_t>(reqs.size());
-    if (h.type == "generate_until" && !cfg.diffusion.block_diffusion() && error.empty() && tok != nullptr &&
-        block_length >= 0 &&
-        (block_length == 0 || h.max_gen_toks % block_length == 0)) {
-      const SamplerConfig sc = harness_sampler_config(h, block_length, lc, *tok);
+    const bool bd = cfg.diffusion.block_diffusion();
+    if (h.type == "generate_until" && error.empty() && tok != nullptr && block_length >= 0 &&
+        (bd || block_length == 0 || h.max_gen_toks % block_length == 0)) {
+      const SamplerConfig sc = harness_sampler_config(h, block_length, lc, *tok, cfg);
+      std::vector<std::string> problems =
+          bd ? block_decoding_problems(sc, harness_block_decoding(cfg), model.input_vocab_size()) : std::vector<std::string>{};
       for (const std::string& p : request_problems({{h.prompt, static_cast<int64_t>(reqs.size())}}, sc,
-                                                   model.input_vocab_size(), model.max_positions())) {
-        std::string msg = p;  // the sampler names its flag; here it is the request's max_gen_toks
+                                                   model.input_vocab_size(), model.max_positions()))
+        problems.push_back(p);
+      for (std::string msg : problems) {  // the sampler names its flag; here it is the request's max_gen_toks
         for (size_t at; (at = msg.find("`--gen-length")) != std::string::npos;) msg.replace(at, 13, "`max_gen_toks");
+        if (sc.gen_length != h.max_gen_toks)
+          msg += " (\"max_gen_toks\": " + std::to_string(h.max_gen_toks) + " rounded up to whole blocks of " +
+                 std::to_string(sc.block_length) + ")";
         errors.push_back(where + ": " + msg);
       }
     }
-    if (h.type == "generate_until") {
-      const std::string refusal = bd_generate_until_refusal(cfg);
-      if (!refusal.empty()) errors.push_back(where + ": " + refusal);
-      if (block_length > 0 && h.max_gen_toks % block_length != 0)
-        errors.push_back(where + ": \"max_gen_toks\": " + std::to_string(h.max_gen_toks) +
-                         " is not a multiple of `--block-length " + std::to_string(block_length) + "`");
-    }
+    if (h.type == "generate_until" && !bd && block_length > 0 && h.max_gen_toks % block_length != 0)
+      errors.push_back(where + ": \"max_gen_toks\": " + std::to_string(h.max_gen_toks) +
+                       " is not a multiple of `--block-length " + std::to_string(block_length) + "`");
     reqs.push_back(std::move(h));
   }
   if (block_length < 0) errors.push_back("`--block-length " + std::to_string(block_length) + "` must be >= 1");
   if (reqs.empty() && errors.empty()) errors.push_back(path + ": no request");
   if (!errors.empty()) throw ConfigError(errors, {});
   const Clock::time_point t0 = Clock::now();
-  int64_t n_ll = 0, n_gen = 0;
+  int64_t n_ll = 0, n_gen = 0, gen_forwards = 0, gen_steps = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     const HarnessRequest& h = reqs[i];
     json j = h.passthrough;
@@ -486,18 +519,36 @@ json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg,
       j["standard_error"] = res.standard_error;
       ++n_ll;
     } else {
-      const SamplerConfig sc = harness_sampler_config(h, block_length, lc, *tok);
-      const std::vector<GenerationResult> r = generate(model, {{h.prompt, static_cast<int64_t>(i)}}, sc);
-      std::vector<int32_t> ids = r[0].tokens;
-      if (sc.eos_token >= 0) ids.erase(std::find(ids.begin(), ids.end(), static_cast<int32_t>(sc.eos_token)), ids.end());
-      std::string text = tok->decode(ids);
-      for (const std::string& u : h.until) {  // lm-eval: cut at the first occurrence of any stop string
-        const size_t at = u.empty() ? std::string::npos : text.find(u);
-        if (at != std::string::npos) text.resize(at);
+      const SamplerConfig sc = harness_sampler_config(h, block_length, lc, *tok, cfg);
+      const std::vector<GenerationRequest> one = {{h.prompt, static_cast<int64_t>(i)}};
+      std::vector<int32_t> ids;
+      if (cfg.diffusion.block_diffusion()) {
+        // Block decoding stops after the block where a stop string (within max_gen_toks) appears.
+        BlockDecoding bdec = harness_block_decoding(cfg);
+        bdec.stop_after_block = [&](size_t, const std::vector<int32_t>& generated) {
+          bool cut = false;
+          const size_t n = std::min(generated.size(), static_cast<size_t>(h.max_gen_toks));
+          harness_text(*tok, std::vector<int32_t>(generated.begin(), generated.begin() + static_cast<int64_t>(n)),
+                       sc.eos_token, h.until, &cut);
+          return cut;
+        };
+        const GenerationResult r = generate_blocks(model, one, sc, bdec)[0];
+        ids = r.tokens;
+        j["forwards"] = r.forwards;
+        gen_forwards += r.forwards;
+        gen_steps += r.steps;
+      } else {
+        ids = generate(model, one, sc)[0].tokens;
       }
+      if (static_cast<int64_t>(ids.size()) > h.max_gen_toks) ids.resize(static_cast<size_t>(h.max_gen_toks));
+      bool cut = false;
+      const std::string text = harness_text(*tok, ids, sc.eos_token, h.until, &cut);
+      if (sc.eos_token >= 0) ids.erase(std::find(ids.begin(), ids.end(), static_cast<int32_t>(sc.eos_token)), ids.end());
       j["generated_text"] = text;
       j["result"] = text;
       j["generated_tokens"] = ids.size();
+      j["generated_ids"] = ids;
+      j["stopped_at_until"] = cut;
       ++n_gen;
     }
     out.write(j);
@@ -507,6 +558,11 @@ json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg,
   s["requests"] = reqs.size();
   s["loglikelihood_requests"] = n_ll;
   s["generate_until_requests"] = n_gen;
+  if (cfg.diffusion.block_diffusion() && n_gen > 0) {  // block decoding, exact cache
+    s["decode"] = "block";
+    s["generate_until_forwards"] = gen_forwards;
+    s["generate_until_decoding_forwards"] = gen_steps;
+  }
   s["mc_num"] = lc.mc_num;
   if (lc.block_size > 0) s["block_size"] = lc.block_size;
   add_rate(s, static_cast<double>(reqs.size()), t0);

@@ -189,10 +189,12 @@ std::vector<GenerationResult> generate_blocks(LogitsModel& model, const std::vec
     for (int64_t p = 0; p < row.prompt; ++p) row.x[static_cast<size_t>(row.pad + p)] = requests[r].prompt[static_cast<size_t>(p)];
     for (int64_t c = row.pad + row.prompt; c < row.end; ++c) row.x[static_cast<size_t>(c)] = mask;
   }
-  auto finish = [&](Row& row, bool stopped) {
+  // upto: the end column of the tokens kept (the row's end, or the last committed block's).
+  auto finish = [&](Row& row, bool stopped, int64_t upto = -1) {
     GenerationResult& out = results[row.request];
     out = row.result;
-    out.tokens.assign(row.x.begin() + row.pad + row.prompt, row.x.begin() + row.end);
+    const int64_t last = upto < 0 ? row.end : std::max(row.pad + row.prompt, std::min(upto, row.end));
+    out.tokens.assign(row.x.begin() + row.pad + row.prompt, row.x.begin() + last);
     if (stopped) {
       auto eos = std::find(out.tokens.begin(), out.tokens.end(), static_cast<int32_t>(cfg.eos_token));
       out.tokens.erase(eos + 1, out.tokens.end());
@@ -351,6 +353,13 @@ std::vector<GenerationResult> generate_blocks(LogitsModel& model, const std::vec
     if (cfg.stop_at_eos)
       for (Row& row : rows)
         if (!row.finished && has_eos(row, b1)) finish(row, true);
+    if (dec.stop_after_block)
+      for (Row& row : rows) {
+        if (row.finished) continue;
+        const int64_t last = std::max(row.pad + row.prompt, std::min(b1, row.end));
+        const std::vector<int32_t> generated(row.x.begin() + row.pad + row.prompt, row.x.begin() + last);
+        if (dec.stop_after_block(row.request, generated)) finish(row, false, b1);
+      }
     // The finished block's clean keys and values (the clean-stream rule) for the blocks after it.
     if (dec.exact_cache && j + 1 < nblocks && !all_finished()) {
       if (dec.causal_clean) {

@@ -23,6 +23,7 @@ InferenceModel::InferenceModel(const InferenceSource& src, Device device) {
   rt_.training = false;  // no dropout
   std::unique_ptr<checkpoint::CheckpointReader> reader;
   std::unique_ptr<checkpoint::HfWeights> hf;
+  checkpoint::HfFormat hf_format = checkpoint::HfFormat::Qwen;  // the folder's names
   if (!src.load.empty()) {
     const std::optional<std::string> dir = checkpoint::find_checkpoint(src.load, src.ckpt_step);
     if (!dir) MDLM_FAIL("--load ", src.load, ": no checkpoint there (no latest_checkpointed_iteration.txt)");
@@ -37,7 +38,9 @@ InferenceModel::InferenceModel(const InferenceSource& src, Device device) {
     const std::string config_path = (fs::path(src.hf_dir) / "config.json").string();
     if (checkpoint::file_size_or_missing(config_path) < 0)
       MDLM_FAIL("--hf-dir ", src.hf_dir, " has no config.json: not a Hugging Face model folder");
-    cfg_ = checkpoint::run_config_from_hf(checkpoint::read_text_file(config_path), config_path);
+    const std::string config_text = checkpoint::read_text_file(config_path);
+    hf_format = checkpoint::hf_format_of_config(config_text, config_path);
+    cfg_ = checkpoint::run_config_from_hf(config_text, config_path);
     hf = std::make_unique<checkpoint::HfWeights>(src.hf_dir);
     description_ = "Hugging Face folder " + src.hf_dir;
   }
@@ -53,7 +56,7 @@ InferenceModel::InferenceModel(const InferenceSource& src, Device device) {
       host = Tensor::empty(d.shape, DType::F32, Stream::cpu());
       reader->read(checkpoint::kModelPrefix + d.name, d.shape, checkpoint::Region::whole(d.shape), host);
     } else {
-      const std::string name = checkpoint::hf_tensor_name(d.name);
+      const std::string name = checkpoint::hf_tensor_name(d.name, hf_format);
       if (!hf->contains(name)) {
         missing.push_back(name);
         continue;

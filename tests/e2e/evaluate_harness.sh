@@ -5,7 +5,10 @@
 # for the continuation the reference's greedy decoding produces, generate_until is the
 # reference's greedy generation cut at the first `until` string; examples/harness/requests.jsonl
 # runs through a byte-level tokenizer. On a block-diffusion model: loglikelihood equals the block
-# reference, and generate_until is refused before any work. Bad request types are named.
+# reference, and generate_until runs block decoding with the exact cache: its tokens equal the
+# NumPy block sampler's (tests/golden/block_reference.py) token for token, max_gen_toks that is
+# not a whole number of blocks keeps the first tokens, and an `until` string ends decoding after
+# the block where it appears (fewer tokens and forwards). Bad request types are named.
 set -euo pipefail
 source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
@@ -92,7 +95,7 @@ rows = [json.loads(l) for l in open('example.jsonl')]
 ok = len(rows) == 5 and all('loglikelihood' in r for r in rows[:3]) and all('generated_text' in r for r in rows[3:])
 ok = ok and all(u not in rows[3]['generated_text'] for u in ('\n', 'Question:')) and '.' not in rows[4]['generated_text']
 sys.exit(0 if ok else 1)" || { echo "FAIL: examples/harness/requests.jsonl"; cat example.jsonl; exit 1; }
-# Block diffusion: loglikelihood = the block reference; generate_until refused before any work.
+# Block diffusion: loglikelihood = the block reference.
 tiny_checkpoint bd --attention-mask-type block_causal --dlm-block-size 8 --dlm-loss-weight inv_t_eps
 export_hf bd hf_bd
 head -2 harness.jsonl > bd_harness.jsonl
@@ -106,6 +109,50 @@ a = [json.loads(l)['loglikelihood'] for l in open('bd_out.jsonl')]
 b = [json.loads(l)['loglikelihood'] for l in open('bd_py.jsonl')]
 sys.exit(0 if len(a) == 2 and max(abs(x - y) for x, y in zip(a, b)) <= 2e-5 else 1)" \
   || { echo "FAIL: block-diffusion harness loglikelihood differs from the reference"; exit 1; }
+# generate_until on the block model: the block reference's greedy generation (block 8, one
+# token a step), the same prompts.
+bref="$src/tests/golden/block_reference.py"
+printf '{"prompt_ids": [100, 3, 9]}\n{"prompt_ids": [5, 17, 33]}\n' > bp.jsonl
+"$PY" "$bref" generate --model hf_bd --prompts-jsonl bp.jsonl --gen-length 8 --steps 8 --block-length 8 --mask-id 127 \
+  --seed 99 --output bd_g8.jsonl > /dev/null
+"$PY" "$bref" generate --model hf_bd --prompts-jsonl bp.jsonl --gen-length 16 --steps 16 --block-length 8 --mask-id 127 \
+  --seed 99 --output bd_g16.jsonl > /dev/null
+# A stop string: the text of the second generated token of [5 17 33] (inside the first block).
+bstop=$("$PY" -c "import json; print([json.loads(l) for l in open('bd_g16.jsonl')][1]['token_ids'][1])")
+cat > bd_gen.jsonl <<R
+{"request_type": "generate_until", "doc_id": 3, "arguments": ["100 3 9", {"until": ["NEVER"], "max_gen_toks": 8}]}
+{"request_type": "generate_until", "arguments": ["5 17 33", {"until": [], "max_gen_toks": 5}]}
+{"request_type": "generate_until", "arguments": ["5 17 33", {"until": [], "max_gen_toks": 16}]}
+{"request_type": "generate_until", "arguments": ["5 17 33", {"until": ["NEVER", "$bstop"], "max_gen_toks": 16}]}
+R
+"$bin/evaluate_difflm" --load bd --task harness --requests-jsonl bd_gen.jsonl --tokenizer-type NullTokenizer \
+  --mc-num 8 --mc-batch-size 4 --device cpu --seed 99 --output bd_gen_out.jsonl --summary-json bd_summary.json \
+  2> eval.err || { cat eval.err; exit 1; }
+"$PY" - "$bstop" <<'P' || { echo "FAIL: block-diffusion generate_until differs from the block reference"; cat bd_gen_out.jsonl; exit 1; }
+import json, sys
+out = [json.loads(l) for l in open("bd_gen_out.jsonl")]
+g8 = [json.loads(l)["token_ids"] for l in open("bd_g8.jsonl")]
+g16 = [json.loads(l)["token_ids"] for l in open("bd_g16.jsonl")]
+s = json.load(open("bd_summary.json"))
+text = lambda ids: " ".join(map(str, ids))
+assert [o["request_type"] for o in out] == ["generate_until"] * 4 and out[0]["doc_id"] == 3
+# Token for token: the C++ block decoder (exact cache) = the NumPy block sampler (no cache).
+assert out[0]["generated_ids"] == g8[0] and len(g8[0]) == 8, (out[0], g8[0])
+assert out[0]["generated_text"] == text(g8[0]) == out[0]["result"], out[0]
+assert out[1]["generated_ids"] == g8[1][:5], (out[1], g8[1])  # max_gen_toks 5: 8 decoded, 5 kept
+assert out[2]["generated_ids"] == g16[1] and len(g16[1]) == 16, (out[2], g16[1])
+full = text(g16[1])
+at = full.find(sys.argv[1])
+assert at > 0, (full, sys.argv[1])
+assert out[3]["generated_text"] == full[:at] and out[3]["stopped_at_until"] is True, (out[3], full[:at])
+# The stop string is in the first block (prompt 3 + 5 generated): decoding ended there.
+assert out[3]["generated_ids"] == g16[1][:5], out[3]
+assert out[3]["forwards"] < out[2]["forwards"], (out[2], out[3])
+assert out[2]["stopped_at_until"] is False
+assert s["decode"] == "block" and s["generate_until_requests"] == 4 and s["examples_per_second"] > 0, s
+print(f"block-diffusion generate_until = the block reference token for token; until stopped after "
+      f"{out[3]['forwards']} of {out[2]['forwards']} forwards")
+P
 refuse() {  # refuse FILE TEXT: exit 2 and TEXT in the message, no result rows
   set +e
   "$bin/evaluate_difflm" --load "$3" --task harness --requests-jsonl "$1" --tokenizer-type NullTokenizer --device cpu \
@@ -115,7 +162,8 @@ refuse() {  # refuse FILE TEXT: exit 2 and TEXT in the message, no result rows
   [ $rc -eq 2 ] && grep -qF -- "$2" bad.out && [ ! -s refused.jsonl ] \
     || { echo "FAIL: $1 was not refused with '$2'"; cat bad.out; exit 1; }
 }
-refuse harness.jsonl "request 2: generate_until on a block-diffusion checkpoint (--dlm-block-size 8) is not supported" bd
+echo '{"request_type": "generate_until", "arguments": ["5 17 33", {"until": [], "max_gen_toks": 58}]}' > bd_long.jsonl
+refuse bd_long.jsonl '"max_gen_toks": 58 rounded up to whole blocks of 8' bd
 echo '{"request_type": "loglikelihood_rolling", "arguments": ["5"]}' > bad.jsonl
 refuse bad.jsonl '"request_type": "loglikelihood_rolling": valid: loglikelihood, generate_until' ckpt
 echo '{"request_type": "generate_until", "arguments": ["5", {"until": [], "max_gen_toks": 6}]}' > bad2.jsonl
@@ -124,4 +172,4 @@ echo '{"request_type": "generate_until", "arguments": ["5", {"until": [], "max_g
 grep -qF '"max_gen_toks": 6 is not a multiple of `--block-length 4`' bad.out || { cat bad.out; exit 1; }
 echo '{"request_type": "generate_until", "arguments": ["5 17 33", {"until": [], "max_gen_toks": 64}]}' > long.jsonl
 refuse long.jsonl 'request 0: prompt 0 (3 tokens) plus `max_gen_toks 64` needs 67 positions; the model has 64' ckpt
-echo "PASS: harness requests equal the references; BD generate_until and bad requests refused"
+echo "PASS: harness requests equal the references (block-diffusion generate_until too); bad requests refused"

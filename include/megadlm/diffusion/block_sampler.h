@@ -43,6 +43,7 @@
 // ops::sample_proposals's proposal with keys (g, j) and step j (greedy at temperature 0).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 #include "megadlm/diffusion/sampler.h"
@@ -57,6 +58,12 @@ struct BlockDecoding {
   bool autoregressive = false;  ///< --decode ar (the causal-clean variant only)
   bool causal_clean = false;    ///< the model's clean stream is causal (--dlm-bd-clean-attention causal)
   bool exact_cache = true;      ///< --kv-cache exact (default) or none
+  /// Optional caller's stop rule, asked after each finished block (block decoding; not with
+  /// `autoregressive`) for every unfinished row with its generated tokens so far (the committed
+  /// blocks, clean; EOS included): true finishes the row there, its result holding those tokens
+  /// only. Committed blocks never change, so a rule that looks for a stop string (lm-eval's
+  /// `until`) ends the row exactly where generating everything and cutting afterwards would.
+  std::function<bool(size_t request, const std::vector<int32_t>& generated)> stop_after_block;
 };
 
 /// Every problem of `config` (SamplerConfig: gen_length, steps, block_length = the block size

@@ -47,6 +47,28 @@ const std::pair<const char*, const char*> kGlobalNames[] = {
     {"output_layer.weight", "lm_head.weight"},
 };
 
+// LLaDA's names (its modeling file's LLaDALlamaBlock and LLaDAModel.transformer).
+const std::pair<const char*, const char*> kLladaLayerNames[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attention.linear_q.weight", "q_proj.weight"},
+    {"self_attention.linear_q.bias", "q_proj.bias"},
+    {"self_attention.linear_k.weight", "k_proj.weight"},
+    {"self_attention.linear_k.bias", "k_proj.bias"},
+    {"self_attention.linear_v.weight", "v_proj.weight"},
+    {"self_attention.linear_v.bias", "v_proj.bias"},
+    {"self_attention.linear_proj.weight", "attn_out.weight"},
+    {"pre_mlp_layernorm.weight", "ff_norm.weight"},
+    {"mlp.linear_fc1_gate.weight", "ff_proj.weight"},  // SiLU is applied to ff_proj: the gate
+    {"mlp.linear_fc1_up.weight", "up_proj.weight"},
+    {"mlp.linear_fc2.weight", "ff_out.weight"},
+};
+const std::pair<const char*, const char*> kLladaGlobalNames[] = {
+    {"embedding.word_embeddings.weight", "model.transformer.wte.weight"},
+    {"decoder.final_layernorm.weight", "model.transformer.ln_f.weight"},
+    {"output_layer.weight", "model.transformer.ff_out.weight"},
+};
+constexpr int64_t kLladaMaskToken = 126336;  // LLaDA 8B's mask id (its config's mask_token_id)
+
 const char* hf_dtype_name(DType t) {
   switch (t) {
     case DType::F32: return "float32";
@@ -109,7 +131,9 @@ HfArchitecture hf_architecture_for(const TransformerConfig& m) {
   return m.qk_layernorm ? HfArchitecture::Qwen3 : HfArchitecture::Qwen2;
 }
 
-std::string hf_tensor_name(const std::string& ours) {
+namespace {
+
+std::string qwen_tensor_name(const std::string& ours) {
   for (const auto& [a, b] : kGlobalNames)
     if (ours == a) return b;
   static const std::regex layer(R"(decoder\.layers\.(\d+)\.(.+))");
@@ -128,7 +152,7 @@ std::string hf_tensor_name(const std::string& ours) {
   MDLM_FAIL("parameter ", ours, " has no Hugging Face name");
 }
 
-std::optional<std::string> megadlm_tensor_name(const std::string& hf) {
+std::optional<std::string> qwen_megadlm_name(const std::string& hf) {
   for (const auto& [a, b] : kGlobalNames)
     if (hf == b) return std::string(a);
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
@@ -147,7 +171,225 @@ std::optional<std::string> megadlm_tensor_name(const std::string& hf) {
   return std::nullopt;
 }
 
-std::string hf_config_json(const RunConfig& c, DType dtype) {
+// What config.json cannot say, for the import back (the "megadlm" section).
+json megadlm_section(const RunConfig& c) {
+  const TransformerConfig& m = c.model;
+  const bool block = m.attention_mask == AttentionMaskType::BlockCausal;
+  return {{"attention", m.attention_mask == AttentionMaskType::NoMask ? "bidirectional" : block ? "block_causal" : "causal"},
+          {"bd_clean_attention", m.block_diffusion_causal_clean ? "causal" : "block_causal"},
+          {"vocab_size", m.vocab_size},
+          {"mask_token_id", c.diffusion.mask_token},
+          {"model_running_mode", c.diffusion.mode == RunningMode::Vanilla ? "vanilla" : "difflm-noshift"},
+          {"seq_length", m.seq_length}};
+}
+
+void apply_megadlm_section(const json& j, RunConfig& c) {
+  if (!j.contains("megadlm") || !j.at("megadlm").is_object()) return;
+  TransformerConfig& m = c.model;
+  const json& x = j.at("megadlm");
+  m.vocab_size = x.value("vocab_size", m.vocab_size);
+  const std::string attention = x.value("attention", std::string("bidirectional"));
+  m.attention_mask = attention == "causal" ? AttentionMaskType::Causal
+                     : attention == "block_causal" ? AttentionMaskType::BlockCausal
+                                                   : AttentionMaskType::NoMask;
+  if (m.attention_mask == AttentionMaskType::BlockCausal)
+    m.block_diffusion_causal_clean = x.value("bd_clean_attention", std::string()) == "causal";
+  c.diffusion.mask_token = x.value("mask_token_id", int64_t{-1});
+  if (x.value("model_running_mode", std::string()) == "vanilla") c.diffusion.mode = RunningMode::Vanilla;
+  m.seq_length = x.value("seq_length", m.seq_length);
+}
+
+std::string llada_config_json(const RunConfig& c, DType dtype) {
+  const TransformerConfig& m = c.model;
+  json j;
+  j["architectures"] = {"LLaDAModelLM"};
+  j["model_type"] = "llada";
+  j["d_model"] = m.hidden_size;
+  j["n_layers"] = m.num_layers;
+  j["n_heads"] = m.num_attention_heads;
+  j["n_kv_heads"] = m.num_query_groups;
+  j["mlp_hidden_size"] = m.ffn_hidden_size;
+  j["mlp_ratio"] = std::max(1, m.ffn_hidden_size / m.hidden_size);  // unused: mlp_hidden_size wins
+  j["vocab_size"] = m.padded_vocab_size;
+  j["embedding_size"] = m.padded_vocab_size;
+  j["max_sequence_length"] = m.max_position_embeddings;
+  j["rms_norm_eps"] = static_cast<double>(m.norm_epsilon);
+  j["layer_norm_type"] = "rms";
+  j["activation_type"] = "silu";
+  j["block_type"] = "llama";
+  j["rope"] = true;
+  j["rope_theta"] = static_cast<double>(m.rotary_base);
+  j["alibi"] = false;
+  j["weight_tying"] = !m.untie_embeddings_and_output_weights;
+  j["include_bias"] = false;
+  j["include_qkv_bias"] = m.add_qkv_bias;
+  j["attention_layer_norm"] = false;
+  j["input_emb_norm"] = false;
+  j["scale_logits"] = false;
+  j["mask_token_id"] = c.diffusion.mask_token;
+  j["init_std"] = static_cast<double>(m.init_method_std);
+  j["use_cache"] = false;
+  j["torch_dtype"] = hf_dtype_name(dtype);
+  j["megadlm"] = megadlm_section(c);
+  return j.dump(2);
+}
+
+RunConfig llada_run_config(const json& j, const std::string& where) {
+  RunConfig c;
+  TransformerConfig& m = c.model;
+  auto refuse = [&](const char* key, const std::string& why) {
+    MDLM_FAIL(where, ": ", key, " ", j.at(key).dump(), " is not supported (", why, ")");
+  };
+  if (j.value("block_type", std::string("llama")) != "llama") refuse("block_type", "valid: llama");
+  if (j.value("activation_type", std::string("silu")) != "silu") refuse("activation_type", "valid: silu");
+  if (j.value("layer_norm_type", std::string("rms")) != "rms") refuse("layer_norm_type", "valid: rms");
+  if (!j.value("rope", true)) refuse("rope", "megadlm's LLaDA uses RoPE");
+  if (j.value("alibi", false)) refuse("alibi", "RoPE only");
+  if (j.value("attention_layer_norm", false)) refuse("attention_layer_norm", "LLaDA's q/k norms are not mapped");
+  if (j.value("include_bias", false)) refuse("include_bias", "only q/k/v biases (include_qkv_bias)");
+  if (j.value("scale_logits", false)) refuse("scale_logits", "the head is not scaled");
+  if (j.value("input_emb_norm", false)) refuse("input_emb_norm", "no embedding norm");
+  if (j.contains("clip_qkv") && !j.at("clip_qkv").is_null()) refuse("clip_qkv", "q/k/v are not clipped");
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) refuse("rope_scaling", "plain RoPE only");
+  m.num_layers = j.at("n_layers").get<int>();
+  m.hidden_size = j.at("d_model").get<int>();
+  m.num_attention_heads = j.at("n_heads").get<int>();
+  m.num_query_groups = j.contains("n_kv_heads") && !j.at("n_kv_heads").is_null() ? j.at("n_kv_heads").get<int>()
+                                                                                  : m.num_attention_heads;
+  m.kv_channels = m.hidden_size / m.num_attention_heads;
+  m.ffn_hidden_size = j.contains("mlp_hidden_size") && !j.at("mlp_hidden_size").is_null()
+                          ? j.at("mlp_hidden_size").get<int>()
+                          : j.value("mlp_ratio", 4) * m.hidden_size;
+  m.vocab_size = j.at("vocab_size").get<int64_t>();
+  m.padded_vocab_size = j.contains("embedding_size") && !j.at("embedding_size").is_null()
+                            ? j.at("embedding_size").get<int64_t>()
+                            : m.vocab_size;
+  if (m.padded_vocab_size < m.vocab_size)
+    MDLM_FAIL(where, ": embedding_size ", m.padded_vocab_size, " is smaller than vocab_size ", m.vocab_size);
+  m.max_position_embeddings = j.value("max_sequence_length", 4096);
+  m.seq_length = std::min(m.max_position_embeddings, 4096);
+  m.position_embedding_type = PositionEmbeddingType::Rope;
+  const double theta = j.value("rope_theta", 10000.0);
+  if (theta != std::floor(theta)) MDLM_FAIL(where, ": rope_theta ", theta, " is not an integer (`--rotary-base` takes integers)");
+  m.rotary_base = static_cast<float>(theta);
+  m.rotary_percent = 1.0f;
+  m.normalization = NormType::RMSNorm;
+  m.norm_epsilon = static_cast<float>(j.value("rms_norm_eps", 1e-5));
+  m.activation = MlpActivation::SwiGLU;
+  m.qk_layernorm = false;
+  m.add_bias_linear = false;
+  m.add_qkv_bias = j.value("include_qkv_bias", false);
+  m.untie_embeddings_and_output_weights = !j.value("weight_tying", false);
+  m.init_method_std = static_cast<float>(j.value("init_std", 0.02));
+  m.attention_dropout = 0.0f;
+  m.hidden_dropout = 0.0f;
+  m.attention_mask = AttentionMaskType::NoMask;  // LLaDA attends bidirectionally over the sequence
+  const int64_t mask = j.contains("mask_token_id") && j.at("mask_token_id").is_number_integer()
+                           ? j.at("mask_token_id").get<int64_t>()
+                           : kLladaMaskToken;
+  c.diffusion.mask_token = mask < m.padded_vocab_size ? mask : -1;
+  apply_megadlm_section(j, c);
+  return c;
+}
+
+}  // namespace
+
+const char* hf_format_name(HfFormat f) {
+  switch (f) {
+    case HfFormat::Qwen: return "qwen";
+    case HfFormat::Sdar: return "sdar";
+    case HfFormat::FastDllmV2: return "fast_dllm_v2";
+    case HfFormat::Llada: return "llada";
+  }
+  return "?";
+}
+
+std::optional<HfFormat> hf_format_from_name(const std::string& n) {
+  for (HfFormat f : {HfFormat::Qwen, HfFormat::Sdar, HfFormat::FastDllmV2, HfFormat::Llada})
+    if (n == hf_format_name(f)) return f;
+  return std::nullopt;
+}
+
+HfFormat hf_format_of_config(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    MDLM_FAIL(where, " is not valid JSON (", e.what(), ")");
+  }
+  const std::string type = j.is_object() ? j.value("model_type", std::string()) : std::string();
+  if (type == "qwen2" || type == "qwen3" || type == "qwen3_moe") return HfFormat::Qwen;
+  if (type == "sdar") return HfFormat::Sdar;
+  if (type == "Fast_dLLM_Qwen") return HfFormat::FastDllmV2;
+  if (type == "llada") return HfFormat::Llada;
+  MDLM_FAIL(where, ": model_type '", type, "' is not supported; megadlm imports qwen2, qwen3 and qwen3_moe, and the "
+            "block-diffusion formats sdar, Fast_dLLM_Qwen and llada");
+}
+
+std::vector<std::string> hf_format_problems(const RunConfig& c, HfFormat f) {
+  std::vector<std::string> out;
+  const TransformerConfig& m = c.model;
+  try {
+    hf_architecture_for(m);
+  } catch (const std::exception& e) {
+    out.push_back(e.what());
+  }
+  const bool block = m.attention_mask == AttentionMaskType::BlockCausal && c.diffusion.block_size > 0;
+  const std::string name = std::string("--hf-format ") + hf_format_name(f);
+  if (f == HfFormat::Sdar || f == HfFormat::FastDllmV2) {
+    if (!block)
+      out.push_back("`" + name + "` is a block-diffusion format: the model needs `--attention-mask-type block_causal "
+                    "--dlm-block-size B`");
+    if (m.moe.enabled()) out.push_back("`" + name + "` is a dense format: this model has experts (`--num-experts`)");
+    if (f == HfFormat::Sdar && !m.qk_layernorm)
+      out.push_back("`--hf-format sdar` is Qwen3's architecture: the model needs `--qk-layernorm`");
+    if (f == HfFormat::FastDllmV2 && m.qk_layernorm)
+      out.push_back("`--hf-format fast_dllm_v2` is Qwen2.5's architecture: the model has `--qk-layernorm`, which it lacks");
+  }
+  if (f == HfFormat::Llada) {
+    if (m.attention_mask != AttentionMaskType::NoMask)
+      out.push_back("`--hf-format llada` is a full-attention (bidirectional) model: the model needs "
+                    "`--attention-mask-type no_mask`");
+    if (m.qk_layernorm) out.push_back("`--hf-format llada` has no q/k norms: the model has `--qk-layernorm`");
+    if (m.moe.enabled()) out.push_back("`--hf-format llada` is dense: this model has experts (`--num-experts`)");
+    if (m.kv_channels * m.num_attention_heads != m.hidden_size)
+      out.push_back("`--hf-format llada` needs `--kv-channels` = hidden size / heads");
+  }
+  return out;
+}
+
+std::string hf_tensor_name(const std::string& ours, HfFormat f) {
+  if (f != HfFormat::Llada) return qwen_tensor_name(ours);
+  for (const auto& [a, b] : kLladaGlobalNames)
+    if (ours == a) return b;
+  static const std::regex layer(R"(decoder\.layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(ours, m, layer))
+    for (const auto& [a, b] : kLladaLayerNames)
+      if (m[2].str() == a) return "model.transformer.blocks." + m[1].str() + "." + b;
+  MDLM_FAIL("parameter ", ours, " has no name in the llada format");
+}
+
+std::optional<std::string> megadlm_tensor_name(const std::string& hf, HfFormat f) {
+  if (f != HfFormat::Llada) return qwen_megadlm_name(hf);
+  for (const auto& [a, b] : kLladaGlobalNames)
+    if (hf == b) return std::string(a);
+  static const std::regex layer(R"(model\.transformer\.blocks\.(\d+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(hf, m, layer))
+    for (const auto& [a, b] : kLladaLayerNames)
+      if (m[2].str() == b) return "decoder.layers." + m[1].str() + "." + a;
+  return std::nullopt;
+}
+
+std::string hf_config_json(const RunConfig& c, DType dtype, HfFormat format) {
+  const std::vector<std::string> problems = hf_format_problems(c, format);
+  if (!problems.empty()) {
+    std::string msg = std::string("this model cannot be written as --hf-format ") + hf_format_name(format) + ":";
+    for (const std::string& p : problems) msg += "\n  " + p;
+    MDLM_FAIL(msg);
+  }
+  if (format == HfFormat::Llada) return llada_config_json(c, dtype);
   const TransformerConfig& m = c.model;
   const HfArchitecture arch = hf_architecture_for(m);
   const bool moe = arch == HfArchitecture::Qwen3Moe;
@@ -193,17 +435,19 @@ std::string hf_config_json(const RunConfig& c, DType dtype) {
   j["max_window_layers"] = m.num_layers;
   j["torch_dtype"] = hf_dtype_name(dtype);
   const bool block = m.attention_mask == AttentionMaskType::BlockCausal;
-  if (block) {  // block diffusion: the block size and mask id at the top, as block models' configs carry them
+  if (format == HfFormat::FastDllmV2) {  // Fast-dLLM v2: bd_size; its mask id lives in added_tokens.json
+    j["architectures"] = {"Fast_dLLM_QwenForCausalLM"};
+    j["model_type"] = "Fast_dLLM_Qwen";
+    j["bd_size"] = c.diffusion.block_size;
+  } else if (block) {  // block diffusion: the block size and mask id at the top, as block models' configs carry them
     j["block_size"] = c.diffusion.block_size;
     j["mask_token_id"] = c.diffusion.mask_token;
   }
-  j["megadlm"] = {{"attention", m.attention_mask == AttentionMaskType::NoMask ? "bidirectional"
-                                : block ? "block_causal" : "causal"},
-                  {"bd_clean_attention", m.block_diffusion_causal_clean ? "causal" : "block_causal"},
-                  {"vocab_size", m.vocab_size},
-                  {"mask_token_id", c.diffusion.mask_token},
-                  {"model_running_mode", c.diffusion.mode == RunningMode::Vanilla ? "vanilla" : "difflm-noshift"},
-                  {"seq_length", m.seq_length}};
+  if (format == HfFormat::Sdar) {
+    j["architectures"] = {"SDARForCausalLM"};
+    j["model_type"] = "sdar";
+  }
+  j["megadlm"] = megadlm_section(c);
   return j.dump(2);
 }
 
@@ -214,13 +458,19 @@ RunConfig run_config_from_hf(const std::string& text, const std::string& where) 
   } catch (const json::exception& e) {
     MDLM_FAIL(where, " is not valid JSON (", e.what(), ")");
   }
+  const HfFormat format = hf_format_of_config(text, where);
+  if (format == HfFormat::Llada) {
+    try {
+      return llada_run_config(j, where);
+    } catch (const json::exception& e) {
+      MDLM_FAIL(where, ": missing or malformed field (", e.what(), ")");
+    }
+  }
   RunConfig c;
   TransformerConfig& m = c.model;
   try {
     const std::string type = j.value("model_type", std::string());
-    if (type != "qwen2" && type != "qwen3" && type != "qwen3_moe")
-      MDLM_FAIL(where, ": model_type '", type, "' is not supported; megadlm imports qwen2, qwen3 and qwen3_moe");
-    const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+    const bool qwen3 = type == "qwen3" || type == "qwen3_moe" || type == "sdar";
     if (j.value("hidden_act", std::string("silu")) != "silu")
       MDLM_FAIL(where, ": hidden_act '", j.at("hidden_act").get<std::string>(), "' is not supported; valid: silu");
     if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null())
@@ -280,19 +530,15 @@ RunConfig run_config_from_hf(const std::string& text, const std::string& where) 
       c.diffusion.block_size = j.at("block_size").get<int64_t>();
       c.diffusion.mask_token = j.value("mask_token_id", int64_t{-1});
     }
-    if (j.contains("megadlm") && j.at("megadlm").is_object()) {
-      const json& x = j.at("megadlm");
-      m.vocab_size = x.value("vocab_size", m.vocab_size);
-      const std::string attention = x.value("attention", std::string("bidirectional"));
-      m.attention_mask = attention == "causal" ? AttentionMaskType::Causal
-                         : attention == "block_causal" ? AttentionMaskType::BlockCausal
-                                                       : AttentionMaskType::NoMask;
-      if (m.attention_mask == AttentionMaskType::BlockCausal)
-        m.block_diffusion_causal_clean = x.value("bd_clean_attention", std::string()) == "causal";
-      c.diffusion.mask_token = x.value("mask_token_id", int64_t{-1});
-      if (x.value("model_running_mode", std::string()) == "vanilla") c.diffusion.mode = RunningMode::Vanilla;
-      m.seq_length = x.value("seq_length", m.seq_length);
+    if (format == HfFormat::Sdar && c.diffusion.block_size <= 0)
+      MDLM_FAIL(where, ": model_type 'sdar' needs a positive integer block_size");
+    if (format == HfFormat::FastDllmV2) {  // Fast-dLLM v2: the block size is bd_size
+      if (!j.contains("bd_size") || !j.at("bd_size").is_number_integer() || j.at("bd_size").get<int64_t>() <= 0)
+        MDLM_FAIL(where, ": model_type 'Fast_dLLM_Qwen' needs a positive integer bd_size");
+      m.attention_mask = AttentionMaskType::BlockCausal;
+      c.diffusion.block_size = j.at("bd_size").get<int64_t>();
     }
+    apply_megadlm_section(j, c);
   } catch (const json::exception& e) {
     MDLM_FAIL(where, ": missing or malformed field (", e.what(), ")");
   }
@@ -304,7 +550,10 @@ void export_hf(const CheckpointReader& reader, const std::string& out_dir, const
   if (st.run_config_json.empty())
     MDLM_FAIL("checkpoint ", reader.dir(), " records no run configuration; it cannot be exported");
   const RunConfig cfg = run_config_from_json(st.run_config_json, reader.dir());
+  const HfFormat format = options.format;
+  hf_config_json(cfg, DType::F32, format);  // throws, naming the flags, before anything is written
   const HfArchitecture arch = hf_architecture_for(cfg.model);
+  const bool llada = format == HfFormat::Llada;
   fs::create_directories(out_dir);
 
   // Tensors in Hugging Face order, with the zero biases Qwen needs and megadlm lacks.
@@ -322,15 +571,15 @@ void export_hf(const CheckpointReader& reader, const std::string& out_dir, const
     tensors.push_back({hf, t});
   };
   for (const ParamDesc& d : parameter_list(cfg.model)) {
-    add(hf_tensor_name(d.name), reader.read_whole(kModelPrefix + d.name));
+    add(hf_tensor_name(d.name, format), reader.read_whole(kModelPrefix + d.name));
     const bool q = d.name.find("linear_q.weight") != std::string::npos;
     const bool k = d.name.find("linear_k.weight") != std::string::npos;
     const bool v = d.name.find("linear_v.weight") != std::string::npos;
-    if ((q || k || v) && arch == HfArchitecture::Qwen2 && !cfg.model.add_qkv_bias)
+    if ((q || k || v) && arch == HfArchitecture::Qwen2 && !cfg.model.add_qkv_bias && !llada)
       add(hf_tensor_name(d.name.substr(0, d.name.size() - 6) + "bias"),
           Tensor::zeros({d.shape[0]}, tensors.back().t.dtype(), Stream::cpu()));
     if (d.name.find("linear_proj.weight") != std::string::npos && arch != HfArchitecture::Qwen2 &&
-        cfg.model.add_qkv_bias)  // Qwen3's attention_bias covers o_proj too
+        cfg.model.add_qkv_bias && !llada)  // Qwen3's attention_bias covers o_proj too
       add(hf_tensor_name(d.name.substr(0, d.name.size() - 6) + "bias"),
           Tensor::zeros({d.shape[0]}, tensors.back().t.dtype(), Stream::cpu()));
   }
@@ -364,7 +613,7 @@ void export_hf(const CheckpointReader& reader, const std::string& out_dir, const
     const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     write_file_atomic((fs::path(out_dir) / "model.safetensors.index.json").string(), index.dump(2));
   }
-  write_file_atomic((fs::path(out_dir) / "config.json").string(), hf_config_json(cfg, dtype));
+  write_file_atomic((fs::path(out_dir) / "config.json").string(), hf_config_json(cfg, dtype, format));
   if (!options.tokenizer_dir.empty()) {
     // Whatever tokenizer files the folder holds (tokenizer.json, vocab/merges, chat template...).
     static const std::regex tokenizer_file(
@@ -431,7 +680,25 @@ void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfI
   const DirectoryLock lock(save_dir, "--save");  // not while a run saves there
   const std::string config_path = (fs::path(hf_dir) / "config.json").string();
   if (file_size_or_missing(config_path) < 0) MDLM_FAIL(hf_dir, " has no config.json: not a Hugging Face model folder");
-  RunConfig cfg = run_config_from_hf(read_text_file(config_path), config_path);
+  const std::string config_text = read_text_file(config_path);
+  const HfFormat format = hf_format_of_config(config_text, config_path);
+  if (options.format && *options.format != format)
+    MDLM_FAIL(config_path, ": model_type '", json::parse(config_text).value("model_type", std::string()),
+              "' is the ", hf_format_name(format), " format, not `--hf-format ", hf_format_name(*options.format),
+              "` (give --hf-format ", hf_format_name(format), ", or leave it out)");
+  RunConfig cfg = run_config_from_hf(config_text, config_path);
+  if (format == HfFormat::FastDllmV2 && cfg.diffusion.mask_token < 0) {
+    // Fast-dLLM v2 names its mask token "|<MASK>|" in added_tokens.json, not in config.json.
+    const std::string added = (fs::path(hf_dir) / "added_tokens.json").string();
+    if (file_size_or_missing(added) >= 0) {
+      try {
+        const json a = json::parse(read_text_file(added));
+        if (a.contains("|<MASK>|")) cfg.diffusion.mask_token = a.at("|<MASK>|").get<int64_t>();
+      } catch (const json::exception& e) {
+        MDLM_FAIL(added, ": not a JSON object of token ids (", e.what(), ")");
+      }
+    }
+  }
   if (options.mask_token) cfg.diffusion.mask_token = *options.mask_token;
   if (options.seq_length) cfg.model.seq_length = *options.seq_length;
 
@@ -445,7 +712,7 @@ void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfI
   std::set<std::string> used;
   std::vector<std::string> problems;
   for (const ParamDesc& d : parameter_list(cfg.model)) {
-    const std::string hf = hf_tensor_name(d.name);
+    const std::string hf = hf_tensor_name(d.name, format);
     if (!weights.contains(hf)) {
       problems.push_back("missing tensor " + hf + " (megadlm " + d.name + ")");
       continue;
@@ -462,13 +729,18 @@ void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfI
   }
   for (const std::string& hf : weights.names()) {
     if (used.count(hf)) continue;
-    if (hf == "lm_head.weight" && !cfg.model.untie_embeddings_and_output_weights) continue;
+    if (hf == hf_tensor_name("output_layer.weight", format) && !cfg.model.untie_embeddings_and_output_weights) continue;
     if (hf.find("rotary_emb.inv_freq") != std::string::npos) continue;
     if (hf.find("self_attn.o_proj.bias") != std::string::npos && all_zero(read(hf))) continue;
-    problems.push_back("unexpected tensor " + hf + (megadlm_tensor_name(hf) ? " (not in this configuration)" : ""));
+    problems.push_back("unexpected tensor " + hf + (megadlm_tensor_name(hf, format) ? " (not in this configuration)"
+                                                    : megadlm_tensor_name(hf, format == HfFormat::Llada ? HfFormat::Qwen : HfFormat::Llada)
+                                                        ? " (a name of another format: config.json's model_type says " +
+                                                              std::string(hf_format_name(format)) + ")"
+                                                        : ""));
   }
   if (!problems.empty()) {
-    std::string msg = hf_dir + " does not match its config.json as megadlm reads it:";
+    std::string msg = hf_dir + " does not match its config.json (the " + hf_format_name(format) +
+                      " format) as megadlm reads it:";
     for (size_t i = 0; i < std::min<size_t>(problems.size(), 20); ++i) msg += "\n  " + problems[i];
     MDLM_FAIL(msg);
   }
@@ -485,8 +757,11 @@ Tensor checkpoint_logits(const CheckpointReader& reader, const std::vector<int32
                          int64_t seq, Device device) {
   const CheckpointState& st = reader.index().state;
   if (st.run_config_json.empty()) MDLM_FAIL("checkpoint ", reader.dir(), " records no run configuration");
-  const RunConfig cfg = run_config_from_json(st.run_config_json, reader.dir());
+  RunConfig cfg = run_config_from_json(st.run_config_json, reader.dir());
   MDLM_CHECK(static_cast<int64_t>(tokens.size()) == batch * seq, "tokens must be batch x seq");
+  // A block-diffusion model's weights run as the bidirectional model (its block mask belongs to
+  // training's doubled row and to block decoding): what a weight-for-weight comparison needs.
+  if (cfg.model.attention_mask == AttentionMaskType::BlockCausal) cfg.model.attention_mask = AttentionMaskType::NoMask;
   ModelRuntime rt;
   rt.stream = Stream::for_device(device);
   rt.dtype = device.is_cuda() ? DType::BF16 : DType::F32;

@@ -284,6 +284,35 @@ TEST(BlockSampler, StopsAtEosAfterTheBlock) {
   EXPECT_LT(r[0].steps, full[0].steps);
 }
 
+TEST(BlockSampler, ACallersStopRuleEndsARowAfterTheBlockWhereItHolds) {
+  // Prompts 7, 2, 4, 1, block 4, gen 12: row 0's decoded blocks end at generated tokens 1, 5, 9
+  // (its prompt ends inside column block 1), row 2's at 4, 8, 12. The rule stops row 0 once it
+  // has 2 or more tokens (after its second block: 5 tokens) and row 2 after its first block; the
+  // other rows run to the end. Stopped rows keep exactly the full run's first tokens.
+  SamplerConfig c = config(12, 12, 4);
+  HashModel probe;
+  const auto full = run(probe, c, {});
+  BlockDecoding d;
+  std::vector<std::vector<size_t>> asked(4);
+  d.stop_after_block = [&](size_t request, const std::vector<int32_t>& generated) {
+    asked[request].push_back(generated.size());
+    EXPECT_EQ(generated, std::vector<int32_t>(full[request].tokens.begin(),
+                                              full[request].tokens.begin() + static_cast<int64_t>(generated.size())));
+    return (request == 0 && generated.size() >= 2) || request == 2;
+  };
+  HashModel m;
+  const auto r = run(m, c, d);
+  EXPECT_EQ(asked[0], (std::vector<size_t>{1, 5}));
+  EXPECT_EQ(asked[2], (std::vector<size_t>{4}));
+  EXPECT_EQ(r[0].tokens, std::vector<int32_t>(full[0].tokens.begin(), full[0].tokens.begin() + 5));
+  EXPECT_EQ(r[2].tokens, std::vector<int32_t>(full[2].tokens.begin(), full[2].tokens.begin() + 4));
+  EXPECT_EQ(r[1].tokens, full[1].tokens);
+  EXPECT_EQ(r[3].tokens, full[3].tokens);
+  EXPECT_LT(r[0].steps, full[0].steps);
+  EXPECT_LT(r[2].steps, full[2].steps);
+  EXPECT_FALSE(r[0].stopped_at_eos);
+}
+
 TEST(BlockSampler, OddBlocksOfTheCausalVariantUpdateColumnByColumn) {
   // Block 3: a causal cache update of an odd width away from column 0 runs one column at a time
   // (the cache's causal windows need column 0 or an even width); the tokens stay the uncached ones.

@@ -28,16 +28,35 @@ namespace megadlm::checkpoint {
 
 enum class HfArchitecture { Qwen2, Qwen3, Qwen3Moe };
 
+/// The public format of a Hugging Face folder (docs/checkpoints.md, "Block-diffusion formats"):
+///   Qwen       model_type qwen2 / qwen3 / qwen3_moe, Qwen names (block models: block_size and
+///              mask_token_id at the top of config.json)
+///   Sdar       model_type "sdar" (SDARForCausalLM): Qwen3 names, block_size, mask_token_id
+///   FastDllmV2 model_type "Fast_dLLM_Qwen" (Fast_dLLM_QwenForCausalLM): Qwen2 names with q/k/v
+///              biases, the block size as bd_size; the mask id is not in config.json (its
+///              added_tokens.json names it "|<MASK>|")
+///   Llada      model_type "llada" (LLaDAModelLM): LLaDA's names (model.transformer.wte,
+///              blocks.N.{attn_norm,q_proj,k_proj,v_proj,attn_out,ff_norm,ff_proj,up_proj,ff_out},
+///              ln_f, ff_out) and OLMo-style keys (d_model, n_layers, ...); full attention
+enum class HfFormat { Qwen, Sdar, FastDllmV2, Llada };
+const char* hf_format_name(HfFormat f);  ///< qwen, sdar, fast_dllm_v2, llada (--hf-format)
+std::optional<HfFormat> hf_format_from_name(const std::string& name);
+/// The format a config.json describes (by its model_type); throws naming `where` and model_type.
+HfFormat hf_format_of_config(const std::string& config_json, const std::string& where);
+/// Every reason `config` cannot be written as `format` (empty = it can), naming the flag.
+std::vector<std::string> hf_format_problems(const RunConfig& config, HfFormat format);
+
 /// The Hugging Face architecture that represents `model`; throws naming the flag that keeps
 /// the model from being one.
 HfArchitecture hf_architecture_for(const TransformerConfig& model);
 /// "model.layers.3.self_attn.q_proj.weight" for "decoder.layers.3.self_attention.linear_q.weight".
-std::string hf_tensor_name(const std::string& megadlm_name);
+std::string hf_tensor_name(const std::string& megadlm_name, HfFormat format = HfFormat::Qwen);
 /// The inverse; nullopt for names that are not megadlm parameters (rotary buffers, ...).
-std::optional<std::string> megadlm_tensor_name(const std::string& hf_name);
+std::optional<std::string> megadlm_tensor_name(const std::string& hf_name, HfFormat format = HfFormat::Qwen);
 
-/// config.json for `config` with weights stored as `dtype`.
-std::string hf_config_json(const RunConfig& config, DType dtype);
+/// config.json for `config` with weights stored as `dtype`, in `format` (throws with
+/// hf_format_problems when the model cannot be that format).
+std::string hf_config_json(const RunConfig& config, DType dtype, HfFormat format = HfFormat::Qwen);
 /// The run configuration (model, mask token) a Hugging Face config.json describes. Throws naming
 /// the config field that megadlm cannot represent (rope_scaling, sliding windows, activations).
 RunConfig run_config_from_hf(const std::string& config_json, const std::string& where);
@@ -65,6 +84,7 @@ struct HfExportOptions {
   std::optional<DType> dtype;          ///< weights' dtype in the export (default: as stored)
   std::string tokenizer_dir;           ///< tokenizer files copied from here ("" = none)
   uint64_t max_shard_bytes = 5000000000ull;  ///< larger exports are sharded with an index
+  HfFormat format = HfFormat::Qwen;    ///< --hf-format
 };
 
 /// Writes config.json, model.safetensors (or model-0000i-of-0000n.safetensors and
@@ -75,6 +95,7 @@ struct HfImportOptions {
   std::optional<DType> dtype;          ///< weights' dtype in the checkpoint (default: as in the files)
   std::optional<int64_t> mask_token;   ///< recorded for --use-checkpoint-args
   std::optional<int> seq_length;       ///< recorded for --use-checkpoint-args
+  std::optional<HfFormat> format;      ///< --hf-format: the folder must be this format (default: any)
 };
 
 /// Reads a Hugging Face folder (model.safetensors or a sharded index) and writes the megadlm
@@ -86,7 +107,8 @@ void import_hf(const std::string& hf_dir, const std::string& save_dir, const HfI
 
 /// Logits (host f32 [batch * seq, padded vocab]) of the checkpoint's model for `tokens`
 /// ([batch * seq], positions 0..seq-1 in each sample), on `device`: fp32 on the CPU, bf16 on
-/// CUDA. Attention as the checkpoint's configuration says.
+/// CUDA. Attention as the checkpoint's configuration says (block-diffusion models: bidirectional,
+/// the same weights without the block mask).
 Tensor checkpoint_logits(const CheckpointReader& reader, const std::vector<int32_t>& tokens,
                          int64_t batch, int64_t seq, Device device);
 
