@@ -38,6 +38,7 @@ import sys
 import time
 import types
 
+sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_samples import CachedGptSamples  # noqa: E402
 

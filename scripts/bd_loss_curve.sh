@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Block diffusion: megadlm's loss curve against the PyTorch peer's, same data, same initial weights
-# (issue 29's independent check of the objective; docs/training_objectives.md, "Checking the
+# (the independent check of the objective; docs/training_objectives.md, "Checking the
 # objective against the PyTorch peer").
 #
 #   scripts/bd_loss_curve.sh OUT [ITERS]          ITERS: default 150

@@ -38,6 +38,7 @@ run bd 8 --model-running-mode difflm-noshift --attention-mask-type block_causal 
 
 "$py" - "$src/scripts" "$tmp" <<'PY' || fail "the rebuilt rows are not megadlm's (above)"
 import json, struct, sys, array
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, sys.argv[1])
 from megatron_samples import CachedGptSamples
 tmp = sys.argv[2]
