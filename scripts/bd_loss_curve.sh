@@ -13,10 +13,10 @@
 #     iterations, per-iteration losses in OUT/megadlm.jsonl, its data indices in OUT/cache;
 #  3. the peer: scripts/bd_curve_vs_peer.py $PEER (its definitions, not its training loop) loads
 #     OUT/hf0, trains on megadlm's rows of each iteration (scripts/megatron_samples.py from
-#     OUT/cache) with the same schedule and optimizer rules, twice with two masking-noise seeds:
-#     OUT/peer_noise1.jsonl, OUT/peer_noise2.jsonl;
+#     OUT/cache) with the same schedule and optimizer rules, once per masking-noise seed
+#     (NOISE_SEEDS, default "1 2 3 4"): OUT/peer_noise<seed>.jsonl;
 #  4. scripts/bd_curve_report.py: OUT/bd_loss_curve.md and .json (moving averages, the bound from
-#     the two peer runs' spread, the verdict); scripts/plot_metrics.py: OUT/bd_loss_curve.png when
+#     the peer runs' spread among themselves, the verdict); scripts/plot_metrics.py: OUT/bd_loss_curve.png when
 #     matplotlib is there.
 # Environment (paths and sizes; the objective is fixed: block 32, weight 1/p, bf16):
 #   MEGADLM_BIN  folder with pretrain_difflm and convert_checkpoint (default build/bin)
@@ -120,20 +120,21 @@ echo "initial weights: $out/hf0 ($((SECONDS - t0)) s)"
 echo "megadlm: $iters iterations ($((SECONDS - t0)) s)"
 
 peers=()
+read -r -a seeds <<< "${NOISE_SEEDS:-1 2 3 4}"
 if [ -z "$peer" ]; then
   echo "bd_loss_curve.sh: PEER not set: megadlm's curve alone"
 elif ! python3 -c "import torch" 2> /dev/null; then
   echo "bd_loss_curve.sh: no torch in python3: megadlm's curve alone"
 else
+  for s in "${seeds[@]}"; do peers+=("$out/peer_noise$s.jsonl"); done
   python3 scripts/bd_curve_vs_peer.py "$peer" --hf "$out/hf0" --cache "$out/cache" --data "$corpus" \
     --iters "$iters" --gbs $gbs --mbs $mbs --block-size 32 --mask-token $mask \
     --lr $lr --min-lr $min_lr --warmup $warmup --decay-style cosine \
     --weight-decay 0.1 --beta1 0.9 --beta2 0.95 --eps 1e-8 --clip-grad 1.0 \
-    --noise-seed 1 2 --out "$out/peer_noise1.jsonl" "$out/peer_noise2.jsonl" \
+    --noise-seed "${seeds[@]}" --out "${peers[@]}" \
     --megadlm-metrics "$out/megadlm.jsonl" --device "$device" --compile "${PEER_COMPILE:-0}" > "$out/peer.log" 2>&1 ||
     { tail -30 "$out/peer.log"; echo "bd_loss_curve.sh: the peer failed"; exit 1; }
-  peers=("$out/peer_noise1.jsonl" "$out/peer_noise2.jsonl")
-  echo "peer: 2 x $iters iterations ($((SECONDS - t0)) s)"
+  echo "peer: ${#seeds[@]} x $iters iterations ($((SECONDS - t0)) s)"
 fi
 python3 scripts/bd_curve_report.py "$out/megadlm.jsonl" "${peers[@]}" --out "$out" > "$out/report.log"
 rc=$?
