@@ -8,7 +8,9 @@
 #
 #   scripts/bench_fp8.sh OUT_DIR
 # Environment: MEGADLM_BIN (default build/bin), ITERS (default 8), RECIPES (default
-# "bf16 delayed tensorwise"), MEGADLM_FLAGS (extra flags for every run).
+# "bf16 delayed tensorwise"), MEGADLM_FLAGS (extra flags for every run), PEER (the PyTorch peer
+# peer_torch_dlm.py; when set it runs the same shape with --params amp after megadlm's runs and
+# every row gets its ratio to the peer: the peer has no FP8, so FP8 rows compare against its bf16).
 # About 3 x (start-up + 8 iterations) of device time: well under 5 minutes on an H100/H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +34,18 @@ for r in $recipes; do
     --metrics-jsonl "$out/$r.jsonl" "${flags[@]}" "${extra[@]}" > "$out/$r.log" 2>&1
   echo "$r: exit $? ($SECONDS s)"
 done
+if [ -n "${PEER:-}" ]; then
+  rm -f "$out/peer_amp.json"
+  python3 "$PEER" --layers 28 --hidden 2048 --heads 16 --ffn 6144 --vocab 50304 --seq 2048 --mbs 4 \
+    --steps 10 --warmup 3 --compile 1 --sdpa cudnn --params amp --json "$out/peer_amp.json" > "$out/peer_amp.log" 2>&1
+  echo "peer amp: exit $? ($SECONDS s)"
+fi
 python3 - "$out" "$recipes" <<'PY'
 import json, os, statistics, sys
 out, recipes = sys.argv[1], sys.argv[2].split()
+peer = None
+if os.path.exists(os.path.join(out, "peer_amp.json")):
+    peer = json.loads(open(os.path.join(out, "peer_amp.json")).read().strip().splitlines()[-1])
 GIB = 1024 ** 3
 res = {}
 for r in recipes:
@@ -53,20 +64,30 @@ for r in recipes:
 base = res.get("bf16")
 for r, m in res.items():
     m["ratio_to_bf16"] = m["tokens_per_s"] / base["tokens_per_s"] if base else None
+    m["ratio_to_peer_amp"] = m["tokens_per_s"] / peer["tokens_per_s"] if peer else None
+if peer:
+    res["peer_amp"] = {"tokens_per_s": peer["tokens_per_s"], "step_ms": peer["step_ms"],
+                       "peak_reserved_gib": peer["max_reserved_gb"], "loss": peer["loss"]}
 json.dump(res, open(os.path.join(out, "bench_fp8.json"), "w"), indent=1)
 lines = ["# FP8 vs bf16, MegaDLMs 1.7B, seq 2048, micro-batch 4, global batch 32, one GPU", "",
-         "| recipe | tokens/s | ms/iteration | ratio to bf16 | peak reserved (GiB) | last loss |",
-         "|---|---:|---:|---:|---:|---:|"]
+         "| recipe | tokens/s | ms/iteration | ratio to bf16 | ratio to peer amp | peak reserved (GiB) | last loss |",
+         "|---|---:|---:|---:|---:|---:|---:|"]
 for r in recipes:
     m = res.get(r)
     if not m:
-        lines.append(f"| {r} | (failed: see {r}.log) | | | | |")
+        lines.append(f"| {r} | (failed: see {r}.log) | | | | | |")
         continue
     ratio = "%.3f" % m["ratio_to_bf16"] if m["ratio_to_bf16"] else "-"
+    vs_peer = "%.3f" % m["ratio_to_peer_amp"] if m["ratio_to_peer_amp"] else "-"
     name = r if r == "bf16" else f"FP8 hybrid {r}"
-    lines.append(f"| {name} | {m['tokens_per_s']:.0f} | {m['ms_per_iteration']:.1f} | {ratio} | "
+    lines.append(f"| {name} | {m['tokens_per_s']:.0f} | {m['ms_per_iteration']:.1f} | {ratio} | {vs_peer} | "
                  f"{m['peak_reserved_gib']:.1f} | {m['last_loss']:.4f} |")
-lines += ["", "Medians over the iterations after the first two (warm-up); memory is the pool's reserved high-water mark."]
+if peer:
+    lines.append(f"| peer, --params amp (bf16 autocast, no FP8) | {peer['tokens_per_s']:.0f} | {peer['step_ms'] * 8:.1f} | | 1.000 | "
+                 f"{peer['max_reserved_gb']:.1f} | {peer['loss']:.4f} |")
+lines += ["", "Medians over the iterations after the first two (warm-up); memory is the pool's reserved high-water mark.",
+          "Both sides: the same architecture, seq 2048, micro-batch 4, mock tokens; the peer's ms column is its step time x 8",
+          "micro-batches (megadlm's iteration is 8 micro-batches of global batch 32)."]
 open(os.path.join(out, "bench_fp8.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
