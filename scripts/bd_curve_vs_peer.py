@@ -72,9 +72,13 @@ def load_peer(path, a, dev):
     missing = {"RMSNorm", "rope", "Block", "DLM", "forward_process_bd", "bd_mask_mod", "MASK_ID", "BD"} - seen
     if missing:
         sys.exit(f"bd_curve_vs_peer.py: {path} does not define {sorted(missing)} at top level: not the peer expected")
-    ns = {"__name__": "peer_definitions", "__file__": path, "a": a, "dev": dev}
-    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), ns)
-    return ns
+    # A registered module, not a bare dict: torch.compile looks functions' globals up by module
+    # name in sys.modules.
+    mod = types.ModuleType("peer_definitions")
+    mod.__file__, mod.a, mod.dev = path, a, dev
+    sys.modules["peer_definitions"] = mod
+    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), mod.__dict__)
+    return mod.__dict__
 
 
 def read_safetensors(path, torch):

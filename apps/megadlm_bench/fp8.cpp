@@ -68,11 +68,12 @@ OpBench fp8_gemm_bench(const Fp8Shape& g) {
     ops::fp8_quantize(a, sa, ops::Fp8Type::E4M3, qa);
     ops::fp8_quantize(bb, sb, g.type_b, qb);
     Tensor qa_d = device_codes(qa, s), qb_d = device_codes(qb, s);
-    Tensor inv = Tensor::from_floats({1.0f / sa, 1.0f / sb}, {2}).to(s.device(), s);
+    // One tensor per scale: cuBLASLt refuses scale pointers that are not 16-byte aligned.
+    Tensor inv_a = Tensor::from_floats({1.0f / sa}, {1}).to(s.device(), s);
+    Tensor inv_b = Tensor::from_floats({1.0f / sb}, {1}).to(s.device(), s);
     Tensor d = Tensor::empty({n, m}, g.out, s);
-    const float* inv_p = static_cast<const float*>(inv.data_ptr());
-    ops::cuda::fp8_gemm(static_cast<const uint8_t*>(qa_d.data_ptr()), ops::Fp8Type::E4M3, inv_p,
-                        static_cast<const uint8_t*>(qb_d.data_ptr()), g.type_b, inv_p + 1, m, n, k,
+    ops::cuda::fp8_gemm(static_cast<const uint8_t*>(qa_d.data_ptr()), ops::Fp8Type::E4M3, inv_a.data<float>(),
+                        static_cast<const uint8_t*>(qb_d.data_ptr()), g.type_b, inv_b.data<float>(), m, n, k,
                         1.0f, d, s);
     std::vector<float> ref(static_cast<size_t>(m * n));
     ops::fp8_gemm_reference(qa, ops::Fp8Type::E4M3, 1.0f / sa, qb, g.type_b, 1.0f / sb, m, n, k, 1.0f, ref);
@@ -83,12 +84,12 @@ OpBench fp8_gemm_bench(const Fp8Shape& g) {
   b.setup = [g](const Stream& s) -> std::function<void()> {
     Tensor a = random_codes(g.m, g.k, ops::Fp8Type::E4M3, s);
     Tensor bb = random_codes(g.n, g.k, g.type_b, s);
-    Tensor inv = Tensor::from_floats({1.0f, 1.0f}, {2}).to(s.device(), s);
+    Tensor inv_a = Tensor::from_floats({1.0f}, {1}).to(s.device(), s);
+    Tensor inv_b = Tensor::from_floats({1.0f}, {1}).to(s.device(), s);
     Tensor d = Tensor::empty({g.n, g.m}, g.out, s);
-    return [a, bb, inv, d, g, &s]() mutable {
-      const float* inv_p = static_cast<const float*>(inv.data_ptr());
-      ops::cuda::fp8_gemm(static_cast<const uint8_t*>(a.data_ptr()), ops::Fp8Type::E4M3, inv_p,
-                          static_cast<const uint8_t*>(bb.data_ptr()), g.type_b, inv_p + 1, g.m, g.n,
+    return [a, bb, inv_a, inv_b, d, g, &s]() mutable {
+      ops::cuda::fp8_gemm(static_cast<const uint8_t*>(a.data_ptr()), ops::Fp8Type::E4M3, inv_a.data<float>(),
+                          static_cast<const uint8_t*>(bb.data_ptr()), g.type_b, inv_b.data<float>(), g.m, g.n,
                           g.k, 1.0f, d, s);
     };
   };

@@ -3,7 +3,10 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/fp8_math.h"
@@ -150,9 +153,54 @@ struct LtPref {
 };
 }  // namespace
 
+namespace {
+
+/// Alignment cuBLASLt may assume for a pointer: its largest power-of-two divisor, capped at 256.
+uint32_t pointer_alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  if (v == 0) return 256;
+  const uintptr_t low = v & (~v + 1);
+  return static_cast<uint32_t>(low < 256 ? low : 256);
+}
+
+// The heuristic's choice per problem. One training step makes thousands of FP8 GEMM calls over a
+// handful of shapes, and a heuristic query costs far more host time than the descriptors: the
+// algorithm is chosen once per (device, types, shape, accumulate, pointer alignments) and reused.
+struct Fp8AlgoKey {
+  int device;
+  int type_a, type_b, out;
+  int64_t m, n, k;
+  bool accumulate;
+  uint32_t align_a, align_b, align_d;
+  bool operator==(const Fp8AlgoKey& o) const {
+    return device == o.device && type_a == o.type_a && type_b == o.type_b && out == o.out &&
+           m == o.m && n == o.n && k == o.k && accumulate == o.accumulate && align_a == o.align_a &&
+           align_b == o.align_b && align_d == o.align_d;
+  }
+};
+struct Fp8AlgoKeyHash {
+  size_t operator()(const Fp8AlgoKey& key) const {
+    size_t h = 1469598103934665603ull;
+    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<uint64_t>(key.device) << 16 | static_cast<uint64_t>(key.type_a) << 8 |
+        static_cast<uint64_t>(key.type_b) << 4 | static_cast<uint64_t>(key.out) << 1 |
+        (key.accumulate ? 1u : 0u));
+    mix(static_cast<uint64_t>(key.m));
+    mix(static_cast<uint64_t>(key.n));
+    mix(static_cast<uint64_t>(key.k));
+    mix(static_cast<uint64_t>(key.align_a) << 32 | key.align_b);
+    mix(key.align_d);
+    return h;
+  }
+};
+std::mutex g_fp8_algo_mutex;
+std::unordered_map<Fp8AlgoKey, cublasLtMatmulAlgo_t, Fp8AlgoKeyHash> g_fp8_algos;
+
+}  // namespace
+
 void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
               Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
-              float alpha, Tensor& d, const Stream& stream) {
+              float alpha, Tensor& d, const Stream& stream, float beta) {
   const std::string what = std::string("fp8_gemm (CUDA) ") + type_name(type_a) + " x " +
                            type_name(type_b) + " -> " + dtype_name(d.dtype()) + ", m=" +
                            std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
@@ -170,7 +218,8 @@ void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
   const cudaDataType_t out_type = d.dtype() == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
 
   // TN: cuBLASLt's A is our a read transposed (column-major K x M, ld K), its B our b (K x N,
-  // ld K); D is column-major M x N with ld M, i.e. our row-major [n, m].
+  // ld K); D is column-major M x N with ld M, i.e. our row-major [n, m]. With beta != 0, C = D
+  // (same type and layout) accumulates in place.
   LtDesc op;
   op.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
@@ -178,20 +227,48 @@ void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
   op.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_inv_b);
   LtLayout la(cuda_type(type_a), k, m, k), lb(cuda_type(type_b), k, n, k), lc(out_type, m, n, m),
       ld(out_type, m, n, m);
-  LtPref pref;
-  const uint64_t ws = res->workspace_bytes;
-  MDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(res->cublaslt, op.desc, la.layout, lb.layout,
-                                                           lc.layout, ld.layout, pref.pref, 1,
-                                                           &heuristic, &found);
-  MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, what,
-             ": cuBLASLt offers no algorithm for this combination (status ", static_cast<int>(st), ")");
-  const float beta = 0.0f;
+  int device = 0;
+  MDLM_CUDA_CHECK(cudaGetDevice(&device));
+  const Fp8AlgoKey key{device, static_cast<int>(type_a), static_cast<int>(type_b),
+                       static_cast<int>(out_type), m, n, k, beta != 0.0f, pointer_alignment(a),
+                       pointer_alignment(b), pointer_alignment(d.data_ptr())};
+  cublasLtMatmulAlgo_t algo{};
+  bool cached = false;
+  {
+    std::lock_guard<std::mutex> lock(g_fp8_algo_mutex);
+    auto it = g_fp8_algos.find(key);
+    if (it != g_fp8_algos.end()) {
+      algo = it->second;
+      cached = true;
+    }
+  }
+  if (!cached) {
+    LtPref pref;
+    const uint64_t ws = res->workspace_bytes;
+    MDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // The heuristic assumes 256-byte aligned pointers unless told: tell it the real ones, so
+    // that its choice also runs on views.
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+    for (const auto& [attr, value] : aligns)
+      MDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, attr, &value, sizeof(value)));
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(res->cublaslt, op.desc, la.layout, lb.layout,
+                                                             lc.layout, ld.layout, pref.pref, 1,
+                                                             &heuristic, &found);
+    MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, what,
+               ": cuBLASLt offers no algorithm for this combination (status ", static_cast<int>(st), ")");
+    algo = heuristic.algo;
+    std::lock_guard<std::mutex> lock(g_fp8_algo_mutex);
+    g_fp8_algos.emplace(key, algo);
+  }
   MDLM_CUBLAS_CHECK(cublasLtMatmul(res->cublaslt, op.desc, &alpha, a, la.layout, b, lb.layout, &beta,
-                                   d.data_ptr(), lc.layout, d.data_ptr(), ld.layout, &heuristic.algo,
+                                   d.data_ptr(), lc.layout, d.data_ptr(), ld.layout, &algo,
                                    res->workspace, res->workspace_bytes,
                                    megadlm::detail::native_stream(stream)));
 }
@@ -321,10 +398,12 @@ void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const Ge
   const int64_t m = c.rows(), n = c.cols(), k = args.trans_a ? a.rows : a.cols;
   MDLM_CHECK(c.dtype() == DType::F32 || c.dtype() == DType::BF16, "fp8_gemm (CUDA): C ", c.str(),
              " must be f32 or bf16");
-  const bool direct = args.beta == 0.0f && args.bias == nullptr && args.addend == nullptr;
+  // Without a bias or a separate addend, cuBLASLt accumulates into C itself (C = D, beta): the
+  // wgrad into the fp32 main grad needs no fp32 product and no second pass.
+  const bool direct = args.bias == nullptr && (args.addend == nullptr || args.addend->data_ptr() == c.data_ptr());
   Tensor prod = direct ? c : Tensor::empty({m, n}, DType::F32, stream);
   fp8_gemm(codes_of(op_b), b.type, b.scale_inv.data<float>(), codes_of(op_a), a.type,
-           a.scale_inv.data<float>(), n, m, k, args.alpha, prod, stream);
+           a.scale_inv.data<float>(), n, m, k, args.alpha, prod, stream, direct ? args.beta : 0.0f);
   if (direct) return;
   const cudaStream_t s = megadlm::detail::native_stream(stream);
   const Tensor& c_in = args.addend != nullptr ? *args.addend : c;

@@ -22,12 +22,13 @@ void fp8_quantize(const Tensor& x, const float* scale, Fp8Type type, uint8_t* co
 /// cuBLASLt FP8 GEMM in the TN layout with fp32 accumulation:
 ///   d[n, m] = alpha · (*scale_inv_a) · (*scale_inv_b) · Σ_k a[m, k] · b[n, k]
 /// a: [m, k] codes, b: [n, k] codes (device; k contiguous), scale_inv_*: device floats (the
-/// dequantization factors), d: [n, m] f32 or bf16 tensor (written, not accumulated).
-/// e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3; m and k multiples of 16 (FP8 tensor cores).
-/// Throws naming the combination when cuBLASLt has no algorithm for it.
+/// dequantization factors), d: [n, m] f32 or bf16 tensor: written, or with beta != 0
+/// d = (the product) + beta · d. e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3; m and k multiples of
+/// 16 (FP8 tensor cores). Throws naming the combination when cuBLASLt has no algorithm for it.
+/// The algorithm is chosen once per shape, types and pointer alignments, then reused.
 void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
               Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
-              float alpha, Tensor& d, const Stream& stream);
+              float alpha, Tensor& d, const Stream& stream, float beta = 0.0f);
 
 // The Tensor-level entry points of include/megadlm/ops/fp8_gemm.h (the dispatch in
 // src/ops/fp8_gemm.cpp has checked devices and shapes).
@@ -41,8 +42,8 @@ void fp8_scale_from_amax(const float* amax, float* scale, int64_t n, float fp8_m
 /// given, scale_inv = 1 / scale on the device. Codes are stored as bytes in i32 tensors.
 Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
                               Tensor* amax, const Stream& stream);
-/// ops::fp8_gemm on the device: cuBLASLt's TN FP8 GEMM, then (only when beta, a bias or an
-/// addend is asked for) one elementwise pass for the epilogue from an fp32 product.
+/// ops::fp8_gemm on the device: cuBLASLt's TN FP8 GEMM, accumulating into C itself for beta;
+/// only a bias or an addend other than C takes one elementwise pass from an fp32 product.
 void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
                      const Stream& stream);
 
