@@ -114,7 +114,8 @@ TEST(Fp8Parity, QuantizerMatchesCpuBitForBit) {
 #if MEGADLM_WITH_CUDA
   for (ops::Fp8Type type : {ops::Fp8Type::E4M3, ops::Fp8Type::E5M2})
     for (DType dtype : {DType::F32, DType::BF16}) {
-      check_quantizer(64, 128, dtype, type, 1.0f);
+      check_quantizer(64, 128, dtype, type, 1.0f);      // vectorised kernels: one row of 64 x 64 tiles
+      check_quantizer(192, 320, dtype, type, 0.5f);     // vectorised kernels: 3 x 5 tiles
       check_quantizer(37, 45, dtype, type, 3.7f);       // ragged tiles
       check_quantizer(1, 1000, dtype, type, 1e-3f);     // one row
       check_quantizer(300, 33, dtype, type, 65536.0f);  // many values saturate
