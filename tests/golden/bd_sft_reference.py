@@ -55,6 +55,11 @@ CASES = [
      [(0, [0, 30, 31, 32, 33, 34, 35, 127, 127]), (6, [0, 1, 2, 3, 4, 5, 6, 40, 127])]),
     ("evaluation_noise", 6, 2, 1, 1, 0.5, 2.0, 3, 5, 0,
      [(2, [0, 14, 15, 16, 17, 127, 127])]),
+    # Eight rows whose prompts end at every offset of a block: some row's token just before its
+    # response would be masked if it were not prompt.
+    ("prompt_ends", 12, 4, 1, 0, 0.0, 1.0, 21, 64, 1,
+     [(p, [0] + [(3 * p + 5 * i) % 90 + 1 for i in range(p)] + [40 + i for i in range(12 - p - 1)] + [127])
+      for p in (1, 2, 3, 4, 5, 6, 7, 9)]),
 ]
 
 
