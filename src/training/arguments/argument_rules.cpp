@@ -727,9 +727,6 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
     if (a.f("attention_dropout") > 0)
       d.error("D-11", "block diffusion's attention kernels run without attention dropout; got " +
                          a.flag_value("attention_dropout") + "; valid: `--attention-dropout 0`");
-    if (a.is_set("sft_data_path"))
-      d.error("D-11", "block diffusion fine-tuning on prompt/response data (`--sft-data-path`) is not "
-                     "supported yet; train on `--data-path`");
   }
   for (const char* dest : {"dlm_t_granularity", "dlm_bd_clean_attention"})
     if (!block && a.was_given(dest))

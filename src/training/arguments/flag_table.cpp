@@ -741,7 +741,8 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--sft-data-path", .kind = K::StringList, .group = G::Data,
      .help = "Supervised fine-tuning: JSONL files of {\"prompt\", \"response\"} (or \"messages\" "
              "chats, or token ids) instead of --data-path; only response tokens are masked, responses "
-             "padded with EOS (docs/finetuning.md). Usually with --load CKPT --finetune."},
+             "padded with EOS (docs/finetuning.md). Usually with --load CKPT --finetune. With "
+             "--attention-mask-type block_causal: block diffusion fine-tuning (response blocks noised)."},
     {.name = "--sft-chat-template", .kind = K::String, .group = G::Data, .default_value = "plain",
      .choices = "plain llada",
      .help = "How --sft-data-path records become prompt tokens: plain (the prompt text) or llada "

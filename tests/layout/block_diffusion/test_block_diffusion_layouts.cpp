@@ -5,7 +5,9 @@
 // virtual stages, TP x PP, Megatron-FSDP (each sharding strategy), EP with an MoE model, full
 // activation recomputation; each with whole rows and with packed documents (blocks restart at
 // every document), and with both clean-half rules (block-causal; causal with its next-token loss). Context parallelism
-// is refused for block diffusion (rule D-9) and not listed. Run at 2 and 4 ranks.
+// is refused for block diffusion (rule D-11) and not listed. Supervised fine-tuning rows (prompt,
+// response, EOS padding; masks on the response only) under DP, TP + SP and PP with virtual
+// stages, with both clean halves and both t granularities. Run at 2 and 4 ranks.
 #include <gtest/gtest.h>
 #include <map>
 #include <sstream>
@@ -34,6 +36,30 @@ struct Objective {
   bool documents = false;     ///< packed documents: --reset-position-ids --reset-attention-mask
   bool causal_clean = false;  ///< the causal clean half (BlockDiffusionCausal)
   int64_t block = 4;
+  bool sft = false;           ///< prompt/response rows (SftRows) through build_sft_micro_batch
+  bool row_t = false;         ///< --dlm-t-granularity sequence (with sft: and --dlm-sft-loss-norm token)
+  std::string key() const {
+    std::ostringstream k;
+    k << documents << causal_clean << "/" << block << "/" << sft << row_t;
+    return k.str();
+  }
+};
+
+// SFT samples as data::SftDataset serves them: a filler, a prompt of 1..9 tokens, a response of
+// 2..6 tokens ending with EOS 62 (the mask token is 63), EOS padding to 16 tokens; a pure
+// function of the index.
+class SftRows final : public SampleSource {
+ public:
+  std::vector<int32_t> sample(int64_t index) const override {
+    std::vector<int32_t> w{0};
+    const int64_t prompt = prompt_length(index), response = 2 + (index * 3) % 5;
+    for (int64_t i = 0; i < prompt + response; ++i) w.push_back(static_cast<int32_t>(1 + (index * 13 + i * 7) % 61));
+    w.push_back(62);
+    while (w.size() < 17) w.push_back(62);
+    return w;
+  }
+  int32_t eod_token() const override { return 62; }
+  int64_t prompt_length(int64_t index) const override { return 1 + (index * 5) % 9; }
 };
 
 RunConfig tiny_run(const Layout& l, const Objective& o, int world) {
@@ -46,6 +72,9 @@ RunConfig tiny_run(const Layout& l, const Objective& o, int world) {
   }
   r.diffusion.block_size = o.block;
   r.diffusion.loss_weight = DlmLossWeight::InvTEps;  // the peer's 1/p weighting
+  r.diffusion.sft = o.sft;
+  if (o.row_t) r.diffusion.t_granularity = BlockTimeGranularity::Sequence;
+  if (o.sft && o.row_t) r.diffusion.sft_loss_norm = SftLossNorm::Token;
   if (o.documents) {
     r.data.reset_position_ids = r.data.reset_attention_mask = true;
     r.data.per_document_attention = true;
@@ -75,7 +104,11 @@ RunConfig tiny_run(const Layout& l, const Objective& o, int world) {
 }
 
 std::vector<IterationMetrics> train(const RunConfig& cfg, const parallel::ProcessGroups* groups) {
-  auto data = std::make_shared<MockGptDataset>(64, 16, 63);  // documents of a few tokens: EODs inside rows
+  std::shared_ptr<const SampleSource> data;
+  if (cfg.diffusion.sft)
+    data = std::make_shared<SftRows>();
+  else
+    data = std::make_shared<MockGptDataset>(64, 16, 63);  // documents of a few tokens: EODs inside rows
   std::ostringstream log;
   Trainer t(cfg, data, log, groups);
   return t.train();
@@ -87,9 +120,7 @@ const std::vector<IterationMetrics>& reference(const Layout& l, const Objective&
   one.ep = l.ep > 0 ? 1 : 0;
   RunConfig cfg = tiny_run(one, o, 1);
   cfg.training.global_batch_size = global_batch;
-  const std::string key = std::to_string(o.documents) + "/" + std::to_string(o.causal_clean) + "/" +
-                          std::to_string(o.block) + "/" + std::to_string(one.ep) + "/" +
-                          std::to_string(global_batch);
+  const std::string key = o.key() + "/" + std::to_string(one.ep) + "/" + std::to_string(global_batch);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, train(cfg, nullptr)).first;
   return it->second;
@@ -107,11 +138,9 @@ void expect_same_as_single_process(const Layout& l, const Objective& o) {
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i) {
     EXPECT_NEAR(got[i].lm_loss, ref[i].lm_loss, 1e-5 * ref[i].lm_loss)
-        << "documents " << o.documents << ", causal clean " << o.causal_clean << ": rank "
-        << rt.world().rank() << ", iteration " << i + 1;
+        << "objective " << o.key() << ": rank " << rt.world().rank() << ", iteration " << i + 1;
     EXPECT_NEAR(got[i].grad_norm, ref[i].grad_norm, 1e-5 * ref[i].grad_norm)
-        << "documents " << o.documents << ", causal clean " << o.causal_clean << ": rank "
-        << rt.world().rank() << ", iteration " << i + 1;
+        << "objective " << o.key() << ": rank " << rt.world().rank() << ", iteration " << i + 1;
   }
 }
 
@@ -120,6 +149,13 @@ void expect_all_objectives(const Layout& l) {
   expect_same_as_single_process(l, {});
   expect_same_as_single_process(l, {.documents = true});
   expect_same_as_single_process(l, {.documents = true, .causal_clean = true});
+}
+
+// Block-diffusion fine-tuning: per-block t with the block-causal clean half, and one t per row
+// with the causal clean half's next-token loss and the token normalisation.
+void expect_sft_objectives(const Layout& l) {
+  expect_same_as_single_process(l, {.sft = true});
+  expect_same_as_single_process(l, {.causal_clean = true, .sft = true, .row_t = true});
 }
 
 }  // namespace
@@ -160,4 +196,16 @@ TEST(BlockDiffusionLayouts, BlockSizeOneAndWholeSequenceMatchOneProcess) {
   // The extremes: B = 1 (every noisy token alone with the clean prefix) and B = L.
   expect_same_as_single_process({.tp = 2, .sp = true}, {.block = 1});
   expect_same_as_single_process({.tp = 2, .sp = true}, {.documents = true, .block = 16});
+}
+
+TEST(BlockDiffusionSftLayouts, DataParallelMatchesOneProcess) {
+  expect_sft_objectives({.dist_opt = true});
+}
+
+TEST(BlockDiffusionSftLayouts, TensorParallelWithSequenceParallelMatchesOneProcess) {
+  expect_sft_objectives({.tp = 2, .sp = true});
+}
+
+TEST(BlockDiffusionSftLayouts, PipelineWithVirtualStagesMatchesOneProcess) {
+  expect_sft_objectives({.pp = 2, .vpp = 2});
 }

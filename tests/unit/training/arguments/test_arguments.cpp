@@ -941,6 +941,16 @@ std::vector<Row> rows() {
          EXPECT_FLOAT_EQ(p.config.diffusion.ar_loss_weight, 1.0f);
          EXPECT_EQ(p.config.model.attention_mask, AttentionMaskType::BlockCausal);
        }},
+      {"D-11-sft-ok", cmd({"--sft-data-path", "pairs.jsonl", "--tokenizer-type", "NullTokenizer",
+                           "--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0",
+                           "--dlm-t-granularity", "sequence", "--dlm-bd-clean-attention", "causal", "--mask-token", "98"},
+                          {"--mock-data", "--mask-token"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.diffusion.sft);
+         EXPECT_EQ(p.config.diffusion.block_size, 8);
+         EXPECT_EQ(p.config.diffusion.t_granularity, BlockTimeGranularity::Sequence);
+         EXPECT_FLOAT_EQ(p.config.diffusion.ar_loss_weight, 1.0f);
+       }},
       {"D-11", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8"}), O::Rejected,
        {"block diffusion's attention kernels run without attention dropout; got `--attention-dropout 0.1`; valid: `--attention-dropout 0` [D-11]"}},
       {"D-12", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "2:10", "1:20"}), O::Rejected,
