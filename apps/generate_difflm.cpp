@@ -259,5 +259,5 @@ int run(const apps::Cli& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return apps::inference_main(argc, argv, "generate_difflm", kUsage, flags(), run);
+  return apps::tool_main(argc, argv, {"generate_difflm", kUsage, flags()}, run);
 }

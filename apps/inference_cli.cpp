@@ -1,9 +1,7 @@
 // The inference programs' shared command line, prompts and JSONL output (inference_cli.h).
 #include "inference_cli.h"
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <sstream>
 
 namespace megadlm::apps {
 
@@ -25,91 +23,6 @@ std::vector<CliFlag> common_inference_flags() {
       {"--seed", "N", "seed of every random number (default 1234)"},
       {"--help", nullptr, "print this help and exit"},
   };
-}
-
-Cli::Cli(std::string program, std::string usage, std::vector<CliFlag> flags)
-    : program_(std::move(program)), usage_(std::move(usage)), flags_(std::move(flags)) {
-  // The names and help are string literals, so the rows may view them.
-  for (const CliFlag& f : flags_) {
-    training::FlagSpec row;
-    row.name = f.name;
-    row.kind = f.value != nullptr ? training::FlagKind::String : training::FlagKind::StoreTrue;
-    row.help = f.help;
-    table_.push_back(row);
-  }
-}
-
-void Cli::parse(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  std::vector<std::string> errors;
-  for (const training::ToolFlag& t : training::parse_tool_flags(table_, args)) {
-    const std::string name(t.flag->name);
-    const CliFlag& f = flags_[static_cast<size_t>(t.flag - table_.data())];
-    auto& slot = values_[name];
-    if (!slot.empty() && !f.repeatable) errors.push_back("`" + name + "` given twice");
-    slot.push_back(f.value != nullptr ? t.values.at(0) : "1");
-  }
-  if (!errors.empty()) throw ConfigError(errors, {});
-}
-
-int64_t Cli::integer(const std::string& flag, int64_t fallback, std::vector<std::string>& errors) const {
-  if (!has(flag)) return fallback;
-  const std::string v = get(flag);
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0') {
-    errors.push_back("`" + flag + " " + v + "`: expected an integer");
-    return fallback;
-  }
-  return x;
-}
-
-double Cli::number(const std::string& flag, double fallback, std::vector<std::string>& errors) const {
-  if (!has(flag)) return fallback;
-  const std::string v = get(flag);
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') {
-    errors.push_back("`" + flag + " " + v + "`: expected a number");
-    return fallback;
-  }
-  return x;
-}
-
-std::string Cli::help() const {
-  std::ostringstream os;
-  os << usage_ << "\n\nflags:\n";
-  for (const CliFlag& f : flags_) {
-    std::string left = std::string("  ") + f.name + (f.value ? std::string(" ") + f.value : "");
-    os << left << (left.size() < 34 ? std::string(34 - left.size(), ' ') : "\n" + std::string(34, ' '))
-       << f.help << (f.repeatable ? " (repeatable)" : "") << "\n";
-  }
-  return os.str();
-}
-
-int inference_main(int argc, char** argv, const std::string& program, const std::string& usage,
-                   std::vector<CliFlag> flags, const std::function<int(const Cli&)>& body) {
-  try {
-    Cli cli(program, usage, std::move(flags));
-    cli.parse(argc, argv);
-    if (cli.has("--help")) {
-      std::cout << cli.help();
-      return 0;
-    }
-    return body(cli);
-  } catch (const ConfigError& e) {
-    std::cout.flush();  // the error comes last in `> log 2>&1`
-    std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
-    return 2;
-  } catch (const Error& e) {
-    std::cout.flush();  // the error comes last in `> log 2>&1`
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cout.flush();  // the error comes last in `> log 2>&1`
-    std::cerr << "error: unexpected failure: " << e.what() << "\n";
-    return 3;
-  }
 }
 
 training::InferenceSource inference_source(const Cli& cli, std::vector<std::string>& errors) {

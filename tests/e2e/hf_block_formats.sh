@@ -56,7 +56,7 @@ refuse "llada/config.json: model_type 'llada' is the llada format, not \`--hf-fo
   --from-hf llada --save ck_x --hf-format sdar
 refuse "\`--hf-format sdar\` is a block-diffusion format" --to-hf --load ck_llada --out x --hf-format sdar
 refuse "\`--hf-format llada\` is a full-attention (bidirectional) model" --to-hf --load ck_sdar --out x --hf-format llada
-refuse "\`--hf-format qwen3\`: valid: qwen, sdar, fast_dllm_v2, llada" --to-hf --load ck_sdar --out x --hf-format qwen3
+refuse "\`--hf-format qwen3\`: invalid value; valid: qwen, sdar, fast_dllm_v2, llada" --to-hf --load ck_sdar --out x --hf-format qwen3
 # LLaDA's names under a qwen config: named as missing.
 mkdir mixed && cp llada/model.safetensors mixed/ && cp out_sdar/config.json mixed/
 refuse "missing tensor model.embed_tokens.weight" --from-hf mixed --save ck_y

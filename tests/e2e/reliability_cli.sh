@@ -130,7 +130,7 @@ fi
 expect 0 "$bin/convert_checkpoint" --help
 has "usage:"
 expect 2 pre --input "$tmp/good.jsonl" --output-prefix "$tmp/x" --workers abc
-has '`--workers abc`: expected an integer'
+has '`--workers abc`: invalid value; valid: an integer'
 expect 2 train --train-iters 2 --vocab-size 1 --mask-token 0
 has '`--vocab-size 1` is too small for `--mock-data`'
 expect 2 train --train-iters 2 --hidden-size 1000000 --ffn-hidden-size 4000000
