@@ -147,7 +147,7 @@ refuse "\`--gen-length 10\` is not a multiple of \`--block-length 4\`" --load ck
 refuse "\`--decode ar\` needs a model whose clean stream is causal" --load ckpt --decode ar --gen-length 8
 refuse "is the full-sequence sampler's approximate cache" --load ckpt --kv-cache dual --gen-length 8
 refuse "\`--kv-cache exact\` is block decoding's cache" --load ckpt --decode full --kv-cache exact --gen-length 8
-refuse "\`--decode nope\`: valid: block, ar, full" --load ckpt --decode nope
+refuse "\`--decode nope\`: invalid value; valid: block, ar, full" --load ckpt --decode nope
 refuse "\`--cfg-scale\` is for the full-sequence sampler" --load ckpt --cfg-scale 1 --gen-length 8
 tiny_checkpoint full_model
 refuse "needs a block-diffusion checkpoint" --load full_model --decode block --gen-length 8
