@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The command lines of convert_checkpoint, preprocess_data and activation_memory (their flag
-# tables, apps/tool_cli.h) as a user mistypes them: each refuses with exit 2 before any work,
+# The command lines of convert_checkpoint, preprocess_data, activation_memory and megadlm_bench
+# (their flag tables, apps/tool_cli.h) as a user mistypes them: each refuses with exit 2 before any work,
 # naming the flag: an unknown flag with the nearest known one, a value outside the choices with
 # the valid ones, a number outside its range, a missing required flag; every problem of a command
 # line at once; --help / -h generated from the table (every row, its default). Then
@@ -64,4 +64,12 @@ expect 0 "$bin/activation_memory" --cp 1,4 -- @"$src/configs/tiny_dlm.args"
 grep -qE '^  1 +256 ' <<< "$out" && grep -qE '^  4 +64 ' <<< "$out" || fail "tokens per rank: $out"
 has "longest sequence at CP=4"
 echo "PASS activation_memory: unknown flag, a bad Megatron value after --, no Megatron flags, --reserve 1, --cp 1,x, --help, tokens per rank"
+
+# ---- megadlm_bench (its subcommands' tables; the benchmarks themselves need a GPU)
+refuses 'unknown flag `--opp`; did you mean `--op`?' "$bin/megadlm_bench" ops --opp gemm
+refuses '`--mib 0` must be >= 1' "$bin/megadlm_bench" comm --mib 0
+refuses 'give the subcommand ops or comm, not `bench`' "$bin/megadlm_bench" bench
+expect 0 "$bin/megadlm_bench" comm --help
+has "  --mib SIZE" "(default: 1024)"
+echo "PASS megadlm_bench: unknown flag, --mib 0, no subcommand, --help"
 echo "PASS: tool_flags"
