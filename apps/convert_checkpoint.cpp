@@ -1,6 +1,7 @@
 // convert_checkpoint: megadlm checkpoints <-> Hugging Face folders, and checks of both.
 // Thin by design: the mapping, the formats and the forward pass are library calls
-// (training/checkpoint/huggingface.h); docs/checkpoints.md documents the mapping.
+// (training/checkpoint/huggingface.h); docs/checkpoints.md documents the mapping. The flags are
+// the table in flags() below (tool_cli.h parses them and prints --help from them).
 //
 //   convert_checkpoint --to-hf --load DIR [--ckpt-step N] --out HF_DIR [--dtype fp32|bf16]
 //                      [--tokenizer-dir DIR] [--max-shard-size-gb G] [--verify ...]
@@ -17,12 +18,10 @@
 // fp32 on the CPU (max |diff| <= 1e-4, loss diff <= 1e-5) or bf16 on CUDA (mean |diff| <= 1e-2,
 // loss diff <= 5e-3); without python3 + transformers it says why it skipped.
 // Exit codes: 0 success or verification skipped; 1 a comparison or verification failed;
-// 2 bad arguments or a reported error.
+// 2 bad arguments or a reported error; 3 an unexpected failure.
 #include <sys/wait.h>
 #include <unistd.h>
 #include <cctype>
-#include <cerrno>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,17 +31,16 @@
 #include <map>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 #include "megadlm/core/device.h"
 #include "megadlm/core/error.h"
-#include "megadlm/core/logging.h"
 #include "megadlm/core/stream.h"
 #include "megadlm/training/checkpoint/checkpoint.h"
 #include "megadlm/training/checkpoint/config_json.h"
 #include "megadlm/training/checkpoint/huggingface.h"
 #include "megadlm/training/checkpoint/safetensors.h"
+#include "tool_cli.h"
 
 using namespace megadlm;
 using namespace megadlm::checkpoint;
@@ -53,98 +51,82 @@ namespace {
 const char* kUsage =
     "usage:\n"
     "  convert_checkpoint --to-hf --load DIR [--ckpt-step N] --out HF_DIR [--dtype fp32|bf16]\n"
-    "                     [--tokenizer-dir DIR] [--max-shard-size-gb G] [--hf-format F] [--verify [VERIFY OPTIONS]]\n"
+    "                     [--tokenizer-dir DIR] [--max-shard-size-gb G] [--hf-format F] [--verify [VERIFY FLAGS]]\n"
     "  convert_checkpoint --from-hf HF_DIR --save DIR [--dtype fp32|bf16] [--mask-token N]\n"
-    "                     [--seq-length S] [--hf-format F] [--verify [VERIFY OPTIONS]]\n"
-    "  --hf-format qwen (default) | sdar | fast_dllm_v2 | llada: the public format's names and config keys\n"
-    "  convert_checkpoint --compare A B [--tolerance T] [--all]   (--all: optimizer state too)\n"
+    "                     [--seq-length S] [--hf-format F] [--verify [VERIFY FLAGS]]\n"
+    "  convert_checkpoint --compare A B [--tolerance T] [--all]\n"
     "  convert_checkpoint --check DIR [--ckpt-step N]\n"
-    "verify options: --verify-device cpu|cuda (default: cuda when a GPU is visible; cuda compares in bf16)\n"
-    "  --hf-device cpu|cuda (where transformers runs; default: --verify-device)\n"
-    "  --verify-batch B (2) --verify-seq S (64) --verify-seed N (1234) --python PATH (python3)\n"
-    "  --hf-verify-script PATH (default: scripts/hf_verify.py next to the build)\n"
-    "  --verify-max-abs X --verify-mean-abs X --verify-loss-diff X (thresholds; defaults by dtype)\n";
+    "Exit codes: 0 success or verification skipped; 1 a comparison or verification failed; 2 bad arguments\n"
+    "or a reported error; 3 an unexpected failure. docs/checkpoints.md has the mapping and the formats.";
 
-struct Args {
-  std::map<std::string, std::string> values;
-  std::vector<std::string> positional;
-  bool help = false;
-  bool has(const std::string& k) const { return values.count(k) != 0; }
-  std::string get(const std::string& k, const std::string& def = "") const {
-    auto it = values.find(k);
-    return it == values.end() ? def : it->second;
-  }
-  double num(const std::string& k, double def) const {
-    if (!has(k)) return def;
-    const std::string& text = values.at(k);
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
-      throw Error("`" + k + " " + text + "`: expected a finite number");
-    return v;
-  }
-  /// The whole value as an integer in [low, high] (std::stoll would take "12abc" and say only
-  /// "stoll" for "abc").
-  int64_t integer(const std::string& k, int64_t low, int64_t high) const {
-    const std::string& text = values.at(k);
-    errno = 0;
-    char* end = nullptr;
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
-      throw Error("`" + k + " " + text + "`: expected an integer");
-    if (v < low || v > high)
-      throw Error("`" + k + " " + text + "`: must be between " + std::to_string(low) + " and " +
-                  std::to_string(high));
-    return v;
-  }
-};
-
-Args parse(int argc, char** argv) {
-  static const char* kFlags[] = {"--to-hf", "--verify", "--check", "--compare", "--all"};
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string t = argv[i];
-    if (t == "-h" || t == "--help") {
-      a.help = true;
-      continue;
-    }
-    if (t.rfind("--", 0) != 0) {
-      a.positional.push_back(t);
-      continue;
-    }
-    bool flag = false;
-    for (const char* f : kFlags) flag = flag || t == f;
-    if (flag) {
-      a.values[t] = std::string(1, '1');  // (not = "1": GCC 12 warns falsely)
-      continue;
-    }
-    if (i + 1 >= argc) MDLM_FAIL("`", t, "` expects a value");
-    a.values[t] = argv[++i];
-  }
-  static const char* kKnown[] = {"--to-hf", "--verify", "--check", "--compare", "--all", "--load", "--ckpt-step", "--out",
-                                 "--dtype", "--tokenizer-dir", "--max-shard-size-gb", "--from-hf", "--save", "--hf-format",
-                                 "--mask-token", "--seq-length", "--tolerance", "--verify-device", "--verify-batch",
-                                 "--verify-seq", "--verify-seed", "--hf-device", "--python", "--hf-verify-script",
-                                 "--verify-max-abs", "--verify-mean-abs", "--verify-loss-diff"};
-  for (const auto& [k, v] : a.values) {
-    bool known = false;
-    for (const char* f : kKnown) known = known || k == f;
-    if (!known) MDLM_FAIL("unknown flag `", k, "`\n", kUsage);
-  }
-  return a;
+std::vector<apps::CliFlag> flags() {
+  using training::FlagKind;
+  return {
+      {.name = "--to-hf", .value = nullptr, .help = "mode: write a Hugging Face folder from a megadlm checkpoint"},
+      {.name = "--from-hf", .value = "HF_DIR", .help = "mode: write a megadlm checkpoint (release) from a Hugging Face folder"},
+      {.name = "--compare", .value = "A B", .help = "mode: compare the model weights of two checkpoints or Hugging Face "
+                                                   "folders, bitwise (or --tolerance)",
+       .kind = FlagKind::StringList},
+      {.name = "--check", .value = "DIR", .help = "mode: verify every file of a checkpoint (sizes and SHA-256)"},
+      {.name = "--load", .value = "DIR", .help = "--to-hf: the megadlm checkpoint directory (its latest checkpoint)"},
+      {.name = "--ckpt-step", .value = "N", .help = "--to-hf, --check: iteration N instead of the latest",
+       .kind = FlagKind::Int, .range = "[0, inf)"},
+      {.name = "--out", .value = "HF_DIR", .help = "--to-hf: the Hugging Face folder to write"},
+      {.name = "--save", .value = "DIR", .help = "--from-hf: the megadlm checkpoint directory to write"},
+      {.name = "--dtype", .value = "D", .help = "dtype of the written weights (default: the source's)",
+       .choices = "fp32 bf16"},
+      {.name = "--hf-format", .value = "F",
+       .help = "the public format's names and config keys (docs/checkpoints.md): --to-hf writes it (default qwen); "
+               "--from-hf reads the format config.json's model_type names and, given this flag, refuses another",
+       .choices = "qwen sdar fast_dllm_v2 llada"},
+      {.name = "--tokenizer-dir", .value = "DIR", .help = "--to-hf: copy the tokenizer files of DIR into the folder"},
+      {.name = "--max-shard-size-gb", .value = "G", .help = "--to-hf: largest safetensors shard in GB",
+       .kind = FlagKind::Float, .default_value = "5", .range = "(0, inf)"},
+      {.name = "--mask-token", .value = "N", .help = "--from-hf: the mask token id of the checkpoint",
+       .kind = FlagKind::Int, .range = "[0, 2147483647]"},
+      {.name = "--seq-length", .value = "S", .help = "--from-hf: the checkpoint's --seq-length",
+       .kind = FlagKind::Int, .range = "[1, 2147483647]"},
+      {.name = "--tolerance", .value = "T", .help = "--compare: largest |difference| that counts as equal",
+       .kind = FlagKind::Float, .default_value = "0", .range = "[0, inf)"},
+      {.name = "--all", .value = nullptr, .help = "--compare: the optimizer state too"},
+      {.name = "--verify", .value = nullptr,
+       .help = "--to-hf, --from-hf: run the same random tokens through megadlm and transformers "
+               "(scripts/hf_verify.py) and compare the logits; skipped, saying why, without transformers"},
+      {.name = "--verify-device", .value = "D",
+       .help = "--verify: where megadlm runs (default: cuda when a GPU is visible; cuda compares in bf16)",
+       .choices = "cpu cuda"},
+      {.name = "--hf-device", .value = "D", .help = "--verify: where transformers runs (default: --verify-device)",
+       .choices = "cpu cuda"},
+      {.name = "--verify-batch", .value = "B", .help = "--verify: samples", .kind = FlagKind::Int,
+       .default_value = "2", .range = "[1, inf)"},
+      {.name = "--verify-seq", .value = "S", .help = "--verify: tokens per sample", .kind = FlagKind::Int,
+       .default_value = "64", .range = "[1, inf)"},
+      {.name = "--verify-seed", .value = "N", .help = "--verify: seed of the random tokens", .kind = FlagKind::Int,
+       .default_value = "1234", .range = "[0, inf)"},
+      {.name = "--python", .value = "PATH", .help = "--verify: the Python that runs transformers",
+       .default_value = "python3"},
+      {.name = "--hf-verify-script", .value = "PATH",
+       .help = "--verify: the Hugging Face side (default: scripts/hf_verify.py next to the build)"},
+      {.name = "--verify-max-abs", .value = "X",
+       .help = "--verify: largest |logit difference| allowed (default: 1e-4 in fp32, none in bf16)",
+       .kind = FlagKind::Float, .range = "[0, inf)"},
+      {.name = "--verify-mean-abs", .value = "X",
+       .help = "--verify: largest mean |logit difference| allowed (default: none in fp32, 1e-2 in bf16)",
+       .kind = FlagKind::Float, .range = "[0, inf)"},
+      {.name = "--verify-loss-diff", .value = "X",
+       .help = "--verify: largest loss difference allowed (default: 1e-5 in fp32, 5e-3 in bf16)",
+       .kind = FlagKind::Float, .range = "[0, inf)"},
+  };
 }
 
-std::optional<DType> dtype_flag(const Args& a) {
+std::optional<DType> dtype_flag(const apps::Cli& a) {
   if (!a.has("--dtype")) return std::nullopt;
-  const std::string d = a.get("--dtype");
-  if (d == "fp32") return DType::F32;
-  if (d == "bf16") return DType::BF16;
-  MDLM_FAIL("`--dtype ", d, "`: valid: fp32, bf16");
+  return a.get("--dtype") == "bf16" ? DType::BF16 : DType::F32;  // the table allows these two
 }
 
-std::string locate_checkpoint(const std::string& dir, const Args& a) {
+std::string locate_checkpoint(const std::string& dir, const apps::Cli& a) {
   std::optional<int64_t> step;
-  if (a.has("--ckpt-step")) step = a.integer("--ckpt-step", 0, INT64_MAX);
+  if (a.has("--ckpt-step")) step = a.integer("--ckpt-step");
   const std::optional<std::string> found = find_checkpoint(dir, step);
   if (!found) MDLM_FAIL(dir, " holds no checkpoint (no ", kLatestFileName, ")");
   return *found;
@@ -178,7 +160,7 @@ std::string quoted(const std::string& s) {
   return out + "'";
 }
 
-std::string find_verify_script(const Args& a, const char* argv0) {
+std::string find_verify_script(const apps::Cli& a, const char* argv0) {
   if (a.has("--hf-verify-script")) return a.get("--hf-verify-script");
   std::error_code ec;
   const fs::path exe = fs::canonical(fs::path("/proc/self/exe"), ec);
@@ -228,9 +210,9 @@ LogitDiff logit_diff(const float* a, const float* b, int64_t n, const std::vecto
   return d;
 }
 
-VerifyResult verify(const CheckpointReader& reader, const std::string& hf_dir, const Args& a, const char* argv0) {
+VerifyResult verify(const CheckpointReader& reader, const std::string& hf_dir, const apps::Cli& a, const char* argv0) {
   VerifyResult res;
-  const std::string python = a.get("--python", "python3");
+  const std::string python = a.get("--python");
   const std::string script = find_verify_script(a, argv0);
   // The script says whether its dependencies import here (exit 0) or why not.
   std::string why;
@@ -243,14 +225,12 @@ VerifyResult verify(const CheckpointReader& reader, const std::string& hf_dir, c
   }
   const RunConfig cfg = run_config_from_json(reader.index().state.run_config_json, reader.dir());
   const std::string dev = a.get("--verify-device", cuda_device_count() > 0 ? "cuda" : "cpu");
-  if (dev != "cpu" && dev != "cuda") MDLM_FAIL("`--verify-device ", dev, "`: valid: cpu, cuda");
   const bool bf16 = dev == "cuda";  // megadlm's CUDA backend computes in bf16, its CPU one in fp32
   // transformers may run elsewhere: an fp32 check of a big model is quick on the GPU (TF32 off).
   const std::string hf_dev = a.get("--hf-device", dev);
-  if (hf_dev != "cpu" && hf_dev != "cuda") MDLM_FAIL("`--hf-device ", hf_dev, "`: valid: cpu, cuda");
-  const int64_t batch = static_cast<int64_t>(a.num("--verify-batch", 2));
-  const int64_t seq = static_cast<int64_t>(a.num("--verify-seq", 64));
-  std::mt19937_64 rng(static_cast<uint64_t>(a.num("--verify-seed", 1234)));
+  const int64_t batch = a.integer("--verify-batch");
+  const int64_t seq = a.integer("--verify-seq");
+  std::mt19937_64 rng(static_cast<uint64_t>(a.integer("--verify-seed")));
   std::vector<int32_t> tokens(static_cast<size_t>(batch * seq));
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(cfg.model.vocab_size));
 
@@ -278,9 +258,10 @@ VerifyResult verify(const CheckpointReader& reader, const std::string& hf_dir, c
   const LogitDiff d = logit_diff(ours.data<float>(), hf.data<float>(), ours.numel(), tokens, vocab);
   // Thresholds (docs/checkpoints.md): fp32 differences are reassociation only; bf16 ones
   // are bf16 rounding of activations and weights on both sides.
-  const double max_abs_tol = a.num("--verify-max-abs", bf16 ? INFINITY : 1e-4);
-  const double mean_abs_tol = a.num("--verify-mean-abs", bf16 ? 1e-2 : INFINITY);
-  const double loss_tol = a.num("--verify-loss-diff", bf16 ? 5e-3 : 1e-5);
+  const auto threshold = [&](const char* flag, double fallback) { return a.has(flag) ? a.number(flag) : fallback; };
+  const double max_abs_tol = threshold("--verify-max-abs", bf16 ? INFINITY : 1e-4);
+  const double mean_abs_tol = threshold("--verify-mean-abs", bf16 ? 1e-2 : INFINITY);
+  const double loss_tol = threshold("--verify-loss-diff", bf16 ? 5e-3 : 1e-5);
   res.passed = d.max_abs <= max_abs_tol && d.mean_abs <= mean_abs_tol && d.loss_diff() <= loss_tol;
   const int64_t tok = d.where / vocab;
   std::printf("verify: %s (%s, megadlm on %s, transformers on %s, %lld x %lld tokens, vocabulary %lld): largest |logit difference| %.3e "
@@ -397,81 +378,82 @@ int compare(const std::string& a_path, const std::string& b_path, double toleran
   return differ == 0 && missing == 0 ? 0 : 1;
 }
 
-HfFormat hf_format_flag(const Args& a) {
-  const std::optional<HfFormat> f = hf_format_from_name(a.get("--hf-format"));
-  if (!f) MDLM_FAIL("`--hf-format ", a.get("--hf-format"), "`: valid: qwen, sdar, fast_dllm_v2, llada");
-  return *f;
+HfFormat hf_format_flag(const apps::Cli& a) {
+  return *hf_format_from_name(a.get("--hf-format"));  // the table's choices are the format names
+}
+
+// The mode's own flags, checked together: every problem at once, as a ConfigError.
+void check_mode(const apps::Cli& a) {
+  std::vector<std::string> errors;
+  const int modes = a.has("--to-hf") + a.has("--from-hf") + a.has("--compare") + a.has("--check");
+  if (modes != 1)
+    errors.push_back("give exactly one of `--to-hf`, `--from-hf DIR`, `--compare A B`, `--check DIR` (" +
+                     std::to_string(modes) + " given)");
+  if (a.has("--compare") && a.all("--compare").size() != 2)
+    errors.push_back("`--compare` takes two paths (checkpoints or Hugging Face folders), got " +
+                     std::to_string(a.all("--compare").size()));
+  if (a.has("--to-hf") && !a.has("--load")) errors.push_back("`--to-hf` needs `--load DIR`");
+  if (a.has("--to-hf") && !a.has("--out")) errors.push_back("`--to-hf` needs `--out HF_DIR`");
+  if (a.has("--from-hf") && !a.has("--save")) errors.push_back("`--from-hf` needs `--save DIR`");
+  if (!errors.empty()) throw ConfigError(errors, {});
+}
+
+int run_mode(const apps::Cli& a, const char* argv0) {
+  check_mode(a);
+  if (a.has("--check")) {
+    const CheckpointReader reader(locate_checkpoint(a.get("--check"), a));
+    std::vector<std::string> files;
+    for (const auto& [name, f] : reader.index().files) files.push_back(name);
+    reader.verify_files(files, nullptr, Stream::cpu());
+    const CheckpointState& st = reader.index().state;
+    std::cout << "check: " << reader.dir() << " is complete: "
+              << (reader.index().checksummed ? "the index (its SHA-256) and " : "the index (written without a checksum), ")
+              << files.size() << " files verified (sizes and "
+              << "SHA-256), " << reader.index().tensors.size() << " tensors; iteration " << st.iteration
+              << ", consumed samples " << st.consumed_samples << (st.has_optimizer ? ", with" : ", without")
+              << " optimizer state; saved under " << st.saved_under << "\n";
+    return 0;
+  }
+  if (a.has("--compare")) {
+    const std::vector<std::string> paths = a.all("--compare");
+    return compare(paths[0], paths[1], a.number("--tolerance"), a.has("--all"));
+  }
+  if (a.has("--to-hf")) {
+    const CheckpointReader reader(locate_checkpoint(a.get("--load"), a));
+    reader.verify_files(reader.files_with({kModelPrefix}), nullptr, Stream::cpu());
+    HfExportOptions o;
+    o.dtype = dtype_flag(a);
+    o.tokenizer_dir = a.get("--tokenizer-dir");
+    o.max_shard_bytes = static_cast<uint64_t>(a.number("--max-shard-size-gb") * 1e9);
+    if (a.has("--hf-format")) o.format = hf_format_flag(a);
+    export_hf(reader, a.get("--out"), o);
+    std::cout << "wrote the Hugging Face folder " << a.get("--out") << " from " << reader.dir() << "\n";
+    if (a.has("--verify")) {
+      const VerifyResult v = verify(reader, a.get("--out"), a, argv0);
+      if (!v.skipped && !v.passed) return 1;
+    }
+    return 0;
+  }
+  // --from-hf
+  HfImportOptions o;
+  o.dtype = dtype_flag(a);
+  if (a.has("--mask-token")) o.mask_token = a.integer("--mask-token");
+  if (a.has("--seq-length")) o.seq_length = static_cast<int>(a.integer("--seq-length"));
+  if (a.has("--hf-format")) o.format = hf_format_flag(a);
+  import_hf(a.get("--from-hf"), a.get("--save"), o);
+  const CheckpointReader reader(checkpoint_dir(a.get("--save"), kReleaseDirName));
+  std::cout << "wrote the megadlm checkpoint " << reader.dir() << " (start training from it with --load "
+            << a.get("--save") << " or --finetune; --use-checkpoint-args takes the model flags from it)\n";
+  if (a.has("--verify")) {
+    const VerifyResult v = verify(reader, a.get("--from-hf"), a, argv0);
+    if (!v.skipped && !v.passed) return 1;
+  }
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args a = parse(argc, argv);
-    if (a.help) {
-      std::cout << kUsage;
-      return 0;
-    }
-    const int modes = a.has("--to-hf") + a.has("--from-hf") + a.has("--compare") + a.has("--check");
-    if (modes != 1) {
-      logging::error("give exactly one of --to-hf, --from-hf, --compare, --check\n", kUsage);
-      return 2;
-    }
-    if (a.has("--check")) {
-      if (a.positional.size() != 1) MDLM_FAIL("--check takes one directory\n", kUsage);
-      const CheckpointReader reader(locate_checkpoint(a.positional[0], a));
-      std::vector<std::string> files;
-      for (const auto& [name, f] : reader.index().files) files.push_back(name);
-      reader.verify_files(files, nullptr, Stream::cpu());
-      const CheckpointState& st = reader.index().state;
-      std::cout << "check: " << reader.dir() << " is complete: "
-                << (reader.index().checksummed ? "the index (its SHA-256) and " : "the index (written without a checksum), ")
-                << files.size() << " files verified (sizes and "
-                << "SHA-256), " << reader.index().tensors.size() << " tensors; iteration " << st.iteration
-                << ", consumed samples " << st.consumed_samples << (st.has_optimizer ? ", with" : ", without")
-                << " optimizer state; saved under " << st.saved_under << "\n";
-      return 0;
-    }
-    if (a.has("--compare")) {
-      if (a.positional.size() != 2) MDLM_FAIL("--compare takes two paths\n", kUsage);
-      return compare(a.positional[0], a.positional[1], a.num("--tolerance", 0.0), a.has("--all"));
-    }
-    if (!a.positional.empty()) MDLM_FAIL("unexpected argument `", a.positional[0], "`\n", kUsage);
-    if (a.has("--to-hf")) {
-      if (!a.has("--load") || !a.has("--out")) MDLM_FAIL("--to-hf needs --load DIR and --out HF_DIR\n", kUsage);
-      const CheckpointReader reader(locate_checkpoint(a.get("--load"), a));
-      reader.verify_files(reader.files_with({kModelPrefix}), nullptr, Stream::cpu());
-      HfExportOptions o;
-      o.dtype = dtype_flag(a);
-      o.tokenizer_dir = a.get("--tokenizer-dir");
-      o.max_shard_bytes = static_cast<uint64_t>(a.num("--max-shard-size-gb", 5.0) * 1e9);
-      if (a.has("--hf-format")) o.format = hf_format_flag(a);
-      export_hf(reader, a.get("--out"), o);
-      std::cout << "wrote the Hugging Face folder " << a.get("--out") << " from " << reader.dir() << "\n";
-      if (a.has("--verify")) {
-        const VerifyResult v = verify(reader, a.get("--out"), a, argv[0]);
-        if (!v.skipped && !v.passed) return 1;
-      }
-      return 0;
-    }
-    // --from-hf
-    if (!a.has("--save")) MDLM_FAIL("--from-hf needs --save DIR\n", kUsage);
-    HfImportOptions o;
-    o.dtype = dtype_flag(a);
-    if (a.has("--mask-token")) o.mask_token = a.integer("--mask-token", 0, INT32_MAX);
-    if (a.has("--seq-length")) o.seq_length = static_cast<int>(a.integer("--seq-length", 1, INT32_MAX));
-    if (a.has("--hf-format")) o.format = hf_format_flag(a);
-    import_hf(a.get("--from-hf"), a.get("--save"), o);
-    const CheckpointReader reader(checkpoint_dir(a.get("--save"), kReleaseDirName));
-    std::cout << "wrote the megadlm checkpoint " << reader.dir() << " (start training from it with --load "
-              << a.get("--save") << " or --finetune; --use-checkpoint-args takes the model flags from it)\n";
-    if (a.has("--verify")) {
-      const VerifyResult v = verify(reader, a.get("--from-hf"), a, argv[0]);
-      if (!v.skipped && !v.passed) return 1;
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    logging::error(e.what());
-    return 2;
-  }
+  return apps::tool_main(argc, argv, {"convert_checkpoint", kUsage, flags()},
+                         [&](const apps::Cli& cli) { return run_mode(cli, argv[0]); });
 }

@@ -49,7 +49,8 @@ const char* kUsage =
 std::vector<apps::CliFlag> flags() {
   std::vector<apps::CliFlag> f = apps::common_inference_flags();
   const std::vector<apps::CliFlag> own = {
-      {"--task", "NAME", "elbo, loglik, multiple-choice or harness"},
+      {.name = "--task", .value = "NAME", .help = "what to evaluate", .choices = "elbo loglik multiple-choice harness",
+       .required = true},
       {"--data-path", "PREFIX", "elbo: a Megatron indexed dataset PREFIX.bin/.idx (documents concatenated in order)"},
       {"--text-jsonl", "FILE", "elbo: JSONL with \"text\" per line (tokenized, EOD appended when the tokenizer has one)"},
       {"--seq-length", "S", "elbo: tokens scored per sample (default: the checkpoint's --seq-length)"},
@@ -573,10 +574,7 @@ int run(const apps::Cli& cli) {
   std::vector<std::string> errors;
   const training::InferenceSource src = apps::inference_source(cli, errors);
   const Device device = apps::inference_device(cli, errors);
-  const std::string task = cli.get("--task");
-  if (task != "elbo" && task != "loglik" && task != "multiple-choice" && task != "harness")
-    errors.push_back("`--task " + (task.empty() ? std::string("(missing)") : task) +
-                     "`: valid: elbo, loglik, multiple-choice, harness");
+  const std::string task = cli.get("--task");  // required, one of the table's choices
   const uint64_t seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
   if (task != "elbo") {
     for (const std::string& p : likelihood_config_problems(likelihood_config(cli, 0, seed, errors), 0))
@@ -624,5 +622,5 @@ int run(const apps::Cli& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return apps::inference_main(argc, argv, "evaluate_difflm", kUsage, flags(), run);
+  return apps::tool_main(argc, argv, {"evaluate_difflm", kUsage, flags()}, run);
 }

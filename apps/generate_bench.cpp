@@ -196,5 +196,5 @@ int run(const apps::Cli& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return apps::inference_main(argc, argv, "generate_bench", kUsage, flags(), run);
+  return apps::tool_main(argc, argv, {"generate_bench", kUsage, flags()}, run);
 }

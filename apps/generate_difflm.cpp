@@ -51,7 +51,8 @@ std::vector<apps::CliFlag> flags() {
       {"--steps", "S", "sampling steps in all (default 128; block decoding: G); a multiple of G/K"},
       {"--block-length", "K", "semi-autoregressive block length (default: G; block decoding: the checkpoint's "
                               "--dlm-block-size); divides G"},
-      {"--remasking", "MODE", "low_confidence (default) or random: which masked positions are decoded first"},
+      {.name = "--remasking", .value = "MODE", .help = "which masked positions are decoded first",
+       .choices = "low_confidence random", .default_value = "low_confidence"},
       {"--temperature", "T", "Gumbel-max sampling temperature in float64 (default 0: greedy)"},
       {"--cfg-scale", "W", "classifier-free guidance scale (default 0: off); the unconditional canvas has the prompt masked"},
       {"--batch-size", "B", "prompts per forward batch (left padded; every row equals its run alone; default 1)"},
@@ -64,9 +65,11 @@ std::vector<apps::CliFlag> flags() {
                              "the block and what follows) or dual (the block only), not the reference sampler; "
                              "block/ar decoding: exact (default: committed blocks cached exactly) or none (recompute "
                              "everything each step; the same tokens)"},
-      {"--decode", "MODE", "block (default for block-diffusion checkpoints: block by block with an exact cache), "
-                           "ar (autoregressive, for the causal-clean-half model), or full (LLaDA's full-sequence "
-                           "sampler, the default otherwise)"},
+      {.name = "--decode", .value = "MODE",
+       .help = "block (default for block-diffusion checkpoints: block by block with an exact cache), "
+               "ar (autoregressive, for the causal-clean-half model), or full (LLaDA's full-sequence "
+               "sampler, the default otherwise)",
+       .choices = "block ar full"},
   };
   f.insert(f.end() - 1, own.begin(), own.end());
   return f;
@@ -94,13 +97,8 @@ int run(const apps::Cli& cli) {
   sc.confidence_threshold = cli.number("--confidence-threshold", 0.0, errors);
   sc.seed = static_cast<uint64_t>(cli.integer("--seed", 1234, errors));
   sc.logits_eos_inf = cli.has("--logits-eos-inf");
-  const std::string remasking = cli.get("--remasking", "low_confidence");
-  if (remasking == "random") sc.remasking = Remasking::Random;
-  else if (remasking != "low_confidence")
-    errors.push_back("`--remasking " + remasking + "`: valid: low_confidence, random");
-  const std::string decode_flag = cli.get("--decode", "");
-  if (!decode_flag.empty() && decode_flag != "block" && decode_flag != "ar" && decode_flag != "full")
-    errors.push_back("`--decode " + decode_flag + "`: valid: block, ar, full");
+  if (cli.get("--remasking") == "random") sc.remasking = Remasking::Random;  // the table checked the choices
+  const std::string decode_flag = cli.get("--decode");
   const std::string kv_cache = cli.get("--kv-cache", "");
   if (kv_cache == "prefix") sc.kv_cache = KvCacheMode::Prefix;
   else if (kv_cache == "dual") sc.kv_cache = KvCacheMode::Dual;
@@ -259,5 +257,5 @@ int run(const apps::Cli& cli) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return apps::inference_main(argc, argv, "generate_difflm", kUsage, flags(), run);
+  return apps::tool_main(argc, argv, {"generate_difflm", kUsage, flags()}, run);
 }

@@ -1,9 +1,7 @@
 // The inference programs' shared command line, prompts and JSONL output (inference_cli.h).
 #include "inference_cli.h"
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <sstream>
 
 namespace megadlm::apps {
 
@@ -14,9 +12,11 @@ std::vector<CliFlag> common_inference_flags() {
       {"--load", "DIR", "megadlm checkpoint directory (its latest checkpoint; any saved parallel layout)"},
       {"--ckpt-step", "N", "load iteration N instead of the latest"},
       {"--hf-dir", "DIR", "a Hugging Face Qwen2/Qwen3 folder instead of --load (as convert_checkpoint --from-hf reads it)"},
-      {"--device", "cpu|cuda", "where to run: cuda (bf16) when a GPU is visible, else cpu (fp32)"},
-      {"--tokenizer-type", "TYPE", "HuggingFaceTokenizer, GPT2BPETokenizer, SentencePieceTokenizer, NullTokenizer, ... "
-                                   "(default: the checkpoint's, or the --hf-dir's tokenizer.json)"},
+      {.name = "--device", .value = "D", .help = "where to run: cuda (bf16) when a GPU is visible, else cpu (fp32)",
+       .choices = "cpu cuda"},
+      {.name = "--tokenizer-type", .value = "TYPE",
+       .help = "the tokenizer (default: the checkpoint's, or the --hf-dir's tokenizer.json)",
+       .choices = data::kTokenizerTypes},
       {"--tokenizer-model", "PATH", "tokenizer.json (or its folder) / SentencePiece .model"},
       {"--vocab-file", "PATH", "GPT2BPETokenizer vocab.json"},
       {"--merge-file", "PATH", "GPT2BPETokenizer merges.txt"},
@@ -25,91 +25,6 @@ std::vector<CliFlag> common_inference_flags() {
       {"--seed", "N", "seed of every random number (default 1234)"},
       {"--help", nullptr, "print this help and exit"},
   };
-}
-
-Cli::Cli(std::string program, std::string usage, std::vector<CliFlag> flags)
-    : program_(std::move(program)), usage_(std::move(usage)), flags_(std::move(flags)) {
-  // The names and help are string literals, so the rows may view them.
-  for (const CliFlag& f : flags_) {
-    training::FlagSpec row;
-    row.name = f.name;
-    row.kind = f.value != nullptr ? training::FlagKind::String : training::FlagKind::StoreTrue;
-    row.help = f.help;
-    table_.push_back(row);
-  }
-}
-
-void Cli::parse(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  std::vector<std::string> errors;
-  for (const training::ToolFlag& t : training::parse_tool_flags(table_, args)) {
-    const std::string name(t.flag->name);
-    const CliFlag& f = flags_[static_cast<size_t>(t.flag - table_.data())];
-    auto& slot = values_[name];
-    if (!slot.empty() && !f.repeatable) errors.push_back("`" + name + "` given twice");
-    slot.push_back(f.value != nullptr ? t.values.at(0) : "1");
-  }
-  if (!errors.empty()) throw ConfigError(errors, {});
-}
-
-int64_t Cli::integer(const std::string& flag, int64_t fallback, std::vector<std::string>& errors) const {
-  if (!has(flag)) return fallback;
-  const std::string v = get(flag);
-  char* end = nullptr;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0') {
-    errors.push_back("`" + flag + " " + v + "`: expected an integer");
-    return fallback;
-  }
-  return x;
-}
-
-double Cli::number(const std::string& flag, double fallback, std::vector<std::string>& errors) const {
-  if (!has(flag)) return fallback;
-  const std::string v = get(flag);
-  char* end = nullptr;
-  const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') {
-    errors.push_back("`" + flag + " " + v + "`: expected a number");
-    return fallback;
-  }
-  return x;
-}
-
-std::string Cli::help() const {
-  std::ostringstream os;
-  os << usage_ << "\n\nflags:\n";
-  for (const CliFlag& f : flags_) {
-    std::string left = std::string("  ") + f.name + (f.value ? std::string(" ") + f.value : "");
-    os << left << (left.size() < 34 ? std::string(34 - left.size(), ' ') : "\n" + std::string(34, ' '))
-       << f.help << (f.repeatable ? " (repeatable)" : "") << "\n";
-  }
-  return os.str();
-}
-
-int inference_main(int argc, char** argv, const std::string& program, const std::string& usage,
-                   std::vector<CliFlag> flags, const std::function<int(const Cli&)>& body) {
-  try {
-    Cli cli(program, usage, std::move(flags));
-    cli.parse(argc, argv);
-    if (cli.has("--help")) {
-      std::cout << cli.help();
-      return 0;
-    }
-    return body(cli);
-  } catch (const ConfigError& e) {
-    std::cout.flush();  // the error comes last in `> log 2>&1`
-    std::cerr << "error: invalid arguments:\n" << e.what() << "\n";
-    return 2;
-  } catch (const Error& e) {
-    std::cout.flush();  // the error comes last in `> log 2>&1`
-    std::cerr << "error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cout.flush();  // the error comes last in `> log 2>&1`
-    std::cerr << "error: unexpected failure: " << e.what() << "\n";
-    return 3;
-  }
 }
 
 training::InferenceSource inference_source(const Cli& cli, std::vector<std::string>& errors) {
@@ -125,13 +40,9 @@ training::InferenceSource inference_source(const Cli& cli, std::vector<std::stri
 
 Device inference_device(const Cli& cli, std::vector<std::string>& errors) {
   const std::string d = cli.get("--device", cuda_device_count() > 0 ? "cuda" : "cpu");
-  if (d == "cpu") return Device::cpu();
-  if (d == "cuda") {
-    if (cuda_device_count() == 0) errors.push_back("`--device cuda`: no GPU is visible (or this build has no CUDA)");
-    return Device::cuda(0);
-  }
-  errors.push_back("`--device " + d + "`: valid: cpu, cuda");
-  return Device::cpu();
+  if (d == "cpu") return Device::cpu();  // the table allows cpu and cuda
+  if (cuda_device_count() == 0) errors.push_back("`--device cuda`: no GPU is visible (or this build has no CUDA)");
+  return Device::cuda(0);
 }
 
 std::unique_ptr<data::Tokenizer> inference_tokenizer(const Cli& cli, const RunConfig& cfg, const std::string& hf_dir) {

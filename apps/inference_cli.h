@@ -1,16 +1,11 @@
-// What the inference programs share (generate_difflm, evaluate_difflm, generate_bench): the small
-// command line (a flag table per program: name, whether it takes a value, help; lexed by the
-// training flag machinery, training::parse_tool_flags, with every problem reported at once), the
-// flags they all have (model source, device, tokenizer, mask token, seed), their main() around
-// the program's body (inference_main), reading prompts from JSONL, and writing JSONL results to a
-// file or stdout. These programs are not Megatron's pretrain scripts, so their flags are not rows
-// of pretrain_difflm's table; the spellings follow pretrain_difflm's where a flag means the same
-// (--load, --ckpt-step, --tokenizer-type, --tokenizer-model, --mask-token, --seed, --device).
+// What the inference programs share (generate_difflm, evaluate_difflm, generate_bench) on top of
+// every program's command line (tool_cli.h): the flags they all have (model source, device,
+// tokenizer, mask token, seed), reading prompts from JSONL, and writing JSONL results to a file
+// or stdout. The spellings follow pretrain_difflm's where a flag means the same (--load,
+// --ckpt-step, --tokenizer-type, --tokenizer-model, --mask-token, --seed, --device).
 #pragma once
 #include <cstdint>
 #include <fstream>
-#include <functional>
-#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -21,58 +16,12 @@
 #include "megadlm/data/tokenizer.h"
 #include "megadlm/training/arguments/arguments.h"
 #include "megadlm/training/inference_model.h"
+#include "tool_cli.h"
 
 namespace megadlm::apps {
 
-struct CliFlag {
-  const char* name;
-  const char* value;  ///< placeholder of the value ("N", "DIR"), nullptr for a switch
-  const char* help;
-  bool repeatable = false;
-};
-
 /// The flags every inference program has (--help last: programs insert theirs before it).
 std::vector<CliFlag> common_inference_flags();
-
-class Cli {
- public:
-  Cli(std::string program, std::string usage, std::vector<CliFlag> flags);
-
-  /// Parses argv with the training flag machinery (training::parse_tool_flags over this
-  /// program's rows); throws ConfigError listing every problem (unknown flags with the nearest
-  /// known one, missing values, a value given to a switch, a flag given twice that is not
-  /// repeatable).
-  void parse(int argc, char** argv);
-
-  bool has(const std::string& flag) const { return values_.count(flag) != 0; }
-  std::string get(const std::string& flag, const std::string& fallback = "") const {
-    auto it = values_.find(flag);
-    return it == values_.end() ? fallback : it->second.back();
-  }
-  std::vector<std::string> all(const std::string& flag) const {
-    auto it = values_.find(flag);
-    return it == values_.end() ? std::vector<std::string>{} : it->second;
-  }
-  /// An integer flag; a malformed value is recorded in `errors` (and `fallback` returned).
-  int64_t integer(const std::string& flag, int64_t fallback, std::vector<std::string>& errors) const;
-  double number(const std::string& flag, double fallback, std::vector<std::string>& errors) const;
-
-  std::string help() const;
-
- private:
-  std::string program_, usage_;
-  std::vector<CliFlag> flags_;
-  std::vector<training::FlagSpec> table_;  ///< one row per flag, for the parser
-  std::map<std::string, std::vector<std::string>> values_;
-};
-
-/// The whole main() of an inference program around `body`: parses argv against `flags`, prints
-/// the help for --help (exit 0), runs `body` (its return value is the exit code) and turns what
-/// escapes it into the exit codes these programs share: "error: invalid arguments:" and 2 for a
-/// ConfigError, "error:" and 2 for another megadlm Error, "error: unexpected failure:" and 3 for
-/// anything else.
-int inference_main(int argc, char** argv, const std::string& program, const std::string& usage,
-                   std::vector<CliFlag> flags, const std::function<int(const Cli&)>& body);
 
 /// The model source and device the common flags name; problems go to `errors`.
 training::InferenceSource inference_source(const Cli& cli, std::vector<std::string>& errors);

@@ -13,7 +13,8 @@
 // report TFLOP/s against the measured bf16 GEMM ceiling, memory-bound ops GB/s (bytes each input
 // is read once + each output written once) against the measured copy bandwidth. A JSON line per
 // op goes to --out; a table is printed last. Exit codes: 0 all checks passed, 1 a check failed,
-// 2 no device or bad usage.
+// 2 no device or bad usage, 3 an unexpected failure. Each subcommand's flags are a table
+// (bench_flags below; tool_cli.h parses them and prints `megadlm_bench ops --help`).
 //
 // comm: all_reduce, reduce_scatter and all_gather of 1 GiB (--mib) in bf16 and f32 over the world of
 // the launch (one rank per GPU), each timed with CUDA events around single calls: kCommWarmup
@@ -34,6 +35,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <functional>
 #include <random>
 #include <set>
@@ -61,6 +63,7 @@
 #endif
 
 #include "megadlm_bench/bench.h"
+#include "tool_cli.h"
 
 // Shared with the other megadlm_bench/*.cpp files (declared in megadlm_bench/bench.h).
 namespace megadlm::bench {
@@ -685,26 +688,29 @@ struct Result {
   bool matrix = false;
 };
 
-int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s ops [--op NAME] [--out FILE]\n"
-                       "       mpirun -np N %s comm [--op NAME] [--mib SIZE (1024)] [--out FILE]\n"
-                       "  --op NAME  only the ops (or collectives) whose name contains NAME\n"
-                       "             (e.g. gemm, rms_norm_bwd, all_reduce)\n"
-                       "  --out FILE append one JSON line per op or collective to FILE\n", argv0, argv0);
-  return 2;
+const char* kUsage =
+    "usage: megadlm_bench ops [--op NAME] [--out FILE]\n"
+    "       mpirun -np N megadlm_bench comm [--op NAME] [--mib SIZE] [--out FILE]\n"
+    "ops: every op against its CPU reference, then timed (median of device-timed runs, L2 flushed);\n"
+    "comm: the collectives' bus bandwidth over NCCL. Exit codes: 0 all checks passed, 1 a check failed,\n"
+    "2 bad arguments or a reported error, 3 an unexpected failure.";
+
+std::vector<apps::CliFlag> bench_flags(bool comm) {
+  std::vector<apps::CliFlag> f = {
+      {"--op", "NAME", "only the ops (or collectives) whose name contains NAME (comma-separated: any of them), "
+                       "e.g. gemm, rms_norm_bwd, all_reduce"},
+      {"--out", "FILE", "append one JSON line per op or collective to FILE"},
+  };
+  if (comm)
+    f.push_back({.name = "--mib", .value = "SIZE", .help = "message size of the collectives in MiB",
+                 .kind = training::FlagKind::Int, .default_value = "1024", .range = "[1, inf)"});
+  return f;
 }
 
-int run_comm(int argc, char** argv);
+int run_comm(const apps::Cli& cli, const char* argv0);
 
-int run(int argc, char** argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "comm") == 0) return run_comm(argc, argv);
-  if (argc < 2 || std::strcmp(argv[1], "ops") != 0) return usage(argv[0]);
-  std::string filter, out_path;
-  for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--op") == 0 && i + 1 < argc) filter = argv[++i];
-    else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
-    else return usage(argv[0]);
-  }
+int run_ops(const apps::Cli& cli) {
+  const std::string filter = cli.get("--op"), out_path = cli.get("--out");
   if (cuda_device_count() == 0) {
     logging::error("megadlm_bench: no CUDA device visible");
     return 2;
@@ -788,7 +794,6 @@ int run(int argc, char** argv) {
 
 constexpr int kCommWarmup = 5;
 constexpr int kCommReps = 25;
-constexpr int64_t kCommDefaultMiB = 1024;
 
 struct CommBench {
   std::string name;    ///< "all_reduce_bf16"
@@ -865,25 +870,15 @@ bool comm_check(comm::Communicator& world, const Stream& s, const CommBench& b) 
 int comm_benches(comm::DistributedRuntime& runtime, const std::string& filter, const std::string& out_path,
                  long long mib);
 
-int run_comm(int argc, char** argv) {
-  std::string filter, out_path;
-  long long mib = kCommDefaultMiB;
-  for (int i = 2; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--op") == 0 && i + 1 < argc) filter = argv[++i];
-    else if (std::strcmp(argv[i], "--out") == 0 && i + 1 < argc) out_path = argv[++i];
-    else if (std::strcmp(argv[i], "--mib") == 0 && i + 1 < argc) mib = std::atoll(argv[++i]);
-    else return usage(argv[0]);
-  }
-  if (mib < 1) {
-    logging::error("megadlm_bench comm: --mib must be a positive number of MiB");
-    return 2;
-  }
+int run_comm(const apps::Cli& cli, const char* argv0) {
+  const std::string filter = cli.get("--op"), out_path = cli.get("--out");
+  const long long mib = cli.integer("--mib");
   const comm::LaunchEnvironment env = comm::detect_launch_environment();
   logging::Options log_options;
   log_options.rank = env.rank;
   logging::configure(log_options);
   if (env.world_size < 2 || !comm::nccl_compiled() || cuda_device_count() == 0) {
-    logging::error("megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks (mpirun -np 2 ", argv[0],
+    logging::error("megadlm_bench comm: needs NCCL, a GPU per rank and 2 or more ranks (mpirun -np 2 ", argv0,
                    " comm); world size ", env.world_size, ", NCCL ", comm::nccl_compiled() ? "built" : "not built",
                    ", ", cuda_device_count(), " GPU(s) visible");
     return 2;
@@ -967,10 +962,14 @@ int comm_benches(comm::DistributedRuntime& runtime, const std::string& filter, c
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    logging::error("megadlm_bench: ", e.what());
-    return 2;
+  // A subcommand, then its own flags (its table: `megadlm_bench ops --help`).
+  const std::string sub = argc >= 2 ? argv[1] : "";
+  if (sub != "ops" && sub != "comm") {
+    const bool help = sub == "--help" || sub == "-h";
+    (help ? std::cout : std::cerr) << kUsage << "\n";
+    if (!help) std::cerr << "error: give the subcommand ops or comm" << (sub.empty() ? "" : ", not `" + sub + "`") << "\n";
+    return help ? 0 : 2;
   }
+  return apps::tool_main(argc - 1, argv + 1, {"megadlm_bench " + sub, kUsage, bench_flags(sub == "comm")},
+                         [&](const apps::Cli& cli) { return sub == "comm" ? run_comm(cli, argv[0]) : run_ops(cli); });
 }

@@ -12,7 +12,9 @@
 // Documents follow Megatron's encoder: a `text` list is one document with one sequence per
 // non-empty element; --append-eod extends the last sequence, and a document without tokens
 // (empty text) has no sequence at all (no EOD-only document).
-// Exit codes: 0 success, 2 a reported error (bad flag, unreadable input, bad JSON line).
+// Exit codes: 0 success, 2 a reported error (bad flag, unreadable input, bad JSON line), 3 an
+// unexpected failure. The flags are the table in flags() below (tool_cli.h parses them and prints
+// --help from them).
 #include <fcntl.h>
 #include <unistd.h>
 #include <atomic>
@@ -37,6 +39,7 @@
 #include "megadlm/core/logging.h"
 #include "megadlm/data/indexed_dataset.h"
 #include "megadlm/data/tokenizer.h"
+#include "tool_cli.h"
 
 using namespace megadlm;
 
@@ -44,7 +47,7 @@ namespace {
 
 struct Options {
   std::string input, output_prefix;
-  std::vector<std::string> json_keys{"text"};
+  std::vector<std::string> json_keys;
   data::TokenizerConfig tokenizer;
   bool append_eod = false;
   int workers = 1;
@@ -55,65 +58,58 @@ const char* kUsage =
     "usage: preprocess_data --input FILE.jsonl --output-prefix PREFIX --tokenizer-type TYPE\n"
     "                       [--tokenizer-model PATH] [--vocab-file F --merge-file F] [--vocab-size N]\n"
     "                       [--json-keys text ...] [--append-eod] [--workers N] [--log-interval N]\n"
-    "Writes PREFIX_<key>_document.bin/.idx per JSON key (Megatron's MMIDIDX format).\n"
-    "--tokenizer-type: HuggingFaceTokenizer, GPT2BPETokenizer, SentencePieceTokenizer,\n"
-    "  GPTSentencePieceTokenizer, Llama2Tokenizer, NullTokenizer.\n"
-    "Accepted for compatibility and ignored: --partitions 1, --split-sentences (not supported), --keep-newlines.\n";
+    "Writes PREFIX_<key>_document.bin/.idx per JSON key (Megatron's MMIDIDX format); the flags are\n"
+    "Megatron's tools/preprocess_data.py's. Exit codes: 0 success, 2 a reported error (bad flag,\n"
+    "unreadable input, bad JSON line), 3 an unexpected failure.";
 
-// The whole of `text` as an integer in [low, high], else an error naming the flag.
-int64_t integer_flag(const std::string& flag, const std::string& text, int64_t low, int64_t high) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
-    throw Error("`" + flag + " " + text + "`: expected an integer");
-  if (v < low || v > high)
-    throw Error("`" + flag + " " + text + "`: must be between " + std::to_string(low) + " and " +
-                std::to_string(high));
-  return v;
+std::vector<apps::CliFlag> flags() {
+  using training::FlagKind;
+  return {
+      {.name = "--input", .value = "FILE", .help = "the JSON lines to tokenize, one document a line", .required = true},
+      {.name = "--output-prefix", .value = "PREFIX", .help = "writes PREFIX_<key>_document.bin/.idx",
+       .required = true},
+      {.name = "--tokenizer-type", .value = "TYPE", .help = "the tokenizer", .choices = data::kTokenizerTypes,
+       .required = true},
+      {.name = "--tokenizer-model", .value = "PATH",
+       .help = "tokenizer.json (or its folder) for HuggingFaceTokenizer; the .model file for the SentencePiece types"},
+      {.name = "--vocab-file", .value = "PATH", .help = "GPT-2 vocab.json (encoder.json) for GPT2BPETokenizer"},
+      {.name = "--merge-file", .value = "PATH", .help = "GPT-2 merges.txt (vocab.bpe) for GPT2BPETokenizer"},
+      {.name = "--vocab-size", .value = "N", .help = "NullTokenizer: the vocabulary (ids below N; EOD is N - 1)",
+       .kind = FlagKind::Int, .range = "[1, 2147483647]"},
+      {.name = "--json-keys", .value = "KEY ...", .help = "the fields of each line to tokenize, one dataset each",
+       .kind = FlagKind::StringList, .default_value = "text"},
+      {.name = "--append-eod", .value = nullptr, .help = "end every document that has tokens with the EOD token"},
+      {.name = "--workers", .value = "N", .help = "tokenizing threads (the output is the same for any N)",
+       .kind = FlagKind::Int, .default_value = "1", .range = "[1, 4096]"},
+      {.name = "--log-interval", .value = "N", .help = "report progress every N documents (0: only at the end)",
+       .kind = FlagKind::Int, .default_value = "100000", .range = "[0, inf)"},
+      {.name = "--partitions", .value = "N", .help = "accepted for compatibility: 1 only (use --workers)",
+       .kind = FlagKind::Int, .default_value = "1"},
+      {.name = "--split-sentences", .value = nullptr,
+       .help = "not supported: megadlm keeps one sequence per document (or per list element)"},
+      {.name = "--keep-newlines", .value = nullptr, .help = "accepted for compatibility and ignored"},
+  };
 }
 
-Options parse(int argc, char** argv) {
+Options options(const apps::Cli& cli) {
+  std::vector<std::string> errors;
+  if (cli.integer("--partitions") != 1)
+    errors.push_back("`--partitions " + cli.get("--partitions") + "`: only 1 is supported (use --workers)");
+  if (cli.has("--split-sentences"))
+    errors.push_back("`--split-sentences` is not supported (one sequence per document or list element)");
+  if (!errors.empty()) throw ConfigError(errors, {});
   Options o;
-  std::vector<std::string> a(argv + 1, argv + argc);
-  auto value = [&](size_t& i) -> std::string {
-    if (i + 1 >= a.size()) MDLM_FAIL(a[i], " needs a value\n", kUsage);
-    return a[++i];
-  };
-  auto int_value = [&](size_t& i, int64_t low, int64_t high) {
-    const std::string flag = a[i];
-    return integer_flag(flag, value(i), low, high);
-  };
-  for (size_t i = 0; i < a.size(); ++i) {
-    const std::string& f = a[i];
-    if (f == "--input") o.input = value(i);
-    else if (f == "--output-prefix") o.output_prefix = value(i);
-    else if (f == "--tokenizer-type") o.tokenizer.type = value(i);
-    else if (f == "--tokenizer-model") o.tokenizer.model = value(i);
-    else if (f == "--vocab-file") o.tokenizer.vocab_file = value(i);
-    else if (f == "--merge-file") o.tokenizer.merge_file = value(i);
-    else if (f == "--vocab-size") o.tokenizer.vocab_size = int_value(i, 1, INT32_MAX);
-    else if (f == "--append-eod") o.append_eod = true;
-    else if (f == "--workers") o.workers = static_cast<int>(int_value(i, 1, 4096));
-    else if (f == "--log-interval") o.log_interval = int_value(i, 0, INT64_MAX);
-    else if (f == "--keep-newlines") continue;
-    else if (f == "--partitions") {
-      if (value(i) != "1") MDLM_FAIL("--partitions other than 1 is not supported (use --workers)");
-    } else if (f == "--split-sentences") {
-      MDLM_FAIL("--split-sentences is not supported (one sequence per document)");
-    } else if (f == "--json-keys") {
-      o.json_keys.clear();
-      while (i + 1 < a.size() && a[i + 1].rfind("--", 0) != 0) o.json_keys.push_back(a[++i]);
-      if (o.json_keys.empty()) MDLM_FAIL("--json-keys needs at least one key");
-    } else if (f == "-h" || f == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else {
-      MDLM_FAIL("unknown flag ", f, "\n", kUsage);
-    }
-  }
-  if (o.input.empty() || o.output_prefix.empty() || o.tokenizer.type.empty())
-    MDLM_FAIL("--input, --output-prefix and --tokenizer-type are required\n", kUsage);
+  o.input = cli.get("--input");
+  o.output_prefix = cli.get("--output-prefix");
+  o.json_keys = cli.all("--json-keys");
+  o.tokenizer.type = cli.get("--tokenizer-type");
+  o.tokenizer.model = cli.get("--tokenizer-model");
+  o.tokenizer.vocab_file = cli.get("--vocab-file");
+  o.tokenizer.merge_file = cli.get("--merge-file");
+  if (cli.has("--vocab-size")) o.tokenizer.vocab_size = cli.integer("--vocab-size");
+  o.append_eod = cli.has("--append-eod");
+  o.workers = static_cast<int>(cli.integer("--workers"));
+  o.log_interval = cli.integer("--log-interval");
   return o;
 }
 
@@ -191,180 +187,179 @@ struct Batch {
   bool done = false;
 };
 
-}  // namespace
+int run(const apps::Cli& cli) {
+  const Options o = options(cli);
+  const auto tok = data::load_tokenizer(o.tokenizer);
+  logging::info("preprocess_data: ", tok->describe());
+  if (o.append_eod && tok->eod() < 0)
+    MDLM_FAIL("--append-eod: the tokenizer has no end-of-document token");
+  std::ifstream in(o.input, std::ios::binary);
+  if (!in) MDLM_FAIL("cannot open --input ", o.input);
+  const data::IndexDType dtype = data::optimal_index_dtype(tok->vocab_size());
+  std::vector<std::unique_ptr<StagedOutput>> outputs;
+  std::vector<std::unique_ptr<data::IndexedDatasetWriter>> writers;
+  for (const std::string& key : o.json_keys) {
+    outputs.push_back(std::make_unique<StagedOutput>(o.output_prefix + "_" + key + "_document"));
+    writers.push_back(std::make_unique<data::IndexedDatasetWriter>(outputs.back()->temp_prefix, dtype));
+    logging::info("preprocess_data: writing ", outputs.back()->prefix, ".bin/.idx (",
+                  data::index_dtype_name(dtype), ")");
+  }
 
-int main(int argc, char** argv) {
-  try {
-    const Options o = parse(argc, argv);
-    const auto tok = data::load_tokenizer(o.tokenizer);
-    logging::info("preprocess_data: ", tok->describe());
-    if (o.append_eod && tok->eod() < 0)
-      MDLM_FAIL("--append-eod: the tokenizer has no end-of-document token");
-    std::ifstream in(o.input, std::ios::binary);
-    if (!in) MDLM_FAIL("cannot open --input ", o.input);
-    const data::IndexDType dtype = data::optimal_index_dtype(tok->vocab_size());
-    std::vector<std::unique_ptr<StagedOutput>> outputs;
-    std::vector<std::unique_ptr<data::IndexedDatasetWriter>> writers;
-    for (const std::string& key : o.json_keys) {
-      outputs.push_back(std::make_unique<StagedOutput>(o.output_prefix + "_" + key + "_document"));
-      writers.push_back(std::make_unique<data::IndexedDatasetWriter>(outputs.back()->temp_prefix, dtype));
-      logging::info("preprocess_data: writing ", outputs.back()->prefix, ".bin/.idx (",
-                    data::index_dtype_name(dtype), ")");
-    }
-
-    // Reader (this thread) -> queue of batches -> workers tokenize in place -> writer in order.
-    constexpr size_t kBatchLines = 256;
-    const size_t max_in_flight = static_cast<size_t>(o.workers) * 4;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::shared_ptr<Batch>> todo, in_order;
-    bool input_done = false;
-    auto work = [&] {
-      for (;;) {
-        std::shared_ptr<Batch> b;
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return !todo.empty() || input_done; });
-          if (todo.empty()) return;
-          b = todo.front();
-          todo.pop_front();
-        }
-        try {
-          b->ids.resize(b->lines.size());
-          for (size_t l = 0; l < b->lines.size(); ++l) {
-            const std::string& line = b->lines[l];
-            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-            nlohmann::json j;
-            try {
-              j = nlohmann::json::parse(line);
-            } catch (const std::exception& e) {
-              MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1, ": not a JSON object (", e.what(), ")");
-            }
-            for (const std::string& key : o.json_keys) {
-              if (!j.is_object() || !j.contains(key) || !string_or_strings(j[key]))
-                MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1,
-                          ": no field \"", key, "\" holding a string or a list of strings (--json-keys)");
-              b->ids[l].push_back(encode_field(*tok, j[key], o.append_eod, b->bytes));
-            }
-          }
-        } catch (const std::exception& e) {
-          b->error = e.what();
-        }
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          b->done = true;
-        }
-        cv.notify_all();
+  // Reader (this thread) -> queue of batches -> workers tokenize in place -> writer in order.
+  constexpr size_t kBatchLines = 256;
+  const size_t max_in_flight = static_cast<size_t>(o.workers) * 4;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Batch>> todo, in_order;
+  bool input_done = false;
+  auto work = [&] {
+    for (;;) {
+      std::shared_ptr<Batch> b;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return !todo.empty() || input_done; });
+        if (todo.empty()) return;
+        b = todo.front();
+        todo.pop_front();
       }
-    };
-    std::vector<std::thread> threads;
-    for (int w = 0; w < o.workers; ++w) threads.emplace_back(work);
-    // Whatever happens below, the workers are told to stop and joined.
-    struct Joiner {
-      std::function<void()> f;
-      ~Joiner() { f(); }
-    } joiner{[&] {
+      try {
+        b->ids.resize(b->lines.size());
+        for (size_t l = 0; l < b->lines.size(); ++l) {
+          const std::string& line = b->lines[l];
+          if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+          nlohmann::json j;
+          try {
+            j = nlohmann::json::parse(line);
+          } catch (const std::exception& e) {
+            MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1, ": not a JSON object (", e.what(), ")");
+          }
+          for (const std::string& key : o.json_keys) {
+            if (!j.is_object() || !j.contains(key) || !string_or_strings(j[key]))
+              MDLM_FAIL(o.input, ":", b->first_line + static_cast<int64_t>(l) + 1,
+                        ": no field \"", key, "\" holding a string or a list of strings (--json-keys)");
+            b->ids[l].push_back(encode_field(*tok, j[key], o.append_eod, b->bytes));
+          }
+        }
+      } catch (const std::exception& e) {
+        b->error = e.what();
+      }
       {
         std::lock_guard<std::mutex> lock(mu);
-        input_done = true;
-        todo.clear();
+        b->done = true;
       }
       cv.notify_all();
-      for (auto& t : threads)
-        if (t.joinable()) t.join();
-    }};
-
-    const auto t0 = std::chrono::steady_clock::now();
-    int64_t docs = 0, tokens = 0, next_log = o.log_interval;
-    uint64_t bytes = 0;
-    auto report = [&](const char* what) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      char line[256];
-      std::snprintf(line, sizeof line, "preprocess_data: %s %lld documents, %lld tokens, %.1f MB of text in %.1f s "
-                    "(%.2f MB/s, %.0f tokens/s, %.0f docs/s)", what, static_cast<long long>(docs),
-                    static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6, s,
-                    static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9),
-                    static_cast<double>(tokens) / std::max(s, 1e-9), static_cast<double>(docs) / std::max(s, 1e-9));
-      logging::info(line);
-    };
-    // Writes finished batches at the head of the queue (input order).
-    auto drain = [&](bool wait) {
-      for (;;) {
-        std::shared_ptr<Batch> b;
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          if (in_order.empty()) return;
-          if (wait) cv.wait(lock, [&] { return in_order.front()->done; });
-          if (!in_order.front()->done) return;
-          b = in_order.front();
-          in_order.pop_front();
-        }
-        if (!b->error.empty()) MDLM_FAIL(b->error);
-        for (const auto& per_key : b->ids) {
-          if (per_key.empty()) continue;
-          for (size_t k = 0; k < per_key.size(); ++k) {
-            for (const std::vector<int32_t>& sequence : per_key[k]) {
-              writers[k]->add_sequence(sequence);
-              tokens += static_cast<int64_t>(sequence.size());
-            }
-            writers[k]->end_document();
-          }
-          ++docs;
-        }
-        bytes += b->bytes;
-        if (o.log_interval > 0 && docs >= next_log) {
-          report("processed");
-          next_log = docs + o.log_interval;
-        }
-        if (!wait) continue;
-        wait = in_order.size() >= max_in_flight;
-      }
-    };
-    int64_t line_no = 0;
-    auto batch = std::make_shared<Batch>();
-    std::string line;
-    auto submit = [&] {
-      if (batch->lines.empty()) return;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        todo.push_back(batch);
-        in_order.push_back(batch);
-      }
-      cv.notify_all();
-      batch = std::make_shared<Batch>();
-      batch->first_line = line_no;
-      bool full;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        full = in_order.size() >= max_in_flight;
-      }
-      drain(full);
-    };
-    while (std::getline(in, line)) {
-      batch->lines.push_back(std::move(line));
-      ++line_no;
-      if (batch->lines.size() == kBatchLines) submit();
     }
-    submit();
+  };
+  std::vector<std::thread> threads;
+  for (int w = 0; w < o.workers; ++w) threads.emplace_back(work);
+  // Whatever happens below, the workers are told to stop and joined.
+  struct Joiner {
+    std::function<void()> f;
+    ~Joiner() { f(); }
+  } joiner{[&] {
     {
       std::lock_guard<std::mutex> lock(mu);
       input_done = true;
+      todo.clear();
     }
     cv.notify_all();
-    while (true) {
+    for (auto& t : threads)
+      if (t.joinable()) t.join();
+  }};
+
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t docs = 0, tokens = 0, next_log = o.log_interval;
+  uint64_t bytes = 0;
+  auto report = [&](const char* what) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    char line[256];
+    std::snprintf(line, sizeof line, "preprocess_data: %s %lld documents, %lld tokens, %.1f MB of text in %.1f s "
+                  "(%.2f MB/s, %.0f tokens/s, %.0f docs/s)", what, static_cast<long long>(docs),
+                  static_cast<long long>(tokens), static_cast<double>(bytes) / 1e6, s,
+                  static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9),
+                  static_cast<double>(tokens) / std::max(s, 1e-9), static_cast<double>(docs) / std::max(s, 1e-9));
+    logging::info(line);
+  };
+  // Writes finished batches at the head of the queue (input order).
+  auto drain = [&](bool wait) {
+    for (;;) {
+      std::shared_ptr<Batch> b;
       {
-        std::lock_guard<std::mutex> lock(mu);
-        if (in_order.empty()) break;
+        std::unique_lock<std::mutex> lock(mu);
+        if (in_order.empty()) return;
+        if (wait) cv.wait(lock, [&] { return in_order.front()->done; });
+        if (!in_order.front()->done) return;
+        b = in_order.front();
+        in_order.pop_front();
       }
-      drain(true);
+      if (!b->error.empty()) MDLM_FAIL(b->error);
+      for (const auto& per_key : b->ids) {
+        if (per_key.empty()) continue;
+        for (size_t k = 0; k < per_key.size(); ++k) {
+          for (const std::vector<int32_t>& sequence : per_key[k]) {
+            writers[k]->add_sequence(sequence);
+            tokens += static_cast<int64_t>(sequence.size());
+          }
+          writers[k]->end_document();
+        }
+        ++docs;
+      }
+      bytes += b->bytes;
+      if (o.log_interval > 0 && docs >= next_log) {
+        report("processed");
+        next_log = docs + o.log_interval;
+      }
+      if (!wait) continue;
+      wait = in_order.size() >= max_in_flight;
     }
-    if (docs == 0) MDLM_FAIL(o.input, ": no documents (empty input)");
-    for (auto& w : writers) w->finalize();
-    for (auto& out : outputs) out->commit();
-    report("done:");
-    return 0;
-  } catch (const std::exception& e) {
-    logging::error(e.what());
-    return 2;
+  };
+  int64_t line_no = 0;
+  auto batch = std::make_shared<Batch>();
+  std::string line;
+  auto submit = [&] {
+    if (batch->lines.empty()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      todo.push_back(batch);
+      in_order.push_back(batch);
+    }
+    cv.notify_all();
+    batch = std::make_shared<Batch>();
+    batch->first_line = line_no;
+    bool full;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      full = in_order.size() >= max_in_flight;
+    }
+    drain(full);
+  };
+  while (std::getline(in, line)) {
+    batch->lines.push_back(std::move(line));
+    ++line_no;
+    if (batch->lines.size() == kBatchLines) submit();
   }
+  submit();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    input_done = true;
+  }
+  cv.notify_all();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (in_order.empty()) break;
+    }
+    drain(true);
+  }
+  if (docs == 0) MDLM_FAIL(o.input, ": no documents (empty input)");
+  for (auto& w : writers) w->finalize();
+  for (auto& out : outputs) out->commit();
+  report("done:");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return apps::tool_main(argc, argv, {"preprocess_data", kUsage, flags()}, run);
 }

@@ -104,9 +104,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerConfig& c) {
     return std::unique_ptr<Tokenizer>(tok);
   }
   if (t == "NullTokenizer") return std::make_unique<NullTokenizer>(c.vocab_size);
-  MDLM_FAIL("--tokenizer-type ", t, " is not supported; valid: HuggingFaceTokenizer, "
-            "GPT2BPETokenizer, SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
-            "NullTokenizer");
+  MDLM_FAIL("--tokenizer-type ", t, " is not supported; valid: ", kTokenizerTypes);
 }
 
 }  // namespace megadlm::data

@@ -61,13 +61,8 @@ PY
 # counts 2L tokens through the layers and L·B + L² attention pairs, more than the full sequence.
 grep -q "throughput per GPU" "$tmp/bd.log" || { echo "FAIL: no throughput field"; exit 1; }
 # Refusals, before any training.
-refuse() {
-  local want=$1; shift
-  if out=$("$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --train-iters 5 "$@" 2>&1); then
-    echo "FAIL: accepted $*"; exit 1
-  fi
-  grep -qF -- "$want" <<< "$out" || { echo "FAIL: '$*' did not say '$want': $out"; exit 1; }
-}
+source "$src/tests/e2e/lib/expect.sh"
+refuse() { refuses "$1" "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --train-iters 5 "${@:2}"; }
 refuse "must divide \`--seq-length 64\`" --attention-mask-type block_causal --dlm-block-size 48
 refuse "needs \`--dlm-block-size B\`" --attention-mask-type block_causal
 refuse "[D-10]" --attention-mask-type block_causal --dlm-block-size 8 --dlm-ar-loss-weight 0.5

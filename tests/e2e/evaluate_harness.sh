@@ -67,25 +67,7 @@ print(f"harness: loglikelihood within {worst:.1e} of the reference, is_greedy ri
       f" ({s['examples_per_second']:.1f} requests/s)")
 P
 # The shipped example, through a byte-level tokenizer whose 128 tokens are the ASCII bytes.
-"$PY" - <<'P'
-import json
-def bytes_to_unicode():  # GPT-2's byte encoder
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-m = bytes_to_unicode()
-tok = {"version": "1.0", "added_tokens": [], "normalizer": None,
-       "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-       "post_processor": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
-       "model": {"type": "BPE", "vocab": {m[k]: k for k in range(128)}, "merges": []}}
-json.dump(tok, open("tokenizer.json", "w"))
-P
+byte_tokenizer tokenizer.json 0
 "$bin/evaluate_difflm" --load ckpt --task harness --requests-jsonl "$src/examples/harness/requests.jsonl" \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model tokenizer.json --mc-num 4 --mc-batch-size 4 --block-length 8 \
   --device cpu --output example.jsonl 2> eval.err || { cat eval.err; exit 1; }

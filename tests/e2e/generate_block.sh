@@ -12,6 +12,7 @@
 set -euo pipefail
 source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
+source "$src/tests/e2e/lib/expect.sh"
 bref="$src/tests/golden/block_reference.py"
 bd=(--attention-mask-type block_causal --dlm-block-size 4)
 tiny_checkpoint ckpt "${bd[@]}"
@@ -141,19 +142,12 @@ PYEOF
 done
 
 # Bad arguments: by flag, exit code 2, before any generation.
-refuse() {
-  local want=$1; shift
-  set +e
-  "$bin/generate_difflm" --prompts-jsonl prompts.jsonl --device cpu "$@" > bad.out 2>&1
-  local rc=$?
-  set -e
-  [ $rc -eq 2 ] && grep -qF -- "$want" bad.out || { echo "FAIL: '$*' did not say '$want' (rc $rc)"; cat bad.out; exit 1; }
-}
+refuse() { refuses "$1" "$bin/generate_difflm" --prompts-jsonl prompts.jsonl --device cpu "${@:2}"; }
 refuse "\`--gen-length 10\` is not a multiple of \`--block-length 4\`" --load ckpt --gen-length 10
 refuse "\`--decode ar\` needs a model whose clean stream is causal" --load ckpt --decode ar --gen-length 8
 refuse "is the full-sequence sampler's approximate cache" --load ckpt --kv-cache dual --gen-length 8
 refuse "\`--kv-cache exact\` is block decoding's cache" --load ckpt --decode full --kv-cache exact --gen-length 8
-refuse "\`--decode nope\`: valid: block, ar, full" --load ckpt --decode nope
+refuse "\`--decode nope\`: invalid value; valid: block, ar, full" --load ckpt --decode nope
 refuse "\`--cfg-scale\` is for the full-sequence sampler" --load ckpt --cfg-scale 1 --gen-length 8
 tiny_checkpoint full_model
 refuse "needs a block-diffusion checkpoint" --load full_model --decode block --gen-length 8

@@ -65,24 +65,9 @@ refused mask_in_prompt "prompt 1 holds the mask token 127 at position 2" -- \
 
 # A byte-level BPE tokenizer.json whose 128 tokens are the single bytes 0x80-0xFF
 # (continuation and lead bytes): generated text is mostly not UTF-8.
+byte_tokenizer tokenizer.json 0x80
 "$PY" - <<'P'
 import json
-def bytes_to_unicode():  # GPT-2's byte encoder
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-m = bytes_to_unicode()
-tok = {"version": "1.0", "added_tokens": [], "normalizer": None,
-       "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-       "post_processor": {"type": "ByteLevel"}, "decoder": {"type": "ByteLevel"},
-       "model": {"type": "BPE", "vocab": {m[0x80 + k]: k for k in range(128)}, "merges": []}}
-json.dump(tok, open("tokenizer.json", "w"))
 with open("p4.jsonl", "w") as f:
     for p in ([5, 17, 33], [100, 3], [44, 45, 46, 47], [9]):
         f.write(json.dumps({"prompt_ids": p}) + "\n")

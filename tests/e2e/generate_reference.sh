@@ -87,10 +87,15 @@ set +e
 "$bin/generate_difflm" --load ckpt --prompt-ids 1 --gen-length 10 --block-length 4 --device cpu > bad.out 2>&1
 rc1=$?
 "$bin/generate_difflm" --load ckpt --prompts-jsonl prompts.jsonl --gen-length 16 --block-length 4 --steps 6 \
-  --remasking lowest --device cpu > bad2.out 2>&1
+  --batch-size 0 --device cpu > bad2.out 2>&1
 rc2=$?
+# A value outside the table's choices is a command-line error, reported before the sampler's checks.
+"$bin/generate_difflm" --load ckpt --prompts-jsonl prompts.jsonl --remasking lowest --device cpu > bad3.out 2>&1
+rc3=$?
 set -e
 [ $rc1 -eq 2 ] && grep -q "unknown flag \`--prompt-ids\`" bad.out || { echo "FAIL: unknown flag"; cat bad.out; exit 1; }
 [ $rc2 -eq 2 ] && grep -q "\`--steps 6\` is not a multiple of the number of blocks 4" bad2.out \
-  && grep -q "\`--remasking lowest\`: valid: low_confidence, random" bad2.out || { echo "FAIL: bad flags"; cat bad2.out; exit 1; }
+  && grep -q "\`--batch-size\` must be >= 1" bad2.out || { echo "FAIL: bad flags"; cat bad2.out; exit 1; }
+[ $rc3 -eq 2 ] && grep -q "\`--remasking lowest\`: invalid value; valid: low_confidence, random" bad3.out ||
+  { echo "FAIL: bad --remasking"; cat bad3.out; exit 1; }
 echo "PASS: $n sampler configurations equal the NumPy reference; EOS stopping, --hf-dir and errors"

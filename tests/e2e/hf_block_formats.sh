@@ -11,6 +11,7 @@
 set -euo pipefail
 source "$2/tests/e2e/lib/inference.sh"
 source "$src/tests/e2e/lib/python_numpy.sh"
+source "$src/tests/e2e/lib/expect.sh"
 R="$src/tests/golden/block_formats_reference.py"
 conv() { "$bin/convert_checkpoint" "$@"; }
 ver=(--verify --python "$PY" --hf-verify-script "$R" --verify-device cpu --verify-seq 16)
@@ -39,24 +40,14 @@ fast_dllm_v2 8 63
 llada 0 63
 F
 # The check can fail: the reference with gate and up swapped.
-set +e
-BFR_SWAP_GATE_UP=1 conv --from-hf llada --save ck_swap "${ver[@]}" > swap.log 2>&1
-rc=$?
-set -e
-[ $rc -eq 1 ] && grep -q "verify: FAILED" swap.log || { cat swap.log; echo "FAIL: a wrong reference passed --verify"; exit 1; }
-refuse() {  # refuse TEXT ARGS...: exit 2 with TEXT in the message
-  local text=$1; shift
-  set +e
-  conv "$@" > bad.log 2>&1
-  local rc=$?
-  set -e
-  [ $rc -eq 2 ] && grep -qF -- "$text" bad.log || { cat bad.log; echo "FAIL: '$*' not refused with '$text'"; exit 1; }
-}
+expect 1 env BFR_SWAP_GATE_UP=1 "$bin/convert_checkpoint" --from-hf llada --save ck_swap "${ver[@]}"
+has "verify: FAILED"
+refuse() { refuses "$1" conv "${@:2}"; }  # refuse TEXT ARGS...: exit 2 with TEXT in the message
 refuse "llada/config.json: model_type 'llada' is the llada format, not \`--hf-format sdar\`" \
   --from-hf llada --save ck_x --hf-format sdar
 refuse "\`--hf-format sdar\` is a block-diffusion format" --to-hf --load ck_llada --out x --hf-format sdar
 refuse "\`--hf-format llada\` is a full-attention (bidirectional) model" --to-hf --load ck_sdar --out x --hf-format llada
-refuse "\`--hf-format qwen3\`: valid: qwen, sdar, fast_dllm_v2, llada" --to-hf --load ck_sdar --out x --hf-format qwen3
+refuse "\`--hf-format qwen3\`: invalid value; valid: qwen, sdar, fast_dllm_v2, llada" --to-hf --load ck_sdar --out x --hf-format qwen3
 # LLaDA's names under a qwen config: named as missing.
 mkdir mixed && cp llada/model.safetensors mixed/ && cp out_sdar/config.json mixed/
 refuse "missing tensor model.embed_tokens.weight" --from-hf mixed --save ck_y

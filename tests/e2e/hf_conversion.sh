@@ -80,6 +80,6 @@ conv --compare "$tmp/q3" "$tmp/bf16_back" --tolerance 0.01 > /dev/null || fail "
 conv --to-hf --load "$tmp/q3" --out "$tmp/skip" --verify --python /bin/false > "$tmp/s.log" 2>&1 || fail "skip path exited non-zero"
 grep -q "verify: SKIPPED" "$tmp/s.log" || fail "no SKIPPED message: $(cat "$tmp/s.log")"
 rc=0; conv --to-hf --load "$tmp/q3" --out "$tmp/skip" "${ref[@]}" --hf-device gpu > "$tmp/d.log" 2>&1 || rc=$?
-[ "$rc" = 2 ] && grep -q '`--hf-device gpu`: valid: cpu, cuda' "$tmp/d.log" || fail "bad --hf-device not named (exit $rc): $(cat "$tmp/d.log")"
+[ "$rc" = 2 ] && grep -q '`--hf-device gpu`: invalid value; valid: cpu, cuda' "$tmp/d.log" || fail "bad --hf-device not named (exit $rc): $(cat "$tmp/d.log")"
 echo "PASS 4: bf16 export/import; --hf-device checked; without transformers: $(cut -c1-90 "$tmp/s.log" | grep SKIPPED)..."
 echo "PASS: hf_conversion"

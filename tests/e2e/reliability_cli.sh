@@ -19,12 +19,9 @@ bin=$1; src=$2
 tmp=$(mktemp -d)
 pids=()
 trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$src/tests/e2e/lib/expect.sh"
 train() { "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --log-interval 1 \
             --lr-warmup-iters 1 --lr-decay-iters 20 "$@"; }
-# expect RC CMD...: runs CMD, keeps its output in $out, fails unless it exits with RC.
-expect() { local want=$1; shift; out=$("$@" 2>&1); local rc=$?; [ "$rc" -eq "$want" ] || fail "exit $rc (expected $want): $* :: $(tail -3 <<< "$out")"; }
-has() { grep -qF -- "$1" <<< "$out" || fail "output lacks \"$1\": $(tail -5 <<< "$out")"; }
 
 # ---- 1
 expect 2 train --train-iters 4 --min-lr nan --save "$tmp/nan" --save-interval 2
@@ -130,7 +127,7 @@ fi
 expect 0 "$bin/convert_checkpoint" --help
 has "usage:"
 expect 2 pre --input "$tmp/good.jsonl" --output-prefix "$tmp/x" --workers abc
-has '`--workers abc`: expected an integer'
+has '`--workers abc`: invalid value; valid: an integer'
 expect 2 train --train-iters 2 --vocab-size 1 --mask-token 0
 has '`--vocab-size 1` is too small for `--mock-data`'
 expect 2 train --train-iters 2 --hidden-size 1000000 --ffn-hidden-size 4000000

@@ -46,6 +46,11 @@ struct TokenizerConfig {
 /// libsentencepiece when this build has it), NullTokenizer.
 std::unique_ptr<Tokenizer> load_tokenizer(const TokenizerConfig& config);
 
+/// The types load_tokenizer knows, space separated (the programs' --tokenizer-type choices).
+inline constexpr std::string_view kTokenizerTypes =
+    "HuggingFaceTokenizer GPT2BPETokenizer SentencePieceTokenizer GPTSentencePieceTokenizer Llama2Tokenizer "
+    "NullTokenizer";
+
 /// Whether this build can load SentencePiece models (the plugin was built and loads), and if
 /// not, why.
 bool sentencepiece_available(std::string* why_not = nullptr);

@@ -126,32 +126,37 @@ std::vector<std::string> check_flag_ranges(std::span<const FlagSpec> table) {
   return problems;
 }
 
+std::string value_range_problem(const FlagSpec& f, const FlagValue& value, const std::string& shown) {
+  if (!is_number_kind(f.kind)) return "";
+  const std::vector<double> values = numbers_of(value);
+  if (values.empty()) return "";
+  std::optional<ValueRange> range;
+  if (!f.range.empty()) range = parse_value_range(f.range);
+  const bool floating = f.kind == FlagKind::Float || f.kind == FlagKind::FloatList;
+  bool finite = true, inside = true;
+  for (double v : values) {
+    finite = finite && std::isfinite(v);
+    inside = inside && (!range || range->contains(v));
+  }
+  // nan and inf parse (Python's float() takes them) but no hyper-parameter means them: a
+  // NaN learning rate trains NaN weights to the end, an infinite --clip-grad turns clipping off.
+  if (floating && !finite) {
+    std::string message = shown + " must be a finite number";
+    if (range) message.append(1, ' ').append(range->text());  // (appends: GCC 12's -Wrestrict)
+    return message;
+  }
+  if (inside) return "";
+  const std::string text = range->text();
+  return shown + (text.rfind("in ", 0) == 0 ? " must lie " : " must be ") + text;
+}
+
 void check_value_ranges(const ArgState& a, Diagnostics& d) {
   for (const FlagSpec* f : a.given_flags()) {
-    if (!is_number_kind(f->kind)) continue;
     const std::string dest = flag_dest(*f);
-    const std::vector<double> values = numbers_of(a.value(dest));
-    if (values.empty()) continue;
-    std::optional<ValueRange> range;
-    if (!f->range.empty()) range = parse_value_range(f->range);
+    const std::string problem = value_range_problem(*f, a.value(dest), a.flag_value(dest));
+    if (problem.empty()) continue;
     const auto rule_it = range_rules().find(dest);
-    const std::string rule = rule_it == range_rules().end() ? "M-2" : rule_it->second;
-    const bool floating = f->kind == FlagKind::Float || f->kind == FlagKind::FloatList;
-    bool finite = true, inside = true;
-    for (double v : values) {
-      finite = finite && std::isfinite(v);
-      inside = inside && (!range || range->contains(v));
-    }
-    // nan and inf parse (Python's float() takes them) but no hyper-parameter means them: a
-    // NaN learning rate trains NaN weights to the end, an infinite --clip-grad turns clipping off.
-    if (floating && !finite) {
-      std::string message = a.flag_value(dest) + " must be a finite number";
-      if (range) message.append(1, ' ').append(range->text());  // (appends: GCC 12's -Wrestrict)
-      d.error(rule, message);
-    } else if (!inside) {
-      const std::string text = range->text();
-      d.error(rule, a.flag_value(dest) + (text.rfind("in ", 0) == 0 ? " must lie " : " must be ") + text);
-    }
+    d.error(rule_it == range_rules().end() ? "M-2" : rule_it->second, problem);
   }
 }
 

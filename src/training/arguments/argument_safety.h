@@ -28,6 +28,10 @@ std::optional<ValueRange> parse_value_range(std::string_view text, std::string* 
 /// Table self-check: every range parses, belongs to a number flag, and holds the flag's default.
 std::vector<std::string> check_flag_ranges(std::span<const FlagSpec> table);
 
+/// Why `value`, a value of `flag` shown as `shown` ("`--workers 0`"), breaks the row's range or,
+/// for a Float (list), is not finite; "" when it does neither. One message for the whole value.
+std::string value_range_problem(const FlagSpec& flag, const FlagValue& value, const std::string& shown);
+
 /// Every Float (and FloatList) value typed on the command line must be finite; every number
 /// flag with a range must lie in it. One error per flag, naming it, its value and the range.
 void check_value_ranges(const ArgState& a, Diagnostics& d);

@@ -9,6 +9,7 @@
 #include "megadlm/training/arguments/flags.h"
 #include "megadlm/training/layout_plan.h"
 #include "megadlm/training/memory_plan.h"
+#include "training/arguments/argument_safety.h"
 #include "training/arguments/argument_state.h"
 #include "training/arguments/command_line.h"
 #include "training/arguments/logging_rules.h"
@@ -160,16 +161,30 @@ bool occurrence_value(const detail::FlagOccurrence& occ, FlagValue& value,
 
 std::vector<ToolFlag> parse_tool_flags(std::span<const FlagSpec> table,
                                        const std::vector<std::string>& args) {
-  const detail::LexedCommandLine lexed = detail::lex_command_line(args, table);
   std::vector<std::string> errors;
+  std::vector<ToolFlag> out = parse_tool_flags(table, args, errors);
+  if (!errors.empty()) throw ConfigError(std::move(errors), {});
+  return out;
+}
+
+std::vector<ToolFlag> parse_tool_flags(std::span<const FlagSpec> table, const std::vector<std::string>& args,
+                                       std::vector<std::string>& errors) {
+  const detail::LexedCommandLine lexed = detail::lex_command_line(args, table);
   std::vector<ToolFlag> out;
   for (const detail::FlagOccurrence& occ : lexed.occurrences) {
     errors.insert(errors.end(), occ.errors_before.begin(), occ.errors_before.end());
     FlagValue v;
-    if (occurrence_value(occ, v, errors)) out.push_back({occ.flag, occ.values});
+    if (!occurrence_value(occ, v, errors)) continue;
+    std::string typed(occ.flag->name);
+    for (const std::string& w : occ.values) typed.append(1, ' ').append(w);
+    const std::string problem = detail::value_range_problem(*occ.flag, v, detail::backticked(typed));
+    if (!problem.empty()) {
+      errors.push_back(problem);
+      continue;
+    }
+    out.push_back({occ.flag, occ.values});
   }
   errors.insert(errors.end(), lexed.trailing_errors.begin(), lexed.trailing_errors.end());
-  if (!errors.empty()) throw ConfigError(std::move(errors), {});
   return out;
 }
 

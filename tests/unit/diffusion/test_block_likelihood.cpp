@@ -9,57 +9,19 @@
 #include "megadlm/diffusion/forward_process.h"
 #include "megadlm/diffusion/likelihood.h"
 #include "megadlm/model/gpt_model.h"
+#include "support/logits_model.h"
 
 using namespace megadlm;
+using test::GptLogits;
 
 namespace {
 
 TransformerConfig tiny_bd_model(bool causal_clean) {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 4;
-  c.ffn_hidden_size = 32;
-  c.seq_length = 8;
-  c.max_position_embeddings = 16;
-  c.position_embedding_type = PositionEmbeddingType::Rope;
-  c.normalization = NormType::RMSNorm;
-  c.activation = MlpActivation::SwiGLU;
-  c.vocab_size = 30;
-  c.padded_vocab_size = 32;
-  c.init_method_std = 0.3f;
-  c.attention_dropout = 0;
-  c.hidden_dropout = 0;
+  TransformerConfig c = test::tiny_logits_config();
   c.attention_mask = AttentionMaskType::BlockCausal;
   c.block_diffusion_causal_clean = causal_clean;
   return c;
 }
-
-// The real model behind LogitsModel, block ranges included (what training::InferenceModel does).
-class GptLogits : public LogitsModel {
- public:
-  GptLogits(const GptModel& m, const ModelRuntime& rt, int64_t vocab) : m_(m), rt_(rt), vocab_(vocab) {}
-  int64_t vocab_size() const override { return vocab_; }
-  const Stream& stream() const override { return rt_.stream; }
-  Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override {
-    HostMicroBatch h;
-    h.batch = c.batch;
-    h.seq = c.seq;
-    h.input_ids = h.labels = c.tokens;
-    h.positions = c.positions;
-    h.document_ids = c.document_ids;
-    h.block_ranges = c.block_ranges;
-    h.loss_weights.assign(c.tokens.size(), 0.0f);
-    return m_.logits_at(MicroBatch::upload(h, rt_.stream), Tensor::from_ints(rows, {static_cast<int64_t>(rows.size())}), rt_);
-  }
-
- private:
-  const GptModel& m_;
-  ModelRuntime rt_;
-  int64_t vocab_;
-};
 
 std::vector<std::vector<int32_t>> samples_of(int64_t seq) {
   std::vector<std::vector<int32_t>> samples;

@@ -7,18 +7,15 @@
 #include <gtest/gtest.h>
 #include <map>
 #include "megadlm/diffusion/block_sampler.h"
+#include "support/logits_model.h"
 
 using namespace megadlm;
+using test::mix;
 
 namespace {
 
 constexpr int64_t kVocab = 32;
 constexpr int32_t kMask = 31;
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h * 0xff51afd7ed558ccdull;
-}
 
 // The logits of a query: a hash of its position and of the (position, token) of every key it
 // sees, in column order, spread over [-4, 4); the mask token is never the favourite. `peak`

@@ -9,18 +9,16 @@
 #include "megadlm/diffusion/forward_process.h"
 #include "megadlm/diffusion/likelihood.h"
 #include "megadlm/model/gpt_model.h"
+#include "support/logits_model.h"
 
 using namespace megadlm;
+using test::GptLogits;
+using test::mix;
 
 namespace {
 
 constexpr int64_t kVocab = 24;
 constexpr int32_t kMask = 23;
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h * 0xff51afd7ed558ccdull;
-}
 
 // Logits of a position: a hash of its position and of the whole row (so the CE of a token
 // depends on which other tokens are masked), spread over [-3, 3).
@@ -147,56 +145,8 @@ TEST(ConditionalLoglikelihood, OneMaskedTokenNeedsOneSampleAndGuidanceAtScaleZer
   EXPECT_NEAR(conditional_loglikelihood(model, req, cfg).loglikelihood, r.loglikelihood, 1e-6);
 }
 
-namespace {
-
-TransformerConfig tiny_model() {
-  TransformerConfig c;
-  c.num_layers = 2;
-  c.hidden_size = 16;
-  c.num_attention_heads = 4;
-  c.num_query_groups = 2;
-  c.kv_channels = 4;
-  c.ffn_hidden_size = 32;
-  c.seq_length = 8;
-  c.max_position_embeddings = 16;
-  c.position_embedding_type = PositionEmbeddingType::Rope;
-  c.normalization = NormType::RMSNorm;
-  c.activation = MlpActivation::SwiGLU;
-  c.vocab_size = 30;
-  c.padded_vocab_size = 32;
-  c.init_method_std = 0.3f;
-  c.attention_dropout = 0;
-  c.hidden_dropout = 0;
-  return c;
-}
-
-// The real model behind the LogitsModel interface (what training::InferenceModel does).
-class GptLogits : public LogitsModel {
- public:
-  GptLogits(const GptModel& m, const ModelRuntime& rt, int64_t vocab) : m_(m), rt_(rt), vocab_(vocab) {}
-  int64_t vocab_size() const override { return vocab_; }
-  const Stream& stream() const override { return rt_.stream; }
-  Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override {
-    HostMicroBatch h;
-    h.batch = c.batch;
-    h.seq = c.seq;
-    h.input_ids = h.labels = c.tokens;
-    h.positions = c.positions;
-    h.document_ids = c.document_ids;
-    h.loss_weights.assign(c.tokens.size(), 0.0f);
-    return m_.logits_at(MicroBatch::upload(h, rt_.stream), Tensor::from_ints(rows, {static_cast<int64_t>(rows.size())}), rt_);
-  }
-
- private:
-  const GptModel& m_;
-  ModelRuntime rt_;
-  int64_t vocab_;
-};
-
-}  // namespace
-
 TEST(MonteCarloElbo, OneDrawIsTheModelsEvaluationLossOfTheSameSamples) {
-  const TransformerConfig cfg = tiny_model();
+  const TransformerConfig cfg = test::tiny_logits_config();
   ParameterStore store;
   GptModel model(cfg, store);
   ModelRuntime rt;
@@ -231,7 +181,7 @@ TEST(MonteCarloElbo, OneDrawIsTheModelsEvaluationLossOfTheSameSamples) {
 }
 
 TEST(GptModelLogitsAt, EqualsTheEvaluationForwardsLogitsAndIgnoresOtherDocuments) {
-  const TransformerConfig cfg = tiny_model();
+  const TransformerConfig cfg = test::tiny_logits_config();
   ParameterStore store;
   GptModel model(cfg, store);
   ModelRuntime rt;
@@ -268,7 +218,7 @@ TEST(GptModelLogitsAt, EqualsTheEvaluationForwardsLogitsAndIgnoresOtherDocuments
 // compact_rows moves each left-padded row's live tokens to its front (the padding mask's layout
 // on cuDNN); the live tokens' logits are bitwise those of the padded canvas (CPU runs documents).
 TEST(GptModelLogitsAt, CompactedRowsGiveThePaddedCanvasLogits) {
-  const TransformerConfig cfg = tiny_model();
+  const TransformerConfig cfg = test::tiny_logits_config();
   ParameterStore store;
   GptModel model(cfg, store);
   ModelRuntime rt;

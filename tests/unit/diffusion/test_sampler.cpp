@@ -10,18 +10,15 @@
 #include <map>
 #include "megadlm/core/philox.h"
 #include "megadlm/diffusion/sampler.h"
+#include "support/logits_model.h"
 
 using namespace megadlm;
+using test::mix;
 
 namespace {
 
 constexpr int64_t kVocab = 32;
 constexpr int32_t kMask = 31;
-
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h * 0xff51afd7ed558ccdull;
-}
 
 // Logits of query (b, i): a hash of (position of i, the tokens and positions of i's document
 // in row b) spread over [-4, 4). A row sees only its own document, like the real attention.

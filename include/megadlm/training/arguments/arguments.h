@@ -82,13 +82,18 @@ struct ToolFlag {
   std::vector<std::string> values;
 };
 
-/// The command line of a program other than pretrain_difflm (generate_difflm, evaluate_difflm,
-/// generate_bench): `args` lexed against that program's own `table` by the code that lexes
+/// The command line of a program other than pretrain_difflm (generate_difflm, convert_checkpoint,
+/// preprocess_data, ...): `args` lexed against that program's own `table` by the code that lexes
 /// pretrain_difflm's (`--flag value`, `--flag=value`, unknown flags named with the nearest known
-/// one, stray words) and each value checked by its row's kind and choices; no @file expansion.
+/// one, stray words) and each value checked by its row's kind, choices and range (a Float value
+/// must also be finite), with pretrain_difflm's messages; no @file expansion.
 /// Returns the occurrences in command-line order; throws ConfigError listing every problem.
 std::vector<ToolFlag> parse_tool_flags(std::span<const FlagSpec> table,
                                        const std::vector<std::string>& args);
+/// The same, appending the problems to `errors` instead of throwing; returns the occurrences
+/// that are fine (a program can then add its own problems, such as missing required flags).
+std::vector<ToolFlag> parse_tool_flags(std::span<const FlagSpec> table, const std::vector<std::string>& args,
+                                       std::vector<std::string>& errors);
 
 /// The @file-expanded command line (argparse's fromfile_prefix_chars); throws ConfigError on an
 /// unreadable file.

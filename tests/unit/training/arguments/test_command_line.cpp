@@ -1,6 +1,7 @@
 // The lexing half of parse_arguments (training/arguments/command_line.h): CLI11 driven by the flag
 // table, and @file expansion. Each test states the argparse behaviour it pins; the values and
-// messages the rules then produce are test_arguments.cpp's business.
+// messages the rules then produce are test_arguments.cpp's business. Last, parse_tool_flags: the
+// same lexing over another program's table, each value checked by its row.
 #include <gtest/gtest.h>
 #include <fstream>
 #include "megadlm/training/arguments/arguments.h"
@@ -180,4 +181,71 @@ TEST(CommandLine, FlagFileProblemsNameTheFileAndLine) {
   const std::vector<std::string> e = errors_of({at_file(dir.str()), "--foo"});
   ASSERT_EQ(e.size(), 2u);
   EXPECT_EQ(e[0], errors[1]);
+}
+
+// parse_tool_flags: another program's own table, lexed and checked like pretrain_difflm's.
+// (Rows name only the fields they set, as the flag table does.)
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+namespace {
+
+const std::vector<FlagSpec>& tool_table() {
+  static const std::vector<FlagSpec> t = {
+      {.name = "--workers", .kind = FlagKind::Int, .default_value = "1", .help = "threads", .range = "[1, 4096]"},
+      {.name = "--dtype", .kind = FlagKind::String, .choices = "fp32 bf16", .help = "dtype"},
+      {.name = "--tolerance", .kind = FlagKind::Float, .default_value = "0", .help = "tolerance", .range = "[0, inf)"},
+      {.name = "--json-keys", .kind = FlagKind::StringList, .default_value = "text", .help = "keys"},
+      {.name = "--help", .kind = FlagKind::StoreTrue, .help = "help"},
+  };
+  return t;
+}
+
+std::vector<std::string> tool_errors(const Words& words, std::vector<ToolFlag>* parsed = nullptr) {
+  std::vector<std::string> errors;
+  std::vector<ToolFlag> out = parse_tool_flags(tool_table(), words, errors);
+  if (parsed != nullptr) *parsed = std::move(out);
+  return errors;
+}
+
+}  // namespace
+
+TEST(ToolFlags, TheTestTableIsConsistent) { EXPECT_EQ(check_flag_table(tool_table()), std::vector<std::string>{}); }
+
+TEST(ToolFlags, ValuesAreCheckedByKindChoicesAndRangeInCommandLineOrder) {
+  EXPECT_EQ(tool_errors({"--workers", "0", "--dtype", "fp16", "--tolerance", "nan", "--workres", "2", "--workers", "x",
+                         "--tolerance", "-0.5"}),
+            (Words{"`--workers 0` must lie in [1, 4096]", "`--dtype fp16`: invalid value; valid: fp32, bf16",
+                   "`--tolerance nan` must be a finite number >= 0", "unknown flag `--workres`; did you mean `--workers`?",
+                   "`--workers x`: invalid value; valid: an integer", "`--tolerance -0.5` must be >= 0"}));
+}
+
+TEST(ToolFlags, GoodOccurrencesComeBackWithTheirWordsBesideTheBadOnes) {
+  std::vector<ToolFlag> parsed;
+  EXPECT_EQ(tool_errors({"--workers", "4096", "--json-keys", "text", "title", "--dtype", "fp16", "--help"}, &parsed),
+            Words{"`--dtype fp16`: invalid value; valid: fp32, bf16"});
+  ASSERT_EQ(parsed.size(), 3u);
+  EXPECT_EQ(parsed[0].flag->name, "--workers");
+  EXPECT_EQ(parsed[0].values, Words{"4096"});
+  EXPECT_EQ(parsed[1].values, (Words{"text", "title"}));
+  EXPECT_EQ(parsed[2].flag->name, "--help");
+  EXPECT_TRUE(parsed[2].values.empty());
+}
+
+TEST(ToolFlags, TheThrowingFormListsEveryProblem) {
+  try {
+    parse_tool_flags(tool_table(), {"--workers", "5000", "-h", "--json-keys"});
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.errors(), (Words{"`--workers 5000` must lie in [1, 4096]", "`--json-keys` expects one or more values (a string)"}));
+  }
+  EXPECT_NO_THROW(parse_tool_flags(tool_table(), {"--workers", "1", "-h"}));
+}
+
+TEST(ToolFlags, ATableDefaultOutsideItsRangeOrChoicesIsCaught) {
+  std::vector<FlagSpec> bad = tool_table();
+  bad[0].default_value = "0";     // outside [1, 4096]
+  bad[1].default_value = "fp16";  // not a choice
+  const std::vector<std::string> problems = check_flag_table(bad);
+  ASSERT_EQ(problems.size(), 2u) << ::testing::PrintToString(problems);
+  EXPECT_NE(problems[0].find("--dtype: default 'fp16' is not a valid value"), std::string::npos) << problems[0];
+  EXPECT_EQ(problems[1], "--workers: default 0.0 is outside its range [1, 4096]");
 }
