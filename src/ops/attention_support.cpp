@@ -123,6 +123,10 @@ AttentionChoice choose_attention(const AttentionArgs& a, bool backward,
     if (a.backend == AttentionBackend::Cudnn)
       c.error = "--attention-backend cudnn (fused), but cuDNN has no block diffusion mask; use "
                 "--attention-backend auto or flash";
+    if (a.keys() != a.seq || !a.query_chunks.identity() || !a.key_chunks.identity())
+      c.error = "block diffusion on a context-parallel shard (chunk-mapped halves or a separate key "
+                "block) runs on the CPU only for now; on CUDA use `--cp-comm-type a2a`, whose "
+                "attention sees whole doubled rows";
   } else if (needs_context_parallel_kernel(a)) {
     c = key_block_choice(a);
   } else if (a.backend == AttentionBackend::Flash) {

@@ -200,7 +200,8 @@ ops::AttentionArgs ring_block_args(const ops::AttentionArgs& local, const Ring& 
                                    const Stream& stream) {
   ops::AttentionArgs a = local;
   const Split& s = ring.split;
-  a.seq = s.local_len();
+  // Block diffusion: both halves of the shard's doubled rows, each chunk-mapped (ops/attention.h).
+  a.seq = ops::is_block_diffusion(local.mask) ? 2 * s.local_len() : s.local_len();
   a.kv_seq = 0;
   a.query_chunks = s.chunks();
   a.key_chunks = s.of_rank(src).chunks();
@@ -220,8 +221,9 @@ void ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, T
     return;
   }
   const DType acc = accumulator_dtype(q.dtype());
-  const ops::AttentionMergeArgs merge{args.batch, ring.split.local_len(), args.num_heads,
-                                      args.head_dim};
+  const int64_t rows = ops::is_block_diffusion(args.mask) ? 2 * ring.split.local_len()
+                                                          : ring.split.local_len();
+  const ops::AttentionMergeArgs merge{args.batch, rows, args.num_heads, args.head_dim};
   Tensor acc_out = Tensor::zeros(q.shape(), acc, stream);
   Tensor acc_lse = Tensor::empty(lse.shape(), lse.dtype(), stream);
   ops::fill(acc_lse, -INFINITY, stream);
