@@ -14,6 +14,11 @@
 // half-blocks for causal masks; that saving is not taken yet, see
 // docs/parallelism/context_parallel.md.)
 //
+// Block diffusion (ops::is_block_diffusion): a shard's rows are its positions' noisy copies then
+// their clean copies (MicroBatch::upload); a block's call has seq = kv_seq = 2 × the split's
+// local length and the chunk maps applied to each half, with the whole rows' block_ranges
+// (ops/attention.h), so the rule runs on global rows and the merge is the same.
+//
 // Backward replays the ring with the final output and log-sum-exp: a block's gradients are the
 // attention backward with P = exp(s − lse_final) and D = rowsum(dO · O_final). dQ accumulates
 // locally; the block's dK/dV accumulator travels with it (one more step than K/V, so that it
