@@ -89,8 +89,9 @@ MicroBatch upload_block_diffusion(const HostMicroBatch& h, const Stream& stream,
   MicroBatch mb = upload_rows(local, stream);
   // The ranges stay whole: the attention maps each shard's rows to their global positions.
   mb.block_ranges = Tensor::from_ints(h.block_ranges, {h.batch, 4, L}).to(stream.device(), stream);
-  mb.cp = std::make_shared<const cp::SequenceLayout>(2 * h.batch, L, cp_size, cp_rank,
-                                                     std::vector<int32_t>{});
+  auto layout = std::make_shared<cp::SequenceLayout>(2 * h.batch, L, cp_size, cp_rank, std::vector<int32_t>{});
+  layout->set_block_diffusion(h.block_ranges);
+  mb.cp = std::move(layout);
   mb.doubled_rows = true;
   return mb;
 }

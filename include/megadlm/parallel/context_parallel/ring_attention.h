@@ -58,6 +58,19 @@ void ring_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, c
                          const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                          const ops::AttentionArgs& block, const Stream& stream);
 
+/// Step `src` of the ring (the block of keys held by ring rank src), as ring_attention_forward
+/// runs it: ring_block_forward of ring_block_args, except for block diffusion, whose own block
+/// runs as an ordinary whole-row call on the shard's local ranges (SequenceLayout::
+/// local_block_ranges: on CUDA the flash block diffusion kernels) and whose blocks between two
+/// shards, when every block lies inside one chunk, run only their visible part: the clean keys
+/// of the earlier chunks, unmasked except for documents (on CUDA the flash kernels' separate key
+/// block path). `args` as ring_attention_forward's.
+void ring_step_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const ops::AttentionArgs& args, const Ring& ring, int src, const Stream& stream);
+void ring_step_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const ops::AttentionArgs& args, const Ring& ring, int src, const Stream& stream);
+
 void ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                             Tensor& lse, const ops::AttentionArgs& args, const Ring& ring,
                             const Stream& stream);
