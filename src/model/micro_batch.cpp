@@ -64,6 +64,38 @@ MicroBatch upload_rows(const HostMicroBatch& h, const Stream& stream) {
   return mb;
 }
 
+/// Block diffusion under CP (docs/parallelism/context_parallel.md): the ORIGINAL positions
+/// 0..L-1 are split into 2·cp chunks, and this rank keeps both copies of its chunks: local row
+/// [x_t of its positions | x_0 of its positions]. The doubled rows [B, 2L] are [2B, L] rows of
+/// one copy each, so that is shard_rows over 2B rows of L, and the layout describes them so.
+MicroBatch upload_block_diffusion(const HostMicroBatch& h, const Stream& stream, int cp_rank,
+                                  int cp_size) {
+  const int64_t L = h.seq / 2;
+  MDLM_CHECK(h.document_ids.empty(), "block diffusion micro-batches hold their documents in "
+             "block_ranges, not document_ids");
+  MDLM_CHECK(L % (2 * cp_size) == 0, "block diffusion under context parallelism: the sequence "
+             "length ", L, " does not split into 2 x ", cp_size, " chunks (--seq-length a multiple "
+             "of 2 x --context-parallel-size x --dlm-block-size)");
+  const cp::Split split{cp_size, cp_rank, L};
+  HostMicroBatch local;
+  local.batch = h.batch;
+  local.seq = 2 * split.local_len();
+  local.first_sample = h.first_sample;
+  local.loss_tokens = h.loss_tokens;  // the normaliser counts the whole micro-batch
+  local.input_ids = cp::shard_rows(h.input_ids, 2 * h.batch, split);
+  local.labels = cp::shard_rows(h.labels, 2 * h.batch, split);
+  local.positions = cp::shard_rows(h.positions, 2 * h.batch, split);
+  local.loss_weights = cp::shard_rows(h.loss_weights, 2 * h.batch, split);
+  MicroBatch mb = upload_rows(local, stream);
+  // The ranges stay whole: the attention maps each shard's rows to their global positions.
+  mb.block_ranges = Tensor::from_ints(h.block_ranges, {h.batch, 4, L}).to(stream.device(), stream);
+  auto layout = std::make_shared<cp::SequenceLayout>(2 * h.batch, L, cp_size, cp_rank, std::vector<int32_t>{});
+  layout->set_block_diffusion(h.block_ranges);
+  mb.cp = std::move(layout);
+  mb.doubled_rows = true;
+  return mb;
+}
+
 }  // namespace
 
 HostMicroBatch pad_for_context_parallel(const HostMicroBatch& h, int cp) {
@@ -97,8 +129,7 @@ MicroBatch MicroBatch::upload(const HostMicroBatch& full, const Stream& stream, 
                               int cp_size) {
   check_sizes(full);
   if (cp_size <= 1) return upload_rows(full, stream);
-  MDLM_CHECK(full.block_ranges.empty(), "block diffusion micro-batches do not split over context-"
-             "parallel ranks (--context-parallel-size 1 with --attention-mask-type block_causal)");
+  if (!full.block_ranges.empty()) return upload_block_diffusion(full, stream, cp_rank, cp_size);
   const HostMicroBatch h = pad_for_context_parallel(full, cp_size);
   const cp::Split split{cp_size, cp_rank, h.seq};
   split.check();

@@ -56,12 +56,14 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
     MDLM_CHECK(m->len >= 0 && m->first >= 0 && m->second >= 0, op,
                ": chunk maps must be non-negative");
   }
-  MDLM_CHECK(a.query_chunks.identity() || 2 * a.query_chunks.len == a.seq, op,
+  // Block diffusion maps each half of the doubled rows (ops/attention.h, block_ranges).
+  const int64_t map_rows = is_block_diffusion(a.mask) ? 2 : 1;
+  MDLM_CHECK(a.query_chunks.identity() || 2 * map_rows * a.query_chunks.len == a.seq, op,
              ": a chunked query map holds two chunks of ", a.query_chunks.len, " rows, not seq ",
-             a.seq);
-  MDLM_CHECK(a.key_chunks.identity() || 2 * a.key_chunks.len == a.keys(), op,
+             a.seq, map_rows == 2 ? " / 2 (block diffusion: one map per half)" : "");
+  MDLM_CHECK(a.key_chunks.identity() || 2 * map_rows * a.key_chunks.len == a.keys(), op,
              ": a chunked key map holds two chunks of ", a.key_chunks.len, " rows, not kv_seq ",
-             a.keys());
+             a.keys(), map_rows == 2 ? " / 2 (block diffusion: one map per half)" : "");
   MDLM_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), op, ": q, k, v dtypes differ");
   if (a.document_ids != nullptr) {
     MDLM_CHECK(a.document_ids->dtype() == DType::I32 && a.document_ids->numel() == a.batch * a.seq &&
@@ -94,14 +96,20 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   if (is_block_diffusion(a.mask)) {
     MDLM_CHECK(a.block_ranges != nullptr, op, ": a block diffusion mask needs block_ranges");
     const Tensor& r = *a.block_ranges;
-    MDLM_CHECK(a.seq % 2 == 0 && r.dtype() == DType::I32 && r.numel() == a.batch * 2 * a.seq &&
-                   r.device() == q.device(),
-               op, ": block_ranges must be int32 [batch, 4, seq / 2] on the device of q (seq ",
-               a.seq, " even), got ", r.str());
-    MDLM_CHECK(a.document_ids == nullptr && a.keys() == a.seq && a.query_chunks.identity() &&
-                   a.key_chunks.identity() && a.row_lengths == nullptr && a.dropout_p == 0.0f,
+    const int64_t half = r.dim() == 3 ? r.shape()[2] : 0;  // L of the whole doubled rows
+    MDLM_CHECK(a.seq % 2 == 0 && a.keys() % 2 == 0 && r.dtype() == DType::I32 && half > 0 &&
+                   r.numel() == a.batch * 4 * half && r.device() == q.device(),
+               op, ": block_ranges must be int32 [batch, 4, L] on the device of q (seq ", a.seq,
+               " and kv_seq ", a.keys(), " even), got ", r.str());
+    // A shard's half is chunk-mapped into [0, L); without a map it is the whole half.
+    MDLM_CHECK((a.query_chunks.identity() ? a.seq / 2 == half : a.seq / 2 <= half) &&
+                   (a.key_chunks.identity() ? a.keys() / 2 == half : a.keys() / 2 <= half),
+               op, ": block diffusion rows of ", a.seq / 2, " query and ", a.keys() / 2,
+               " key positions per half do not match block_ranges of L = ", half,
+               " positions (an unmapped half holds all L)");
+    MDLM_CHECK(a.document_ids == nullptr && a.row_lengths == nullptr && a.dropout_p == 0.0f,
                op, ": a block diffusion mask takes its documents from block_ranges and runs without "
-               "document_ids, separate key blocks, chunk maps, row_lengths and attention dropout");
+               "document_ids, row_lengths and attention dropout");
   } else {
     MDLM_CHECK(a.block_ranges == nullptr, op, ": block_ranges needs a block diffusion mask");
   }

@@ -24,6 +24,10 @@ bool is_cudnn(AttentionImpl impl) {
 }
 
 bool needs_context_parallel_kernel(const AttentionArgs& a) {
+  // Block diffusion on a shard: chunk-mapped halves (or keys of another shard) need the rule on
+  // the whole doubled row's positions.
+  if (is_block_diffusion(a.mask))
+    return a.keys() != a.seq || !a.query_chunks.identity() || !a.key_chunks.identity();
   // The flash kernels (and cuDNN) take keys that are the queries' own rows: one length, one
   // document tensor, a local causal mask and dropout at local positions plus offsets. Equal
   // increasing maps give the same causal mask as local order; dropout needs identity maps.
@@ -123,6 +127,12 @@ AttentionChoice choose_attention(const AttentionArgs& a, bool backward,
     if (a.backend == AttentionBackend::Cudnn)
       c.error = "--attention-backend cudnn (fused), but cuDNN has no block diffusion mask; use "
                 "--attention-backend auto or flash";
+    if (needs_context_parallel_kernel(a)) {
+      // A context-parallel shard (ring step, all_gather): the simple key-block kernels test
+      // every element on its global row (the flash kernels' tile plans take whole rows).
+      c.impl = c.fallback = AttentionImpl::SimpleKeyBlock;
+      c.reason = "block diffusion on a context-parallel shard";
+    }
   } else if (needs_context_parallel_kernel(a)) {
     c = key_block_choice(a);
   } else if (a.backend == AttentionBackend::Flash) {

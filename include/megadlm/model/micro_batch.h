@@ -7,7 +7,8 @@
 // padded to split into 2·cp chunks (see pad_for_context_parallel), then the rows of chunks r and
 // 2cp−1−r (parallel/context_parallel/sequence_split.h). Positions stay the global ones (RoPE),
 // loss weights and labels those of the global tokens; `seq` becomes the local length S/cp and
-// `cp` describes the split for the attention and the dropout masks.
+// `cp` describes the split for the attention and the dropout masks. Block diffusion splits the
+// original positions and keeps both copies of them (upload's block diffusion case).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -71,9 +72,13 @@ struct MicroBatch {
   /// With CP: the sequences' length before the padding to 2·cp chunks (positions at or past it
   /// are padding, which MoE layers do not route); 0 without CP.
   int64_t unpadded_seq = 0;
+  /// Block diffusion under CP: each local row is [x_t | x_0] of this rank's positions, and `cp`
+  /// describes 2·batch rows of L positions (one copy each); position_map() does not apply then
+  /// (hidden dropout and random router logits are refused with it, rule D-11).
+  bool doubled_rows = false;
   int64_t tokens() const { return batch * seq; }
   /// Global position of each of the `seq` local positions (the identity without CP).
-  ops::ChunkMap position_map() const { return cp ? cp->split().chunks() : ops::ChunkMap{}; }
+  ops::ChunkMap position_map() const { return cp && !doubled_rows ? cp->split().chunks() : ops::ChunkMap{}; }
 
   /// Uploads `h`, or with cp_size > 1 this CP rank's shard of it (see the top of the file).
   static MicroBatch upload(const HostMicroBatch& h, const Stream& stream, int cp_rank = 0,

@@ -123,7 +123,8 @@ struct AttentionArgs {
   /// outputs at live positions, unspecified outputs and lse at padding positions. The other
   /// backends, and every backward, ignore it and use document_ids.
   const Tensor* row_lengths = nullptr;
-  /// Block diffusion masks only: int32 [B, 4, L] on the device of q, L = seq / 2, for each
+  /// Block diffusion masks only: int32 [B, 4, L] on the device of q, L = seq / 2 (see the
+  /// context-parallel shards below), for each
   /// position p of a row's L positions the four positions (within the same L) doc_start,
   /// doc_end (the document holding p: [doc_start, doc_end)), block_start, block_end (the
   /// diffusion block holding p, inside that document). Rows 0..L-1 of q/k/v are the noisy copy
@@ -135,7 +136,14 @@ struct AttentionArgs {
   ///   clean i, clean j:  doc_start   <= kp < block_end      (BlockDiffusion)
   ///                      doc_start   <= kp <= p             (BlockDiffusionCausal)
   /// Every query sees at least its own key. Not combined with document_ids (the ranges hold the
-  /// documents), separate key blocks, chunk maps, row_lengths or dropout.
+  /// documents), row_lengths or dropout.
+  /// Context-parallel shards (docs/parallelism/context_parallel.md, "Block diffusion"): the
+  /// ranges stay those of the whole rows (L positions), and q's seq rows (k's kv_seq rows) are
+  /// two halves, noisy then clean, of seq / 2 rows each; query_chunks (key_chunks) maps each
+  /// half's rows to positions in [0, L) (identity: the half is all L). Row i of a half of h rows
+  /// is row (i < h ? 0 : L) + chunks.global(i mod h) of the whole doubled row, where the rule
+  /// above applies; a query that sees no key of the block gets out = 0 and lse = -inf. On CUDA
+  /// such calls run on the simple key-block kernels.
   const Tensor* block_ranges = nullptr;
   AttentionBackend backend = AttentionBackend::Auto;
   bool deterministic = false;  ///< bitwise reproducible backward (see the top of this file)

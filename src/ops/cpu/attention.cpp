@@ -44,16 +44,26 @@ struct KeyRange {
   const int32_t* key_docs = nullptr;
   bool causal = false;
   ChunkMap query_chunks, key_chunks;
-  const int32_t* block_ranges = nullptr;  // block diffusion: this row's [4, seq / 2] ranges
+  int64_t keys = 0;
+  const int32_t* block_ranges = nullptr;  // block diffusion: this row's [4, L] ranges
+  int64_t bd_half = 0;                    // L
   bool causal_clean = false;
+
+  /// Block diffusion: local row i of `rows` (both halves, each chunk-mapped by m) -> its row of
+  /// the whole doubled row [x_t | x_0] of 2L rows.
+  int64_t doubled_row(int64_t i, int64_t rows, const ChunkMap& m) const {
+    const int64_t h = rows / 2;
+    return (i < h ? 0 : bd_half) + m.global(i < h ? i : i - h);
+  }
 
   KeyRange(const AttentionArgs& a, int64_t b, bool causal_mask)
       : first(a.seq, 0), last(a.seq, a.keys()), causal(causal_mask), query_chunks(a.query_chunks),
-        key_chunks(a.key_chunks) {
+        key_chunks(a.key_chunks), keys(a.keys()) {
     per_key = a.key_document_ids != nullptr || a.keys() != a.seq ||
               (causal && !a.query_chunks.same_as(a.key_chunks));
-    if (is_block_diffusion(a.mask)) {  // every key tested by the rule (no documents, no maps)
-      block_ranges = a.block_ranges->data<int32_t>() + b * 2 * a.seq;
+    if (is_block_diffusion(a.mask)) {  // every key tested by the rule (no documents)
+      bd_half = a.block_ranges->shape()[2];
+      block_ranges = a.block_ranges->data<int32_t>() + b * 4 * bd_half;
       causal_clean = a.mask == AttentionMask::BlockDiffusionCausal;
       per_key = true;
       return;
@@ -78,7 +88,9 @@ struct KeyRange {
   bool visible(int64_t i, int64_t j) const {
     if (!per_key) return true;
     if (block_ranges != nullptr)
-      return block_diffusion_visible(block_ranges, static_cast<int64_t>(first.size()) / 2, causal_clean, i, j);
+      return block_diffusion_visible(block_ranges, bd_half, causal_clean,
+                                     doubled_row(i, static_cast<int64_t>(first.size()), query_chunks),
+                                     doubled_row(j, keys, key_chunks));
     if (query_docs != nullptr && query_docs[i] != key_docs[j]) return false;
     return !causal || key_chunks.global(j) <= query_chunks.global(i);
   }

@@ -34,6 +34,10 @@ struct Shape {
   /// BlockDiffusionCausal. Never with docs, a separate key block or dropout.
   const int32_t* bd_ranges = nullptr;
   bool bd_causal_clean = false;
+  /// L of bd_ranges ([B, 4, L]); 0: seq / 2. A context-parallel shard's rows (the simple
+  /// key-block kernels only) are chunk-mapped halves of the whole doubled row of 2L.
+  int64_t bd_half = 0;
+  __host__ __device__ int64_t bd_len() const { return bd_half > 0 ? bd_half : seq / 2; }
   int64_t keys() const { return kv_seq > 0 ? kv_seq : seq; }
   bool separate_keys() const { return keys() != seq || key_docs != nullptr; }
 };

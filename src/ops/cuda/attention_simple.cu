@@ -11,6 +11,8 @@
 // Block diffusion (kBlockDiff, Shape::bd_ranges): each query row scans the two key ranges of
 // BlockDiffusionRow::keys_of and each key row the two query ranges of queries_of
 // (ops/attention_block_diffusion.h), testing every element with the rule itself; any L, any D.
+// On a context-parallel shard (KeyBlock::per_key with block diffusion: chunk-mapped halves, a
+// key block of another shard) every element is tested on its row of the whole doubled row.
 #include <cmath>
 #include "core/cuda/cuda_utils.h"
 #include "ops/attention_block_diffusion.h"
@@ -94,6 +96,14 @@ struct KeyBlock {
 
   static KeyBlock of(const Shape& s) { return {s.seq, {}, {}, nullptr, false}; }
 
+  /// Block diffusion on a shard: row r of `rows` (two halves, each mapped by m) -> its row of
+  /// the whole doubled row of 2·half.
+  __device__ __forceinline__ static int doubled(int64_t r, int64_t rows, const ops::ChunkMap& m,
+                                                int64_t half) {
+    const int64_t h = rows / 2;
+    return static_cast<int>((r < h ? 0 : half) + m.global(r < h ? r : r - h));
+  }
+
   /// In per_key mode: whether query i (document qdoc, global position gq) sees key j of row b.
   __device__ __forceinline__ bool visible(const Shape& s, int64_t b, int32_t qdoc, int64_t gq,
                                           int64_t j) const {
@@ -137,10 +147,15 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s, Ke
   const int64_t gq = kb.query_chunks.global(i);
   // Block diffusion: two key ranges (the second empty for a clean row), every key tested.
   [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
-      kBlockDiff ? s.bd_ranges + b * s.seq * 2 : nullptr, static_cast<int>(s.seq / 2),
+      kBlockDiff ? s.bd_ranges + b * 4 * s.bd_len() : nullptr, static_cast<int>(s.bd_len()),
       s.bd_causal_clean};
   [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
-  if constexpr (kBlockDiff) bd.keys_of(static_cast<int>(i), bd_lo, bd_hi);
+  [[maybe_unused]] const int bd_q = kBlockDiff && kb.per_key ? KeyBlock::doubled(i, s.seq, kb.query_chunks, s.bd_len())
+                                                              : static_cast<int>(i);
+  if constexpr (kBlockDiff) {
+    if (kb.per_key) bd_hi[0] = static_cast<int>(kb.kv_seq);  // a shard: every key, each tested
+    else bd.keys_of(static_cast<int>(i), bd_lo, bd_hi);
+  }
   for (int range = 0; range < (kBlockDiff ? 2 : 1); ++range) {
     int64_t first, n;
     if constexpr (kBlockDiff) {
@@ -156,7 +171,9 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s, Ke
           keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
       }
       if (kb.per_key && !kb.visible(s, b, qdoc, gq, j)) continue;  // uniform over the warp
-      if (kBlockDiff && !bd.visible(static_cast<int>(i), static_cast<int>(j))) continue;
+      if (kBlockDiff && !bd.visible(bd_q, kb.per_key ? KeyBlock::doubled(j, kb.kv_seq, kb.key_chunks, s.bd_len())
+                                                     : static_cast<int>(j)))
+        continue;
       const int64_t kv = ((b * kb.kv_seq + j) * s.kv_heads + kh) * s.dim;
       const float x = s.scale * warp_dot(q, p.k + kv, s.dim, lane);
       const float m_new = fmaxf(m, x);
@@ -197,10 +214,15 @@ __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyBlo
   const int32_t qdoc = s.docs ? s.docs[b * s.seq + i] : 0;
   const int64_t gq = kb.query_chunks.global(i);
   [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
-      kBlockDiff ? s.bd_ranges + b * s.seq * 2 : nullptr, static_cast<int>(s.seq / 2),
+      kBlockDiff ? s.bd_ranges + b * 4 * s.bd_len() : nullptr, static_cast<int>(s.bd_len()),
       s.bd_causal_clean};
   [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
-  if constexpr (kBlockDiff) bd.keys_of(static_cast<int>(i), bd_lo, bd_hi);
+  [[maybe_unused]] const int bd_q = kBlockDiff && kb.per_key ? KeyBlock::doubled(i, s.seq, kb.query_chunks, s.bd_len())
+                                                              : static_cast<int>(i);
+  if constexpr (kBlockDiff) {
+    if (kb.per_key) bd_hi[0] = static_cast<int>(kb.kv_seq);  // a shard: every key, each tested
+    else bd.keys_of(static_cast<int>(i), bd_lo, bd_hi);
+  }
   for (int range = 0; range < (kBlockDiff ? 2 : 1); ++range) {
     int64_t first, n;
     if constexpr (kBlockDiff) {
@@ -216,7 +238,9 @@ __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyBlo
           keep_bits = __ballot_sync(0xffffffffu, s.dropout.keep(b, h, i, j + lane));
       }
       if (kb.per_key && !kb.visible(s, b, qdoc, gq, j)) continue;
-      if (kBlockDiff && !bd.visible(static_cast<int>(i), static_cast<int>(j))) continue;
+      if (kBlockDiff && !bd.visible(bd_q, kb.per_key ? KeyBlock::doubled(j, kb.kv_seq, kb.key_chunks, s.bd_len())
+                                                     : static_cast<int>(j)))
+        continue;
       const int64_t kv = ((b * kb.kv_seq + j) * s.kv_heads + kh) * s.dim;
       const float pij = expf(s.scale * warp_dot(q, p.k + kv, s.dim, lane) - lse);
       float dp = warp_dot(dout, p.v + kv, s.dim, lane);
@@ -261,10 +285,15 @@ __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyB
   }
   // Block diffusion: the noisy and the clean queries that see this key, every query tested.
   [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
-      kBlockDiff ? s.bd_ranges + b * s.seq * 2 : nullptr, static_cast<int>(s.seq / 2),
+      kBlockDiff ? s.bd_ranges + b * 4 * s.bd_len() : nullptr, static_cast<int>(s.bd_len()),
       s.bd_causal_clean};
   [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
-  if constexpr (kBlockDiff) bd.queries_of(static_cast<int>(j), bd_lo, bd_hi);
+  [[maybe_unused]] const int bd_k = kBlockDiff && kb.per_key ? KeyBlock::doubled(j, kv_seq, kb.key_chunks, s.bd_len())
+                                                              : static_cast<int>(j);
+  if constexpr (kBlockDiff) {
+    if (kb.per_key) bd_hi[0] = static_cast<int>(s.seq);  // a shard: every query, each tested
+    else bd.queries_of(static_cast<int>(j), bd_lo, bd_hi);
+  }
   for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
     for (int range = 0; range < (kBlockDiff ? 2 : 1); ++range) {
       if constexpr (kBlockDiff) {
@@ -282,7 +311,10 @@ __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyB
           if (docs && docs[i] != kdoc) continue;
           if (s.causal && gk > kb.query_chunks.global(i)) continue;
         }
-        if (kBlockDiff && !bd.visible(static_cast<int>(i), static_cast<int>(j))) continue;
+        if (kBlockDiff && !bd.visible(kb.per_key ? KeyBlock::doubled(i, s.seq, kb.query_chunks, s.bd_len())
+                                                 : static_cast<int>(i),
+                                      bd_k))
+          continue;
         const int64_t qi = ((b * s.seq + i) * s.heads + h) * s.dim;
         const int64_t stat = (b * s.heads + h) * s.seq + i;
         const float pij = expf(s.scale * warp_dot(k, p.q + qi, s.dim, lane) - p.lse[stat]);
@@ -393,6 +425,12 @@ void shape_of(const char* op, const AttentionArgs& a, attn::Shape& s, attn::KeyB
                     : nullptr;
   kb.per_key = kb.kv_seq != a.seq || kb.key_docs != nullptr ||
                (s.causal && !a.query_chunks.same_as(a.key_chunks));
+  if (is_block_diffusion(a.mask)) {  // a shard of the doubled rows: every element on its global row
+    s.bd_ranges = static_cast<const int32_t*>(a.block_ranges->data_ptr());
+    s.bd_causal_clean = a.mask == AttentionMask::BlockDiffusionCausal;
+    s.bd_half = a.block_ranges->shape()[2];
+    kb.per_key = true;
+  }
 }
 
 template <typename T>

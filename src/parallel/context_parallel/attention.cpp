@@ -10,6 +10,36 @@ namespace {
 
 DType stat_dtype(DType activation) { return activation == DType::F64 ? DType::F64 : DType::F32; }
 
+// Block diffusion's local rows are [x_t of the shard | x_0 of the shard] per sample: to the
+// layout (SequenceLayout of 2B rows of L positions, see MicroBatch::upload) they are 2B rows
+// of the split's local length, to the kernel B doubled rows with chunk-mapped halves.
+ops::AttentionArgs layout_view(ops::AttentionArgs a) {
+  if (!ops::is_block_diffusion(a.mask)) return a;
+  a.batch *= 2;
+  a.seq /= 2;
+  return a;
+}
+
+ops::AttentionArgs kernel_view(ops::AttentionArgs a) {
+  if (!ops::is_block_diffusion(a.mask)) return a;
+  a.batch /= 2;
+  a.seq *= 2;
+  return a;
+}
+
+/// The all_gather call: this rank's queries against the gathered keys in natural order.
+ops::AttentionArgs gathered_args(const ops::AttentionArgs& args, const SequenceLayout& layout,
+                                 const Stream& stream) {
+  const Split& s = layout.split();
+  ops::AttentionArgs a = args;
+  a.kv_seq = ops::is_block_diffusion(args.mask) ? 2 * s.seq : s.seq;
+  a.query_chunks = s.chunks();
+  a.document_ids = layout.documents(s.size, s.rank, stream);
+  a.key_document_ids = layout.documents(1, 0, stream);
+  a.document_starts = nullptr;  // the caller's are of its local rows
+  return a;
+}
+
 }  // namespace
 
 ContextParallelAttention::ContextParallelAttention(CommType type, const ModelParallel& mp)
@@ -32,7 +62,8 @@ ContextParallelAttention::ContextParallelAttention(CommType type, const ModelPar
 }
 
 void ContextParallelAttention::check_layout(const SequenceLayout& layout,
-                                            const ops::AttentionArgs& args) const {
+                                            const ops::AttentionArgs& kernel_args) const {
+  const ops::AttentionArgs args = layout_view(kernel_args);
   const Split& s = layout.split();
   MDLM_CHECK(s.size == cp_.size && s.rank == cp_.rank, "context-parallel attention: the "
              "micro-batch is split for rank ", s.rank, " of ", s.size, " but this is CP rank ",
@@ -75,15 +106,9 @@ Tensor ContextParallelAttention::forward(const Tensor& q, const Tensor& k, const
                                          const Stream& stream) const {
   check_layout(layout, args);
   if (type_ == CommType::AllGather) {
-    const Split& s = layout.split();
     Tensor k_all = gather_sequence(k, cp_.get(), layout, stream);
     Tensor v_all = gather_sequence(v, cp_.get(), layout, stream);
-    ops::AttentionArgs a = args;
-    a.kv_seq = s.seq;
-    a.query_chunks = s.chunks();
-    a.document_ids = layout.documents(s.size, s.rank, stream);
-    a.key_document_ids = layout.documents(1, 0, stream);
-    a.document_starts = nullptr;  // the caller's are of its local rows
+    const ops::AttentionArgs a = gathered_args(args, layout, stream);
     Tensor out = Tensor::empty(q.shape(), q.dtype(), stream);
     saved.lse = Tensor::empty({args.batch, args.num_heads, args.seq}, stat_dtype(q.dtype()), stream);
     ops::attention_forward(q, k_all, v_all, out, saved.lse, a, stream);
@@ -92,7 +117,7 @@ Tensor ContextParallelAttention::forward(const Tensor& q, const Tensor& k, const
     saved.v = v;
     return out;
   }
-  const ops::AttentionArgs a = block_args(args, layout);
+  const ops::AttentionArgs a = kernel_view(block_args(layout_view(args), layout));
   saved.q = sequence_to_heads(q, heads_.get(), layout, stream);
   saved.k = sequence_to_heads(k, heads_.get(), layout, stream);
   saved.v = sequence_to_heads(v, heads_.get(), layout, stream);
@@ -124,15 +149,9 @@ AttentionGrads ContextParallelAttention::backward(const Tensor& dout, const Tens
   check_layout(layout, args);
   AttentionGrads g;
   if (type_ == CommType::AllGather) {
-    const Split& s = layout.split();
     Tensor k_all = gather_sequence(saved.k, cp_.get(), layout, stream);
     Tensor v_all = gather_sequence(saved.v, cp_.get(), layout, stream);
-    ops::AttentionArgs a = args;
-    a.kv_seq = s.seq;
-    a.query_chunks = s.chunks();
-    a.document_ids = layout.documents(s.size, s.rank, stream);
-    a.key_document_ids = layout.documents(1, 0, stream);
-    a.document_starts = nullptr;
+    const ops::AttentionArgs a = gathered_args(args, layout, stream);
     g.dq = Tensor::empty(saved.q.shape(), saved.q.dtype(), stream);
     Tensor dk_all = Tensor::empty(k_all.shape(), k_all.dtype(), stream);
     Tensor dv_all = Tensor::empty(v_all.shape(), v_all.dtype(), stream);
@@ -147,7 +166,7 @@ AttentionGrads ContextParallelAttention::backward(const Tensor& dout, const Tens
     saved = AttentionSaved{};
     return g;
   }
-  const ops::AttentionArgs a = block_args(args, layout);
+  const ops::AttentionArgs a = kernel_view(block_args(layout_view(args), layout));
   Tensor dout_b = sequence_to_heads(dout, heads_.get(), layout, stream);
   Tensor out_b = sequence_to_heads(out, heads_.get(), layout, stream);
   Tensor dq = Tensor::empty(saved.q.shape(), saved.q.dtype(), stream);

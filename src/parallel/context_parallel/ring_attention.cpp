@@ -177,7 +177,177 @@ void half_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, c
   join_halves(Tensor::zeros(dq1.shape(), dq.dtype(), stream), dq1, dq, a.batch, stream);
 }
 
+// ---- block diffusion steps ---------------------------------------------------------------
+//
+// A shard's rows per batch row are four chunks of c rows: [noisy a | noisy b | clean a | clean b]
+// (a = first chunk, b = second). Its own block runs on its local ranges (whole-row call). When
+// every block lies in one chunk, the block of another shard's keys sees only their clean copies,
+// and only those of chunks before the query's chunk (a noisy query's block and a clean query's
+// block end inside its own chunk), each in its document: with the load-balanced split
+//   src < me: every query sees the keys' clean chunk a (BdStep::EarlierKeys), none clean b;
+//   src > me: the queries of chunk b (noisy and clean) see both clean chunks (LaterQueries).
+// Those run unmasked but for document ids (block_documents), one call per query half so that
+// the ids of every call are non-decreasing along the rows.
+enum class BdStep { General, Own, EarlierKeys, LaterQueries };
+
+BdStep bd_step_of(const Ring& ring, int src) {
+  const int me = ring.split.rank;
+  if (src == me) return BdStep::Own;
+  if (!ring.layout->block_diffusion() || !ring.layout->blocks_in_chunks(ring.split.size)) return BdStep::General;
+  return src < me ? BdStep::EarlierKeys : BdStep::LaterQueries;
+}
+
+/// Column block `which` of `parts` equal blocks of every batch row of x (rows of `batch`).
+Tensor part_of(const Tensor& x, int64_t batch, int parts, int which, const Stream& stream) {
+  const int64_t row = x.numel() / batch;
+  std::vector<Tensor> p;
+  std::vector<Tensor*> outs;
+  for (int i = 0; i < parts; ++i) p.push_back(Tensor::empty({batch, row / parts}, x.dtype(), stream));
+  for (auto& t : p) outs.push_back(&t);
+  ops::split_columns(x.view({batch, row}), outs, stream);
+  return p[static_cast<size_t>(which)];
+}
+
+/// into = [parts...] per batch row (into keeps its shape).
+void join_parts(const std::vector<const Tensor*>& parts, Tensor& into, int64_t batch, const Stream& stream) {
+  Tensor rows = into.view({batch, into.numel() / batch});
+  ops::concat_columns(parts, rows, stream);
+}
+
+/// The unmasked call of query rows with `qdocs` against key rows with `kdocs` (both [B, rows]).
+ops::AttentionArgs bd_key_block_args(const ops::AttentionArgs& a, int64_t q_rows, int64_t k_rows,
+                                     const Tensor& qdocs, const Tensor& kdocs) {
+  ops::AttentionArgs sub = a;
+  sub.mask = ops::AttentionMask::None;
+  sub.block_ranges = nullptr;
+  sub.seq = q_rows;
+  sub.kv_seq = k_rows;
+  sub.query_chunks = sub.key_chunks = ops::ChunkMap{};
+  sub.document_ids = &qdocs;
+  sub.key_document_ids = &kdocs;
+  sub.document_starts = nullptr;
+  return sub;
+}
+
+ops::AttentionArgs bd_own_args(const ops::AttentionArgs& a, const Ring& ring, const Stream& stream) {
+  ops::AttentionArgs own = a;
+  own.query_chunks = own.key_chunks = ops::ChunkMap{};
+  own.block_ranges = &ring.layout->local_block_ranges(ring.split.size, ring.split.rank, stream);
+  return own;
+}
+
+void bd_step_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                     const ops::AttentionArgs& a, const Ring& ring, int src, BdStep step,
+                     const Stream& stream) {
+  const int64_t B = a.batch, c = a.seq / 4, stats = B * a.num_heads;
+  const Tensor& qd_all = ring.layout->block_documents(ring.split.size, ring.split.rank, stream);
+  const Tensor& kd_all = ring.layout->block_documents(ring.split.size, src, stream);
+  if (step == BdStep::EarlierKeys) {  // every query against the keys' clean chunk a
+    const Tensor kd = part_of(kd_all, B, 4, 2, stream);
+    const Tensor k2 = part_of(k, B, 4, 2, stream), v2 = part_of(v, B, 4, 2, stream);
+    Tensor o[2], l[2];
+    for (int half = 0; half < 2; ++half) {
+      const Tensor qd = part_of(qd_all, B, 2, half, stream);
+      o[half] = Tensor::empty({B, out.numel() / B / 2}, out.dtype(), stream);
+      l[half] = Tensor::empty({stats, a.seq / 2}, lse.dtype(), stream);
+      ops::attention_forward(part_of(q, B, 2, half, stream), k2, v2, o[half], l[half],
+                             bd_key_block_args(a, 2 * c, c, qd, kd), stream);
+    }
+    join_parts({&o[0], &o[1]}, out, B, stream);
+    join_parts({&l[0], &l[1]}, lse, stats, stream);
+    return;
+  }
+  // LaterQueries: the queries of chunk b (noisy, clean) against both clean chunks.
+  const Tensor kd = part_of(kd_all, B, 2, 1, stream);
+  const Tensor kc = part_of(k, B, 2, 1, stream), vc = part_of(v, B, 2, 1, stream);
+  Tensor o[2], l[2];
+  for (int half = 0; half < 2; ++half) {
+    const int which = 2 * half + 1;
+    const Tensor qd = part_of(qd_all, B, 4, which, stream);
+    o[half] = Tensor::empty({B, out.numel() / B / 4}, out.dtype(), stream);
+    l[half] = Tensor::empty({stats, c}, lse.dtype(), stream);
+    ops::attention_forward(part_of(q, B, 4, which, stream), kc, vc, o[half], l[half],
+                           bd_key_block_args(a, c, 2 * c, qd, kd), stream);
+  }
+  const Tensor zero = Tensor::zeros(o[0].shape(), out.dtype(), stream);
+  Tensor none = Tensor::empty(l[0].shape(), lse.dtype(), stream);
+  ops::fill(none, -INFINITY, stream);
+  join_parts({&zero, &o[0], &zero, &o[1]}, out, B, stream);
+  join_parts({&none, &l[0], &none, &l[1]}, lse, stats, stream);
+}
+
+void bd_step_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                      const ops::AttentionArgs& a, const Ring& ring, int src, BdStep step,
+                      const Stream& stream) {
+  const int64_t B = a.batch, c = a.seq / 4, stats = B * a.num_heads;
+  const Tensor& qd_all = ring.layout->block_documents(ring.split.size, ring.split.rank, stream);
+  const Tensor& kd_all = ring.layout->block_documents(ring.split.size, src, stream);
+  const Tensor lse_rows = lse.view({stats, a.seq});
+  const bool earlier = step == BdStep::EarlierKeys;
+  const int parts = earlier ? 2 : 4;  // the query rows of a call: a half, or a chunk
+  const Tensor kd = earlier ? part_of(kd_all, B, 4, 2, stream) : part_of(kd_all, B, 2, 1, stream);
+  const Tensor kx = earlier ? part_of(k, B, 4, 2, stream) : part_of(k, B, 2, 1, stream);
+  const Tensor vx = earlier ? part_of(v, B, 4, 2, stream) : part_of(v, B, 2, 1, stream);
+  Tensor dq_part[2], dk_sum, dv_sum;
+  for (int half = 0; half < 2; ++half) {
+    const int which = earlier ? half : 2 * half + 1;
+    const Tensor qx = part_of(q, B, parts, which, stream);
+    const Tensor qd = part_of(qd_all, B, parts, which, stream);
+    dq_part[half] = Tensor::empty(qx.shape(), dq.dtype(), stream);
+    Tensor dkx = Tensor::empty(kx.shape(), dk.dtype(), stream), dvx = Tensor::empty(vx.shape(), dv.dtype(), stream);
+    ops::attention_backward(part_of(dout, B, parts, which, stream), qx, kx, vx,
+                            part_of(out, B, parts, which, stream),
+                            part_of(lse_rows, stats, parts, which, stream), dq_part[half], dkx, dvx,
+                            bd_key_block_args(a, earlier ? 2 * c : c, earlier ? c : 2 * c, qd, kd),
+                            stream);
+    if (half == 0) {
+      dk_sum = dkx;
+      dv_sum = dvx;
+    } else {
+      ops::add(dk_sum, dkx, dk_sum, stream);
+      ops::add(dv_sum, dvx, dv_sum, stream);
+    }
+  }
+  if (earlier) {
+    join_parts({&dq_part[0], &dq_part[1]}, dq, B, stream);
+    const Tensor zero = Tensor::zeros(dk_sum.shape(), dk.dtype(), stream);
+    join_parts({&zero, &zero, &dk_sum, &zero}, dk, B, stream);
+    join_parts({&zero, &zero, &dv_sum, &zero}, dv, B, stream);
+    return;
+  }
+  const Tensor zq = Tensor::zeros(dq_part[0].shape(), dq.dtype(), stream);
+  join_parts({&zq, &dq_part[0], &zq, &dq_part[1]}, dq, B, stream);
+  const Tensor zk = Tensor::zeros(dk_sum.shape(), dk.dtype(), stream);
+  join_parts({&zk, &dk_sum}, dk, B, stream);
+  join_parts({&zk, &dv_sum}, dv, B, stream);
+}
+
 }  // namespace
+
+void ring_step_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const ops::AttentionArgs& args, const Ring& ring, int src, const Stream& stream) {
+  const ops::AttentionArgs a = ring_block_args(args, ring, src, stream);
+  const BdStep step = ops::is_block_diffusion(a.mask) && ring.layout->block_diffusion() ? bd_step_of(ring, src)
+                                                                                        : BdStep::General;
+  if (step == BdStep::Own) ops::attention_forward(q, k, v, out, lse, bd_own_args(a, ring, stream), stream);
+  else if (step != BdStep::General) bd_step_forward(q, k, v, out, lse, a, ring, src, step, stream);
+  else ring_block_forward(q, k, v, out, lse, a, stream);
+}
+
+void ring_step_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const ops::AttentionArgs& args, const Ring& ring, int src, const Stream& stream) {
+  const ops::AttentionArgs a = ring_block_args(args, ring, src, stream);
+  const BdStep step = ops::is_block_diffusion(a.mask) && ring.layout->block_diffusion() ? bd_step_of(ring, src)
+                                                                                        : BdStep::General;
+  if (step == BdStep::Own)
+    ops::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, bd_own_args(a, ring, stream), stream);
+  else if (step != BdStep::General)
+    bd_step_backward(dout, q, k, v, out, lse, dq, dk, dv, a, ring, src, step, stream);
+  else
+    ring_block_backward(dout, q, k, v, out, lse, dq, dk, dv, a, stream);
+}
 
 void ring_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
                         const ops::AttentionArgs& block, const Stream& stream) {
@@ -200,7 +370,8 @@ ops::AttentionArgs ring_block_args(const ops::AttentionArgs& local, const Ring& 
                                    const Stream& stream) {
   ops::AttentionArgs a = local;
   const Split& s = ring.split;
-  a.seq = s.local_len();
+  // Block diffusion: both halves of the shard's doubled rows, each chunk-mapped (ops/attention.h).
+  a.seq = ops::is_block_diffusion(local.mask) ? 2 * s.local_len() : s.local_len();
   a.kv_seq = 0;
   a.query_chunks = s.chunks();
   a.key_chunks = s.of_rank(src).chunks();
@@ -220,8 +391,9 @@ void ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, T
     return;
   }
   const DType acc = accumulator_dtype(q.dtype());
-  const ops::AttentionMergeArgs merge{args.batch, ring.split.local_len(), args.num_heads,
-                                      args.head_dim};
+  const int64_t rows = ops::is_block_diffusion(args.mask) ? 2 * ring.split.local_len()
+                                                          : ring.split.local_len();
+  const ops::AttentionMergeArgs merge{args.batch, rows, args.num_heads, args.head_dim};
   Tensor acc_out = Tensor::zeros(q.shape(), acc, stream);
   Tensor acc_lse = Tensor::empty(lse.shape(), lse.dtype(), stream);
   ops::fill(acc_lse, -INFINITY, stream);
@@ -233,7 +405,7 @@ void ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, T
     const int src = (me - i + n) % n;
     const bool more = i + 1 < n;
     if (more) transfer.start(*ring.group, {kv.k, kv.v}, kv.incoming(), stream, ring.side);
-    ring_block_forward(q, kv.k, kv.v, block_out, block_lse, ring_block_args(args, ring, src, stream), stream);
+    ring_step_forward(q, kv.k, kv.v, block_out, block_lse, args, ring, src, stream);
     ops::attention_merge(acc_out, acc_lse, block_out, block_lse, merge, stream);
     if (more) {
       transfer.finish(stream);
@@ -271,8 +443,7 @@ void ring_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& 
     const int src = (me - i + n) % n;
     const bool more = i + 1 < n;
     if (more) kv_transfer.start(*ring.group, {kv.k, kv.v}, kv.incoming(), stream, ring.side);
-    ring_block_backward(dout, q, kv.k, kv.v, out, lse, dq_b, dk_b, dv_b, ring_block_args(args, ring, src, stream),
-                        stream);
+    ring_step_backward(dout, q, kv.k, kv.v, out, lse, dq_b, dk_b, dv_b, args, ring, src, stream);
     accumulate(dq_acc, dq_b, stream);
     // The accumulator of this step's block arrived during this step's compute (step 0: our own,
     // zero); once it is here, the previous step's send from the other buffer is done too.

@@ -721,9 +721,30 @@ void check_diffusion(ArgState& a, Ctx& c, Diagnostics& d) {
     }
   }
   if (block) {
-    if (c.cp > 1)
-      d.error("D-11", "block diffusion (`--attention-mask-type block_causal`) does not run with " +
-                         a.flag_value("context_parallel_size") + " yet; valid: 1");
+    if (c.cp > 1) {
+      // CP splits the L original positions into 2·cp chunks of whole blocks, both copies of a
+      // position on one rank (docs/parallelism/context_parallel.md, "Block diffusion").
+      const int64_t unit = 2 * static_cast<int64_t>(c.cp) * std::max<int64_t>(a.i("dlm_block_size"), 1);
+      if (a.is_set("dlm_block_size") && c.seq > 0 && c.seq % unit != 0)
+        d.error("D-11", "block diffusion under context parallelism cuts " + a.flag_value("seq_length") +
+                           " into 2 x " + a.flag_value("context_parallel_size") + " chunks of whole "
+                           "blocks of " + a.flag_value("dlm_block_size") + ", which does not divide; "
+                           "valid: `--seq-length` a multiple of " + num(unit) + ", or a block size "
+                           "dividing " + (c.seq % (2 * c.cp) == 0 ? num(c.seq / (2 * c.cp)) : std::string("it")) +
+                           ", or another `--context-parallel-size`");
+      if (a.is_set("dlm_block_size_schedule"))
+        d.error("D-11", "block diffusion under context parallelism keeps one block size; " +
+                           a.flag_value("dlm_block_size_schedule") + " is not supported with " +
+                           a.flag_value("context_parallel_size") + " yet; valid: no schedule");
+      if (a.f("hidden_dropout") > 0)
+        d.error("D-11", "block diffusion under context parallelism runs without hidden dropout (its "
+                           "masks are keyed by the position of the doubled row, which the shard's "
+                           "rows do not map yet); got " + a.flag_value("hidden_dropout") +
+                           "; valid: `--hidden-dropout 0`");
+      if (a.b("moe_router_force_load_balancing"))
+        d.error("D-11", "block diffusion under context parallelism does not draw random router logits "
+                           "(`--moe-router-force-load-balancing`, keyed by position) yet; drop the flag");
+    }
     if (a.f("attention_dropout") > 0)
       d.error("D-11", "block diffusion's attention kernels run without attention dropout; got " +
                          a.flag_value("attention_dropout") + "; valid: `--attention-dropout 0`");

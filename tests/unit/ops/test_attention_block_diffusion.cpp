@@ -9,7 +9,10 @@
 //    from the ranges of a tile's first and last rows: every visible pair lies in a visited tile,
 //    no tile is visited twice, and the kernels' per-warp shortcuts (a tile inside every range of
 //    a warp's rows needs no per-element mask; a tile outside their hull is skipped) are sound;
-//  - the number of visible pairs per sequence that docs/kernels/attention.md counts FLOPs with.
+//  - the number of visible pairs per sequence that docs/kernels/attention.md counts FLOPs with;
+//  - context-parallel shards of the doubled rows (chunk-mapped halves, keys of another shard):
+//    merged over every key shard they give the whole rows' out and lse, and their backward
+//    summed over the query shards the whole rows' gradients.
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <cmath>
@@ -19,6 +22,8 @@
 #include <string>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/attention_merge.h"
+#include "megadlm/parallel/context_parallel/sequence_split.h"
 #include "ops/attention_block_diffusion.h"
 #include "ops/cpu/cpu_ops.h"
 #include "support/op_testing.h"
@@ -197,6 +202,109 @@ TEST(AttentionBlockDiffusion, CpuMatchesDenseMaskedSoftmax) {
   }
 }
 
+/// Rows [B, 2L, W] of whole doubled rows -> shard `sp`'s rows [B, 2·L/n, W]: its positions'
+/// noisy copies, then their clean copies (the context-parallel layout of block diffusion).
+std::vector<int64_t> shard_rows_of(const cp::Split& sp, int64_t B) {
+  const int64_t L = sp.seq, h = sp.local_len();
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t copy = 0; copy < 2; ++copy)
+      for (int64_t i = 0; i < h; ++i) rows.push_back(b * 2 * L + copy * L + sp.global(i));
+  return rows;
+}
+
+Tensor gather(const Tensor& x, const std::vector<int64_t>& rows, int64_t width) {
+  Tensor out = Tensor::zeros({static_cast<int64_t>(rows.size()), width}, DType::F64, Stream::cpu());
+  for (size_t m = 0; m < rows.size(); ++m)
+    std::copy_n(x.data<double>() + rows[m] * width, width, out.data<double>() + m * width);
+  return out;
+}
+
+/// acc[rows[m]] += x[m] (x [rows, width]).
+void scatter_add(std::vector<double>& acc, const Tensor& x, const std::vector<int64_t>& rows, int64_t width) {
+  for (size_t m = 0; m < rows.size(); ++m)
+    for (int64_t d = 0; d < width; ++d) acc[static_cast<size_t>(rows[m] * width + d)] += x.data<double>()[m * width + d];
+}
+
+TEST(AttentionBlockDiffusion, ContextParallelShardsGiveTheWholeRows) {
+  // L = 16 over 2 and 4 shards (chunks of 4 and 2); blocks of 2 in documents of 5, 3, 8 (blocks
+  // straddle the chunks where a document starts inside one) and one document a row; GQA 4/2.
+  const int64_t B = 2, L = 16, S = 2 * L, H = 4, Hkv = 2, D = 4;
+  std::vector<int32_t> ranges = block_ranges(1, L, {5, 3, 8}, 2);
+  const std::vector<int32_t> row1 = block_ranges(1, L, {16}, 2);
+  ranges.insert(ranges.end(), row1.begin(), row1.end());
+  const Tensor r = Tensor::from_ints(ranges, {B, 4, L});
+  const Tensor q = test::random_tensor({B, S, H, D}, 21, DType::F64, -1.5f, 1.5f);
+  const Tensor k = test::random_tensor({B, S, Hkv, D}, 22, DType::F64, -1.5f, 1.5f);
+  const Tensor v = test::random_tensor({B, S, Hkv, D}, 23, DType::F64);
+  const Tensor dout = test::random_tensor({B, S, H, D}, 24, DType::F64);
+  for (AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal}) {
+    SCOPED_TRACE(mask == AttentionMask::BlockDiffusionCausal ? "BlockDiffusionCausal" : "BlockDiffusion");
+    AttentionArgs whole{.batch = B, .seq = S, .num_heads = H, .num_kv_heads = Hkv, .head_dim = D,
+                        .mask = mask, .softmax_scale = 0.35f};
+    whole.block_ranges = &r;
+    Tensor out = poisoned({B, S, H, D}, DType::F64), lse = poisoned({B, H, S}, DType::F64);
+    ops::cpu::attention_forward(q, k, v, out, lse, whole, Stream::cpu());
+    Tensor dq = poisoned({B, S, H, D}, DType::F64), dk = poisoned({B, S, Hkv, D}, DType::F64),
+           dv = poisoned({B, S, Hkv, D}, DType::F64);
+    ops::cpu::attention_backward(dout, q, k, v, out, lse, dq, dk, dv, whole, Stream::cpu());
+    for (int n : {2, 4}) {
+      SCOPED_TRACE("shards " + std::to_string(n));
+      const int64_t h = L / n, rows = B * 2 * h;
+      std::vector<double> got_out(static_cast<size_t>(B * S * H * D), 0.0), got_dq = got_out;
+      std::vector<double> got_dk(static_cast<size_t>(B * S * Hkv * D), 0.0), got_dv = got_dk;
+      std::vector<double> got_lse(static_cast<size_t>(B * H * S), 0.0);
+      int64_t blocks_without_keys = 0;
+      for (int me = 0; me < n; ++me) {
+        const cp::Split qs{n, me, L};
+        const std::vector<int64_t> qrows = shard_rows_of(qs, B);
+        const Tensor q_l = gather(q, qrows, H * D), dout_l = gather(dout, qrows, H * D);
+        // Merge over every key shard, as the ring does.
+        Tensor acc = Tensor::zeros({rows, H * D}, DType::F64, Stream::cpu());
+        Tensor acc_lse = Tensor::zeros({B, H, 2 * h}, DType::F64, Stream::cpu());
+        for (int64_t m = 0; m < acc_lse.numel(); ++m) acc_lse.data<double>()[m] = -INFINITY;
+        std::vector<AttentionArgs> block_args;
+        for (int src = 0; src < n; ++src) {
+          const cp::Split ks = qs.of_rank(src);
+          AttentionArgs a = whole;
+          a.seq = 2 * h;
+          a.query_chunks = qs.chunks();
+          a.key_chunks = ks.chunks();
+          block_args.push_back(a);
+          const std::vector<int64_t> krows = shard_rows_of(ks, B);
+          Tensor o = poisoned({rows, H * D}, DType::F64), l = poisoned({B, H, 2 * h}, DType::F64);
+          ops::attention_forward(q_l, gather(k, krows, Hkv * D), gather(v, krows, Hkv * D), o, l, a, Stream::cpu());
+          for (int64_t m = 0; m < l.numel(); ++m) blocks_without_keys += std::isinf(l.data<double>()[m]);
+          ops::attention_merge(acc, acc_lse, o, l, {B, 2 * h, H, D}, Stream::cpu());
+        }
+        scatter_add(got_out, acc, qrows, H * D);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t hh = 0; hh < H; ++hh)
+            for (int64_t i = 0; i < 2 * h; ++i)
+              got_lse[static_cast<size_t>((b * H + hh) * S + qrows[static_cast<size_t>(b * 2 * h + i)] - b * S)] =
+                  acc_lse.data<double>()[(b * H + hh) * 2 * h + i];
+        // Backward of every block with the merged out and lse; dK/dV land on the key shard's rows.
+        for (int src = 0; src < n; ++src) {
+          const std::vector<int64_t> krows = shard_rows_of(qs.of_rank(src), B);
+          Tensor g_q = poisoned({rows, H * D}, DType::F64), g_k = poisoned({rows, Hkv * D}, DType::F64),
+                 g_v = poisoned({rows, Hkv * D}, DType::F64);
+          ops::attention_backward(dout_l, q_l, gather(k, krows, Hkv * D), gather(v, krows, Hkv * D), acc, acc_lse,
+                                  g_q, g_k, g_v, block_args[static_cast<size_t>(src)], Stream::cpu());
+          scatter_add(got_dq, g_q, qrows, H * D);
+          scatter_add(got_dk, g_k, krows, Hkv * D);
+          scatter_add(got_dv, g_v, krows, Hkv * D);
+        }
+      }
+      EXPECT_GT(blocks_without_keys, 0);  // the shards' blocks are really masked
+      EXPECT_LT(test::max_abs_diff(got_out, test::to_doubles(out)), 1e-12);
+      EXPECT_LT(test::max_abs_diff(got_lse, test::to_doubles(lse)), 1e-12);
+      EXPECT_LT(test::max_abs_diff(got_dq, test::to_doubles(dq)), 1e-12);
+      EXPECT_LT(test::max_abs_diff(got_dk, test::to_doubles(dk)), 1e-12);
+      EXPECT_LT(test::max_abs_diff(got_dv, test::to_doubles(dv)), 1e-12);
+    }
+  }
+}
+
 TEST(AttentionBlockDiffusion, CpuRefusesWhatTheMaskDoesNotCombineWith) {
   const int64_t B = 1, L = 8, S = 16, H = 2, D = 4;
   const Tensor r = Tensor::from_ints(block_ranges(B, L, {L}, 4), {B, 4, L});
@@ -210,6 +318,9 @@ TEST(AttentionBlockDiffusion, CpuRefusesWhatTheMaskDoesNotCombineWith) {
   a.dropout_p = 0.1f;
   EXPECT_THROW(ops::attention_forward(q, k, v, out, lse, a, Stream::cpu()), Error);
   a.dropout_p = 0.0f;
+  a.query_chunks = {2, 0, 3};  // a shard's halves are 4 rows, not all L = 8
+  EXPECT_THROW(ops::attention_forward(q, k, v, out, lse, a, Stream::cpu()), Error);
+  a.query_chunks = {};
   a.mask = AttentionMask::Causal;  // ranges without the mask
   EXPECT_THROW(ops::attention_forward(q, k, v, out, lse, a, Stream::cpu()), Error);
 }

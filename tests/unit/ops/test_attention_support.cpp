@@ -291,6 +291,16 @@ TEST(AttentionSupport, BlockDiffusionRunsFlashForHalfLengthsOf128AndSimpleOtherw
   EXPECT_EQ(packed.reason, "split copies (block diffusion mask)");
   EXPECT_EQ(fwd(a, {.cuda = false}).impl, AttentionImpl::Cpu);
   EXPECT_FALSE(ops::needs_context_parallel_kernel(a));
+  // A context-parallel shard of the doubled rows (L = 384 over 2 ranks: halves of 192 rows,
+  // chunk-mapped): the simple key-block kernels, which test every element on its global row.
+  a.seq = 384;
+  a.query_chunks = {96, 0, 3};
+  a.key_chunks = {96, 1, 2};
+  EXPECT_TRUE(ops::needs_context_parallel_kernel(a));
+  EXPECT_EQ(fwd(a).impl, AttentionImpl::SimpleKeyBlock);
+  EXPECT_EQ(bwd(a).impl, AttentionImpl::SimpleKeyBlock);
+  EXPECT_EQ(bwd(a).reason, "block diffusion on a context-parallel shard");
+  EXPECT_TRUE(fwd(a).error.empty());
 }
 
 // Over a grid of calls: a cuDNN choice is exactly a call cuDNN accepts (under a backend other

@@ -4,8 +4,10 @@
 // batch-major shards, padding lengths, and the row reorders of the all-gather / all-to-all
 // layouts against hand-derived index lists.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <numeric>
 #include <vector>
+#include "megadlm/parallel/context_parallel/sequence_layout.h"
 #include "megadlm/parallel/context_parallel/sequence_split.h"
 
 using megadlm::cp::Split;
@@ -134,4 +136,51 @@ TEST(SequenceSplit, HeadBlocksGoPeerMajorAndBack) {
   EXPECT_EQ(cp::peers_from_heads(3, 2), (std::vector<int32_t>{0, 2, 4, 1, 3, 5}));
   const auto there = cp::peers_from_heads(5, 4), back = cp::heads_from_peers(5, 4);
   EXPECT_EQ(compose(there, back), identity(20));
+}
+
+// Block diffusion's layout (docs/parallelism/context_parallel.md, "Block diffusion"): one doubled
+// row of L = 8, blocks of 2, over 2 ranks (chunks of 2; rank 0 holds positions 0 1 6 7, rank 1
+// 2 3 4 5). Values derived by hand.
+namespace {
+/// [1, 4, 8] ranges: documents [0, d) and [d, 8), blocks of 2 from each document's start.
+std::vector<int32_t> one_row_ranges(int d) {
+  std::vector<int32_t> r(32);
+  for (int p = 0; p < 8; ++p) {
+    const int ds = p < d ? 0 : d, de = p < d ? d : 8, bs = ds + (p - ds) / 2 * 2;
+    r[p] = ds;
+    r[8 + p] = de;
+    r[16 + p] = bs;
+    r[24 + p] = std::min(bs + 2, de);
+  }
+  return r;
+}
+std::vector<int32_t> host(const megadlm::Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+}  // namespace
+
+TEST(SequenceSplit, BlockDiffusionShardsGetLocalRangesAndDocuments) {
+  using megadlm::Stream;
+  megadlm::cp::SequenceLayout rank0(2, 8, 2, 0, {}), rank1(2, 8, 2, 1, {});
+  rank0.set_block_diffusion(one_row_ranges(8));  // one document: every block inside a chunk
+  rank1.set_block_diffusion(one_row_ranges(8));
+  EXPECT_TRUE(rank0.blocks_in_chunks(2));
+  // Rank 0, positions 0 1 6 7: doc [0, 8) -> local [0, 4); blocks [0, 2) -> [0, 2), [6, 8) -> [2, 4).
+  const megadlm::Tensor& r0 = rank0.local_block_ranges(2, 0, Stream::cpu());
+  EXPECT_EQ(r0.shape(), (megadlm::Shape{1, 4, 4}));
+  EXPECT_EQ(host(r0), (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 2, 2, 2, 2, 4, 4}));
+  // Rank 1, positions 2 3 4 5: blocks [2, 4) -> [0, 2), [4, 6) -> [2, 4).
+  EXPECT_EQ(host(rank1.local_block_ranges(2, 1, Stream::cpu())),
+            (std::vector<int32_t>{0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 2, 2, 2, 2, 4, 4}));
+  // Documents [0, 3) and [3, 8): blocks [3, 5) straddles the chunk boundary at 4.
+  megadlm::cp::SequenceLayout packed(2, 8, 2, 1, {});
+  packed.set_block_diffusion(one_row_ranges(3));
+  EXPECT_FALSE(packed.blocks_in_chunks(2));
+  // Rank 1's positions 2 3 4 5: doc starts 0 3 3 3 -> local 0 1 1 1, doc ends 3 8 8 8 -> 1 4 4 4,
+  // blocks [2, 3) [3, 5) [3, 5) [5, 7) -> [0, 1) [1, 3) [1, 3) [3, 4).
+  EXPECT_EQ(host(packed.local_block_ranges(2, 1, Stream::cpu())),
+            (std::vector<int32_t>{0, 1, 1, 1, 1, 4, 4, 4, 0, 1, 1, 3, 1, 3, 3, 4}));
+  // Document ids of both copies (each position's document start).
+  EXPECT_EQ(host(packed.block_documents(2, 1, Stream::cpu())), (std::vector<int32_t>{0, 3, 3, 3, 0, 3, 3, 3}));
+  EXPECT_EQ(host(packed.block_documents(2, 0, Stream::cpu())), (std::vector<int32_t>{0, 0, 3, 3, 0, 0, 3, 3}));
 }

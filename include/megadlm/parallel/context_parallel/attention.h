@@ -18,6 +18,9 @@
 // TP rank's heads, mask, scale, dropout with this TP rank's first global head in head_offset);
 // the CP fields of ops::AttentionArgs are filled here. Every call is collective over the CP
 // group (or its hierarchical levels): all its ranks call it for the same layer and micro-batch.
+// Block diffusion: args are B doubled rows of S_l = 2L/cp ([x_t | x_0] of this rank's
+// positions); the layout describes them as 2B rows of L/cp (one copy each), so every reorder
+// moves both copies, and the calls get both halves chunk-mapped (ring_attention.h).
 #pragma once
 #include <memory>
 #include "megadlm/core/side_stream.h"

@@ -14,6 +14,11 @@
 // half-blocks for causal masks; that saving is not taken yet, see
 // docs/parallelism/context_parallel.md.)
 //
+// Block diffusion (ops::is_block_diffusion): a shard's rows are its positions' noisy copies then
+// their clean copies (MicroBatch::upload); a block's call has seq = kv_seq = 2 × the split's
+// local length and the chunk maps applied to each half, with the whole rows' block_ranges
+// (ops/attention.h), so the rule runs on global rows and the merge is the same.
+//
 // Backward replays the ring with the final output and log-sum-exp: a block's gradients are the
 // attention backward with P = exp(s − lse_final) and D = rowsum(dO · O_final). dQ accumulates
 // locally; the block's dK/dV accumulator travels with it (one more step than K/V, so that it
@@ -52,6 +57,19 @@ void ring_block_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tenso
 void ring_block_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
                          const ops::AttentionArgs& block, const Stream& stream);
+
+/// Step `src` of the ring (the block of keys held by ring rank src), as ring_attention_forward
+/// runs it: ring_block_forward of ring_block_args, except for block diffusion, whose own block
+/// runs as an ordinary whole-row call on the shard's local ranges (SequenceLayout::
+/// local_block_ranges: on CUDA the flash block diffusion kernels) and whose blocks between two
+/// shards, when every block lies inside one chunk, run only their visible part: the clean keys
+/// of the earlier chunks, unmasked except for documents (on CUDA the flash kernels' separate key
+/// block path). `args` as ring_attention_forward's.
+void ring_step_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                       const ops::AttentionArgs& args, const Ring& ring, int src, const Stream& stream);
+void ring_step_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                        const ops::AttentionArgs& args, const Ring& ring, int src, const Stream& stream);
 
 void ring_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                             Tensor& lse, const ops::AttentionArgs& args, const Ring& ring,

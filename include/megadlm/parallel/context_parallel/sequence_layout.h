@@ -32,6 +32,22 @@ class SequenceLayout {
   /// int32 [B, S/n] documents of rank r's shard of the sequences split over n ranks (n = 1: the
   /// natural order), on the stream's device; null without documents.
   const Tensor* documents(int n, int r, const Stream& stream) const;
+  /// Block diffusion (docs/parallelism/context_parallel.md): this layout is 2B' rows of one copy
+  /// each (B' = batch() / 2 doubled rows [x_t | x_0]); `ranges` are the doubled rows' int32
+  /// [B', 4, L] block_ranges (ops/attention.h), L = seq().
+  void set_block_diffusion(std::vector<int32_t> ranges);
+  bool block_diffusion() const { return !block_ranges_.empty(); }
+  /// Whether every diffusion block lies inside one chunk of the split over n ranks (always
+  /// without packed documents, since chunks hold whole blocks; with them when no document
+  /// starts off the block grid near a chunk boundary).
+  bool blocks_in_chunks(int n) const;
+  /// int32 [B', 4, 2·L/n] of rank r's shard over n ranks: its rows' ranges in local
+  /// coordinates (each global bound x becomes the number of the shard's positions below x), so
+  /// the block diffusion rule on the shard's own rows is an ordinary whole-row call.
+  const Tensor& local_block_ranges(int n, int r, const Stream& stream) const;
+  /// int32 [B', 2·L/n]: the document (its first position) of each row of rank r's shard over n
+  /// ranks, both copies; document ids for the key-block calls between shards.
+  const Tensor& block_documents(int n, int r, const Stream& stream) const;
   /// gather_rows indices of sequence_split.h for a level-1 group of `a` CP ranks (this rank's).
   const Tensor& block_from_members(int a, const Stream& stream) const;
   const Tensor& members_from_block(int a, const Stream& stream) const;
@@ -41,12 +57,19 @@ class SequenceLayout {
   const Tensor& heads_from_peers(int a, const Stream& stream) const;
 
  private:
-  enum class Kind { Documents, BlockFromMembers, MembersFromBlock, PeersFromHeads, HeadsFromPeers };
+  enum class Kind {
+    Documents, BlockFromMembers, MembersFromBlock, PeersFromHeads, HeadsFromPeers,
+    LocalBlockRanges, BlockDocuments
+  };
   const Tensor& cached(Kind kind, int x, int y, const Stream& stream) const;
+  std::vector<int32_t> local_ranges(int n, int rank) const;
+  std::vector<int32_t> block_docs(int n, int rank) const;
 
   int64_t batch_ = 0, seq_ = 0;
   Split split_;
   std::vector<int32_t> documents_;
+  std::vector<int32_t> block_ranges_;  // block diffusion: [batch / 2, 4, seq]
+  mutable std::map<int, bool> blocks_in_chunks_;  // by split size
   mutable std::map<std::tuple<Kind, int, int>, Tensor> cache_;
 };
 

@@ -953,6 +953,25 @@ std::vector<Row> rows() {
        }},
       {"D-11", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8"}), O::Rejected,
        {"block diffusion's attention kernels run without attention dropout; got `--attention-dropout 0.1`; valid: `--attention-dropout 0` [D-11]"}},
+      {"D-11/cp-blocks", dry(2, {"--context-parallel-size", "2", "--attention-mask-type", "block_causal", "--dlm-block-size", "16",
+                                 "--attention-dropout", "0", "--hidden-dropout", "0"}), O::Rejected,
+       {"block diffusion under context parallelism cuts `--seq-length 32` into 2 x `--context-parallel-size 2` chunks of "
+        "whole blocks of `--dlm-block-size 16`, which does not divide; valid: `--seq-length` a multiple of 64, or a "
+        "block size dividing 8, or another `--context-parallel-size` [D-11]"}},
+      {"D-11/cp-hidden-dropout", dry(2, {"--context-parallel-size", "2", "--attention-mask-type", "block_causal",
+                                         "--dlm-block-size", "8", "--attention-dropout", "0"}), O::Rejected,
+       {"block diffusion under context parallelism runs without hidden dropout", "valid: `--hidden-dropout 0` [D-11]"}},
+      {"D-11/cp-schedule", dry(2, {"--context-parallel-size", "2", "--attention-mask-type", "block_causal", "--dlm-block-size", "8",
+                                   "--attention-dropout", "0", "--hidden-dropout", "0", "--dlm-block-size-schedule", "4:10"}),
+       O::Rejected, {"keeps one block size", "valid: no schedule [D-11]"}},
+      {"D-11-cp-ok", dry(4, {"--context-parallel-size", "4", "--cp-comm-type", "a2a+p2p", "--hierarchical-context-parallel-sizes", "2", "2",
+                             "--attention-mask-type", "block_causal", "--dlm-block-size", "4", "--attention-dropout", "0",
+                             "--hidden-dropout", "0"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_EQ(p.config.parallel.context_parallel_size, 4);
+         EXPECT_EQ(p.config.diffusion.block_size, 4);
+         EXPECT_EQ(p.config.model.attention_mask, AttentionMaskType::BlockCausal);
+       }},
       {"D-12", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "2:10", "1:20"}), O::Rejected,
        {"`--dlm-block-size-schedule 2:10 1:20`: entry 1:20 does not grow: sizes and iterations must both increase from one entry to the next [D-12]"}},
       {"D-12/final", cmd({"--attention-mask-type", "block_causal", "--dlm-block-size", "8", "--attention-dropout", "0", "--dlm-block-size-schedule", "8:10"}), O::Rejected,
