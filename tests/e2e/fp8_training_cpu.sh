@@ -93,8 +93,9 @@ cmp -s <(det "$tmp/moe_straight.jsonl" | grep '"kind":"train"') <(det "$tmp/stra
   fail "the MoE run equals the dense run (experts not in effect?)"
 train --train-iters 12 "${fp8[@]}" "${moe[@]}" --save "$tmp/moe_ck" --save-interval 6 --exit-interval 6 \
   > "$tmp/moe_first.log" 2>&1 || fail "MoE first half: $(tail -3 "$tmp/moe_first.log")"
-n_state=$(find "$tmp/moe_ck/iter_0000006" -type f | xargs grep -l -a "mlp.experts.3.linear_fc2.weight" 2> /dev/null | wc -l)
-[ "$n_state" -gt 0 ] || fail "the MoE checkpoint names no FP8 state of expert 3's fc2 weight"
+for name in decoder.layers.0.mlp.experts.3.linear_fc2.weight decoder.layers.1.mlp.experts.linear_fc1_gate.input; do
+  grep -q -a "fp8_state/$name" "$tmp/moe_ck/iter_0000006/metadata.json" || fail "the MoE checkpoint has no fp8_state/$name"
+done
 train --train-iters 12 "${fp8[@]}" "${moe[@]}" --load "$tmp/moe_ck" --metrics-jsonl "$tmp/moe_second.jsonl" \
   > "$tmp/moe_second.log" 2>&1 || fail "MoE resume: $(tail -3 "$tmp/moe_second.log")"
 grep -q "no FP8 delayed-scaling state" "$tmp/moe_second.log" && fail "the MoE checkpoint lacked some FP8 state"
@@ -114,11 +115,11 @@ if [ -x "$bin/comm_timeout_probe" ] && "$bin/comm_timeout_probe" --mpi-compiled 
   train --train-iters 12 "${fp8[@]}" "${moe[@]}" --load "$tmp/ep" --metrics-jsonl "$tmp/ep_resumed.jsonl" \
     > "$tmp/ep_resume.log" 2>&1 || fail "1-process resume of an EP 2 checkpoint: $(tail -3 "$tmp/ep_resume.log")"
   grep -q "no FP8 delayed-scaling state" "$tmp/ep_resume.log" && fail "the EP 2 checkpoint's FP8 state was not found by name"
-  # Bound: the MoE DP / EP layout bound of tests/layout/fp8 (5e-3, delayed).
+  # Measured (CPU, 2026-12-06): at most 9.2e-5 over iterations 7-12; bound 1e-3 (~10x).
   paste -d' ' <(grep '"kind":"train"' "$tmp/moe_straight.jsonl" | grep -o '"lm_loss":[^,]*' | tail -6 | cut -d: -f2) \
               <(grep '"kind":"train"' "$tmp/ep_resumed.jsonl" | grep -o '"lm_loss":[^,]*' | cut -d: -f2) |
     awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; printf "EP 2 -> 1 iteration %d: relative loss difference %.2e\n", NR + 6, d;
-           if (d > 5e-3) bad = 1 } END { exit bad }' || fail "EP 2 -> 1 FP8 MoE resume continued with other losses"
+           if (d > 1e-3) bad = 1 } END { exit bad }' || fail "EP 2 -> 1 FP8 MoE resume continued with other losses"
   echo "PASS 2c: an FP8 MoE checkpoint saved under EP 2 resumes in one process"
 else
   echo "(2c EP part skipped: no MPI)"
