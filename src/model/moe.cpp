@@ -375,6 +375,9 @@ Tensor MoeExperts::forward(const Tensor& x, const std::vector<int64_t>& rows, Sa
     MDLM_CHECK(saved.source_rows.size() == static_cast<size_t>(local_) * static_cast<size_t>(sources_),
                "MoE experts (FP8): ", saved.source_rows.size(), " source chunks for ", local_,
                " experts x ", sources_, " sources");
+    int64_t chunk_rows = 0;
+    for (const int64_t c : saved.source_rows) chunk_rows += c;
+    MDLM_CHECK(chunk_rows == n, "MoE experts (FP8): the source chunks hold ", chunk_rows, " rows, the input ", n);
     if (n == 0) {
       // Still a member of the tensorwise reductions, in the same order as with rows, and the
       // weights are cast (their delayed amaxes recorded) as on a rank with rows.
