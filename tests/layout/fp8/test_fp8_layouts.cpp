@@ -1,5 +1,5 @@
 // Layout equivalence for FP8 training (docs/fp8.md "Training", ARCHITECTURE promise 1), as an
-// SPMD program under mpirun -np 2: the tiny diffusion LM trained in FP8 (hybrid, delayed and
+// SPMD program under mpirun -np 2 (and 4 for EP 2 x expert TP 2): the tiny diffusion LM trained in FP8 (hybrid, delayed and
 // tensorwise) under DP 2, TP 2 with sequence parallelism, PP 2, CP 2 and FSDP (each sharding
 // strategy) against the same FP8 run on one rank, same global batch; and its MoE variant (8
 // experts, top-2, every layer, expert GEMMs in FP8) under DP 2, EP 2 (alltoall and allgather
@@ -21,7 +21,8 @@
 //   FSDP optim_grads(_params)      1.2e-4   5.5e-4
 //   MoE DP2, EP2 (either dispatcher), ETP2, FSDP no_shard / optim with EP2
 //                  1.3e-3   4.0e-6
-//   MoE EP2 x TP2+SP               1.2e-7   3.4e-3
+//   MoE EP2 x TP2+SP, and EP2 x ETP2 over TP2+SP x DP2 (4 ranks)   1.2e-7   3.4e-3
+//   MoE EP2 x ETP2 over DP4 (4 ranks)   8.6e-8   5.1e-5
 //   MoE FSDP optim_grads(_params) EP2   5.8e-8   6.8e-8
 // Whether a flip happens in TP and CP runs depends on the trajectory (both recipes show one
 // in one of the two configurations); PP changes no sum inside the linears, only the order of
@@ -110,6 +111,7 @@ double bound(const Layout& l, Fp8Recipe recipe) {
   if (l.moe) {
     if (l.tp > 1) return delayed ? 1e-5 : 1e-2;  // measured 1.2e-7 / 3.4e-3
     if (sharded_grads) return 1e-5;              // measured 5.8e-8 / 6.8e-8
+    if (l.dp == 4) return delayed ? 1e-5 : 5e-4;  // EP2 x ETP2 over DP 4: measured 8.6e-8 / 5.1e-5
     return delayed ? 5e-3 : 4e-5;                // the DP all-reduce: measured 1.3e-3 / 4.0e-6
   }
   if (l.fsdp) return sharded_grads ? (delayed ? 1e-3 : 5e-3) : 1e-5;  // measured 1.2e-4 / 5.5e-4; <= 2.2e-7
@@ -257,4 +259,20 @@ TEST(Fp8Layouts, FsdpEachStrategyMoeExpertParallel) {
       const std::string name = std::string("FSDP ") + sharding_strategy_name(s) + " EP2";
       expect_same_as_one_rank({.dp = 2, .moe = true, .ep = 2, .fsdp = s}, recipe, name.c_str());
     }
+}
+
+// Four ranks: EP 2 x expert TP 2 (over four data-parallel ranks, and over TP 2 + SP x DP 2).
+TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelDelayed) {
+  expect_same_as_one_rank({.dp = 4, .moe = true, .ep = 2, .etp = 2}, Fp8Recipe::Delayed, "EP2 x ETP2");
+}
+TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelTensorwise) {
+  expect_same_as_one_rank({.dp = 4, .moe = true, .ep = 2, .etp = 2}, Fp8Recipe::Tensorwise, "EP2 x ETP2");
+}
+TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelOverTensorParallelDelayed) {
+  expect_same_as_one_rank({.dp = 2, .tp = 2, .sp = true, .moe = true, .ep = 2, .etp = 2}, Fp8Recipe::Delayed,
+                          "EP2 x ETP2, TP2+SP x DP2");
+}
+TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelOverTensorParallelTensorwise) {
+  expect_same_as_one_rank({.dp = 2, .tp = 2, .sp = true, .moe = true, .ep = 2, .etp = 2}, Fp8Recipe::Tensorwise,
+                          "EP2 x ETP2, TP2+SP x DP2");
 }
