@@ -3,6 +3,7 @@
 #include <cmath>
 #include "megadlm/ops/activation.h"
 #include "megadlm/ops/elementwise.h"
+#include "megadlm/ops/fp8_gemm.h"
 #include "megadlm/ops/gemm.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/parallel/expert_parallel/communication.h"
@@ -116,6 +117,30 @@ MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefi
   for (int e = 0; e < local_; ++e)
     add(expert_name(prefix, first_expert + e, "linear_fc2.weight"), {h, f},
         {.init = out_init, .fuse_with_previous = e > 0, .tp = row}, w2_first_, w2_last_);
+  if (mp.fp8) {
+    // FP8 expert GEMMs (docs/fp8.md, "MoE experts"). Scales: one per expert weight, and one
+    // per layer for each operand of the fc1 / fc2 GEMMs over all experts' rows of a micro-batch.
+    // Every rank registers every expert's weight under its global name, so each rank of a
+    // stage holds the same list (the packed delayed-scaling reduction and the checkpoint need
+    // that); a rank casts only its own experts, the others' amaxes arrive by the reduction.
+    fp8_ = mp.fp8;
+    auto add_gemm = [&](Fp8Gemm& g, const std::string& part) {
+      g.input = fp8_->add(prefix + part + ".input", Fp8State::Role::Input);
+      g.grad_output = fp8_->add(prefix + part + ".grad_output", Fp8State::Role::GradOutput);
+      for (int e = 0; e < config.moe.num_experts; ++e) {
+        const int slot = fp8_->add(expert_name(prefix, e, part.c_str()) + ".weight", Fp8State::Role::Weight);
+        if (e >= first_expert && e < first_expert + local_) g.weight.push_back(slot);
+      }
+    };
+    add_gemm(fc1_, swiglu ? "linear_fc1_gate" : "linear_fc1");
+    add_gemm(fc2_, "linear_fc2");
+    ep_ = mp.ep.get();
+    etp_ = mp.expert_tp.get();
+    tp_ = mp.tp.get();
+    cp_ = mp.cp.get();
+    sources_ = mp.expert_tp.size * mp.ep.size;
+    self_source_ = mp.expert_tp.rank * mp.ep.size + mp.ep.rank;
+  }
   if (config.add_bias_linear) {
     const ParamSpec bias{.init = zero, .weight_decay = false, .tp = column};
     auto fused = [](ParamSpec spec, bool fuse) {
@@ -180,37 +205,212 @@ void MoeExperts::gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& 
       r += n;
     }
   }
-  if (db) {
-    int64_t r = 0;
-    for (int e = 0; e < local_; ++e) {
-      const int64_t n = rows[static_cast<size_t>(e)];
-      if (n > 0) {
-        Tensor dbe = db->slice_flat(e * out, {out});
-        ops::sum_rows(dy.narrow(r, n), dbe, s);
-      }
-      r += n;
+  if (db) bias_grad(dy, *db, rows, s);
+}
+
+void MoeExperts::bias_grad(const Tensor& dy, Tensor& db, const std::vector<int64_t>& rows, const Stream& s) const {
+  const int64_t out = db.numel() / local_;
+  int64_t r = 0;
+  for (int e = 0; e < local_; ++e) {
+    const int64_t n = rows[static_cast<size_t>(e)];
+    if (n > 0) {
+      Tensor dbe = db.slice_flat(e * out, {out});
+      ops::sum_rows(dy.narrow(r, n), dbe, s);
     }
+    r += n;
   }
 }
 
+
+// ------------------------------------------------------------------------------ FP8 experts
+
+const std::vector<ops::Fp8Tensor>& MoeExperts::fp8_weights(const Fp8Gemm& g, const Tensor& w,
+                                                           const Stream& s) const {
+  if (g.generation == fp8_->generation() && g.cache.size() == static_cast<size_t>(local_)) return g.cache;
+  const int64_t out = w.rows() / local_;
+  g.cache.assign(static_cast<size_t>(local_), ops::Fp8Tensor{});
+  for (int e = 0; e < local_; ++e) {
+    const int slot = g.weight[static_cast<size_t>(e)];
+    const ops::Fp8Type type = fp8_->type(slot);
+    const Tensor we = w.slice_flat(e * out * w.cols(), {out, w.cols()});
+    ops::Fp8Tensor& q = g.cache[static_cast<size_t>(e)];
+    if (fp8_->delayed()) {
+      Tensor amax = fp8_->amax(slot, s);
+      q = ops::fp8_quantize(we, fp8_->scale(slot, s), type, /*columnwise=*/true, &amax, s);
+      continue;
+    }
+    // Tensorwise: the expert's whole weight, all its expert-TP pieces.
+    Tensor amax = Tensor::zeros({1}, DType::F32, s);
+    ops::fp8_amax(we, amax, s);
+    if (etp_ != nullptr) etp_->all_reduce(amax, comm::ReduceOp::Max, s);
+    Tensor scale = Tensor::empty({1}, DType::F32, s);
+    ops::fp8_scale_from_amax(amax, scale, type, s);
+    q = ops::fp8_quantize(we, scale, type, /*columnwise=*/true, nullptr, s);
+  }
+  g.generation = fp8_->generation();
+  return g.cache;
+}
+
+Tensor MoeExperts::fp8_scales(int slot, const Tensor& x, const std::vector<int64_t>& source_rows,
+                              const Stream& s) const {
+  if (fp8_->delayed()) return fp8_->scale(slot, s);
+  // 1. Each source's amax over this rank's rows of it, then over the expert-TP x EP grid: the
+  //    source's rows go to that grid only, so v[src] is the amax of everything it sent.
+  Tensor v = Tensor::zeros({sources_, 1}, DType::F32, s);
+  int64_t r = 0;
+  for (size_t i = 0; i < source_rows.size(); ++i) {
+    const int64_t n = source_rows[i];
+    if (n == 0) continue;
+    Tensor a = v.narrow(static_cast<int64_t>(i % static_cast<size_t>(sources_)), 1);
+    ops::fp8_amax(x.narrow(r, n), a, s);
+    r += n;
+  }
+  for (comm::Communicator* g : {ep_, etp_})
+    if (g != nullptr) g->all_reduce(v, comm::ReduceOp::Max, s);
+  // 2. This rank's micro-batch is also held in pieces by its TP (SP) and CP peers: their sent
+  //    rows join its amax, the amax of the logical tensor.
+  Tensor mine = Tensor::zeros({1, 1}, DType::F32, s);
+  Tensor own = v.narrow(self_source_, 1);
+  ops::copy(own, mine, s);
+  for (comm::Communicator* g : {tp_, cp_})
+    if (g != nullptr) g->all_reduce(mine, comm::ReduceOp::Max, s);
+  // 3. Every source's amax back to the grid (one non-zero entry per member, MAX-reduced).
+  Tensor per_source = v;
+  if (sources_ > 1) {
+    per_source = Tensor::zeros({sources_, 1}, DType::F32, s);
+    Tensor at = per_source.narrow(self_source_, 1);
+    ops::copy(mine, at, s);
+    for (comm::Communicator* g : {ep_, etp_})
+      if (g != nullptr) g->all_reduce(per_source, comm::ReduceOp::Max, s);
+  } else {
+    per_source = mine;
+  }
+  Tensor scales = Tensor::empty({sources_, 1}, DType::F32, s);
+  ops::fp8_scale_from_amax(per_source, scales, fp8_->type(slot), s);
+  return scales;
+}
+
+ops::Fp8Tensor MoeExperts::fp8_cast(int slot, const Tensor& x, const Tensor& scale, bool columnwise,
+                                    bool pad, bool record_amax, const Stream& s) const {
+  Tensor src = x;
+  if (pad && x.rows() % 16 != 0) {
+    src = Tensor::zeros({(x.rows() + 15) / 16 * 16, x.cols()}, x.dtype(), s);
+    Tensor head = src.narrow(0, x.rows());
+    ops::copy(x, head, s);
+  }
+  Tensor amax;
+  if (record_amax && fp8_->delayed()) amax = fp8_->amax(slot, s);
+  return ops::fp8_quantize(src, scale, fp8_->type(slot), columnwise, amax.defined() ? &amax : nullptr, s);
+}
+
+namespace {
+Tensor scale_of(const Tensor& scales, size_t chunk, int sources) {
+  return scales.numel() == 1 ? scales : scales.narrow(static_cast<int64_t>(chunk % static_cast<size_t>(sources)), 1);
+}
+}  // namespace
+
+void MoeExperts::fp8_forward(const Fp8Gemm& g, const Tensor& x, const Tensor& scales, const Tensor& w,
+                             const Tensor* bias, Tensor& y, const std::vector<int64_t>& source_rows,
+                             const Stream& s) const {
+  const std::vector<ops::Fp8Tensor>& wq = fp8_weights(g, w, s);
+  const int64_t out = w.rows() / local_;
+  int64_t r = 0;
+  for (size_t i = 0; i < source_rows.size(); ++i) {
+    const int64_t n = source_rows[i];
+    if (n == 0) continue;  // an empty expert or source: no GEMM
+    const size_t e = i / static_cast<size_t>(sources_);
+    const ops::Fp8Tensor xq = fp8_cast(g.input, x.narrow(r, n), scale_of(scales, i, sources_),
+                                       /*columnwise=*/false, /*pad=*/false, /*record_amax=*/true, s);
+    Tensor yc = y.narrow(r, n);
+    Tensor be;
+    if (bias) be = bias->slice_flat(static_cast<int64_t>(e) * out, {out});
+    ops::fp8_gemm(xq, wq[e], yc, {.trans_b = true, .bias = bias ? &be : nullptr}, s);
+    r += n;
+  }
+}
+
+void MoeExperts::fp8_backward(const Fp8Gemm& g, const Tensor& dy, const Tensor& x, const Tensor& x_scales,
+                              const Tensor& w, Tensor& dw, Tensor& dx, const std::vector<int64_t>& source_rows,
+                              const Stream& s) const {
+  const std::vector<ops::Fp8Tensor>& wq = fp8_weights(g, w, s);
+  const Tensor dy_scales = fp8_scales(g.grad_output, dy, source_rows, s);
+  const bool wgrad = fp8_->settings().wgrad;
+  const int64_t out = w.rows() / local_;
+  int64_t r = 0;
+  for (size_t i = 0; i < source_rows.size(); ++i) {
+    const int64_t n = source_rows[i];
+    if (n == 0) continue;
+    const size_t e = i / static_cast<size_t>(sources_);
+    const Tensor dyc = dy.narrow(r, n), xc = x.narrow(r, n);
+    const Tensor dy_scale = scale_of(dy_scales, i, sources_);
+    // On CUDA the weight-gradient GEMM's K is the chunk's rows: a multiple of 16, else its
+    // operands are quantized again with zero rows appended (the same codes, padding adds 0).
+    const bool aligned = !s.is_cuda() || n % 16 == 0;
+    const ops::Fp8Tensor dq = fp8_cast(g.grad_output, dyc, dy_scale, /*columnwise=*/wgrad && aligned,
+                                       /*pad=*/false, /*record_amax=*/true, s);
+    Tensor dxc = dx.narrow(r, n);
+    ops::fp8_gemm(dq, wq[e], dxc, {}, s);
+    Tensor dwe = dw.slice_flat(static_cast<int64_t>(e) * out * w.cols(), {out, w.cols()});
+    if (!wgrad) {  // --no-fp8-wgrad
+      ops::gemm(dyc, xc, dwe, {.trans_a = true, .beta = 1.0f}, s);
+    } else {
+      const ops::Fp8Tensor dqt =
+          aligned ? dq : fp8_cast(g.grad_output, dyc, dy_scale, true, /*pad=*/true, false, s);
+      const ops::Fp8Tensor xq =
+          fp8_cast(g.input, xc, scale_of(x_scales, i, sources_), true, /*pad=*/!aligned, false, s);
+      ops::fp8_gemm(dqt, xq, dwe, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
+    }
+    r += n;
+  }
+}
+
+// ------------------------------------------------------------------------------ MoeExperts forward
 Tensor MoeExperts::forward(const Tensor& x, const std::vector<int64_t>& rows, Saved& saved,
                            const Stream& s) const {
   saved.x = x;
   saved.rows = rows;
   const int64_t n = x.rows();
   Tensor y = Tensor::empty({n, x.cols()}, x.dtype(), s);
-  if (n == 0) return y;  // no rows for this rank's experts (kernels need work)
+  if (fp8()) {
+    MDLM_CHECK(saved.source_rows.size() == static_cast<size_t>(local_) * static_cast<size_t>(sources_),
+               "MoE experts (FP8): ", saved.source_rows.size(), " source chunks for ", local_,
+               " experts x ", sources_, " sources");
+    int64_t chunk_rows = 0;
+    for (const int64_t c : saved.source_rows) chunk_rows += c;
+    MDLM_CHECK(chunk_rows == n, "MoE experts (FP8): the source chunks hold ", chunk_rows, " rows, the input ", n);
+    if (n == 0) {
+      // Still a member of the tensorwise reductions, in the same order as with rows, and the
+      // weights are cast (their delayed amaxes recorded) as on a rank with rows.
+      saved.fc1_scales = fp8_scales(fc1_.input, x, saved.source_rows, s);
+      fp8_weights(fc1_, store_->param_span(w1_first_, w1_last_), s);
+      saved.fc2_scales = fp8_scales(fc2_.input, x, saved.source_rows, s);
+      fp8_weights(fc2_, store_->param_span(w2_first_, w2_last_), s);
+      return y;
+    }
+  } else if (n == 0) {
+    return y;  // no rows for this rank's experts (kernels need work)
+  }
   Tensor w1 = store_->param_span(w1_first_, w1_last_);
   Tensor b1, b2;
   if (b1_first_ >= 0) b1 = store_->param_span(b1_first_, b1_last_);
   if (b2_first_ >= 0 && fc2_bias_here_) b2 = store_->param_span(b2_first_, b2_last_);
   saved.fc1_out = Tensor::empty({n, w1.rows() / local_}, x.dtype(), s);
-  gemm_forward(x, w1, b1.defined() ? &b1 : nullptr, saved.fc1_out, rows, s);
+  if (fp8()) {
+    saved.fc1_scales = fp8_scales(fc1_.input, x, saved.source_rows, s);
+    fp8_forward(fc1_, x, saved.fc1_scales, w1, b1.defined() ? &b1 : nullptr, saved.fc1_out, saved.source_rows, s);
+  } else {
+    gemm_forward(x, w1, b1.defined() ? &b1 : nullptr, saved.fc1_out, rows, s);
+  }
   saved.act_out = Tensor::empty({n, ffn_}, x.dtype(), s);
   if (activation_ == MlpActivation::SwiGLU) ops::swiglu_forward(saved.fc1_out, saved.act_out, s);
   else ops::gelu_forward(saved.fc1_out, saved.act_out, s);
-  gemm_forward(saved.act_out, store_->param_span(w2_first_, w2_last_), b2.defined() ? &b2 : nullptr,
-               y, rows, s);
+  const Tensor w2 = store_->param_span(w2_first_, w2_last_);
+  if (fp8()) {
+    saved.fc2_scales = fp8_scales(fc2_.input, saved.act_out, saved.source_rows, s);
+    fp8_forward(fc2_, saved.act_out, saved.fc2_scales, w2, b2.defined() ? &b2 : nullptr, y, saved.source_rows, s);
+  } else {
+    gemm_forward(saved.act_out, w2, b2.defined() ? &b2 : nullptr, y, rows, s);
+  }
   return y;
 }
 
@@ -218,6 +418,10 @@ Tensor MoeExperts::backward(const Tensor& dy, Saved& saved, const Stream& s) con
   const int64_t n = dy.rows();
   Tensor dx = Tensor::empty({n, dy.cols()}, dy.dtype(), s);
   if (n == 0) {
+    if (fp8() && !fp8_->delayed()) {  // the tensorwise reductions of the two gradients
+      fp8_scales(fc2_.grad_output, dy, saved.source_rows, s);
+      fp8_scales(fc1_.grad_output, dy, saved.source_rows, s);
+    }
     saved = Saved{};
     return dx;
   }
@@ -226,8 +430,14 @@ Tensor MoeExperts::backward(const Tensor& dy, Saved& saved, const Stream& s) con
   if (b2_first_ >= 0) db2 = store_->grad_span(b2_first_, b2_last_);
   Tensor dw2 = store_->grad_span(w2_first_, w2_last_);
   Tensor dact = Tensor::empty(saved.act_out.shape(), dy.dtype(), s);
-  gemm_backward(dy, saved.act_out, store_->param_span(w2_first_, w2_last_), dw2,
-                db2.defined() ? &db2 : nullptr, dact, saved.rows, s);
+  if (fp8()) {
+    fp8_backward(fc2_, dy, saved.act_out, saved.fc2_scales, store_->param_span(w2_first_, w2_last_), dw2,
+                 dact, saved.source_rows, s);
+    if (db2.defined()) bias_grad(dy, db2, saved.rows, s);
+  } else {
+    gemm_backward(dy, saved.act_out, store_->param_span(w2_first_, w2_last_), dw2,
+                  db2.defined() ? &db2 : nullptr, dact, saved.rows, s);
+  }
   saved.act_out = Tensor();
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), dy.dtype(), s);
   if (activation_ == MlpActivation::SwiGLU) ops::swiglu_backward(dact, saved.fc1_out, dfc1, s);
@@ -235,8 +445,14 @@ Tensor MoeExperts::backward(const Tensor& dy, Saved& saved, const Stream& s) con
   saved.fc1_out = Tensor();
   dact = Tensor();
   Tensor dw1 = store_->grad_span(w1_first_, w1_last_);
-  gemm_backward(dfc1, saved.x, store_->param_span(w1_first_, w1_last_), dw1,
-                db1.defined() ? &db1 : nullptr, dx, saved.rows, s);
+  if (fp8()) {
+    fp8_backward(fc1_, dfc1, saved.x, saved.fc1_scales, store_->param_span(w1_first_, w1_last_), dw1, dx,
+                 saved.source_rows, s);
+    if (db1.defined()) bias_grad(dfc1, db1, saved.rows, s);
+  } else {
+    gemm_backward(dfc1, saved.x, store_->param_span(w1_first_, w1_last_), dw1,
+                  db1.defined() ? &db1 : nullptr, dx, saved.rows, s);
+  }
   saved = Saved{};
   return dx;
 }
@@ -250,7 +466,7 @@ MoeLayer::MoeLayer(const TransformerConfig& config, int layer, const std::string
   router_ = MoeRouter(config, layer, prefix + "mlp.router.", store, mp);
   const auto kind = cfg_.dispatcher == MoeDispatcher::AllToAll ? ep::DispatcherKind::AllToAll
                                                                : ep::DispatcherKind::AllGather;
-  dispatcher_ = std::make_shared<const ep::TokenDispatcher>(kind, cfg_.num_experts, mp);
+  dispatcher_ = std::make_shared<const ep::TokenDispatcher>(kind, cfg_.num_experts, mp, /*source_chunks=*/mp.fp8 != nullptr);
   experts_ = MoeExperts(config, prefix + "mlp.experts.", dispatcher_->first_expert(),
                         dispatcher_->local_experts(), store, mp);
   shared_ = cfg_.shared_expert_size > 0;
@@ -475,6 +691,7 @@ Tensor MoeLayer::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, co
   route(mb, saved, probs, dispatched, rt);
   if (rt.training) balance(mb, saved, dispatched, rt);
   Tensor xe = dispatcher_->dispatch(saved.x, dispatched, probs, saved.dispatch, s);
+  saved.experts.source_rows = saved.dispatch.source_rows;
   Tensor ye = experts_.forward(xe, saved.dispatch.rows_per_expert, saved.experts, s);
   xe = Tensor();
   // Without EP and expert TP the expert input is only a permutation of saved.x: it is rebuilt

@@ -56,14 +56,13 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int layer_nu
   const TpSlice norm{.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = mp.tp.size,
                      .partial_grad = mp.sequence_parallel};
   norm1_ = NormLayer(config.normalization, config.norm_epsilon, p + "input_layernorm", h, store, norm);
-  // FP8 linears (docs/fp8.md): not in the bf16 first/last layers; MoE layers keep their experts
-  // (grouped GEMMs), shared experts and router in the activation dtype.
-  ModelParallel fp8_mp = mp, high_mp = mp;
-  high_mp.fp8 = nullptr;
+  // FP8 linears (docs/fp8.md): not in the bf16 first/last layers. MoE layers run their experts
+  // and shared experts in FP8 too; the router stays in the activation dtype.
+  ModelParallel fp8_mp = mp;
   if (mp.fp8 && !mp.fp8->fp8_layer(layer_number)) fp8_mp.fp8 = nullptr;
   attention_ = SelfAttention(config, layer_number, p, store, fp8_mp);
   norm2_ = NormLayer(config.normalization, config.norm_epsilon, p + "pre_mlp_layernorm", h, store, norm);
-  if (config.moe.is_moe_layer(layer_number)) ffn_ = MoeLayer(config, layer_number, p, store, high_mp);
+  if (config.moe.is_moe_layer(layer_number)) ffn_ = MoeLayer(config, layer_number, p, store, fp8_mp);
   else ffn_ = Mlp(config, p, store, fp8_mp);
   for (int i = first_handle; i < static_cast<int>(store.descs().size()); ++i) handles_.push_back(i);
 }

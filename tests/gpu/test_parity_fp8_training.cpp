@@ -8,6 +8,10 @@
 //    same (the kernels use the host's rounding rules, bit-exact per Fp8Parity.*), only the GEMM's
 //    accumulation order and the bf16 rounding of y and dx differ: rel L2 1e-2 (bf16 outputs),
 //    1e-3 (fp32 dW);
+//  - the MoE experts (one MoE layer, 8 experts, top-2, 200 tokens: chunks of every size, so the
+//    CUDA weight-gradient GEMMs pad them to 16): the same as the linear for y and dx (only the
+//    router's bf16 logits can send a token elsewhere, which the scales see) and dW; the expert
+//    GEMMs' codes and scales follow the host's rules bit for bit;
 //  - a training step: bf16 activations on CUDA round differently before each cast, which can
 //    move values across FP8 rounding boundaries: loss 3e-3, grad norm 5e-2 (3x the bf16 step
 //    parity bounds of TrainingParity.*).
@@ -17,11 +21,13 @@
 #include <sstream>
 #include "megadlm/core/dtype.h"
 #include "megadlm/data/mock_dataset.h"
+#include "megadlm/model/moe.h"
 #include "megadlm/parallel/fp8_state.h"
 #include "megadlm/parallel/tensor_parallel/layers.h"
 #include "megadlm/training/trainer.h"
 #include "parity.h"
 #include "support/op_testing.h"
+#include "support/tiny_model.h"
 
 using namespace megadlm;
 
@@ -145,7 +151,123 @@ void step_parity(Fp8Recipe recipe) {
   }
 }
 
+/// One MoE layer (8 experts, top-2, SwiGLU, 200 tokens) with its expert GEMMs in FP8: forward and
+/// backward on the CPU (f32 emulation) and on CUDA (bf16 activations, cuBLASLt FP8 GEMMs per
+/// expert), the same parameters (materialized from one seed) and inputs.
+void moe_experts_parity(Fp8Scaling scaling) {
+  const int64_t tokens = 200, h = 256;
+  RunConfig r = test::tiny_run({.layers = 1, .hidden = h, .heads = 4, .query_groups = 2, .kv_channels = 64,
+                                .ffn = 512, .seq = tokens, .vocab = 512});
+  test::make_moe(r, 8, 2);  // expert width 256
+  const TransformerConfig cfg = r.model;
+  Stream gpu = test::parity::gpu_stream();
+  const auto xv = values(tokens * h, 11, 1.0f), dyv = values(tokens * h, 12, 1e-3f);
+  struct Side {
+    std::vector<double> y, dx, dw1, dw2;
+  } res[2];
+  for (int side = 0; side < 2; ++side) {
+    const Stream& s = side == 0 ? Stream::cpu() : static_cast<const Stream&>(gpu);
+    const DType act = side == 0 ? DType::F32 : DType::BF16;
+    Fp8Settings st;
+    st.scaling = scaling;
+    st.num_layers = 1;
+    ModelParallel mp = ModelParallel::single();
+    mp.fp8 = std::make_shared<Fp8State>(st);
+    ParameterStore store;
+    MoeLayer layer(cfg, 0, "decoder.layers.0.", store, mp);
+    store.materialize(act, 5, s);
+    MoeStepState moe(cfg, DType::F32, s);
+    ModelRuntime rt;
+    rt.stream = s;
+    rt.dtype = act;
+    rt.training = true;
+    rt.moe = &moe;
+    MicroBatch mb;
+    mb.batch = 1;
+    mb.seq = tokens;
+    const Tensor x = on(xv, {tokens, h}, s, act), dy = on(dyv, {tokens, h}, s, act);
+    // Delayed: one step to fill the history, then the compared step with the updated scales.
+    for (int step = 0; step < (scaling == Fp8Scaling::Delayed ? 2 : 1); ++step) {
+      mp.fp8->begin_step(s);
+      moe.begin_step(s);
+      store.zero_grads(s);
+      MoeLayer::Saved saved;
+      const Tensor y = layer.forward(x, mb, saved, rt);
+      const Tensor dx = layer.backward(dy, mb, saved, rt);
+      s.synchronize();
+      int w1 = -1, w2 = -1;
+      for (int p = 0; p < static_cast<int>(store.descs().size()); ++p) {
+        if (store.desc(p).name == "decoder.layers.0.mlp.experts.3.linear_fc1_gate.weight") w1 = p;
+        if (store.desc(p).name == "decoder.layers.0.mlp.experts.3.linear_fc2.weight") w2 = p;
+      }
+      ASSERT_GE(w1, 0);
+      ASSERT_GE(w2, 0);
+      res[side] = {test::to_doubles(y, s), test::to_doubles(dx, s), test::to_doubles(store.grad(w1), s),
+                   test::to_doubles(store.grad(w2), s)};
+      mp.fp8->finish_step(nullptr, nullptr, s);
+    }
+  }
+  const double ey = test::rel_l2(res[1].y, res[0].y), edx = test::rel_l2(res[1].dx, res[0].dx),
+               edw1 = test::rel_l2(res[1].dw1, res[0].dw1), edw2 = test::rel_l2(res[1].dw2, res[0].dw2);
+  std::printf("[parity fp8 experts %s] rel L2 y %.3e dx %.3e dW1(expert 3) %.3e dW2(expert 3) %.3e\n",
+              scaling == Fp8Scaling::Delayed ? "delayed" : "tensorwise", ey, edx, edw1, edw2);
+  // Not yet measured on a device: the linear's bounds, loosened 3x for the activation between
+  // fc1 and fc2 (bf16 on CUDA, cast again) and for tokens the bf16 router sends elsewhere.
+  EXPECT_LT(ey, 3e-2);
+  EXPECT_LT(edx, 3e-2);
+  EXPECT_LT(edw1, 3e-2);
+  EXPECT_LT(edw2, 3e-2);
+  EXPECT_GT(test::rel_l2(res[0].dw2, std::vector<double>(res[0].dw2.size(), 0.0)), 0.0) << "expert 3 got no tokens";
+}
+
+void moe_step_parity(Fp8Recipe recipe) {
+  const int64_t iters = 4;
+  auto run = [&](DeviceKind device) {
+    RunConfig r = fp8_run(device, recipe, iters);
+    test::make_moe(r, 8, 2);
+    r.model.moe.shared_expert_size = 128;
+    return r;
+  };
+  auto data = std::make_shared<MockGptDataset>(500, 128, 499);
+  std::ostringstream log;
+  Trainer cpu(run(DeviceKind::Cpu), data, log);
+  Trainer gpu(run(DeviceKind::Cuda), data, log);
+  for (int64_t i = 0; i < iters; ++i) {
+    const IterationMetrics a = cpu.step(), b = gpu.step();
+    const double dl = std::fabs(a.lm_loss - b.lm_loss) / a.lm_loss;
+    const double dg = std::fabs(a.grad_norm - b.grad_norm) / a.grad_norm;
+    std::printf("[parity fp8 moe step %s] iteration %lld: loss cpu %.6f cuda %.6f (rel %.2e), grad norm rel %.2e\n",
+                recipe == Fp8Recipe::Delayed ? "delayed" : "tensorwise", static_cast<long long>(i + 1), a.lm_loss,
+                b.lm_loss, dl, dg);
+    ASSERT_TRUE(std::isfinite(b.lm_loss) && std::isfinite(b.grad_norm));
+    // The dense FP8 step's bounds; the MoE bf16 step parity (MoeParity) allows the same 3e-3 /
+    // 4e-2 for tokens the bf16 router sends elsewhere. Not yet measured on a device.
+    EXPECT_LT(dl, 3e-3) << "iteration " << i + 1;
+    EXPECT_LT(dg, 5e-2) << "iteration " << i + 1;
+  }
+}
+
 }  // namespace
+
+TEST(Fp8TrainingParity, MoeExpertsTensorwiseCudaMatchesCpu) {
+  MDLM_REQUIRE_GPU();
+  moe_experts_parity(Fp8Scaling::Tensorwise);
+}
+
+TEST(Fp8TrainingParity, MoeExpertsDelayedCudaMatchesCpu) {
+  MDLM_REQUIRE_GPU();
+  moe_experts_parity(Fp8Scaling::Delayed);
+}
+
+TEST(Fp8TrainingParity, MoeTensorwiseStepCudaMatchesCpu) {
+  MDLM_REQUIRE_GPU();
+  moe_step_parity(Fp8Recipe::Tensorwise);
+}
+
+TEST(Fp8TrainingParity, MoeDelayedStepCudaMatchesCpu) {
+  MDLM_REQUIRE_GPU();
+  moe_step_parity(Fp8Recipe::Delayed);
+}
 
 TEST(Fp8TrainingParity, LinearTensorwiseCudaMatchesCpu) {
   MDLM_REQUIRE_GPU();

@@ -33,6 +33,7 @@
 #include "megadlm/model/mlp.h"
 #include "megadlm/model/model_runtime.h"
 #include "megadlm/model/transformer_config.h"
+#include "megadlm/ops/fp8_gemm.h"
 #include "megadlm/ops/moe.h"
 #include "megadlm/parallel/expert_parallel/token_dispatcher.h"
 #include "megadlm/parallel/model_parallel.h"
@@ -86,6 +87,11 @@ class MoeExperts {
     Tensor x;                   ///< [N, H] expert input rows
     Tensor fc1_out, act_out;    ///< [N, (2·)F/etp], [N, F/etp]
     std::vector<int64_t> rows;  ///< rows per local expert
+    /// FP8: [local expert][source] rows (TokenDispatcher::Saved::source_rows; the caller sets
+    /// it before forward) and the scales each source's rows of the fc1 / fc2 inputs were
+    /// quantized with (f32 [sources]), reused by the weight-gradient GEMMs.
+    std::vector<int64_t> source_rows;
+    Tensor fc1_scales, fc2_scales;
   };
   MoeExperts() = default;
   MoeExperts(const TransformerConfig& config, const std::string& prefix, int first_expert,
@@ -104,6 +110,35 @@ class MoeExperts {
   void gemm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, Tensor* db,
                      Tensor& dx, const std::vector<int64_t>& rows, const Stream& stream) const;
 
+  /// db += per-expert row sums of dy.
+  void bias_grad(const Tensor& dy, Tensor& db, const std::vector<int64_t>& rows, const Stream& stream) const;
+
+  // FP8 (docs/fp8.md, "MoE experts"): every GEMM of every (expert, source) chunk in FP8.
+  struct Fp8Gemm {
+    int input = -1, grad_output = -1;  ///< Fp8State slots of the layer's operand tensors
+    std::vector<int> weight;           ///< slot of each local expert's weight
+    mutable std::vector<ops::Fp8Tensor> cache;  ///< each local expert's weight cast
+    mutable uint64_t generation = 0;
+  };
+  bool fp8() const { return fp8_ != nullptr; }
+  /// The cast of every local expert's weight of the current generation (w: stacked experts).
+  const std::vector<ops::Fp8Tensor>& fp8_weights(const Fp8Gemm& g, const Tensor& w, const Stream& s) const;
+  /// Per-source scales (f32 [sources, 1]; delayed: the slot's [1] scale for every source) of
+  /// an operand x whose rows follow source_rows: tensorwise, each source's scale comes from the
+  /// amax of its micro-batch's rows over all experts and every rank holding some of them.
+  /// Collective under tensorwise (every rank of the layer calls it, with or without rows).
+  Tensor fp8_scales(int slot, const Tensor& x, const std::vector<int64_t>& source_rows, const Stream& s) const;
+  /// x quantized with `scale`; `pad` appends zero rows up to a multiple of 16 (the K of the
+  /// weight-gradient GEMM on CUDA; zero rows add nothing to it).
+  ops::Fp8Tensor fp8_cast(int slot, const Tensor& x, const Tensor& scale, bool columnwise, bool pad,
+                          bool record_amax, const Stream& s) const;
+  void fp8_forward(const Fp8Gemm& g, const Tensor& x, const Tensor& scales, const Tensor& w,
+                   const Tensor* bias, Tensor& y, const std::vector<int64_t>& source_rows,
+                   const Stream& s) const;
+  void fp8_backward(const Fp8Gemm& g, const Tensor& dy, const Tensor& x, const Tensor& x_scales,
+                    const Tensor& w, Tensor& dw, Tensor& dx, const std::vector<int64_t>& source_rows,
+                    const Stream& s) const;
+
   ParameterStore* store_ = nullptr;
   MlpActivation activation_ = MlpActivation::SwiGLU;
   bool grouped_ = false;
@@ -112,6 +147,11 @@ class MoeExperts {
   int64_t ffn_ = 0;  // this rank's width of one expert (F / etp)
   ParameterStore::Handle w1_first_ = -1, w1_last_ = -1, w2_first_ = -1, w2_last_ = -1;
   ParameterStore::Handle b1_first_ = -1, b1_last_ = -1, b2_first_ = -1, b2_last_ = -1;
+  std::shared_ptr<Fp8State> fp8_;
+  Fp8Gemm fc1_, fc2_;
+  // The groups the tensorwise amaxes are reduced over.
+  comm::Communicator *ep_ = nullptr, *etp_ = nullptr, *tp_ = nullptr, *cp_ = nullptr;
+  int sources_ = 1, self_source_ = 0;
 };
 
 class MoeLayer {

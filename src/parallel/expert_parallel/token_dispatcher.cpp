@@ -55,8 +55,9 @@ Tensor reorder(const Tensor& x, const Tensor& index, const Stream& stream) {
 
 }  // namespace
 
-TokenDispatcher::TokenDispatcher(DispatcherKind kind, int num_experts, const ModelParallel& mp)
-    : kind_(kind), mp_(mp), num_experts_(num_experts) {
+TokenDispatcher::TokenDispatcher(DispatcherKind kind, int num_experts, const ModelParallel& mp,
+                                 bool source_chunks)
+    : kind_(kind), mp_(mp), num_experts_(num_experts), source_chunks_(source_chunks) {
   MDLM_CHECK(num_experts > 0 && num_experts % mp.ep.size == 0, "--num-experts ", num_experts,
              " does not split over ", mp.ep.size, " expert-parallel ranks");
   local_ = num_experts / mp.ep.size;
@@ -120,6 +121,13 @@ Tensor TokenDispatcher::dispatch(const Tensor& x, const Tensor& indices, const T
       sort_indices(s.chunks, mp_.expert_tp.size, mp_.ep.size, local_, stream, s.sort_to_expert_major,
                    s.sort_to_received);
     s.probs = probs;
+    if (source_chunks_) {  // chunks are [a][b][e] in received order; expert-major keeps (a, b) order
+      const size_t sources = s.chunks.size() / static_cast<size_t>(local_);
+      s.source_rows.assign(s.chunks.size(), 0);
+      for (size_t src = 0; src < sources; ++src)
+        for (size_t e = 0; e < static_cast<size_t>(local_); ++e)
+          s.source_rows[e * sources + src] = s.chunks[src * static_cast<size_t>(local_) + e];
+    }
     return to_experts(x_perm, s, stream);
   }
   // allgather
@@ -133,6 +141,22 @@ Tensor TokenDispatcher::dispatch(const Tensor& x, const Tensor& indices, const T
   ops::moe_dispatch_plan(idx_all, first_, local_, s.dest, counts, stream);
   const std::vector<int32_t> c32 = counts.to_ints(stream);
   s.rows_per_expert.assign(c32.begin(), c32.end());
+  if (source_chunks_) {
+    // The gathered rows are ordered by source (expert-TP rank, then EP rank), and each expert's
+    // rows keep the token order: count each source's slots per local expert.
+    const std::vector<int64_t> per_source = all_gather_counts(s.ep_rows, mp_.expert_tp.get(), stream);
+    const size_t sources = per_source.size();
+    const std::vector<int32_t> idx = idx_all.to_ints(stream);
+    const int64_t k = idx_all.cols();
+    s.source_rows.assign(static_cast<size_t>(local_) * sources, 0);
+    int64_t row = 0;
+    for (size_t src = 0; src < sources; ++src)
+      for (int64_t end = row + per_source[src]; row < end; ++row)
+        for (int64_t j = 0; j < k; ++j) {
+          const int e = idx[static_cast<size_t>(row * k + j)] - first_;
+          if (e >= 0 && e < local_) ++s.source_rows[static_cast<size_t>(e) * sources + src];
+        }
+  }
   Tensor x_exp = Tensor::empty({sum(s.rows_per_expert), x.cols()}, x.dtype(), stream);
   ops::moe_permute(x_all, s.dest, x_exp, stream);
   return x_exp;

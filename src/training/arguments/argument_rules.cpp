@@ -241,9 +241,6 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
   if (fp8 && a.b("tp_comm_overlap"))
     d.warn("`--tp-comm-overlap` has no effect on the FP8 linears (they run the plain sequence-parallel "
            "collectives; docs/fp8.md)");
-  if (fp8 && a.is_set("num_experts"))
-    d.warn(a.flag_value("fp8") + ": the MoE layers' experts (grouped GEMMs), shared experts and router "
-           "stay in bf16; attention and the dense MLPs run in FP8 (docs/fp8.md)");
   if (a.b("fp8_param_gather") && !fp8)
     d.error("FP8-6", "`--fp8-param-gather` needs `--fp8-format` (e4m3 or hybrid)");
   // Megatron ignores these silently; a warning says which setting does nothing.
@@ -835,7 +832,12 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
           {"heads x kv channels / tensor-parallel size", c.heads * c.kv / c.tp},
           {"query groups x kv channels / tensor-parallel size", groups * c.kv / c.tp},
           {a.flag_value("micro_batch_size") + " x " + a.flag_value("seq_length") +
-               " / context-parallel size (tokens of a micro-batch)", tokens}};
+               " / context-parallel size (tokens of a micro-batch)", tokens},
+          // MoE experts: the expert width per expert-TP rank (fc1's output, fc2's K). Their
+          // token counts vary per step: the weight-gradient GEMMs pad them to 16 (docs/fp8.md).
+          {(a.was_given("moe_ffn_hidden_size") ? a.flag_value("moe_ffn_hidden_size") : std::string("the expert width")) +
+               " / expert-tensor-parallel size",
+           a.is_set("num_experts") && a.i("num_experts") > 0 && c.etp > 0 ? a.i("moe_ffn_hidden_size") / c.etp : 0}};
       for (const auto& [what, v] : dims)
         if (v > 0 && v % 16 != 0)
           d.error("FP8-8", a.flag_value("fp8") + " on CUDA: " + what + " = " + num(v) +

@@ -50,12 +50,21 @@ class TokenDispatcher {
     Tensor sort_to_expert_major, sort_to_received;
     // allgather
     std::vector<int64_t> ep_rows, etp_gather_rows;  ///< rows held by each EP / expert-TP member
+    /// With `source_chunks`: [local expert][source] rows of the expert-major output, where the
+    /// sources are the members of this rank's expert-TP x EP grid (source a * ep + b: expert-TP
+    /// rank a, EP rank b), in the order they appear within each expert. One source (this
+    /// rank) without EP and expert TP. FP8 expert GEMMs scale each source's rows separately.
+    std::vector<int64_t> source_rows;
   };
 
   TokenDispatcher() = default;
   /// `num_experts`: global experts of the layer; this rank holds experts
   /// [ep_rank * E / ep, (ep_rank + 1) * E / ep).
-  TokenDispatcher(DispatcherKind kind, int num_experts, const ModelParallel& mp);
+  TokenDispatcher(DispatcherKind kind, int num_experts, const ModelParallel& mp,
+                  bool source_chunks = false);
+  /// Members of the expert-TP x EP grid (the sources of source_rows) and this rank's index.
+  int sources() const { return mp_.expert_tp.size * mp_.ep.size; }
+  int self_source() const { return mp_.expert_tp.rank * mp_.ep.size + mp_.ep.rank; }
 
   int local_experts() const { return local_; }
   int first_expert() const { return first_; }
@@ -84,6 +93,7 @@ class TokenDispatcher {
   DispatcherKind kind_ = DispatcherKind::AllGather;
   ModelParallel mp_;
   int num_experts_ = 0, local_ = 0, first_ = 0;
+  bool source_chunks_ = false;
 };
 
 }  // namespace megadlm::ep

@@ -543,6 +543,17 @@ std::vector<Row> rows() {
       {"FP8-8", dry(1, {"--device", "cuda", "--bf16", "--fp8-format", "hybrid", "--hidden-size", "72",
                         "--num-attention-heads", "4"}),
        O::Rejected, {"`--hidden-size 72` = 72 must be a multiple of 16", "[FP8-8]"}},
+      {"FP8-8-expert-width", dry(1, {"--device", "cuda", "--bf16", "--fp8-format", "hybrid", "--num-experts", "4",
+                                     "--moe-ffn-hidden-size", "40"}),
+       O::Rejected, {"`--moe-ffn-hidden-size 40` / expert-tensor-parallel size = 40 must be a multiple of 16",
+                     "[FP8-8]"}},
+      {"FP8-moe-accepted", dry(1, {"--device", "cuda", "--bf16", "--fp8-format", "hybrid", "--fp8-recipe",
+                                   "tensorwise", "--num-experts", "4", "--moe-ffn-hidden-size", "48"}),
+       O::Accepted, {}, [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.fp8.enabled());
+         EXPECT_EQ(p.config.model.moe.num_experts, 4);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
       {"FP8-tp-comm-overlap-warns",
        dry(2, {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--tp-comm-overlap",
                "--fp8-format", "hybrid"}),
