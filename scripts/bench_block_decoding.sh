@@ -10,7 +10,8 @@
 # has torch and transformers. Writes OUT_DIR/bench_block_decoding.md (and the raw logs).
 #
 #   scripts/bench_block_decoding.sh BIN_DIR OUT_DIR [CHECKPOINT_DIR]
-# Knobs: PROMPTS (16), PROMPT_LEN (32), GEN_LENGTH (256), BLOCK (32), STEPS (256), SKIP_REFERENCE=1,
+# Knobs: PROMPTS (16), BS1_PROMPTS (4: the batch-1 rows decode the first 4 prompts only; tokens/s
+# is a rate, and one prompt at a time is where the time goes), PROMPT_LEN (32), GEN_LENGTH (256), BLOCK (32), STEPS (256), SKIP_REFERENCE=1,
 # CONFIG (configs/megadlms_1.7b.args), DEVICE (cuda); a CPU smoke run:
 #   CONFIG=configs/tiny_dlm.args DEVICE=cpu GEN_LENGTH=16 BLOCK=4 STEPS=16 PROMPTS=4 PROMPT_LEN=6 \
 #     SKIP_REFERENCE=1 scripts/bench_block_decoding.sh build-cpu/bin /tmp/bbd
@@ -48,6 +49,8 @@ with open(path, "w") as f:
         ids = [random.randrange(0, vocab) for _ in range(length - (i % 4))]  # ragged
         f.write(json.dumps({"prompt_ids": [t if t != mask else 0 for t in ids]}) + "\n")
 P
+head -n "${BS1_PROMPTS:-4}" "$out/prompts.jsonl" > "$out/prompts_bs1.jsonl"
+prompts_for() { if [ "$1" = 1 ]; then echo "$out/prompts_bs1.jsonl"; else echo "$out/prompts.jsonl"; fi; }
 
 # One row: generate_difflm's own timing (after the model load; a warm-up run of the first prompt
 # first, untimed by this table).
@@ -56,7 +59,7 @@ rows="$out/rows.tsv"
 run() {  # NAME BATCH FLAGS...
   local name=$1 bs=$2; shift 2
   local log="$out/$name.bs$bs.log"
-  "$bin/generate_difflm" --load "$ckpt" --prompts-jsonl "$out/prompts.jsonl" --gen-length "$g_len" --steps "$steps" \
+  "$bin/generate_difflm" --load "$ckpt" --prompts-jsonl "$(prompts_for "$bs")" --gen-length "$g_len" --steps "$steps" \
     --block-length "$block" --device "$device" --batch-size "$bs" --no-stop-at-eos --output "$out/$name.bs$bs.jsonl" \
     "$@" 2> "$log" || { tail -5 "$log"; exit 1; }
   local tps tpf
@@ -78,7 +81,7 @@ if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
     "$bin/convert_checkpoint" --to-hf --load "$ckpt" --out "$out/hf" > "$out/convert.log" 2>&1 ||
       { tail -5 "$out/convert.log"; exit 1; }
     for bs in 1 16; do
-      if python3 "$src/scripts/bench_block_decoding_reference.py" --model "$out/hf" --prompts-jsonl "$out/prompts.jsonl" \
+      if python3 "$src/scripts/bench_block_decoding_reference.py" --model "$out/hf" --prompts-jsonl "$(prompts_for "$bs")" \
           --gen-length "$g_len" --steps "$steps" --block-length "$block" --mask-id "$mask" --batch-size "$bs" \
           --output "$out/reference.bs$bs.jsonl" > "$out/reference.bs$bs.log" 2>&1; then
         tps=$(sed -n 's/.*tokens_per_s=\([0-9.e+]*\).*/\1/p' "$out/reference.bs$bs.log" | tail -1)
@@ -94,13 +97,13 @@ if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
   fi
 fi
 
-python3 - "$rows" "$out/bench_block_decoding.md" "$g_len" "$block" "$steps" "$n_prompts" "$device" "$ref_note" <<'P'
+python3 - "$rows" "$out/bench_block_decoding.md" "$g_len" "$block" "$steps" "$n_prompts" "$device" "$ref_note" "${BS1_PROMPTS:-4}" <<'P'
 import sys
-rows_path, md, g, b, s, n, device, note = sys.argv[1:9]
+rows_path, md, g, b, s, n, device, note, bs1 = sys.argv[1:10]
 rows = [l.rstrip("\n").split("\t") for l in open(rows_path) if l.strip()]
 tps = {(r[0], r[1]): float(r[2]) for r in rows if r[2]}
 out = [f"Block decoding, gen length {g}, block {b}, {s} steps ({int(s) // (int(g) // int(b))} a block), "
-       f"{n} ragged prompts, {device}; transformers reference: {note}", "",
+       f"{n} ragged prompts at batch 16 (the first {bs1} at batch 1), {device}; transformers reference: {note}", "",
        "| sampler | batch | tokens/s | tokens per forward | block exact vs this |", "|---|---|---|---|---|"]
 for name, bs, t, tpf in rows:
     base = tps.get(("block_exact", bs))
