@@ -62,7 +62,10 @@ struct Layout {
   bool moe = false;
   int ep = 1, etp = 1;
   MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
-  std::optional<ShardingStrategy> fsdp;  ///< --use-custom-fsdp with this strategy
+  std::optional<ShardingStrategy> fsdp = std::nullopt;  ///< --use-custom-fsdp with this strategy
+  bool dist_opt = false;                 ///< --use-distributed-optimizer
+  bool param_gather = false;             ///< --fp8-param-gather (needs dist_opt)
+  int64_t bucket_size = 0;               ///< --ddp-bucket-size (0: one bucket)
 };
 
 RunConfig fp8_run(const Layout& l, Fp8Recipe recipe) {
@@ -82,6 +85,9 @@ RunConfig fp8_run(const Layout& l, Fp8Recipe recipe) {
     r.parallel.data_parallel_sharding_strategy = *l.fsdp;
     r.parallel.use_distributed_optimizer = *l.fsdp != ShardingStrategy::NoShard;
   }
+  if (l.dist_opt) r.parallel.use_distributed_optimizer = true;
+  r.parallel.ddp_bucket_size = l.bucket_size;
+  r.fp8.param_gather = l.param_gather;
   r.parallel.world_size = world;
   r.parallel.data_parallel_size = l.dp;
   r.parallel.tensor_model_parallel_size = l.tp;
@@ -115,7 +121,9 @@ double bound(const Layout& l, Fp8Recipe recipe) {
     return delayed ? 5e-3 : 4e-5;                // the DP all-reduce: measured 1.3e-3 / 4.0e-6
   }
   if (l.fsdp) return sharded_grads ? (delayed ? 1e-3 : 5e-3) : 1e-5;  // measured 1.2e-4 / 5.5e-4; <= 2.2e-7
-  const bool flips = l.tp > 1 || l.cp > 1 || (recipe == Fp8Recipe::Tensorwise && l.pp > 1);
+  // DP 4 sums each gradient over four ranks in another order than one rank: its last bits flip
+  // codes as TP does (the --fp8-param-gather suite runs it; the same with and without the flag).
+  const bool flips = l.tp > 1 || l.cp > 1 || l.dp > 2 || (recipe == Fp8Recipe::Tensorwise && l.pp > 1);
   return flips ? 5e-3 : 1e-5;
 }
 
@@ -275,4 +283,63 @@ TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelOverTensorParallelDelaye
 TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelOverTensorParallelTensorwise) {
   expect_same_as_one_rank({.dp = 2, .tp = 2, .sp = true, .moe = true, .ep = 2, .etp = 2}, Fp8Recipe::Tensorwise,
                           "EP2 x ETP2, TP2+SP x DP2");
+}
+
+// --fp8-param-gather (docs/fp8.md "FP8 parameter gather"): each rank casts its shard of the FP8
+// linears' weights with the coming step's scale and the distributed optimizer gathers the codes.
+// Casting is elementwise and the scale is the one the gathered weight would get (delayed: the
+// history's; tensorwise: the amax reduced over the shards and TP), so the run must equal the same
+// layout without the flag bit for bit: losses and gradient norms of every iteration compared
+// with ==, and the linears must have used gathered codes. And, as every layout, one rank within
+// its bound. Several buckets (--ddp-bucket-size) put weights on shard boundaries of their own.
+void expect_param_gather_exact(Layout l, Fp8Recipe recipe, const char* name) {
+  comm::DistributedRuntime& rt = test::spmd::mpi_runtime();
+  const int world = l.dp * l.tp * l.pp * l.cp;
+  if (rt.world().size() != world) GTEST_SKIP() << name << " runs on " << world << " ranks";
+  l.dist_opt = true;
+  l.param_gather = false;
+  const auto without = train_layout(l, recipe);
+  l.param_gather = true;
+  const RunConfig cfg = fp8_run(l, recipe);
+  parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
+  auto data = std::make_shared<MockGptDataset>(64, 16, 63);
+  std::ostringstream log;
+  Trainer t(cfg, data, log, &groups);
+  const auto with = t.train();
+  const Fp8State& st = *t.parallel_model().model_parallel.fp8;
+  EXPECT_TRUE(st.has_gathered()) << name << ": no FP8 parameter gather ran";
+  ASSERT_EQ(with.size(), without.size());
+  for (size_t i = 0; i < with.size(); ++i) {
+    EXPECT_EQ(with[i].lm_loss, without[i].lm_loss) << name << " " << recipe_name(recipe) << ", rank "
+                                                   << rt.world().rank() << ", iteration " << i + 1;
+    EXPECT_EQ(with[i].grad_norm, without[i].grad_norm) << name << " " << recipe_name(recipe) << ", rank "
+                                                       << rt.world().rank() << ", iteration " << i + 1;
+  }
+  l.param_gather = true;
+  expect_same_as_one_rank(l, recipe, (std::string(name) + " --fp8-param-gather").c_str());
+}
+
+TEST(Fp8ParamGather, DistributedOptimizerDp2) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2}, recipe, "DP2 distributed optimizer");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp2SeveralBuckets) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .bucket_size = 3000}, recipe, "DP2 distributed optimizer, buckets");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp4) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 4}, recipe, "DP4 distributed optimizer");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp2Tp2) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .tp = 2, .sp = true}, recipe, "DP2 x TP2+SP distributed optimizer");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp2Pp2) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .pp = 2}, recipe, "DP2 x PP2 distributed optimizer");
+}
+TEST(Fp8ParamGather, MoeExpertsKeepTheBf16Gather) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .moe = true, .ep = 2}, recipe, "MoE EP2 distributed optimizer");
 }
