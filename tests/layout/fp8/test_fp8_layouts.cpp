@@ -47,6 +47,7 @@
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/parallel/process_groups.h"
 #include "megadlm/training/trainer.h"
+#include "support/checkpoint_checks.h"
 #include "support/spmd.h"
 #include "support/tiny_model.h"
 
@@ -342,4 +343,28 @@ TEST(Fp8ParamGather, DistributedOptimizerDp2Pp2) {
 TEST(Fp8ParamGather, MoeExpertsKeepTheBf16Gather) {
   for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
     expect_param_gather_exact({.dp = 2, .moe = true, .ep = 2}, recipe, "MoE EP2 distributed optimizer");
+}
+
+// A run with --fp8-param-gather stopped after 4 of 8 iterations, saved and resumed in a new
+// trainer continues bit for bit: the resume gathers the codes right after loading (with the
+// loaded delayed scales) and hands the shard casts' amaxes to the first resumed step.
+TEST(Fp8ParamGather, ResumeIsBitIdentical) {
+  comm::DistributedRuntime& rt = test::spmd::mpi_runtime();
+  if (rt.world().size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  constexpr int64_t kStop = 4;
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise}) {
+    test::SharedTempDir dir(rt.world(), "megadlm_layout_fp8_param_gather_");
+    const RunConfig base = fp8_run({.dp = 2, .dist_opt = true, .param_gather = true}, recipe);
+    parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), base.parallel);
+    const auto straight = train(base, &groups);
+    RunConfig first = base;
+    first.checkpoint.save = dir / "ckpt";
+    first.checkpoint.save_interval = 2;
+    first.training.exit_interval = kStop;
+    train(first, &groups);
+    RunConfig second = base;
+    second.checkpoint.load = dir / "ckpt";
+    test::expect_identical_resume(train(second, &groups), straight, kStop,
+                                  std::string("DP2 --fp8-param-gather ") + recipe_name(recipe));
+  }
 }
