@@ -137,6 +137,9 @@ double Trainer::evaluate(const SampleSource& data) {
   ModelRuntime& rt = pm_->runtime;
   const Stream& s = rt.stream;
   pm_->data_parallel->finish_param_gather();  // the weights of the last update must be in place
+  // FP8: the linears' weight casts still hold the weights before the last update; evaluate the
+  // updated ones (with --fp8-param-gather the gathered codes already are).
+  if (pm_->model_parallel.fp8) pm_->model_parallel.fp8->weights_changed();
   rt.training = false;                        // no dropout
   const BatchContext ctx = batch_context(false);
   double num = 0, den = 0;

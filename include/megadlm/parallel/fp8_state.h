@@ -69,6 +69,9 @@ class Fp8State {
   Tensor scale(int i, const Stream& stream);
   /// Changes at every begin_step: weight casts are valid for one generation.
   uint64_t generation() const { return generation_; }
+  /// The weights changed outside a step (an evaluation follows an optimizer update): the next
+  /// use casts them afresh. Running amaxes are left alone (the next begin_step clears them).
+  void weights_changed() { ++generation_; }
 
   /// Start of a step's forward/backward (and of a replay): running amaxes to 0, new weight
   /// generation (an evaluation between steps cannot leave a stale cast or amax behind).

@@ -298,17 +298,27 @@ void expect_param_gather_exact(Layout l, Fp8Recipe recipe, const char* name) {
   const int world = l.dp * l.tp * l.pp * l.cp;
   if (rt.world().size() != world) GTEST_SKIP() << name << " runs on " << world << " ranks";
   l.dist_opt = true;
-  l.param_gather = false;
-  const auto without = train_layout(l, recipe);
-  l.param_gather = true;
-  const RunConfig cfg = fp8_run(l, recipe);
-  parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
-  auto data = std::make_shared<MockGptDataset>(64, 16, 63);
-  std::ostringstream log;
-  Trainer t(cfg, data, log, &groups);
-  const auto with = t.train();
-  const Fp8State& st = *t.parallel_model().model_parallel.fp8;
-  EXPECT_TRUE(st.has_gathered()) << name << ": no FP8 parameter gather ran";
+  // Training, then an evaluation of the trained weights (the FP8 linears of the run without the
+  // flag cast the updated weights afresh for it; with the flag they use the gathered codes).
+  auto run = [&](bool param_gather, double& eval_loss) {
+    l.param_gather = param_gather;
+    RunConfig cfg = fp8_run(l, recipe);
+    cfg.training.eval_iters = 2;
+    parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
+    auto data = std::make_shared<MockGptDataset>(64, 16, 63);
+    std::ostringstream log;
+    Trainer t(cfg, data, log, &groups);
+    const auto metrics = t.train();
+    EXPECT_EQ(t.parallel_model().model_parallel.fp8->has_gathered(), param_gather)
+        << name << ": the FP8 parameter gather did not run as asked";
+    eval_loss = t.evaluate(*data);
+    return metrics;
+  };
+  double eval_without = 0, eval_with = 0;
+  const auto without = run(false, eval_without);
+  const auto with = run(true, eval_with);
+  EXPECT_EQ(eval_with, eval_without) << name << " " << recipe_name(recipe) << ": evaluation after training";
+  EXPECT_TRUE(std::isfinite(eval_with));
   ASSERT_EQ(with.size(), without.size());
   for (size_t i = 0; i < with.size(); ++i) {
     EXPECT_EQ(with[i].lm_loss, without[i].lm_loss) << name << " " << recipe_name(recipe) << ", rank "
