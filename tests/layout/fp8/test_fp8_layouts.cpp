@@ -24,6 +24,13 @@
 //   MoE EP2 x TP2+SP, and EP2 x ETP2 over TP2+SP x DP2 (4 ranks)   1.2e-7   3.4e-3
 //   MoE EP2 x ETP2 over DP4 (4 ranks)   8.6e-8   5.1e-5
 //   MoE FSDP optim_grads(_params) EP2   5.8e-8   6.8e-8
+//   --fp8-param-gather (Fp8ParamGather.*, distributed optimizer; equal bit for bit to the same
+//   run without the flag, so these are the layouts' own numbers):
+//   DP2 (one bucket / several)  1.1e-7   2.2e-7 / 2.3e-7
+//   DP4                         1.2e-4   5.5e-4   (DP 4's gradient sum order flips codes)
+//   DP2 x TP2+SP                2.0e-4   2.1e-7
+//   DP2 x PP2                   1.1e-7   2.2e-7
+//   MoE EP2                     1.3e-3   4.0e-6
 // Whether a flip happens in TP and CP runs depends on the trajectory (both recipes show one
 // in one of the two configurations); PP changes no sum inside the linears, only the order of
 // the gradient-norm sum over stages, whose last-bit difference reaches the weights through the
