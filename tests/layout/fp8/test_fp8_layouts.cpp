@@ -74,6 +74,7 @@ struct Layout {
   bool dist_opt = false;                 ///< --use-distributed-optimizer
   bool param_gather = false;             ///< --fp8-param-gather (needs dist_opt)
   int64_t bucket_size = 0;               ///< --ddp-bucket-size (0: one bucket)
+  int instances = 1;                     ///< --num-distributed-optimizer-instances
 };
 
 RunConfig fp8_run(const Layout& l, Fp8Recipe recipe) {
@@ -95,6 +96,7 @@ RunConfig fp8_run(const Layout& l, Fp8Recipe recipe) {
   }
   if (l.dist_opt) r.parallel.use_distributed_optimizer = true;
   r.parallel.ddp_bucket_size = l.bucket_size;
+  r.parallel.num_distributed_optimizer_instances = l.instances;
   r.fp8.param_gather = l.param_gather;
   r.parallel.world_size = world;
   r.parallel.data_parallel_size = l.dp;
@@ -348,6 +350,11 @@ TEST(Fp8ParamGather, DistributedOptimizerDp2SeveralBuckets) {
 TEST(Fp8ParamGather, DistributedOptimizerDp4) {
   for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
     expect_param_gather_exact({.dp = 4}, recipe, "DP4 distributed optimizer");
+}
+TEST(Fp8ParamGather, TwoDistributedOptimizerInstancesDp4) {
+  // Shards over the two ranks of each instance; the instances gather alike.
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 4, .instances = 2}, recipe, "DP4, two distributed-optimizer instances");
 }
 TEST(Fp8ParamGather, DistributedOptimizerDp2Tp2) {
   for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
