@@ -30,6 +30,8 @@
 //   DP4                         1.2e-4   5.5e-4   (DP 4's gradient sum order flips codes)
 //   DP2 x TP2+SP                2.0e-4   2.1e-7
 //   DP2 x PP2                   1.1e-7   2.2e-7
+//   CP2                         1.1e-7   1.5e-3
+//   DP4, two optimizer instances  1.2e-4   5.5e-4
 //   MoE EP2                     1.3e-3   4.0e-6
 // Whether a flip happens in TP and CP runs depends on the trajectory (both recipes show one
 // in one of the two configurations); PP changes no sum inside the linears, only the order of
@@ -355,6 +357,11 @@ TEST(Fp8ParamGather, TwoDistributedOptimizerInstancesDp4) {
   // Shards over the two ranks of each instance; the instances gather alike.
   for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
     expect_param_gather_exact({.dp = 4, .instances = 2}, recipe, "DP4, two distributed-optimizer instances");
+}
+TEST(Fp8ParamGather, DistributedOptimizerCp2) {
+  // The optimizer shards over the gradient group, here the two CP ranks.
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.cp = 2}, recipe, "CP2 distributed optimizer");
 }
 TEST(Fp8ParamGather, DistributedOptimizerDp2Tp2) {
   for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
