@@ -47,9 +47,35 @@ Tensor Fp8State::scale(int i, const Stream& stream) {
   return scale_.narrow(i, 1);
 }
 
+void Fp8State::add_gathered_weight(int slot, int first, int last) {
+  MDLM_CHECK(settings_.param_gather, "Fp8State::add_gathered_weight without --fp8-param-gather");
+  MDLM_CHECK(!have_gathered_, "Fp8State::add_gathered_weight(", name(slot), ") after a gather");
+  MDLM_CHECK(roles_[static_cast<size_t>(slot)] == Role::Weight, name(slot), " is not a weight");
+  gathered_.push_back({.slot = slot, .first = first, .last = last, .codes = {}});
+}
+
+const ops::Fp8Tensor* Fp8State::gathered_codes(int slot) const {
+  if (!have_gathered_) return nullptr;
+  for (const GatheredWeight& g : gathered_)
+    if (g.slot == slot) return &g.codes;
+  return nullptr;
+}
+
+void Fp8State::gathered(Tensor weight_amax) {
+  have_gathered_ = true;
+  gathered_amax_ = std::move(weight_amax);
+}
+
 void Fp8State::begin_step(const Stream& stream) {
   ensure_buffers(stream);
   ops::fill(amax_, 0.0f, stream);
+  if (have_gathered_ && delayed() && gathered_amax_.defined()) {
+    // --fp8-param-gather: this step's weight casts were the shard casts of the last gather.
+    for (size_t k = 0; k < gathered_.size(); ++k) {
+      Tensor dst = amax_.narrow(gathered_[k].slot, 1);
+      copy_tensor(gathered_amax_.slice_flat(static_cast<int64_t>(k), {1, 1}), dst, stream);
+    }
+  }
   ++generation_;  // weights are cast afresh at their first use in the step (and only then)
 }
 

@@ -8,6 +8,7 @@
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/parallel/data_parallel/data_parallel.h"
 #include "megadlm/parallel/data_parallel/fsdp.h"
+#include "megadlm/training/parallelize.h"
 #include "megadlm/parallel/pipeline_parallel/layer_partition.h"
 #include "megadlm/parallel/pipeline_parallel/schedule.h"
 
@@ -165,6 +166,11 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
   mp.ep = ParallelGroup{nullptr, 0, std::max(1, pc.expert_model_parallel_size)};
   mp.expert_tp = ParallelGroup{nullptr, 0, std::max(1, pc.expert_tensor_parallel_size)};
   const int ed = std::max(1, pc.expert_data_parallel_size);  // expert buckets' group
+  // --fp8-param-gather: the FP8 linears register the weights whose codes the gather moves.
+  const Fp8Config& f8 = cfg.fp8;
+  if (f8.enabled() && f8.param_gather && pc.use_distributed_optimizer && !pc.use_custom_fsdp &&
+      (f8.recipe == Fp8Recipe::Delayed || f8.recipe == Fp8Recipe::Tensorwise))
+    mp.fp8 = std::make_shared<Fp8State>(fp8_settings(cfg));
   const auto ranges = pp::stage_layers(m.num_layers, pp, vpp, pp_rank, pc.decoder_first_pipeline_num_layers,
                                        pc.decoder_last_pipeline_num_layers);
   std::vector<std::unique_ptr<GptModel>> chunks;
@@ -223,6 +229,18 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     st.grads = 4 * S + (dpo.distributed_optimizer ? 4 * opt : 0);  // + the reduced shard
     st.masters = 4 * opt;
     st.moments = 8 * opt;
+    if (mp.fp8 && shard > 1) {
+      // The codes of every FP8 weight (kept between steps) and one bucket's staging buffer (the
+      // owned parameters and codes as they travel, in the parameter dtype).
+      int64_t codes = 0, staging = 0;
+      for (const Fp8State::GatheredWeight& g : mp.fp8->gathered_weights()) {
+        for (int h = g.first; h <= g.last; ++h) codes += store.desc(h).numel();
+        const GradBucket& bk = store.buckets()[static_cast<size_t>(store.bucket_of(g.first))];
+        staging = std::max(staging, bk.end - bk.begin);
+      }
+      st.fp8_codes = 4 * codes;
+      st.comm_buffers += b.weight * staging;
+    }
   }
 
   // Activations: the schedule's worst point, replayed from this stage's action list.
@@ -358,6 +376,9 @@ std::string format_memory_plan(const MemoryPlan& plan, const RunConfig& config) 
   row("gradients (fp32)", [](const StageMemory& s) { return s.grads; });
   row("master weights (fp32)", [](const StageMemory& s) { return s.masters; });
   row("Adam moments (fp32 m, v)", [](const StageMemory& s) { return s.moments; });
+  bool fp8_codes = false;
+  for (const StageMemory& s : plan.stages) fp8_codes |= s.fp8_codes > 0;
+  if (fp8_codes) row("FP8 weight codes (--fp8-param-gather)", [](const StageMemory& s) { return s.fp8_codes; });
   row("activations per micro-batch", [](const StageMemory& s) { return s.activations_per_micro_batch; });
   os << "  x micro-batches in flight (pipeline schedule)" << std::string(1, ' ');
   for (const StageMemory& s : plan.stages) {

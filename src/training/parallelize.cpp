@@ -19,6 +19,7 @@ Fp8Settings fp8_settings(const RunConfig& cfg) {
   s.algo = f.amax_compute_algo == Fp8AmaxComputeAlgo::Max ? ops::AmaxComputeAlgo::Max
                                                           : ops::AmaxComputeAlgo::MostRecent;
   s.wgrad = f.wgrad;
+  s.param_gather = f.param_gather;
   s.num_layers = cfg.model.num_layers;
   if (f.first_last_layers_bf16) {
     s.bf16_start = f.num_layers_at_start_in_bf16;
@@ -97,6 +98,7 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     dp_groups.expert = {.dp = groups->expert_dp, .ep = groups->ep, .tp = groups->expert_tp};
   }
   if (pc.use_custom_fsdp) {
+    MDLM_CHECK(!cfg.fp8.param_gather, "--fp8-param-gather with Megatron-FSDP is not built yet (rule FP8-9)");
     // FSDP: the chunks' blocks are the units, in forward order; one bucket per unit.
     std::vector<FsdpUnit> units;
     for (int c = 0; c < static_cast<int>(pm->chunks.size()); ++c)
@@ -132,7 +134,9 @@ std::unique_ptr<ParallelModel> parallelize(const RunConfig& cfg, const parallel:
     }
     pm->store.materialize(rt.dtype, cfg.training.seed, rt.stream,
                           DataParallel::buffer_layout(dpo, shard_group ? shard_group->size() : 1, expert_dp));
-    pm->data_parallel = std::make_unique<DataParallel>(pm->store, shard_group, dpo, rt.stream, dp_groups);
+    auto dp = std::make_unique<DataParallel>(pm->store, shard_group, dpo, rt.stream, dp_groups);
+    if (pm->model_parallel.fp8 && cfg.fp8.param_gather) dp->set_fp8_param_gather(pm->model_parallel.fp8);
+    pm->data_parallel = std::move(dp);
     pm->optimizer = std::make_unique<AdamWOptimizer>(pm->store, pm->data_parallel->owned_ranges(),
                                                      cfg.optimizer, rt.stream);
   }

@@ -137,6 +137,9 @@ double Trainer::evaluate(const SampleSource& data) {
   ModelRuntime& rt = pm_->runtime;
   const Stream& s = rt.stream;
   pm_->data_parallel->finish_param_gather();  // the weights of the last update must be in place
+  // FP8: the linears' weight casts still hold the weights before the last update; evaluate the
+  // updated ones (with --fp8-param-gather the gathered codes already are).
+  if (pm_->model_parallel.fp8) pm_->model_parallel.fp8->weights_changed();
   rt.training = false;                        // no dropout
   const BatchContext ctx = batch_context(false);
   double num = 0, den = 0;
@@ -304,12 +307,16 @@ IterationMetrics Trainer::step() {
       if (coeff < 1.0) grad_scale = static_cast<float>(coeff);
     }
     pm.optimizer->step(grads, learning_rate(cfg_.optimizer, iteration_), grad_scale, s);
-    pm.data_parallel->start_param_gather();
   }
   // FP8: the step's amaxes (max over micro-batches, reduced over TP and data x context parallel)
   // enter the delayed-scaling histories, and the next step casts the updated weights afresh.
+  // Before the gather: --fp8-param-gather casts the weight shards with the next step's scales.
   if (pm.model_parallel.fp8)
     pm.model_parallel.fp8->finish_step(pm.model_parallel.tp.get(), pm.grad_group.get(), s);
+  // The updated weights, where another rank owns them. With --fp8-param-gather also after a
+  // skipped step: the codes must carry the next step's scale (the weights' other copies on this
+  // rank are not refreshed by that gather).
+  if (!out.skipped || cfg_.fp8.param_gather) pm.data_parallel->start_param_gather();
   s.synchronize();
   ++iteration_;
   consumed_samples_ += tc.global_batch_size;

@@ -12,7 +12,11 @@
 #      resume with the experts' FP8 state (one per expert weight, one per layer for the expert
 #      GEMMs' inputs and output gradients), and (with MPI) a checkpoint saved under EP 2
 #      resumes in one process with every expert's state found by name;
-#   3. the refusals: blockwise and mxfp8 name the flag and the valid recipes.
+#   3. the refusals: blockwise and mxfp8 name the flag and the valid recipes; --fp8-param-gather
+#      with --use-custom-fsdp names rule FP8-9;
+#   4. (with MPI) --fp8-param-gather under DP 2 with the distributed optimizer, both recipes:
+#      every iteration's lm loss and grad norm, and the final evaluations, printed identically to
+#      the same run without it.
 set -uo pipefail
 bin=$1; src=$2
 tmp=$(mktemp -d)
@@ -130,4 +134,35 @@ train --train-iters 2 --fp8-format hybrid --fp8-recipe blockwise > "$tmp/bw.log"
 grep -q "fp8-recipe blockwise. is not built yet.*valid recipes: delayed, tensorwise" "$tmp/bw.log" || { cat "$tmp/bw.log"; fail "blockwise message"; }
 train --train-iters 2 --fp8-format hybrid --fp8-recipe mxfp8 > "$tmp/mx.log" 2>&1 && fail "mxfp8 accepted"
 grep -q "Blackwell-only" "$tmp/mx.log" || fail "mxfp8 message"
+train --train-iters 2 --fp8-format hybrid --fp8-param-gather --use-custom-fsdp > "$tmp/pg_fsdp.log" 2>&1 &&
+  fail "--fp8-param-gather with FSDP accepted"
+grep -q "fp8-param-gather. with Megatron-FSDP .* is not built yet.*\[FP8-9\]" "$tmp/pg_fsdp.log" ||
+  { cat "$tmp/pg_fsdp.log"; fail "--fp8-param-gather with FSDP message"; }
+echo "PASS 3: refusals"
+
+# ---- 4. --fp8-param-gather (docs/fp8.md "FP8 parameter gather"): the same numbers as without
+if [ -x "$bin/comm_timeout_probe" ] && "$bin/comm_timeout_probe" --mpi-compiled && command -v mpirun > /dev/null; then
+  flags=()
+  if grep -q "Open MPI" <<< "$(mpirun --version 2>&1 || true)"; then
+    flags+=(--oversubscribe)
+    [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+  fi
+  for recipe in delayed tensorwise; do
+    for pg in "" --fp8-param-gather; do
+      mpirun -np 2 "${flags[@]}" "$bin/pretrain_difflm" @"$src/configs/tiny_dlm.args" --device cpu --log-interval 1 \
+        --train-iters 12 --fp8-format hybrid --fp8-recipe "$recipe" --use-distributed-optimizer $pg \
+        > "$tmp/pg_${recipe}${pg:+_on}.log" 2>&1 || fail "DP 2 $recipe $pg: $(tail -5 "$tmp/pg_${recipe}${pg:+_on}.log")"
+    done
+    a=$(grep -o 'lm loss: [^|]*|.*grad norm: [^ |]*' "$tmp/pg_${recipe}.log")
+    b=$(grep -o 'lm loss: [^|]*|.*grad norm: [^ |]*' "$tmp/pg_${recipe}_on.log")
+    [ "$(wc -l <<< "$a")" = 12 ] || fail "DP 2 $recipe: expected 12 iteration lines, got: $a"
+    # and the evaluations (validation and test at the end) of the trained weights
+    a+=$(grep -o 'lm loss value: [^ ]*' "$tmp/pg_${recipe}.log")
+    b+=$(grep -o 'lm loss value: [^ ]*' "$tmp/pg_${recipe}_on.log")
+    [ "$a" = "$b" ] || fail "DP 2 $recipe: --fp8-param-gather changed the numbers: $(diff <(echo "$a") <(echo "$b") | head -4)"
+  done
+  echo "PASS 4: --fp8-param-gather under DP 2 prints the same losses and grad norms as without it (both recipes)"
+else
+  echo "(4 skipped: no MPI)"
+fi
 echo "PASS: FP8 training on the CPU"

@@ -25,6 +25,7 @@
 #include "megadlm/core/stream.h"
 #include "megadlm/core/tensor.h"
 #include "megadlm/ops/fp8.h"
+#include "megadlm/ops/fp8_gemm.h"
 
 namespace megadlm {
 
@@ -40,6 +41,9 @@ struct Fp8Settings {
   bool wgrad = true;  ///< false: weight-gradient GEMMs in high precision (--no-fp8-wgrad)
   /// Global layers [0, bf16_start) and [num_layers - bf16_end, num_layers) stay high precision.
   int num_layers = 0, bf16_start = 0, bf16_end = 0;
+  /// --fp8-param-gather: the distributed optimizer gathers the FP8 linears' weights as FP8 codes
+  /// (DataParallel::start_param_gather; docs/fp8.md "FP8 parameter gather").
+  bool param_gather = false;
 };
 
 class Fp8State {
@@ -65,6 +69,9 @@ class Fp8State {
   Tensor scale(int i, const Stream& stream);
   /// Changes at every begin_step: weight casts are valid for one generation.
   uint64_t generation() const { return generation_; }
+  /// The weights changed outside a step (an evaluation follows an optimizer update): the next
+  /// use casts them afresh. Running amaxes are left alone (the next begin_step clears them).
+  void weights_changed() { ++generation_; }
 
   /// Start of a step's forward/backward (and of a replay): running amaxes to 0, new weight
   /// generation (an evaluation between steps cannot leave a stale cast or amax behind).
@@ -73,6 +80,29 @@ class Fp8State {
   /// then `grad_group`; null: a group of one; every rank of both must call it) and updates the
   /// histories and scales (tensorwise: nothing to do).
   void finish_step(comm::Communicator* tp, comm::Communicator* grad_group, const Stream& stream);
+
+  // --------------------------------------------------------------- --fp8-param-gather
+  /// A weight whose codes the distributed optimizer gathers: the linear's weight slot and its
+  /// parameter-store handles (a fused weight spans first..last, contiguous in the flat buffer).
+  struct GatheredWeight {
+    int slot = -1;
+    int first = -1, last = -1;
+    ops::Fp8Tensor codes;  ///< the gathered codes [rows, cols] and the scale they were cast with
+  };
+  /// Registers the weight of slot `slot` for the FP8 parameter gather (only with
+  /// settings().param_gather; before the first gather).
+  void add_gathered_weight(int slot, int first, int last);
+  std::vector<GatheredWeight>& gathered_weights() { return gathered_; }
+  /// Whether an FP8 parameter gather has run (the linears then use its codes).
+  bool has_gathered() const { return have_gathered_; }
+  /// The codes of weight slot `slot` from the last FP8 parameter gather, or null when there was
+  /// none yet (the first step: the linears cast the full weights as without the flag).
+  const ops::Fp8Tensor* gathered_codes(int slot) const;
+  /// Called by the gather once every weight's codes are in place. `weight_amax` [n_gathered]:
+  /// delayed scaling's amaxes of this rank's shards (raised by the shard casts); begin_step puts
+  /// them into the weights' running amaxes (the cast belongs to the coming step), so that
+  /// finish_step's MAX over TP and the gradient group gives the whole weight's amax.
+  void gathered(Tensor weight_amax);
 
   /// Checkpoint state of tensor i: its amax history then its scale ([history_len + 1] floats).
   std::vector<float> state(int i) const;
@@ -89,6 +119,9 @@ class Fp8State {
   Tensor amax_;   ///< [n, 1] f32 on the device
   Tensor scale_;  ///< [n, 1] f32 on the device
   uint64_t generation_ = 0;
+  std::vector<GatheredWeight> gathered_;
+  bool have_gathered_ = false;
+  Tensor gathered_amax_;  ///< [n_gathered] f32: delayed, the shard casts' amaxes (see gathered())
 };
 
 }  // namespace megadlm

@@ -42,6 +42,9 @@ struct StageMemory {
   int64_t grads = 0;             ///< fp32 main gradients (+ the distributed optimizer's reduced shard)
   int64_t masters = 0;           ///< fp32 master weights (0 where they are the fp32 weights)
   int64_t moments = 0;           ///< Adam m and v
+  /// --fp8-param-gather: the gathered codes of the FP8 linears' weights (the CPU backend keeps
+  /// them decoded, 4 bytes an element; the staging buffer of the gather is in comm_buffers)
+  int64_t fp8_codes = 0;
   int64_t activations_per_micro_batch = 0;  ///< saved records of one micro-batch, all chunks
   int64_t activations = 0;       ///< saved records at the schedule's worst point
   double micro_batches_in_flight = 0;       ///< activations / activations_per_micro_batch
@@ -49,7 +52,7 @@ struct StageMemory {
   int64_t comm_buffers = 0;      ///< FSDP windows and slots, pipeline receive buffers
   int64_t workspaces = 0;        ///< temporaries of one layer's backward, recomputation, cuBLASLt
 
-  int64_t persistent() const { return weights + grads + masters + moments; }
+  int64_t persistent() const { return weights + grads + masters + moments + fp8_codes; }
   /// Predicted high-water mark of the memory pool.
   int64_t peak() const { return persistent() + activations + logits_and_loss + comm_buffers + workspaces; }
 };

@@ -1,5 +1,6 @@
 #include "megadlm/parallel/data_parallel/data_parallel.h"
 #include <algorithm>
+#include "megadlm/ops/fp8_gemm.h"
 #include "megadlm/ops/reduce.h"
 #include "megadlm/parallel/data_parallel/grad_norm_runs.h"
 
@@ -248,6 +249,12 @@ void DataParallel::start_param_gather() {
   bool any = false;
   for (size_t b = 0; b < buckets.size(); ++b) any |= group_size(b) > 1;
   if (!any) return;
+  if (fp8_) {  // the shard casts and the gather in stream order (the CPU backend only so far)
+    gather_with_fp8_weights(compute_);
+    gather_in_flight_ = true;
+    finish_param_gather();
+    return;
+  }
   const Stream& s = opt_.overlap_param_gather && overlap_ ? comm_ : compute_;
   if (&s != &compute_) {
     Event stepped = Event::create(compute_.device());
@@ -266,6 +273,129 @@ void DataParallel::start_param_gather() {
   }
   gather_in_flight_ = true;
   if (&s == &compute_) finish_param_gather();
+}
+
+void DataParallel::set_fp8_param_gather(std::shared_ptr<Fp8State> state) {
+  MDLM_CHECK(opt_.distributed_optimizer, "--fp8-param-gather needs the distributed optimizer");
+  MDLM_CHECK(state && state->settings().param_gather, "set_fp8_param_gather without --fp8-param-gather");
+  MDLM_CHECK(!compute_.is_cuda(), "--fp8-param-gather runs on the CPU backend only so far (docs/fp8.md)");
+  fp8_ = std::move(state);
+}
+
+// --fp8-param-gather. Each rank casts its shard of every FP8 linear's weight to FP8 with the
+// scale of the coming step and the gather moves the codes; they are the codes the linear would
+// get by casting the gathered weight (the cast is elementwise, the scale the same):
+//  - delayed: the scale is fixed for the step (the trainer runs Fp8State::finish_step before
+//    this); each shard cast raises this rank's share of the weight's amax, which begin_step
+//    hands to the coming step (finish_step's MAX over TP and the gradient group completes it).
+//  - tensorwise: the amax of the whole weight, MAX over the shards (this group) and TP, one
+//    packed all-reduce per group for all weights, then the scales.
+// The parameters that are not FP8 weights (norms, biases, embedding, head, bf16 layers,
+// experts) are gathered in the parameter dtype as without the flag.
+void DataParallel::gather_with_fp8_weights(const Stream& s) {
+  Fp8State& st = *fp8_;
+  std::vector<Fp8State::GatheredWeight>& ws = st.gathered_weights();
+  const auto& buckets = store_.buckets();
+  Tensor params = store_.flat_params();
+  const auto n = static_cast<int64_t>(ws.size());
+  struct Span {
+    int64_t begin = 0, end = 0;  // flat range of the weight
+    size_t bucket = 0;
+    int64_t own_begin = 0, own_end = 0;  // the piece this rank owns (may be empty)
+  };
+  std::vector<Span> spans(ws.size());
+  std::vector<int> weight_of(store_.descs().size(), -1);
+  for (size_t k = 0; k < ws.size(); ++k) {
+    const ParamDesc& f = store_.desc(ws[k].first);
+    const ParamDesc& l = store_.desc(ws[k].last);
+    Span& sp = spans[k];
+    sp.begin = f.offset;
+    sp.end = l.offset + l.numel();
+    sp.bucket = static_cast<size_t>(store_.bucket_of(ws[k].first));
+    MDLM_CHECK(static_cast<size_t>(store_.bucket_of(ws[k].last)) == sp.bucket && !buckets[sp.bucket].expert,
+               "--fp8-param-gather: the weight ", f.name, " spans two buckets");
+    const OwnedRange& r = owned_[sp.bucket];
+    sp.own_begin = std::max(sp.begin, r.begin);
+    sp.own_end = std::max(sp.own_begin, std::min(sp.end, r.end));
+    for (int h = ws[k].first; h <= ws[k].last; ++h) weight_of[static_cast<size_t>(h)] = static_cast<int>(k);
+  }
+  const ops::Fp8Type type = st.settings().fwd_type;
+  auto own_piece = [&](size_t k) {
+    const Span& sp = spans[k];
+    return params.slice_flat(sp.own_begin, {1, sp.own_end - sp.own_begin});
+  };
+  // The scales: delayed from the state; tensorwise from the reduced amaxes of the shards.
+  Tensor amax = Tensor::zeros({std::max<int64_t>(n, 1), 1}, DType::F32, compute_);
+  std::vector<Tensor> scale(ws.size());
+  if (st.delayed()) {
+    for (size_t k = 0; k < ws.size(); ++k) scale[k] = st.scale(ws[k].slot, compute_);
+  } else {
+    for (size_t k = 0; k < ws.size(); ++k) {
+      if (spans[k].own_end == spans[k].own_begin) continue;
+      Tensor a = amax.narrow(static_cast<int64_t>(k), 1);
+      ops::fp8_amax(own_piece(k), a, compute_);
+    }
+    if (size_ > 1) group_->all_reduce(amax, comm::ReduceOp::Max, compute_);
+    if (groups_.tp) groups_.tp->all_reduce(amax, comm::ReduceOp::Max, compute_);
+    Tensor scales = Tensor::empty(amax.shape(), DType::F32, compute_);
+    ops::fp8_scale_from_amax(amax, scales, type, compute_);
+    for (size_t k = 0; k < ws.size(); ++k) scale[k] = scales.narrow(static_cast<int64_t>(k), 1);
+  }
+  // The codes' buffers (once) and their dequantization factors.
+  const Tensor zero = Tensor::zeros({1, 1}, params.dtype(), compute_);
+  for (size_t k = 0; k < ws.size(); ++k) {
+    ops::Fp8Tensor& c = ws[k].codes;
+    if (!c.data.defined()) {
+      const Tensor w = store_.param_span(ws[k].first, ws[k].last);
+      c.data = Tensor::empty(w.shape(), params.dtype(), compute_);
+      c.rows = w.rows();
+      c.cols = w.cols();
+      c.type = type;
+    }
+    c.scale_inv = ops::fp8_quantize(zero, scale[k], type, false, nullptr, compute_).scale_inv;
+  }
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (group_size(b) == 1) continue;
+    const GradBucket& bucket = buckets[b];
+    const OwnedRange& r = owned_[b];
+    Tensor full = params.slice_flat(bucket.begin, {bucket.end - bucket.begin});
+    Tensor mine = params.slice_flat(r.begin, {r.end - r.begin});
+    bool has_fp8 = false;
+    for (int h : bucket.params) has_fp8 |= weight_of[static_cast<size_t>(h)] >= 0;
+    if (!has_fp8) {
+      group_of(b)->all_gather(mine, full, s);
+      done_[b].record(s);
+      param_ready_[b] = false;
+      continue;
+    }
+    // The shard as it travels: the owned parameters, the FP8 weights' pieces as codes.
+    Tensor staging = Tensor::empty({bucket.end - bucket.begin}, params.dtype(), compute_);
+    Tensor out = staging.slice_flat(r.begin - bucket.begin, {r.end - r.begin});
+    copy_tensor(mine, out, compute_);
+    for (size_t k = 0; k < ws.size(); ++k) {
+      const Span& sp = spans[k];
+      if (sp.bucket != b || sp.own_end == sp.own_begin) continue;
+      Tensor a = amax.narrow(static_cast<int64_t>(k), 1);
+      const ops::Fp8Tensor q = ops::fp8_quantize(own_piece(k), scale[k], type, false,
+                                                 st.delayed() ? &a : nullptr, compute_);
+      Tensor dst = staging.slice_flat(sp.own_begin - bucket.begin, {1, sp.own_end - sp.own_begin});
+      copy_tensor(q.data, dst, compute_);
+    }
+    group_of(b)->all_gather(out, staging, s);
+    // Unpack: codes into the weights' code buffers, everything else into the parameters.
+    for (int h : bucket.params) {
+      const ParamDesc& d = store_.desc(h);
+      Tensor src = staging.slice_flat(d.offset - bucket.begin, {d.numel()});
+      const int k = weight_of[static_cast<size_t>(h)];
+      Tensor dst = k >= 0 ? ws[static_cast<size_t>(k)].codes.data.slice_flat(
+                                d.offset - spans[static_cast<size_t>(k)].begin, {d.numel()})
+                          : params.slice_flat(d.offset, {d.numel()});
+      copy_tensor(src, dst, s);
+    }
+    done_[b].record(s);
+    param_ready_[b] = false;
+  }
+  st.gathered(st.delayed() ? amax : Tensor());
 }
 
 void DataParallel::params_needed(const std::vector<int>& handles) {

@@ -73,7 +73,17 @@ ops::Fp8Tensor Fp8Linear::cast(int slot, const Tensor& x, bool activation, bool 
   return ops::fp8_quantize(x, scale, type, columnwise, nullptr, s);
 }
 
+void Fp8Linear::gather_weight(int first, int last) const {
+  if (state_ && state_->settings().param_gather) state_->add_gathered_weight(w_, first, last);
+}
+
 const ops::Fp8Tensor& Fp8Linear::weight(const Tensor& w, const Stream& s) const {
+  // --fp8-param-gather: the codes the gather brought, cast by each weight shard's owner with
+  // this step's scale (the same codes the cast below gives; docs/fp8.md).
+  if (const ops::Fp8Tensor* g = state_->gathered_codes(w_)) {
+    if (w_cache_.defined()) w_cache_ = {};  // the first step's cast is not needed any more
+    return *g;
+  }
   if (w_generation_ != state_->generation() || !w_cache_.defined()) {
     // Both orientations in one pass: row-wise for the forward GEMM, column-wise for dgrad.
     w_cache_ = cast(w_, w, /*activation=*/false, /*columnwise=*/true, s);
@@ -138,6 +148,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::vec
     local_out_ += parts[i].out_features / mp.tp.size;
   }
   fp8_ = Fp8Linear(mp.fp8, parts[0].name, mp);
+  fp8_.gather_weight(w_first_, w_last_);
   if (bias) {
     const ParamInit zero{InitKind::Zeros, 0.0f};
     for (size_t i = 0; i < parts.size(); ++i) {
@@ -227,6 +238,7 @@ RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& n
                        .weight_decay = false,
                        .tp = {.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = mp.tp.size}});
   fp8_ = Fp8Linear(mp.fp8, name, mp);
+  fp8_.gather_weight(weight_, weight_);
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x, const Stream& s) const {

@@ -243,6 +243,10 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
            "collectives; docs/fp8.md)");
   if (a.b("fp8_param_gather") && !fp8)
     d.error("FP8-6", "`--fp8-param-gather` needs `--fp8-format` (e4m3 or hybrid)");
+  if (fp8 && a.b("fp8_param_gather") && (a.b("use_custom_fsdp") || a.b("use_torch_fsdp2")))
+    d.error("FP8-9", "`--fp8-param-gather` with Megatron-FSDP (`--use-custom-fsdp`) is not built yet: "
+                     "FSDP gathers its own parameter shards (docs/fp8.md); use "
+                     "`--use-distributed-optimizer` without FSDP, or drop `--fp8-param-gather`");
   // Megatron ignores these silently; a warning says which setting does nothing.
   if (!fp8) {
     for (const char* dest : {"fp8_recipe", "fp8_margin", "fp8_amax_history_len",
@@ -820,6 +824,11 @@ void check_device(ArgState& a, Ctx& c, Diagnostics& d) {
   if (!given) a.set("device", std::string(a.launch().visible_gpus > 0 ? "cuda" : "cpu"));
   const std::string device_text =
       given ? a.flag_value("device") : "`--device cuda` (the default when a GPU is visible)";
+  if (a.s("device") == "cuda" && a.b("fp8_param_gather") && a.is_set("fp8"))
+    d.error("FP8-9", device_text + " with `--fp8-param-gather`: the FP8 parameter gather runs on the "
+                     "CPU backend only so far (its CUDA shard cast into the gather buffer and the "
+                     "transposed codes after the gather are not built; docs/fp8.md); drop "
+                     "`--fp8-param-gather` (the weights are then gathered in bf16) or use `--device cpu`");
   if (a.s("device") == "cuda") {
     // FP8-8: Hopper's FP8 GEMMs need leading dimensions that are multiples of 16 (every GEMM
     // dimension of the FP8 linears is a leading dimension of one of its three GEMMs).

@@ -657,9 +657,10 @@ constexpr FlagSpec kFlags[] = {
              "maximum)."},
     {.name = "--no-fp8-wgrad", .kind = K::StoreFalse, .group = G::Precision,
      .dest = "fp8_wgrad", .help = "Run the weight-gradient GEMMs in high precision under FP8."},
-    {.name = "--fp8-param-gather", .kind = K::StoreTrue, .group = G::Precision, .status = S::NotYet,
-     .help = "Keep parameters in FP8 and all-gather them in FP8 (needs --fp8-format and the "
-             "distributed optimizer)."},
+    {.name = "--fp8-param-gather", .kind = K::StoreTrue, .group = G::Precision,
+     .help = "All-gather the FP8 linears' weights as FP8 codes, each cast by its shard's owner "
+             "(needs --fp8-format and the distributed optimizer; CPU backend only so far, not "
+             "with Megatron-FSDP: rule FP8-9)."},
     {.name = "--first-last-layers-bf16", .kind = K::StoreTrue, .group = G::Precision,
      .help = "(upstream) Keep the first and last transformer layers in bf16 under FP8 (not with "
              "delayed scaling)."},

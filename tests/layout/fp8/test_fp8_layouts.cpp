@@ -24,6 +24,15 @@
 //   MoE EP2 x TP2+SP, and EP2 x ETP2 over TP2+SP x DP2 (4 ranks)   1.2e-7   3.4e-3
 //   MoE EP2 x ETP2 over DP4 (4 ranks)   8.6e-8   5.1e-5
 //   MoE FSDP optim_grads(_params) EP2   5.8e-8   6.8e-8
+//   --fp8-param-gather (Fp8ParamGather.*, distributed optimizer; equal bit for bit to the same
+//   run without the flag, so these are the layouts' own numbers):
+//   DP2 (one bucket / several)  1.1e-7   2.2e-7 / 2.3e-7
+//   DP4                         1.2e-4   5.5e-4   (DP 4's gradient sum order flips codes)
+//   DP2 x TP2+SP                2.0e-4   2.1e-7
+//   DP2 x PP2                   1.1e-7   2.2e-7
+//   CP2                         1.1e-7   1.5e-3
+//   DP4, two optimizer instances  1.2e-4   5.5e-4
+//   MoE EP2                     1.3e-3   4.0e-6
 // Whether a flip happens in TP and CP runs depends on the trajectory (both recipes show one
 // in one of the two configurations); PP changes no sum inside the linears, only the order of
 // the gradient-norm sum over stages, whose last-bit difference reaches the weights through the
@@ -47,6 +56,7 @@
 #include "megadlm/data/mock_dataset.h"
 #include "megadlm/parallel/process_groups.h"
 #include "megadlm/training/trainer.h"
+#include "support/checkpoint_checks.h"
 #include "support/spmd.h"
 #include "support/tiny_model.h"
 
@@ -62,7 +72,11 @@ struct Layout {
   bool moe = false;
   int ep = 1, etp = 1;
   MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
-  std::optional<ShardingStrategy> fsdp;  ///< --use-custom-fsdp with this strategy
+  std::optional<ShardingStrategy> fsdp = std::nullopt;  ///< --use-custom-fsdp with this strategy
+  bool dist_opt = false;                 ///< --use-distributed-optimizer
+  bool param_gather = false;             ///< --fp8-param-gather (needs dist_opt)
+  int64_t bucket_size = 0;               ///< --ddp-bucket-size (0: one bucket)
+  int instances = 1;                     ///< --num-distributed-optimizer-instances
 };
 
 RunConfig fp8_run(const Layout& l, Fp8Recipe recipe) {
@@ -82,6 +96,10 @@ RunConfig fp8_run(const Layout& l, Fp8Recipe recipe) {
     r.parallel.data_parallel_sharding_strategy = *l.fsdp;
     r.parallel.use_distributed_optimizer = *l.fsdp != ShardingStrategy::NoShard;
   }
+  if (l.dist_opt) r.parallel.use_distributed_optimizer = true;
+  r.parallel.ddp_bucket_size = l.bucket_size;
+  r.parallel.num_distributed_optimizer_instances = l.instances;
+  r.fp8.param_gather = l.param_gather;
   r.parallel.world_size = world;
   r.parallel.data_parallel_size = l.dp;
   r.parallel.tensor_model_parallel_size = l.tp;
@@ -115,7 +133,9 @@ double bound(const Layout& l, Fp8Recipe recipe) {
     return delayed ? 5e-3 : 4e-5;                // the DP all-reduce: measured 1.3e-3 / 4.0e-6
   }
   if (l.fsdp) return sharded_grads ? (delayed ? 1e-3 : 5e-3) : 1e-5;  // measured 1.2e-4 / 5.5e-4; <= 2.2e-7
-  const bool flips = l.tp > 1 || l.cp > 1 || (recipe == Fp8Recipe::Tensorwise && l.pp > 1);
+  // DP 4 sums each gradient over four ranks in another order than one rank: its last bits flip
+  // codes as TP does (the --fp8-param-gather suite runs it; the same with and without the flag).
+  const bool flips = l.tp > 1 || l.cp > 1 || l.dp > 2 || (recipe == Fp8Recipe::Tensorwise && l.pp > 1);
   return flips ? 5e-3 : 1e-5;
 }
 
@@ -275,4 +295,107 @@ TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelOverTensorParallelDelaye
 TEST(Fp8Layouts, ExpertParallelTimesExpertTensorParallelOverTensorParallelTensorwise) {
   expect_same_as_one_rank({.dp = 2, .tp = 2, .sp = true, .moe = true, .ep = 2, .etp = 2}, Fp8Recipe::Tensorwise,
                           "EP2 x ETP2, TP2+SP x DP2");
+}
+
+// --fp8-param-gather (docs/fp8.md "FP8 parameter gather"): each rank casts its shard of the FP8
+// linears' weights with the coming step's scale and the distributed optimizer gathers the codes.
+// Casting is elementwise and the scale is the one the gathered weight would get (delayed: the
+// history's; tensorwise: the amax reduced over the shards and TP), so the run must equal the same
+// layout without the flag bit for bit: losses and gradient norms of every iteration compared
+// with ==, and the linears must have used gathered codes. And, as every layout, one rank within
+// its bound. Several buckets (--ddp-bucket-size) put weights on shard boundaries of their own.
+void expect_param_gather_exact(Layout l, Fp8Recipe recipe, const char* name) {
+  comm::DistributedRuntime& rt = test::spmd::mpi_runtime();
+  const int world = l.dp * l.tp * l.pp * l.cp;
+  if (rt.world().size() != world) GTEST_SKIP() << name << " runs on " << world << " ranks";
+  l.dist_opt = true;
+  // Training, then an evaluation of the trained weights (the FP8 linears of the run without the
+  // flag cast the updated weights afresh for it; with the flag they use the gathered codes).
+  auto run = [&](bool param_gather, double& eval_loss) {
+    l.param_gather = param_gather;
+    RunConfig cfg = fp8_run(l, recipe);
+    cfg.training.eval_iters = 2;
+    parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), cfg.parallel);
+    auto data = std::make_shared<MockGptDataset>(64, 16, 63);
+    std::ostringstream log;
+    Trainer t(cfg, data, log, &groups);
+    const auto metrics = t.train();
+    EXPECT_EQ(t.parallel_model().model_parallel.fp8->has_gathered(), param_gather)
+        << name << ": the FP8 parameter gather did not run as asked";
+    eval_loss = t.evaluate(*data);
+    return metrics;
+  };
+  double eval_without = 0, eval_with = 0;
+  const auto without = run(false, eval_without);
+  const auto with = run(true, eval_with);
+  EXPECT_EQ(eval_with, eval_without) << name << " " << recipe_name(recipe) << ": evaluation after training";
+  EXPECT_TRUE(std::isfinite(eval_with));
+  ASSERT_EQ(with.size(), without.size());
+  for (size_t i = 0; i < with.size(); ++i) {
+    EXPECT_EQ(with[i].lm_loss, without[i].lm_loss) << name << " " << recipe_name(recipe) << ", rank "
+                                                   << rt.world().rank() << ", iteration " << i + 1;
+    EXPECT_EQ(with[i].grad_norm, without[i].grad_norm) << name << " " << recipe_name(recipe) << ", rank "
+                                                       << rt.world().rank() << ", iteration " << i + 1;
+  }
+  l.param_gather = true;
+  expect_same_as_one_rank(l, recipe, (std::string(name) + " --fp8-param-gather").c_str());
+}
+
+TEST(Fp8ParamGather, DistributedOptimizerDp2) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2}, recipe, "DP2 distributed optimizer");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp2SeveralBuckets) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .bucket_size = 3000}, recipe, "DP2 distributed optimizer, buckets");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp4) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 4}, recipe, "DP4 distributed optimizer");
+}
+TEST(Fp8ParamGather, TwoDistributedOptimizerInstancesDp4) {
+  // Shards over the two ranks of each instance; the instances gather alike.
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 4, .instances = 2}, recipe, "DP4, two distributed-optimizer instances");
+}
+TEST(Fp8ParamGather, DistributedOptimizerCp2) {
+  // The optimizer shards over the gradient group, here the two CP ranks.
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.cp = 2}, recipe, "CP2 distributed optimizer");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp2Tp2) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .tp = 2, .sp = true}, recipe, "DP2 x TP2+SP distributed optimizer");
+}
+TEST(Fp8ParamGather, DistributedOptimizerDp2Pp2) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .pp = 2}, recipe, "DP2 x PP2 distributed optimizer");
+}
+TEST(Fp8ParamGather, MoeExpertsKeepTheBf16Gather) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise})
+    expect_param_gather_exact({.dp = 2, .moe = true, .ep = 2}, recipe, "MoE EP2 distributed optimizer");
+}
+
+// A run with --fp8-param-gather stopped after 4 of 8 iterations, saved and resumed in a new
+// trainer continues bit for bit: the resume gathers the codes right after loading (with the
+// loaded delayed scales) and hands the shard casts' amaxes to the first resumed step.
+TEST(Fp8ParamGather, ResumeIsBitIdentical) {
+  comm::DistributedRuntime& rt = test::spmd::mpi_runtime();
+  if (rt.world().size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  constexpr int64_t kStop = 4;
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Tensorwise}) {
+    test::SharedTempDir dir(rt.world(), "megadlm_layout_fp8_param_gather_");
+    const RunConfig base = fp8_run({.dp = 2, .dist_opt = true, .param_gather = true}, recipe);
+    parallel::ProcessGroups groups = parallel::ProcessGroups::build(rt.world_shared(), base.parallel);
+    const auto straight = train(base, &groups);
+    RunConfig first = base;
+    first.checkpoint.save = dir / "ckpt";
+    first.checkpoint.save_interval = 2;
+    first.training.exit_interval = kStop;
+    train(first, &groups);
+    RunConfig second = base;
+    second.checkpoint.load = dir / "ckpt";
+    test::expect_identical_resume(train(second, &groups), straight, kStop,
+                                  std::string("DP2 --fp8-param-gather ") + recipe_name(recipe));
+  }
 }

@@ -274,3 +274,23 @@ TEST(MemoryPlan, CountsWhatTheModelsForwardKeeps) {
     EXPECT_EQ(plan.head, real.head);
   }
 }
+
+TEST(MemoryPlan, CountsTheFp8ParamGatherCodesAndStagingBuffer) {
+  // --fp8-param-gather (CPU backend, distributed optimizer over 4 ranks, one bucket): the codes
+  // of the FP8 linears' weights, 4 bytes an element (the CPU keeps codes decoded), and a staging
+  // buffer of the one bucket (the whole flat buffer in the parameter dtype: the weights' bytes).
+  // Per layer of the 1.7B model: QKV 3·2048², proj 2048², fc1 (SwiGLU) 2·6144·2048, fc2 2048·6144.
+  RunConfig cfg = config_1p7b(4, 16, {"--use-distributed-optimizer", "--fp8-format", "hybrid"});
+  const StageMemory without = plan_memory(cfg, PlanDevice::Cpu).stages.at(0);
+  EXPECT_EQ(without.fp8_codes, 0);
+  cfg.fp8.param_gather = true;
+  const StageMemory with = plan_memory(cfg, PlanDevice::Cpu).stages.at(0);
+  const int64_t per_layer = 4LL * 2048 * 2048 + 3LL * 6144 * 2048;
+  EXPECT_EQ(with.fp8_codes, 4 * 28 * per_layer);
+  EXPECT_EQ(with.comm_buffers - without.comm_buffers, with.weights);
+  EXPECT_EQ(with.persistent() - without.persistent(), with.fp8_codes);
+  // Without the distributed optimizer nothing is gathered.
+  RunConfig ddp = config_1p7b(4, 16, {"--fp8-format", "hybrid"});
+  ddp.fp8.param_gather = true;
+  EXPECT_EQ(plan_memory(ddp, PlanDevice::Cpu).stages.at(0).fp8_codes, 0);
+}

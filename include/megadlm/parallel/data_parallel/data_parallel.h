@@ -18,6 +18,7 @@
 // over the expert-data-parallel group: the ranks holding the same experts
 // (docs/parallelism/expert_parallel.md).
 #pragma once
+#include "megadlm/parallel/fp8_state.h"
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -117,6 +118,10 @@ class DataParallel final : public DataParallelWrapper {
   void start_param_gather() override;
   /// Waits for every outstanding parameter all-gather.
   void finish_param_gather() override;
+  /// --fp8-param-gather: the weights registered in `state` (Fp8State::gathered_weights) are
+  /// gathered as FP8 codes cast by each shard's owner with the coming step's scale; the other
+  /// parameters of their buckets travel as before (docs/fp8.md "FP8 parameter gather").
+  void set_fp8_param_gather(std::shared_ptr<Fp8State> state);
   /// Without the distributed optimizer rank 0 of the group writes everything; with it every
   /// rank of the first instance writes its shard.
   bool checkpoint_writer() const override {
@@ -131,6 +136,8 @@ class DataParallel final : public DataParallelWrapper {
   int group_size(size_t b) const;
   void reduce_tp_partial_grads();
   void reduce_embedding_group_grads();
+  /// start_param_gather with --fp8-param-gather; `s` the gather's stream.
+  void gather_with_fp8_weights(const Stream& s);
   const Stream& comm_stream() const { return overlap_ ? comm_ : compute_; }
 
   ParameterStore& store_;
@@ -154,6 +161,7 @@ class DataParallel final : public DataParallelWrapper {
   std::vector<Event> done_;           // per bucket: its collective finished (comm stream)
   bool last_micro_batch_ = false;
   bool gather_in_flight_ = false;
+  std::shared_ptr<Fp8State> fp8_;     // --fp8-param-gather
 };
 
 }  // namespace megadlm

@@ -41,6 +41,9 @@ class Fp8Linear {
   Fp8Linear() = default;
   Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, const ModelParallel& mp);
   bool active() const { return state_ != nullptr; }
+  /// --fp8-param-gather: the weight (store handles first..last) is gathered as FP8 codes by the
+  /// distributed optimizer; once a gather has run, the GEMMs use those codes (no cast here).
+  void gather_weight(int first, int last) const;
 
   /// y = x W^T (+ bias): x and W quantized (e4m3), fp32 accumulation, y in x's dtype; or, with
   /// beta/addend, the GemmArgs epilogue (residual add).

@@ -621,6 +621,21 @@ std::vector<Row> rows() {
        O::Rejected, {"`--num-layers-at-end-in-bf16 -1` must lie in [0, 2]", "[FP8-5]"}},
       {"FP8-6", cmd({"--fp8-param-gather", "--use-distributed-optimizer"}), O::Rejected,
        {"`--fp8-param-gather` needs `--fp8-format` (e4m3 or hybrid) [FP8-6]"}},
+      {"FP8-6-param-gather-accepted",
+       cmd({"--fp8-format", "hybrid", "--fp8-param-gather", "--use-distributed-optimizer"}), O::Accepted, {},
+       [](const ParsedArguments& p) {
+         EXPECT_TRUE(p.config.fp8.param_gather);
+         EXPECT_TRUE(p.not_supported.empty()) << joined(p.not_supported);
+       }},
+      {"FP8-9-fsdp", dry(2, {"--fp8-format", "hybrid", "--fp8-param-gather", "--use-custom-fsdp"}), O::Rejected,
+       {"`--fp8-param-gather` with Megatron-FSDP (`--use-custom-fsdp`) is not built yet", "[FP8-9]"}},
+      {"FP8-9-cuda",
+       cmd({"--device", "cuda", "--bf16", "--fp8-format", "hybrid", "--fp8-param-gather",
+            "--use-distributed-optimizer"}),
+       O::Rejected,
+       {"`--device cuda` with `--fp8-param-gather`: the FP8 parameter gather runs on the CPU backend only so far",
+        "[FP8-9]"},
+       nullptr, LaunchInfo{.world_size = 1, .rank = 0, .visible_gpus = 1}},
       {"G-5", dry(6, {"--use-distributed-optimizer", "--num-distributed-optimizer-instances", "4"}),
        O::Rejected, {"`--num-distributed-optimizer-instances 4` does not divide dp·cp = 6·1 = 6; valid: 1, 2, 3, 6 [G-5]"}},
       {"G-7", dry(2, {"--num-distributed-optimizer-instances", "2"}), O::Rejected,
@@ -1243,7 +1258,7 @@ const char* const kImplementedRules[] = {
     "R-8",  "D-1",  "D-2",  "D-3",  "D-4",  "D-6",  "D-7",  "D-10", "D-11",  "M-1",  "M-2",  "M-3",  "M-4",
     "M-5",  "M-7",  "M-8",  "M-9",  "M-10", "M-11", "M-12", "M-13", "M-14", "M-15", "M-16",
     "M-17", "M-18", "M-19", "M-20", "M-21", "M-22", "M-23", "M-24", "M-25", "M-26", "R-14", "R-15", "F-7", "F-8", "F-10", "F-13",
-    "FP8-1", "FP8-2", "FP8-3", "FP8-4", "FP8-5", "FP8-6"};
+    "FP8-1", "FP8-2", "FP8-3", "FP8-4", "FP8-5", "FP8-6", "FP8-9"};
 
 TEST(ArgumentRowsTable, HasARowForEveryImplementedRule) {
   const std::vector<Row> table = rows();
