@@ -9,6 +9,7 @@
 #include <utility>
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/fp8_cuda.h"
+#include "ops/cuda/internal.h"
 #include "ops/fp8_math.h"
 
 namespace megadlm::ops::cuda {
@@ -250,14 +251,6 @@ struct LtPref {
 }  // namespace
 
 namespace {
-
-/// Alignment cuBLASLt may assume for a pointer: its largest power-of-two divisor, capped at 256.
-uint32_t pointer_alignment(const void* p) {
-  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
-  if (v == 0) return 256;
-  const uintptr_t low = v & (~v + 1);
-  return static_cast<uint32_t>(low < 256 ? low : 256);
-}
 
 // The heuristic's choice per problem. One training step makes thousands of FP8 GEMM calls over a
 // handful of shapes, and a heuristic query costs far more host time than the descriptors: the

@@ -70,15 +70,6 @@ struct Preference {
 
 // ---- heuristic cache ----------------------------------------------------------------------
 
-/// Alignment cuBLASLt may assume for a pointer: its largest power-of-two divisor, capped at 256
-/// (the heuristic's default assumption; views made by narrow/slice_flat can be less aligned).
-uint32_t pointer_alignment(const void* p) {
-  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
-  if (v == 0) return 256;
-  const uintptr_t low = v & (~v + 1);
-  return static_cast<uint32_t>(low < 256 ? low : 256);
-}
-
 struct AlgoKey {
   int device;
   int64_t m, n, k;

@@ -25,4 +25,14 @@ void launch_add_partial_rows(const float* partials, int64_t num_partials, int64_
 /// c[r, :] += bias[:] for c [rows, cols] of bf16 or f32 and bias of c's dtype. elementwise.cu.
 void launch_add_row_bias(Tensor& c, const Tensor& bias, cudaStream_t stream);
 
+/// Alignment cuBLASLt may assume for a pointer: its largest power-of-two divisor, capped at 256
+/// (the heuristic's default assumption; views can be less aligned). gemm.cpp and fp8.cu key their
+/// algorithm caches by it and tell the heuristic.
+inline uint32_t pointer_alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  if (v == 0) return 256;
+  const uintptr_t low = v & (~v + 1);
+  return static_cast<uint32_t>(low < 256 ? low : 256);
+}
+
 }  // namespace megadlm::ops::cuda
