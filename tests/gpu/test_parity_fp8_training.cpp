@@ -9,9 +9,12 @@
 //    accumulation order and the bf16 rounding of y and dx differ: rel L2 1e-2 (bf16 outputs),
 //    1e-3 (fp32 dW);
 //  - the MoE experts (one MoE layer, 8 experts, top-2, 200 tokens: chunks of every size, so the
-//    CUDA weight-gradient GEMMs pad them to 16): the same as the linear for y and dx (only the
-//    router's bf16 logits can send a token elsewhere, which the scales see) and dW; the expert
-//    GEMMs' codes and scales follow the host's rules bit for bit;
+//    CUDA weight-gradient GEMMs pad them to 16): looser than the linear, because the SwiGLU
+//    output between the two expert GEMMs is bf16 on CUDA and f32 on the CPU before its FP8 cast
+//    (and the router's bf16 logits can send a token elsewhere): y 3e-2, gradients 5e-2. The
+//    first device run (2026-12-06) also had the CPU's f32 weights, not their bf16 values, and
+//    measured 3.7e-2 / 6.5e-2: weights near a rounding boundary got other codes; now both sides
+//    start from the same bf16 values, checked;
 //  - a training step: bf16 activations on CUDA round differently before each cast, which can
 //    move values across FP8 rounding boundaries: loss 3e-3, grad norm 5e-2 (3x the bf16 step
 //    parity bounds of TrainingParity.*).
@@ -62,6 +65,8 @@ void linear_parity(Fp8Scaling scaling) {
   struct Side {
     std::vector<double> y, dx, dw;
   } res[2];
+  std::vector<double> params[2];
+  std::vector<float> shared_params;
   for (int side = 0; side < 2; ++side) {
     const Stream& s = side == 0 ? cpu : gpu;
     const DType act = side == 0 ? DType::F32 : DType::BF16;
@@ -82,6 +87,8 @@ void linear_parity(Fp8Scaling scaling) {
       state->finish_step(nullptr, nullptr, s);
     }
   }
+  ASSERT_EQ(params[0].size(), params[1].size());
+  EXPECT_EQ(test::rel_l2(params[1], params[0]), 0.0) << "the two sides do not start from the same weights";
   const double ey = test::rel_l2(res[1].y, res[0].y), edx = test::rel_l2(res[1].dx, res[0].dx),
                edw = test::rel_l2(res[1].dw, res[0].dw);
   std::printf("[parity fp8 linear %s] rel L2 y %.3e dx %.3e dw %.3e\n",
@@ -165,6 +172,8 @@ void moe_experts_parity(Fp8Scaling scaling) {
   struct Side {
     std::vector<double> y, dx, dw1, dw2;
   } res[2];
+  std::vector<double> params[2];
+  std::vector<float> shared_params;
   for (int side = 0; side < 2; ++side) {
     const Stream& s = side == 0 ? Stream::cpu() : static_cast<const Stream&>(gpu);
     const DType act = side == 0 ? DType::F32 : DType::BF16;
@@ -176,6 +185,18 @@ void moe_experts_parity(Fp8Scaling scaling) {
     ParameterStore store;
     MoeLayer layer(cfg, 0, "decoder.layers.0.", store, mp);
     store.materialize(act, 5, s);
+    // Both sides start from the CPU's parameters rounded to bf16 (what CUDA can hold): a weight
+    // whose two sides differ near an FP8 rounding boundary gets another code (measured on the
+    // H100 before this: rel L2 3.7e-2 in y and 6.5e-2 in dx, where the linear test's agree).
+    Tensor flat = store.flat_params();
+    if (side == 0) {
+      float* p = flat.data<float>();
+      for (int64_t i = 0; i < flat.numel(); ++i) p[i] = round_to_bf16(p[i]);
+      shared_params.assign(p, p + flat.numel());
+    } else {
+      copy_tensor(on(shared_params, {flat.numel()}, s, act), flat, s);
+    }
+    params[side] = test::to_doubles(flat, s);
     MoeStepState moe(cfg, DType::F32, s);
     ModelRuntime rt;
     rt.stream = s;
@@ -207,16 +228,20 @@ void moe_experts_parity(Fp8Scaling scaling) {
       mp.fp8->finish_step(nullptr, nullptr, s);
     }
   }
+  ASSERT_EQ(params[0].size(), params[1].size());
+  EXPECT_EQ(test::rel_l2(params[1], params[0]), 0.0) << "the two sides do not start from the same weights";
   const double ey = test::rel_l2(res[1].y, res[0].y), edx = test::rel_l2(res[1].dx, res[0].dx),
                edw1 = test::rel_l2(res[1].dw1, res[0].dw1), edw2 = test::rel_l2(res[1].dw2, res[0].dw2);
   std::printf("[parity fp8 experts %s] rel L2 y %.3e dx %.3e dW1(expert 3) %.3e dW2(expert 3) %.3e\n",
               scaling == Fp8Scaling::Delayed ? "delayed" : "tensorwise", ey, edx, edw1, edw2);
-  // Not yet measured on a device: the linear's bounds, loosened 3x for the activation between
-  // fc1 and fc2 (bf16 on CUDA, cast again) and for tokens the bf16 router sends elsewhere.
+  // Same weights and inputs; what still differs is the activation between fc1 and fc2 (bf16 on
+  // CUDA, f32 on the CPU) before its cast: ~3-5% of its elements land on the next FP8 code (e4m3
+  // forward, e5m2 for dfc1 in backward), ~2% in y and ~3% in the gradients, plus the tokens the
+  // router's bf16 logits send elsewhere. A wrong scale or expert mapping gives 0.5 and more.
   EXPECT_LT(ey, 3e-2);
-  EXPECT_LT(edx, 3e-2);
-  EXPECT_LT(edw1, 3e-2);
-  EXPECT_LT(edw2, 3e-2);
+  EXPECT_LT(edx, 5e-2);
+  EXPECT_LT(edw1, 5e-2);
+  EXPECT_LT(edw2, 5e-2);
   EXPECT_GT(test::rel_l2(res[0].dw2, std::vector<double>(res[0].dw2.size(), 0.0)), 0.0) << "expert 3 got no tokens";
 }
 
