@@ -56,6 +56,18 @@ def decode(model, prompts, a, dev):
         return out.logits
 
     from transformers import DynamicCache
+
+    def drop_after(cache, keep):
+        # The step's keys and values go; the committed blocks stay. A negative crop removes that
+        # many tokens; crop(0) is a no-op in recent transformers (a prompt shorter than one block
+        # starts at block 0), so an empty prefix gets a fresh cache.
+        if keep == 0:
+            return DynamicCache()
+        extra = cache.get_seq_length() - keep
+        if extra > 0:
+            cache.crop(-extra)
+        return cache
+
     cache = DynamicCache()
     for j in range(first):
         forward(cache, j * b_len, (j + 1) * b_len)
@@ -67,7 +79,7 @@ def decode(model, prompts, a, dev):
             if all(c[i] == 0 for c in sched):
                 continue
             logits = forward(cache, b0, b1).float()
-            cache.crop(b0)
+            cache = drop_after(cache, b0)
             prob = torch.softmax(logits, dim=-1)
             conf, tok = prob.max(dim=-1)
             masked = x[:, b0:b1] == a.mask_id
