@@ -4,6 +4,7 @@
 #include <vector>
 #include "megadlm/core/error.h"
 #include "megadlm/core/philox.h"
+#include "block_rows.h"
 
 namespace megadlm {
 
@@ -116,19 +117,8 @@ HostMicroBatch build_block_diffusion_micro_batch(const std::vector<std::vector<i
                                                  int64_t first_sample, const DiffusionConfig& config,
                                                  const BatchContext& ctx) {
   const int64_t L = static_cast<int64_t>(samples[0].size()) - 1, B = config.block_size;
-  MDLM_CHECK(B > 0 && L % B == 0, "block diffusion: --dlm-block-size ", B,
-             " must divide the sequence length ", L);
-  HostMicroBatch mb;
-  mb.batch = static_cast<int64_t>(samples.size());
-  mb.first_sample = first_sample;
-  mb.seq = 2 * L;
-  const size_t n = static_cast<size_t>(mb.batch * 2 * L);
-  mb.input_ids.resize(n);
-  mb.labels.resize(n);
-  mb.loss_weights.assign(n, 0.0f);
-  mb.positions.resize(n);
-  mb.noise_mask.assign(n, 0);
-  mb.block_ranges.resize(static_cast<size_t>(mb.batch * 4 * L));
+  HostMicroBatch mb =
+      block_rows::allocate(static_cast<int64_t>(samples.size()), L, B, first_sample, "block diffusion");
   const NoiseKeys keys = noise_keys(ctx.seed, ctx.training);
   std::vector<int32_t> group(static_cast<size_t>(L));
   double loss_tokens = 0;
@@ -141,16 +131,13 @@ HostMicroBatch build_block_diffusion_micro_batch(const std::vector<std::vector<i
     for (int64_t i = 0; i < L; ++i) {
       const bool closes = ctx.eod_token >= 0 && clean[i] == ctx.eod_token;
       if (i == L - 1 || (ctx.per_document_attention && closes)) {
-        for (int64_t j = doc_start; j <= i; ++j) {
-          const int64_t block_start = doc_start + (j - doc_start) / B * B;
-          ranges[j] = static_cast<int32_t>(doc_start);
-          ranges[L + j] = static_cast<int32_t>(i + 1);
-          ranges[2 * L + j] = static_cast<int32_t>(block_start);
-          ranges[3 * L + j] = static_cast<int32_t>(std::min(block_start + B, i + 1));
-          if (j == block_start) ++blocks;
+        // Noise groups: the row's blocks numbered across its documents (or one group).
+        const int64_t first_block = blocks;
+        block_rows::set_document(ranges, L, doc_start, i + 1, B, [&](int64_t j, int64_t block) {
+          blocks = std::max(blocks, first_block + block + 1);
           group[static_cast<size_t>(j)] = config.t_granularity == BlockTimeGranularity::Block
-                                              ? static_cast<int32_t>(blocks - 1) : 0;
-        }
+                                              ? static_cast<int32_t>(first_block + block) : 0;
+        });
         doc_start = i + 1;
       }
     }

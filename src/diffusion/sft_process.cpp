@@ -3,6 +3,7 @@
 #include <algorithm>
 #include "megadlm/core/error.h"
 #include "megadlm/core/philox.h"
+#include "block_rows.h"
 
 namespace megadlm {
 
@@ -46,24 +47,13 @@ HostMicroBatch build_block_sft_micro_batch(const std::vector<std::vector<int32_t
                                            const std::vector<int64_t>& prompt_lengths, int64_t first_sample,
                                            const DiffusionConfig& cfg, const BatchContext& ctx) {
   const int64_t L = static_cast<int64_t>(samples[0].size()) - 1, B = cfg.block_size;
-  MDLM_CHECK(B > 0 && L % B == 0, "block diffusion fine-tuning: --dlm-block-size ", B,
-             " must divide the sequence length ", L);
+  HostMicroBatch mb = block_rows::allocate(static_cast<int64_t>(samples.size()), L, B, first_sample,
+                                           "block diffusion fine-tuning");
   const SftNoise noise(ctx);
   const bool per_block = cfg.t_granularity == BlockTimeGranularity::Block;
   const bool answer_len = cfg.sft_loss_norm == SftLossNorm::AnswerLength;
   const bool ar = cfg.ar_loss_weight > 0.0f;
   const double scale = ar ? static_cast<double>(cfg.diffusion_loss_scale) : 1.0;
-  HostMicroBatch mb;
-  mb.batch = static_cast<int64_t>(samples.size());
-  mb.seq = 2 * L;
-  mb.first_sample = first_sample;
-  const size_t n = static_cast<size_t>(mb.batch * 2 * L);
-  mb.input_ids.resize(n);
-  mb.labels.resize(n);
-  mb.loss_weights.assign(n, 0.0f);
-  mb.positions.resize(n);
-  mb.noise_mask.assign(n, 0);
-  mb.block_ranges.resize(static_cast<size_t>(mb.batch * 4 * L));
   std::vector<double> p(static_cast<size_t>(L / B));
   for (int64_t b = 0; b < mb.batch; ++b) {
     const std::vector<int32_t>& w = samples[static_cast<size_t>(b)];
@@ -78,15 +68,10 @@ HostMicroBatch build_block_sft_micro_batch(const std::vector<std::vector<int32_t
     mb.loss_tokens += answer_len ? 1.0 : static_cast<double>(answer);
     for (int64_t k = 0; k < L / B; ++k) p[static_cast<size_t>(k)] = noise.p(per_block ? k : 0, g);
     const size_t row = static_cast<size_t>(b * 2 * L);
-    int32_t* ranges = &mb.block_ranges[static_cast<size_t>(b * 4 * L)];
-    for (int64_t i = 0; i < L; ++i) {
-      // One document (the row: prompt, response, EOS padding); blocks at multiples of B, the
-      // alignment block decoding uses (docs/generation.md).
-      const int64_t block = i / B;
-      ranges[i] = 0;
-      ranges[L + i] = static_cast<int32_t>(L);
-      ranges[2 * L + i] = static_cast<int32_t>(block * B);
-      ranges[3 * L + i] = static_cast<int32_t>(std::min(block * B + B, L));
+    // One document (the row: prompt, response, EOS padding); blocks at multiples of B, the
+    // alignment block decoding uses (docs/generation.md).
+    block_rows::set_document(&mb.block_ranges[static_cast<size_t>(b * 4 * L)], L, 0, L, B,
+                             [&](int64_t i, int64_t block) {
       const size_t noisy = row + static_cast<size_t>(i), copy = row + static_cast<size_t>(L + i);
       const double pk = p[static_cast<size_t>(block)];
       const bool masked = i >= prompt && noise.masked(i, g, pk);  // the prompt is never noised
@@ -100,7 +85,7 @@ HostMicroBatch build_block_sft_micro_batch(const std::vector<std::vector<int32_t
       const bool next = ar && i + 1 < L && i + 1 >= prompt;
       mb.labels[copy] = next ? clean[i + 1] : clean[i];
       mb.loss_weights[copy] = next ? static_cast<float>(static_cast<double>(cfg.ar_loss_weight) * norm) : 0.0f;
-    }
+    });
   }
   return mb;
 }
