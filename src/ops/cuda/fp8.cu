@@ -269,8 +269,8 @@ struct Fp8AlgoKey {
 };
 struct Fp8AlgoKeyHash {
   size_t operator()(const Fp8AlgoKey& key) const {
-    size_t h = 1469598103934665603ull;
-    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    KeyHasher hash;
+    auto mix = [&hash](uint64_t v) { hash.mix(v); };
     mix(static_cast<uint64_t>(key.device) << 16 | static_cast<uint64_t>(key.type_a) << 8 |
         static_cast<uint64_t>(key.type_b) << 4 | static_cast<uint64_t>(key.out) << 1 |
         (key.accumulate ? 1u : 0u));
@@ -279,7 +279,7 @@ struct Fp8AlgoKeyHash {
     mix(static_cast<uint64_t>(key.k));
     mix(static_cast<uint64_t>(key.align_a) << 32 | key.align_b);
     mix(key.align_d);
-    return h;
+    return hash.h;
   }
 };
 std::mutex g_fp8_algo_mutex;

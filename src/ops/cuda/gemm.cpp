@@ -86,8 +86,8 @@ struct AlgoKey {
 
 struct AlgoKeyHash {
   size_t operator()(const AlgoKey& key) const {
-    size_t h = 1469598103934665603ull;
-    auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    KeyHasher hash;
+    auto mix = [&hash](uint64_t v) { hash.mix(v); };
     mix(static_cast<uint64_t>(key.device));
     mix(static_cast<uint64_t>(key.m));
     mix(static_cast<uint64_t>(key.n));
@@ -96,7 +96,7 @@ struct AlgoKeyHash {
     mix(static_cast<uint64_t>(key.ab) << 8 | static_cast<uint64_t>(key.c));
     mix(static_cast<uint64_t>(key.align_a) << 32 | key.align_b);
     mix(static_cast<uint64_t>(key.align_c) << 32 | key.align_bias);
-    return h;
+    return hash.h;
   }
 };
 

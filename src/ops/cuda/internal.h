@@ -35,4 +35,10 @@ inline uint32_t pointer_alignment(const void* p) {
   return static_cast<uint32_t>(low < 256 ? low : 256);
 }
 
+/// FNV-1a over 64-bit words: the hash of the GEMM algorithm caches' keys (gemm.cpp, fp8.cu).
+struct KeyHasher {
+  size_t h = 1469598103934665603ull;
+  void mix(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
+};
+
 }  // namespace megadlm::ops::cuda
