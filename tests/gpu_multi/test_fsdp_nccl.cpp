@@ -10,6 +10,9 @@
 // recomputation (a second gather per unit in the backward). Training through FSDP against one
 // process is in test_layouts_nccl.cpp. Skips without a GPU.
 #include <gtest/gtest.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -17,12 +20,67 @@
 #include "megadlm/diffusion/forward_process.h"
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/parallel/data_parallel/fsdp.h"
+#include "megadlm/parallel/data_parallel/grad_norm_runs.h"
 #include "support/spmd.h"
 #include "support/tiny_model.h"
 
 using namespace megadlm;
 
 namespace {
+
+/// This rank's piece of one FSDP bucket in the gradient shard (FsdpShardLayout's compact
+/// buffer): where it sits, its unit and the name of its first parameter.
+struct ShardPiece {
+  int unit = -1;
+  int64_t offset = 0, count = 0;
+  std::string first_param;
+};
+
+/// Rounding or corruption? A different fp32 summation order (another NCCL algorithm or channel
+/// count) moves most elements by a few ulps, everywhere; a missing wait (a slot reused or read
+/// before its reduce-scatter, a window read before its gather) moves whole units by much more,
+/// and the units reduced before it (in backward order: the head, the last layers) stay equal.
+/// Prints, for every bucket whose bits differ, the count, the largest absolute and relative
+/// differences and the first differing element (rank-prefixed: every rank prints its own shard).
+void describe_difference(const std::vector<float>& a, const std::vector<float>& b,
+                         const std::vector<ShardPiece>& pieces, int rank, const char* a_name,
+                         const char* b_name) {
+  double worst_rel = 0;
+  for (const ShardPiece& p : pieces) {
+    size_t differ = 0;
+    int64_t first = -1;
+    double max_abs = 0, max_rel = 0, scale = 0;
+    for (int64_t i = p.offset; i < p.offset + p.count; ++i) {
+      const float x = a[static_cast<size_t>(i)], y = b[static_cast<size_t>(i)];
+      scale = std::max(scale, static_cast<double>(std::fabs(x)));
+      if (std::memcmp(&x, &y, sizeof(float)) == 0) continue;
+      ++differ;
+      if (first < 0) first = i;
+      const double d = std::fabs(static_cast<double>(x) - y);
+      max_abs = std::max(max_abs, d);
+      const double m = std::max(std::fabs(static_cast<double>(x)), std::fabs(static_cast<double>(y)));
+      if (m > 0) max_rel = std::max(max_rel, d / m);
+    }
+    if (differ == 0) continue;
+    worst_rel = std::max(worst_rel, max_rel);
+    std::printf("[fsdp nccl] rank %d unit %d (%s...) shard [%lld, %lld): %zu of %lld differ %s vs %s, max abs %.3e "
+                "(largest |%s| %.3e), max rel %.3e; first at %lld: %.9g vs %.9g\n",
+                rank, p.unit, p.first_param.c_str(), static_cast<long long>(p.offset),
+                static_cast<long long>(p.offset + p.count), differ, static_cast<long long>(p.count), a_name, b_name,
+                max_abs, a_name, scale, max_rel, static_cast<long long>(first),
+                static_cast<double>(a[static_cast<size_t>(first)]), static_cast<double>(b[static_cast<size_t>(first)]));
+  }
+  std::printf("[fsdp nccl] rank %d %s vs %s: worst relative difference %.3e (a few 1e-7: fp32 summation order; "
+              "much more: a race)\n",
+              rank, a_name, b_name, worst_rel);
+  std::fflush(stdout);
+}
+
+size_t count_differing(const std::vector<float>& a, const std::vector<float>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return n;
+}
 
 class FsdpNccl : public ::testing::Test {
  protected:
@@ -34,7 +92,8 @@ class FsdpNccl : public ::testing::Test {
 
   /// One step of 3 micro-batches under FSDP over the world; this rank's fp32 gradient shard and
   /// the wrapper's counters.
-  std::vector<float> grads(ShardingStrategy s, bool overlap, bool recompute, FsdpStats* stats) {
+  std::vector<float> grads(ShardingStrategy s, bool overlap, bool recompute, FsdpStats* stats,
+                           std::vector<ShardPiece>* pieces = nullptr) {
     RunConfig cfg = test::tiny_run({.layers = 4, .hidden = 256, .heads = 4, .query_groups = 2,
                                     .kv_channels = 64, .ffn = 512, .seq = 64, .vocab = 512},
                                    1);
@@ -54,6 +113,15 @@ class FsdpNccl : public ::testing::Test {
     for (std::vector<int>& h : model.param_units()) units.push_back({0, std::move(h)});
     store.materialize(DType::BF16, 7, stream,
                       FullyShardedDataParallel::buffer_layout(s, d, units, static_cast<int>(store.descs().size())));
+    if (pieces != nullptr) {
+      const FsdpShardLayout layout = FullyShardedDataParallel::shard_layout(store, s, d, units);
+      pieces->clear();
+      for (size_t b = 0; b < layout.buckets.size(); ++b) {
+        const FsdpShardLayout::Bucket& k = layout.buckets[b];
+        pieces->push_back({k.unit, layout.owned(b, r).compact_offset, k.shard,
+                           store.desc(store.buckets()[b].params.front()).name});
+      }
+    }
     FullyShardedDataParallel f(store, units, group, {.strategy = s, .overlap = overlap}, stream);
     ModelRuntime rt;
     rt.stream = stream;
@@ -94,7 +162,8 @@ TEST_F(FsdpNccl, CommunicationStreamsGiveTheBlockingPathsGradientsBitForBit) {
       SCOPED_TRACE(std::string(sharding_strategy_name(s)) + (recompute ? ", recompute" : "") + ", rank " +
                    std::to_string(runtime_->world().rank()));
       FsdpStats blocking_stats, streamed_stats;
-      const std::vector<float> blocking = grads(s, false, recompute, &blocking_stats);
+      std::vector<ShardPiece> pieces;
+      const std::vector<float> blocking = grads(s, false, recompute, &blocking_stats, &pieces);
       const std::vector<float> streamed = grads(s, true, recompute, &streamed_stats);
       ASSERT_EQ(blocking.size(), streamed.size());
       double norm = 0;
@@ -105,6 +174,27 @@ TEST_F(FsdpNccl, CommunicationStreamsGiveTheBlockingPathsGradientsBitForBit) {
       }
       EXPECT_GT(norm, 0.0) << "no gradient reached the shard";
       EXPECT_EQ(differ, 0u) << "elements whose bits differ, of " << blocking.size();
+      // Diagnostics only (the verdict above stands), when any rank's shard differs (decided
+      // together: the extra run below is collective): which units differ and by how much, and
+      // a second blocking run, now that NCCL's connections, the cuDNN plans and the GEMM
+      // algorithms exist. It equal to the streamed run (and not to the first blocking one)
+      // says the cold first run is the odd one out: a first-call effect (a collective
+      // algorithm chosen or connected differently, a plan built differently), not a missing
+      // wait between the streams. It equal to the first blocking run says the streams differ.
+      const Stream host_sum = Stream::create(runtime_->device());
+      if (sum_over_ranks(runtime_->world(), static_cast<double>(differ), host_sum) > 0) {
+        const int rank = runtime_->world().rank();
+        if (differ != 0) describe_difference(blocking, streamed, pieces, rank, "blocking", "streamed");
+        FsdpStats again_stats;
+        const std::vector<float> again = grads(s, false, recompute, &again_stats);
+        const size_t vs_first = count_differing(again, blocking), vs_streamed = count_differing(again, streamed);
+        std::printf("[fsdp nccl] rank %d %s%s: a second blocking run differs from the first blocking run in %zu "
+                    "and from the streamed run in %zu of %zu elements\n",
+                    rank, sharding_strategy_name(s), recompute ? ", recompute" : "", vs_first, vs_streamed,
+                    blocking.size());
+        if (vs_first != 0) describe_difference(blocking, again, pieces, rank, "blocking", "blocking-again");
+        std::fflush(stdout);
+      }
       // The same collectives either way: one reduce-scatter per unit and micro-batch (the fused
       // head two), and under optim_grads_params two gathers per unit and micro-batch.
       EXPECT_GT(streamed_stats.reduce_scatters, 0);
