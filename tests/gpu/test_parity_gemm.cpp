@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 #include "megadlm/ops/gemm.h"
+#include "megadlm/ops/moe.h"
 #include "parity.h"
 
 using namespace megadlm;
@@ -280,4 +284,29 @@ TEST(GemmParity, BatchInvariantProductsStillMatchTheCpu) {
       run_case({67, 133, 96, ta == 1, tb == 1, DType::BF16, DType::F32, 0.5f, 1.0f, false});
     }
   run_case({7, 512, 1024, false, true, DType::BF16, DType::BF16, 1.0f, 0.0f, true});
+}
+
+TEST(GemmParity, BatchInvariantGroupedGemmRowsIgnoreTheOtherGroupsAndTheirSizes) {
+  MDLM_REQUIRE_GPU();
+  // MoE experts (grouped_gemm's planned products): an expert's rows are the batch's tokens routed
+  // to it, so its M changes with the batch. With the mode on, a token's output row is the same
+  // bits whatever its group's size and offset (the group's view starts at another row).
+  BatchInvariant on(true);
+  Stream gpu = gpu_stream();
+  const int64_t n = 1024, k = 2048, experts = 2;
+  Input w = make_input({experts * n, k}, DType::BF16, gpu);  // [G * N, K], trans_b
+  Input x = make_input({600, k}, DType::BF16, gpu);
+  // Layouts of the same first tokens: expert 0 gets the first r0 rows, expert 1 the next r1.
+  std::vector<std::vector<double>> first_rows;
+  for (const auto& [r0, r1] : {std::pair<int64_t, int64_t>{1, 7}, {7, 1}, {32, 100}, {512, 88}}) {
+    const int64_t m = r0 + r1;
+    Tensor a = to_device(std::vector<float>(x.values.begin(), x.values.begin() + m * k), {m, k}, DType::BF16, gpu);
+    Tensor c = poisoned({m, n}, DType::BF16, gpu);
+    ops::grouped_gemm(a, w.device, c, {r0, r1}, {.trans_b = true}, gpu);
+    const std::vector<double> all = download(c, gpu);
+    first_rows.emplace_back(all.begin(), all.begin() + n);  // token 0, always expert 0's first row
+  }
+  for (size_t i = 1; i < first_rows.size(); ++i)
+    expect_identical("grouped gemm token 0 (expert 0) with group sizes of layout " + std::to_string(i),
+                     first_rows[i], first_rows[0]);
 }
