@@ -408,8 +408,9 @@ std::vector<GenerationRequest> three_ragged() { return {{{5, 17, 33, 2, 40, 14, 
 /// Decodes the three prompts alone and as one batch, with `decode` (nullptr: the full-sequence
 /// sampler on a full-sequence model, rows compacted as InferenceModel does), and checks tokens
 /// and first-forward logits bit for bit.
-void expect_batch_invariant(const std::string& tag, bool block_diffusion, const BlockDecoding* decode) {
-  Side gpu(invariant_config(block_diffusion), gpu_stream(), DType::BF16);
+void expect_batch_invariant(const std::string& tag, bool block_diffusion, const BlockDecoding* decode,
+                            const Stream& stream, DType dtype) {
+  Side gpu(invariant_config(block_diffusion), stream, dtype);
   gpu.compact = true;
   const SamplerConfig sc = sampler(0.0);
   auto run = [&](const std::vector<GenerationRequest>& requests, FirstForward& model) {
@@ -437,7 +438,17 @@ TEST(BlockDecodingParity, BatchInvariantModeGivesEachPromptItsTokensAloneAndInAB
   BatchInvariant on;
   BlockDecoding exact, none;
   none.exact_cache = false;
-  expect_batch_invariant("full-sequence sampler", false, nullptr);
-  expect_batch_invariant("block decoding, exact cache", true, &exact);
-  expect_batch_invariant("block decoding, no cache", true, &none);
+  expect_batch_invariant("full-sequence sampler", false, nullptr, gpu_stream(), DType::BF16);
+  expect_batch_invariant("block decoding, exact cache", true, &exact, gpu_stream(), DType::BF16);
+  expect_batch_invariant("block decoding, no cache", true, &none, gpu_stream(), DType::BF16);
+}
+
+TEST(BlockDecodingParity, BatchInvariantCheckHoldsOnTheCpu) {
+  // The same check on the CPU, where rows are batch-invariant without the mode
+  // (docs/generation.md): the harness itself (first decoding forward, rows per prompt) is right.
+  BlockDecoding exact, none;
+  none.exact_cache = false;
+  expect_batch_invariant("CPU full-sequence sampler", false, nullptr, Stream::cpu(), DType::F32);
+  expect_batch_invariant("CPU block decoding, exact cache", true, &exact, Stream::cpu(), DType::F32);
+  expect_batch_invariant("CPU block decoding, no cache", true, &none, Stream::cpu(), DType::F32);
 }
