@@ -322,7 +322,13 @@ CachedAlgo invariant_algo(LtProblem& problem, const AlgoKey& key, const void* bi
   CachedAlgo shared{};
   if (!find_cached(g_bucket_cache, canonical, shared)) {
     LtProblem sized(lt_type(key.ab), lt_type(key.c), canonical.m, key.n, canonical.k, key.trans_a, key.trans_b);
-    shared = choose_algo(sized, canonical, bias_ptr, a, b, c, beta, res, 1, stream);
+    try {
+      shared = choose_algo(sized, canonical, bias_ptr, a, b, c, beta, res, 1, stream);
+    } catch (const std::exception& e) {
+      MDLM_FAIL("gemm (--batch-invariant): no split-K-free cuBLASLt algorithm for N = ", key.n, ", K = ", key.k,
+                " at M = ", canonical.m, " (the one algorithm every M of this shape would run): ", e.what(),
+                "; run without --batch-invariant");
+    }
     std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
     g_bucket_cache.emplace(canonical, shared);
   }
