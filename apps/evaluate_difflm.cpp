@@ -68,9 +68,8 @@ std::vector<apps::CliFlag> flags() {
       {"--check-greedy", nullptr, "loglik: also report is_greedy (Ly extra forward passes per request)"},
       {"--output", "FILE", "per-request JSONL results (default: stdout)"},
       {"--summary-json", "FILE", "write the summary as one JSON object"},
-      {"--batch-invariant", nullptr, "CUDA: kernels whose rows do not depend on the batch (as generate_difflm's; "
-                                     "docs/generation.md), so a request scores the same in any batch; slower "
-                                     "(default: off)"},
+      {"--batch-invariant", nullptr, "CUDA: generate_difflm's batch-invariant kernels (docs/generation.md): a row's "
+                                     "logits do not depend on the other rows of its forward; slower (default: off)"},
   };
   f.insert(f.end() - 1, own.begin(), own.end());
   return f;
