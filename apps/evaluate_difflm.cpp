@@ -29,6 +29,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include "inference_cli.h"
+#include "megadlm/ops/gemm.h"
 #include "megadlm/data/indexed_dataset.h"
 #include "megadlm/diffusion/block_sampler.h"
 #include "megadlm/diffusion/likelihood.h"
@@ -67,6 +68,8 @@ std::vector<apps::CliFlag> flags() {
       {"--check-greedy", nullptr, "loglik: also report is_greedy (Ly extra forward passes per request)"},
       {"--output", "FILE", "per-request JSONL results (default: stdout)"},
       {"--summary-json", "FILE", "write the summary as one JSON object"},
+      {"--batch-invariant", nullptr, "CUDA: generate_difflm's batch-invariant kernels (docs/generation.md): a row's "
+                                     "logits do not depend on the other rows of its forward; slower (default: off)"},
   };
   f.insert(f.end() - 1, own.begin(), own.end());
   return f;
@@ -581,6 +584,7 @@ int run(const apps::Cli& cli) {
       errors.push_back(p);
   }
   if (!errors.empty()) throw ConfigError(errors, {});
+  ops::set_batch_invariant(cli.has("--batch-invariant"));  // before the model runs anything
 
   training::InferenceModel model(src, device);
   const RunConfig& cfg = model.config();
@@ -589,7 +593,8 @@ int run(const apps::Cli& cli) {
   const int64_t mask = apps::inference_mask_token(cli, cfg, errors);
   const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
   apps::JsonlOutput out(cli, "--output", errors);
-  std::cerr << " > model: " << model.description() << " on " << device.str() << "\n";
+  std::cerr << " > model: " << model.description() << " on " << device.str()
+            << (ops::batch_invariant() ? ", batch-invariant kernels" : "") << "\n";
   json summary;
   if (task == "elbo") {
     if (mask < 0 || mask >= model.input_vocab_size())

@@ -9,6 +9,8 @@
 //
 //   generate_difflm --load BD_CKPT --prompt "..." --gen-length 256 --steps 256 [--decode block|ar]
 //                   [--kv-cache exact|none] [--confidence-threshold P]
+// --batch-invariant (any decoding): CUDA kernels whose rows do not depend on the batch
+// (ops::set_batch_invariant; docs/generation.md, "Batch-invariant mode").
 // A block-diffusion checkpoint (--attention-mask-type block_causal) decodes block by block with
 // an exact key/value cache by default (diffusion/block_sampler.h), its block size the
 // checkpoint's --dlm-block-size; other checkpoints run LLaDA's full-sequence sampler.
@@ -27,6 +29,7 @@
 #include "inference_cli.h"
 #include "megadlm/diffusion/block_sampler.h"
 #include "megadlm/diffusion/sampler.h"
+#include "megadlm/ops/gemm.h"
 
 using namespace megadlm;
 using nlohmann::json;
@@ -70,6 +73,10 @@ std::vector<apps::CliFlag> flags() {
                "ar (autoregressive, for the causal-clean-half model), or full (LLaDA's full-sequence "
                "sampler, the default otherwise)",
        .choices = "block ar full"},
+      {"--batch-invariant", nullptr, "CUDA: kernels whose per-row reduction order does not depend on the batch "
+                                     "(one cuBLASLt algorithm per GEMM shape for every M, no split-K, no cuDNN "
+                                     "attention), so a prompt gives the same tokens alone and in any batch; slower; "
+                                     "CPU rows are batch-invariant already (default: off)"},
   };
   f.insert(f.end() - 1, own.begin(), own.end());
   return f;
@@ -105,6 +112,9 @@ int run(const apps::Cli& cli) {
   else if (!kv_cache.empty() && kv_cache != "none" && kv_cache != "exact")
     errors.push_back("`--kv-cache " + kv_cache + "`: valid: none, prefix, dual (full sampler), exact, none "
                      "(block and ar decoding)");
+  // Process-wide, before the model runs anything (the GEMM algorithms are cached per mode).
+  const bool batch_invariant = cli.has("--batch-invariant");
+  ops::set_batch_invariant(batch_invariant);
   const int64_t batch_size = cli.integer("--batch-size", 1, errors);
   if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
   if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
@@ -189,7 +199,7 @@ int run(const apps::Cli& cli) {
             << (decode == DecodeMode::Full ? std::string()
                                            : std::string(", kv cache ") + (bdec.exact_cache ? "exact" : "none") +
                                                  (bdec.causal_clean ? ", causal clean stream" : ", block-causal clean stream"))
-            << "\n"
+            << (batch_invariant ? ", batch-invariant kernels" : "") << "\n"
             << " > sampler: gen length " << sc.gen_length << ", steps " << sc.steps << ", block length "
             << sc.block_length << ", remasking " << remasking_name(sc.remasking) << ", temperature "
             << sc.temperature << ", cfg scale " << sc.cfg_scale << ", mask token " << sc.mask_token

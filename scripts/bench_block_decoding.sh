@@ -7,7 +7,9 @@
 # and steps) on the same checkpoint — the cache's worth; then the Python reference of the same
 # block sampler on transformers with an exact cache of committed blocks
 # (scripts/bench_block_decoding_reference.py) on the model exported to Hugging Face, when python3
-# has torch and transformers. Writes OUT_DIR/bench_block_decoding.md (and the raw logs).
+# has torch and transformers. Rows block_exact_invariant: block decoding with the exact cache
+# under --batch-invariant (its cost), and whether the batch-1 prompts decode to the same tokens
+# at batch 16 (a failure for that mode). Writes OUT_DIR/bench_block_decoding.md (and the raw logs).
 #
 #   scripts/bench_block_decoding.sh BIN_DIR OUT_DIR [CHECKPOINT_DIR]
 # Knobs: PROMPTS (16), BS1_PROMPTS (4: the batch-1 rows decode the first 4 prompts only; tokens/s
@@ -73,7 +75,28 @@ for bs in 1 16; do
   run block_exact "$bs" --decode block --kv-cache exact
   run block_none "$bs" --decode block --kv-cache none
   run full_exact "$bs" --decode full
+  # Batch-invariant mode (docs/generation.md, "Batch-invariant mode"): its cost over block_exact.
+  run block_exact_invariant "$bs" --decode block --kv-cache exact --batch-invariant
 done
+# Whether the batch-1 prompts got the same tokens at batch 16 (asserted for the invariant mode,
+# reported for the default one).
+invariant_note=$(python3 - "$out" <<'P'
+import json, sys
+out = sys.argv[1]
+def rows(name, bs):
+    return [json.loads(l)["token_ids"] for l in open(f"{out}/{name}.bs{bs}.jsonl")]
+notes = []
+for name in ("block_exact", "block_exact_invariant"):
+    one, many = rows(name, 1), rows(name, 16)
+    same = sum(a == b for a, b in zip(one, many))
+    notes.append(f"{name}: {same}/{len(one)} batch-1 prompts decode to the same tokens at batch 16")
+print("; ".join(notes))
+P
+)
+echo "   $invariant_note"
+read -r same all < <(echo "$invariant_note" | sed -n 's/.*block_exact_invariant: \([0-9]*\)\/\([0-9]*\).*/\1 \2/p')
+invariant_ok=1
+[ -n "$same" ] && [ "$same" = "$all" ] || invariant_ok=0  # reported after the table is written
 
 ref_note="skipped (SKIP_REFERENCE=1)"
 if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
@@ -97,9 +120,9 @@ if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
   fi
 fi
 
-python3 - "$rows" "$out/bench_block_decoding.md" "$g_len" "$block" "$steps" "$n_prompts" "$device" "$ref_note" "${BS1_PROMPTS:-4}" <<'P'
+python3 - "$rows" "$out/bench_block_decoding.md" "$g_len" "$block" "$steps" "$n_prompts" "$device" "$ref_note" "${BS1_PROMPTS:-4}" "$invariant_note" <<'P'
 import sys
-rows_path, md, g, b, s, n, device, note, bs1 = sys.argv[1:10]
+rows_path, md, g, b, s, n, device, note, bs1, invariant = sys.argv[1:11]
 rows = [l.rstrip("\n").split("\t") for l in open(rows_path) if l.strip()]
 tps = {(r[0], r[1]): float(r[2]) for r in rows if r[2]}
 out = [f"Block decoding, gen length {g}, block {b}, {s} steps ({int(s) // (int(g) // int(b))} a block), "
@@ -109,6 +132,8 @@ for name, bs, t, tpf in rows:
     base = tps.get(("block_exact", bs))
     ratio = f"{base / float(t):.2f}x" if base and t and float(t) > 0 else "-"
     out.append(f"| {name} | {bs} | {float(t):.1f} | {tpf} | {ratio} |")
+out += ["", f"Batch invariance: {invariant}."]
 open(md, "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 P
+[ "$invariant_ok" = 1 ] || { echo "FAIL: --batch-invariant decoded a prompt differently at batch 16 than alone"; exit 1; }

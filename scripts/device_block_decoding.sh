@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Block decoding proven on a GPU, from a carried build folder (bin/ and lib/; nothing compiled):
 #   parity  gpu_parity BlockDecodingParity.*: the exact cache's windows against the CPU, whole CUDA
-#           decodings checked at every call against the CPU and the GPU's uncached forward
+#           decodings checked at every call against the CPU and the GPU's uncached forward, and
+#           --batch-invariant's checks (with GemmParity.BatchInvariant*: rows bit for bit across M)
 #   cuda    tiny block-diffusion checkpoints (both clean-half variants, trained 2 steps on the
 #           CPU): generate_difflm --decode block (and ar) on CUDA with --kv-cache exact and none
 #           against the CPU, and exact against none on CUDA; agreement reported (bf16 vs fp32
 #           may flip near-ties), exit codes checked
 #   bench   scripts/bench_block_decoding.sh: the 1.7B architecture (random weights), gen 256,
 #           block 32, 32 steps a block, batch 1 and 16: block exact / none / full-sequence exact,
-#           and the transformers reference when torch + transformers are installed
+#           and the transformers reference when torch + transformers are installed; block exact
+#           under --batch-invariant (its cost, and the same tokens at batch 1 and 16)
 #   scripts/device_block_decoding.sh BUILD OUT [parity] [cuda] [bench]     (default: all three)
 # Results: OUT/summary.txt (one line per stage), OUT/bench_block_decoding.md, OUT/logs.txt.
 set -uo pipefail
@@ -33,7 +35,7 @@ note "device_block_decoding: $(nvidia-smi --query-gpu=name,driver_version --form
 
 if [[ $what == *" parity "* ]]; then
   t0=$SECONDS
-  "$bin/gpu_parity" --gtest_filter='BlockDecodingParity.*' > "$work/parity.log" 2>&1
+  "$bin/gpu_parity" --gtest_filter='BlockDecodingParity.*:GemmParity.BatchInvariant*' > "$work/parity.log" 2>&1
   note "parity: exit $? ($((SECONDS - t0)) s): $(grep -cE '^\[       OK \]' "$work/parity.log") ok, $(grep -cE '^\[  FAILED  \].* ms\)' "$work/parity.log") failed; $(grep -E '^\[parity\] block decoding' "$work/parity.log" | sed 's/.*whole decodings: //' | tr '\n' ';')"
   keep "$work/parity.log" 40
 fi

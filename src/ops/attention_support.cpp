@@ -116,7 +116,18 @@ AttentionChoice choose_attention(const AttentionArgs& a, bool backward,
     c.reason = "a CPU stream";
     return c;
   }
-  if (is_block_diffusion(a.mask)) {
+  if (device.batch_invariant) {
+    // Kernels whose key order per query row is the batch's no matter (attention_support.h).
+    if (is_block_diffusion(a.mask) || needs_context_parallel_kernel(a)) {
+      const bool keys = needs_context_parallel_kernel(a);
+      c.impl = c.fallback = keys ? AttentionImpl::SimpleKeyBlock : AttentionImpl::Simple;
+      c.reason = keys ? "batch-invariant mode: key block, one key at a time"
+                      : "batch-invariant mode: block diffusion mask, one key at a time";
+    } else {
+      c.impl = c.fallback = own_kernel(a);
+      c.reason = "batch-invariant mode: no cuDNN (its plan depends on the shape)";
+    }
+  } else if (is_block_diffusion(a.mask)) {
     // cuDNN has no block diffusion mask; the flash kernels apply it per tile (kBlockDiffusion,
     // whole query tiles in one half: L a multiple of 128), the simple kernels per element.
     const bool flash = flash_head_dim(a) && (a.seq / 2) % 128 == 0;

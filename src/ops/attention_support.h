@@ -14,6 +14,27 @@
 //   cuDNN refuses, backend auto                  -> Flash / Simple, the refusal as the reason
 //   cuDNN refuses, backend cudnn                 -> an error (AttentionChoice::error)
 //
+// Batch-invariant mode (AttentionDeviceFacts::batch_invariant, from ops::batch_invariant()):
+// only kernels whose order of a query row's keys does not depend on the batch, whatever the
+// backend flag says:
+//   keys other than the queries' own rows, or a  -> SimpleKeyBlock / Simple: one key at a time
+//     block diffusion mask                          in increasing order, invisible keys skipped.
+//                                                   The flash kernels group keys in tiles at
+//                                                   multiples of kBlockN (32 or 64) from column
+//                                                   0, and the block sampler's left padding
+//                                                   (B x whole blocks, B the block size) moves a
+//                                                   row's keys by a batch-dependent amount, so
+//                                                   its online-softmax groups (and bits) change.
+//   otherwise                                    -> Flash (head_dim 64/128) / Simple, not cuDNN:
+//                                                   cuDNN builds a plan per shape (batch, seq,
+//                                                   padding mask) whose engine we cannot pin.
+//                                                   The flash kernels have no split over keys
+//                                                   (one block per query tile, head and row,
+//                                                   attention_forward.cu launch_forward) and the
+//                                                   full-sequence sampler's rows start at column
+//                                                   0 (compact_rows), so their tiles are the same
+//                                                   alone and in a batch.
+//
 // A cuDNN choice can still be refused when the call runs (a tensor not 16-byte aligned, a plan
 // that does not build): the CUDA dispatcher then runs AttentionChoice::fallback (backend auto)
 // or fails (backend cudnn). The packed entries read q, k, v in place only on cuDNN, and not for
@@ -45,6 +66,7 @@ bool is_cudnn(AttentionImpl impl);
 struct AttentionDeviceFacts {
   bool cuda = false;          ///< the call's stream is a CUDA stream
   int64_t cudnn_version = 0;  ///< cudnnGetVersion() of the loaded library (91400 = 9.14.0); 0: no cuDNN
+  bool batch_invariant = false;  ///< ops::batch_invariant() (ops/gemm.h): batch-invariant kernels only
 };
 
 /// Which entry the call came through.

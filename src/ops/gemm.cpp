@@ -1,5 +1,6 @@
 // Dispatch for the gemm family (see include/megadlm/ops/gemm.h).
 #include "megadlm/ops/gemm.h"
+#include <atomic>
 #include "ops/cpu/cpu_ops.h"
 #include "ops/dispatch.h"
 #if MEGADLM_WITH_CUDA
@@ -7,6 +8,13 @@
 #endif
 
 namespace megadlm::ops {
+
+namespace {
+std::atomic<bool> g_batch_invariant{false};
+}  // namespace
+
+void set_batch_invariant(bool on) { g_batch_invariant.store(on, std::memory_order_relaxed); }
+bool batch_invariant() { return g_batch_invariant.load(std::memory_order_relaxed); }
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, const Stream& stream) {
   detail::check_device("gemm", stream, {&a, &b, &c, args.bias});

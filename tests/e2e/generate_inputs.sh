@@ -5,6 +5,7 @@
 #   - a prompt holding the mask token id: refused up front, naming the prompt and position
 #   - byte-level BPE output that is not UTF-8 (a cut multi-byte character): every row written,
 #     the text with U+FFFD where bytes form no character, the token ids exact
+#   - --batch-invariant: logged, and the same CPU tokens in a batch of 3 as each prompt alone
 # The model: configs/tiny_dlm.args (64 positions, RoPE, vocabulary 128, mask 127), two steps.
 set -euo pipefail
 source "$2/tests/e2e/lib/inference.sh"
@@ -102,4 +103,15 @@ import json
 a = [json.loads(l)['token_ids'] for l in open('ids.jsonl')]
 b = [json.loads(l)['token_ids'] for l in open('utf8_1.jsonl')]
 assert a == b, (a, b)" || { echo "FAIL: decoding changed the token ids"; exit 1; }
-echo "PASS: positions and the mask id refused up front; text that is not UTF-8 written with U+FFFD, ids exact"
+# --batch-invariant (CUDA kernels whose rows ignore the batch): parsed, said in the run header, and
+# on the CPU (rows batch-invariant already) the same tokens as each prompt alone without it.
+"$bin/generate_difflm" --load ckpt --device cpu --prompts-jsonl p4.jsonl --gen-length 8 --steps 8 --batch-size 3 \
+  --batch-invariant --output invariant.jsonl 2> invariant.err || { cat invariant.err; echo "FAIL: --batch-invariant"; exit 1; }
+grep -q "^ > decode: .*batch-invariant kernels" invariant.err || { cat invariant.err; echo "FAIL: the header does not say batch-invariant"; exit 1; }
+if grep -q "batch-invariant" ids.err; then echo "FAIL: batch-invariant without the flag"; exit 1; fi
+"$PY" -c "
+import json
+a = [json.loads(l)['token_ids'] for l in open('ids.jsonl')]
+b = [json.loads(l)['token_ids'] for l in open('invariant.jsonl')]
+assert a == b, (a, b)" || { echo "FAIL: --batch-invariant changed CPU tokens"; exit 1; }
+echo "PASS: positions and the mask id refused up front; text that is not UTF-8 written with U+FFFD, ids exact; --batch-invariant"

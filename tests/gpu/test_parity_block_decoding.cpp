@@ -11,10 +11,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 #include "megadlm/diffusion/block_sampler.h"
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/model/kv_cache.h"
+#include "megadlm/ops/gemm.h"
 #include "parity.h"
 
 using namespace megadlm;
@@ -58,6 +61,15 @@ class Side final : public LogitsModel {
   int64_t vocab_size() const override { return 64; }
   const Stream& stream() const override { return rt_.stream; }
   Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override {
+    if (compact && c.block_ranges.empty()) {
+      // As InferenceModel::logits runs the full-sequence sampler: live tokens first, the
+      // padding mask of their lengths (compact_rows).
+      if (const std::optional<CompactCanvas> cc = compact_rows(c, rows)) {
+        MicroBatch mb = MicroBatch::upload(host(cc->canvas), rt_.stream);
+        mb.row_lengths = ints(cc->lengths);
+        return model_.logits_at(mb, ints(cc->rows), rt_, 64);
+      }
+    }
     HostMicroBatch h = host(c);
     h.block_ranges = c.block_ranges;
     return model_.logits_at(MicroBatch::upload(h, rt_.stream), ints(rows), rt_, 64);
@@ -79,6 +91,7 @@ class Side final : public LogitsModel {
     return model_.logits_at(MicroBatch::upload(host(w), rt_.stream), ints(rows), rt, 64);
   }
   ParameterStore store;
+  bool compact = false;  ///< logits(): compact the rows as InferenceModel does
 
  private:
   static HostMicroBatch host(const CanvasBatch& c) {
@@ -326,4 +339,116 @@ TEST(BlockDecodingParity, CudaDecodingCheckedAtEveryCallAgainstCpuAndUncached) {
                     same_uncached, want.size());
       }
     }
+}
+
+// ---- batch-invariant mode (generate_difflm --batch-invariant) ---------------------------------
+//
+// With ops::set_batch_invariant(true) a prompt decodes to the same tokens alone and in a ragged
+// batch on CUDA, and the first decoding forward gives its rows bitwise the same logits: one
+// cuBLASLt algorithm per GEMM shape for every M (src/ops/cuda/gemm.cpp), attention on kernels
+// whose key order does not depend on the batch (src/ops/attention_support.h). head_dim 64, so
+// that without the mode the full sequence would run cuDNN and the cache's key block the flash
+// key tiles.
+
+namespace {
+
+struct BatchInvariant {
+  BatchInvariant() { ops::set_batch_invariant(true); }
+  ~BatchInvariant() { ops::set_batch_invariant(false); }
+};
+
+TransformerConfig invariant_config(bool block_diffusion) {
+  TransformerConfig c = config(false);
+  c.kv_channels = 64;  // the flash kernels' head size
+  if (!block_diffusion) c.attention_mask = AttentionMaskType::NoMask;
+  return c;
+}
+
+/// Forwards to `inner`, keeping the logits of the first call that asks for any, per batch row in
+/// the order asked (the rows of one batch row are asked in increasing column order).
+class FirstForward final : public LogitsModel {
+ public:
+  explicit FirstForward(Side& inner) : inner_(inner) {}
+  int64_t vocab_size() const override { return 64; }
+  const Stream& stream() const override { return inner_.stream(); }
+  Tensor logits(const CanvasBatch& c, const std::vector<int32_t>& rows) override {
+    return keep(inner_.logits(c, rows), rows, c.seq, c.tokens);
+  }
+  bool supports_exact_cache() const override { return true; }
+  void exact_cache_reset(int64_t batch, int64_t seq) override { inner_.exact_cache_reset(batch, seq); }
+  Tensor exact_cache_logits(const CanvasBatch& w, int64_t col0, const std::vector<int32_t>& key_docs, bool causal,
+                            const std::vector<int32_t>& rows) override {
+    return keep(inner_.exact_cache_logits(w, col0, key_docs, causal, rows), rows, w.seq, w.tokens);
+  }
+  /// per_row[b]: the logits (64 a position) of batch row b's positions in the first forward.
+  std::vector<std::vector<double>> per_row;
+
+ private:
+  /// The first decoding forward: the first that asks about masked positions (the prefill and
+  /// the cache updates ask about one prompt or committed position, and a prompt alone may have
+  /// no prefill where the batch has one).
+  Tensor keep(Tensor logits, const std::vector<int32_t>& rows, int64_t seq, const std::vector<int32_t>& tokens) {
+    if (!per_row.empty()) return logits;
+    if (std::none_of(rows.begin(), rows.end(), [&](int32_t r) { return tokens[static_cast<size_t>(r)] == kMask; }))
+      return logits;
+    const std::vector<double> v = test::to_doubles(logits, inner_.stream());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t b = static_cast<size_t>(rows[i] / seq);
+      if (per_row.size() <= b) per_row.resize(b + 1);
+      per_row[b].insert(per_row[b].end(), v.begin() + static_cast<std::ptrdiff_t>(i * 64),
+                        v.begin() + static_cast<std::ptrdiff_t>((i + 1) * 64));
+    }
+    return logits;
+  }
+  Side& inner_;
+};
+
+std::vector<GenerationRequest> three_ragged() { return {{{5, 17, 33, 2, 40, 14, 61}, 0}, {{10, 3}, 1}, {{44, 45, 46, 47, 8}, 2}}; }
+
+/// Decodes the three prompts alone and as one batch, with `decode` (nullptr: the full-sequence
+/// sampler on a full-sequence model, rows compacted as InferenceModel does), and checks tokens
+/// and first-forward logits bit for bit.
+void expect_batch_invariant(const std::string& tag, bool block_diffusion, const BlockDecoding* decode,
+                            const Stream& stream, DType dtype) {
+  Side gpu(invariant_config(block_diffusion), stream, dtype);
+  gpu.compact = true;
+  const SamplerConfig sc = sampler(0.0);
+  auto run = [&](const std::vector<GenerationRequest>& requests, FirstForward& model) {
+    return decode ? generate_blocks(model, requests, sc, *decode) : generate(model, requests, sc);
+  };
+  FirstForward batched_model(gpu);
+  const std::vector<GenerationResult> batched = run(three_ragged(), batched_model);
+  ASSERT_EQ(batched.size(), 3u) << tag;
+  ASSERT_EQ(batched_model.per_row.size(), 3u) << tag;
+  for (size_t b = 0; b < 3; ++b) {
+    FirstForward alone_model(gpu);
+    const std::vector<GenerationResult> alone = run({three_ragged()[b]}, alone_model);
+    ASSERT_EQ(alone.size(), 1u);
+    EXPECT_EQ(alone[0].tokens, batched[b].tokens) << tag << ": prompt " << b << " alone and in the batch";
+    ASSERT_EQ(alone_model.per_row.size(), 1u) << tag;
+    expect_identical(tag + ", prompt " + std::to_string(b) + " first forward", alone_model.per_row[0],
+                     batched_model.per_row[b]);
+  }
+}
+
+}  // namespace
+
+TEST(BlockDecodingParity, BatchInvariantModeGivesEachPromptItsTokensAloneAndInABatch) {
+  MDLM_REQUIRE_GPU();
+  BatchInvariant on;
+  BlockDecoding exact, none;
+  none.exact_cache = false;
+  expect_batch_invariant("full-sequence sampler", false, nullptr, gpu_stream(), DType::BF16);
+  expect_batch_invariant("block decoding, exact cache", true, &exact, gpu_stream(), DType::BF16);
+  expect_batch_invariant("block decoding, no cache", true, &none, gpu_stream(), DType::BF16);
+}
+
+TEST(BlockDecodingParity, BatchInvariantCheckHoldsOnTheCpu) {
+  // The same check on the CPU, where rows are batch-invariant without the mode
+  // (docs/generation.md): the harness itself (first decoding forward, rows per prompt) is right.
+  BlockDecoding exact, none;
+  none.exact_cache = false;
+  expect_batch_invariant("CPU full-sequence sampler", false, nullptr, Stream::cpu(), DType::F32);
+  expect_batch_invariant("CPU block decoding, exact cache", true, &exact, Stream::cpu(), DType::F32);
+  expect_batch_invariant("CPU block decoding, no cache", true, &none, Stream::cpu(), DType::F32);
 }

@@ -2,9 +2,15 @@
 // the same bf16-rounded inputs, for every transpose combination, beta 0/1 into f32 C, alpha != 1,
 // bias, odd and misaligned shapes, and a 4096^3 product checked entry by entry on a sample.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 #include "megadlm/ops/gemm.h"
+#include "megadlm/ops/moe.h"
 #include "parity.h"
 
 using namespace megadlm;
@@ -199,4 +205,108 @@ TEST(GemmParity, Large4096CubedMatchesFloat64OnSampledEntries) {
                    got, want, cd == DType::BF16 ? test::kBf16ParityRelL2 : test::kF32AccumLongSumRelL2);
     }
   }
+}
+
+namespace {
+
+/// Batch-invariant mode for the scope of a test (ops/gemm.h); restored even when a check throws.
+struct BatchInvariant {
+  explicit BatchInvariant(bool on) { ops::set_batch_invariant(on); }
+  ~BatchInvariant() { ops::set_batch_invariant(false); }
+};
+
+/// Rows 0..M-1 of C = A[:M] op(B) (+ bias) for each M, as computed with M rows; returns how many
+/// rows of each smaller M differ in any bit from the same rows of the largest M.
+size_t rows_differing_across_m(const std::vector<int64_t>& ms, int64_t n, int64_t k, bool trans_b, DType cd,
+                               bool bias, const std::string& tag) {
+  Stream gpu = gpu_stream();
+  const int64_t m_max = ms.back();
+  Input a = make_input({m_max, k}, DType::BF16, gpu);
+  Input b = make_input(trans_b ? Shape{n, k} : Shape{k, n}, DType::BF16, gpu);
+  Input bias_in = make_input({n}, cd, gpu);
+  const ops::GemmArgs args{.trans_b = trans_b, .bias = bias ? &bias_in.device : nullptr};
+  std::vector<std::vector<double>> out;
+  for (const int64_t m : ms) {
+    // A fresh [M, K] copy of A's first rows (as a batch of M rows gets it), not a view.
+    Tensor am = to_device(std::vector<float>(a.values.begin(), a.values.begin() + m * k), {m, k}, DType::BF16, gpu);
+    Tensor c = poisoned({m, n}, cd, gpu);
+    ops::gemm(am, b.device, c, args, gpu);
+    out.push_back(download(c, gpu));
+  }
+  const std::vector<double>& whole = out.back();
+  size_t differ = 0;
+  for (size_t t = 0; t + 1 < ms.size(); ++t) {
+    const int64_t m = ms[t];
+    for (int64_t i = 0; i < m; ++i)
+      differ += !std::equal(out[t].begin() + i * n, out[t].begin() + (i + 1) * n, whole.begin() + i * n);
+  }
+  std::printf("[parity] %-58s %zu rows differ from the M = %lld rows\n", tag.c_str(), differ,
+              static_cast<long long>(m_max));
+  return differ;
+}
+
+}  // namespace
+
+TEST(GemmParity, BatchInvariantRowsAreTheSameBitsForEveryM) {
+  MDLM_REQUIRE_GPU();
+  // generate_difflm --batch-invariant: a row of C is the same bits with M = 1, 7, 32 or 512 rows
+  // (one cuBLASLt algorithm per N, K, chosen at a fixed M without split-K; src/ops/cuda/gemm.cpp).
+  // Shapes of the 1.7B's linears (QKV, MLP up/down) and its LM head, a small K that split-K
+  // would favour at M = 1, bias in the epilogue, f32 C.
+  const std::vector<int64_t> ms = {1, 7, 32, 512};
+  struct Case {
+    int64_t n, k;
+    bool trans_b, bias;
+    DType c;
+  };
+  for (const Case& g : {Case{2048 + 2 * 1024, 2048, true, false, DType::BF16}, Case{6144, 2048, true, false, DType::BF16},
+                        Case{2048, 6144, true, false, DType::BF16}, Case{32000, 2048, true, false, DType::BF16},
+                        Case{256, 8192, true, false, DType::BF16}, Case{512, 1024, false, true, DType::BF16},
+                        Case{384, 4096, true, false, DType::F32}}) {
+    const std::string tag = detail::concat("gemm N ", g.n, " K ", g.k, g.trans_b ? " tb" : "", g.bias ? " bias" : "",
+                                           " ->", dtype_name(g.c));
+    {
+      // The default mode, for the record: how batch-dependent cuBLASLt's per-shape choice is here.
+      BatchInvariant off(false);
+      rows_differing_across_m(ms, g.n, g.k, g.trans_b, g.c, g.bias, tag + " default");
+    }
+    BatchInvariant on(true);
+    EXPECT_EQ(rows_differing_across_m(ms, g.n, g.k, g.trans_b, g.c, g.bias, tag + " batch-invariant"), 0u) << tag;
+  }
+}
+
+TEST(GemmParity, BatchInvariantProductsStillMatchTheCpu) {
+  MDLM_REQUIRE_GPU();
+  BatchInvariant on(true);
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      run_case({1, 256, 64, ta == 1, tb == 1, DType::BF16, DType::BF16, 1.0f, 0.0f, false});
+      run_case({67, 133, 96, ta == 1, tb == 1, DType::BF16, DType::F32, 0.5f, 1.0f, false});
+    }
+  run_case({7, 512, 1024, false, true, DType::BF16, DType::BF16, 1.0f, 0.0f, true});
+}
+
+TEST(GemmParity, BatchInvariantGroupedGemmRowsIgnoreTheOtherGroupsAndTheirSizes) {
+  MDLM_REQUIRE_GPU();
+  // MoE experts (grouped_gemm's planned products): an expert's rows are the batch's tokens routed
+  // to it, so its M changes with the batch. With the mode on, a token's output row is the same
+  // bits whatever its group's size and offset (the group's view starts at another row).
+  BatchInvariant on(true);
+  Stream gpu = gpu_stream();
+  const int64_t n = 1024, k = 2048, experts = 2;
+  Input w = make_input({experts * n, k}, DType::BF16, gpu);  // [G * N, K], trans_b
+  Input x = make_input({600, k}, DType::BF16, gpu);
+  // Layouts of the same first tokens: expert 0 gets the first r0 rows, expert 1 the next r1.
+  std::vector<std::vector<double>> first_rows;
+  for (const auto& [r0, r1] : {std::pair<int64_t, int64_t>{1, 7}, {7, 1}, {32, 100}, {512, 88}}) {
+    const int64_t m = r0 + r1;
+    Tensor a = to_device(std::vector<float>(x.values.begin(), x.values.begin() + m * k), {m, k}, DType::BF16, gpu);
+    Tensor c = poisoned({m, n}, DType::BF16, gpu);
+    ops::grouped_gemm(a, w.device, c, {r0, r1}, {.trans_b = true}, gpu);
+    const std::vector<double> all = download(c, gpu);
+    first_rows.emplace_back(all.begin(), all.begin() + n);  // token 0, always expert 0's first row
+  }
+  for (size_t i = 1; i < first_rows.size(); ++i)
+    expect_identical("grouped gemm token 0 (expert 0) with group sizes of layout " + std::to_string(i),
+                     first_rows[i], first_rows[0]);
 }

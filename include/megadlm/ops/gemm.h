@@ -30,4 +30,15 @@ struct GemmArgs {
 /// Stream: queued on `stream`; all tensors on its device.
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, const Stream& stream);
 
+/// Batch-invariant mode (off by default; generate_difflm --batch-invariant): every row of a
+/// product gets the same bits whatever the number of rows M it is computed with, so that a
+/// prompt decodes to the same tokens alone and in any batch on CUDA (docs/generation.md,
+/// "Batch-invariant mode"). On CUDA, cuBLASLt's algorithm is then chosen once per (N, K,
+/// transposes, dtypes, alignments, bias) at a fixed M without split-K reductions, and used for
+/// every M; attention takes kernels whose per-row key order does not depend on the batch
+/// (src/ops/attention_support.h). CPU: no effect (its rows are batch-invariant already).
+/// Process-wide; set it before the first product (algorithms are cached per mode).
+void set_batch_invariant(bool on);
+bool batch_invariant();
+
 }  // namespace megadlm::ops

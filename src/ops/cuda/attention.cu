@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include "core/cuda/cuda_utils.h"
+#include "megadlm/ops/gemm.h"
 #include "ops/attention_support.h"
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attention_cudnn.h"
@@ -109,7 +110,7 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
 }
 
 ops::AttentionDeviceFacts device_facts() {
-  return {.cuda = true, .cudnn_version = cudnn_runtime_version()};
+  return {.cuda = true, .cudnn_version = cudnn_runtime_version(), .batch_invariant = ops::batch_invariant()};
 }
 
 ops::AttentionChoice choose(const AttentionArgs& a, bool backward,

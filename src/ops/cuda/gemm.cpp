@@ -16,6 +16,17 @@
 // A shape whose M or K is new (the masked rows of the LM head vary per micro-batch, the sampler's
 // query rows per step) first tries the algorithm of its size bucket (heuristic_bucket): one
 // heuristic call per bucket instead of per size, each costing milliseconds of idle GPU.
+//
+// Batch-invariant mode (ops::batch_invariant(), generate_difflm --batch-invariant): a row of C
+// must get the same bits whatever M it is computed with. A cuBLASLt algorithm fixes the kernel,
+// its tile and its split-K count, so each output element's K reduction is the same for every M
+// once the algorithm is; what varies with M is the heuristic's choice (other tiles, split-K or
+// its reductions for small M). So the algorithm is asked for once per (N, K, transposes, dtypes,
+// alignments, bias) at M = kInvariantM with split-K reductions excluded
+// (CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = NONE, and any candidate whose
+// CUBLASLT_ALGO_CONFIG_SPLITK_NUM > 1 skipped), and every M runs it after
+// cublasLtMatmulAlgoCheck accepts it; a refusal is an error, never a quiet per-M choice.
+// Keys: ops/gemm_algo_key.h (the `invariant` bit keeps the two modes apart).
 #include <cublasLt.h>
 #include <algorithm>
 #include <cstring>
@@ -25,6 +36,7 @@
 #include <vector>
 #include <cstdlib>
 #include "core/cuda/cuda_utils.h"
+#include "megadlm/ops/gemm.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/internal.h"
 
@@ -70,35 +82,9 @@ struct Preference {
 
 // ---- heuristic cache ----------------------------------------------------------------------
 
-struct AlgoKey {
-  int device;
-  int64_t m, n, k;
-  bool trans_a, trans_b, has_bias;
-  DType ab, c;
-  uint32_t align_a, align_b, align_c, align_bias;
-  bool operator==(const AlgoKey& o) const {
-    return device == o.device && m == o.m && n == o.n && k == o.k && trans_a == o.trans_a &&
-           trans_b == o.trans_b && has_bias == o.has_bias && ab == o.ab && c == o.c &&
-           align_a == o.align_a && align_b == o.align_b && align_c == o.align_c &&
-           align_bias == o.align_bias;
-  }
-};
-
-struct AlgoKeyHash {
-  size_t operator()(const AlgoKey& key) const {
-    KeyHasher hash;
-    auto mix = [&hash](uint64_t v) { hash.mix(v); };
-    mix(static_cast<uint64_t>(key.device));
-    mix(static_cast<uint64_t>(key.m));
-    mix(static_cast<uint64_t>(key.n));
-    mix(static_cast<uint64_t>(key.k));
-    mix((key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.has_bias ? 4u : 0u));
-    mix(static_cast<uint64_t>(key.ab) << 8 | static_cast<uint64_t>(key.c));
-    mix(static_cast<uint64_t>(key.align_a) << 32 | key.align_b);
-    mix(static_cast<uint64_t>(key.align_c) << 32 | key.align_bias);
-    return hash.h;
-  }
-};
+using detail::AlgoKey;
+using detail::AlgoKeyHash;
+using detail::heuristic_key;
 
 struct CachedAlgo {
   cublasLtMatmulAlgo_t algo;
@@ -160,7 +146,10 @@ struct LtProblem {
     if (st == CUBLAS_STATUS_SUCCESS) *algo = algos[0];
     return st;
   }
-  /// Up to `count` of the heuristic's algorithms, best first (at least one on success).
+  /// Up to `count` of the heuristic's algorithms, best first (at least one on success). For a
+  /// batch-invariant key only algorithms without split-K: the preference excludes reduction
+  /// schemes, and a candidate that still reports CUBLASLT_ALGO_CONFIG_SPLITK_NUM > 1 is skipped
+  /// (several are asked for so that one remains).
   cublasStatus_t heuristics(cublasLtHandle_t handle, const AlgoKey& key, size_t workspace_bytes, int count,
                             std::vector<cublasLtMatmulAlgo_t>& algos) {
     Preference pref;
@@ -169,18 +158,39 @@ struct LtProblem {
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
     pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
-    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
+    if (key.invariant)
+      pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_NONE));
+    const int asked = key.invariant ? std::max(count, 8) : count;
+    std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(asked));
     std::memset(results.data(), 0, results.size() * sizeof(results[0]));
     int returned = 0;
     const cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(handle, desc.desc, lt_a.layout, lt_b.layout, lt_c.layout,
-                                       lt_c.layout, pref.pref, count, results.data(), &returned);
+                                       lt_c.layout, pref.pref, asked, results.data(), &returned);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     if (returned == 0) return CUBLAS_STATUS_NOT_SUPPORTED;
     algos.clear();
-    for (int i = 0; i < returned; ++i)
-      if (results[static_cast<size_t>(i)].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[static_cast<size_t>(i)].algo);
+    for (int i = 0; i < returned && static_cast<int>(algos.size()) < count; ++i) {
+      const cublasLtMatmulHeuristicResult_t& r = results[static_cast<size_t>(i)];
+      if (r.state != CUBLAS_STATUS_SUCCESS) continue;
+      if (key.invariant && splits_k(r.algo)) continue;
+      algos.push_back(r.algo);
+    }
     return algos.empty() ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS;
+  }
+  /// Whether `algo` splits the K reduction (CUBLASLT_ALGO_CONFIG_SPLITK_NUM > 1, or a reduction
+  /// scheme other than NONE); an attribute the library does not report counts as no split.
+  static bool splits_k(const cublasLtMatmulAlgo_t& algo) {
+    int32_t splits = 1;
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof splits,
+                                             &written) != CUBLAS_STATUS_SUCCESS)
+      splits = 1;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
+                                             &written) != CUBLAS_STATUS_SUCCESS)
+      scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    return splits > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE;
   }
   /// The fastest of `algos` on this problem, timed on the stream (one warm-up, then three
   /// runs each) into a scratch D so C keeps its contents; an algorithm that fails is skipped.
@@ -220,19 +230,6 @@ struct LtProblem {
     return algos[best];
   }
 };
-
-/// The size the heuristic is asked about for M and K: a power of two up to 128, then a multiple
-/// of 128. cuBLASLt's heuristic takes milliseconds a call (the 1.7B at seq 8192 on the H200:
-/// three gaps of 3.2-3.6 ms an iteration, one per new masked-row count of the LM head), so
-/// sizes that vary from call to call share the algorithm chosen for their bucket's size, where
-/// cublasLtMatmulAlgoCheck accepts it for the actual one. Sizes already on a bucket boundary
-/// (every fixed training shape of the 1.7B) are asked about exactly, as before.
-int64_t heuristic_bucket(int64_t x) {
-  if (x > 128) return (x + 127) / 128 * 128;
-  int64_t p = 16;
-  while (p < x) p *= 2;
-  return p;
-}
 
 /// The heuristic's choice for `problem` (bias in the epilogue when an algorithm takes it, else
 /// the plain product: the caller adds the bias); with MEGADLM_GEMM_AUTOTUNE the fastest of
@@ -287,6 +284,62 @@ int gemm_autotune_candidates() {
   return n;
 }
 
+/// The default mode's algorithm for `key` (its cache entry is new): the algorithm of its size
+/// bucket (chosen on the bucket's size, once) where cuBLASLt accepts it for this size, else the
+/// heuristic's (or with MEGADLM_GEMM_AUTOTUNE the fastest) for this size.
+CachedAlgo default_algo(LtProblem& problem, const AlgoKey& key, const void* bias_ptr, const Tensor& a,
+                        const Tensor& b, const Tensor& c, float beta, megadlm::detail::CudaStreamResources* res,
+                        const Stream& stream) {
+  const int candidates = gemm_autotune_candidates();
+  const AlgoKey bucket = heuristic_key(key);
+  if (candidates == 1 && (bucket.m != key.m || bucket.k != key.k)) {
+    CachedAlgo shared{};
+    bool have = find_cached(g_bucket_cache, bucket, shared);
+    if (!have) {
+      try {
+        LtProblem sized(lt_type(key.ab), lt_type(key.c), bucket.m, key.n, bucket.k, key.trans_a, key.trans_b);
+        shared = choose_algo(sized, bucket, bias_ptr, a, b, c, beta, res, 1, stream);
+        have = true;
+        std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+        g_bucket_cache.emplace(bucket, shared);
+      } catch (const std::exception&) {
+        // No algorithm for the bucket's size: this size is asked about exactly below.
+      }
+    }
+    if (have && algo_runs(problem, shared, bias_ptr, res)) return shared;
+  }
+  return choose_algo(problem, key, bias_ptr, a, b, c, beta, res, candidates, stream);
+}
+
+/// Batch-invariant mode's algorithm for `key`: the heuristic's first split-K-free choice at
+/// M = kInvariantM (once per N, K, ...; kept in the bucket cache under its invariant key), which
+/// must run this M. No autotuning (a timed choice could differ between processes) and no
+/// per-M fallback (that would make the row's bits depend on M again).
+CachedAlgo invariant_algo(LtProblem& problem, const AlgoKey& key, const void* bias_ptr, const Tensor& a,
+                          const Tensor& b, const Tensor& c, float beta, megadlm::detail::CudaStreamResources* res,
+                          const Stream& stream) {
+  const AlgoKey canonical = heuristic_key(key);
+  CachedAlgo shared{};
+  if (!find_cached(g_bucket_cache, canonical, shared)) {
+    LtProblem sized(lt_type(key.ab), lt_type(key.c), canonical.m, key.n, canonical.k, key.trans_a, key.trans_b);
+    try {
+      shared = choose_algo(sized, canonical, bias_ptr, a, b, c, beta, res, 1, stream);
+    } catch (const std::exception& e) {
+      MDLM_FAIL("gemm (--batch-invariant): no split-K-free cuBLASLt algorithm for N = ", key.n, ", K = ", key.k,
+                " at M = ", canonical.m, " (the one algorithm every M of this shape would run): ", e.what(),
+                "; run without --batch-invariant");
+    }
+    std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+    g_bucket_cache.emplace(canonical, shared);
+  }
+  MDLM_CHECK(algo_runs(problem, shared, bias_ptr, res), "gemm (--batch-invariant): cuBLASLt's algorithm for N = ",
+             key.n, ", K = ", key.k, " (chosen at M = ", canonical.m, ", no split-K) does not run C[", key.m, ", ",
+             key.n, "] = op(A) op(B) with A ", a.str(), " trans_a=", key.trans_a, ", B ", b.str(), " trans_b=",
+             key.trans_b, ", C ", c.str(), (key.has_bias ? ", bias" : ""),
+             "; batch-invariant mode uses one algorithm for every M (run without --batch-invariant)");
+  return shared;
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, const Stream& stream) {
@@ -313,47 +366,26 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
   }
 
   const void* bias_ptr = args.bias ? args.bias->data_ptr() : nullptr;
-  const AlgoKey key{res->device,
-                    m,
-                    n,
-                    k,
-                    args.trans_a,
-                    args.trans_b,
-                    args.bias != nullptr,
-                    a.dtype(),
-                    c.dtype(),
-                    pointer_alignment(a.data_ptr()),
-                    pointer_alignment(b.data_ptr()),
-                    std::min(pointer_alignment(c.data_ptr()), pointer_alignment(c_in)),
-                    pointer_alignment(bias_ptr)};
+  const AlgoKey key = detail::problem_key({res->device,
+                                          m,
+                                          n,
+                                          k,
+                                          args.trans_a,
+                                          args.trans_b,
+                                          args.bias != nullptr,
+                                          a.dtype(),
+                                          c.dtype(),
+                                          pointer_alignment(a.data_ptr()),
+                                          pointer_alignment(b.data_ptr()),
+                                          std::min(pointer_alignment(c.data_ptr()), pointer_alignment(c_in)),
+                                          pointer_alignment(bias_ptr)},
+                                         ops::batch_invariant());
 
   LtProblem problem(ab_type, c_type, m, n, k, args.trans_a, args.trans_b);
   CachedAlgo chosen{};
   if (!find_cached(g_algo_cache, key, chosen)) {
-    const int candidates = gemm_autotune_candidates();
-    AlgoKey bucket = key;
-    bucket.m = heuristic_bucket(m);
-    bucket.k = heuristic_bucket(k);
-    bool found = false;
-    if (candidates == 1 && (bucket.m != m || bucket.k != k)) {
-      // The bucket's algorithm (chosen on the bucket's size, once), if it runs this size.
-      CachedAlgo shared{};
-      bool have = find_cached(g_bucket_cache, bucket, shared);
-      if (!have) {
-        try {
-          LtProblem sized(ab_type, c_type, bucket.m, n, bucket.k, args.trans_a, args.trans_b);
-          shared = choose_algo(sized, bucket, bias_ptr, a, b, c, args.beta, res, 1, stream);
-          have = true;
-          std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
-          g_bucket_cache.emplace(bucket, shared);
-        } catch (const std::exception&) {
-          // No algorithm for the bucket's size: this size is asked about exactly below.
-        }
-      }
-      found = have && algo_runs(problem, shared, bias_ptr, res);
-      if (found) chosen = shared;
-    }
-    if (!found) chosen = choose_algo(problem, key, bias_ptr, a, b, c, args.beta, res, candidates, stream);
+    if (key.invariant) chosen = invariant_algo(problem, key, bias_ptr, a, b, c, args.beta, res, stream);
+    else chosen = default_algo(problem, key, bias_ptr, a, b, c, args.beta, res, stream);
     std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
     g_algo_cache.emplace(key, chosen);
   }
@@ -393,9 +425,12 @@ std::unordered_map<AlgoKey, std::unique_ptr<GroupPlan>, AlgoKeyHash> g_plans;
 void planned_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int64_t k,
                   bool ta, bool tb, float alpha, float beta, const Stream& stream) {
   auto* res = stream.cuda_resources().get();
-  const AlgoKey key{res->device, m, n, k, ta, tb, false, a.dtype(), c.dtype(),
-                    pointer_alignment(a.data_ptr()), pointer_alignment(b.data_ptr()),
-                    pointer_alignment(c.data_ptr()), 256};
+  // Batch-invariant mode: the group's rows (the tokens routed to its expert) depend on the rest
+  // of the batch, so the plan runs the algorithm chosen at M = kInvariantM, as gemm() does.
+  const AlgoKey key = detail::problem_key({res->device, m, n, k, ta, tb, false, a.dtype(), c.dtype(),
+                                           pointer_alignment(a.data_ptr()), pointer_alignment(b.data_ptr()),
+                                           pointer_alignment(c.data_ptr()), 256},
+                                          ops::batch_invariant());
   GroupPlan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_plan_mutex);
@@ -405,9 +440,28 @@ void planned_gemm(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_
   if (plan == nullptr) {
     auto fresh = std::make_unique<GroupPlan>(lt_type(a.dtype()), lt_type(c.dtype()), m, n, k, ta, tb);
     fresh->problem.set_bias(nullptr);
-    const cublasStatus_t st = fresh->problem.heuristic(res->cublaslt, key, res->workspace_bytes, &fresh->algo);
-    MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "grouped_gemm: cuBLASLt has no algorithm for C[", m, ", ", n,
-               "] with K = ", k, " (", cublasLtGetStatusString(st), ")");
+    if (key.invariant) {
+      const AlgoKey canonical = heuristic_key(key);
+      CachedAlgo shared{};
+      if (!find_cached(g_bucket_cache, canonical, shared)) {
+        LtProblem sized(lt_type(a.dtype()), lt_type(c.dtype()), canonical.m, n, canonical.k, ta, tb);
+        sized.set_bias(nullptr);
+        const cublasStatus_t st = sized.heuristic(res->cublaslt, canonical, res->workspace_bytes, &shared.algo);
+        MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "grouped_gemm (--batch-invariant): cuBLASLt has no split-K-free "
+                   "algorithm for N = ", n, ", K = ", k, " at M = ", canonical.m, " (", cublasLtGetStatusString(st), ")");
+        shared.bias_in_epilogue = false;
+        std::lock_guard<std::mutex> lock(g_algo_cache_mutex);
+        g_bucket_cache.emplace(canonical, shared);
+      }
+      MDLM_CHECK(algo_runs(fresh->problem, shared, nullptr, res), "grouped_gemm (--batch-invariant): cuBLASLt's "
+                 "algorithm for N = ", n, ", K = ", k, " (chosen at M = ", canonical.m, ", no split-K) does not run M = ",
+                 m, "; batch-invariant mode uses one algorithm for every M (run without --batch-invariant)");
+      fresh->algo = shared.algo;
+    } else {
+      const cublasStatus_t st = fresh->problem.heuristic(res->cublaslt, key, res->workspace_bytes, &fresh->algo);
+      MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS, "grouped_gemm: cuBLASLt has no algorithm for C[", m, ", ", n,
+                 "] with K = ", k, " (", cublasLtGetStatusString(st), ")");
+    }
     std::lock_guard<std::mutex> lock(g_plan_mutex);
     plan = g_plans.emplace(key, std::move(fresh)).first->second.get();  // a racing twin is dropped
   }

@@ -5,6 +5,7 @@
 #include <nvtx3/nvToolsExt.h>
 #include <cstdint>
 #include "megadlm/core/tensor.h"
+#include "ops/gemm_algo_key.h"
 
 namespace megadlm::ops::cuda {
 
@@ -35,10 +36,8 @@ inline uint32_t pointer_alignment(const void* p) {
   return static_cast<uint32_t>(low < 256 ? low : 256);
 }
 
-/// FNV-1a over 64-bit words: the hash of the GEMM algorithm caches' keys (gemm.cpp, fp8.cu).
-struct KeyHasher {
-  size_t h = 1469598103934665603ull;
-  void mix(uint64_t v) { h = (h ^ v) * 1099511628211ull; }
-};
+/// FNV-1a over 64-bit words: the hash of the GEMM algorithm caches' keys (gemm.cpp, fp8.cu);
+/// defined with those keys in ops/gemm_algo_key.h (CPU-testable).
+using detail::KeyHasher;
 
 }  // namespace megadlm::ops::cuda

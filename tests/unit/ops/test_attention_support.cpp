@@ -235,6 +235,54 @@ TEST(AttentionSupport, PackedRowsAreReadInPlaceOnlyByCudnn) {
   EXPECT_FALSE(packed(dense(), false, {.cuda = true, .cudnn_version = 0}).packed_in_place);
 }
 
+TEST(AttentionSupport, BatchInvariantModeRunsOnlyKernelsWhoseKeyOrderIgnoresTheBatch) {
+  // generate_difflm --batch-invariant (ops::batch_invariant()): no cuDNN (a plan per shape), the
+  // flash kernels where a row's keys start at column 0, one key at a time where the block
+  // sampler's batch-dependent left padding moves them (attention_support.h).
+  constexpr AttentionDeviceFacts kInvariant{.cuda = true, .cudnn_version = 91400, .batch_invariant = true};
+  Documents d;
+  for (const AttentionBackend backend : {AttentionBackend::Auto, AttentionBackend::Cudnn, AttentionBackend::Flash}) {
+    SCOPED_TRACE(ops::attention_backend_name(backend));
+    AttentionArgs a = dense();
+    a.backend = backend;
+    EXPECT_EQ(fwd(a, kInvariant).impl, AttentionImpl::Flash);
+    EXPECT_EQ(fwd(a, kInvariant).reason, "batch-invariant mode: no cuDNN (its plan depends on the shape)");
+    EXPECT_TRUE(fwd(a, kInvariant).error.empty());
+    // The full-sequence sampler's ragged batch: compacted rows with their padding mask.
+    a.document_ids = &d.ids;
+    a.row_lengths = &d.lengths;
+    EXPECT_EQ(fwd(a, kInvariant).impl, AttentionImpl::Flash);
+    EXPECT_EQ(fwd(a, kInvariant).fallback, AttentionImpl::Flash);
+    a.head_dim = 96;
+    EXPECT_EQ(fwd(a, kInvariant).impl, AttentionImpl::Simple);
+    // The exact cache's key block (block decoding): one key at a time, not flash key tiles.
+    const Tensor key_ids = Tensor::from_ints(std::vector<int32_t>(1024, 0), {2, 512});
+    a = dense();
+    a.backend = backend;
+    a.kv_seq = 512;
+    a.document_ids = &d.ids;
+    a.key_document_ids = &key_ids;
+    EXPECT_EQ(fwd(a, kInvariant).impl, AttentionImpl::SimpleKeyBlock);
+    EXPECT_EQ(fwd(a, kInvariant).reason, "batch-invariant mode: key block, one key at a time");
+    EXPECT_EQ(fwd(a, kH200).impl, AttentionImpl::FlashKeyBlock);  // the default is unchanged
+    // Packed rows are never read in place (that is cuDNN's): split copies.
+    a = dense();
+    a.backend = backend;
+    EXPECT_FALSE(ops::choose_attention(a, false, kInvariant, AttentionEntry::Packed).packed_in_place);
+  }
+  // Block diffusion's doubled rows (--kv-cache none): the simple kernels.
+  const Tensor ranges = Tensor::from_ints(std::vector<int32_t>(2 * 4 * 256, 0), {2, 4, 256});
+  AttentionArgs a = dense();
+  a.seq = 512;
+  a.mask = AttentionMask::BlockDiffusion;
+  a.block_ranges = &ranges;
+  EXPECT_EQ(fwd(a, kInvariant).impl, AttentionImpl::Simple);
+  EXPECT_EQ(fwd(a, kInvariant).reason, "batch-invariant mode: block diffusion mask, one key at a time");
+  EXPECT_EQ(fwd(a, kH200).impl, AttentionImpl::Flash);
+  // A CPU stream is the reference either way.
+  EXPECT_EQ(fwd(dense(), {.cuda = false, .batch_invariant = true}).impl, AttentionImpl::Cpu);
+}
+
 TEST(AttentionSupport, BlockDiffusionRunsFlashForHalfLengthsOf128AndSimpleOtherwise) {
   // The doubled row [x_t | x_0]: seq 512 is L = 256, a multiple of 128, so every 128-row tile of
   // the flash kernels lies in one half; cuDNN has no such mask, under any backend.

@@ -134,6 +134,24 @@ TEST(Gemm, F32RowsAndColumnWindowsComeOutAsInAnyOtherShape) {
   }
 }
 
+TEST(Gemm, BatchInvariantModeLeavesTheCpuProductUnchanged) {
+  // The switch is for CUDA (ops/gemm.h); CPU rows are the same bits in any M with or without it.
+  Stream s = Stream::cpu();
+  const int64_t m = 7, n = 37, k = 65;
+  const Tensor a = test::random_tensor({m, k}, 41, DType::F32);
+  const Tensor b = test::random_tensor({n, k}, 42, DType::F32);
+  Tensor off = Tensor::empty({m, n}, DType::F32, s), on = Tensor::empty({m, n}, DType::F32, s);
+  ops::gemm(a, b, off, {.trans_b = true}, s);
+  ops::set_batch_invariant(true);
+  ops::gemm(a, b, on, {.trans_b = true}, s);
+  Tensor row = Tensor::empty({1, n}, DType::F32, s);
+  ops::gemm(a.narrow(3, 1), b, row, {.trans_b = true}, s);
+  ops::set_batch_invariant(false);
+  const std::vector<float> x = off.to_floats(s), y = on.to_floats(s), r = row.to_floats(s);
+  EXPECT_EQ(x, y);
+  EXPECT_TRUE(std::equal(r.begin(), r.end(), y.begin() + 3 * n));
+}
+
 TEST(Gemm, BetaZeroWritesCWithoutReadingIt) {
   Stream s = Stream::cpu();
   Tensor a = Tensor::from_floats({1, 2, 3, 4}, {2, 2});
