@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include "megadlm/core/device.h"
 #include "megadlm/core/dtype.h"
@@ -12,6 +13,7 @@ namespace megadlm::detail {
 
 struct CudaStreamResources;
 struct CudaEventHandle;  // a cudaEvent_t and its device (src/core/cuda/cuda_utils.h)
+struct CudaGraphHandle;  // a cudaGraph_t and its instantiation (src/core/cuda/cuda_utils.h)
 
 std::shared_ptr<CudaStreamResources> cuda_create_stream(int device);
 void* cuda_stream_native(const CudaStreamResources* res);
@@ -29,6 +31,15 @@ void cuda_copy_bytes(const void* src, Device src_device, void* dst, Device dst_d
 void cuda_convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
                   const CudaStreamResources* res);
 void cuda_memset_zero(void* ptr, size_t bytes, const CudaStreamResources* res);
+
+/// CUDA graphs (core/cuda_graph.h). capture: runs `work` while `res`'s stream is captured
+/// (thread-local mode: an unsafe CUDA call of this thread fails the capture) and instantiates
+/// the graph; throws with CUDA's error (or work's exception) after ending the capture, so the
+/// stream is usable again. launch: queues the graph on `res`'s stream.
+std::shared_ptr<CudaGraphHandle> cuda_graph_capture(const CudaStreamResources* res,
+                                                    const std::function<void()>& work);
+void cuda_graph_launch(const CudaGraphHandle* graph, const CudaStreamResources* res);
+size_t cuda_graph_nodes(const CudaGraphHandle* graph);
 
 /// Makes `device` current for the calling thread (cudaSetDevice).
 void cuda_set_device(int device);

@@ -32,6 +32,11 @@ void cuda_event_wait(const CudaEventHandle*, const CudaStreamResources*) {
 }
 bool cuda_event_query(const CudaEventHandle*) { no_cuda("querying a CUDA event"); }
 void cuda_event_synchronize(const CudaEventHandle*) { no_cuda("synchronizing a CUDA event"); }
+std::shared_ptr<CudaGraphHandle> cuda_graph_capture(const CudaStreamResources*, const std::function<void()>&) {
+  no_cuda("capturing a CUDA graph");
+}
+void cuda_graph_launch(const CudaGraphHandle*, const CudaStreamResources*) { no_cuda("launching a CUDA graph"); }
+size_t cuda_graph_nodes(const CudaGraphHandle*) { return 0; }
 int cuda_device_count_impl() { return 0; }
 size_t cuda_peak_memory(int) { return 0; }
 size_t cuda_peak_reserved_memory(int) { return 0; }

@@ -21,6 +21,13 @@ std::vector<std::string> block_decoding_problems(const SamplerConfig& c, const B
   if (c.kv_cache != KvCacheMode::None)
     out.push_back(std::string("`--kv-cache ") + kv_cache_mode_name(c.kv_cache) + "` is the full-sequence sampler's "
                   "approximate cache; " + mode + " takes `--kv-cache exact` (default) or `none`");
+  if (d.cuda_graphs && d.autoregressive)
+    out.push_back("`--cuda-graphs` captures block decoding's steps, which repeat one shape for a whole block; "
+                  "`--decode ar` writes a new cache column every token (each graph would run once): use "
+                  "`--decode block`, or drop --cuda-graphs");
+  if (d.cuda_graphs && !d.exact_cache)
+    out.push_back("`--cuda-graphs` captures the steps of the exact cache (`--kv-cache exact`); `--kv-cache none` "
+                  "recomputes the growing canvas through the uncached forward, which is not captured");
   if (d.autoregressive && !d.causal_clean)
     out.push_back("`--decode ar` needs a model whose clean stream is causal (trained with "
                   "`--dlm-bd-clean-attention causal`); this one's is block-causal, which has no exact "
@@ -157,6 +164,11 @@ std::vector<GenerationResult> generate_blocks(LogitsModel& model, const std::vec
   }
   MDLM_CHECK(!dec.exact_cache || model.supports_exact_cache(),
              "`--kv-cache exact`: this model has no exact key/value cache (give `--kv-cache none`)");
+  if (dec.cuda_graphs) {
+    const std::string why = model.exact_cache_graphs_unsupported();
+    MDLM_CHECK(why.empty(), why);
+  }
+  model.set_exact_cache_graphs(dec.cuda_graphs);
   std::vector<GenerationResult> results(requests.size());
   if (requests.empty()) return results;
 

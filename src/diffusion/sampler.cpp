@@ -31,6 +31,14 @@ Tensor LogitsModel::exact_cache_logits(const CanvasBatch&, int64_t, const std::v
   MDLM_FAIL("this model has no exact key/value cache (block decoding with `--kv-cache exact` needs one)");
 }
 
+std::string LogitsModel::exact_cache_graphs_unsupported() const {
+  return "`--cuda-graphs`: this model has no CUDA graphs of its cached steps";
+}
+
+void LogitsModel::set_exact_cache_graphs(bool on) {
+  if (on) MDLM_FAIL(exact_cache_graphs_unsupported());
+}
+
 std::vector<std::string> sampler_config_problems(const SamplerConfig& c, int64_t vocab) {
   std::vector<std::string> out;
   auto flag = [](const char* f, auto v) { return std::string("`") + f + " " + std::to_string(v) + "`"; };

@@ -259,27 +259,57 @@ Tensor GptModel::forward(const MicroBatch& mb, const Tensor& input, ModelRecord&
 
 Tensor GptModel::logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt,
                            int64_t vocab) const {
+  // After the last layer's attention every op is per row, so its projection, its MLP and the
+  // final norm run on the wanted rows alone (a dense MLP: an MoE layer's capacity drops depend
+  // on all the tokens, so there the rows are picked after the layer).
+  const bool split_last = splits_last_layer() && rows.numel() > 0;
+  return inference_head(inference_trunk(mb, rt, split_last), mb, rows, rt, vocab);
+}
+
+bool GptModel::has_moe() const {
+  for (const TransformerLayer& l : layers_)
+    if (l.is_moe()) return true;
+  return false;
+}
+
+namespace {
+ModelRuntime inference_runtime(const ModelRuntime& rt) {
+  ModelRuntime inference = rt;
+  inference.forward_only = true;
+  inference.training = false;
+  return inference;
+}
+}  // namespace
+
+GptModel::Trunk GptModel::inference_trunk(const MicroBatch& mb, const ModelRuntime& rt, bool split_last) const {
   MDLM_CHECK(chunk_.embedding && chunk_.head && !mp_.tp.enabled(),
              "GptModel::logits_at needs the whole model on one tensor-parallel rank");
+  MDLM_CHECK(!split_last || splits_last_layer(), "GptModel::inference_trunk: the last layer does not split at "
+             "its attention (an MoE layer or tensor parallelism)");
+  const ModelRuntime inference = inference_runtime(rt);
+  // Dense layers add their branches into the residual stream in their output GEMMs; an MoE (or
+  // TP) layer's MLP output is added by the next layer's first norm (or the final one).
+  Trunk t;
+  t.residual = embed(mb, inference);
+  const size_t full = split_last ? layers_.size() - 1 : layers_.size();
+  for (size_t i = 0; i < full; ++i) t.branch = layers_[i].forward_inference(t.residual, t.branch, mb, inference);
+  if (split_last) {
+    t.context = layers_.back().attention_inference(t.residual, t.branch, mb, inference);
+    t.branch = Tensor();
+  }
+  return t;
+}
+
+Tensor GptModel::inference_head(Trunk trunk, const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt,
+                                int64_t vocab) const {
   if (vocab <= 0) vocab = cfg_.padded_vocab_size;
   MDLM_CHECK(vocab <= cfg_.padded_vocab_size, "GptModel::logits_at: ", vocab, " logits of a vocabulary of ",
              cfg_.padded_vocab_size);
   const Stream& s = rt.stream;
-  ModelRuntime inference = rt;
-  inference.forward_only = true;
-  inference.training = false;
-  // Dense layers add their branches into the residual stream in their output GEMMs; an MoE (or
-  // TP) layer's MLP output is added by the next layer's first norm (or the final one).
-  // After the last layer's attention every op is per row, so its second norm, its MLP and the
-  // final norm run on the wanted rows alone (a dense MLP: an MoE layer's capacity drops depend
-  // on all the tokens, so there the rows are picked after the layer).
-  Tensor residual = embed(mb, inference), branch;
-  const bool prune_last = !layers_.empty() && !layers_.back().is_moe() && rows.numel() > 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const bool last = i + 1 == layers_.size();
-    branch = layers_[i].forward_inference(residual, branch, mb, inference, last && prune_last ? rows : Tensor());
-  }
-  if (!prune_last) {
+  Tensor residual = std::move(trunk.residual), branch = std::move(trunk.branch);
+  if (trunk.context.defined()) {
+    layers_.back().finish_inference(residual, std::move(trunk.context), mb, inference_runtime(rt), rows);
+  } else {
     residual = ops::gather_rows(residual, rows, s);
     if (branch.defined()) branch = ops::gather_rows(branch, rows, s);
   }

@@ -128,9 +128,16 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
 Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
                                            const ModelRuntime& rt, const Tensor& keep_rows) const {
   MDLM_CHECK(rt.forward_only && !rt.training, "TransformerLayer::forward_inference is for inference only");
-  const Mlp* dense = std::get_if<Mlp>(&ffn_);
-  MDLM_CHECK(!keep_rows.defined() || (dense != nullptr && !mp_.tp.enabled()), "layer ", layer_,
+  MDLM_CHECK(!keep_rows.defined() || splits_inference(), "layer ", layer_,
              ": forward_inference keeps rows only for a dense MLP on one tensor-parallel rank");
+  if (splits_inference()) {
+    // Both branches are added into the residual stream by their output projections' GEMMs
+    // (C += A B: the sum rounded once, no add pass; the norms then read one tensor). The last
+    // layer projects only the kept rows.
+    Tensor context = attention_inference(residual, branch, mb, rt);
+    finish_inference(residual, std::move(context), mb, rt, keep_rows);
+    return Tensor();  // everything is in the residual
+  }
   const Stream& s = rt.stream;
   LayerRecord rec;  // what the sublayers save, dropped with this frame
   if (rt.hooks) rt.hooks->params_needed(handles_);
@@ -142,25 +149,6 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
   } else {
     normed = norm1_.forward(x, rec.norm1, s);
   }
-  if (dense != nullptr && !mp_.tp.enabled()) {
-    // Both branches are added into the residual stream by their output projections' GEMMs
-    // (C += A B: the sum rounded once, no add pass; the norms then read one tensor). The last
-    // layer projects only the kept rows.
-    Tensor context = attention_.context(normed, mb, rec.attention, rt);
-    normed = Tensor();
-    if (keep_rows.defined()) {
-      context = ops::gather_rows(context, keep_rows, s);
-      x = ops::gather_rows(x, keep_rows, s);
-    }
-    attention_.project_add(context, x, x, s);
-    context = Tensor();
-    rec.attention = SelfAttention::Saved{};
-    const Tensor norm2_out = norm2_.forward(x, rec.norm2, s);
-    dense->forward_add(norm2_out, mb, rec.mlp, rt, x, x);
-    residual = x;
-    if (rt.hooks) rt.hooks->params_done(handles_);
-    return Tensor();  // everything is in the residual
-  }
   // MoE or TP (keep_rows is refused above): the MLP output goes back to the caller.
   Tensor attn = attention_.forward(normed, mb, rec.attention, rt);
   normed = Tensor();
@@ -170,6 +158,45 @@ Tensor TransformerLayer::forward_inference(Tensor& residual, const Tensor& branc
   Tensor mlp = ffn_forward(norm2_out, mb, rec, rt);
   if (rt.hooks) rt.hooks->params_done(handles_);
   return mlp;
+}
+
+bool TransformerLayer::splits_inference() const { return std::holds_alternative<Mlp>(ffn_) && !mp_.tp.enabled(); }
+
+Tensor TransformerLayer::attention_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
+                                             const ModelRuntime& rt) const {
+  MDLM_CHECK(rt.forward_only && !rt.training && splits_inference(), "layer ", layer_,
+             ": attention_inference is inference of a dense layer on one tensor-parallel rank");
+  const Stream& s = rt.stream;
+  LayerRecord rec;  // what the sublayers save, dropped with this frame
+  if (rt.hooks) rt.hooks->params_needed(handles_);
+  Tensor normed;
+  if (branch.defined()) {
+    Tensor x = Tensor::empty(residual.shape(), residual.dtype(), s);
+    normed = norm1_.forward_add(branch, residual, x, rec.norm1, s);
+    residual = x;
+  } else {
+    normed = norm1_.forward(residual, rec.norm1, s);
+  }
+  return attention_.context(normed, mb, rec.attention, rt);
+}
+
+void TransformerLayer::finish_inference(Tensor& residual, Tensor context, const MicroBatch& mb,
+                                        const ModelRuntime& rt, const Tensor& keep_rows) const {
+  MDLM_CHECK(rt.forward_only && !rt.training && splits_inference(), "layer ", layer_,
+             ": finish_inference is inference of a dense layer on one tensor-parallel rank");
+  const Stream& s = rt.stream;
+  LayerRecord rec;
+  Tensor x = residual;
+  if (keep_rows.defined()) {
+    context = ops::gather_rows(context, keep_rows, s);
+    x = ops::gather_rows(x, keep_rows, s);
+  }
+  attention_.project_add(context, x, x, s);
+  context = Tensor();
+  const Tensor norm2_out = norm2_.forward(x, rec.norm2, s);
+  std::get<Mlp>(ffn_).forward_add(norm2_out, mb, rec.mlp, rt, x, x);
+  residual = x;
+  if (rt.hooks) rt.hooks->params_done(handles_);
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,

@@ -85,8 +85,8 @@ int64_t InferenceModel::vocab_size() const {
 
 namespace {
 
-// The micro-batch of columns [col0, col1) of every canvas row.
-MicroBatch window_batch(const CanvasBatch& c, int64_t col0, int64_t col1, const Stream& stream) {
+// The micro-batch of columns [col0, col1) of every canvas row, on the host.
+HostMicroBatch window_host(const CanvasBatch& c, int64_t col0, int64_t col1) {
   HostMicroBatch h;
   h.batch = c.batch;
   h.seq = col1 - col0;
@@ -106,7 +106,11 @@ MicroBatch window_batch(const CanvasBatch& c, int64_t col0, int64_t col1, const 
   }
   h.labels = h.input_ids;  // unused: no loss
   h.loss_weights.assign(h.input_ids.size(), 0.0f);
-  return MicroBatch::upload(h, stream);
+  return h;
+}
+
+MicroBatch window_batch(const CanvasBatch& c, int64_t col0, int64_t col1, const Stream& stream) {
+  return MicroBatch::upload(window_host(c, col0, col1), stream);
 }
 
 // A block-diffusion model (--attention-mask-type block_causal) given plain rows rather than its
@@ -184,6 +188,20 @@ void InferenceModel::exact_cache_reset(int64_t batch, int64_t seq) {
   cache_.batch = batch;
   cache_.seq = seq;
   cache_.exact = true;
+  graphs_.reset();  // the graph wrote into the old cache's storage
+}
+
+std::string InferenceModel::exact_cache_graphs_unsupported() const {
+  return ExactCacheGraphs::unsupported(*model_, rt_.stream.device());
+}
+
+void InferenceModel::set_exact_cache_graphs(bool on) {
+  if (on) {
+    const std::string why = exact_cache_graphs_unsupported();
+    MDLM_CHECK(why.empty(), why);
+  }
+  if (on != use_graphs_) graphs_.reset();
+  use_graphs_ = on;
 }
 
 Tensor InferenceModel::exact_cache_logits(const CanvasBatch& window, int64_t col0,
@@ -198,9 +216,12 @@ Tensor InferenceModel::exact_cache_logits(const CanvasBatch& window, int64_t col
     MDLM_CHECK(r >= 0 && r < window.batch * window.seq, "exact cached logits of row ", r, " outside the window");
   cache_.column0 = col0;
   cache_.causal = causal;
-  cache_.key_document_ids = device_ints(key_documents, rt_.stream);
   ModelRuntime rt = rt_;
   rt.kv_cache = &cache_;
+  if (use_graphs_)
+    return graphs_.logits(*model_, cache_, rt, window_host(window, 0, window.seq), key_documents,
+                          device_ints(rows, rt_.stream), vocab_size());
+  cache_.key_document_ids = device_ints(key_documents, rt_.stream);
   const MicroBatch mb = window_batch(window, 0, window.seq, rt_.stream);
   return model_->logits_at(mb, device_ints(rows, rt_.stream), rt, vocab_size());
 }

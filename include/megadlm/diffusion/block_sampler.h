@@ -58,6 +58,10 @@ struct BlockDecoding {
   bool autoregressive = false;  ///< --decode ar (the causal-clean variant only)
   bool causal_clean = false;    ///< the model's clean stream is causal (--dlm-bd-clean-attention causal)
   bool exact_cache = true;      ///< --kv-cache exact (default) or none
+  /// --cuda-graphs: the model's cached steps captured once per block and replayed
+  /// (LogitsModel::set_exact_cache_graphs; block decoding with the exact cache only). The same
+  /// tokens and logits, bit for bit.
+  bool cuda_graphs = false;
   /// Optional caller's stop rule, asked after each finished block (block decoding; not with
   /// `autoregressive`) for every unfinished row with its generated tokens so far (the committed
   /// blocks, clean; EOS included): true finishes the row there, its result holding those tokens

@@ -149,6 +149,13 @@ class LogitsModel {
   /// [rows.size(), vocab_size()] of the window's flat indices `rows` (b * window.seq + i).
   virtual Tensor exact_cache_logits(const CanvasBatch& window, int64_t col0, const std::vector<int32_t>& key_documents,
                                     bool causal, const std::vector<int32_t>& rows);
+  /// Block decoding's steps through CUDA graphs (--cuda-graphs, model/exact_cache_graphs.h): why
+  /// this model cannot run them, naming the flag and the reason (empty: it can). Default: a
+  /// model without them.
+  virtual std::string exact_cache_graphs_unsupported() const;
+  /// Turns the CUDA graphs of exact_cache_logits on or off for the calls that follow (the same
+  /// logits, bit for bit). The default accepts off and throws for on.
+  virtual void set_exact_cache_graphs(bool on);
 };
 
 /// Every problem of `requests` for `config` and a model with `vocab` input ids and

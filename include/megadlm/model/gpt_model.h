@@ -92,6 +92,26 @@ class GptModel {
   /// estimators (diffusion/sampler.h); with rt.kv_cache through the key/value cache.
   Tensor logits_at(const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt, int64_t vocab = 0) const;
 
+  /// logits_at in two parts: inference_head(inference_trunk(mb, rt, rows defined and nonempty),
+  /// mb, rows, rt, vocab) is logits_at(mb, rows, rt, vocab), bit for bit. The trunk reads every
+  /// token and its work depends only on mb's shape (and rt.kv_cache's call), not on the rows
+  /// asked for: block decoding captures it in a CUDA graph and replays it
+  /// (model/exact_cache_graphs.h). With `split_last` (a dense last layer, see
+  /// splits_last_layer) the trunk stops after the last layer's attention, whose projection and
+  /// MLP the head runs on the asked rows alone, as logits_at does.
+  struct Trunk {
+    Tensor residual;  ///< [T, H]: the residual stream (split_last: the last layer's input)
+    Tensor branch;    ///< [T, H] or undefined: an MoE/TP last layer's MLP output, not yet added
+    Tensor context;   ///< split_last: the last layer's attention context [T, heads * head_dim]
+  };
+  Trunk inference_trunk(const MicroBatch& mb, const ModelRuntime& rt, bool split_last) const;
+  Tensor inference_head(Trunk trunk, const MicroBatch& mb, const Tensor& rows, const ModelRuntime& rt,
+                        int64_t vocab = 0) const;
+  /// Whether the last layer splits at its attention (a dense MLP on one tensor-parallel rank).
+  bool splits_last_layer() const { return !layers_.empty() && layers_.back().splits_inference(); }
+  /// Whether any layer is an MoE layer (their token dispatch reads counts on the host).
+  bool has_moe() const;
+
   /// Rows of the hidden states exchanged between stages for a micro-batch of `tokens` tokens.
   int64_t hidden_rows(int64_t tokens) const;
 

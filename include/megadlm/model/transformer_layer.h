@@ -65,6 +65,20 @@ class TransformerLayer {
   /// depend on all the tokens.
   Tensor forward_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
                            const ModelRuntime& rt, const Tensor& keep_rows = Tensor()) const;
+  /// forward_inference of a dense layer on one tensor-parallel rank, in two parts (the first
+  /// reads every token, so its work depends only on the micro-batch's shape: the part of the
+  /// last layer that block decoding's CUDA graphs capture, model/exact_cache_graphs.h).
+  /// attention_inference: `residual` becomes the layer's input (`branch` added by the first
+  /// norm's pass) and the attention context [T, heads * head_dim] is returned;
+  /// finish_inference: the output projection and the MLP, added into `residual`, on `keep_rows`
+  /// alone when defined (then `residual` holds those rows). Together: forward_inference, bit
+  /// for bit (the same ops on the same shapes).
+  Tensor attention_inference(Tensor& residual, const Tensor& branch, const MicroBatch& mb,
+                             const ModelRuntime& rt) const;
+  void finish_inference(Tensor& residual, Tensor context, const MicroBatch& mb, const ModelRuntime& rt,
+                        const Tensor& keep_rows = Tensor()) const;
+  /// Whether attention_inference / finish_inference apply (a dense MLP, one tensor-parallel rank).
+  bool splits_inference() const;
   /// dy -> dx (shapes as forward's output/input); consumes (clears) `rec`.
   Tensor backward(const Tensor& dy, const MicroBatch& mb, LayerRecord& rec,
                   const ModelRuntime& rt) const;

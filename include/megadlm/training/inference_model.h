@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/diffusion/sampler.h"
+#include "megadlm/model/exact_cache_graphs.h"
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/model/kv_cache.h"
 #include "megadlm/parallel/parameter_store.h"
@@ -51,6 +52,10 @@ class InferenceModel final : public LogitsModel {
   void exact_cache_reset(int64_t batch, int64_t seq) override;
   Tensor exact_cache_logits(const CanvasBatch& window, int64_t col0, const std::vector<int32_t>& key_documents,
                             bool causal, const std::vector<int32_t>& rows) override;
+  std::string exact_cache_graphs_unsupported() const override;
+  void set_exact_cache_graphs(bool on) override;
+  /// What the CUDA graphs of the cached steps did (eager runs, captures, replays), for logs.
+  const GraphSchedule& exact_cache_graph_schedule() const { return graphs_.schedule(); }
 
  private:
   RunConfig cfg_;
@@ -59,6 +64,8 @@ class InferenceModel final : public LogitsModel {
   ParameterStore store_;
   std::unique_ptr<GptModel> model_;
   KvCache cache_;  // the last refresh's keys and values (--kv-cache), or block decoding's exact cache
+  ExactCacheGraphs graphs_;  // --cuda-graphs: the exact cache's steps as CUDA graphs
+  bool use_graphs_ = false;
 };
 
 }  // namespace megadlm::training

@@ -29,6 +29,15 @@ struct CudaEventHandle {
   ~CudaEventHandle();
 };
 
+/// A captured CUDA graph and its instantiation (core/cuda_graph.h), destroyed with the last
+/// handle. A launch still in flight then completes: CUDA frees an executing graph afterwards.
+struct CudaGraphHandle {
+  int device = 0;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~CudaGraphHandle();
+};
+
 [[noreturn]] void throw_cuda_error(const char* call, int code, const char* name, const char* msg,
                                    const char* file, int line);
 

@@ -129,6 +129,52 @@ void cuda_event_synchronize(const CudaEventHandle* ev) {
   MDLM_CUDA_CHECK(cudaEventSynchronize(ev->event));
 }
 
+CudaGraphHandle::~CudaGraphHandle() {
+  // Destructors must not throw: the exec first (it may use the graph's allocations), then the graph.
+  cudaSetDevice(device);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+}
+
+std::shared_ptr<CudaGraphHandle> cuda_graph_capture(const CudaStreamResources* res,
+                                                    const std::function<void()>& work) {
+  MDLM_CUDA_CHECK(cudaSetDevice(res->device));
+  MDLM_CUDA_CHECK(cudaStreamBeginCapture(res->stream, cudaStreamCaptureModeThreadLocal));
+  auto g = std::make_shared<CudaGraphHandle>();
+  g->device = res->device;
+  try {
+    work();
+  } catch (...) {
+    // End the capture so that the stream takes work again; its partial graph is dropped.
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(res->stream, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    cudaGetLastError();  // clear the capture's error
+    throw;
+  }
+  const cudaError_t ended = cudaStreamEndCapture(res->stream, &g->graph);
+  if (ended != cudaSuccess) {
+    cudaGetLastError();
+    MDLM_FAIL("the captured work queued an operation a CUDA graph cannot hold (", cudaGetErrorName(ended), ": ",
+              cudaGetErrorString(ended), "): a host synchronisation, a copy to or from pageable host memory, "
+              "or a free of memory allocated before the capture");
+  }
+  MDLM_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  return g;
+}
+
+void cuda_graph_launch(const CudaGraphHandle* graph, const CudaStreamResources* res) {
+  MDLM_CHECK(graph->device == res->device, "a CUDA graph captured on device ", graph->device,
+             " replayed on a stream of device ", res->device);
+  MDLM_CUDA_CHECK(cudaGraphLaunch(graph->exec, res->stream));
+}
+
+size_t cuda_graph_nodes(const CudaGraphHandle* graph) {
+  size_t n = 0;
+  MDLM_CUDA_CHECK(cudaGraphGetNodes(graph->graph, nullptr, &n));
+  return n;
+}
+
 int cuda_device_count_impl() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
