@@ -70,6 +70,9 @@ std::vector<apps::CliFlag> flags() {
       {"--summary-json", "FILE", "write the summary as one JSON object"},
       {"--batch-invariant", nullptr, "CUDA: generate_difflm's batch-invariant kernels (docs/generation.md): a row's "
                                      "logits do not depend on the other rows of its forward; slower (default: off)"},
+      {"--cuda-graphs", nullptr, "CUDA, --task harness on a block-diffusion checkpoint: generate_until's block "
+                                 "decoding steps captured once per block as CUDA graphs and replayed "
+                                 "(docs/generation.md, \"CUDA graphs\"); the same tokens (default: off)"},
   };
   f.insert(f.end() - 1, own.begin(), own.end());
   return f;
@@ -441,10 +444,11 @@ SamplerConfig harness_sampler_config(const HarnessRequest& h, int64_t block_leng
 }
 
 /// Block decoding for the harness: the exact cache, the checkpoint's clean-stream rule.
-BlockDecoding harness_block_decoding(const RunConfig& cfg) {
+BlockDecoding harness_block_decoding(const RunConfig& cfg, bool cuda_graphs) {
   BlockDecoding d;
   d.causal_clean = cfg.model.block_diffusion_causal_clean;
   d.exact_cache = true;
+  d.cuda_graphs = cuda_graphs;
   return d;
 }
 
@@ -528,7 +532,7 @@ json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg,
       std::vector<int32_t> ids;
       if (cfg.diffusion.block_diffusion()) {
         // Block decoding stops after the block where a stop string (within max_gen_toks) appears.
-        BlockDecoding bdec = harness_block_decoding(cfg);
+        BlockDecoding bdec = harness_block_decoding(cfg, cli.has("--cuda-graphs"));
         bdec.stop_after_block = [&](size_t, const std::vector<int32_t>& generated) {
           bool cut = false;
           const size_t n = std::min(generated.size(), static_cast<size_t>(h.max_gen_toks));
@@ -583,6 +587,11 @@ int run(const apps::Cli& cli) {
     for (const std::string& p : likelihood_config_problems(likelihood_config(cli, 0, seed, errors), 0))
       errors.push_back(p);
   }
+  if (cli.has("--cuda-graphs") && device.is_cpu())
+    errors.push_back("`--cuda-graphs` captures CUDA work; the model runs on the CPU (give `--device cuda`)");
+  if (cli.has("--cuda-graphs") && task != "harness")
+    errors.push_back("`--cuda-graphs` applies to block decoding (`--task harness` generate_until requests on a "
+                     "block-diffusion checkpoint); `--task " + task + "` runs no decoding");
   if (!errors.empty()) throw ConfigError(errors, {});
   ops::set_batch_invariant(cli.has("--batch-invariant"));  // before the model runs anything
 
@@ -590,6 +599,9 @@ int run(const apps::Cli& cli) {
   const RunConfig& cfg = model.config();
   if (cfg.diffusion.mode == RunningMode::Vanilla)
     errors.push_back(model.description() + " is an autoregressive model; evaluate_difflm scores masked-diffusion models");
+  if (cli.has("--cuda-graphs") && !cfg.diffusion.block_diffusion())
+    errors.push_back("`--cuda-graphs` captures block decoding's steps; " + model.description() +
+                     " is a full-sequence model, whose generate_until requests run the full-sequence sampler");
   const int64_t mask = apps::inference_mask_token(cli, cfg, errors);
   const std::unique_ptr<data::Tokenizer> tok = apps::inference_tokenizer(cli, cfg, src.hf_dir);
   apps::JsonlOutput out(cli, "--output", errors);

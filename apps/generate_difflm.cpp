@@ -11,6 +11,8 @@
 //                   [--kv-cache exact|none] [--confidence-threshold P]
 // --batch-invariant (any decoding): CUDA kernels whose rows do not depend on the batch
 // (ops::set_batch_invariant; docs/generation.md, "Batch-invariant mode").
+// --cuda-graphs (block decoding, CUDA): each block's steps replay a CUDA graph of the model's
+// forward (model/exact_cache_graphs.h; docs/generation.md, "CUDA graphs").
 // A block-diffusion checkpoint (--attention-mask-type block_causal) decodes block by block with
 // an exact key/value cache by default (diffusion/block_sampler.h), its block size the
 // checkpoint's --dlm-block-size; other checkpoints run LLaDA's full-sequence sampler.
@@ -77,6 +79,9 @@ std::vector<apps::CliFlag> flags() {
                                      "(one cuBLASLt algorithm per GEMM shape for every M, no split-K, no cuDNN "
                                      "attention), so a prompt gives the same tokens alone and in any batch; slower; "
                                      "CPU rows are batch-invariant already (default: off)"},
+      {"--cuda-graphs", nullptr, "CUDA, block decoding with the exact cache: each block's steps captured once as a "
+                                 "CUDA graph of the model's forward and replayed (no per-kernel launch cost); the same "
+                                 "tokens, bit for bit (default: off)"},
   };
   f.insert(f.end() - 1, own.begin(), own.end());
   return f;
@@ -115,6 +120,12 @@ int run(const apps::Cli& cli) {
   // Process-wide, before the model runs anything (the GEMM algorithms are cached per mode).
   const bool batch_invariant = cli.has("--batch-invariant");
   ops::set_batch_invariant(batch_invariant);
+  const bool cuda_graphs = cli.has("--cuda-graphs");
+  if (cuda_graphs && device.is_cpu())
+    errors.push_back("`--cuda-graphs` captures CUDA work; the model runs on the CPU (give `--device cuda`)");
+  if (cuda_graphs && decode_flag == "full")
+    errors.push_back("`--cuda-graphs` captures block decoding's steps; the full-sequence sampler (`--decode full`) "
+                     "runs the whole canvas uncached and is not captured");
   const int64_t batch_size = cli.integer("--batch-size", 1, errors);
   if (batch_size < 1) errors.push_back("`--batch-size` must be >= 1");
   if (!cli.has("--prompt") && !cli.has("--prompts-jsonl"))
@@ -140,6 +151,14 @@ int run(const apps::Cli& cli) {
   BlockDecoding bdec;
   bdec.autoregressive = decode == DecodeMode::Ar;
   bdec.causal_clean = cfg.model.block_diffusion_causal_clean;
+  bdec.cuda_graphs = cuda_graphs;
+  if (cuda_graphs && decode == DecodeMode::Full)  // a full-sequence checkpoint's default sampler
+    errors.push_back("`--cuda-graphs` captures block decoding's steps; " + model.description() +
+                     " is decoded by the full-sequence sampler, which is not captured");
+  else if (cuda_graphs) {
+    const std::string why = model.exact_cache_graphs_unsupported();
+    if (!why.empty()) errors.push_back(why);
+  }
   if (decode == DecodeMode::Full) {
     if (kv_cache == "exact")
       errors.push_back("`--kv-cache exact` is block decoding's cache; the full-sequence sampler (`--decode full`) "
@@ -199,7 +218,7 @@ int run(const apps::Cli& cli) {
             << (decode == DecodeMode::Full ? std::string()
                                            : std::string(", kv cache ") + (bdec.exact_cache ? "exact" : "none") +
                                                  (bdec.causal_clean ? ", causal clean stream" : ", block-causal clean stream"))
-            << (batch_invariant ? ", batch-invariant kernels" : "") << "\n"
+            << (batch_invariant ? ", batch-invariant kernels" : "") << (cuda_graphs ? ", CUDA graphs" : "") << "\n"
             << " > sampler: gen length " << sc.gen_length << ", steps " << sc.steps << ", block length "
             << sc.block_length << ", remasking " << remasking_name(sc.remasking) << ", temperature "
             << sc.temperature << ", cfg scale " << sc.cfg_scale << ", mask token " << sc.mask_token
@@ -261,6 +280,11 @@ int run(const apps::Cli& cli) {
             << (forwards > 0 ? ", " + std::to_string(forwards) + " forwards with the prefill and cache updates"
                              : std::string())
             << ")\n";
+  if (cuda_graphs) {
+    const GraphSchedule& g = model.exact_cache_graph_schedule();
+    std::cerr << " > cuda graphs: " << g.captures() << " captures, " << g.replays() << " replays, " << g.eager()
+              << " eager forwards (the first of each shape; docs/generation.md, \"CUDA graphs\")\n";
+  }
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/diffusion/block_sampler.h"
+#include "megadlm/model/exact_cache_graphs.h"
 #include "megadlm/model/gpt_model.h"
 #include "megadlm/model/kv_cache.h"
 #include "megadlm/ops/gemm.h"
@@ -80,18 +81,40 @@ class Side final : public LogitsModel {
     cache_.batch = batch;
     cache_.seq = seq;
     cache_.exact = true;
+    graphs_.reset();
   }
   Tensor exact_cache_logits(const CanvasBatch& w, int64_t col0, const std::vector<int32_t>& key_docs, bool causal,
                             const std::vector<int32_t>& rows) override {
     cache_.column0 = col0;
     cache_.causal = causal;
-    cache_.key_document_ids = ints(key_docs);
     ModelRuntime rt = rt_;
     rt.kv_cache = &cache_;
-    return model_.logits_at(MicroBatch::upload(host(w), rt_.stream), ints(rows), rt, 64);
+    Tensor out;
+    if (use_graphs_) {  // as InferenceModel runs --cuda-graphs
+      out = graphs_.logits(model_, cache_, rt, host(w), key_docs, ints(rows), 64);
+    } else {
+      cache_.key_document_ids = ints(key_docs);
+      out = model_.logits_at(MicroBatch::upload(host(w), rt_.stream), ints(rows), rt, 64);
+    }
+    if (record) recorded.push_back(test::to_doubles(out, rt_.stream));
+    return out;
   }
+  std::string exact_cache_graphs_unsupported() const override {
+    return ExactCacheGraphs::unsupported(model_, rt_.stream.device());
+  }
+  void set_exact_cache_graphs(bool on) override {
+    if (on) {
+      const std::string why = exact_cache_graphs_unsupported();
+      MDLM_CHECK(why.empty(), why);
+    }
+    if (on != use_graphs_) graphs_.reset();
+    use_graphs_ = on;
+  }
+  const GraphSchedule& graph_schedule() const { return graphs_.schedule(); }
   ParameterStore store;
   bool compact = false;  ///< logits(): compact the rows as InferenceModel does
+  bool record = false;   ///< keep every exact_cache_logits result in `recorded`
+  std::vector<std::vector<double>> recorded;
 
  private:
   static HostMicroBatch host(const CanvasBatch& c) {
@@ -112,6 +135,8 @@ class Side final : public LogitsModel {
   GptModel model_;
   ModelRuntime rt_;
   KvCache cache_;
+  ExactCacheGraphs graphs_;
+  bool use_graphs_ = false;
 };
 
 // The CPU weights rounded to bf16, and the GPU model given exactly those.
@@ -451,4 +476,126 @@ TEST(BlockDecodingParity, BatchInvariantCheckHoldsOnTheCpu) {
   expect_batch_invariant("CPU full-sequence sampler", false, nullptr, Stream::cpu(), DType::F32);
   expect_batch_invariant("CPU block decoding, exact cache", true, &exact, Stream::cpu(), DType::F32);
   expect_batch_invariant("CPU block decoding, no cache", true, &none, Stream::cpu(), DType::F32);
+}
+
+// --cuda-graphs (model/exact_cache_graphs.h): the same decodings with and without CUDA graphs of
+// the cached steps, on one GPU model, give the same tokens and every model call the same logits
+// bit for bit (the graph runs the eager trunk's kernels on the same shapes; the head is eager).
+// Several blocks are decoded, so the graph is rebuilt for each new cache column.
+TEST(BlockDecodingParity, CudaGraphsGiveTheEagerTokensAndLogitsBitForBit) {
+  MDLM_REQUIRE_GPU();
+  for (const bool causal : {false, true})
+    for (const double threshold : {0.0, 0.3})
+      for (const size_t batch : {size_t{1}, size_t{4}}) {
+        Side gpu(config(causal), gpu_stream(), DType::BF16);
+        std::vector<GenerationRequest> req = prompts();  // lengths 7, 2, 4, 1
+        req.resize(batch);
+        const SamplerConfig sc = sampler(threshold);
+        BlockDecoding dec;
+        dec.causal_clean = causal;
+        gpu.record = true;
+        const std::vector<GenerationResult> eager = generate_blocks(gpu, req, sc, dec);
+        const std::vector<std::vector<double>> eager_logits = gpu.recorded;
+        gpu.recorded.clear();
+        dec.cuda_graphs = true;
+        const std::vector<GenerationResult> graphed = generate_blocks(gpu, req, sc, dec);
+        const std::string tag = std::string(causal ? "causal clean" : "block-causal clean") + ", threshold " +
+                                std::to_string(threshold) + ", batch " + std::to_string(batch);
+        ASSERT_EQ(graphed.size(), eager.size()) << tag;
+        size_t same = 0;
+        for (size_t r = 0; r < eager.size(); ++r) {
+          EXPECT_EQ(graphed[r].tokens, eager[r].tokens) << tag << ", prompt " << r;
+          EXPECT_EQ(graphed[r].steps, eager[r].steps) << tag << ", prompt " << r;
+          EXPECT_EQ(graphed[r].forwards, eager[r].forwards) << tag << ", prompt " << r;
+          same += graphed[r].tokens == eager[r].tokens;
+        }
+        ASSERT_EQ(gpu.recorded.size(), eager_logits.size()) << tag << ": model calls";
+        size_t calls_equal = 0;
+        for (size_t k = 0; k < eager_logits.size(); ++k) {
+          EXPECT_EQ(gpu.recorded[k], eager_logits[k]) << tag << ": call " << k << " logits differ";
+          calls_equal += gpu.recorded[k] == eager_logits[k];
+        }
+        const GraphSchedule& g = gpu.graph_schedule();
+        std::printf("%s: %zu/%zu prompts same tokens, %zu/%zu calls bitwise equal logits; %lld eager, %lld captures, "
+                    "%lld replays\n",
+                    tag.c_str(), same, eager.size(), calls_equal, eager_logits.size(), static_cast<long long>(g.eager()),
+                    static_cast<long long>(g.captures()), static_cast<long long>(g.replays()));
+        // Canvas of 20 columns (prompt 7 ends at 19; blocks of 4): prefill [0, 4) once, then
+        // blocks at columns 4, 8, 12, 16, each captured once and replayed by its later steps.
+        EXPECT_GE(g.captures(), 4) << tag << ": one capture per decoded block";
+        if (!causal || threshold == 0) {  // (a threshold block may take one step)
+          EXPECT_GT(g.replays(), 0) << tag;
+        }
+        if (!causal) {
+          // Block-causal: the prefill is the only eager call, and each block's cache update
+          // replays the block's graph (the same columns and shapes).
+          EXPECT_EQ(g.eager(), 1) << tag;
+          EXPECT_EQ(g.captures(), 4) << tag;
+          EXPECT_EQ(g.eager() + g.captures() + g.replays(), static_cast<int64_t>(eager_logits.size())) << tag;
+        }
+      }
+}
+
+// One step's logits with a replay: the graph captured with one block's tokens, replayed with
+// other tokens and other rows asked for, equals an eager model given those directly (the inputs
+// are copied into the captured buffers, the head follows the rows).
+TEST(BlockDecodingParity, CudaGraphsReplayWithNewTokensEqualsEagerBitForBit) {
+  MDLM_REQUIRE_GPU();
+  Side graphed(config(false), gpu_stream(), DType::BF16);
+  Side eager(config(false), graphed.stream(), DType::BF16);
+  for (size_t h = 0; h < graphed.store.descs().size(); ++h) {
+    Tensor dst = eager.store.param(static_cast<int>(h));
+    copy_tensor(graphed.store.param(static_cast<int>(h)), dst, graphed.stream());
+  }
+  graphed.set_exact_cache_graphs(true);
+  // Batch 2, 12 columns: [0, 4) prefilled, the block [4, 8) stepped three times.
+  auto window = [](int64_t c0, int salt) {
+    CanvasBatch w;
+    w.batch = 2;
+    w.seq = 4;
+    for (int b = 0; b < 2; ++b)
+      for (int64_t c = c0; c < c0 + 4; ++c) {
+        w.tokens.push_back(salt == 0 && c >= 4 ? kMask : 1 + static_cast<int32_t>((b * 13 + c * 7 + salt * 5) % 60));
+        w.positions.push_back(static_cast<int32_t>(c));
+        w.document_ids.push_back(1);
+      }
+    return w;
+  };
+  std::vector<int32_t> key_docs;
+  for (int b = 0; b < 2; ++b)
+    for (int c = 0; c < 12; ++c) key_docs.push_back(c < 8 ? 1 : 3);
+  for (Side* s : {&graphed, &eager}) {
+    s->exact_cache_reset(2, 12);
+    s->exact_cache_logits(window(0, 0), 0, key_docs, false, {3});
+  }
+  const std::vector<std::vector<int32_t>> rows = {{0, 1, 2, 3, 4, 5, 6, 7}, {1, 6}, {7}, {0, 2, 5}};
+  for (size_t step = 0; step < rows.size(); ++step) {
+    const int salt = static_cast<int>(step % 3);  // step 3 repeats step 0's tokens
+    const std::vector<double> got =
+        test::to_doubles(graphed.exact_cache_logits(window(4, salt), 4, key_docs, false, rows[step]), graphed.stream());
+    const std::vector<double> want =
+        test::to_doubles(eager.exact_cache_logits(window(4, salt), 4, key_docs, false, rows[step]), eager.stream());
+    ASSERT_EQ(got.size(), want.size());
+    size_t diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
+    std::printf("replay step %zu (%zu rows): %zu of %zu logits differ from eager\n", step, rows[step].size(), diff,
+                got.size());
+    EXPECT_EQ(diff, 0u) << "step " << step;
+  }
+  const GraphSchedule& g = graphed.graph_schedule();
+  EXPECT_EQ(g.eager(), 1);     // the prefill (the shape's first run)
+  EXPECT_EQ(g.captures(), 1);  // the block's first step
+  EXPECT_EQ(g.replays(), 3);
+}
+
+TEST(BlockDecodingParity, CudaGraphsAreRefusedOnTheCpuNamingTheFlag) {
+  Side cpu(config(false), Stream::cpu(), DType::F32);
+  BlockDecoding dec;
+  dec.cuda_graphs = true;
+  try {
+    generate_blocks(cpu, prompts(), sampler(0.0), dec);
+    FAIL() << "--cuda-graphs on the CPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`--cuda-graphs`"), std::string::npos) << e.what();
+  }
 }
