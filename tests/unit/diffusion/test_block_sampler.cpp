@@ -6,6 +6,7 @@
 // implementation on a real model is tests/e2e/generate_block.sh.
 #include <gtest/gtest.h>
 #include <map>
+#include "megadlm/core/cuda_graph.h"
 #include "megadlm/diffusion/block_sampler.h"
 #include "support/logits_model.h"
 
@@ -174,6 +175,68 @@ TEST(BlockSampler, ConfigurationProblemsNameTheFlag) {
   EXPECT_TRUE(block_decoding_problems(c, d, kVocab).empty());
   HashModel m;
   EXPECT_THROW(run(m, c, d, {{{}, 0}}), Error);  // an empty prompt has nothing to predict from
+}
+
+TEST(BlockSampler, CudaGraphsAreRefusedWhereTheyCannotRunNamingTheFlag) {
+  const SamplerConfig c = config(8, 8, 4);
+  BlockDecoding d;
+  d.cuda_graphs = true;
+  auto has = [](const std::vector<std::string>& v, const std::string& s) {
+    for (const std::string& x : v)
+      if (x.find(s) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(block_decoding_problems(c, d, kVocab).empty());
+  d.exact_cache = false;
+  EXPECT_TRUE(has(block_decoding_problems(c, d, kVocab), "`--cuda-graphs` captures the steps of the exact cache"));
+  d.exact_cache = true;
+  d.autoregressive = d.causal_clean = true;
+  EXPECT_TRUE(has(block_decoding_problems(c, d, kVocab), "`--decode ar` writes a new cache column every token"));
+  d.autoregressive = false;
+  // A model without CUDA graphs of its steps (the LogitsModel default).
+  HashModel m;
+  try {
+    run(m, c, d);
+    ADD_FAILURE() << "--cuda-graphs accepted by a model without graphs";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`--cuda-graphs`"), std::string::npos) << e.what();
+  }
+}
+
+// The model calls of block decoding under GraphSchedule (model/exact_cache_graphs.h keys a call
+// by its window and cache shapes and the causal flag, its site by the first column): the
+// block-causal variant's prefill runs eagerly, each decoded block is captured once at its first
+// step, and its later steps and its cache update replay. Ragged prompts 7, 2, 4, 1 with blocks of
+// 4 and 12 generated: canvas of 20 columns (prompt 0 ends at 7 + 12 = 19), prefill [0, 4),
+// blocks at columns 4, 8, 12, 16 (the last without an update).
+TEST(BlockSampler, CudaGraphScheduleOverTheSamplersCalls) {
+  for (const bool causal : {false, true}) {
+    HashModel m;
+    BlockDecoding d;
+    d.causal_clean = causal;
+    run(m, config(12, 12, 4), d);
+    GraphSchedule g;
+    std::vector<GraphAction> acts;
+    for (const HashModel::Call& call : m.calls)
+      acts.push_back(g.next({{4, call.width, 20, call.causal ? 1 : 0}, call.col0}));
+    const int64_t calls = static_cast<int64_t>(m.calls.size());
+    EXPECT_EQ(g.eager() + g.captures() + g.replays(), calls);
+    if (!causal) {
+      EXPECT_EQ(g.eager(), 1);
+      EXPECT_EQ(g.captures(), 4);
+      EXPECT_EQ(g.replays(), calls - 5);
+      EXPECT_EQ(acts[0], GraphAction::Eager);
+      for (size_t k = 1; k < acts.size(); ++k) {  // a capture exactly where the column changes
+        EXPECT_EQ(acts[k] == GraphAction::Capture, m.calls[k].col0 != m.calls[k - 1].col0) << "call " << k;
+      }
+    } else {
+      // The causal update is a shape of its own: eager once (the prefill), then captured at
+      // each block's column and run once; the first block's first step is its shape's first run.
+      EXPECT_EQ(g.eager(), 2);
+      // Captures: blocks 1..4 (block 1 at its second step) and the 3 causal updates (columns 4, 8, 12).
+      EXPECT_EQ(g.captures(), 7);
+    }
+  }
 }
 
 TEST(BlockSampler, CachedEqualsUncachedAndTheCacheIsRewrittenAfterEachBlock) {
