@@ -491,7 +491,7 @@ json run_harness(const apps::Cli& cli, LogitsModel& model, const RunConfig& cfg,
         (bd || block_length == 0 || h.max_gen_toks % block_length == 0)) {
       const SamplerConfig sc = harness_sampler_config(h, block_length, lc, *tok, cfg);
       std::vector<std::string> problems =
-          bd ? block_decoding_problems(sc, harness_block_decoding(cfg), model.input_vocab_size()) : std::vector<std::string>{};
+          bd ? block_decoding_problems(sc, harness_block_decoding(cfg, cli.has("--cuda-graphs")), model.input_vocab_size()) : std::vector<std::string>{};
       for (const std::string& p : request_problems({{h.prompt, static_cast<int64_t>(reqs.size())}}, sc,
                                                    model.input_vocab_size(), model.max_positions()))
         problems.push_back(p);

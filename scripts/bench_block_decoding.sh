@@ -9,7 +9,9 @@
 # (scripts/bench_block_decoding_reference.py) on the model exported to Hugging Face, when python3
 # has torch and transformers. Rows block_exact_invariant: block decoding with the exact cache
 # under --batch-invariant (its cost), and whether the batch-1 prompts decode to the same tokens
-# at batch 16 (a failure for that mode). Writes OUT_DIR/bench_block_decoding.md (and the raw logs).
+# at batch 16 (a failure for that mode). Rows block_exact_graphs: block decoding with the exact
+# cache under --cuda-graphs (each block's steps replayed from a CUDA graph), and whether its
+# tokens equal block_exact's at the same batch (bit-identical logits: a failure otherwise). Writes OUT_DIR/bench_block_decoding.md (and the raw logs).
 #
 #   scripts/bench_block_decoding.sh BIN_DIR OUT_DIR [CHECKPOINT_DIR]
 # Knobs: PROMPTS (16), BS1_PROMPTS (4: the batch-1 rows decode the first 4 prompts only; tokens/s
@@ -77,6 +79,11 @@ for bs in 1 16; do
   run full_exact "$bs" --decode full
   # Batch-invariant mode (docs/generation.md, "Batch-invariant mode"): its cost over block_exact.
   run block_exact_invariant "$bs" --decode block --kv-cache exact --batch-invariant
+  # CUDA graphs of the block step (docs/generation.md, "CUDA graphs"): the launch overhead it saves.
+  if [ "$device" = cuda ]; then
+    run block_exact_graphs "$bs" --decode block --kv-cache exact --cuda-graphs
+    grep -h "cuda graphs:" "$out/block_exact_graphs.bs$bs.log" | sed 's/^ *> */   /'
+  fi
 done
 # Whether the batch-1 prompts got the same tokens at batch 16 (asserted for the invariant mode,
 # reported for the default one).
@@ -94,6 +101,26 @@ print("; ".join(notes))
 P
 )
 echo "   $invariant_note"
+graphs_note="not run (CPU)"
+graphs_ok=1
+if [ "$device" = cuda ]; then
+  graphs_note=$(python3 - "$out" <<'P'
+import json, sys
+out = sys.argv[1]
+def rows(name, bs):
+    return [json.loads(l)["token_ids"] for l in open(f"{out}/{name}.bs{bs}.jsonl")]
+notes = []
+for bs in (1, 16):
+    eager, graphs = rows("block_exact", bs), rows("block_exact_graphs", bs)
+    same = sum(a == b for a, b in zip(eager, graphs))
+    notes.append(f"batch {bs}: {same}/{len(eager)} prompts the same tokens with --cuda-graphs")
+print("; ".join(notes))
+P
+)
+  echo "   $graphs_note"
+  echo "$graphs_note" | python3 -c "import re,sys; t=sys.stdin.read(); sys.exit(0 if all(a==b for a,b in re.findall(r'(\d+)/(\d+)', t)) else 1)" ||
+    graphs_ok=0
+fi
 read -r same all < <(echo "$invariant_note" | sed -n 's/.*block_exact_invariant: \([0-9]*\)\/\([0-9]*\).*/\1 \2/p')
 invariant_ok=1
 [ -n "$same" ] && [ "$same" = "$all" ] || invariant_ok=0  # reported after the table is written
@@ -120,9 +147,9 @@ if [ "${SKIP_REFERENCE:-0}" != 1 ]; then
   fi
 fi
 
-python3 - "$rows" "$out/bench_block_decoding.md" "$g_len" "$block" "$steps" "$n_prompts" "$device" "$ref_note" "${BS1_PROMPTS:-4}" "$invariant_note" <<'P'
+python3 - "$rows" "$out/bench_block_decoding.md" "$g_len" "$block" "$steps" "$n_prompts" "$device" "$ref_note" "${BS1_PROMPTS:-4}" "$invariant_note" "$graphs_note" <<'P'
 import sys
-rows_path, md, g, b, s, n, device, note, bs1, invariant = sys.argv[1:11]
+rows_path, md, g, b, s, n, device, note, bs1, invariant, graphs = sys.argv[1:12]
 rows = [l.rstrip("\n").split("\t") for l in open(rows_path) if l.strip()]
 tps = {(r[0], r[1]): float(r[2]) for r in rows if r[2]}
 out = [f"Block decoding, gen length {g}, block {b}, {s} steps ({int(s) // (int(g) // int(b))} a block), "
@@ -132,8 +159,9 @@ for name, bs, t, tpf in rows:
     base = tps.get(("block_exact", bs))
     ratio = f"{base / float(t):.2f}x" if base and t and float(t) > 0 else "-"
     out.append(f"| {name} | {bs} | {float(t):.1f} | {tpf} | {ratio} |")
-out += ["", f"Batch invariance: {invariant}."]
+out += ["", f"Batch invariance: {invariant}.", f"CUDA graphs: {graphs}."]
 open(md, "w").write("\n".join(out) + "\n")
 print("\n".join(out))
 P
 [ "$invariant_ok" = 1 ] || { echo "FAIL: --batch-invariant decoded a prompt differently at batch 16 than alone"; exit 1; }
+[ "$graphs_ok" = 1 ] || { echo "FAIL: --cuda-graphs decoded a prompt differently than without it"; exit 1; }

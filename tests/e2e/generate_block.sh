@@ -149,6 +149,7 @@ refuse "is the full-sequence sampler's approximate cache" --load ckpt --kv-cache
 refuse "\`--kv-cache exact\` is block decoding's cache" --load ckpt --decode full --kv-cache exact --gen-length 8
 refuse "\`--decode nope\`: invalid value; valid: block, ar, full" --load ckpt --decode nope
 refuse "\`--cfg-scale\` is for the full-sequence sampler" --load ckpt --cfg-scale 1 --gen-length 8
+refuse "\`--cuda-graphs\` captures CUDA work; the model runs on the CPU" --load ckpt --cuda-graphs --gen-length 8
 tiny_checkpoint full_model
 refuse "needs a block-diffusion checkpoint" --load full_model --decode block --gen-length 8
 echo "PASS: $n block decoding configurations equal the NumPy reference (cached and uncached, batched and ragged); batch invariance, EOS, tokens per forward, errors"

@@ -36,6 +36,10 @@
 // to and including the first EOS); it stays in the batch's forwards (its cache row) without
 // proposals until every row is finished or the canvas ends.
 //
+// CUDA graphs (cuda_graphs = true, --cuda-graphs; model/exact_cache_graphs.h): the model replays
+// a graph of each block's cached step, captured at the block's first step; the same calls are
+// made, with the same logits.
+//
 // Autoregressive decoding (autoregressive = true, causal variant only): prompts left padded to
 // the longest (plain, no block alignment), a causal prefill whose last logits give the first
 // token, then one causal forward of the new column per token through the same exact cache
