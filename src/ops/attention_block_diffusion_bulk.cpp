@@ -47,38 +47,24 @@ void check_composable(const char* op, const AttentionArgs& a) {
              "with block_diffusion_max_block > 0");
 }
 
-/// Row indices of a piece in its tensor viewed as [batch * rows_per_batch, width]: rows
-/// [row0, row0 + n) of each of `batch` batch rows, on the stream's device.
-Tensor row_index(int64_t batch, int64_t rows_per_batch, int64_t row0, int64_t n, const Stream& stream) {
-  std::vector<int32_t> idx(static_cast<size_t>(batch * n));
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(b * n + i)] = static_cast<int32_t>(b * rows_per_batch + row0 + i);
-  return Tensor::from_ints(idx, {batch * n}).to(stream.device(), stream);
-}
-
-/// A piece's rows and lse columns.
-struct PieceIndex {
-  Tensor q, k, lse;
-};
-
-PieceIndex piece_index(const AttentionArgs& a, const BlockDiffusionBulkPiece& p, const Stream& stream) {
-  MDLM_CHECK(a.batch * a.seq * a.num_heads < (int64_t{1} << 31), "block diffusion bulk: ", a.batch,
-             " x ", a.seq, " x ", a.num_heads, " rows overflow the int32 gather index");
-  return {row_index(a.batch, a.seq, p.q_row0, p.rows, stream), row_index(a.batch, a.seq, p.k_row0, p.rows, stream),
-          row_index(a.batch * a.num_heads, a.seq, p.q_row0, p.rows, stream)};
-}
-
 /// x [rows, width] as a 2-D view.
 Tensor rows_of(const Tensor& x, int64_t rows) { return x.view({rows, x.numel() / rows}); }
 
-/// dst's rows at `index` (rows [row0, row0 + n) of each batch row) += part [batch * n, width],
-/// summed in f32 on CUDA (each partial was rounded once by its kernel), in the activation dtype
-/// on the CPU.
-void add_rows(Tensor& dst, int64_t dst_rows, const Tensor& part, const Tensor& index, int64_t batch,
-              int64_t row0, const Stream& stream) {
-  Tensor d2 = rows_of(dst, dst_rows);
-  const Tensor p2 = rows_of(part, index.numel());
-  Tensor cur = gather_rows(d2, index, stream);
+/// Rows [row0, row0 + n) of each of `batch` batch rows of x viewed as [batch * rows, width], into
+/// a new contiguous [batch * n, width] tensor.
+Tensor read_rows(const Tensor& x, int64_t batch, int64_t rows, int64_t row0, int64_t n, const Stream& stream) {
+  const Tensor x2 = rows_of(x, batch * rows);
+  Tensor out = Tensor::empty({batch * n, x2.cols()}, x.dtype(), stream);
+  read_row_block(x2, out, batch, row0, stream);
+  return out;
+}
+
+/// dst's rows [row0, row0 + n) of each batch row += part [batch * n, width], summed in f32 on
+/// CUDA (each partial was rounded once by its kernel), in the activation dtype on the CPU.
+void add_rows(Tensor& dst, int64_t batch, int64_t rows, const Tensor& part, int64_t row0, const Stream& stream) {
+  const int64_t n = part.numel() / (dst.numel() / (batch * rows)) / batch;
+  Tensor cur = read_rows(dst, batch, rows, row0, n, stream);
+  const Tensor p2 = rows_of(part, batch * n);
   if (stream.is_cuda() && cur.dtype() != DType::F32) {
     Tensor acc = Tensor::empty(cur.shape(), DType::F32, stream), add32 = Tensor::empty(cur.shape(), DType::F32, stream);
     copy(cur, acc, stream);
@@ -88,6 +74,7 @@ void add_rows(Tensor& dst, int64_t dst_rows, const Tensor& part, const Tensor& i
   } else {
     add(cur, p2, cur, stream);
   }
+  Tensor d2 = rows_of(dst, batch * rows);
   copy_row_block(cur, d2, batch, row0, stream);
 }
 
@@ -102,19 +89,18 @@ void block_diffusion_bulk_forward(const Tensor& q, const Tensor& k, const Tensor
   // The running output of a merge is f32 on CUDA; on the CPU the activation dtype (f32 / f64).
   const DType acc_dtype = stream.is_cuda() ? DType::F32 : out.dtype();
   for (const BlockDiffusionBulkPiece& p : block_diffusion_bulk_pieces(S / 2, a.block_diffusion_max_block)) {
-    const PieceIndex ix = piece_index(a, p, stream);
     const int64_t n = p.rows;
-    const Tensor qp = gather_rows(rows_of(q, B * S), ix.q, stream).view({B, n, H, D});
-    const Tensor kp = gather_rows(rows_of(k, B * S), ix.k, stream).view({B, n, Hkv, D});
-    const Tensor vp = gather_rows(rows_of(v, B * S), ix.k, stream).view({B, n, Hkv, D});
+    const Tensor qp = read_rows(q, B, S, p.q_row0, n, stream).view({B, n, H, D});
+    const Tensor kp = read_rows(k, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
+    const Tensor vp = read_rows(v, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
     Tensor op = Tensor::empty({B, n, H, D}, out.dtype(), stream);
     Tensor lp = Tensor::empty({B, H, n}, lse.dtype(), stream);
     attention_forward(qp, kp, vp, op, lp, block_diffusion_bulk_piece_args(a, p), stream);
     // Merge into the strip's result at the piece's query rows.
-    Tensor cur = gather_rows(rows_of(out, B * S), ix.q, stream);
+    Tensor cur = read_rows(out, B, S, p.q_row0, n, stream);
     Tensor acc = Tensor::empty(cur.shape(), acc_dtype, stream);
     copy(cur, acc, stream);
-    Tensor lacc = gather_rows(rows_of(lse, B * H * S), ix.lse, stream);
+    Tensor lacc = read_rows(lse, B * H, S, p.q_row0, n, stream);
     attention_merge(acc, lacc, op, lp, {.batch = B, .seq = n, .num_heads = H, .head_dim = D}, stream);
     copy(acc, cur, stream);
     Tensor out2 = rows_of(out, B * S), lse2 = rows_of(lse, B * H * S);
@@ -133,21 +119,20 @@ void block_diffusion_bulk_backward(const Tensor& dout, const Tensor& q, const Te
   // gradients are exact partials of the whole one.
   attention_backward(dout, q, k, v, out, lse, dq, dk, dv, block_diffusion_strip_args(a), stream);
   for (const BlockDiffusionBulkPiece& p : block_diffusion_bulk_pieces(S / 2, a.block_diffusion_max_block)) {
-    const PieceIndex ix = piece_index(a, p, stream);
     const int64_t n = p.rows;
-    const Tensor dop = gather_rows(rows_of(dout, B * S), ix.q, stream).view({B, n, H, D});
-    const Tensor qp = gather_rows(rows_of(q, B * S), ix.q, stream).view({B, n, H, D});
-    const Tensor op = gather_rows(rows_of(out, B * S), ix.q, stream).view({B, n, H, D});
-    const Tensor kp = gather_rows(rows_of(k, B * S), ix.k, stream).view({B, n, Hkv, D});
-    const Tensor vp = gather_rows(rows_of(v, B * S), ix.k, stream).view({B, n, Hkv, D});
-    const Tensor lp = gather_rows(rows_of(lse, B * H * S), ix.lse, stream).view({B, H, n});
+    const Tensor dop = read_rows(dout, B, S, p.q_row0, n, stream).view({B, n, H, D});
+    const Tensor qp = read_rows(q, B, S, p.q_row0, n, stream).view({B, n, H, D});
+    const Tensor op = read_rows(out, B, S, p.q_row0, n, stream).view({B, n, H, D});
+    const Tensor kp = read_rows(k, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
+    const Tensor vp = read_rows(v, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
+    const Tensor lp = read_rows(lse, B * H, S, p.q_row0, n, stream).view({B, H, n});
     Tensor dqp = Tensor::empty({B, n, H, D}, dq.dtype(), stream);
     Tensor dkp = Tensor::empty({B, n, Hkv, D}, dk.dtype(), stream);
     Tensor dvp = Tensor::empty({B, n, Hkv, D}, dv.dtype(), stream);
     attention_backward(dop, qp, kp, vp, op, lp, dqp, dkp, dvp, block_diffusion_bulk_piece_args(a, p), stream);
-    add_rows(dq, B * S, dqp, ix.q, B, p.q_row0, stream);
-    add_rows(dk, B * S, dkp, ix.k, B, p.k_row0, stream);
-    add_rows(dv, B * S, dvp, ix.k, B, p.k_row0, stream);
+    add_rows(dq, B, S, dqp, p.q_row0, stream);
+    add_rows(dk, B, S, dkp, p.k_row0, stream);
+    add_rows(dv, B, S, dvp, p.k_row0, stream);
   }
 }
 

@@ -23,8 +23,8 @@
 // overlapping key rows). Written once with the public ops: the CPU test runs exactly this
 // composition with the CPU reference's pieces; on CUDA the bulks run cuDNN's dense causal
 // attention and the strip the flash kernels (the support table's ordinary choices for them).
-// The pieces' rows are gathered into contiguous scratch (a strided-view cuDNN graph would save
-// those copies).
+// The pieces' rows are copied into contiguous scratch (ops::read_row_block; a cuDNN graph over
+// row-offset views would save those copies).
 #pragma once
 #include <cstdint>
 #include <vector>
