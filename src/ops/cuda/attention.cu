@@ -103,6 +103,7 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
                         a.mask == AttentionMask::Causal ? ", causal" : "",
                         a.mask == AttentionMask::BlockDiffusion ? ", block diffusion" : "",
                         a.mask == AttentionMask::BlockDiffusionCausal ? ", block diffusion (causal clean half)" : "",
+                        a.block_diffusion_strip ? ", strip" : "",
                         a.document_ids != nullptr ? ", packed documents" : "",
                         a.keys() != a.seq ? ", separate key length" : "",
                         a.key_document_ids != nullptr ? ", key documents" : "",
