@@ -20,14 +20,23 @@
 //                                               against a 288-column canvas (kv_seq), the left
 //                                               padding its own document (key_document_ids),
 //                                               H=16 Hkv=8 D=128 (the context-parallel entry)
+//   attention_{fwd,bwd}_bd_{s4096,s16384}_{flash,bulk}  block diffusion (BD3 mask, blocks of 32,
+//                                               one document a row) over the doubled row: B=4 S=4096
+//                                               (L 2048) and B=1 S=16384 (L 8192), H=16 D=128; flash:
+//                                               the whole mask on the flash kernels; bulk: cuDNN
+//                                               causal bulks + flash strips (the composed path,
+//                                               called by name); the bulk rows' check is bulk vs
+//                                               flash on the device, the flash rows' flash vs CPU
 // FLOPs: 4 B H S^2 D forward (causal: half), 2.5x that backward; packed rows count only the
-// products inside documents, so their rate compares with the dense rows per useful FLOP.
+// products inside documents, so their rate compares with the dense rows per useful FLOP; block
+// diffusion counts its visible pairs, L B + L^2 per row (docs/kernels/attention.md).
 #include <algorithm>
 #include <cmath>
 #include <utility>
 #include "megadlm/core/error.h"
 #include "megadlm/ops/attention.h"
 #include "megadlm_bench/bench.h"
+#include "ops/attention_block_diffusion_bulk.h"
 
 namespace megadlm::bench {
 namespace {
@@ -258,6 +267,109 @@ OpBench cached_decoding_row(int64_t batch) {
   return b;
 }
 
+/// block_ranges of rows holding one document each, in blocks of `block`.
+std::vector<int32_t> one_document_ranges(int64_t batch, int64_t L, int64_t block) {
+  std::vector<int32_t> r(static_cast<size_t>(batch * 4 * L));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t p = 0; p < L; ++p) {
+      int32_t* row = r.data() + b * 4 * L;
+      const int64_t bs = p / block * block;
+      row[p] = 0;
+      row[L + p] = static_cast<int32_t>(L);
+      row[2 * L + p] = static_cast<int32_t>(bs);
+      row[3 * L + p] = static_cast<int32_t>(std::min(bs + block, L));
+    }
+  return r;
+}
+
+ops::AttentionArgs bd_args(const Shape4& x, int64_t block) {
+  ops::AttentionArgs a{.batch = x.batch, .seq = x.seq, .num_heads = x.heads, .num_kv_heads = x.kv_heads,
+                       .head_dim = x.dim, .mask = ops::AttentionMask::BlockDiffusion,
+                       .softmax_scale = 1.0f / std::sqrt(static_cast<float>(x.dim))};
+  a.backend = ops::AttentionBackend::Flash;  // the whole mask on the flash kernels
+  a.block_diffusion_max_block = block;       // the promise (one document a row), for bulk
+  return a;
+}
+
+/// The path of a block diffusion row: the public op under --attention-backend flash, or the
+/// composed path by name (its pieces under auto: cuDNN causal bulks, flash strips).
+void bd_forward(bool bulk, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o, Tensor& lse,
+                ops::AttentionArgs a, const Stream& s) {
+  if (!bulk) return ops::attention_forward(q, k, v, o, lse, a, s);
+  a.backend = ops::AttentionBackend::Auto;
+  ops::detail::block_diffusion_bulk_forward(q, k, v, o, lse, a, s);
+}
+
+void bd_backward(bool bulk, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& o, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                 ops::AttentionArgs a, const Stream& s) {
+  if (!bulk) return ops::attention_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
+  a.backend = ops::AttentionBackend::Auto;
+  ops::detail::block_diffusion_bulk_backward(dout, q, k, v, o, lse, dq, dk, dv, a, s);
+}
+
+OpBench block_diffusion_row(const Shape4& x, int64_t block, bool bulk, bool backward) {
+  OpBench b;
+  b.name = detail::concat("attention_", backward ? "bwd" : "fwd", "_bd_s", x.seq, bulk ? "_bulk" : "_flash");
+  b.shape = detail::concat("B=", x.batch, " H=", x.heads, " S=", x.seq, " (L ", x.seq / 2, ") D=", x.dim,
+                           ", block ", block, ", one document a row");
+  const double L = static_cast<double>(x.seq / 2);
+  const double pairs = static_cast<double>(x.batch) * (L * static_cast<double>(block) + L * L);
+  b.flops = (backward ? 2.5 : 1.0) * 4.0 * x.heads * x.dim * pairs;
+  b.check = [block, bulk, backward](const Stream& s) {
+    // L = 256 in blocks of 32, GQA 4/2. Flash vs the CPU; bulk vs flash on the same inputs
+    // (both backwards from the flash forward's out and lse).
+    const Shape4 c{2, 512, 4, 2, 128};
+    const std::vector<int32_t> ranges = one_document_ranges(c.batch, c.seq / 2, block);
+    Tensor r_host = Tensor::from_ints(ranges, {c.batch, 4, c.seq / 2}), r_dev = device_ints(ranges, s);
+    ops::AttentionArgs a = bd_args(c, block), a_host = a;
+    a.block_ranges = &r_dev;
+    a_host.block_ranges = &r_host;
+    if (!bulk) return attention_check(a, a_host, backward, s);
+    const Shape qs{c.batch, c.seq, c.heads, c.dim}, kvs{c.batch, c.seq, c.kv_heads, c.dim};
+    const Tensor q = random_device(qs, DType::BF16, s), k = random_device(kvs, DType::BF16, s),
+                 v = random_device(kvs, DType::BF16, s), dout = random_device(qs, DType::BF16, s);
+    Tensor o = Tensor::empty(qs, DType::BF16, s), lse = Tensor::empty({c.batch, c.heads, c.seq}, DType::F32, s);
+    Tensor o2 = Tensor::empty(qs, DType::BF16, s), lse2 = Tensor::empty({c.batch, c.heads, c.seq}, DType::F32, s);
+    bd_forward(false, q, k, v, o, lse, a, s);
+    bd_forward(true, q, k, v, o2, lse2, a, s);
+    auto host = [&](const Tensor& t) { return t.to(Device::cpu(), DType::F32, s); };
+    Check ck;
+    ck.add(rel_err(o2, host(o), s), kTolBf16);
+    ck.add(rel_err(lse2, host(lse), s), kTolF32);
+    if (backward) {
+      Tensor dq = Tensor::empty(qs, DType::BF16, s), dk = Tensor::empty(kvs, DType::BF16, s),
+             dv = Tensor::empty(kvs, DType::BF16, s);
+      Tensor dq2 = Tensor::empty(qs, DType::BF16, s), dk2 = Tensor::empty(kvs, DType::BF16, s),
+             dv2 = Tensor::empty(kvs, DType::BF16, s);
+      bd_backward(false, dout, q, k, v, o, lse, dq, dk, dv, a, s);
+      bd_backward(true, dout, q, k, v, o, lse, dq2, dk2, dv2, a, s);
+      ck.add(rel_err(dq2, host(dq), s), kTolBf16);
+      ck.add(rel_err(dk2, host(dk), s), kTolBf16);
+      ck.add(rel_err(dv2, host(dv), s), kTolBf16);
+    }
+    return ck;
+  };
+  b.setup = [x, block, bulk, backward](const Stream& s) -> std::function<void()> {
+    const Shape qs{x.batch, x.seq, x.heads, x.dim}, kvs{x.batch, x.seq, x.kv_heads, x.dim};
+    Tensor ranges = device_ints(one_document_ranges(x.batch, x.seq / 2, block), s);
+    ops::AttentionArgs a = bd_args(x, block);
+    a.block_ranges = &ranges;
+    Tensor q = random_device(qs, DType::BF16, s), k = random_device(kvs, DType::BF16, s);
+    Tensor v = random_device(kvs, DType::BF16, s), o = Tensor::empty(qs, DType::BF16, s);
+    Tensor lse = Tensor::empty({x.batch, x.heads, x.seq}, DType::F32, s);
+    bd_forward(bulk, q, k, v, o, lse, a, s);  // the saved out/lse backward reads
+    Tensor dout = random_device(qs, DType::BF16, s), dq = Tensor::empty(qs, DType::BF16, s);
+    Tensor dk = Tensor::empty(kvs, DType::BF16, s), dv = Tensor::empty(kvs, DType::BF16, s);
+    return [=, &s]() mutable {
+      a.block_ranges = &ranges;  // the closure's own copy (a local here would dangle)
+      if (backward) bd_backward(bulk, dout, q, k, v, o, lse, dq, dk, dv, a, s);
+      else bd_forward(bulk, q, k, v, o, lse, a, s);
+    };
+  };
+  return b;
+}
+
 }  // namespace
 
 std::vector<OpBench> attention_benches() {
@@ -339,6 +451,10 @@ std::vector<OpBench> attention_benches() {
         "B=4 H=16 S=2048 D=128 bf16 p=0.1");
   }
   for (int64_t batch : {1, 8}) out.push_back(cached_decoding_row(batch));
+  // Block diffusion at the 1.7B shape: the whole mask on the flash kernels vs the composed path.
+  for (const Shape4 x : {Shape4{4, 4096, 16, 16, 128}, Shape4{1, 16384, 16, 16, 128}})
+    for (bool backward : {false, true})
+      for (bool bulk : {false, true}) out.push_back(block_diffusion_row(x, 32, bulk, backward));
   return out;
 }
 

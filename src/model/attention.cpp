@@ -58,6 +58,7 @@ ops::AttentionArgs SelfAttention::core_args(const MicroBatch& mb, const ModelRun
     a.mask = c.block_diffusion_causal_clean ? ops::AttentionMask::BlockDiffusionCausal
                                             : ops::AttentionMask::BlockDiffusion;
     a.block_ranges = &mb.block_ranges;
+    if (mb.cp == nullptr) a.block_diffusion_max_block = mb.block_diffusion_max_block;
   }
   a.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.kv_channels));
   if (rt.training && c.attention_dropout > 0.0f) {

@@ -1,6 +1,7 @@
 #include "megadlm/model/micro_batch.h"
 #include <algorithm>
 #include <vector>
+#include "megadlm/ops/attention.h"
 #include "megadlm/parallel/context_parallel/sequence_split.h"
 
 namespace megadlm {
@@ -55,8 +56,11 @@ MicroBatch upload_rows(const HostMicroBatch& h, const Stream& stream) {
     starts.push_back(static_cast<int32_t>(t));
     mb.document_starts = Tensor::from_ints(starts, {static_cast<int64_t>(starts.size())}).to(dev, stream);
   }
-  if (!h.block_ranges.empty())
+  if (!h.block_ranges.empty()) {
     mb.block_ranges = Tensor::from_ints(h.block_ranges, {h.batch, 4, h.seq / 2}).to(dev, stream);
+    mb.block_diffusion_max_block =
+        ops::block_diffusion_one_document_max_block(h.block_ranges.data(), h.batch, h.seq / 2);
+  }
   std::vector<int32_t> rows;
   for (int64_t i = 0; i < t; ++i)
     if (h.loss_weights[static_cast<size_t>(i)] != 0.0f) rows.push_back(static_cast<int32_t>(i));

@@ -19,9 +19,11 @@ const char* attention_backend_name(AttentionBackend b) {
 }
 
 bool block_diffusion_visible(const int32_t* r, int64_t half, bool causal_clean, int64_t i,
-                             int64_t j) {
+                             int64_t j, int64_t strip) {
   const bool noisy_q = i < half, noisy_k = j < half;
   const int64_t p = noisy_q ? i : i - half, kp = noisy_k ? j : j - half;
+  // The strip: without the clean keys the two causal bulks cover (shifted by N, by 1).
+  if (strip > 0 && !noisy_k && kp <= p - (noisy_q ? strip : 1)) return false;
   const int32_t doc_start = r[p], block_start = r[2 * half + p], block_end = r[3 * half + p];
   if (noisy_q) return noisy_k ? block_start <= kp && kp < block_end : doc_start <= kp && kp < block_start;
   if (noisy_k) return false;
@@ -110,8 +112,16 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
     MDLM_CHECK(a.document_ids == nullptr && a.row_lengths == nullptr && a.dropout_p == 0.0f,
                op, ": a block diffusion mask takes its documents from block_ranges and runs without "
                "document_ids, row_lengths and attention dropout");
+    MDLM_CHECK(a.block_diffusion_max_block >= 0, op, ": block_diffusion_max_block must be >= 0, got ",
+               a.block_diffusion_max_block);
+    MDLM_CHECK(!a.block_diffusion_strip || (a.block_diffusion_max_block > 0 && a.query_chunks.identity() &&
+                                            a.key_chunks.identity() && a.kv_seq == 0),
+               op, ": block_diffusion_strip needs block_diffusion_max_block > 0 and whole rows "
+               "(no chunk maps, no kv_seq)");
   } else {
-    MDLM_CHECK(a.block_ranges == nullptr, op, ": block_ranges needs a block diffusion mask");
+    MDLM_CHECK(a.block_ranges == nullptr && a.block_diffusion_max_block == 0 && !a.block_diffusion_strip,
+               op, ": block_ranges, block_diffusion_max_block and block_diffusion_strip need a block "
+               "diffusion mask");
   }
   if (q.is_cuda()) {
     MDLM_CHECK(q.dtype() == DType::BF16, op, ": CUDA attention takes bf16, got ", q.str());

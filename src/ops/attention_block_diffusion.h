@@ -28,7 +28,14 @@ struct BlockDiffusionRow {
   const int32_t* ranges;
   int half;  ///< L = seq / 2
   bool causal_clean;
+  /// AttentionArgs::block_diffusion_strip: N > 0 keeps only the pairs the two causal bulks of the
+  /// composed path leave (noisy p: clean keys [max(ds, p - N + 1), bs); clean p: clean keys
+  /// [p, be), causal [p, p]); 0: the whole mask. The ends stay non-decreasing (max / min of
+  /// non-decreasing ends), so the tile plans below hold unchanged.
+  int strip = 0;
 
+  MDLM_HOST_DEVICE static int min_of(int a, int b) { return a < b ? a : b; }
+  MDLM_HOST_DEVICE static int max_of(int a, int b) { return a > b ? a : b; }
   MDLM_HOST_DEVICE int at(int which, int p) const {
     const int x = ranges[which * half + p];
     return x < 0 ? 0 : (x > half ? half : x);
@@ -46,11 +53,12 @@ struct BlockDiffusionRow {
       const int bs = block_start(i);
       lo[0] = bs;
       hi[0] = block_end(i);
-      lo[1] = half + doc_start(i);
+      const int ds = doc_start(i);
+      lo[1] = half + (strip > 0 ? min_of(max_of(ds, i - strip + 1), bs) : ds);
       hi[1] = half + bs;
     } else {
       const int p = i - half;
-      lo[0] = half + doc_start(p);
+      lo[0] = half + (strip > 0 ? max_of(doc_start(p), p) : doc_start(p));
       hi[0] = half + (causal_clean ? p + 1 : block_end(p));
       lo[1] = hi[1] = 0;
     }
@@ -66,11 +74,11 @@ struct BlockDiffusionRow {
       lo[1] = hi[1] = 0;
     } else {
       const int kp = j - half;
-      const int de = doc_end(kp);
-      lo[0] = block_end(kp);
-      hi[0] = de;
+      const int de = doc_end(kp), be = block_end(kp);
+      lo[0] = be;
+      hi[0] = strip > 0 ? max_of(be, min_of(de, kp + strip)) : de;  // noisy p < kp + N
       lo[1] = half + (causal_clean ? kp : block_start(kp));
-      hi[1] = half + de;
+      hi[1] = half + (strip > 0 ? max_of(lo[1] - half, min_of(de, kp + 1)) : de);  // clean p <= kp
     }
   }
 
@@ -78,6 +86,7 @@ struct BlockDiffusionRow {
   MDLM_HOST_DEVICE bool visible(int i, int j) const {
     const bool noisy_q = i < half, noisy_k = j < half;
     const int p = noisy_q ? i : i - half, kp = noisy_k ? j : j - half;
+    if (strip > 0 && !noisy_k && kp <= p - (noisy_q ? strip : 1)) return false;
     if (noisy_q)
       return noisy_k ? block_start(p) <= kp && kp < block_end(p)
                      : doc_start(p) <= kp && kp < block_start(p);

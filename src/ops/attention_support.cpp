@@ -14,6 +14,7 @@ const char* attention_impl_name(AttentionImpl impl) {
     case AttentionImpl::Simple: return "megadlm simple kernels";
     case AttentionImpl::FlashKeyBlock: return "megadlm flash kernels (separate key block)";
     case AttentionImpl::SimpleKeyBlock: return "megadlm simple kernels (key block)";
+    case AttentionImpl::BlockDiffusionBulk: return "cuDNN causal bulks + megadlm flash strips";
   }
   return "?";
 }
@@ -83,6 +84,21 @@ AttentionChoice key_block_choice(const AttentionArgs& a) {
   return c;
 }
 
+/// Why the composed block diffusion path cannot run a call, or "".
+std::string block_diffusion_bulk_refusal(const AttentionArgs& a, bool backward, const AttentionDeviceFacts& device) {
+  if (!device.block_diffusion_bulk) return "MEGADLM_BD_ATTENTION is not bulk";
+  if (a.block_diffusion_strip) return "a strip (the composed path's own piece)";
+  if (a.block_diffusion_max_block <= 0) return "rows not promised to hold one document each";
+  if (a.backend != AttentionBackend::Auto) return "--attention-backend is not auto";
+  if (a.seq / 2 <= a.block_diffusion_max_block + 1) return "no bulk (blocks as long as the row)";
+  AttentionArgs piece = a;
+  piece.mask = AttentionMask::Causal;
+  piece.block_ranges = nullptr;
+  piece.block_diffusion_max_block = 0;
+  piece.seq = a.seq / 2 - a.block_diffusion_max_block;
+  return attention_cudnn_refusal(piece, backward, device.cudnn_version);
+}
+
 }  // namespace
 
 std::string attention_cudnn_refusal(const AttentionArgs& a, bool backward, int64_t v) {
@@ -143,6 +159,13 @@ AttentionChoice choose_attention(const AttentionArgs& a, bool backward,
       // every element on its global row (the flash kernels' tile plans take whole rows).
       c.impl = c.fallback = AttentionImpl::SimpleKeyBlock;
       c.reason = "block diffusion on a context-parallel shard";
+    } else if (std::string why = block_diffusion_bulk_refusal(a, backward, device); flash && why.empty()) {
+      // One document a row: most pairs are two causal bulks that cuDNN runs at its dense rates;
+      // the flash kernels keep the strips (fallback: the whole mask on them).
+      c.impl = AttentionImpl::BlockDiffusionBulk;
+      c.reason = "block diffusion, one document a row, blocks <= " +
+                 std::to_string(a.block_diffusion_max_block) + " (MEGADLM_BD_ATTENTION=bulk), " +
+                 version_name(device.cudnn_version);
     }
   } else if (needs_context_parallel_kernel(a)) {
     c = key_block_choice(a);

@@ -13,6 +13,8 @@
 //                                                   CudnnPadded (row_lengths, forward)
 //   cuDNN refuses, backend auto                  -> Flash / Simple, the refusal as the reason
 //   cuDNN refuses, backend cudnn                 -> an error (AttentionChoice::error)
+//   block diffusion, backend auto, one-document  -> BlockDiffusionBulk (cuDNN causal bulks + flash
+//     rows (block_diffusion_max_block), switch on   strips), else Flash / Simple
 //
 // Batch-invariant mode (AttentionDeviceFacts::batch_invariant, from ops::batch_invariant()):
 // only kernels whose order of a query row's keys does not depend on the batch, whatever the
@@ -58,6 +60,9 @@ enum class AttentionImpl : uint8_t {
   Simple,          ///< megadlm's simple kernels (any head_dim <= 256)
   FlashKeyBlock,   ///< the flash kernels on a separate key block (kv_seq, key documents)
   SimpleKeyBlock,  ///< the simple kernels with the chunk maps (causal / dropout across shards)
+  /// Block diffusion of one-document rows as two causal bulks (their own choice: cuDNN) and the
+  /// strips (the flash kernels), merged by lse (ops/attention_block_diffusion_bulk.h)
+  BlockDiffusionBulk,
 };
 const char* attention_impl_name(AttentionImpl impl);
 bool is_cudnn(AttentionImpl impl);
@@ -67,6 +72,9 @@ struct AttentionDeviceFacts {
   bool cuda = false;          ///< the call's stream is a CUDA stream
   int64_t cudnn_version = 0;  ///< cudnnGetVersion() of the loaded library (91400 = 9.14.0); 0: no cuDNN
   bool batch_invariant = false;  ///< ops::batch_invariant() (ops/gemm.h): batch-invariant kernels only
+  /// MEGADLM_BD_ATTENTION=bulk (ops::detail::block_diffusion_bulk_enabled): block diffusion of
+  /// one-document rows may run as causal bulks + strips
+  bool block_diffusion_bulk = false;
 };
 
 /// Which entry the call came through.

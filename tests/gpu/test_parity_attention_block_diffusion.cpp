@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "ops/attention_block_diffusion_bulk.h"
 #include "ops/attention_support.h"
 #include "parity.h"
 #include "support/attention_cases.h"
@@ -80,7 +81,9 @@ std::string name_of(const BdCase& c) {
 
 /// How a CUDA call is made: the public op under --attention-backend auto or flash, or a kernel
 /// family by name (attention_impl.h).
-enum class Route { Auto, BackendFlash, Flash, Simple };
+/// Bulk: the composed path (cuDNN causal bulks + flash strips, ops/attention_block_diffusion_bulk.h)
+/// called by name, whatever MEGADLM_BD_ATTENTION says.
+enum class Route { Auto, BackendFlash, Flash, Simple, Bulk };
 
 const char* route_name(Route r) {
   switch (r) {
@@ -88,6 +91,7 @@ const char* route_name(Route r) {
     case Route::BackendFlash: return "backend-flash";
     case Route::Flash: return "flash";
     case Route::Simple: return "simple";
+    case Route::Bulk: return "bulk";
   }
   return "?";
 }
@@ -115,6 +119,7 @@ class BdRun {
     const std::vector<int32_t> r = block_ranges(c.batch, c.L, c.docs, c.block);
     ranges_cpu_ = Tensor::from_ints(r, {c.batch, 4, c.L});
     ranges_cuda_ = parity::ints_to_device(r, {c.batch, 4, c.L}, cuda);
+    max_block_ = ops::block_diffusion_one_document_max_block(r.data(), c.batch, c.L);
     const Stream cpu = Stream::cpu();
     const AttentionArgs a = args(ranges_cpu_);
     Tensor out = parity::poisoned_host(qs), lse = parity::poisoned_host({c.batch, c.heads, S});
@@ -132,6 +137,7 @@ class BdRun {
                     .num_kv_heads = c_.kv_heads, .head_dim = c_.dim, .mask = c_.mask,
                     .softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c_.dim)))};
     a.block_ranges = &ranges;
+    a.block_diffusion_max_block = max_block_;
     a.deterministic = deterministic;
     a.backend = backend;
     return a;
@@ -148,7 +154,12 @@ class BdRun {
     Tensor lse = parity::poisoned({c_.batch, c_.heads, S}, DType::F32, cuda_);
     Tensor dq = parity::poisoned(qs, DType::BF16, cuda_), dk = parity::poisoned(kvs, DType::BF16, cuda_),
            dv = parity::poisoned(kvs, DType::BF16, cuda_);
-    if (route == Route::Auto || route == Route::BackendFlash) {
+    if (route == Route::Bulk) {
+      MDLM_CHECK(max_block_ > 0, "the composed path needs rows of one document");
+      ops::detail::block_diffusion_bulk_forward(q_.device, k_.device, v_.device, out, lse, a, cuda_);
+      ops::detail::block_diffusion_bulk_backward(dout_.device, q_.device, k_.device, v_.device, out,
+                                                 lse, dq, dk, dv, a, cuda_);
+    } else if (route == Route::Auto || route == Route::BackendFlash) {
       ops::attention_forward(q_.device, k_.device, v_.device, out, lse, a, cuda_);
       ops::attention_backward(dout_.device, q_.device, k_.device, v_.device, out, lse, dq, dk, dv,
                               a, cuda_);
@@ -176,6 +187,7 @@ class BdRun {
   Stream cuda_;
   parity::Input q_, k_, v_, dout_;
   Tensor ranges_cpu_, ranges_cuda_;
+  int64_t max_block_ = 0;  // one document a row: the longest block (the composed path's N)
   Result ref_;
 };
 
@@ -210,10 +222,52 @@ void check_cases(const std::vector<BdCase>& cases, const std::vector<Route>& rou
               cases.size(), worst.out, worst.lse, worst.dq, worst.dk, worst.dv);
 }
 
+/// The composed path against the CPU and against the flash kernels on the whole mask (each
+/// route's own forward and backward; bulk vs flash as relative L2 like the CPU errors).
+void check_bulk_cases(const std::vector<BdCase>& cases) {
+  const Stream cuda = parity::gpu_stream();
+  Errors worst, worst_vs_flash;
+  for (const BdCase& c : cases) {
+    SCOPED_TRACE(name_of(c));
+    const BdRun run(c, cuda);
+    const Result bulk = run.run(Route::Bulk), flash = run.run(Route::Flash);
+    const Errors e = run.errors(bulk), f = run.errors(flash);
+    const Errors d{test::rel_l2(bulk.out, flash.out), test::lse_max_abs_error(bulk.lse, flash.lse),
+                   test::rel_l2(bulk.dq, flash.dq), test::rel_l2(bulk.dk, flash.dk),
+                   test::rel_l2(bulk.dv, flash.dv)};
+    std::printf("[block diffusion parity] %-66s bulk vs cpu  out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n"
+                "[block diffusion parity] %-66s flash vs cpu out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n"
+                "[block diffusion parity] %-66s bulk vs flash out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                name_of(c).c_str(), e.out, e.lse, e.dq, e.dk, e.dv, name_of(c).c_str(), f.out, f.lse,
+                f.dq, f.dk, f.dv, name_of(c).c_str(), d.out, d.lse, d.dq, d.dk, d.dv);
+    expect_within_tolerances(e);
+    expect_within_tolerances(f);
+    expect_within_tolerances(d);
+    for (auto [w, x] : {std::pair{&worst, &e}, std::pair{&worst_vs_flash, &d}})
+      *w = {std::max(w->out, x->out), std::max(w->lse, x->lse), std::max(w->dq, x->dq),
+            std::max(w->dk, x->dk), std::max(w->dv, x->dv)};
+  }
+  std::printf("[block diffusion parity] bulk, worst over %zu cases: vs cpu out %.2e lse %.2e dq %.2e "
+              "dk %.2e dv %.2e; vs flash out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+              cases.size(), worst.out, worst.lse, worst.dq, worst.dk, worst.dv, worst_vs_flash.out,
+              worst_vs_flash.lse, worst_vs_flash.dq, worst_vs_flash.dk, worst_vs_flash.dv);
+}
+
 // Packings: irregular documents (boundaries off every block and tile size, a length-1
 // document), and one document a row.
 const std::vector<int> kIrregular = {100, 37, 1, 90, 29, 200, 7};
 const std::vector<int> kOneDocument = {1 << 20};
+
+/// One document a row (the composed path's precondition): blocks 4 / 32 / 128 at L = 1024,
+/// block 32 at L = 2048, GQA 4/2, both variants.
+std::vector<BdCase> bulk_cases(int64_t dim) {
+  std::vector<BdCase> cases;
+  for (AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal}) {
+    for (int block : {4, 32, 128}) cases.push_back({2, 1024, 4, 2, dim, block, {1 << 20}, mask});
+    cases.push_back({1, 2048, 4, 2, dim, 32, {1 << 20}, mask});
+  }
+  return cases;
+}
 
 std::vector<BdCase> flash_cases(int64_t dim) {
   std::vector<BdCase> cases;
@@ -344,4 +398,36 @@ TEST(AttentionBlockDiffusionParity, FlashRefusesHalfLengthsThatAreNotMultiplesOf
                                                  lse, a, cuda),
                Error);
 #endif
+}
+
+TEST(AttentionBlockDiffusionParity, BulkHeadDim128MatchesCpuAndFlash) {
+  MDLM_REQUIRE_GPU();
+  check_bulk_cases(bulk_cases(128));
+}
+
+TEST(AttentionBlockDiffusionParity, BulkHeadDim64MatchesCpuAndFlash) {
+  MDLM_REQUIRE_GPU();
+  check_bulk_cases(bulk_cases(64));
+}
+
+TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsUnderTheSwitch) {
+  MDLM_REQUIRE_GPU();
+  // With MEGADLM_BD_ATTENTION=bulk the public op under auto runs the composed path for
+  // one-document rows (deterministic backward: bit for bit the same as by name) and the whole
+  // mask on the flash kernels for packed documents; without the switch, the flash kernels.
+  const bool on = ops::detail::block_diffusion_bulk_enabled();
+  std::printf("[block diffusion parity] MEGADLM_BD_ATTENTION=%s\n", on ? "bulk" : "(flash)");
+  const Stream cuda = parity::gpu_stream();
+  for (AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal}) {
+    const BdCase c{2, 1024, 4, 2, 128, 32, {1 << 20}, mask};
+    SCOPED_TRACE(name_of(c));
+    const BdRun run(c, cuda);
+    const Result want = run.run(on ? Route::Bulk : Route::Flash, true), got = run.run(Route::Auto, true);
+    const std::string what = name_of(c) + " auto vs " + (on ? "bulk " : "flash ");
+    parity::expect_identical(what + "out", got.out, want.out);
+    parity::expect_identical(what + "lse", got.lse, want.lse);
+    parity::expect_identical(what + "dq", got.dq, want.dq);
+    parity::expect_identical(what + "dk", got.dk, want.dk);
+    parity::expect_identical(what + "dv", got.dv, want.dv);
+  }
 }

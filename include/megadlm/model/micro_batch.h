@@ -65,6 +65,9 @@ struct MicroBatch {
   Tensor loss_rows;
   /// Block diffusion: int32 [B, 4, seq / 2] (see HostMicroBatch), or undefined.
   Tensor block_ranges;
+  /// Block diffusion without CP: the longest diffusion block when every row is one document,
+  /// else 0 (ops::AttentionArgs::block_diffusion_max_block).
+  int64_t block_diffusion_max_block = 0;
   double loss_tokens = 0;  ///< of the whole (unsplit) micro-batch
   /// Context parallelism: the split of the full sequences and the views CP attention needs
   /// (null without CP).

@@ -145,6 +145,18 @@ struct AttentionArgs {
   /// above applies; a query that sees no key of the block gets out = 0 and lse = -inf. On CUDA
   /// such calls run on the simple key-block kernels.
   const Tensor* block_ranges = nullptr;
+  /// Block diffusion masks only: the caller's promise that every row of block_ranges is ONE
+  /// document (doc_start 0 and doc_end L at every position) cut into diffusion blocks of at most
+  /// this many positions; 0: no promise. It lets CUDA run the composed path (two causal bulks on
+  /// cuDNN, the strips on the flash kernels, merged by lse; ops/attention_block_diffusion_bulk.h)
+  /// under MEGADLM_BD_ATTENTION=bulk. The function computed is the same either way; a false
+  /// promise gives a wrong mask on that path.
+  int64_t block_diffusion_max_block = 0;
+  /// Block diffusion masks only, the composed path's third piece: only the visible pairs that
+  /// the two causal bulks leave, i.e. the rule above without (noisy p, clean kp <= p - N) and
+  /// (clean p, clean kp <= p - 1), N = block_diffusion_max_block (> 0, whole rows). Every query
+  /// still sees its own key.
+  bool block_diffusion_strip = false;
   AttentionBackend backend = AttentionBackend::Auto;
   bool deterministic = false;  ///< bitwise reproducible backward (see the top of this file)
 };
@@ -152,8 +164,15 @@ struct AttentionArgs {
 /// Whether block diffusion's query row i may see key row j (the rule above), from the int32
 /// ranges of the batch row (4 x L, as block_ranges holds them). The CPU reference and the tests
 /// use it; the CUDA kernels apply the same rule.
+/// strip > 0: the rule of block_diffusion_strip with N = strip (the pairs the bulks leave).
 bool block_diffusion_visible(const int32_t* row_ranges, int64_t half, bool causal_clean, int64_t i,
-                             int64_t j);
+                             int64_t j, int64_t strip = 0);
+
+/// For block_ranges [batch, 4, L] on the host: the longest diffusion block when every row is one
+/// document (doc_start 0 and doc_end L everywhere, blocks contiguous runs), else 0: the value of
+/// AttentionArgs::block_diffusion_max_block (the micro-batch upload computes it, a loop over
+/// the ranges; packed documents give 0 and stay on the whole-mask path).
+int64_t block_diffusion_one_document_max_block(const int32_t* ranges, int64_t batch, int64_t half);
 
 /// Whether these arguments need the key-block kernels rather than the ordinary choices (cuDNN /
 /// flash): a separate key length or key documents, a causal mask between different chunk maps,

@@ -14,4 +14,10 @@ namespace megadlm::ops {
 
 void copy_row_block(const Tensor& src, Tensor& dst, int64_t batch, int64_t row0, const Stream& stream);
 
+/// The inverse: a block of rows out of every batch row (block diffusion's composed attention
+/// reads its pieces' rows and lse columns with it):
+///   dst[b * dst_rows + i, :] = src[b * src_rows + row0 + i, :]   for b < batch, i < dst_rows
+/// with row0 + dst_rows <= src_rows. Raw bytes; CUDA: one strided cudaMemcpy2DAsync.
+void read_row_block(const Tensor& src, Tensor& dst, int64_t batch, int64_t row0, const Stream& stream);
+
 }  // namespace megadlm::ops

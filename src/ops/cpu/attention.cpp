@@ -48,6 +48,7 @@ struct KeyRange {
   const int32_t* block_ranges = nullptr;  // block diffusion: this row's [4, L] ranges
   int64_t bd_half = 0;                    // L
   bool causal_clean = false;
+  int64_t bd_strip = 0;                   // block_diffusion_strip: N, else 0
 
   /// Block diffusion: local row i of `rows` (both halves, each chunk-mapped by m) -> its row of
   /// the whole doubled row [x_t | x_0] of 2L rows.
@@ -65,6 +66,7 @@ struct KeyRange {
       bd_half = a.block_ranges->shape()[2];
       block_ranges = a.block_ranges->data<int32_t>() + b * 4 * bd_half;
       causal_clean = a.mask == AttentionMask::BlockDiffusionCausal;
+      bd_strip = a.block_diffusion_strip ? a.block_diffusion_max_block : 0;
       per_key = true;
       return;
     }
@@ -90,7 +92,7 @@ struct KeyRange {
     if (block_ranges != nullptr)
       return block_diffusion_visible(block_ranges, bd_half, causal_clean,
                                      doubled_row(i, static_cast<int64_t>(first.size()), query_chunks),
-                                     doubled_row(j, keys, key_chunks));
+                                     doubled_row(j, keys, key_chunks), bd_strip);
     if (query_docs != nullptr && query_docs[i] != key_docs[j]) return false;
     return !causal || key_chunks.global(j) <= query_chunks.global(i);
   }

@@ -10,6 +10,7 @@
 #include <set>
 #include "core/cuda/cuda_utils.h"
 #include "megadlm/ops/gemm.h"
+#include "ops/attention_block_diffusion_bulk.h"
 #include "ops/attention_support.h"
 #include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/attention_cudnn.h"
@@ -38,6 +39,7 @@ attn::Shape shape_of(const AttentionArgs& a) {
   if (is_block_diffusion(a.mask)) {
     s.bd_ranges = static_cast<const int32_t*>(a.block_ranges->data_ptr());
     s.bd_causal_clean = a.mask == AttentionMask::BlockDiffusionCausal;
+    s.bd_strip = a.block_diffusion_strip ? static_cast<int>(a.block_diffusion_max_block) : 0;
   }
   return s;
 }
@@ -101,6 +103,7 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
                         a.mask == AttentionMask::Causal ? ", causal" : "",
                         a.mask == AttentionMask::BlockDiffusion ? ", block diffusion" : "",
                         a.mask == AttentionMask::BlockDiffusionCausal ? ", block diffusion (causal clean half)" : "",
+                        a.block_diffusion_strip ? ", strip" : "",
                         a.document_ids != nullptr ? ", packed documents" : "",
                         a.keys() != a.seq ? ", separate key length" : "",
                         a.key_document_ids != nullptr ? ", key documents" : "",
@@ -110,7 +113,8 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
 }
 
 ops::AttentionDeviceFacts device_facts() {
-  return {.cuda = true, .cudnn_version = cudnn_runtime_version(), .batch_invariant = ops::batch_invariant()};
+  return {.cuda = true, .cudnn_version = cudnn_runtime_version(), .batch_invariant = ops::batch_invariant(),
+          .block_diffusion_bulk = ops::detail::block_diffusion_bulk_enabled()};
 }
 
 ops::AttentionChoice choose(const AttentionArgs& a, bool backward,
@@ -167,6 +171,10 @@ ops::AttentionImpl own_impl(const char* op, AttentionKernel kernel, const Attent
 void run_own_forward(ops::AttentionImpl impl, const Tensor& q, const Tensor& k, const Tensor& v,
                      Tensor& out, Tensor& lse, const AttentionArgs& args, const Stream& stream) {
   const char* op = "cuda::attention_forward";
+  if (impl == ops::AttentionImpl::BlockDiffusionBulk) {  // pieces through the public ops
+    ops::detail::block_diffusion_bulk_forward(q, k, v, out, lse, args, stream);
+    return;
+  }
   if (impl == ops::AttentionImpl::SimpleKeyBlock) {
     simple_attention_forward_key_block(q, k, v, out, lse, args, stream);
     return;
@@ -196,6 +204,10 @@ void run_own_backward(ops::AttentionImpl impl, const Tensor& dout, const Tensor&
                       Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
                       const Stream& stream) {
   const char* op = "cuda::attention_backward";
+  if (impl == ops::AttentionImpl::BlockDiffusionBulk) {
+    ops::detail::block_diffusion_bulk_backward(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
+    return;
+  }
   if (impl == ops::AttentionImpl::SimpleKeyBlock) {
     simple_attention_backward_key_block(dout, q, k, v, out, lse, dq, dk, dv, args, stream);
     return;

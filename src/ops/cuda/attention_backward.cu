@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_backward_kernel(BackwardPtr
     q_end = doc_smem[3];
   }
   if constexpr (kBlockDiff) {
-    const ops::detail::BlockDiffusionRow bd{s.bd_ranges + b * seq * 2, seq / 2, s.bd_causal_clean};
+    const ops::detail::BlockDiffusionRow bd{s.bd_ranges + b * seq * 2, seq / 2, s.bd_causal_clean, s.bd_strip};
     for (int r = tid; r < kBlockN; r += C::kThreads) {
       int lo[2], hi[2];
       bd.queries_of(n0 + r, lo, hi);

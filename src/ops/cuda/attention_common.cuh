@@ -34,6 +34,9 @@ struct Shape {
   /// BlockDiffusionCausal. Never with docs, a separate key block or dropout.
   const int32_t* bd_ranges = nullptr;
   bool bd_causal_clean = false;
+  /// AttentionArgs::block_diffusion_strip: N (> 0) for the composed path's strips, else 0
+  /// (BlockDiffusionRow::strip).
+  int bd_strip = 0;
   /// L of bd_ranges ([B, 4, L]); 0: seq / 2. A context-parallel shard's rows (the simple
   /// key-block kernels only) are chunk-mapped halves of the whole doubled row of 2L.
   int64_t bd_half = 0;

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(C::kThreads) flash_forward_kernel(ForwardPtrs 
     n_tiles = (n_end + kBlockN - 1) / kBlockN - j_first;  // >= 1: row m0 sees itself
   }
   if constexpr (kBlockDiff) {
-    const ops::detail::BlockDiffusionRow bd{s.bd_ranges + b * seq * 2, seq / 2, s.bd_causal_clean};
+    const ops::detail::BlockDiffusionRow bd{s.bd_ranges + b * seq * 2, seq / 2, s.bd_causal_clean, s.bd_strip};
     for (int r = tid; r < kBlockM; r += C::kThreads) {
       int lo[2], hi[2];
       bd.keys_of(m0 + r, lo, hi);

@@ -148,7 +148,7 @@ __global__ void attention_forward_warp_per_row_kernel(ForwardPtrs p, Shape s, Ke
   // Block diffusion: two key ranges (the second empty for a clean row), every key tested.
   [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
       kBlockDiff ? s.bd_ranges + b * 4 * s.bd_len() : nullptr, static_cast<int>(s.bd_len()),
-      s.bd_causal_clean};
+      s.bd_causal_clean, s.bd_strip};
   [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
   [[maybe_unused]] const int bd_q = kBlockDiff && kb.per_key ? KeyBlock::doubled(i, s.seq, kb.query_chunks, s.bd_len())
                                                               : static_cast<int>(i);
@@ -215,7 +215,7 @@ __global__ void attention_dq_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyBlo
   const int64_t gq = kb.query_chunks.global(i);
   [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
       kBlockDiff ? s.bd_ranges + b * 4 * s.bd_len() : nullptr, static_cast<int>(s.bd_len()),
-      s.bd_causal_clean};
+      s.bd_causal_clean, s.bd_strip};
   [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
   [[maybe_unused]] const int bd_q = kBlockDiff && kb.per_key ? KeyBlock::doubled(i, s.seq, kb.query_chunks, s.bd_len())
                                                               : static_cast<int>(i);
@@ -286,7 +286,7 @@ __global__ void attention_dkdv_warp_per_row_kernel(BackwardPtrs p, Shape s, KeyB
   // Block diffusion: the noisy and the clean queries that see this key, every query tested.
   [[maybe_unused]] const ops::detail::BlockDiffusionRow bd{
       kBlockDiff ? s.bd_ranges + b * 4 * s.bd_len() : nullptr, static_cast<int>(s.bd_len()),
-      s.bd_causal_clean};
+      s.bd_causal_clean, s.bd_strip};
   [[maybe_unused]] int bd_lo[2] = {0, 0}, bd_hi[2] = {0, 0};
   [[maybe_unused]] const int bd_k = kBlockDiff && kb.per_key ? KeyBlock::doubled(j, kv_seq, kb.key_chunks, s.bd_len())
                                                               : static_cast<int>(j);

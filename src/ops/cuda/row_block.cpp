@@ -17,4 +17,15 @@ void copy_row_block(const Tensor& src, Tensor& dst, int64_t batch, int64_t row0,
                                     cudaMemcpyDeviceToDevice, megadlm::detail::native_stream(stream)));
 }
 
+void read_row_block(const Tensor& src, Tensor& dst, int64_t batch, int64_t row0, const Stream& stream) {
+  NvtxRange range("read_row_block");
+  const size_t row_bytes = static_cast<size_t>(src.cols()) * dtype_size(src.dtype());
+  const int64_t src_rows = src.rows() / batch, dst_rows = dst.rows() / batch;
+  const auto* s = static_cast<const unsigned char*>(src.data_ptr()) + static_cast<size_t>(row0) * row_bytes;
+  MDLM_CUDA_CHECK(cudaMemcpy2DAsync(dst.data_ptr(), static_cast<size_t>(dst_rows) * row_bytes, s,
+                                    static_cast<size_t>(src_rows) * row_bytes,
+                                    static_cast<size_t>(dst_rows) * row_bytes, static_cast<size_t>(batch),
+                                    cudaMemcpyDeviceToDevice, megadlm::detail::native_stream(stream)));
+}
+
 }  // namespace megadlm::ops::cuda

@@ -91,3 +91,26 @@ TEST(MicroBatchContextParallel, UploadWithoutCpIsTheWholeMicroBatch) {
   EXPECT_FALSE(mb.document_ids.defined());
   EXPECT_TRUE(mb.position_map().identity());
 }
+
+TEST(MicroBatchBlockDiffusion, UploadPromisesOneDocumentRowsToTheAttention) {
+  // Doubled rows of L = 4 positions: one document a row in blocks of 2 (the composed attention
+  // path's AttentionArgs::block_diffusion_max_block = 2); two documents in a row: no promise.
+  HostMicroBatch h = two_samples(8, false);
+  const int64_t L = 4;
+  h.block_ranges.assign(static_cast<size_t>(2 * 4 * L), 0);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t p = 0; p < L; ++p) {
+      int32_t* row = h.block_ranges.data() + b * 4 * L;
+      row[p] = 0;
+      row[L + p] = static_cast<int32_t>(L);
+      row[2 * L + p] = static_cast<int32_t>(p / 2 * 2);
+      row[3 * L + p] = static_cast<int32_t>(p / 2 * 2 + 2);
+    }
+  EXPECT_EQ(MicroBatch::upload(h, Stream::cpu()).block_diffusion_max_block, 2);
+  int32_t* row1 = h.block_ranges.data() + 4 * L;
+  for (int64_t p = 2; p < L; ++p) {  // row 1: documents [0, 2) and [2, 4)
+    row1[p] = 2;
+    row1[L + p - 2] = 2;
+  }
+  EXPECT_EQ(MicroBatch::upload(h, Stream::cpu()).block_diffusion_max_block, 0);
+}

@@ -389,14 +389,18 @@ TEST(BlockDiffusionRanges, FlashTilePlansCoverEveryVisiblePairOnce) {
                         {"backward (128 keys x 64 queries)", 128, 64, 16, false}};
   for (const RangeCase& c : kRangeCases) {
     if (c.L % 128 != 0) continue;
+    // One document a row: also the composed path's strips (BlockDiffusionRow::strip = the block
+    // size; ops/attention_block_diffusion_bulk.h), which run on the same plans.
+    const bool one_document = c.docs.size() == 1 && c.docs[0] >= c.L;
+    for (int strip : one_document ? std::vector<int>{0, c.block} : std::vector<int>{0})
     for (bool causal : {false, true})
       for (const Plan& plan : plans) {
-        SCOPED_TRACE(name_of(c, causal) + " " + plan.what);
+        SCOPED_TRACE(name_of(c, causal) + " " + plan.what + (strip ? " strip" : ""));
         const std::vector<int32_t> ranges = block_ranges(2, c.L, c.docs, c.block);
         int64_t visited_tiles = 0, needed_tiles = 0, masked_warp_tiles = 0, warp_tiles = 0;
         for (int64_t b = 0; b < 2; ++b) {
           const int32_t* row = ranges.data() + b * 4 * c.L;
-          const ops::detail::BlockDiffusionRow bd{row, static_cast<int>(c.L), causal};
+          const ops::detail::BlockDiffusionRow bd{row, static_cast<int>(c.L), causal, strip};
           const int S = static_cast<int>(2 * c.L);
           // Ranges of row x on the other side: keys_of in the forward, queries_of in the backward.
           auto range_of = [&](int x, int (&lo)[2], int (&hi)[2]) {
@@ -464,9 +468,9 @@ TEST(BlockDiffusionRanges, FlashTilePlansCoverEveryVisiblePairOnce) {
             needed_tiles += static_cast<int64_t>(needed.size());
           }
         }
-        std::printf("[block diffusion plan] %-40s %-34s tiles visited %lld (needed %lld), "
+        std::printf("[block diffusion plan%s] %-40s %-34s tiles visited %lld (needed %lld), "
                     "warp tiles masked per element %lld of %lld\n",
-                    name_of(c, causal).c_str(), plan.what, static_cast<long long>(visited_tiles),
+                    strip ? " strip" : "", name_of(c, causal).c_str(), plan.what, static_cast<long long>(visited_tiles),
                     static_cast<long long>(needed_tiles), static_cast<long long>(masked_warp_tiles),
                     static_cast<long long>(warp_tiles));
         EXPECT_GE(visited_tiles, needed_tiles);

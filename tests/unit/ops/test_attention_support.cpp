@@ -351,6 +351,49 @@ TEST(AttentionSupport, BlockDiffusionRunsFlashForHalfLengthsOf128AndSimpleOtherw
   EXPECT_TRUE(fwd(a).error.empty());
 }
 
+constexpr AttentionDeviceFacts kBulk{.cuda = true, .cudnn_version = 91400, .block_diffusion_bulk = true};
+
+TEST(AttentionSupport, BlockDiffusionOfOneDocumentRowsRunsBulkUnderTheSwitch) {
+  // MEGADLM_BD_ATTENTION=bulk (the fact block_diffusion_bulk) and the caller's promise of one
+  // document a row (block_diffusion_max_block): cuDNN causal bulks + flash strips under auto.
+  const Tensor ranges = Tensor::from_ints(std::vector<int32_t>(2 * 4 * 256, 0), {2, 4, 256});
+  AttentionArgs a = dense(128);
+  a.seq = 512;
+  a.num_kv_heads = 2;
+  a.block_ranges = &ranges;
+  a.block_diffusion_max_block = 32;
+  for (const AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal})
+    for (const bool backward : {false, true}) {
+      a.mask = mask;
+      const AttentionChoice c = ops::choose_attention(a, backward, kBulk);
+      EXPECT_EQ(c.impl, AttentionImpl::BlockDiffusionBulk);
+      EXPECT_EQ(c.fallback, AttentionImpl::Flash);
+      EXPECT_EQ(c.reason, "block diffusion, one document a row, blocks <= 32 (MEGADLM_BD_ATTENTION=bulk), "
+                          "cuDNN 9.14.0");
+      EXPECT_EQ(ops::choose_attention(a, backward, kH200).impl, AttentionImpl::Flash);  // switch off
+    }
+  // Whatever keeps the pieces off cuDNN or off the flash kernels keeps the whole mask on them.
+  const auto impl = [&](AttentionArgs x, AttentionDeviceFacts d = kBulk) { return ops::choose_attention(x, true, d).impl; };
+  AttentionArgs x = a;
+  x.block_diffusion_max_block = 0;  // packed documents (no promise)
+  EXPECT_EQ(impl(x), AttentionImpl::Flash);
+  x = a;
+  x.block_diffusion_strip = true;  // the strip itself
+  EXPECT_EQ(impl(x), AttentionImpl::Flash);
+  x = a;
+  x.backend = AttentionBackend::Flash;
+  EXPECT_EQ(impl(x), AttentionImpl::Flash);
+  x = a;
+  x.head_dim = 32;
+  EXPECT_EQ(impl(x), AttentionImpl::Simple);
+  x = a;
+  x.block_diffusion_max_block = 256;  // blocks as long as the row: no bulk
+  EXPECT_EQ(impl(x), AttentionImpl::Flash);
+  EXPECT_EQ(impl(a, {.cuda = true, .cudnn_version = 0, .block_diffusion_bulk = true}), AttentionImpl::Flash);
+  EXPECT_EQ(impl(a, {.cuda = true, .cudnn_version = 91400, .batch_invariant = true, .block_diffusion_bulk = true}),
+            AttentionImpl::Simple);
+}
+
 // Over a grid of calls: a cuDNN choice is exactly a call cuDNN accepts (under a backend other
 // than flash, outside the key-block cases), the fallback is never cuDNN, and only the cudnn
 // backend fails.

@@ -32,3 +32,21 @@ TEST(RowBlock, RefusesABlockPastTheEndAndMismatchedWidths) {
   EXPECT_THROW(ops::copy_row_block(narrow, dst, 2, 0, Stream::cpu()), Error);
   EXPECT_NO_THROW(ops::copy_row_block(src, dst, 2, 3, Stream::cpu()));
 }
+
+TEST(RowBlock, ReadsEachBatchRowsBlockFromItsOffset) {
+  const int64_t batch = 3, src_rows = 5, dst_rows = 2, width = 4, row0 = 3;
+  std::vector<int32_t> s(static_cast<size_t>(batch * src_rows * width));
+  for (size_t i = 0; i < s.size(); ++i) s[i] = 1000 + static_cast<int32_t>(i);
+  Tensor dst = Tensor::zeros({batch * dst_rows, width}, DType::I32, Stream::cpu());
+  ops::read_row_block(Tensor::from_ints(s, {batch * src_rows, width}), dst, batch, row0, Stream::cpu());
+  const std::vector<int32_t> got = dst.to_ints(Stream::cpu());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = 0; r < dst_rows; ++r)
+      for (int64_t c = 0; c < width; ++c)
+        EXPECT_EQ(got[static_cast<size_t>((b * dst_rows + r) * width + c)],
+                  s[static_cast<size_t>((b * src_rows + row0 + r) * width + c)])
+            << "batch row " << b << ", row " << r << ", column " << c;
+  Tensor src = Tensor::zeros({10, 4}, DType::F32, Stream::cpu()), two = Tensor::zeros({4, 4}, DType::F32, Stream::cpu());
+  EXPECT_THROW(ops::read_row_block(src, two, 2, 4, Stream::cpu()), Error);  // rows [4, 6) of 5
+  EXPECT_NO_THROW(ops::read_row_block(src, two, 2, 3, Stream::cpu()));
+}
