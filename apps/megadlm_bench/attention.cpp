@@ -321,7 +321,7 @@ OpBench block_diffusion_row(const Shape4& x, int64_t block, bool bulk, bool back
     // (both backwards from the flash forward's out and lse).
     const Shape4 c{2, 512, 4, 2, 128};
     const std::vector<int32_t> ranges = one_document_ranges(c.batch, c.seq / 2, block);
-    Tensor r_host = Tensor::from_ints(ranges, {c.batch, 4, c.seq / 2}), r_dev = device_ints(ranges, s);
+    Tensor r_host = Tensor::from_ints(ranges, {c.batch, 4, c.seq / 2}), r_dev = device_ints(ranges, s).view({c.batch, 4, c.seq / 2});
     ops::AttentionArgs a = bd_args(c, block), a_host = a;
     a.block_ranges = &r_dev;
     a_host.block_ranges = &r_host;
@@ -352,7 +352,7 @@ OpBench block_diffusion_row(const Shape4& x, int64_t block, bool bulk, bool back
   };
   b.setup = [x, block, bulk, backward](const Stream& s) -> std::function<void()> {
     const Shape qs{x.batch, x.seq, x.heads, x.dim}, kvs{x.batch, x.seq, x.kv_heads, x.dim};
-    Tensor ranges = device_ints(one_document_ranges(x.batch, x.seq / 2, block), s);
+    Tensor ranges = device_ints(one_document_ranges(x.batch, x.seq / 2, block), s).view({x.batch, 4, x.seq / 2});
     ops::AttentionArgs a = bd_args(x, block);
     a.block_ranges = &ranges;
     Tensor q = random_device(qs, DType::BF16, s), k = random_device(kvs, DType::BF16, s);

@@ -468,15 +468,6 @@ TEST(BlockDecodingParity, BatchInvariantModeGivesEachPromptItsTokensAloneAndInAB
   expect_batch_invariant("block decoding, no cache", true, &none, gpu_stream(), DType::BF16);
 }
 
-TEST(BlockDecodingParity, BatchInvariantCheckHoldsOnTheCpu) {
-  // The same check on the CPU, where rows are batch-invariant without the mode
-  // (docs/generation.md): the harness itself (first decoding forward, rows per prompt) is right.
-  BlockDecoding exact, none;
-  none.exact_cache = false;
-  expect_batch_invariant("CPU full-sequence sampler", false, nullptr, Stream::cpu(), DType::F32);
-  expect_batch_invariant("CPU block decoding, exact cache", true, &exact, Stream::cpu(), DType::F32);
-  expect_batch_invariant("CPU block decoding, no cache", true, &none, Stream::cpu(), DType::F32);
-}
 
 // --cuda-graphs (model/exact_cache_graphs.h): the same decodings with and without CUDA graphs of
 // the cached steps, on one GPU model, give the same tokens and every model call the same logits
