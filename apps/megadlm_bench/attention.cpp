@@ -36,6 +36,7 @@
 #include "megadlm/core/error.h"
 #include "megadlm/ops/attention.h"
 #include "megadlm_bench/bench.h"
+#include "diffusion/block_rows.h"
 #include "ops/attention_block_diffusion_bulk.h"
 
 namespace megadlm::bench {
@@ -267,18 +268,11 @@ OpBench cached_decoding_row(int64_t batch) {
   return b;
 }
 
-/// block_ranges of rows holding one document each, in blocks of `block`.
+/// block_ranges of rows holding one document each, in blocks of `block` (the library's builder).
 std::vector<int32_t> one_document_ranges(int64_t batch, int64_t L, int64_t block) {
   std::vector<int32_t> r(static_cast<size_t>(batch * 4 * L));
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t p = 0; p < L; ++p) {
-      int32_t* row = r.data() + b * 4 * L;
-      const int64_t bs = p / block * block;
-      row[p] = 0;
-      row[L + p] = static_cast<int32_t>(L);
-      row[2 * L + p] = static_cast<int32_t>(bs);
-      row[3 * L + p] = static_cast<int32_t>(std::min(bs + block, L));
-    }
+    megadlm::block_rows::set_document(r.data() + b * 4 * L, L, 0, L, block, [](int64_t, int64_t) {});
   return r;
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 #include "megadlm/ops/attention.h"
 #include "ops/attention_block_diffusion.h"
+#include "diffusion/block_rows.h"
 #include "ops/attention_block_diffusion_bulk.h"
 #include "support/op_testing.h"
 
@@ -29,19 +30,11 @@ using megadlm::ops::detail::BlockDiffusionBulkPiece;
 namespace {
 
 /// block_ranges [batch, 4, L] of rows holding one document each, in blocks of `block` (the last
-/// one shorter when block does not divide L).
+/// one shorter when block does not divide L): the builder the block diffusion micro-batches use.
 std::vector<int32_t> one_document_ranges(int64_t batch, int64_t L, int64_t block) {
   std::vector<int32_t> r(static_cast<size_t>(batch * 4 * L));
-  for (int64_t b = 0; b < batch; ++b) {
-    int32_t* row = r.data() + b * 4 * L;
-    for (int64_t p = 0; p < L; ++p) {
-      const int64_t bs = p / block * block;
-      row[p] = 0;
-      row[L + p] = static_cast<int32_t>(L);
-      row[2 * L + p] = static_cast<int32_t>(bs);
-      row[3 * L + p] = static_cast<int32_t>(std::min(bs + block, L));
-    }
-  }
+  for (int64_t b = 0; b < batch; ++b)
+    megadlm::block_rows::set_document(r.data() + b * 4 * L, L, 0, L, block, [](int64_t, int64_t) {});
   return r;
 }
 
