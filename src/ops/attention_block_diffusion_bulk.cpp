@@ -5,8 +5,8 @@
 #include <string>
 #include "megadlm/core/error.h"
 #include "megadlm/ops/attention_merge.h"
-#include "megadlm/ops/elementwise.h"
 #include "megadlm/ops/row_block.h"
+#include "ops/attention_rows.h"
 
 namespace megadlm::ops::detail {
 
@@ -50,32 +50,8 @@ void check_composable(const char* op, const AttentionArgs& a) {
 /// x [rows, width] as a 2-D view.
 Tensor rows_of(const Tensor& x, int64_t rows) { return x.view({rows, x.numel() / rows}); }
 
-/// Rows [row0, row0 + n) of each of `batch` batch rows of x viewed as [batch * rows, width], into
-/// a new contiguous [batch * n, width] tensor.
-Tensor read_rows(const Tensor& x, int64_t batch, int64_t rows, int64_t row0, int64_t n, const Stream& stream) {
-  const Tensor x2 = rows_of(x, batch * rows);
-  Tensor out = Tensor::empty({batch * n, x2.cols()}, x.dtype(), stream);
-  read_row_block(x2, out, batch, row0, stream);
-  return out;
-}
-
-/// dst's rows [row0, row0 + n) of each batch row += part [batch * n, width], summed in f32 on
-/// CUDA (each partial was rounded once by its kernel), in the activation dtype on the CPU.
-void add_rows(Tensor& dst, int64_t batch, int64_t rows, const Tensor& part, int64_t row0, const Stream& stream) {
-  const int64_t n = part.numel() / (dst.numel() / (batch * rows)) / batch;
-  Tensor cur = read_rows(dst, batch, rows, row0, n, stream);
-  const Tensor p2 = rows_of(part, batch * n);
-  if (stream.is_cuda() && cur.dtype() != DType::F32) {
-    Tensor acc = Tensor::empty(cur.shape(), DType::F32, stream), add32 = Tensor::empty(cur.shape(), DType::F32, stream);
-    copy(cur, acc, stream);
-    copy(p2, add32, stream);
-    add(acc, add32, acc, stream);
-    copy(acc, cur, stream);
-  } else {
-    add(cur, p2, cur, stream);
-  }
-  Tensor d2 = rows_of(dst, batch * rows);
-  copy_row_block(cur, d2, batch, row0, stream);
+AttentionRowWindow window_of(const BlockDiffusionBulkPiece& p, int64_t seq) {
+  return {.rows = seq, .q_row0 = p.q_row0, .kv_row0 = p.k_row0};
 }
 
 }  // namespace
@@ -83,29 +59,21 @@ void add_rows(Tensor& dst, int64_t batch, int64_t rows, const Tensor& part, int6
 void block_diffusion_bulk_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                   Tensor& lse, const AttentionArgs& a, const Stream& stream) {
   check_composable("block_diffusion_bulk_forward", a);
-  const int64_t B = a.batch, S = a.seq, H = a.num_heads, Hkv = a.num_kv_heads, D = a.head_dim;
+  const int64_t B = a.batch, S = a.seq, H = a.num_heads, D = a.head_dim;
   // The strip writes every row (each query sees its own key there).
   attention_forward(q, k, v, out, lse, block_diffusion_strip_args(a), stream);
-  // The running output of a merge is f32 on CUDA; on the CPU the activation dtype (f32 / f64).
-  const DType acc_dtype = stream.is_cuda() ? DType::F32 : out.dtype();
   for (const BlockDiffusionBulkPiece& p : block_diffusion_bulk_pieces(S / 2, a.block_diffusion_max_block)) {
     const int64_t n = p.rows;
-    const Tensor qp = read_rows(q, B, S, p.q_row0, n, stream).view({B, n, H, D});
-    const Tensor kp = read_rows(k, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
-    const Tensor vp = read_rows(v, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
+    // The bulk reads its rows of q, k, v in place (cuDNN on CUDA; copies elsewhere) ...
     Tensor op = Tensor::empty({B, n, H, D}, out.dtype(), stream);
     Tensor lp = Tensor::empty({B, H, n}, lse.dtype(), stream);
-    attention_forward(qp, kp, vp, op, lp, block_diffusion_bulk_piece_args(a, p), stream);
-    // Merge into the strip's result at the piece's query rows.
-    Tensor cur = read_rows(out, B, S, p.q_row0, n, stream);
-    Tensor acc = Tensor::empty(cur.shape(), acc_dtype, stream);
-    copy(cur, acc, stream);
-    Tensor lacc = read_rows(lse, B * H, S, p.q_row0, n, stream);
-    attention_merge(acc, lacc, op, lp, {.batch = B, .seq = n, .num_heads = H, .head_dim = D}, stream);
-    copy(acc, cur, stream);
-    Tensor out2 = rows_of(out, B * S), lse2 = rows_of(lse, B * H * S);
-    copy_row_block(cur, out2, B, p.q_row0, stream);
-    copy_row_block(lacc, lse2, B * H, p.q_row0, stream);
+    attention_forward_rows(q, k, v, op, lp, block_diffusion_bulk_piece_args(a, p), window_of(p, S), stream);
+    // ... and its (out, lse) is merged into the strip's at its query rows, in place. The two
+    // bulks' query rows are disjoint ([N, L) and [L + 1, 2L)), so each row is merged once: read
+    // (bf16 out on CUDA), merged in f32, rounded once, as the strip's own output was.
+    attention_merge(out, lse, op, lp,
+                    {.batch = B, .seq = n, .num_heads = H, .head_dim = D, .out_seq = S, .out_row0 = p.q_row0},
+                    stream);
   }
 }
 
@@ -118,33 +86,35 @@ void block_diffusion_bulk_backward(const Tensor& dout, const Tensor& q, const Te
   // Every piece with the final out and lse: its P and delta are the whole row's, so its
   // gradients are exact partials of the whole one.
   attention_backward(dout, q, k, v, out, lse, dq, dk, dv, block_diffusion_strip_args(a), stream);
+  Tensor dq2 = rows_of(dq, B * S), dk2 = rows_of(dk, B * S), dv2 = rows_of(dv, B * S);
   for (const BlockDiffusionBulkPiece& p : block_diffusion_bulk_pieces(S / 2, a.block_diffusion_max_block)) {
     const int64_t n = p.rows;
-    const Tensor dop = read_rows(dout, B, S, p.q_row0, n, stream).view({B, n, H, D});
-    const Tensor qp = read_rows(q, B, S, p.q_row0, n, stream).view({B, n, H, D});
-    const Tensor op = read_rows(out, B, S, p.q_row0, n, stream).view({B, n, H, D});
-    const Tensor kp = read_rows(k, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
-    const Tensor vp = read_rows(v, B, S, p.k_row0, n, stream).view({B, n, Hkv, D});
-    const Tensor lp = read_rows(lse, B * H, S, p.q_row0, n, stream).view({B, H, n});
     Tensor dqp = Tensor::empty({B, n, H, D}, dq.dtype(), stream);
     Tensor dkp = Tensor::empty({B, n, Hkv, D}, dk.dtype(), stream);
     Tensor dvp = Tensor::empty({B, n, Hkv, D}, dv.dtype(), stream);
-    attention_backward(dop, qp, kp, vp, op, lp, dqp, dkp, dvp, block_diffusion_bulk_piece_args(a, p), stream);
-    add_rows(dq, B, S, dqp, p.q_row0, stream);
-    add_rows(dk, B, S, dkp, p.k_row0, stream);
-    add_rows(dv, B, S, dvp, p.k_row0, stream);
+    attention_backward_rows(dout, q, k, v, out, lse, dqp, dkp, dvp, block_diffusion_bulk_piece_args(a, p),
+                            window_of(p, S), stream);
+    // Summed into the strip's gradients (both bulks and the strip write the clean key rows
+    // [L, 2L - 1)): one fused pass each, in f32, one rounding per row and add.
+    add_row_block(rows_of(dqp, B * n), dq2, B, p.q_row0, stream);
+    add_row_block(rows_of(dkp, B * n), dk2, B, p.k_row0, stream);
+    add_row_block(rows_of(dvp, B * n), dv2, B, p.k_row0, stream);
   }
 }
 
-bool block_diffusion_bulk_enabled() {
-  static const bool enabled = [] {
+BlockDiffusionAttention block_diffusion_attention() {
+  static const BlockDiffusionAttention policy = [] {
     const char* v = std::getenv("MEGADLM_BD_ATTENTION");
     const std::string s = v == nullptr ? "" : v;
-    MDLM_CHECK(s.empty() || s == "flash" || s == "bulk", "MEGADLM_BD_ATTENTION=", s,
-               ": expected bulk (cuDNN causal bulks + flash strips) or flash (the default)");
-    return s == "bulk";
+    MDLM_CHECK(s.empty() || s == "auto" || s == "flash" || s == "bulk", "MEGADLM_BD_ATTENTION=", s,
+               ": expected auto (the default: bulk from half length ", kBlockDiffusionBulkMinHalf,
+               " for one-document rows), bulk (cuDNN causal bulks + flash strips wherever they run) or "
+               "flash (the whole mask on the flash kernels)");
+    return s == "bulk" ? BlockDiffusionAttention::Bulk
+           : s == "flash" ? BlockDiffusionAttention::Flash
+                          : BlockDiffusionAttention::Auto;
   }();
-  return enabled;
+  return policy;
 }
 
 }  // namespace megadlm::ops::detail

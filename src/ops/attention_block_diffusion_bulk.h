@@ -23,12 +23,16 @@
 // overlapping key rows). Written once with the public ops: the CPU test runs exactly this
 // composition with the CPU reference's pieces; on CUDA the bulks run cuDNN's dense causal
 // attention and the strip the flash kernels (the support table's ordinary choices for them).
-// The pieces' rows are copied into contiguous scratch (ops::read_row_block; a cuDNN graph over
-// row-offset views would save those copies).
+// The bulks read their rows of q, k, v (dout, out, lse) in place (ops/attention_rows.h: cuDNN
+// graphs over row windows; copies on the CPU and wherever cuDNN does not take the piece); their
+// outputs go to contiguous scratch, merged in place at the row offset (attention_merge's
+// out_seq / out_row0) and summed into the gradients by one fused pass each
+// (ops::add_row_block).
 #pragma once
 #include <cstdint>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "ops/attention_support.h"
 
 namespace megadlm::ops::detail {
 
@@ -54,8 +58,9 @@ void block_diffusion_bulk_backward(const Tensor& dout, const Tensor& q, const Te
                                    Tensor& dk, Tensor& dv, const AttentionArgs& args,
                                    const Stream& stream);
 
-/// MEGADLM_BD_ATTENTION (read once): "bulk" true, unset / "" / "flash" false, anything else an
-/// error naming the value.
-bool block_diffusion_bulk_enabled();
+/// MEGADLM_BD_ATTENTION (read once): unset / "" / "auto" Auto (the default: the composed path
+/// where it is measured to win, ops/attention_support.h's kBlockDiffusionBulkMinHalf), "bulk"
+/// Bulk, "flash" Flash; anything else an error naming the value.
+BlockDiffusionAttention block_diffusion_attention();
 
 }  // namespace megadlm::ops::detail

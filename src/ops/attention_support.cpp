@@ -86,7 +86,10 @@ AttentionChoice key_block_choice(const AttentionArgs& a) {
 
 /// Why the composed block diffusion path cannot run a call, or "".
 std::string block_diffusion_bulk_refusal(const AttentionArgs& a, bool backward, const AttentionDeviceFacts& device) {
-  if (!device.block_diffusion_bulk) return "MEGADLM_BD_ATTENTION is not bulk";
+  if (device.block_diffusion == BlockDiffusionAttention::Flash) return "MEGADLM_BD_ATTENTION=flash";
+  if (device.block_diffusion == BlockDiffusionAttention::Auto && a.seq / 2 < kBlockDiffusionBulkMinHalf)
+    return detail::concat("half length ", a.seq / 2, " < ", kBlockDiffusionBulkMinHalf,
+                          " (MEGADLM_BD_ATTENTION=auto: the flash kernels are faster there)");
   if (a.block_diffusion_strip) return "a strip (the composed path's own piece)";
   if (a.block_diffusion_max_block <= 0) return "rows not promised to hold one document each";
   if (a.backend != AttentionBackend::Auto) return "--attention-backend is not auto";
@@ -164,7 +167,11 @@ AttentionChoice choose_attention(const AttentionArgs& a, bool backward,
       // the flash kernels keep the strips (fallback: the whole mask on them).
       c.impl = AttentionImpl::BlockDiffusionBulk;
       c.reason = "block diffusion, one document a row, blocks <= " +
-                 std::to_string(a.block_diffusion_max_block) + " (MEGADLM_BD_ATTENTION=bulk), " +
+                 std::to_string(a.block_diffusion_max_block) +
+                 (device.block_diffusion == BlockDiffusionAttention::Bulk
+                      ? std::string(" (MEGADLM_BD_ATTENTION=bulk), ")
+                      : detail::concat(", half length ", a.seq / 2, " >= ", kBlockDiffusionBulkMinHalf,
+                                       " (MEGADLM_BD_ATTENTION=auto), ")) +
                  version_name(device.cudnn_version);
     }
   } else if (needs_context_parallel_kernel(a)) {

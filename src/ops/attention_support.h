@@ -14,7 +14,8 @@
 //   cuDNN refuses, backend auto                  -> Flash / Simple, the refusal as the reason
 //   cuDNN refuses, backend cudnn                 -> an error (AttentionChoice::error)
 //   block diffusion, backend auto, one-document  -> BlockDiffusionBulk (cuDNN causal bulks + flash
-//     rows (block_diffusion_max_block), switch on   strips), else Flash / Simple
+//     rows (block_diffusion_max_block), policy      strips), else Flash / Simple
+//     bulk, or auto with L >= kBlockDiffusionBulkMinHalf
 //
 // Batch-invariant mode (AttentionDeviceFacts::batch_invariant, from ops::batch_invariant()):
 // only kernels whose order of a query row's keys does not depend on the batch, whatever the
@@ -67,14 +68,30 @@ enum class AttentionImpl : uint8_t {
 const char* attention_impl_name(AttentionImpl impl);
 bool is_cudnn(AttentionImpl impl);
 
+/// How block diffusion of one-document rows runs (MEGADLM_BD_ATTENTION, read by
+/// ops::detail::block_diffusion_attention()).
+enum class BlockDiffusionAttention : uint8_t {
+  Auto,   ///< the composed path (BlockDiffusionBulk) from half length kBlockDiffusionBulkMinHalf, else flash
+  Flash,  ///< the whole mask on the flash kernels
+  Bulk,   ///< the composed path wherever it runs
+};
+
+/// Auto's threshold on the half length L = seq / 2: the composed path from here on. Measured on
+/// an H100 (H16, D128, blocks of 32, bf16) with the first version of the composition (its pieces'
+/// rows copied into scratch): L 8192 (batch 1) bulk won 1.41x forward / 1.30x backward, L 2048
+/// (batch 4) it lost (0.60x / 0.60x). The copies are gone since (cuDNN reads row windows in place,
+/// fused merge and add), which should move the crossover down: re-measure with
+/// `megadlm_bench ops --op attention_fwd_bd` / `attention_bwd_bd` (L 2048, 4096, 8192) and adjust.
+inline constexpr int64_t kBlockDiffusionBulkMinHalf = 4096;
+
 /// What choose_attention needs to know about the device of the call.
 struct AttentionDeviceFacts {
   bool cuda = false;          ///< the call's stream is a CUDA stream
   int64_t cudnn_version = 0;  ///< cudnnGetVersion() of the loaded library (91400 = 9.14.0); 0: no cuDNN
   bool batch_invariant = false;  ///< ops::batch_invariant() (ops/gemm.h): batch-invariant kernels only
-  /// MEGADLM_BD_ATTENTION=bulk (ops::detail::block_diffusion_bulk_enabled): block diffusion of
-  /// one-document rows may run as causal bulks + strips
-  bool block_diffusion_bulk = false;
+  /// MEGADLM_BD_ATTENTION (ops::detail::block_diffusion_attention): whether block diffusion of
+  /// one-document rows may run as causal bulks + strips (auto: from kBlockDiffusionBulkMinHalf)
+  BlockDiffusionAttention block_diffusion = BlockDiffusionAttention::Auto;
 };
 
 /// Which entry the call came through.

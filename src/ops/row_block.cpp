@@ -41,4 +41,22 @@ void read_row_block(const Tensor& src, Tensor& dst, int64_t batch, int64_t row0,
   block_copy("read_row_block", src, dst, dst, src, batch, row0, stream);
 }
 
+void add_row_block(const Tensor& src, Tensor& dst, int64_t batch, int64_t row0, const Stream& stream) {
+  const char* op = "add_row_block";
+  detail::check_device(op, stream, {&src, &dst});
+  MDLM_CHECK(src.defined() && dst.defined() && src.dim() == 2 && dst.dim() == 2 && src.cols() == dst.cols() &&
+                 src.dtype() == dst.dtype(),
+             op, ": src ", src.str(), " and dst ", dst.str(), " must be 2-D of the same width and dtype");
+  MDLM_CHECK(dst.dtype() == DType::F32 || dst.dtype() == DType::BF16 || (!stream.is_cuda() && dst.dtype() == DType::F64),
+             op, ": f32 or bf16 (f64 on the CPU) expected, got ", dst.str());
+  MDLM_CHECK(batch >= 1 && src.rows() % batch == 0 && dst.rows() % batch == 0, op, ": ", batch,
+             " batch rows do not divide src ", src.str(), " and dst ", dst.str());
+  const int64_t rows = src.rows() / batch, dst_rows = dst.rows() / batch;
+  MDLM_CHECK(row0 >= 0 && row0 + rows <= dst_rows, op, ": rows [", row0, ", ", row0 + rows,
+             ") of each batch row outside the ", dst_rows, " rows of dst");
+  if (src.numel() == 0) return;
+  if (stream.is_cuda()) MDLM_CUDA_BACKEND(cuda::add_rows_between_batch_rows(src, dst, row0, batch, rows, stream));
+  else cpu::add_rows_between_batch_rows(src, dst, row0, batch, rows, stream);
+}
+
 }  // namespace megadlm::ops

@@ -20,15 +20,18 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& block_out, const Te
     for (int64_t h = 0; h < a.num_heads; ++h) {
       for (int64_t i = 0; i < a.seq; ++i) {
         const int64_t stat = (b * a.num_heads + h) * a.seq + i;  // [B, Hq, S]
-        const double la = l.get(stat), lbv = lb.get(stat);
+        const int64_t io = a.out_row0 + i;                        // the row of out
+        const int64_t ostat = (b * a.num_heads + h) * a.out_rows() + io;
+        const double la = l.get(ostat), lbv = lb.get(stat);
         const double m = std::max(la, lbv);
         if (m == kNegInf) continue;  // neither has seen a key
         const double merged = m + std::log(std::exp(la - m) + std::exp(lbv - m));
         const double wa = std::exp(la - merged), wb = std::exp(lbv - merged);  // 0 for -inf
         const int64_t row = ((b * a.seq + i) * a.num_heads + h) * a.head_dim;  // [B, S, Hq, D]
+        const int64_t orow = ((b * a.out_rows() + io) * a.num_heads + h) * a.head_dim;
         for (int64_t d = 0; d < a.head_dim; ++d)
-          o.set(row + d, wa * o.get(row + d) + wb * ob.get(row + d));
-        l.set(stat, merged);
+          o.set(orow + d, wa * o.get(orow + d) + wb * ob.get(row + d));
+        l.set(ostat, merged);
       }
     }
   }

@@ -114,7 +114,7 @@ std::string call_kind(const char* direction, const AttentionArgs& a) {
 
 ops::AttentionDeviceFacts device_facts() {
   return {.cuda = true, .cudnn_version = cudnn_runtime_version(), .batch_invariant = ops::batch_invariant(),
-          .block_diffusion_bulk = ops::detail::block_diffusion_bulk_enabled()};
+          .block_diffusion = ops::detail::block_diffusion_attention()};
 }
 
 ops::AttentionChoice choose(const AttentionArgs& a, bool backward,
@@ -331,6 +331,81 @@ bool attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const 
 bool attention_packed_reads_in_place(const AttentionArgs& args) {
   return choose(args, false, ops::AttentionEntry::Packed).packed_in_place &&
          choose(args, true, ops::AttentionEntry::Packed).packed_in_place;
+}
+
+namespace {
+
+/// The window's tensors have the sizes ops/attention_rows.h promises; a window cuDNN may run.
+bool check_window(const char* op, const AttentionArgs& a, const AttentionRowWindow& w,
+                  std::initializer_list<std::pair<const Tensor*, bool>> whole_q_kv) {
+  MDLM_CHECK(a.seq > 0 && w.rows >= a.seq && w.q_row0 >= 0 && w.kv_row0 >= 0 && w.q_row0 + a.seq <= w.rows &&
+                 w.kv_row0 + a.seq <= w.rows && a.keys() == a.seq,
+             op, ": rows [", w.q_row0, ", +", a.seq, ") and [", w.kv_row0, ", +", a.seq, ") outside ", w.rows,
+             " rows");
+  for (const auto& [t, is_q] : whole_q_kv)
+    check_tensor(op, *t, DType::BF16, a.batch * w.rows * (is_q ? a.num_heads : a.num_kv_heads) * a.head_dim,
+                 is_q ? "a query-side tensor" : "a key-side tensor");
+  return true;
+}
+
+}  // namespace
+
+bool attention_forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                            const AttentionArgs& args, const AttentionRowWindow& w,
+                            const Stream& stream) {
+  const char* op = "cuda::attention_forward_rows";
+  check_window(op, args, w, {{&q, true}, {&k, false}, {&v, false}});
+  check_tensor(op, out, DType::BF16, args.batch * args.seq * args.num_heads * args.head_dim, "out");
+  check_tensor(op, lse, DType::F32, args.batch * args.num_heads * args.seq, "lse");
+  const ops::AttentionChoice c = choose(args, false);
+  const std::string kind = call_kind("forward", args) + ", row window: ";
+  if (c.impl != ops::AttentionImpl::CudnnDense) {
+    note_once(kind + "copies (" + c.reason + ")");
+    return false;
+  }
+  const CudnnRun run = cudnn_attention_forward_rows(q, k, v, out, lse, args,
+                                                    {.rows = w.rows, .q_row0 = w.q_row0, .kv_row0 = w.kv_row0},
+                                                    stream);
+  note_once(kind + (run.ran ? "cuDNN in place (" + c.reason + ")" : "copies (cuDNN: " + run.refusal + ")"));
+  return run.ran;
+}
+
+bool attention_backward_rows(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionArgs& args, const AttentionRowWindow& w,
+                             const Stream& stream) {
+  const char* op = "cuda::attention_backward_rows";
+  check_window(op, args, w, {{&dout, true}, {&q, true}, {&out, true}, {&k, false}, {&v, false}});
+  check_tensor(op, lse, DType::F32, args.batch * args.num_heads * w.rows, "lse");
+  check_tensor(op, dq, DType::BF16, args.batch * args.seq * args.num_heads * args.head_dim, "dq");
+  check_tensor(op, dk, DType::BF16, args.batch * args.seq * args.num_kv_heads * args.head_dim, "dk");
+  check_tensor(op, dv, DType::BF16, args.batch * args.seq * args.num_kv_heads * args.head_dim, "dv");
+  const ops::AttentionChoice c = choose(args, true);
+  const std::string kind = call_kind("backward", args) + ", row window: ";
+  if (c.impl != ops::AttentionImpl::CudnnDense) {
+    note_once(kind + "copies (" + c.reason + ")");
+    return false;
+  }
+  // cuDNN's tensors are declared 16-byte aligned: lse columns from an offset that is not a
+  // multiple of 4 (the clean bulk's L + 1) are copied, B * Hq * seq floats (1 / (2 D) of q's
+  // window in bytes); the others are read in place.
+  CudnnRowWindow cw{.rows = w.rows, .q_row0 = w.q_row0, .kv_row0 = w.kv_row0, .lse_rows = w.rows,
+                    .lse_row0 = w.q_row0};
+  Tensor lse_copy;
+  const Tensor* stats = &lse;
+  if (reinterpret_cast<uintptr_t>(static_cast<const float*>(lse.data_ptr()) + w.q_row0) % 16 != 0) {
+    const int64_t bh = args.batch * args.num_heads;
+    lse_copy = Tensor::empty({bh * args.seq, 1}, DType::F32, stream);
+    copy_rows_between_batch_rows(lse.view({bh * w.rows, 1}), w.q_row0, lse_copy, 0, bh, args.seq, stream);
+    stats = &lse_copy;
+    cw.lse_rows = args.seq;
+    cw.lse_row0 = 0;
+  }
+  const CudnnRun run = cudnn_attention_backward_rows(dout, q, k, v, out, *stats, dq, dk, dv, args, cw, stream);
+  note_once(kind + (run.ran ? std::string("cuDNN in place") + (stats == &lse ? "" : ", lse copied (not 16-byte aligned)") +
+                                  " (" + c.reason + ")"
+                            : "copies (cuDNN: " + run.refusal + ")"));
+  return run.ran;
 }
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,

@@ -65,9 +65,13 @@ struct Key {
   int64_t row_q, row_kv;   ///< elements from one token to the next in q (dq) and k, v (dk, dv)
   bool causal, ragged, deterministic;
   bool row_padding;  ///< forward with AttentionArgs::row_lengths: dense rows, padding mask
+  /// Elements from one batch row to the next in q, k/v, out (and dout), dq, dk/dv, and from one
+  /// head's statistics to the next: s times the token stride (s) for whole tensors; more for the
+  /// row windows of larger tensors (cudnn_attention_*_rows).
+  int64_t q_batch, kv_batch, o_batch, dq_batch, dkv_batch, stat_s;
   auto tie() const {
     return std::tie(device, backward, b, h, hk, s, d, row_q, row_kv, causal, ragged, deterministic,
-                    row_padding);
+                    row_padding, q_batch, kv_batch, o_batch, dq_batch, dkv_batch, stat_s);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -95,19 +99,29 @@ cudnn::PlanCache<Key, Plan>& cache() {
 
 /// Logical [b, h, s, d] dims and the strides of megadlm's token-major tensors: q (and dq) and
 /// k, v (and dk, dv) with token strides row_q and row_kv (h d and hk d for separate tensors, the
-/// packed row (h + 2 hk) d for the fused QKV buffer); out and dout always contiguous [B, S, H, D].
+/// packed row (h + 2 hk) d for the fused QKV buffer); out and dout with token stride h d. Batch
+/// strides from the key (s times the token stride, or a row window's larger one); the
+/// statistics [b, h, s, 1] with the key's per-head stride (s, or the whole row's length).
 struct Shapes {
-  int64_t b, h, hk, s, d, row_q, row_kv;
-  explicit Shapes(const Key& k) : b(k.b), h(k.h), hk(k.hk), s(k.s), d(k.d), row_q(k.row_q), row_kv(k.row_kv) {}
+  int64_t b, h, hk, s, d, row_q, row_kv, q_batch, kv_batch, o_batch, dq_batch, dkv_batch, stat_s;
+  explicit Shapes(const Key& k)
+      : b(k.b), h(k.h), hk(k.hk), s(k.s), d(k.d), row_q(k.row_q), row_kv(k.row_kv), q_batch(k.q_batch),
+        kv_batch(k.kv_batch), o_batch(k.o_batch), dq_batch(k.dq_batch), dkv_batch(k.dkv_batch),
+        stat_s(k.stat_s) {}
   Dims q_dims() const { return {b, h, s, d}; }
-  Dims q_strides() const { return {s * row_q, d, row_q, 1}; }
-  Dims o_strides() const { return {s * h * d, d, h * d, 1}; }
+  Dims q_strides() const { return {q_batch, d, row_q, 1}; }
+  Dims dq_strides() const { return {dq_batch, d, row_q, 1}; }
+  Dims o_strides() const { return {o_batch, d, h * d, 1}; }
   Dims kv_dims() const { return {b, hk, s, d}; }
-  Dims kv_strides() const { return {s * row_kv, d, row_kv, 1}; }
+  Dims kv_strides() const { return {kv_batch, d, row_kv, 1}; }
+  Dims dkv_strides() const { return {dkv_batch, d, row_kv, 1}; }
   Dims kt_dims() const { return {b, hk, d, s}; }
-  Dims kt_strides() const { return {s * row_kv, d, 1, row_kv}; }
+  Dims kt_strides() const { return {kv_batch, d, 1, row_kv}; }
   Dims stat_dims() const { return {b, h, s, 1}; }
+  /// Virtual and scratch statistics (contiguous).
   Dims stat_strides() const { return {h * s, s, 1, 1}; }
+  /// The Stats tensor itself (our lse, or a row window of it).
+  Dims stats_io_strides() const { return {h * stat_s, stat_s, 1, 1}; }
   Dims score_dims() const { return {b, h, s, s}; }
   Dims score_strides() const { return {h * s * s, s * s, s, 1}; }
   Dims score_t_strides() const { return {h * s * s, s * s, 1, s}; }  // [b, h, s_kv, s_q] view
@@ -167,7 +181,7 @@ std::shared_ptr<Plan> build_forward(cudnnHandle_t handle, const Key& key) {
   const TensorRef kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, x.kt_dims(), x.kt_strides(), false, false, ragged ? &off.k : nullptr);
   const TensorRef v = g.tensor(kV, CUDNN_DATA_BFLOAT16, x.kv_dims(), x.kv_strides(), false, false, ragged ? &off.v : nullptr);
   const TensorRef o = g.tensor(kO, CUDNN_DATA_BFLOAT16, x.q_dims(), x.o_strides(), false, false, ragged ? &off.o : nullptr);
-  const TensorRef stats = g.tensor(kStats, CUDNN_DATA_FLOAT, x.stat_dims(), x.stat_strides(), false, false,
+  const TensorRef stats = g.tensor(kStats, CUDNN_DATA_FLOAT, x.stat_dims(), x.stats_io_strides(), false, false,
                                    ragged ? &off.stats : nullptr);
   const TensorRef scale = g.scalar(kScale);
   TensorRef seq_q, seq_kv, neg_inf;
@@ -222,10 +236,10 @@ std::shared_ptr<Plan> build_backward(cudnnHandle_t handle, const Key& key) {
   const TensorRef vt = io(kV, x.kt_dims(), x.kt_strides(), &off.v);
   const TensorRef o = io(kO, x.q_dims(), x.o_strides(), &off.o);
   const TensorRef dout = io(kDout, x.q_dims(), x.o_strides(), &off.o);
-  const TensorRef dq = io(kDq, x.q_dims(), x.q_strides(), &off.q);
-  const TensorRef dk = io(kDk, x.kv_dims(), x.kv_strides(), &off.k);
-  const TensorRef dv = io(kDv, x.kv_dims(), x.kv_strides(), &off.v);
-  const TensorRef stats = g.tensor(kStats, CUDNN_DATA_FLOAT, x.stat_dims(), x.stat_strides(), false, false,
+  const TensorRef dq = io(kDq, x.q_dims(), x.dq_strides(), &off.q);
+  const TensorRef dk = io(kDk, x.kv_dims(), x.dkv_strides(), &off.k);
+  const TensorRef dv = io(kDv, x.kv_dims(), x.dkv_strides(), &off.v);
+  const TensorRef stats = g.tensor(kStats, CUDNN_DATA_FLOAT, x.stat_dims(), x.stats_io_strides(), false, false,
                                    ragged ? &off.stats : nullptr);
   const TensorRef scale = g.scalar(kScale);
   const TensorRef one = g.scalar(kOne);
@@ -393,10 +407,21 @@ QkvPointers packed(const Tensor& qk_rows, const Tensor& v_rows, const AttentionA
   return {base, base + hd * 2, v_base + (hd + kd) * 2, hd + 2 * kd, hd + 2 * kd};
 }
 
-Key key_of(const AttentionArgs& a, bool backward, int device, int64_t bucket, const QkvPointers& p) {
+/// Batch strides (elements) of a call's tensors and the statistics' per-head stride where they
+/// are not the whole tensors' (0: s times the token stride, and s): the row windows.
+struct Strides {
+  int64_t q = 0, kv = 0, o = 0, dq = 0, dkv = 0, stat = 0;
+};
+
+Key key_of(const AttentionArgs& a, bool backward, int device, int64_t bucket, const QkvPointers& p,
+           const Strides& st) {
   const bool padded = attention_row_padded(a, backward), ragged = attention_ragged_documents(a, backward);
-  return {device, backward, ragged ? bucket : a.batch, a.num_heads, a.num_kv_heads, a.seq, a.head_dim,
-          p.row_q, p.row_kv, a.mask == AttentionMask::Causal, ragged, backward && a.deterministic, padded};
+  const int64_t s = a.seq;
+  auto or_else = [](int64_t v, int64_t dflt) { return v > 0 ? v : dflt; };
+  return {device, backward, ragged ? bucket : a.batch, a.num_heads, a.num_kv_heads, s, a.head_dim,
+          p.row_q, p.row_kv, a.mask == AttentionMask::Causal, ragged, backward && a.deterministic, padded,
+          or_else(st.q, s * p.row_q), or_else(st.kv, s * p.row_kv), or_else(st.o, s * a.num_heads * a.head_dim),
+          or_else(st.dq, s * p.row_q), or_else(st.dkv, s * p.row_kv), or_else(st.stat, s)};
 }
 
 /// Scratch for one call: cuDNN's workspace plus the graph's non-virtual scratch tensors, each
@@ -468,7 +493,7 @@ struct Call {
 /// Fills `call`; false with the reason in *refusal when cuDNN does not run the call (nothing is
 /// queued then).
 bool prologue(const char* range, const AttentionArgs& a, bool backward, const QkvPointers& in,
-              const Tensor& out, const Tensor& lse, std::initializer_list<const void*> tensors,
+              void* out, void* stats, const Strides& strides, std::initializer_list<const void*> tensors,
               const Stream& stream, Call& call, std::string* refusal) {
   *refusal = cudnn_attention_unsupported(a, backward);
   if (!refusal->empty()) return false;
@@ -484,7 +509,7 @@ bool prologue(const char* range, const AttentionArgs& a, bool backward, const Qk
   }
   auto& c = cache();
   call.lock = std::unique_lock<std::mutex>(c.mutex());
-  call.key = key_of(a, backward, stream.cuda_resources()->device, call.docs.bucket, in);
+  call.key = key_of(a, backward, stream.cuda_resources()->device, call.docs.bucket, in, strides);
   const Key& key = call.key;
   call.plan = c.get(
       key,
@@ -498,8 +523,7 @@ bool prologue(const char* range, const AttentionArgs& a, bool backward, const Qk
   call.scratch = make_scratch(plan, a.batch * a.seq, stream);
   call.workspace = call.scratch.take(plan.graph->workspace_bytes());
   call.scale = a.softmax_scale;
-  call.pack = {{kQ, in.q}, {kK, in.k}, {kV, in.v}, {kO, out.data_ptr()}, {kStats, lse.data_ptr()},
-               {kScale, &call.scale}};
+  call.pack = {{kQ, in.q}, {kK, in.k}, {kV, in.v}, {kO, out}, {kStats, stats}, {kScale, &call.scale}};
   if (plan.padding || key.causal) call.pack.emplace_back(kNegInf, &call.neg_inf);
   if (ragged) {
     Documents& docs = call.docs;
@@ -516,30 +540,28 @@ bool prologue(const char* range, const AttentionArgs& a, bool backward, const Qk
   return true;
 }
 
-CudnnRun run_forward(const QkvPointers& in, Tensor& out, Tensor& lse, const AttentionArgs& a,
-                     const Stream& stream) {
+CudnnRun run_forward(const QkvPointers& in, void* out, void* stats, const AttentionArgs& a,
+                     const Stream& stream, const Strides& strides = {}) {
   CudnnRun run;
   Call call;
-  if (!prologue("attention_forward_cudnn", a, false, in, out, lse,
-                {in.q, in.k, in.v, out.data_ptr()}, stream, call, &run.refusal))
+  if (!prologue("attention_forward_cudnn", a, false, in, out, stats, strides, {in.q, in.k, in.v, out}, stream,
+                call, &run.refusal))
     return run;
   run.refusal = execute(call.key, *call.plan, call.pack, call.workspace, stream);
   run.ran = run.refusal.empty();
   return run;
 }
 
-CudnnRun run_backward(const Tensor& dout, const QkvPointers& in, const Tensor& out,
-                      const Tensor& lse, const QkvPointers& grad, const AttentionArgs& a,
-                      const Stream& stream) {
+CudnnRun run_backward(void* dout, const QkvPointers& in, void* out, void* stats, const QkvPointers& grad,
+                      const AttentionArgs& a, const Stream& stream, const Strides& strides = {}) {
   CudnnRun run;
   Call call;
-  if (!prologue("attention_backward_cudnn", a, true, in, out, lse,
-                {dout.data_ptr(), in.q, in.k, in.v, out.data_ptr(), grad.q, grad.k, grad.v}, stream,
-                call, &run.refusal))
+  if (!prologue("attention_backward_cudnn", a, true, in, out, stats, strides,
+                {dout, in.q, in.k, in.v, out, grad.q, grad.k, grad.v}, stream, call, &run.refusal))
     return run;
   const Plan& plan = *call.plan;
   const int64_t tokens = a.batch * a.seq;
-  call.pack.insert(call.pack.end(), {{kDout, dout.data_ptr()}, {kDq, grad.q}, {kDk, grad.k},
+  call.pack.insert(call.pack.end(), {{kDout, dout}, {kDq, grad.q}, {kDk, grad.k},
                                      {kDv, grad.v}, {kOne, &call.one},
                                      {kSoftmaxSum, call.scratch.take(plan.softmax_sum_per_token * tokens)}});
   if (void* p = call.scratch.take(plan.dq_accum_per_token * tokens)) call.pack.emplace_back(kDqAccum, p);
@@ -566,27 +588,83 @@ std::string cudnn_attention_unsupported(const AttentionArgs& a, bool backward) {
 
 CudnnRun cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
                                  Tensor& lse, const AttentionArgs& a, const Stream& stream) {
-  return run_forward(separate(q, k, v, a), out, lse, a, stream);
+  return run_forward(separate(q, k, v, a), out.data_ptr(), lse.data_ptr(), a, stream);
 }
 
 CudnnRun cudnn_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& a,
                                   const Stream& stream) {
-  return run_backward(dout, separate(q, k, v, a), out, lse, separate(dq, dk, dv, a), a, stream);
+  return run_backward(dout.data_ptr(), separate(q, k, v, a), out.data_ptr(), lse.data_ptr(),
+                      separate(dq, dk, dv, a), a, stream);
+}
+
+namespace {
+
+/// `elements` bf16 (or f32: 4-byte) elements past p.
+void* at(const Tensor& t, int64_t elements) {
+  return static_cast<char*>(t.data_ptr()) + elements * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+
+/// The q, k, v (or dout / out) row windows of separate tensors holding w.rows rows a batch row.
+QkvPointers window(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionArgs& a,
+                   const CudnnRowWindow& w) {
+  const QkvPointers p = separate(q, k, v, a);
+  return {at(q, w.q_row0 * p.row_q), at(k, w.kv_row0 * p.row_kv), at(v, w.kv_row0 * p.row_kv), p.row_q,
+          p.row_kv};
+}
+
+std::string window_refusal(const AttentionArgs& a, const CudnnRowWindow& w, const void* stats) {
+  if (a.document_ids != nullptr || a.row_lengths != nullptr) return "a row window of packed documents";
+  if (w.rows < a.seq || w.q_row0 < 0 || w.kv_row0 < 0 || w.q_row0 + a.seq > w.rows || w.kv_row0 + a.seq > w.rows)
+    return "a row window outside its rows";
+  if (stats != nullptr && reinterpret_cast<uintptr_t>(stats) % 16 != 0)
+    return "the statistics' row window is not 16-byte aligned";
+  return {};
+}
+
+}  // namespace
+
+CudnnRun cudnn_attention_forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                      Tensor& lse, const AttentionArgs& a, const CudnnRowWindow& w,
+                                      const Stream& stream) {
+  if (std::string why = window_refusal(a, w, nullptr); !why.empty()) return {false, why};
+  const QkvPointers in = window(q, k, v, a, w);
+  Strides st;
+  st.q = w.rows * in.row_q;
+  st.kv = w.rows * in.row_kv;
+  return run_forward(in, out.data_ptr(), lse.data_ptr(), a, stream, st);
+}
+
+CudnnRun cudnn_attention_backward_rows(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,
+                                       Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& a,
+                                       const CudnnRowWindow& w, const Stream& stream) {
+  void* stats = at(lse, w.lse_row0);
+  if (std::string why = window_refusal(a, w, stats); !why.empty()) return {false, why};
+  const QkvPointers in = window(q, k, v, a, w);
+  const int64_t hd = a.num_heads * a.head_dim;
+  Strides st;
+  st.q = w.rows * in.row_q;
+  st.kv = w.rows * in.row_kv;
+  st.o = w.rows * hd;
+  st.stat = w.lse_rows;
+  return run_backward(at(dout, w.q_row0 * hd), in, at(out, w.q_row0 * hd), stats, separate(dq, dk, dv, a), a,
+                      stream, st);
 }
 
 CudnnRun cudnn_attention_forward_packed(const Tensor& qk_rows, const Tensor& v_rows, Tensor& out,
                                         Tensor& lse, const AttentionArgs& a, const Stream& stream) {
   if (std::string why = attention_cudnn_packed_refusal(a, false); !why.empty()) return {false, why};
-  return run_forward(packed(qk_rows, v_rows, a), out, lse, a, stream);
+  return run_forward(packed(qk_rows, v_rows, a), out.data_ptr(), lse.data_ptr(), a, stream);
 }
 
 CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qk_rows,
                                          const Tensor& v_rows, const Tensor& out, const Tensor& lse,
                                          Tensor& dqkv, const AttentionArgs& a, const Stream& stream) {
   if (std::string why = attention_cudnn_packed_refusal(a, true); !why.empty()) return {false, why};
-  return run_backward(dout, packed(qk_rows, v_rows, a), out, lse, packed(dqkv, dqkv, a), a, stream);
+  return run_backward(dout.data_ptr(), packed(qk_rows, v_rows, a), out.data_ptr(), lse.data_ptr(),
+                      packed(dqkv, dqkv, a), a, stream);
 }
 
 }  // namespace megadlm::ops::cuda
@@ -621,6 +699,17 @@ CudnnRun cudnn_attention_forward_packed(const Tensor&, const Tensor&, Tensor&, T
 
 CudnnRun cudnn_attention_backward_packed(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                          const Tensor&, Tensor&, const AttentionArgs& a, const Stream&) {
+  return {false, cudnn_attention_unsupported(a, true)};
+}
+
+CudnnRun cudnn_attention_forward_rows(const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&,
+                                      const AttentionArgs& a, const CudnnRowWindow&, const Stream&) {
+  return {false, cudnn_attention_unsupported(a, false)};
+}
+
+CudnnRun cudnn_attention_backward_rows(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                       const Tensor&, const Tensor&, Tensor&, Tensor&, Tensor&,
+                                       const AttentionArgs& a, const CudnnRowWindow&, const Stream&) {
   return {false, cudnn_attention_unsupported(a, true)};
 }
 

@@ -49,4 +49,24 @@ CudnnRun cudnn_attention_forward_packed(const Tensor& qk_rows, const Tensor& v_r
 CudnnRun cudnn_attention_backward_packed(const Tensor& dout, const Tensor& qk_rows,
                                          const Tensor& v_rows, const Tensor& out, const Tensor& lse,
                                          Tensor& dqkv, const AttentionArgs& args, const Stream& stream);
+
+/// A call on row windows of larger tensors (block diffusion's causal bulks,
+/// ops/attention_block_diffusion_bulk.h): q, dout, out hold `rows` rows per batch row, of which
+/// the call's args.seq query rows start at q_row0; k, v likewise from kv_row0. cuDNN reads them
+/// in place through a batch stride of `rows` tokens (no copies). Backward: lse [B, Hq, lse_rows],
+/// the call's statistics from column lse_row0 (its pointer must be 16-byte aligned, as every
+/// cuDNN tensor is declared; the caller copies a window that is not). The outputs are the
+/// call's own contiguous tensors: out [B, seq, Hq, D] and lse [B, Hq, seq] forward; dq, dk, dv
+/// [B, seq, H, D] backward.
+struct CudnnRowWindow {
+  int64_t rows = 0, q_row0 = 0, kv_row0 = 0;
+  int64_t lse_rows = 0, lse_row0 = 0;  ///< backward only
+};
+CudnnRun cudnn_attention_forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                      Tensor& lse, const AttentionArgs& args, const CudnnRowWindow& window,
+                                      const Stream& stream);
+CudnnRun cudnn_attention_backward_rows(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,
+                                       Tensor& dq, Tensor& dk, Tensor& dv, const AttentionArgs& args,
+                                       const CudnnRowWindow& window, const Stream& stream);
 }  // namespace megadlm::ops::cuda

@@ -19,6 +19,7 @@
 #include "megadlm/ops/reduce.h"
 #include "megadlm/ops/rope.h"
 #include "megadlm/ops/sampling.h"
+#include "ops/attention_rows.h"
 
 namespace megadlm::ops::cuda {
 // attention_forward / attention_backward (backend_ops.inc) run every CUDA attention call, the
@@ -35,4 +36,14 @@ bool attention_backward_packed(const Tensor& dout, const Tensor& qk_rows, const 
                                const AttentionArgs& args, const Stream& stream);
 /// Whether those two would run (the support table reads both directions' rows in place).
 bool attention_packed_reads_in_place(const AttentionArgs& args);
+/// A call on row windows of the whole tensors (ops/attention_rows.h): true when cuDNN ran it on
+/// the windows in place (the table's choice for the piece is cuDNN dense rows), false when
+/// nothing was queued (the caller copies the rows and calls attention_forward / _backward).
+bool attention_forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse,
+                            const AttentionArgs& args, const AttentionRowWindow& window,
+                            const Stream& stream);
+bool attention_backward_rows(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, Tensor& dq, Tensor& dk, Tensor& dv,
+                             const AttentionArgs& args, const AttentionRowWindow& window,
+                             const Stream& stream);
 }  // namespace megadlm::ops::cuda
