@@ -20,9 +20,11 @@
 //                                               against a 288-column canvas (kv_seq), the left
 //                                               padding its own document (key_document_ids),
 //                                               H=16 Hkv=8 D=128 (the context-parallel entry)
-//   attention_{fwd,bwd}_bd_{s4096,s16384}_{flash,bulk}  block diffusion (BD3 mask, blocks of 32,
-//                                               one document a row) over the doubled row: B=4 S=4096
-//                                               (L 2048) and B=1 S=16384 (L 8192), H=16 D=128; flash:
+//   attention_{fwd,bwd}_bd_{s4096,s8192,s16384}_{flash,bulk}  block diffusion (BD3 mask, blocks
+//                                               of 32, one document a row) over the doubled row:
+//                                               B=4 S=4096 (L 2048), B=2 S=8192 (L 4096: auto's
+//                                               threshold, ops/attention_support.h) and B=1 S=16384
+//                                               (L 8192), H=16 D=128; flash:
 //                                               the whole mask on the flash kernels; bulk: cuDNN
 //                                               causal bulks + flash strips (the composed path,
 //                                               called by name); the bulk rows' check is bulk vs
@@ -446,7 +448,7 @@ std::vector<OpBench> attention_benches() {
   }
   for (int64_t batch : {1, 8}) out.push_back(cached_decoding_row(batch));
   // Block diffusion at the 1.7B shape: the whole mask on the flash kernels vs the composed path.
-  for (const Shape4 x : {Shape4{4, 4096, 16, 16, 128}, Shape4{1, 16384, 16, 16, 128}})
+  for (const Shape4 x : {Shape4{4, 4096, 16, 16, 128}, Shape4{2, 8192, 16, 16, 128}, Shape4{1, 16384, 16, 16, 128}})
     for (bool backward : {false, true})
       for (bool bulk : {false, true}) out.push_back(block_diffusion_row(x, 32, bulk, backward));
   return out;

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 #include "megadlm/ops/attention.h"
+#include "megadlm/ops/attention_merge.h"
+#include "megadlm/ops/row_block.h"
 #include "ops/attention_block_diffusion_bulk.h"
 #include "ops/attention_support.h"
 #include "parity.h"
@@ -108,7 +110,8 @@ struct Errors {
 /// f32 reference.
 class BdRun {
  public:
-  BdRun(const BdCase& c, const Stream& cuda) : c_(c), cuda_(cuda) {
+  /// reference = false: no CPU reference (long rows compared on the device only; errors() unusable).
+  BdRun(const BdCase& c, const Stream& cuda, bool reference = true) : c_(c), cuda_(cuda) {
     const int64_t S = 2 * c.L;
     const Shape qs{c.batch, S, c.heads, c.dim}, kvs{c.batch, S, c.kv_heads, c.dim};
     // q, k in [-2, 2): scores of std ~1.3, peaked rows, so a wrong key or a missed mask shows.
@@ -120,6 +123,7 @@ class BdRun {
     ranges_cpu_ = Tensor::from_ints(r, {c.batch, 4, c.L});
     ranges_cuda_ = parity::ints_to_device(r, {c.batch, 4, c.L}, cuda);
     max_block_ = ops::block_diffusion_one_document_max_block(r.data(), c.batch, c.L);
+    if (!reference) return;
     const Stream cpu = Stream::cpu();
     const AttentionArgs a = args(ranges_cpu_);
     Tensor out = parity::poisoned_host(qs), lse = parity::poisoned_host({c.batch, c.heads, S});
@@ -410,13 +414,19 @@ TEST(AttentionBlockDiffusionParity, BulkHeadDim64MatchesCpuAndFlash) {
   check_bulk_cases(bulk_cases(64));
 }
 
+const char* policy_name(ops::BlockDiffusionAttention p) {
+  return p == ops::BlockDiffusionAttention::Bulk ? "bulk" : p == ops::BlockDiffusionAttention::Flash ? "flash" : "auto";
+}
+
 TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsUnderTheSwitch) {
   MDLM_REQUIRE_GPU();
   // With MEGADLM_BD_ATTENTION=bulk the public op under auto runs the composed path for
   // one-document rows (deterministic backward: bit for bit the same as by name) and the whole
-  // mask on the flash kernels for packed documents; without the switch, the flash kernels.
-  const bool on = ops::detail::block_diffusion_bulk_enabled();
-  std::printf("[block diffusion parity] MEGADLM_BD_ATTENTION=%s\n", on ? "bulk" : "(flash)");
+  // mask on the flash kernels for packed documents; under auto (the default) at L = 1024, below
+  // kBlockDiffusionBulkMinHalf, and under flash: the flash kernels.
+  const ops::BlockDiffusionAttention policy = ops::detail::block_diffusion_attention();
+  const bool on = policy == ops::BlockDiffusionAttention::Bulk;
+  std::printf("[block diffusion parity] MEGADLM_BD_ATTENTION=%s\n", policy_name(policy));
   const Stream cuda = parity::gpu_stream();
   for (AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal}) {
     const BdCase c{2, 1024, 4, 2, 128, 32, {1 << 20}, mask};
@@ -430,4 +440,132 @@ TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsUnderTheSwitch) {
     parity::expect_identical(what + "dk", got.dk, want.dk);
     parity::expect_identical(what + "dv", got.dv, want.dv);
   }
+}
+
+TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsFromItsThreshold) {
+  MDLM_REQUIRE_GPU();
+  // Under MEGADLM_BD_ATTENTION=auto (the default) or bulk, one-document rows of half length
+  // kBlockDiffusionBulkMinHalf run the composed path through the public op: bit for bit the same
+  // as the composition by name (deterministic backward); under flash, the flash kernels. The
+  // composition against the flash kernels on the whole mask within the bf16 tolerances (no CPU
+  // reference at this length: the Bulk*MatchesCpuAndFlash cases hold it against the CPU).
+  const ops::BlockDiffusionAttention policy = ops::detail::block_diffusion_attention();
+  const bool bulk = policy != ops::BlockDiffusionAttention::Flash;
+  std::printf("[block diffusion parity] MEGADLM_BD_ATTENTION=%s, L %lld\n", policy_name(policy),
+              static_cast<long long>(ops::kBlockDiffusionBulkMinHalf));
+  const Stream cuda = parity::gpu_stream();
+  for (AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal}) {
+    const BdCase c{1, ops::kBlockDiffusionBulkMinHalf, 4, 2, 128, 32, {1 << 20}, mask};
+    SCOPED_TRACE(name_of(c));
+    const BdRun run(c, cuda, /*reference=*/false);
+    const Result by_name = run.run(bulk ? Route::Bulk : Route::Flash, true), got = run.run(Route::Auto, true);
+    const std::string what = name_of(c) + " auto vs " + (bulk ? "bulk " : "flash ");
+    parity::expect_identical(what + "out", got.out, by_name.out);
+    parity::expect_identical(what + "lse", got.lse, by_name.lse);
+    parity::expect_identical(what + "dq", got.dq, by_name.dq);
+    parity::expect_identical(what + "dk", got.dk, by_name.dk);
+    parity::expect_identical(what + "dv", got.dv, by_name.dv);
+    const Result b = run.run(Route::Bulk), f = run.run(Route::Flash);
+    const Errors d{test::rel_l2(b.out, f.out), test::lse_max_abs_error(b.lse, f.lse), test::rel_l2(b.dq, f.dq),
+                   test::rel_l2(b.dk, f.dk), test::rel_l2(b.dv, f.dv)};
+    std::printf("[block diffusion parity] %-66s bulk vs flash out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                name_of(c).c_str(), d.out, d.lse, d.dq, d.dk, d.dv);
+    expect_within_tolerances(d);
+  }
+}
+
+namespace {
+
+/// A host tensor of `dtype` (bf16 or f32) holding `values` (bf16-representable).
+Tensor host_tensor(const std::vector<float>& values, const Shape& shape, DType dtype) {
+  Tensor t = Tensor::empty(shape, dtype, Stream::cpu());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (dtype == DType::BF16) t.data<bf16_t>()[i] = bf16_t::from_float(values[i]);
+    else t.data<float>()[i] = values[i];
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST(AttentionBlockDiffusionParity, BulkAddRowBlockEqualsTheCpuBitForBit) {
+  MDLM_REQUIRE_GPU();
+  // The composed backward's gradient sum (ops::add_row_block): CUDA and CPU both sum in f32 and
+  // round once, so they agree bit for bit; rows outside the block keep their values. Widths with
+  // the 16-byte path (2048, 128) and without it (13, 7), blocks at offsets 1 and 31.
+  const Stream cuda = parity::gpu_stream();
+  struct Case {
+    DType dtype;
+    int64_t batch, dst_rows, rows, row0, width;
+  };
+  for (const Case c : {Case{DType::BF16, 2, 96, 63, 33, 2048}, Case{DType::BF16, 3, 40, 8, 31, 13},
+                       Case{DType::F32, 2, 64, 31, 1, 128}, Case{DType::F32, 1, 9, 5, 4, 7}}) {
+    const std::string what = std::string(c.dtype == DType::BF16 ? "bf16" : "f32") + " batch " +
+                             std::to_string(c.batch) + " rows " + std::to_string(c.row0) + "+" +
+                             std::to_string(c.rows) + " of " + std::to_string(c.dst_rows) + " width " +
+                             std::to_string(c.width);
+    SCOPED_TRACE(what);
+    const Shape ds{c.batch * c.dst_rows, c.width}, ss{c.batch * c.rows, c.width};
+    // dst of larger magnitude than src, so that most sums round.
+    const std::vector<float> dv = parity::bf16_values(shape_numel(ds), -4.0f, 4.0f),
+                             sv = parity::bf16_values(shape_numel(ss), -0.05f, 0.05f);
+    Tensor dst_host = host_tensor(dv, ds, c.dtype);
+    const Tensor src_host = host_tensor(sv, ss, c.dtype);
+    Tensor dst_dev = parity::to_device(dv, ds, c.dtype, cuda);
+    const Tensor src_dev = parity::to_device(sv, ss, c.dtype, cuda);
+    ops::add_row_block(src_host, dst_host, c.batch, c.row0, Stream::cpu());
+    ops::add_row_block(src_dev, dst_dev, c.batch, c.row0, cuda);
+    const std::vector<double> got = parity::download(dst_dev, cuda);
+    std::vector<double> want(got.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      want[i] = c.dtype == DType::BF16 ? dst_host.data<bf16_t>()[i].to_float() : dst_host.data<float>()[i];
+    parity::expect_identical("add_row_block " + what, got, want);
+    // And the CPU did add (the block's rows moved, the others did not).
+    size_t moved = 0, outside_moved = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t r = 0; r < c.dst_rows; ++r)
+        for (int64_t x = 0; x < c.width; ++x) {
+          const size_t k = static_cast<size_t>((b * c.dst_rows + r) * c.width + x);
+          const bool inside = r >= c.row0 && r < c.row0 + c.rows;
+          (inside ? moved : outside_moved) += want[k] != dv[k];
+        }
+    EXPECT_GT(moved, 0u);
+    EXPECT_EQ(outside_moved, 0u);
+  }
+}
+
+TEST(AttentionBlockDiffusionParity, BulkMergeIntoBf16RowWindowMatchesTheCpu) {
+  MDLM_REQUIRE_GPU();
+  // The composed forward's merge (attention_merge with out_seq / out_row0, bf16 out on CUDA):
+  // a bulk of n rows merged into rows [row0, row0 + n) of the doubled rows, against the CPU's
+  // f32 merge of the same values; rows outside the window bit for bit unchanged.
+  const Stream cuda = parity::gpu_stream();
+  const int64_t B = 2, So = 512, n = 255, row0 = 257, H = 4, D = 128;
+  const Shape os{B, So, H, D}, bs{B, n, H, D}, ls{B, H, So}, bls{B, H, n};
+  const std::vector<float> ov = parity::bf16_values(shape_numel(os)), bv = parity::bf16_values(shape_numel(bs)),
+                           lv = parity::bf16_values(shape_numel(ls), 1.0f, 6.0f),
+                           blv = parity::bf16_values(shape_numel(bls), 1.0f, 6.0f);
+  Tensor out_host = Tensor::from_floats(ov, os, DType::F32), lse_host = Tensor::from_floats(lv, ls, DType::F32);
+  Tensor out_dev = parity::to_device(ov, os, DType::BF16, cuda), lse_dev = parity::to_device(lv, ls, DType::F32, cuda);
+  const ops::AttentionMergeArgs a{.batch = B, .seq = n, .num_heads = H, .head_dim = D, .out_seq = So, .out_row0 = row0};
+  ops::attention_merge(out_host, lse_host, Tensor::from_floats(bv, bs, DType::F32),
+                       Tensor::from_floats(blv, bls, DType::F32), a, Stream::cpu());
+  ops::attention_merge(out_dev, lse_dev, parity::to_device(bv, bs, DType::BF16, cuda),
+                       parity::to_device(blv, bls, DType::F32, cuda), a, cuda);
+  const std::vector<double> got_o = parity::download(out_dev, cuda), got_l = parity::download(lse_dev, cuda);
+  parity::expect_close("merge out (bf16, row window)", got_o, test::to_doubles(out_host), test::kBf16ParityRelL2);
+  EXPECT_LT(test::lse_max_abs_error(got_l, test::to_doubles(lse_host)), test::kLseMaxAbs);
+  size_t outside_changed = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = 0; r < So; ++r) {
+      if (r >= row0 && r < row0 + n) continue;
+      for (int64_t h = 0; h < H; ++h) {
+        outside_changed += got_l[static_cast<size_t>((b * H + h) * So + r)] != lv[static_cast<size_t>((b * H + h) * So + r)];
+        for (int64_t d = 0; d < D; ++d) {
+          const size_t k = static_cast<size_t>(((b * So + r) * H + h) * D + d);
+          outside_changed += got_o[k] != ov[k];
+        }
+      }
+    }
+  EXPECT_EQ(outside_changed, 0u);
 }

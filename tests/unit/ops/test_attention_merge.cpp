@@ -91,3 +91,50 @@ TEST(AttentionMerge, RejectsMismatchedShapes) {
   const Tensor block = Tensor::zeros({6}, DType::F32, Stream::cpu());
   EXPECT_THROW(ops::attention_merge(out, lse, block, lse, {1, 2, 1, 4}, Stream::cpu()), Error);
 }
+
+TEST(AttentionMerge, MergesIntoARowWindowOfALargerOutput) {
+  // Block diffusion's composed path merges a bulk of S = 3 rows into rows [2, 5) of a batch row
+  // of S_out = 6 (out_seq, out_row0): the same as merging the copied rows, and the other rows of
+  // out and lse untouched. B = 2, Hq = 2, D = 4.
+  const int64_t B = 2, S = 3, So = 6, H = 2, D = 4, row0 = 2;
+  const Tensor o0 = test::random_tensor({B * So * H * D}, 5, DType::F64);
+  const Tensor l0 = test::random_tensor({B * H * So}, 6, DType::F64, -2, 2);
+  const Tensor o1 = test::random_tensor({B * S * H * D}, 7, DType::F64);
+  const Tensor l1 = test::random_tensor({B * H * S}, 8, DType::F64, -2, 2);
+  Tensor out = f64(test::to_doubles(o0), {B * So * H * D}), lse = f64(test::to_doubles(l0), {B * H * So});
+  ops::attention_merge(out, lse, o1, l1,
+                       {.batch = B, .seq = S, .num_heads = H, .head_dim = D, .out_seq = So, .out_row0 = row0},
+                       Stream::cpu());
+  // The reference: the window's rows copied out, merged with the plain layout.
+  std::vector<double> wo(static_cast<size_t>(B * S * H * D)), wl(static_cast<size_t>(B * H * S));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        wl[static_cast<size_t>((b * H + h) * S + i)] = l0.data<double>()[(b * H + h) * So + row0 + i];
+        for (int64_t d = 0; d < D; ++d)
+          wo[static_cast<size_t>(((b * S + i) * H + h) * D + d)] = o0.data<double>()[((b * So + row0 + i) * H + h) * D + d];
+      }
+  Tensor ref_o = f64(wo, {B * S * H * D}), ref_l = f64(wl, {B * H * S});
+  ops::attention_merge(ref_o, ref_l, o1, l1, {B, S, H, D}, Stream::cpu());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t r = 0; r < So; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const bool inside = r >= row0 && r < row0 + S;
+        const int64_t st = (b * H + h) * So + r;
+        EXPECT_EQ(lse.data<double>()[st],
+                  inside ? ref_l.data<double>()[(b * H + h) * S + r - row0] : l0.data<double>()[st])
+            << "b " << b << " row " << r << " h " << h;
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t e = ((b * So + r) * H + h) * D + d;
+          EXPECT_EQ(out.data<double>()[e],
+                    inside ? ref_o.data<double>()[((b * S + r - row0) * H + h) * D + d] : o0.data<double>()[e])
+              << "b " << b << " row " << r << " h " << h << " d " << d;
+        }
+      }
+  // A window past the end of the rows is refused.
+  EXPECT_THROW(ops::attention_merge(out, lse, o1, l1,
+                                    {.batch = B, .seq = S, .num_heads = H, .head_dim = D, .out_seq = So,
+                                     .out_row0 = 4},
+                                    Stream::cpu()),
+               Error);
+}

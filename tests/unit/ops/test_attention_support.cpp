@@ -351,10 +351,13 @@ TEST(AttentionSupport, BlockDiffusionRunsFlashForHalfLengthsOf128AndSimpleOtherw
   EXPECT_TRUE(fwd(a).error.empty());
 }
 
-constexpr AttentionDeviceFacts kBulk{.cuda = true, .cudnn_version = 91400, .block_diffusion_bulk = true};
+constexpr AttentionDeviceFacts kBulk{.cuda = true, .cudnn_version = 91400,
+                                     .block_diffusion = ops::BlockDiffusionAttention::Bulk};
+constexpr AttentionDeviceFacts kBdFlash{.cuda = true, .cudnn_version = 91400,
+                                        .block_diffusion = ops::BlockDiffusionAttention::Flash};
 
 TEST(AttentionSupport, BlockDiffusionOfOneDocumentRowsRunsBulkUnderTheSwitch) {
-  // MEGADLM_BD_ATTENTION=bulk (the fact block_diffusion_bulk) and the caller's promise of one
+  // MEGADLM_BD_ATTENTION=bulk (the fact block_diffusion) and the caller's promise of one
   // document a row (block_diffusion_max_block): cuDNN causal bulks + flash strips under auto.
   const Tensor ranges = Tensor::from_ints(std::vector<int32_t>(2 * 4 * 256, 0), {2, 4, 256});
   AttentionArgs a = dense(128);
@@ -370,7 +373,9 @@ TEST(AttentionSupport, BlockDiffusionOfOneDocumentRowsRunsBulkUnderTheSwitch) {
       EXPECT_EQ(c.fallback, AttentionImpl::Flash);
       EXPECT_EQ(c.reason, "block diffusion, one document a row, blocks <= 32 (MEGADLM_BD_ATTENTION=bulk), "
                           "cuDNN 9.14.0");
-      EXPECT_EQ(ops::choose_attention(a, backward, kH200).impl, AttentionImpl::Flash);  // switch off
+      // auto below its threshold (L = 256), and flash: the whole mask on the flash kernels.
+      EXPECT_EQ(ops::choose_attention(a, backward, kH200).impl, AttentionImpl::Flash);
+      EXPECT_EQ(ops::choose_attention(a, backward, kBdFlash).impl, AttentionImpl::Flash);
     }
   // Whatever keeps the pieces off cuDNN or off the flash kernels keeps the whole mask on them.
   const auto impl = [&](AttentionArgs x, AttentionDeviceFacts d = kBulk) { return ops::choose_attention(x, true, d).impl; };
@@ -389,9 +394,47 @@ TEST(AttentionSupport, BlockDiffusionOfOneDocumentRowsRunsBulkUnderTheSwitch) {
   x = a;
   x.block_diffusion_max_block = 256;  // blocks as long as the row: no bulk
   EXPECT_EQ(impl(x), AttentionImpl::Flash);
-  EXPECT_EQ(impl(a, {.cuda = true, .cudnn_version = 0, .block_diffusion_bulk = true}), AttentionImpl::Flash);
-  EXPECT_EQ(impl(a, {.cuda = true, .cudnn_version = 91400, .batch_invariant = true, .block_diffusion_bulk = true}),
+  EXPECT_EQ(impl(a, {.cuda = true, .cudnn_version = 0, .block_diffusion = ops::BlockDiffusionAttention::Bulk}),
+            AttentionImpl::Flash);
+  EXPECT_EQ(impl(a, {.cuda = true, .cudnn_version = 91400, .batch_invariant = true,
+                     .block_diffusion = ops::BlockDiffusionAttention::Bulk}),
             AttentionImpl::Simple);
+}
+
+TEST(AttentionSupport, BlockDiffusionAutoRunsBulkFromItsHalfLengthThreshold) {
+  // MEGADLM_BD_ATTENTION=auto (the default, kH200's fact): the composed path for one-document
+  // rows from L = kBlockDiffusionBulkMinHalf, the whole mask on the flash kernels below it;
+  // flash forces the flash kernels, bulk the composed path, at every length.
+  EXPECT_EQ(AttentionDeviceFacts{}.block_diffusion, ops::BlockDiffusionAttention::Auto);
+  const int64_t T = ops::kBlockDiffusionBulkMinHalf;
+  const int64_t L_max = 2 * T;
+  const Tensor ranges = Tensor::from_ints(std::vector<int32_t>(static_cast<size_t>(4 * L_max), 0), {1, 4, L_max});
+  AttentionArgs a = dense(128);
+  a.batch = 1;
+  a.block_ranges = &ranges;
+  a.block_diffusion_max_block = 32;
+  for (const AttentionMask mask : {AttentionMask::BlockDiffusion, AttentionMask::BlockDiffusionCausal})
+    for (const bool backward : {false, true})
+      for (const int64_t L : {T / 2, T - 128, T, 2 * T}) {
+        SCOPED_TRACE(testing::Message() << "L " << L << (backward ? " backward" : " forward"));
+        a.mask = mask;
+        a.seq = 2 * L;
+        const AttentionChoice c = ops::choose_attention(a, backward, kH200);
+        EXPECT_EQ(c.impl, L >= T ? AttentionImpl::BlockDiffusionBulk : AttentionImpl::Flash);
+        EXPECT_EQ(c.fallback, AttentionImpl::Flash);
+        if (L >= T)
+          EXPECT_EQ(c.reason, "block diffusion, one document a row, blocks <= 32, half length " +
+                                  std::to_string(L) + " >= " + std::to_string(T) +
+                                  " (MEGADLM_BD_ATTENTION=auto), cuDNN 9.14.0");
+        else
+          EXPECT_EQ(c.reason, "block diffusion mask");
+        EXPECT_EQ(ops::choose_attention(a, backward, kBulk).impl, AttentionImpl::BlockDiffusionBulk);
+        EXPECT_EQ(ops::choose_attention(a, backward, kBdFlash).impl, AttentionImpl::Flash);
+        // Packed documents (no promise) stay on the flash kernels under auto at every length.
+        AttentionArgs x = a;
+        x.block_diffusion_max_block = 0;
+        EXPECT_EQ(ops::choose_attention(x, backward, kH200).impl, AttentionImpl::Flash);
+      }
 }
 
 // Over a grid of calls: a cuDNN choice is exactly a call cuDNN accepts (under a backend other
