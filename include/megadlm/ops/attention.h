@@ -149,8 +149,8 @@ struct AttentionArgs {
   /// document (doc_start 0 and doc_end L at every position) cut into diffusion blocks of at most
   /// this many positions; 0: no promise. It lets CUDA run the composed path (two causal bulks on
   /// cuDNN, the strips on the flash kernels, merged by lse; ops/attention_block_diffusion_bulk.h)
-  /// under MEGADLM_BD_ATTENTION=bulk. The function computed is the same either way; a false
-  /// promise gives a wrong mask on that path.
+  /// where MEGADLM_BD_ATTENTION allows it (auto, the default: from half length 4096; bulk: always).
+  /// The function computed is the same either way; a false promise gives a wrong mask on that path.
   int64_t block_diffusion_max_block = 0;
   /// Block diffusion masks only, the composed path's third piece: only the visible pairs that
   /// the two causal bulks leave, i.e. the rule above without (noisy p, clean kp <= p - N) and
