@@ -74,11 +74,11 @@ struct BdCase {
 
 std::string name_of(const BdCase& c) {
   std::string d;
-  for (int x : c.docs) d += (d.empty() ? "" : ",") + std::to_string(x);
-  return "B=" + std::to_string(c.batch) + " L=" + std::to_string(c.L) + " Hq=" +
-         std::to_string(c.heads) + " Hkv=" + std::to_string(c.kv_heads) + " D=" +
-         std::to_string(c.dim) + " block=" + std::to_string(c.block) + " docs={" + d + "}" +
-         (c.mask == AttentionMask::BlockDiffusionCausal ? " causal-clean" : "");
+  for (int x : c.docs) d += megadlm::detail::concat(d.empty() ? "" : ",", x);
+  // concat rather than a chain of operator+ (GCC 12 reports a false -Wrestrict on the chain).
+  return megadlm::detail::concat("B=", c.batch, " L=", c.L, " Hq=", c.heads, " Hkv=", c.kv_heads, " D=", c.dim,
+                                 " block=", c.block, " docs={", d, "}",
+                                 c.mask == AttentionMask::BlockDiffusionCausal ? " causal-clean" : "");
 }
 
 /// How a CUDA call is made: the public op under --attention-backend auto or flash, or a kernel
@@ -500,10 +500,9 @@ TEST(AttentionBlockDiffusionParity, BulkAddRowBlockEqualsTheCpuBitForBit) {
   };
   for (const Case c : {Case{DType::BF16, 2, 96, 63, 33, 2048}, Case{DType::BF16, 3, 40, 8, 31, 13},
                        Case{DType::F32, 2, 64, 31, 1, 128}, Case{DType::F32, 1, 9, 5, 4, 7}}) {
-    const std::string what = std::string(c.dtype == DType::BF16 ? "bf16" : "f32") + " batch " +
-                             std::to_string(c.batch) + " rows " + std::to_string(c.row0) + "+" +
-                             std::to_string(c.rows) + " of " + std::to_string(c.dst_rows) + " width " +
-                             std::to_string(c.width);
+    const std::string what = megadlm::detail::concat("add_row_block ", c.dtype == DType::BF16 ? "bf16" : "f32",
+                                                     " batch ", c.batch, " rows ", c.row0, "+", c.rows, " of ",
+                                                     c.dst_rows, " width ", c.width);
     SCOPED_TRACE(what);
     const Shape ds{c.batch * c.dst_rows, c.width}, ss{c.batch * c.rows, c.width};
     // dst of larger magnitude than src, so that most sums round.
@@ -519,7 +518,7 @@ TEST(AttentionBlockDiffusionParity, BulkAddRowBlockEqualsTheCpuBitForBit) {
     std::vector<double> want(got.size());
     for (size_t i = 0; i < want.size(); ++i)
       want[i] = c.dtype == DType::BF16 ? dst_host.data<bf16_t>()[i].to_float() : dst_host.data<float>()[i];
-    parity::expect_identical("add_row_block " + what, got, want);
+    parity::expect_identical(what, got, want);
     // And the CPU did add (the block's rows moved, the others did not).
     size_t moved = 0, outside_moved = 0;
     for (int64_t b = 0; b < c.batch; ++b)

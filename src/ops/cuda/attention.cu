@@ -366,7 +366,8 @@ bool attention_forward_rows(const Tensor& q, const Tensor& k, const Tensor& v, T
   const CudnnRun run = cudnn_attention_forward_rows(q, k, v, out, lse, args,
                                                     {.rows = w.rows, .q_row0 = w.q_row0, .kv_row0 = w.kv_row0},
                                                     stream);
-  note_once(kind + (run.ran ? "cuDNN in place (" + c.reason + ")" : "copies (cuDNN: " + run.refusal + ")"));
+  note_once(run.ran ? megadlm::detail::concat(kind, "cuDNN in place (", c.reason, ")")
+                     : megadlm::detail::concat(kind, "copies (cuDNN: ", run.refusal, ")"));
   return run.ran;
 }
 
@@ -386,25 +387,33 @@ bool attention_backward_rows(const Tensor& dout, const Tensor& q, const Tensor& 
     note_once(kind + "copies (" + c.reason + ")");
     return false;
   }
-  // cuDNN's tensors are declared 16-byte aligned: lse columns from an offset that is not a
-  // multiple of 4 (the clean bulk's L + 1) are copied, B * Hq * seq floats (1 / (2 D) of q's
-  // window in bytes); the others are read in place.
-  CudnnRowWindow cw{.rows = w.rows, .q_row0 = w.q_row0, .kv_row0 = w.kv_row0, .lse_rows = w.rows,
-                    .lse_row0 = w.q_row0};
-  Tensor lse_copy;
-  const Tensor* stats = &lse;
-  if (reinterpret_cast<uintptr_t>(static_cast<const float*>(lse.data_ptr()) + w.q_row0) % 16 != 0) {
-    const int64_t bh = args.batch * args.num_heads;
-    lse_copy = Tensor::empty({bh * args.seq, 1}, DType::F32, stream);
-    copy_rows_between_batch_rows(lse.view({bh * w.rows, 1}), w.q_row0, lse_copy, 0, bh, args.seq, stream);
-    stats = &lse_copy;
-    cw.lse_rows = args.seq;
-    cw.lse_row0 = 0;
+  // The statistics are read in place as the window [q_row0, q_row0 + seq) of lse's rows when
+  // that is 16-byte aligned (cuDNN's tensors are declared so) and cuDNN builds a plan for the
+  // window's head stride; otherwise (the clean bulk's column L + 1; a refused plan) that window
+  // alone is copied: B * Hq * seq floats, 1 / (2 D) of q's window in bytes. The other tensors
+  // stay in place either way.
+  const CudnnRowWindow cw{.rows = w.rows, .q_row0 = w.q_row0, .kv_row0 = w.kv_row0, .lse_rows = w.rows,
+                          .lse_row0 = w.q_row0};
+  CudnnRun run;
+  if (reinterpret_cast<uintptr_t>(static_cast<const float*>(lse.data_ptr()) + w.q_row0) % 16 == 0) {
+    run = cudnn_attention_backward_rows(dout, q, k, v, out, lse, dq, dk, dv, args, cw, stream);
+    if (run.ran) {
+      note_once(megadlm::detail::concat(kind, "cuDNN in place (", c.reason, ")"));
+      return true;
+    }
   }
-  const CudnnRun run = cudnn_attention_backward_rows(dout, q, k, v, out, *stats, dq, dk, dv, args, cw, stream);
-  note_once(kind + (run.ran ? std::string("cuDNN in place") + (stats == &lse ? "" : ", lse copied (not 16-byte aligned)") +
-                                  " (" + c.reason + ")"
-                            : "copies (cuDNN: " + run.refusal + ")"));
+  const int64_t bh = args.batch * args.num_heads;
+  Tensor lse_copy = Tensor::empty({bh * args.seq, 1}, DType::F32, stream);
+  copy_rows_between_batch_rows(lse.view({bh * w.rows, 1}), w.q_row0, lse_copy, 0, bh, args.seq, stream);
+  CudnnRowWindow copied = cw;
+  copied.lse_rows = args.seq;
+  copied.lse_row0 = 0;
+  const std::string why_copied =
+      run.refusal.empty() ? std::string("not 16-byte aligned") : megadlm::detail::concat("cuDNN: ", run.refusal);
+  run = cudnn_attention_backward_rows(dout, q, k, v, out, lse_copy, dq, dk, dv, args, copied, stream);
+  note_once(run.ran ? megadlm::detail::concat(kind, "cuDNN in place, lse window copied (", why_copied, ") (",
+                                              c.reason, ")")
+                    : megadlm::detail::concat(kind, "copies (cuDNN: ", run.refusal, ")"));
   return run.ran;
 }
 
