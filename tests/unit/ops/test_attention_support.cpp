@@ -422,12 +422,11 @@ TEST(AttentionSupport, BlockDiffusionAutoRunsBulkFromItsHalfLengthThreshold) {
         const AttentionChoice c = ops::choose_attention(a, backward, kH200);
         EXPECT_EQ(c.impl, L >= T ? AttentionImpl::BlockDiffusionBulk : AttentionImpl::Flash);
         EXPECT_EQ(c.fallback, AttentionImpl::Flash);
-        if (L >= T)
-          EXPECT_EQ(c.reason, "block diffusion, one document a row, blocks <= 32, half length " +
-                                  std::to_string(L) + " >= " + std::to_string(T) +
-                                  " (MEGADLM_BD_ATTENTION=auto), cuDNN 9.14.0");
-        else
-          EXPECT_EQ(c.reason, "block diffusion mask");
+        const std::string want =
+            L >= T ? megadlm::detail::concat("block diffusion, one document a row, blocks <= 32, half length ", L,
+                                             " >= ", T, " (MEGADLM_BD_ATTENTION=auto), cuDNN 9.14.0")
+                   : std::string("block diffusion mask");
+        EXPECT_EQ(c.reason, want);
         EXPECT_EQ(ops::choose_attention(a, backward, kBulk).impl, AttentionImpl::BlockDiffusionBulk);
         EXPECT_EQ(ops::choose_attention(a, backward, kBdFlash).impl, AttentionImpl::Flash);
         // Packed documents (no promise) stay on the flash kernels under auto at every length.
