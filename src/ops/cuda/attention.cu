@@ -390,7 +390,7 @@ bool attention_backward_rows(const Tensor& dout, const Tensor& q, const Tensor& 
   // The statistics are read in place as the window [q_row0, q_row0 + seq) of lse's rows when
   // that is 16-byte aligned (cuDNN's tensors are declared so) and cuDNN builds a plan for the
   // window's head stride; otherwise (the clean bulk's column L + 1; a refused plan) that window
-  // alone is copied: B * Hq * seq floats, 1 / (2 D) of q's window in bytes. The other tensors
+  // alone is copied: B * Hq * seq floats, 2 / D of q's window in bytes. The other tensors
   // stay in place either way.
   const CudnnRowWindow cw{.rows = w.rows, .q_row0 = w.q_row0, .kv_row0 = w.kv_row0, .lse_rows = w.rows,
                           .lse_row0 = w.q_row0};
