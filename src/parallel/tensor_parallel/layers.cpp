@@ -57,8 +57,15 @@ Fp8Linear::Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, c
 }
 
 ops::Fp8Tensor Fp8Linear::cast(int slot, const Tensor& x, bool activation, bool columnwise,
-                               const Stream& s) const {
+                               const Stream& s, bool rowwise) const {
   const ops::Fp8Type type = state_->type(slot);
+  if (state_->blockwise()) {
+    // Each 1x128 tile (activations, gradients) or 128x128 block (weights) scaled by its own
+    // amax: nothing to reduce over TP or CP, no state.
+    return ops::fp8_quantize_blockwise(
+        x, type, activation ? ops::Fp8Granularity::Tile1x128 : ops::Fp8Granularity::Block128x128, rowwise,
+        columnwise, state_->settings().block_power_of_2, s);
+  }
   if (state_->delayed()) {
     Tensor amax = state_->amax(slot, s);
     return ops::fp8_quantize(x, state_->scale(slot, s), type, columnwise, &amax, s);
@@ -117,8 +124,10 @@ void Fp8Linear::backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, co
     ops::gemm(dy, x, dw, {.trans_a = true, .beta = 1.0f}, s);
     return;
   }
-  // x again, with the forward's scale (the same codes) and its transposed copy.
-  const ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/true, s);
+  // x again, with the forward's scale (the same codes) and its transposed copy. Blockwise: only
+  // the column-wise tiles (128 tokens of one feature, along the GEMM's K = tokens).
+  const bool blockwise = state_->blockwise();
+  const ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/true, s, /*rowwise=*/!blockwise);
   ops::fp8_gemm(dy_q, xq, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
 }
 

@@ -60,7 +60,9 @@ class Fp8Linear {
 
  private:
   const ops::Fp8Tensor& weight(const Tensor& w, const Stream& s) const;
-  ops::Fp8Tensor cast(int slot, const Tensor& x, bool activation, bool columnwise, const Stream& s) const;
+  /// `rowwise` false (blockwise only): the column-wise codes alone.
+  ops::Fp8Tensor cast(int slot, const Tensor& x, bool activation, bool columnwise, const Stream& s,
+                      bool rowwise = true) const;
 
   std::shared_ptr<Fp8State> state_;
   comm::Communicator* tp_ = nullptr;  ///< null: a group of one
