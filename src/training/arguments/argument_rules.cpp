@@ -204,7 +204,7 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
   if (recipe == "mxfp8")
     d.error("FP8-1", a.flag_value("fp8_recipe") + " is Blackwell-only (1x32 blocks with E8M0 "
                      "scales need SM 10.x tensor cores); megadlm targets Hopper: valid recipes "
-                     "are delayed, tensorwise");
+                     "are delayed, tensorwise, blockwise");
   if (a.is_set("fp4_format"))
     d.error("FP8-1", a.flag_value("fp4_format") + " is Blackwell-only (NVFP4 needs SM 10.x "
                      "tensor cores); megadlm targets Hopper: use `--fp8-format` or `--bf16`");
