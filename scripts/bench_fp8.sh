@@ -2,7 +2,8 @@
 # FP8 training speed on one GPU (docs/fp8.md): the MegaDLMs 1.7B architecture
 # (configs/megadlms_1.7b.args, mock data), seq 2048, micro-batch 4, global batch 32, ITERS
 # iterations (default 8; the first 2 are warm-up and left out of the medians), in bf16, FP8
-# hybrid delayed and FP8 hybrid tensorwise, one after another in the same call. Writes
+# hybrid delayed and FP8 hybrid tensorwise (RECIPES may add blockwise: hidden 2048, ffn 6144 and
+# seq 2048 meet its 128-multiple rule), one after another in the same call. Writes
 # OUT_DIR/bench_fp8.md and .json: tokens/s, ms per iteration, the ratio to bf16, the peak
 # memory the stream-ordered pool reserved (GiB), and the last loss; the run logs beside them.
 #
@@ -24,8 +25,8 @@ mkdir -p "$out"
 for r in $recipes; do
   case $r in
     bf16) flags=() ;;
-    delayed|tensorwise) flags=(--fp8-format hybrid --fp8-recipe "$r") ;;
-    *) echo "bench_fp8.sh: unknown recipe $r (bf16, delayed, tensorwise)"; exit 2 ;;
+    delayed|tensorwise|blockwise) flags=(--fp8-format hybrid --fp8-recipe "$r") ;;
+    *) echo "bench_fp8.sh: unknown recipe $r (bf16, delayed, tensorwise, blockwise)"; exit 2 ;;
   esac
   rm -f "$out/$r.jsonl"
   "$bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda \

@@ -123,6 +123,8 @@ MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefi
     // Every rank registers every expert's weight under its global name, so each rank of a
     // stage holds the same list (the packed delayed-scaling reduction and the checkpoint need
     // that); a rank casts only its own experts, the others' amaxes arrive by the reduction.
+    MDLM_CHECK(!mp.fp8->blockwise(), "MoE experts with --fp8-recipe blockwise are not built (their token "
+               "counts per expert are not multiples of 128; rule FP8-7 refuses the combination)");
     fp8_ = mp.fp8;
     auto add_gemm = [&](Fp8Gemm& g, const std::string& part) {
       g.input = fp8_->add(prefix + part + ".input", Fp8State::Role::Input);

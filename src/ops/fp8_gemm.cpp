@@ -4,6 +4,7 @@
 // scales, as cuBLASLt applies its A/B scale pointers).
 #include "megadlm/ops/fp8_gemm.h"
 #include <cmath>
+#include <vector>
 #include "megadlm/ops/fp8.h"
 #include "ops/dispatch.h"
 #include "ops/fp8_math.h"
@@ -17,6 +18,35 @@ namespace {
 fp8_math::Format format_of(Fp8Type type) {
   return type == Fp8Type::E4M3 ? fp8_math::e4m3() : fp8_math::e5m2();
 }
+// CPU blockwise: the f32 decoded codes [rows, k] times each element's tile scale_inv (the
+// dequantized operand), from the codes and grid of one orientation.
+Tensor dequantize_blockwise(const Tensor& codes, const Tensor& grid, Fp8Granularity g, const Stream& stream) {
+  const int64_t rows = codes.rows(), k = codes.cols();
+  MDLM_CHECK(grid.defined() && grid.numel() == fp8_block_grid_size(g, rows, k), "fp8_gemm (CPU): scale grid of ",
+             grid.defined() ? grid.numel() : 0, " floats for [", rows, ", ", k, "] codes");
+  Tensor out = Tensor::empty({rows, k}, DType::F32, stream);
+  const float* q = codes.data<float>();
+  const float* s = grid.data<float>();
+  float* o = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < k; ++c) o[r * k + c] = q[r * k + c] * s[fp8_block_grid_index(g, rows, k, r, c)];
+  return out;
+}
+
+// x [rows, cols] f32 (contiguous, CPU) quantized blockwise along cols: f32 decoded codes + grid.
+void quantize_blockwise_host(const float* x, int64_t rows, int64_t cols, Fp8Granularity g, Fp8Type type,
+                             bool power_of_2, Tensor& data, Tensor& grid, const Stream& stream) {
+  const size_t n = static_cast<size_t>(rows * cols);
+  std::vector<uint8_t> codes(n);
+  grid = Tensor::empty({fp8_block_grid_size(g, rows, cols)}, DType::F32, stream);
+  fp8_quantize_blockwise({x, n}, rows, cols, g, type, power_of_2, codes,
+                         {grid.data<float>(), static_cast<size_t>(grid.numel())});
+  data = Tensor::empty({rows, cols}, DType::F32, stream);
+  const fp8_math::Format f = format_of(type);
+  float* d = data.data<float>();
+  for (size_t i = 0; i < n; ++i) d[i] = fp8_math::decode(codes[i], f);
+}
+
 float host_scalar(const Tensor& t, const char* op, const char* what) {
   MDLM_CHECK(t.defined() && t.numel() >= 1 && t.dtype() == DType::F32, op, ": ", what,
              " must be an f32 scalar tensor, got ", t.defined() ? t.str() : std::string("undefined"));
@@ -86,6 +116,38 @@ Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool 
   return q;
 }
 
+Fp8Tensor fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity granularity,
+                                 bool rowwise, bool columnwise, bool power_of_2, const Stream& stream) {
+  detail::check_device("fp8_quantize_blockwise", stream, {&x});
+  MDLM_CHECK(granularity != Fp8Granularity::Tensor,
+             "fp8_quantize_blockwise: granularity must be Tile1x128 or Block128x128");
+  MDLM_CHECK(rowwise || columnwise, "fp8_quantize_blockwise: asks for neither orientation");
+  Fp8Tensor q;
+  q.type = type;
+  q.granularity = granularity;
+  q.rows = x.rows();
+  q.cols = x.cols();
+  if (stream.is_cuda()) {
+    MDLM_CUDA_BACKEND(q = cuda::fp8_quantize_blockwise_tensor(x, type, granularity, rowwise, columnwise,
+                                                              power_of_2, stream));
+    return q;
+  }
+  detail::check_dtype("fp8_quantize_blockwise", x, DType::F32, "x (CPU)");
+  const Tensor& xc = x;
+  if (rowwise)
+    quantize_blockwise_host(xc.data<float>(), q.rows, q.cols, granularity, type, power_of_2, q.data, q.scale_inv,
+                            stream);
+  if (columnwise) {
+    std::vector<float> xt(static_cast<size_t>(q.rows * q.cols));
+    const float* px = xc.data<float>();
+    for (int64_t r = 0; r < q.rows; ++r)
+      for (int64_t c = 0; c < q.cols; ++c) xt[static_cast<size_t>(c * q.rows + r)] = px[r * q.cols + c];
+    quantize_blockwise_host(xt.data(), q.cols, q.rows, granularity, type, power_of_2, q.data_t, q.scale_inv_t,
+                            stream);
+  }
+  return q;
+}
+
 void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
               const Stream& stream) {
   MDLM_CHECK(a.defined() && b.defined(), "fp8_gemm: undefined operand");
@@ -99,6 +161,27 @@ void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs&
   detail::check_device("fp8_gemm", stream, {&c, args.bias, args.addend});
   if (stream.is_cuda()) {
     MDLM_CUDA_BACKEND(cuda::fp8_gemm_tensor(a, b, c, args, stream));
+    return;
+  }
+  MDLM_CHECK(a.blockwise() == b.blockwise(), "fp8_gemm: both operands per-tensor scaled, or both blockwise");
+  if (a.blockwise()) {
+    MDLM_CHECK(!(a.granularity == Fp8Granularity::Block128x128 && b.granularity == Fp8Granularity::Block128x128),
+               "fp8_gemm: 128x128 x 128x128 block scaling has no cuBLASLt mode; one operand must be 1x128");
+    MDLM_CHECK(k % kFp8BlockSize == 0, "fp8_gemm: blockwise scaling needs K % 128 == 0, got K=", k);
+    // The operands the device reads, K contiguous: op(A) [M, K], op(B) [N, K].
+    const Tensor& qa = args.trans_a ? a.data_t : a.data;
+    const Tensor& sa = args.trans_a ? a.scale_inv_t : a.scale_inv;
+    const Tensor& qb = args.trans_b ? b.data : b.data_t;
+    const Tensor& sb = args.trans_b ? b.scale_inv : b.scale_inv_t;
+    MDLM_CHECK(qa.defined() && qb.defined(), "fp8_gemm (CPU, blockwise): op(A) needs the ",
+               args.trans_a ? "column" : "row", "-wise codes of A, op(B) the ", args.trans_b ? "row" : "column",
+               "-wise codes of B (tiles along K)");
+    const Tensor da = dequantize_blockwise(qa, sa, a.granularity, stream);
+    const Tensor db = dequantize_blockwise(qb, sb, b.granularity, stream);
+    GemmArgs tn = args;
+    tn.trans_a = false;
+    tn.trans_b = true;
+    gemm(da, db, c, tn, stream);
     return;
   }
   MDLM_CHECK(a.data.defined() && b.data.defined(), "fp8_gemm (CPU): operands need row-wise data");

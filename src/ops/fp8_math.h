@@ -84,4 +84,30 @@ MDLM_FP8_HD float decode(uint8_t code, Format f) {
   return negative ? -v : v;
 }
 
+/// The current scale of an amax, fp8_current_scale of include/megadlm/ops/fp8.h without the
+/// epsilon (the rule the blockwise kernels apply per tile, bit for bit the host's): an amax that
+/// is 0, infinite or NaN gives 1; an fp32 overflow of max_value / amax gives FLT_MAX; power_of_2
+/// clears the mantissa bits (rounds down).
+MDLM_FP8_HD float current_scale(float amax, float max_value, bool power_of_2) {
+  const uint32_t bits = float_bits(amax);
+  if (!(amax > 0.0f) || (bits & 0x7FFFFFFFu) >= 0x7F800000u) return 1.0f;
+#if defined(__CUDA_ARCH__)
+  float s = __fdiv_rn(max_value, amax);
+#else
+  float s = max_value / amax;
+#endif
+  if ((float_bits(s) & 0x7FFFFFFFu) == 0x7F800000u) s = bits_float(0x7F7FFFFFu);  // FLT_MAX
+  if (power_of_2) s = bits_float(float_bits(s) & 0xFF800000u);
+  return s;
+}
+
+/// 1 / s, rounded to nearest (the dequantization factor a scale grid holds).
+MDLM_FP8_HD float reciprocal(float s) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(1.0f, s);
+#else
+  return 1.0f / s;
+#endif
+}
+
 }  // namespace megadlm::ops::fp8_math

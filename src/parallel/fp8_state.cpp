@@ -49,6 +49,7 @@ Tensor Fp8State::scale(int i, const Stream& stream) {
 
 void Fp8State::add_gathered_weight(int slot, int first, int last) {
   MDLM_CHECK(settings_.param_gather, "Fp8State::add_gathered_weight without --fp8-param-gather");
+  MDLM_CHECK(!blockwise(), "--fp8-param-gather with --fp8-recipe blockwise is not built (FP8-7)");
   MDLM_CHECK(!have_gathered_, "Fp8State::add_gathered_weight(", name(slot), ") after a gather");
   MDLM_CHECK(roles_[static_cast<size_t>(slot)] == Role::Weight, name(slot), " is not a weight");
   gathered_.push_back({.slot = slot, .first = first, .last = last, .codes = {}});

@@ -8,10 +8,13 @@ namespace megadlm {
 Fp8Settings fp8_settings(const RunConfig& cfg) {
   const Fp8Config& f = cfg.fp8;
   MDLM_CHECK(f.enabled(), "fp8_settings without --fp8-format");
-  MDLM_CHECK(f.recipe == Fp8Recipe::Delayed || f.recipe == Fp8Recipe::Tensorwise,
-             "FP8 training implements the delayed and tensorwise recipes (docs/fp8.md)");
+  MDLM_CHECK(f.recipe == Fp8Recipe::Delayed || f.recipe == Fp8Recipe::Tensorwise ||
+                 f.recipe == Fp8Recipe::Blockwise,
+             "FP8 training implements the delayed, tensorwise and blockwise recipes (docs/fp8.md)");
   Fp8Settings s;
-  s.scaling = f.recipe == Fp8Recipe::Delayed ? Fp8Scaling::Delayed : Fp8Scaling::Tensorwise;
+  s.scaling = f.recipe == Fp8Recipe::Delayed      ? Fp8Scaling::Delayed
+              : f.recipe == Fp8Recipe::Tensorwise ? Fp8Scaling::Tensorwise
+                                                  : Fp8Scaling::Blockwise;
   s.fwd_type = ops::Fp8Type::E4M3;
   s.grad_type = *f.format == Fp8Format::Hybrid ? ops::Fp8Type::E5M2 : ops::Fp8Type::E4M3;
   s.margin = f.margin;

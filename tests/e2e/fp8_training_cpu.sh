@@ -12,7 +12,9 @@
 #      resume with the experts' FP8 state (one per expert weight, one per layer for the expert
 #      GEMMs' inputs and output gradients), and (with MPI) a checkpoint saved under EP 2
 #      resumes in one process with every expert's state found by name;
-#   3. the refusals: blockwise and mxfp8 name the flag and the valid recipes; --fp8-param-gather
+#   2d. --fp8-recipe blockwise on a 128-multiple model: differs from fp32, bit-identical resume;
+#   3. the refusals: blockwise with the tiny model's hidden size 64 names FP8-7 and the size;
+#      mxfp8 names the flag and the valid recipes; --fp8-param-gather
 #      with --use-custom-fsdp names rule FP8-9;
 #   4. (with MPI) --fp8-param-gather under DP 2 with the distributed optimizer, both recipes:
 #      every iteration's lm loss and grad norm, and the final evaluations, printed identically to
@@ -64,6 +66,25 @@ cmp -s <(det "$tmp/straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tm
   { diff <(det "$tmp/straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tmp/second.jsonl" | grep '"kind":"train"') | head;
     fail "resumed FP8 iterations differ"; }
 echo "PASS 2: FP8 delayed run stopped at 6 and resumed: iterations 7-12 bit-identical"
+
+# ---- 2d. --fp8-recipe blockwise (no state) on a model whose GEMM sizes are multiples of 128
+# (FP8-7): finite losses that differ from fp32, and a run stopped at 6 and resumed is
+# bit-identical (nothing to save, nothing missing); varilen truncation (1 %) pads token rows.
+bw=(--hidden-size 128 --ffn-hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128
+    --lr-warmup-iters 2 --lr-decay-iters 12)
+train --train-iters 12 "${bw[@]}" --metrics-jsonl "$tmp/bw_fp32.jsonl" > "$tmp/bw_fp32.log" 2>&1 || fail "blockwise fp32 reference run"
+train --train-iters 12 "${bw[@]}" --fp8-format hybrid --fp8-recipe blockwise --metrics-jsonl "$tmp/bw_straight.jsonl" \
+  > "$tmp/bw_straight.log" 2>&1 || fail "blockwise run: $(tail -3 "$tmp/bw_straight.log")"
+loss_cols "$tmp/bw_straight.log" | awk '{ if ($1 != $1 + 0 || $1 == "nan" || $1 == "inf") exit 1 }' || fail "blockwise: a non-finite loss"
+cmp -s <(loss_cols "$tmp/bw_straight.log") <(loss_cols "$tmp/bw_fp32.log") && fail "blockwise: losses identical to fp32"
+train --train-iters 12 "${bw[@]}" --fp8-format hybrid --fp8-recipe blockwise --save "$tmp/bwck" --save-interval 6 \
+  --exit-interval 6 > "$tmp/bw_first.log" 2>&1 || fail "blockwise first half: $(tail -3 "$tmp/bw_first.log")"
+train --train-iters 12 "${bw[@]}" --fp8-format hybrid --fp8-recipe blockwise --load "$tmp/bwck" \
+  --metrics-jsonl "$tmp/bw_second.jsonl" > "$tmp/bw_second.log" 2>&1 || fail "blockwise resume: $(tail -3 "$tmp/bw_second.log")"
+cmp -s <(det "$tmp/bw_straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tmp/bw_second.jsonl" | grep '"kind":"train"') ||
+  { diff <(det "$tmp/bw_straight.jsonl" | grep '"kind":"train"' | tail -6) <(det "$tmp/bw_second.jsonl" | grep '"kind":"train"') | head;
+    fail "resumed blockwise iterations differ"; }
+echo "PASS 2d: FP8 blockwise run differs from fp32, stopped at 6 and resumed: iterations 7-12 bit-identical"
 
 # ---- 2b. the same checkpoint format under another layout: saved by TP 2 + SP (2 ranks, MPI),
 # resumed in one process; the FP8 state is found by name and iterations 7..12 agree with the
@@ -130,8 +151,8 @@ else
 fi
 
 # ---- 3. refusals name the flag and the valid values
-train --train-iters 2 --fp8-format hybrid --fp8-recipe blockwise > "$tmp/bw.log" 2>&1 && fail "blockwise accepted"
-grep -q "fp8-recipe blockwise. is not built yet.*valid recipes: delayed, tensorwise" "$tmp/bw.log" || { cat "$tmp/bw.log"; fail "blockwise message"; }
+train --train-iters 2 --fp8-format hybrid --fp8-recipe blockwise > "$tmp/bw.log" 2>&1 && fail "blockwise accepted with hidden 64"
+grep -q "fp8-recipe blockwise.: .--hidden-size 64. = 64 must be a multiple of 128.*\[FP8-7\]" "$tmp/bw.log" || { cat "$tmp/bw.log"; fail "blockwise shape message"; }
 train --train-iters 2 --fp8-format hybrid --fp8-recipe mxfp8 > "$tmp/mx.log" 2>&1 && fail "mxfp8 accepted"
 grep -q "Blackwell-only" "$tmp/mx.log" || fail "mxfp8 message"
 train --train-iters 2 --fp8-format hybrid --fp8-param-gather --use-custom-fsdp > "$tmp/pg_fsdp.log" 2>&1 &&

@@ -93,4 +93,41 @@ void fp8_gemm_reference(std::span<const uint8_t> a, Fp8Type type_a, float scale_
 float fp8_quantize_transpose(std::span<const float> x, int64_t rows, int64_t cols, float scale,
                              Fp8Type type, std::span<uint8_t> out);
 
+// ------------------------------------------------------------------- blockwise scaling
+// DeepSeek-V3's recipe (--fp8-recipe blockwise; docs/fp8.md "Blockwise scaling"): one fp32 scale
+// per 1 x 128 tile (Fp8Granularity::Tile1x128) or 128 x 128 block (Block128x128) of an operand
+// stored [rows][k] (k contiguous: the GEMM's K dimension), each the current scale of the tile's
+// own amax: s = fp8_current_scale(amax_tile, fp8_max, power_of_2). The grid holds the
+// dequantization factors 1 / s in cuBLASLt's layout (spec fp8.md §3.4), KB = ceil(k / 128),
+// RB = ceil(rows / 128), pad4(n) = n rounded up to a multiple of 4:
+//   Tile1x128    (VEC128_32F):     scale_inv of (row r, K-block kb)       at kb · pad4(rows) + r
+//   Block128x128 (BLK128x128_32F): scale_inv of (row-block rb, K-block kb) at rb · pad4(KB) + kb
+// The padding entries are 0. A last tile or block that is partial (k or rows not a multiple of
+// 128) takes the amax of the elements it has; the GEMMs themselves need k % 128 == 0.
+
+inline int64_t fp8_pad4(int64_t n) { return (n + 3) / 4 * 4; }
+
+/// Number of floats in the scale grid of a [rows, k] operand (0 for Fp8Granularity::Tensor: 1).
+int64_t fp8_block_grid_size(Fp8Granularity g, int64_t rows, int64_t k);
+
+/// Index in that grid of the scale covering element (r, c) (c along k).
+int64_t fp8_block_grid_index(Fp8Granularity g, int64_t rows, int64_t k, int64_t r, int64_t c);
+
+/// Blockwise quantization of x [rows, k] (k contiguous): codes[i] = encode(x[i] · s_tile) (the
+/// product rounded to fp32 first), scale_inv[grid index] = 1 / s_tile, padding 0. g is
+/// Tile1x128 or Block128x128. codes has x's size, scale_inv fp8_block_grid_size floats.
+void fp8_quantize_blockwise(std::span<const float> x, int64_t rows, int64_t k, Fp8Granularity g,
+                            Fp8Type type, bool power_of_2, std::span<uint8_t> codes,
+                            std::span<float> scale_inv);
+
+/// The CPU emulation of a block-scaled cuBLASLt GEMM, TN layout as fp8_gemm_reference:
+///   d[n·M + m] = alpha · Σ_kb sa(m, kb) · sb(n, kb) · Σ_{k in K-block kb} a[m, k] · b[n, k]
+/// a [M, K] codes with the grid scale_inv_a of granularity ga, b [N, K] likewise (each operand's
+/// own grid: Tile1x128 or Block128x128, not both Block128x128: cuBLASLt has no 2D x 2D mode).
+/// K % 128 == 0. Sums in double, one rounding to fp32 at the end.
+void fp8_block_gemm_reference(std::span<const uint8_t> a, Fp8Type type_a, Fp8Granularity ga,
+                              std::span<const float> scale_inv_a, std::span<const uint8_t> b,
+                              Fp8Type type_b, Fp8Granularity gb, std::span<const float> scale_inv_b,
+                              int64_t m, int64_t n, int64_t k, float alpha, std::span<float> d);
+
 }  // namespace megadlm::ops

@@ -21,14 +21,28 @@
 
 namespace megadlm::ops {
 
-/// A quantized [rows, cols] tensor: codes (backend storage above), its type and scale.
+/// A quantized [rows, cols] tensor: codes (backend storage above), its type and scale(s).
+///
+/// Per-tensor scaling (granularity Tensor): `scale_inv` is f32 [1] and serves both orientations;
+/// `data_t` is the transpose of `data` (CUDA only).
+/// Blockwise scaling (Tile1x128 / Block128x128, --fp8-recipe blockwise): each orientation has
+/// its own codes and scale grid in cuBLASLt's layout (ops/fp8.h, fp8_block_grid_index), on
+/// both backends: `data` [rows, cols] with `scale_inv` the grid of a [rows, cols] operand
+/// (K = cols), `data_t` [cols, rows] with `scale_inv_t` the grid of a [cols, rows] operand
+/// (K = rows). 1x128 tiles of the two orientations cover different elements (a row's 128
+/// columns vs a column's 128 rows), so they are quantized separately from x; a 128x128 block is
+/// the same block in both, so `data_t` is the transpose of `data` and `scale_inv_t` the
+/// transposed grid. Either orientation may be absent when no GEMM reads it.
 struct Fp8Tensor {
-  Tensor data;       ///< row-wise codes (CPU: f32 decoded values [rows, cols]; CUDA: bytes)
-  Tensor data_t;     ///< CUDA only, when asked for: the transposed codes [cols, rows] as bytes
-  Tensor scale_inv;  ///< f32 [1]: the dequantization factor 1 / scale
+  Tensor data;         ///< row-wise codes (CPU: f32 decoded values [rows, cols]; CUDA: bytes)
+  Tensor data_t;       ///< column-wise codes [cols, rows] (per-tensor: CUDA only, when asked for)
+  Tensor scale_inv;    ///< f32 [1] (per-tensor) or the scale grid of `data` (blockwise)
+  Tensor scale_inv_t;  ///< blockwise: the scale grid of `data_t`
   Fp8Type type = Fp8Type::E4M3;
+  Fp8Granularity granularity = Fp8Granularity::Tensor;
   int64_t rows = 0, cols = 0;
   bool defined() const { return data.defined() || data_t.defined(); }
+  bool blockwise() const { return granularity != Fp8Granularity::Tensor; }
 };
 
 /// amax[0] = max(amax[0], max |x|) (NaNs ignored). amax: f32 [1] (or a [1]-element view).
@@ -43,11 +57,24 @@ void fp8_scale_from_amax(const Tensor& amax, Tensor& scale, Fp8Type type, const 
 Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
                        Tensor* amax, const Stream& stream);
 
+/// Blockwise quantization (--fp8-recipe blockwise) of x ([rows, cols] view; f32 on CPU, bf16 or
+/// f32 on CUDA): granularity Tile1x128 (activations, gradients) or Block128x128 (weights),
+/// scales from each tile's own amax (ops/fp8.h fp8_quantize_blockwise), power-of-2 when asked.
+/// `rowwise`: `data` + `scale_inv` (tiles along cols); `columnwise`: `data_t` + `scale_inv_t`
+/// (tiles along rows, stored transposed). No state, no communication.
+Fp8Tensor fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity granularity,
+                                 bool rowwise, bool columnwise, bool power_of_2, const Stream& stream);
+
 /// C = alpha · op(A) · op(B) (+ beta · C or beta · addend) (+ bias) with A and B dequantized:
 /// the GemmArgs contract of ops::gemm (gemm.h), FP8 operands, fp32 accumulation, C f32 or the
 /// activation dtype. CUDA needs the layout it can run TN: op(A) from `data` (trans_a false) or
 /// `data_t` (trans_a true), op(B) from `data_t` (trans_b false) or `data` (trans_b true); N and K
 /// multiples of 16; not both operands e5m2.
+/// Blockwise operands (both, one of them Tile1x128, not both Block128x128): op(A) and op(B) are
+/// read from the orientation whose tiles run along K, on both backends (op(A) from `data_t`
+/// when trans_a, op(B) from `data` when trans_b, as CUDA above); K % 128 == 0. CUDA: cuBLASLt
+/// with the VEC128_32F / BLK128x128_32F scale modes; CPU: each operand dequantized per tile
+/// (code · its tile's scale_inv) and the fp32 GEMM of the two.
 void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
               const Stream& stream);
 

@@ -14,6 +14,11 @@
 //    the gradient group (data x context parallel), so micro-batch and data-parallel splits give
 //    the amax of the whole global batch, and ops::fp8_delayed_update turns the history on every
 //    rank alike. The histories and scales are training state (checkpointed by name).
+//  - Blockwise scaling (DeepSeek-V3): one scale per 1x128 tile of an activation or gradient
+//    and per 128x128 block of a weight, each from the tile's own amax at the cast. No state, no
+//    communication: a tile's scale depends only on its 128 (or 128x128) elements, so the run is
+//    layout-independent as long as every shard boundary falls on a multiple of 128 (validation
+//    enforces it; docs/fp8.md "Blockwise scaling").
 //  - Weights are cast once per step (per optimizer update) and reused by every micro-batch:
 //    `generation()` changes at every begin_step, and a linear re-casts when it changed.
 // Shared by every linear of a rank (all its pipeline chunks) through ModelParallel::fp8.
@@ -29,7 +34,7 @@
 
 namespace megadlm {
 
-enum class Fp8Scaling { Delayed, Tensorwise };
+enum class Fp8Scaling { Delayed, Tensorwise, Blockwise };
 
 struct Fp8Settings {
   Fp8Scaling scaling = Fp8Scaling::Delayed;
@@ -38,6 +43,9 @@ struct Fp8Settings {
   int margin = 0;                               ///< delayed: scale / 2^margin
   int history_len = 1;                          ///< delayed: amax history length
   ops::AmaxComputeAlgo algo = ops::AmaxComputeAlgo::MostRecent;
+  /// blockwise: tile scales rounded down to powers of two (Transformer Engine's default for
+  /// this recipe; dequantization is then exact in fp32).
+  bool block_power_of_2 = true;
   bool wgrad = true;  ///< false: weight-gradient GEMMs in high precision (--no-fp8-wgrad)
   /// Global layers [0, bf16_start) and [num_layers - bf16_end, num_layers) stay high precision.
   int num_layers = 0, bf16_start = 0, bf16_end = 0;
@@ -53,6 +61,7 @@ class Fp8State {
   explicit Fp8State(Fp8Settings settings) : settings_(settings) {}
   const Fp8Settings& settings() const { return settings_; }
   bool delayed() const { return settings_.scaling == Fp8Scaling::Delayed; }
+  bool blockwise() const { return settings_.scaling == Fp8Scaling::Blockwise; }
   /// Whether global transformer layer `layer` runs its linears in FP8.
   bool fp8_layer(int layer) const;
 

@@ -261,10 +261,11 @@ struct Fp8AlgoKey {
   int64_t m, n, k;
   bool accumulate;
   uint32_t align_a, align_b, align_d;
+  int mode_a, mode_b;  // cuBLASLt scale modes (0 scalar, 4 VEC128, 5 BLK128x128)
   bool operator==(const Fp8AlgoKey& o) const {
     return device == o.device && type_a == o.type_a && type_b == o.type_b && out == o.out &&
            m == o.m && n == o.n && k == o.k && accumulate == o.accumulate && align_a == o.align_a &&
-           align_b == o.align_b && align_d == o.align_d;
+           align_b == o.align_b && align_d == o.align_d && mode_a == o.mode_a && mode_b == o.mode_b;
   }
 };
 struct Fp8AlgoKeyHash {
@@ -278,21 +279,44 @@ struct Fp8AlgoKeyHash {
     mix(static_cast<uint64_t>(key.n));
     mix(static_cast<uint64_t>(key.k));
     mix(static_cast<uint64_t>(key.align_a) << 32 | key.align_b);
-    mix(key.align_d);
+    mix(static_cast<uint64_t>(key.align_d) << 16 | static_cast<uint64_t>(key.mode_a) << 8 |
+        static_cast<uint64_t>(key.mode_b));
     return hash.h;
   }
 };
 std::mutex g_fp8_algo_mutex;
 std::unordered_map<Fp8AlgoKey, cublasLtMatmulAlgo_t, Fp8AlgoKeyHash> g_fp8_algos;
+std::unordered_map<Fp8AlgoKey, bool, Fp8AlgoKeyHash> g_fp8_refused;  // keys cuBLASLt had no algorithm for
+
+int32_t scale_mode(Fp8Granularity g) {
+  switch (g) {
+    case Fp8Granularity::Tile1x128: return CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    case Fp8Granularity::Block128x128: return CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    default: return CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+  }
+}
+const char* granularity_name(Fp8Granularity g) {
+  return g == Fp8Granularity::Tile1x128 ? " VEC128" : g == Fp8Granularity::Block128x128 ? " BLK128x128" : "";
+}
 
 }  // namespace
 
-void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
+bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
               Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
-              float alpha, Tensor& d, const Stream& stream, float beta) {
-  const std::string what = std::string("fp8_gemm (CUDA) ") + type_name(type_a) + " x " +
-                           type_name(type_b) + " -> " + dtype_name(d.dtype()) + ", m=" +
-                           std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k);
+              float alpha, Tensor& d, const Stream& stream, float beta, Fp8Granularity granularity_a,
+              Fp8Granularity granularity_b, bool may_refuse) {
+  const std::string what = std::string("fp8_gemm (CUDA) ") + type_name(type_a) + granularity_name(granularity_a) +
+                           " x " + type_name(type_b) + granularity_name(granularity_b) + " -> " +
+                           dtype_name(d.dtype()) + ", m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                           " k=" + std::to_string(k) + (beta != 0.0f ? ", beta" : "");
+  const bool block = granularity_a != Fp8Granularity::Tensor || granularity_b != Fp8Granularity::Tensor;
+  if (block) {
+    MDLM_CHECK(granularity_a != Fp8Granularity::Tensor && granularity_b != Fp8Granularity::Tensor, what,
+               ": block scaling needs both operands block-scaled");
+    MDLM_CHECK(!(granularity_a == Fp8Granularity::Block128x128 && granularity_b == Fp8Granularity::Block128x128),
+               what, ": BLK128x128 x BLK128x128 has no cuBLASLt algorithm; one operand must be 1x128");
+    MDLM_CHECK(k % 128 == 0, what, ": block-scaled FP8 GEMMs need k % 128 == 0");
+  }
   MDLM_CHECK(!(type_a == Fp8Type::E5M2 && type_b == Fp8Type::E5M2), what,
              ": e5m2 x e5m2 has no Hopper GEMM; one operand must be e4m3");
   MDLM_CHECK(m > 0 && n > 0 && k > 0 && m % 16 == 0 && k % 16 == 0, what,
@@ -314,17 +338,23 @@ void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
   op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   op.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, scale_inv_a);
   op.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scale_inv_b);
+  const int32_t mode_a = scale_mode(granularity_a), mode_b = scale_mode(granularity_b);
+  if (block) {  // (never fast accumulation: cuBLASLt refuses it with block scales)
+    op.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, mode_a);
+    op.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode_b);
+  }
   LtLayout la(cuda_type(type_a), k, m, k), lb(cuda_type(type_b), k, n, k), lc(out_type, m, n, m),
       ld(out_type, m, n, m);
   int device = 0;
   MDLM_CUDA_CHECK(cudaGetDevice(&device));
   const Fp8AlgoKey key{device, static_cast<int>(type_a), static_cast<int>(type_b),
                        static_cast<int>(out_type), m, n, k, beta != 0.0f, pointer_alignment(a),
-                       pointer_alignment(b), pointer_alignment(d.data_ptr())};
+                       pointer_alignment(b), pointer_alignment(d.data_ptr()), mode_a, mode_b};
   cublasLtMatmulAlgo_t algo{};
   bool cached = false;
   {
     std::lock_guard<std::mutex> lock(g_fp8_algo_mutex);
+    if (may_refuse && g_fp8_refused.count(key) != 0) return false;
     auto it = g_fp8_algos.find(key);
     if (it != g_fp8_algos.end()) {
       algo = it->second;
@@ -350,6 +380,11 @@ void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(res->cublaslt, op.desc, la.layout, lb.layout,
                                                              lc.layout, ld.layout, pref.pref, 1,
                                                              &heuristic, &found);
+    if (may_refuse && !(st == CUBLAS_STATUS_SUCCESS && found > 0)) {
+      std::lock_guard<std::mutex> lock(g_fp8_algo_mutex);
+      g_fp8_refused.emplace(key, true);
+      return false;
+    }
     MDLM_CHECK(st == CUBLAS_STATUS_SUCCESS && found > 0, what,
                ": cuBLASLt offers no algorithm for this combination (status ", static_cast<int>(st), ")");
     algo = heuristic.algo;
@@ -360,6 +395,7 @@ void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
                                    d.data_ptr(), lc.layout, d.data_ptr(), ld.layout, &algo,
                                    res->workspace, res->workspace_bytes,
                                    megadlm::detail::native_stream(stream)));
+  return true;
 }
 
 }  // namespace megadlm::ops::cuda
@@ -490,10 +526,22 @@ void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const Ge
   // Without a bias or a separate addend, cuBLASLt accumulates into C itself (C = D, beta): the
   // wgrad into the fp32 main grad needs no fp32 product and no second pass.
   const bool direct = args.bias == nullptr && (args.addend == nullptr || args.addend->data_ptr() == c.data_ptr());
-  Tensor prod = direct ? c : Tensor::empty({m, n}, DType::F32, stream);
-  fp8_gemm(codes_of(op_b), b.type, b.scale_inv.data<float>(), codes_of(op_a), a.type,
-           a.scale_inv.data<float>(), n, m, k, args.alpha, prod, stream, direct ? args.beta : 0.0f);
-  if (direct) return;
+  // Blockwise: each operand's grid for the orientation read (per-tensor: the one scalar).
+  MDLM_CHECK(a.blockwise() == b.blockwise(), "fp8_gemm (CUDA): both operands per-tensor scaled, or both blockwise");
+  const Tensor& sa = a.blockwise() && args.trans_a ? a.scale_inv_t : a.scale_inv;
+  const Tensor& sb = b.blockwise() && !args.trans_b ? b.scale_inv_t : b.scale_inv;
+  MDLM_CHECK(sa.defined() && sb.defined(), "fp8_gemm (CUDA): an operand lacks the scale grid of the orientation read");
+  if (direct) {
+    // Block-scaled GEMMs accumulating into C (beta) are not in the measured support matrix
+    // (spec fp8.md §3.1): when cuBLASLt offers no algorithm, the product goes through f32.
+    if (fp8_gemm(codes_of(op_b), b.type, sb.data<float>(), codes_of(op_a), a.type, sa.data<float>(), n, m, k,
+                 args.alpha, c, stream, args.beta, b.granularity, a.granularity,
+                 /*may_refuse=*/a.blockwise() && args.beta != 0.0f))
+      return;
+  }
+  Tensor prod = Tensor::empty({m, n}, DType::F32, stream);
+  fp8_gemm(codes_of(op_b), b.type, sb.data<float>(), codes_of(op_a), a.type, sa.data<float>(), n, m, k, args.alpha,
+           prod, stream, 0.0f, b.granularity, a.granularity);
   const cudaStream_t s = megadlm::detail::native_stream(stream);
   const Tensor& c_in = args.addend != nullptr ? *args.addend : c;
   const int64_t total = m * n;
@@ -507,6 +555,200 @@ void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const Ge
         args.bias ? static_cast<const __nv_bfloat16*>(args.bias->data_ptr()) : nullptr,
         static_cast<__nv_bfloat16*>(c.data_ptr()), m, n, args.beta);
   MDLM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace megadlm::ops::cuda
+
+// ---------------------------------------------------------------- blockwise quantization
+// One scale per 1x128 tile or 128x128 block, each from its own amax (fp8_math::current_scale,
+// the host rule bit for bit); the grids in cuBLASLt's layouts (ops/fp8.h):
+//   VEC128 of an [R, K] operand: (r, kb) at kb * pad4(R) + r
+//   BLK128x128 of an [R, K] operand: (rb, kb) at rb * pad4(KB) + kb
+namespace megadlm::ops::cuda {
+namespace {
+
+constexpr int kBlk = 128;
+__host__ __device__ __forceinline__ int64_t pad4(int64_t n) { return (n + 3) / 4 * 4; }
+__host__ __device__ __forceinline__ int64_t blocks_of(int64_t n) { return (n + kBlk - 1) / kBlk; }
+
+__device__ __forceinline__ float warp_reduce_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// Row-wise 1x128 tiles: one warp per tile (row r, K-block kb), 4 elements a lane.
+template <typename T>
+__global__ void block_quantize_rows_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, fp8_math::Format f,
+                                           bool power_of_2, uint8_t* __restrict__ codes, float* __restrict__ grid) {
+  const int lane = threadIdx.x % 32;
+  const int64_t kb_count = blocks_of(cols), tiles = rows * kb_count;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; t < tiles; t += warps) {
+    const int64_t r = t / kb_count, kb = t % kb_count, c0 = kb * kBlk;
+    float v[4];
+    float local = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = c0 + lane + 32 * j;
+      v[j] = c < cols ? load_f32(x, r * cols + c) : 0.0f;
+      local = fmaxf(local, fabsf(v[j]));  // fmaxf drops NaN, as the host's fmax
+    }
+    const float s = fp8_math::current_scale(warp_reduce_max(local), f.max_finite, power_of_2);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t c = c0 + lane + 32 * j;
+      if (c < cols) codes[r * cols + c] = fp8_math::encode(__fmul_rn(v[j], s), f);
+    }
+    if (lane == 0) grid[kb * pad4(rows) + r] = fp8_math::reciprocal(s);
+  }
+}
+
+// Column-wise 1x128 tiles (128 consecutive rows of one column), written transposed:
+// codes_t [cols, rows], grid_t the VEC128 grid of that [cols, rows] operand. A block of 256
+// threads takes 128 rows x 32 columns through shared memory: coalesced reads along the row,
+// each warp then owns 4 columns (amax over the 128 rows, codes written along codes_t's row).
+constexpr int kColTileCols = 32;
+template <typename T>
+__global__ void block_quantize_cols_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, fp8_math::Format f,
+                                           bool power_of_2, uint8_t* __restrict__ codes_t, float* __restrict__ grid_t) {
+  __shared__ float tile[kBlk][kColTileCols + 1];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;  // 8 warps
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kColTileCols, r0 = static_cast<int64_t>(blockIdx.y) * kBlk;
+  for (int rr = warp; rr < kBlk; rr += 8) {
+    const int64_t r = r0 + rr, c = c0 + lane;
+    tile[rr][lane] = r < rows && c < cols ? load_f32(x, r * cols + c) : 0.0f;
+  }
+  __syncthreads();
+  for (int j = warp * 4; j < warp * 4 + 4; ++j) {
+    const int64_t c = c0 + j;
+    if (c >= cols) break;
+    float local = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) local = fmaxf(local, fabsf(tile[lane + 32 * i][j]));
+    const float s = fp8_math::current_scale(warp_reduce_max(local), f.max_finite, power_of_2);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = r0 + lane + 32 * i;
+      if (r < rows) codes_t[c * rows + r] = fp8_math::encode(__fmul_rn(tile[lane + 32 * i][j], s), f);
+    }
+    if (lane == 0) grid_t[blockIdx.y * pad4(cols) + c] = fp8_math::reciprocal(s);
+  }
+}
+
+// 128x128 blocks: one block of 256 threads per weight block. Pass 1: the block's amax; pass 2:
+// row-wise codes (coalesced) and, through shared memory, the transposed codes; both grids.
+template <typename T>
+__global__ void block_quantize_2d_kernel(const T* __restrict__ x, int64_t rows, int64_t cols, fp8_math::Format f,
+                                         bool power_of_2, uint8_t* __restrict__ codes, float* __restrict__ grid,
+                                         uint8_t* __restrict__ codes_t, float* __restrict__ grid_t) {
+  constexpr int kPitch = kBlk + 4;  // 33 words: the transposed reads spread over the banks
+  __shared__ uint8_t tile[kBlk * kPitch];
+  __shared__ float scale_shared;
+  const int64_t cb = blockIdx.x, rb = blockIdx.y, r0 = rb * kBlk, c0 = cb * kBlk;
+  float local = 0.0f;
+  for (int i = threadIdx.x; i < kBlk * kBlk; i += blockDim.x) {
+    const int64_t r = r0 + i / kBlk, c = c0 + i % kBlk;
+    if (r < rows && c < cols) local = fmaxf(local, fabsf(load_f32(x, r * cols + c)));
+  }
+  const float m = block_max(local);
+  if (threadIdx.x == 0) scale_shared = fp8_math::current_scale(m, f.max_finite, power_of_2);
+  __syncthreads();
+  const float s = scale_shared;
+  for (int i = threadIdx.x; i < kBlk * kBlk; i += blockDim.x) {
+    const int rr = i / kBlk, cc = i % kBlk;
+    const int64_t r = r0 + rr, c = c0 + cc;
+    if (r < rows && c < cols) {
+      const uint8_t q = fp8_math::encode(__fmul_rn(load_f32(x, r * cols + c), s), f);
+      if (codes != nullptr) codes[r * cols + c] = q;
+      tile[rr * kPitch + cc] = q;
+    }
+  }
+  if (threadIdx.x == 0) {
+    const float inv = fp8_math::reciprocal(s);
+    if (codes != nullptr) grid[rb * pad4(blocks_of(cols)) + cb] = inv;
+    if (codes_t != nullptr) grid_t[cb * pad4(blocks_of(rows)) + rb] = inv;
+  }
+  if (codes_t == nullptr) return;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kBlk * kBlk; i += blockDim.x) {
+    const int cc = i / kBlk, rr = i % kBlk;  // output row c, column r: coalesced along r
+    const int64_t r = r0 + rr, c = c0 + cc;
+    if (r < rows && c < cols) codes_t[c * rows + r] = tile[rr * kPitch + cc];
+  }
+}
+
+template <typename T>
+void launch_block_quantize(const T* x, int64_t rows, int64_t cols, Fp8Granularity g, fp8_math::Format f,
+                           bool power_of_2, uint8_t* codes, float* grid, uint8_t* codes_t, float* grid_t,
+                           cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  if (g == Fp8Granularity::Block128x128) {
+    const dim3 blocks(static_cast<unsigned>(blocks_of(cols)), static_cast<unsigned>(blocks_of(rows)));
+    block_quantize_2d_kernel<T><<<blocks, 256, 0, s>>>(x, rows, cols, f, power_of_2, codes, grid, codes_t, grid_t);
+    MDLM_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (codes != nullptr) {
+    const int64_t tiles = rows * blocks_of(cols);
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((tiles + 7) / 8, 1 << 20));
+    block_quantize_rows_kernel<T><<<blocks, 256, 0, s>>>(x, rows, cols, f, power_of_2, codes, grid);
+    MDLM_CUDA_CHECK_LAUNCH();
+  }
+  if (codes_t != nullptr) {
+    const dim3 blocks(static_cast<unsigned>((cols + kColTileCols - 1) / kColTileCols),
+                      static_cast<unsigned>(blocks_of(rows)));
+    block_quantize_cols_kernel<T><<<blocks, 256, 0, s>>>(x, rows, cols, f, power_of_2, codes_t, grid_t);
+    MDLM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+int64_t grid_floats(Fp8Granularity g, int64_t rows, int64_t k) {
+  return g == Fp8Granularity::Tile1x128 ? blocks_of(k) * pad4(rows) : blocks_of(rows) * pad4(blocks_of(k));
+}
+
+}  // namespace
+
+void fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity granularity, bool power_of_2,
+                            uint8_t* codes, float* grid, uint8_t* codes_t, float* grid_t, const Stream& stream) {
+  MDLM_CHECK(x.is_cuda(), "fp8_quantize_blockwise (CUDA): x must be a CUDA tensor");
+  MDLM_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
+             "fp8_quantize_blockwise (CUDA): x must be f32 or bf16, got ", dtype_name(x.dtype()));
+  MDLM_CHECK(granularity != Fp8Granularity::Tensor, "fp8_quantize_blockwise (CUDA): needs a block granularity");
+  MDLM_CHECK((codes == nullptr || grid != nullptr) && (codes_t == nullptr || grid_t != nullptr),
+             "fp8_quantize_blockwise (CUDA): codes without their scale grid");
+  const cudaStream_t s = megadlm::detail::native_stream(stream);
+  const int64_t rows = x.rows(), cols = x.cols();
+  MDLM_CHECK(blocks_of(rows) < 65536, "fp8_quantize_blockwise (CUDA): ", rows, " rows exceed the launch grid");
+  if (x.dtype() == DType::F32)
+    launch_block_quantize(x.data<float>(), rows, cols, granularity, format_of(type), power_of_2, codes, grid,
+                          codes_t, grid_t, s);
+  else
+    launch_block_quantize(static_cast<const __nv_bfloat16*>(x.data_ptr()), rows, cols, granularity,
+                          format_of(type), power_of_2, codes, grid, codes_t, grid_t, s);
+}
+
+Fp8Tensor fp8_quantize_blockwise_tensor(const Tensor& x, Fp8Type type, Fp8Granularity granularity, bool rowwise,
+                                        bool columnwise, bool power_of_2, const Stream& stream) {
+  Fp8Tensor q;
+  q.type = type;
+  q.granularity = granularity;
+  q.rows = x.rows();
+  q.cols = x.cols();
+  const int64_t n = x.numel();
+  if (rowwise) {
+    q.data = byte_tensor(n, stream);
+    q.scale_inv = Tensor::zeros({grid_floats(granularity, q.rows, q.cols)}, DType::F32, stream);
+  }
+  if (columnwise) {
+    q.data_t = byte_tensor(n, stream);
+    q.scale_inv_t = Tensor::zeros({grid_floats(granularity, q.cols, q.rows)}, DType::F32, stream);
+  }
+  fp8_quantize_blockwise(x, type, granularity, power_of_2,
+                         rowwise ? static_cast<uint8_t*>(q.data.data_ptr()) : nullptr,
+                         rowwise ? q.scale_inv.data<float>() : nullptr,
+                         columnwise ? static_cast<uint8_t*>(q.data_t.data_ptr()) : nullptr,
+                         columnwise ? q.scale_inv_t.data<float>() : nullptr, stream);
+  return q;
 }
 
 }  // namespace megadlm::ops::cuda

@@ -26,9 +26,33 @@ void fp8_quantize(const Tensor& x, const float* scale, Fp8Type type, uint8_t* co
 /// d = (the product) + beta · d. e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3; m and k multiples of
 /// 16 (FP8 tensor cores). Throws naming the combination when cuBLASLt has no algorithm for it.
 /// The algorithm is chosen once per shape, types and pointer alignments, then reused.
-void fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
+///
+/// Blockwise scaling (granularity_a / granularity_b not Tensor; both or neither): scale_inv_*
+/// point at the operands' scale grids in cuBLASLt's layout (ops/fp8.h: Tile1x128 = VEC128_32F,
+/// Block128x128 = BLK128x128_32F, not both 128x128), k % 128 == 0. With `may_refuse`, a
+/// combination cuBLASLt has no algorithm for returns false instead of throwing (nothing run).
+bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
               Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
-              float alpha, Tensor& d, const Stream& stream, float beta = 0.0f);
+              float alpha, Tensor& d, const Stream& stream, float beta = 0.0f,
+              Fp8Granularity granularity_a = Fp8Granularity::Tensor,
+              Fp8Granularity granularity_b = Fp8Granularity::Tensor, bool may_refuse = false);
+
+/// Blockwise quantization of x ([rows, cols], f32 or bf16) into raw buffers, bit for bit the host
+/// rule (ops/fp8.h fp8_quantize_blockwise):
+///  - Tile1x128: `codes` [rows, cols] with 1x128 tiles along cols and `grid` (VEC128 layout of a
+///    [rows, cols] operand), and/or `codes_t` [cols, rows] with 1x128 tiles along rows (128
+///    consecutive rows of one column) and `grid_t` (VEC128 layout of a [cols, rows] operand);
+///  - Block128x128: one scale per 128x128 block, `codes` + `grid` (BLK128x128 of [rows, cols])
+///    and/or the transposed `codes_t` + `grid_t` (BLK128x128 of [cols, rows]), one pass.
+/// A null codes pointer skips that orientation (its grid pointer is then ignored). The grids'
+/// padding entries are not written (the caller zeroes them).
+void fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity granularity, bool power_of_2,
+                            uint8_t* codes, float* grid, uint8_t* codes_t, float* grid_t,
+                            const Stream& stream);
+/// The Tensor-level entry (fp8_gemm.h ops::fp8_quantize_blockwise): allocates codes and zeroed grids.
+Fp8Tensor fp8_quantize_blockwise_tensor(const Tensor& x, Fp8Type type, Fp8Granularity granularity,
+                                        bool rowwise, bool columnwise, bool power_of_2,
+                                        const Stream& stream);
 
 // The Tensor-level entry points of include/megadlm/ops/fp8_gemm.h (the dispatch in
 // src/ops/fp8_gemm.cpp has checked devices and shapes).

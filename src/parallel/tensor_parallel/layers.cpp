@@ -35,6 +35,21 @@ Tensor reduce_to_local_rows(Tensor partial, const ModelParallel& mp, const Strea
 
 /// --tp-comm-overlap in effect: the SP collectives run as rings chunked with the GEMMs.
 /// FP8 linears run the plain collectives (the rings would cast every chunk: docs/fp8.md).
+/// Blockwise FP8: the token rows of a GEMM operand padded with zero rows to a multiple of 128
+/// (a varilen-truncated micro-batch; cuBLASLt's block modes need K = tokens in the weight
+/// gradient, and M/N multiples of 128 in the measured support). Zero rows change no tile's amax
+/// (a column-wise tile's scale is its real elements' one, as an unpadded partial tile's), get
+/// zero codes and add nothing to a sum, so the result is the unpadded one. Returns x when no
+/// padding is needed.
+Tensor pad_token_rows(const Tensor& x, const Stream& s) {
+  const int64_t rows = x.rows(), padded = (rows + ops::kFp8BlockSize - 1) / ops::kFp8BlockSize * ops::kFp8BlockSize;
+  if (padded == rows) return x;
+  Tensor p = Tensor::zeros({padded, x.cols()}, x.dtype(), s);
+  Tensor head = p.narrow(0, rows);
+  copy_tensor(x.view({rows, x.cols()}), head, s);
+  return p;
+}
+
 bool overlapped(const ModelParallel& mp) {
   return mp.tp_comm_overlap && mp.sequence_parallel && mp.tp.size > 1 && !mp.fp8;
 }
@@ -57,8 +72,15 @@ Fp8Linear::Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, c
 }
 
 ops::Fp8Tensor Fp8Linear::cast(int slot, const Tensor& x, bool activation, bool columnwise,
-                               const Stream& s) const {
+                               const Stream& s, bool rowwise) const {
   const ops::Fp8Type type = state_->type(slot);
+  if (state_->blockwise()) {
+    // Each 1x128 tile (activations, gradients) or 128x128 block (weights) scaled by its own
+    // amax: nothing to reduce over TP or CP, no state.
+    return ops::fp8_quantize_blockwise(
+        x, type, activation ? ops::Fp8Granularity::Tile1x128 : ops::Fp8Granularity::Block128x128, rowwise,
+        columnwise, state_->settings().block_power_of_2, s);
+  }
   if (state_->delayed()) {
     Tensor amax = state_->amax(slot, s);
     return ops::fp8_quantize(x, state_->scale(slot, s), type, columnwise, &amax, s);
@@ -94,6 +116,22 @@ const ops::Fp8Tensor& Fp8Linear::weight(const Tensor& w, const Stream& s) const 
 
 void Fp8Linear::forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::GemmArgs& args,
                         const Stream& s) const {
+  if (state_->blockwise() && x.rows() % ops::kFp8BlockSize != 0) {
+    // Token rows padded to a multiple of 128 (pad_token_rows), the real rows copied back.
+    const Tensor xp = pad_token_rows(x, s);
+    Tensor yp = args.beta != 0.0f && args.addend == nullptr ? pad_token_rows(y, s)
+                                                            : Tensor::empty({xp.rows(), y.cols()}, y.dtype(), s);
+    Tensor addend;
+    ops::GemmArgs a = args;
+    if (args.addend != nullptr) {
+      addend = pad_token_rows(*args.addend, s);
+      a.addend = &addend;
+    }
+    forward(xp, w, yp, a, s);
+    Tensor head = yp.narrow(0, x.rows());
+    copy_tensor(head, y, s);
+    return;
+  }
   const ops::Fp8Tensor& wq = weight(w, s);
   const ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/false, s);
   ops::GemmArgs a = args;
@@ -102,12 +140,16 @@ void Fp8Linear::forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::
 }
 
 ops::Fp8Tensor Fp8Linear::quantize_grad(const Tensor& dy, const Stream& s) const {
+  // Blockwise: row-wise tiles for dgrad, column-wise (along tokens) for wgrad; token rows padded
+  // to a multiple of 128 (backward_data returns the real rows only).
+  if (state_->blockwise()) return cast(dy_, pad_token_rows(dy, s), /*activation=*/true, /*columnwise=*/true, s);
   return cast(dy_, dy, /*activation=*/true, /*columnwise=*/true, s);
 }
 
-Tensor Fp8Linear::backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s) const {
+Tensor Fp8Linear::backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s, int64_t rows) const {
   Tensor dx = Tensor::empty({dy_q.rows, w.cols()}, w.dtype(), s);
   ops::fp8_gemm(dy_q, weight(w, s), dx, {}, s);
+  if (rows >= 0 && rows != dy_q.rows) return dx.narrow(0, rows);  // blockwise token padding
   return dx;
 }
 
@@ -117,15 +159,18 @@ void Fp8Linear::backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, co
     ops::gemm(dy, x, dw, {.trans_a = true, .beta = 1.0f}, s);
     return;
   }
-  // x again, with the forward's scale (the same codes) and its transposed copy.
-  const ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/true, s);
+  // x again, with the forward's scale (the same codes) and its transposed copy. Blockwise: only
+  // the column-wise tiles (128 tokens of one feature, along the GEMM's K = tokens).
+  const bool blockwise = state_->blockwise();
+  const ops::Fp8Tensor xq = cast(x_, blockwise ? pad_token_rows(x, s) : x, /*activation=*/true,
+                                 /*columnwise=*/true, s, /*rowwise=*/!blockwise);
   ops::fp8_gemm(dy_q, xq, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
 }
 
 Tensor Fp8Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
                            const Stream& s) const {
   const ops::Fp8Tensor dy_q = quantize_grad(dy, s);
-  Tensor dx = backward_data(dy_q, w, s);
+  Tensor dx = backward_data(dy_q, w, s, dy.rows());
   backward_weight(dy_q, dy, x, dw, s);
   return dx;
 }
@@ -291,7 +336,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<Tensor(
   if (fp8_.active()) {
     dy_full = mp_.sequence_parallel ? gather_rows(dy, rows, mp_.tp.get(), s) : dy;
     const ops::Fp8Tensor dy_q = fp8_.quantize_grad(dy_full, s);
-    dx = fp8_.backward_data(dy_q, w, s);
+    dx = fp8_.backward_data(dy_q, w, s, dy_full.rows());
     const Tensor x = input(dx);
     Tensor dw = store_->grad(weight_);
     fp8_.backward_weight(dy_q, dy_full, x, dw, s);

@@ -204,7 +204,7 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
   if (recipe == "mxfp8")
     d.error("FP8-1", a.flag_value("fp8_recipe") + " is Blackwell-only (1x32 blocks with E8M0 "
                      "scales need SM 10.x tensor cores); megadlm targets Hopper: valid recipes "
-                     "are delayed, tensorwise");
+                     "are delayed, tensorwise, blockwise");
   if (a.is_set("fp4_format"))
     d.error("FP8-1", a.flag_value("fp4_format") + " is Blackwell-only (NVFP4 needs SM 10.x "
                      "tensor cores); megadlm targets Hopper: use `--fp8-format` or `--bf16`");
@@ -213,7 +213,7 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
   if (recipe == "custom")
     d.error("FP8-2", a.flag_value("fp8_recipe") + " needs a Python quantizer factory "
                      "(`--fp8-quantizer-factory`), which megadlm cannot load; valid recipes are "
-                     "delayed, tensorwise");
+                     "delayed, tensorwise, blockwise");
   if (fp8 && a.is_set("fp4_format"))
     d.error("FP8-3", a.flag_value("fp8") + " and " + a.flag_value("fp4_format") +
                          " are mutually exclusive; give one of them");
@@ -233,11 +233,41 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
       }
     }
   }
-  if (fp8 && recipe == "blockwise")
-    d.error("FP8-7", a.flag_value("fp8_recipe") +
-                         " is not built yet (its 1x128 / 128x128 block quantizers and "
-                         "block-scaled GEMMs are future work, docs/fp8.md); valid recipes: "
-                         "delayed, tensorwise");
+  if (fp8 && recipe == "blockwise") {
+    // FP8-7: the blockwise recipe's shapes. Every GEMM dimension of the FP8 linears must be a
+    // multiple of 128: K for cuBLASLt's VEC128 / BLK128x128 modes (M and N too, to stay in the
+    // measured support: spec fp8.md §3.1), and every shard boundary (TP on features, CP on
+    // tokens) on a 128 multiple, so that each 1x128 tile / 128x128 block holds the same
+    // elements under every layout (docs/fp8.md "Blockwise scaling"). Checked on every device:
+    // the CPU emulation follows the same tiles.
+    if (c.model_ok && c.sizes_ok && c.tp > 0 && c.cp > 0) {
+      const int64_t groups = c.query_groups > 0 ? c.query_groups : c.heads;
+      const std::string tp_text = " / tensor-parallel size " + num(c.tp);
+      const std::pair<std::string, int64_t> dims[] = {
+          {a.flag_value("hidden_size"), c.hidden},
+          {a.flag_value("ffn_hidden_size") + tp_text, c.ffn / c.tp},
+          {"heads x kv channels (" + num(c.heads) + " x " + num(c.kv) + ")" + tp_text, c.heads * c.kv / c.tp},
+          {"query groups x kv channels (" + num(groups) + " x " + num(c.kv) + ")" + tp_text, groups * c.kv / c.tp},
+          {c.cp > 1 ? a.flag_value("seq_length") + " / (2 x context-parallel size " + num(c.cp) +
+                          ") (the sequence chunk a context-parallel rank holds)"
+                    : a.flag_value("seq_length"),
+           c.cp > 1 ? c.seq / (2 * c.cp) : c.seq}};
+      for (const auto& [what, v] : dims)
+        if (v > 0 && v % 128 != 0)
+          d.error("FP8-7", a.flag_value("fp8_recipe") + ": " + what + " = " + num(v) +
+                               " must be a multiple of 128 (1x128 tiles and 128x128 blocks along every "
+                               "GEMM dimension, shard boundaries on block edges); use sizes that are, or "
+                               "`--fp8-recipe tensorwise`");
+    }
+    if (a.is_set("num_experts") && a.i("num_experts") > 0)
+      d.error("FP8-7", a.flag_value("fp8_recipe") + " with MoE (" + a.flag_value("num_experts") +
+                           ") is not built: the expert GEMMs' token counts vary per step and are not "
+                           "multiples of 128; use `--fp8-recipe tensorwise` or `delayed` for MoE models");
+    if (a.b("fp8_param_gather"))
+      d.error("FP8-7", a.flag_value("fp8_recipe") + " with `--fp8-param-gather` is not built (the shard "
+                           "cast would need 128x128-aligned shards and per-block scales in the gather); "
+                           "drop `--fp8-param-gather`");
+  }
   if (fp8 && a.b("tp_comm_overlap"))
     d.warn("`--tp-comm-overlap` has no effect on the FP8 linears (they run the plain sequence-parallel "
            "collectives; docs/fp8.md)");

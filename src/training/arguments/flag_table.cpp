@@ -636,12 +636,14 @@ constexpr FlagSpec kFlags[] = {
     {.name = "--fp8-format", .kind = K::String, .group = G::Precision,
      .dest = "fp8", .choices = "e4m3 hybrid",
      .help = "FP8 linear GEMMs of the transformer layers (QKV, projection, fc1, fc2): e4m3 for "
-             "every tensor, or hybrid (e4m3 forward, e5m2 gradients); recipes delayed and "
-             "tensorwise. Validated by the FP8-* rules; docs/fp8.md."},
+             "every tensor, or hybrid (e4m3 forward, e5m2 gradients); recipes delayed, "
+             "tensorwise and blockwise. Validated by the FP8-* rules; docs/fp8.md."},
     {.name = "--fp8-recipe", .kind = K::String, .group = G::Precision, .default_value = "delayed",
      .choices = "tensorwise delayed mxfp8 blockwise custom",
      .help = "(upstream) FP8 scaling: delayed (amax history), tensorwise (current per-tensor "
-             "amax); blockwise (1x128 tiles, 128x128 weight blocks) is not built yet (FP8-7); "
+             "amax), blockwise (DeepSeek-V3: one scale per 1x128 activation/gradient tile and per "
+             "128x128 weight block, power-of-2, no state; every GEMM dimension and shard a multiple "
+             "of 128, no MoE, FP8-7); "
              "mxfp8 is Blackwell-only and custom needs a Python quantizer factory (both refused)."},
     {.name = "--fp8-margin", .kind = K::Int, .group = G::Precision, .default_value = "0",
      .help = "Delayed scaling: the scale is divided by 2^margin."},

@@ -8,6 +8,7 @@
 //  - delayed scaling over micro-batches: scales bit for bit over six steps, and the state saved
 //    with state() and restored with set_state() continues bitwise.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -237,3 +238,111 @@ TEST(Fp8Linear, GoldenTableMatchesItsScript) {
   EXPECT_FALSE(fresh.empty());
   EXPECT_TRUE(fresh == committed) << "tests/golden/fp8_linear_reference.inc differs from its script; regenerate it";
 }
+
+// --fp8-recipe blockwise: the layer's three GEMMs equal the block-scaled emulation of
+// ops/fp8.h on the operands quantized by hand (x 1x128 row-wise tiles for fprop and column-wise
+// tiles along the tokens for wgrad, W 128x128 blocks in both orientations, dy e5m2 tiles both
+// ways), for 256 tokens and for 200 (a varilen-truncated micro-batch: the layer pads the token
+// rows to 256 with zeros, which must give the unpadded result: zero rows change no tile's amax
+// and add nothing). No state: two steps give the same numbers.
+namespace {
+
+std::vector<float> lcg_values(size_t n, uint32_t seed, float mag) {
+  std::vector<float> v(n);
+  uint32_t s = seed;
+  for (float& e : v) {
+    s = s * 1664525u + 1013904223u;
+    e = mag * (static_cast<float>(s >> 8) / 8388608.0f - 1.0f) * ((s & 0x30u) == 0 ? 16.0f : 1.0f);
+  }
+  return v;
+}
+
+std::vector<float> transpose_of(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> o(v.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) o[static_cast<size_t>(c * rows + r)] = v[static_cast<size_t>(r * cols + c)];
+  return o;
+}
+
+/// d [n, m] = block-scaled GEMM of a [m, k] (granularity ga, type ta) and b [n, k] (1x128 tiles,
+/// type tb), both quantized from the given K-contiguous values.
+std::vector<float> block_gemm(const std::vector<float>& a, int64_t m, ops::Fp8Granularity ga, ops::Fp8Type ta,
+                              const std::vector<float>& b, int64_t n, ops::Fp8Type tb, int64_t k) {
+  // The layer pads K (tokens) with zeros to a multiple of 128: so does the reference (partial
+  // tiles would give the same scales; the GEMM reference wants whole K-blocks).
+  const int64_t kp = (k + 127) / 128 * 128;
+  auto pad = [&](const std::vector<float>& v, int64_t rows) {
+    std::vector<float> o(static_cast<size_t>(rows * kp), 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(v.begin() + r * k, v.begin() + (r + 1) * k, o.begin() + r * kp);
+    return o;
+  };
+  const std::vector<float> ap = pad(a, m), bp = pad(b, n);
+  std::vector<uint8_t> qa(ap.size()), qb(bp.size());
+  std::vector<float> sa(static_cast<size_t>(ops::fp8_block_grid_size(ga, m, kp)));
+  std::vector<float> sb(static_cast<size_t>(ops::fp8_block_grid_size(ops::Fp8Granularity::Tile1x128, n, kp)));
+  ops::fp8_quantize_blockwise(ap, m, kp, ga, ta, true, qa, sa);
+  ops::fp8_quantize_blockwise(bp, n, kp, ops::Fp8Granularity::Tile1x128, tb, true, qb, sb);
+  std::vector<float> d(static_cast<size_t>(m * n));
+  ops::fp8_block_gemm_reference(qa, ta, ga, sa, qb, tb, ops::Fp8Granularity::Tile1x128, sb, m, n, kp, 1.0f, d);
+  return d;
+}
+
+void expect_rel_close(const Tensor& got, const std::vector<float>& want, const char* what) {
+  const std::vector<float> g = got.to_floats(Stream::cpu());
+  ASSERT_EQ(g.size(), want.size()) << what;
+  // Power-of-2 scales make every dequantized product exact: only the fp32 summation of the
+  // emulation differs from the double sums of the reference (a few ulps of the largest terms).
+  float scale = 0.0f;
+  for (float v : want) scale = std::max(scale, std::fabs(v));
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_NEAR(g[i], want[i], std::fabs(want[i]) * 1e-5f + scale * 1e-6f) << what << "[" << i << "]";
+}
+
+void blockwise_linear(int64_t tokens) {
+  const Stream& s = Stream::cpu();
+  const int64_t in = 256, out = 384;
+  const std::vector<float> xv = lcg_values(static_cast<size_t>(tokens * in), 1, 2.0f);
+  const std::vector<float> wv = lcg_values(static_cast<size_t>(out * in), 2, 0.05f);
+  const std::vector<float> dyv = lcg_values(static_cast<size_t>(tokens * out), 3, 1e-3f);
+  const Tensor x = Tensor::from_floats(xv, {tokens, in}), w = Tensor::from_floats(wv, {out, in}),
+               dy = Tensor::from_floats(dyv, {tokens, out});
+  Fp8Settings st;
+  st.scaling = Fp8Scaling::Blockwise;
+  auto state = std::make_shared<Fp8State>(st);
+  tp::Fp8Linear lin(state, "layer.linear", ModelParallel::single());
+  using G = ops::Fp8Granularity;
+  const ops::Fp8Type e4 = ops::Fp8Type::E4M3, e5 = ops::Fp8Type::E5M2;
+  // fprop: d [tokens, out] = W (BLK) x x (VEC along in).
+  const std::vector<float> y_ref = block_gemm(wv, out, G::Block128x128, e4, xv, tokens, e4, in);
+  // dgrad: d [tokens, in] = Wᵀ (BLK) x dy (VEC along out).
+  const std::vector<float> dx_ref = block_gemm(transpose_of(wv, out, in), in, G::Block128x128, e4, dyv, tokens, e5, out);
+  // wgrad: d [out, in] = xᵀ (VEC along tokens) x dyᵀ (VEC along tokens).
+  const std::vector<float> dw_ref =
+      block_gemm(transpose_of(xv, tokens, in), in, G::Tile1x128, e4, transpose_of(dyv, tokens, out), out, e5, tokens);
+  for (int step = 0; step < 2; ++step) {
+    state->begin_step(s);
+    Tensor y = Tensor::empty({tokens, out}, DType::F32, s);
+    lin.forward(x, w, y, {}, s);
+    expect_rel_close(y, y_ref, "y");
+    Tensor dw = Tensor::zeros({out, in}, DType::F32, s);
+    const Tensor dx = lin.backward(dy, x, w, dw, s);
+    ASSERT_EQ(dx.rows(), tokens);
+    expect_rel_close(dx, dx_ref, "dx");
+    expect_rel_close(dw, dw_ref, "dw");
+    state->finish_step(nullptr, nullptr, s);  // nothing to do: no state
+  }
+  // The residual-add form (beta, addend) pads the addend too.
+  Tensor res = Tensor::from_floats(lcg_values(static_cast<size_t>(tokens * out), 4, 1.0f), {tokens, out});
+  Tensor y2 = Tensor::empty({tokens, out}, DType::F32, s);
+  lin.forward(x, w, y2, {.beta = 1.0f, .addend = &res}, s);
+  std::vector<float> want = res.to_floats(s);
+  for (size_t i = 0; i < want.size(); ++i) want[i] += y_ref[i];
+  expect_rel_close(y2, want, "y + residual");
+}
+
+}  // namespace
+
+TEST(Fp8Linear, BlockwiseMatchesTheBlockScaledEmulation) { blockwise_linear(256); }
+
+TEST(Fp8Linear, BlockwisePadsTruncatedTokenRows) { blockwise_linear(200); }

@@ -56,11 +56,14 @@ class Fp8Linear {
   void backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const Tensor& x, Tensor& dw,
                        const Stream& s) const;
   ops::Fp8Tensor quantize_grad(const Tensor& dy, const Stream& s) const;
-  Tensor backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s) const;
+  /// dx = dy W; `rows` >= 0: dx's first `rows` rows (blockwise pads dy's token rows to 128).
+  Tensor backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s, int64_t rows = -1) const;
 
  private:
   const ops::Fp8Tensor& weight(const Tensor& w, const Stream& s) const;
-  ops::Fp8Tensor cast(int slot, const Tensor& x, bool activation, bool columnwise, const Stream& s) const;
+  /// `rowwise` false (blockwise only): the column-wise codes alone.
+  ops::Fp8Tensor cast(int slot, const Tensor& x, bool activation, bool columnwise, const Stream& s,
+                      bool rowwise = true) const;
 
   std::shared_ptr<Fp8State> state_;
   comm::Communicator* tp_ = nullptr;  ///< null: a group of one
