@@ -262,7 +262,7 @@ TEST(Fp8Parity, BlockwiseGemmsMatchCpuEmulation) {
     // A linear with T = 256 tokens, in = 512, out = 384 (hybrid: gradients e5m2).
     check_block_gemm("fprop", 384, 256, 512, G::Block128x128, ops::Fp8Type::E4M3, out, true);
     // dgrad's K = 384 gives KB = 3: its BLK128x128 grid has a padded row stride pad4(3) = 4,
-    // the one part of spec fp8.md §3.4's layout the spec's probe could not check.
+    // a part of the layout (docs/fp8.md "Scale-grid layout") no earlier probe checked.
     check_block_gemm("dgrad", 512, 256, 384, G::Block128x128, ops::Fp8Type::E5M2, out, true);
     check_block_gemm("wgrad", 512, 384, 256, G::Tile1x128, ops::Fp8Type::E5M2, out, true);
   }

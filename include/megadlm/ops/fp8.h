@@ -98,7 +98,7 @@ float fp8_quantize_transpose(std::span<const float> x, int64_t rows, int64_t col
 // per 1 x 128 tile (Fp8Granularity::Tile1x128) or 128 x 128 block (Block128x128) of an operand
 // stored [rows][k] (k contiguous: the GEMM's K dimension), each the current scale of the tile's
 // own amax: s = fp8_current_scale(amax_tile, fp8_max, power_of_2). The grid holds the
-// dequantization factors 1 / s in cuBLASLt's layout (spec fp8.md §3.4), KB = ceil(k / 128),
+// dequantization factors 1 / s in cuBLASLt's layout (docs/fp8.md "Scale-grid layout"), KB = ceil(k / 128),
 // RB = ceil(rows / 128), pad4(n) = n rounded up to a multiple of 4:
 //   Tile1x128    (VEC128_32F):     scale_inv of (row r, K-block kb)       at kb · pad4(rows) + r
 //   Block128x128 (BLK128x128_32F): scale_inv of (row-block rb, K-block kb) at rb · pad4(KB) + kb

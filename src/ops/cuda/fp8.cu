@@ -485,13 +485,14 @@ void fp8_scale_from_amax(const float* amax, float* scale, int64_t n, float fp8_m
 }
 
 Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
-                              Tensor* amax, const Stream& stream) {
+                              Tensor* amax, const Stream& stream, bool rowwise) {
+  MDLM_CHECK(rowwise || columnwise, "fp8_quantize (CUDA): neither row-wise nor column-wise codes asked for");
   Fp8Tensor q;
   q.type = type;
   q.rows = x.rows();
   q.cols = x.cols();
   const int64_t n = x.numel();
-  q.data = byte_tensor(n, stream);
+  if (rowwise) q.data = byte_tensor(n, stream);
   if (columnwise) q.data_t = byte_tensor(n, stream);
   Tensor scratch;
   float* amax_ptr = nullptr;
@@ -501,7 +502,7 @@ Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type
     scratch = Tensor::zeros({1}, DType::F32, stream);
     amax_ptr = scratch.data<float>();
   }
-  fp8_quantize(x, scale.data<float>(), type, static_cast<uint8_t*>(q.data.data_ptr()),
+  fp8_quantize(x, scale.data<float>(), type, rowwise ? static_cast<uint8_t*>(q.data.data_ptr()) : nullptr,
                columnwise ? static_cast<uint8_t*>(q.data_t.data_ptr()) : nullptr, amax_ptr, stream);
   q.scale_inv = Tensor::empty({1}, DType::F32, stream);
   reciprocal_kernel<<<1, 32, 0, megadlm::detail::native_stream(stream)>>>(scale.data<float>(),
@@ -532,8 +533,8 @@ void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const Ge
   const Tensor& sb = b.blockwise() && !args.trans_b ? b.scale_inv_t : b.scale_inv;
   MDLM_CHECK(sa.defined() && sb.defined(), "fp8_gemm (CUDA): an operand lacks the scale grid of the orientation read");
   if (direct) {
-    // Block-scaled GEMMs accumulating into C (beta) are not in the measured support matrix
-    // (spec fp8.md §3.1): when cuBLASLt offers no algorithm, the product goes through f32.
+    // Block-scaled GEMMs accumulating into C (beta) were never measured on the device's
+    // cuBLAS: when cuBLASLt offers no algorithm, the product goes through f32.
     if (fp8_gemm(codes_of(op_b), b.type, sb.data<float>(), codes_of(op_a), a.type, sa.data<float>(), n, m, k,
                  args.alpha, c, stream, args.beta, b.granularity, a.granularity,
                  /*may_refuse=*/a.blockwise() && args.beta != 0.0f))

@@ -235,8 +235,8 @@ void check_fp8(ArgState& a, const Ctx& c, Diagnostics& d) {
   }
   if (fp8 && recipe == "blockwise") {
     // FP8-7: the blockwise recipe's shapes. Every GEMM dimension of the FP8 linears must be a
-    // multiple of 128: K for cuBLASLt's VEC128 / BLK128x128 modes (M and N too, to stay in the
-    // measured support: spec fp8.md §3.1), and every shard boundary (TP on features, CP on
+    // multiple of 128: K for cuBLASLt's VEC128 / BLK128x128 modes (M and N too: the block-scaled
+    // shapes measured on the device's cuBLAS), and every shard boundary (TP on features, CP on
     // tokens) on a 128 multiple, so that each 1x128 tile / 128x128 block holds the same
     // elements under every layout (docs/fp8.md "Blockwise scaling"). Checked on every device:
     // the CPU emulation follows the same tiles.

@@ -1,6 +1,6 @@
 // Blockwise FP8 scaling (--fp8-recipe blockwise; include/megadlm/ops/fp8.h "blockwise scaling",
 // docs/fp8.md "Blockwise scaling"): the scale-grid layouts of cuBLASLt's VEC128_32F and
-// BLK128x128_32F modes (spec fp8.md §3.4), the per-tile scale rule with hand-checked numbers,
+// BLK128x128_32F modes (docs/fp8.md "Scale-grid layout"), the per-tile scale rule with hand-checked numbers,
 // partial last tiles, the block-scaled GEMM emulation, and the Tensor-level CPU ops the FP8
 // linears call (both orientations, the three GEMMs of a linear).
 #include <gtest/gtest.h>
