@@ -86,7 +86,7 @@ void fp8_scale_from_amax(const Tensor& amax, Tensor& scale, Fp8Type type, const 
 }
 
 Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
-                       Tensor* amax, const Stream& stream) {
+                       Tensor* amax, const Stream& stream, bool rowwise) {
   detail::check_device("fp8_quantize", stream, {&x, &scale, amax});
   detail::check_dtype("fp8_quantize", scale, DType::F32, "scale");
   if (amax != nullptr) detail::check_dtype("fp8_quantize", *amax, DType::F32, "amax");
@@ -95,7 +95,7 @@ Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool 
   q.rows = x.rows();
   q.cols = x.cols();
   if (stream.is_cuda()) {
-    MDLM_CUDA_BACKEND(q = cuda::fp8_quantize_tensor(x, scale, type, columnwise, amax, stream));
+    MDLM_CUDA_BACKEND(q = cuda::fp8_quantize_tensor(x, scale, type, columnwise || !rowwise, amax, stream, rowwise));
     return q;
   }
   detail::check_dtype("fp8_quantize", x, DType::F32, "x (CPU)");

@@ -53,9 +53,11 @@ void fp8_scale_from_amax(const Tensor& amax, Tensor& scale, Fp8Type type, const 
 
 /// Quantizes x ([rows, cols] view, f32 on CPU; bf16 or f32 on CUDA) with the device scalar
 /// `scale` in one pass: row-wise codes, and on CUDA with `columnwise` also the transposed codes.
-/// When `amax` is given, amax[0] is raised to max |x| in the same pass.
+/// When `amax` is given, amax[0] is raised to max |x| in the same pass. `rowwise` false with
+/// `columnwise` (CUDA): the transposed codes alone (a weight gradient's operand); the CPU keeps
+/// its row-wise values regardless (its emulated GEMM reads them in either orientation).
 Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
-                       Tensor* amax, const Stream& stream);
+                       Tensor* amax, const Stream& stream, bool rowwise = true);
 
 /// Blockwise quantization (--fp8-recipe blockwise) of x ([rows, cols] view; f32 on CPU, bf16 or
 /// f32 on CUDA): granularity Tile1x128 (activations, gradients) or Block128x128 (weights),

@@ -64,8 +64,9 @@ void fp8_scale_from_amax(const float* amax, float* scale, int64_t n, float fp8_m
                          const Stream& stream);
 /// Row-wise codes (and with `columnwise` the transposed codes) in one pass, amax raised when
 /// given, scale_inv = 1 / scale on the device. Codes are stored as bytes in i32 tensors.
+/// `rowwise` false (with `columnwise`): the transposed codes alone, `data` left undefined.
 Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
-                              Tensor* amax, const Stream& stream);
+                              Tensor* amax, const Stream& stream, bool rowwise = true);
 /// ops::fp8_gemm on the device: cuBLASLt's TN FP8 GEMM, accumulating into C itself for beta;
 /// only a bias or an addend other than C takes one elementwise pass from an fp32 product.
 void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,

@@ -83,7 +83,7 @@ ops::Fp8Tensor Fp8Linear::cast(int slot, const Tensor& x, bool activation, bool 
   }
   if (state_->delayed()) {
     Tensor amax = state_->amax(slot, s);
-    return ops::fp8_quantize(x, state_->scale(slot, s), type, columnwise, &amax, s);
+    return ops::fp8_quantize(x, state_->scale(slot, s), type, columnwise, &amax, s, rowwise);
   }
   // Tensorwise: the amax of the whole logical tensor (all its TP / CP pieces), then its scale.
   Tensor amax = Tensor::zeros({1}, DType::F32, s);
@@ -92,7 +92,7 @@ ops::Fp8Tensor Fp8Linear::cast(int slot, const Tensor& x, bool activation, bool 
   if (activation && cp_ != nullptr) cp_->all_reduce(amax, comm::ReduceOp::Max, s);
   Tensor scale = Tensor::empty({1}, DType::F32, s);
   ops::fp8_scale_from_amax(amax, scale, type, s);
-  return ops::fp8_quantize(x, scale, type, columnwise, nullptr, s);
+  return ops::fp8_quantize(x, scale, type, columnwise, nullptr, s, rowwise);
 }
 
 void Fp8Linear::gather_weight(int first, int last) const {
@@ -159,11 +159,11 @@ void Fp8Linear::backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, co
     ops::gemm(dy, x, dw, {.trans_a = true, .beta = 1.0f}, s);
     return;
   }
-  // x again, with the forward's scale (the same codes) and its transposed copy. Blockwise: only
-  // the column-wise tiles (128 tokens of one feature, along the GEMM's K = tokens).
+  // x again, with the forward's scale (the same codes), column-wise only: the GEMM reads the
+  // transposed codes alone (blockwise: tiles of 128 tokens of one feature, along K = tokens).
   const bool blockwise = state_->blockwise();
   const ops::Fp8Tensor xq = cast(x_, blockwise ? pad_token_rows(x, s) : x, /*activation=*/true,
-                                 /*columnwise=*/true, s, /*rowwise=*/!blockwise);
+                                 /*columnwise=*/true, s, /*rowwise=*/false);
   ops::fp8_gemm(dy_q, xq, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
 }
 

@@ -61,7 +61,7 @@ class Fp8Linear {
 
  private:
   const ops::Fp8Tensor& weight(const Tensor& w, const Stream& s) const;
-  /// `rowwise` false (blockwise only): the column-wise codes alone.
+  /// `rowwise` false: the column-wise codes alone (the weight gradient's x; the CPU keeps both).
   ops::Fp8Tensor cast(int slot, const Tensor& x, bool activation, bool columnwise, const Stream& s,
                       bool rowwise = true) const;
 
