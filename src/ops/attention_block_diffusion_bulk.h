@@ -58,9 +58,9 @@ void block_diffusion_bulk_backward(const Tensor& dout, const Tensor& q, const Te
                                    Tensor& dk, Tensor& dv, const AttentionArgs& args,
                                    const Stream& stream);
 
-/// MEGADLM_BD_ATTENTION (read once): unset / "" / "auto" Auto (the default: the composed path
-/// where it is measured to win, ops/attention_support.h's kBlockDiffusionBulkMinHalf), "bulk"
-/// Bulk, "flash" Flash; anything else an error naming the value.
+/// MEGADLM_BD_ATTENTION (read once): unset / "" / "flash" Flash (the default), "auto" Auto (the
+/// composed path from ops/attention_support.h's kBlockDiffusionBulkMinHalf), "bulk" Bulk;
+/// anything else an error naming the value.
 BlockDiffusionAttention block_diffusion_attention();
 
 }  // namespace megadlm::ops::detail

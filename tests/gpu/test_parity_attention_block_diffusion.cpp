@@ -422,7 +422,7 @@ TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsUnderTheSwitch) {
   MDLM_REQUIRE_GPU();
   // With MEGADLM_BD_ATTENTION=bulk the public op under auto runs the composed path for
   // one-document rows (deterministic backward: bit for bit the same as by name) and the whole
-  // mask on the flash kernels for packed documents; under auto (the default) at L = 1024, below
+  // mask on the flash kernels for packed documents; under auto at L = 1024, below
   // kBlockDiffusionBulkMinHalf, and under flash: the flash kernels.
   const ops::BlockDiffusionAttention policy = ops::detail::block_diffusion_attention();
   const bool on = policy == ops::BlockDiffusionAttention::Bulk;
@@ -444,7 +444,7 @@ TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsUnderTheSwitch) {
 
 TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsFromItsThreshold) {
   MDLM_REQUIRE_GPU();
-  // Under MEGADLM_BD_ATTENTION=auto (the default) or bulk, one-document rows of half length
+  // Under MEGADLM_BD_ATTENTION=auto or bulk, one-document rows of half length
   // kBlockDiffusionBulkMinHalf run the composed path through the public op: bit for bit the same
   // as the composition by name (deterministic backward); under flash, the flash kernels. The
   // composition against the flash kernels on the whole mask within the bf16 tolerances (no CPU
