@@ -195,6 +195,15 @@ class BdRun {
   Result ref_;
 };
 
+/// out, lse, dq, dk, dv of `got` bit for bit those of `want` (`what` prefixes each name).
+void expect_identical_results(const std::string& what, const Result& got, const Result& want) {
+  parity::expect_identical(what + "out", got.out, want.out);
+  parity::expect_identical(what + "lse", got.lse, want.lse);
+  parity::expect_identical(what + "dq", got.dq, want.dq);
+  parity::expect_identical(what + "dk", got.dk, want.dk);
+  parity::expect_identical(what + "dv", got.dv, want.dv);
+}
+
 void expect_within_tolerances(const Errors& e) {
   // bf16 outputs: the relative L2 bound of tolerances.h, as AttentionParity.
   EXPECT_LT(e.out, test::kBf16ParityRelL2);
@@ -354,11 +363,7 @@ TEST(AttentionBlockDiffusionParity, AutoAndBackendFlashRunTheFlashKernelsBitForB
       for (Route r : {Route::Auto, Route::BackendFlash}) {
         const Result got = run.run(r, true);
         const std::string what = name_of(c) + " " + route_name(r) + " vs flash ";
-        parity::expect_identical(what + "out", got.out, flash.out);
-        parity::expect_identical(what + "lse", got.lse, flash.lse);
-        parity::expect_identical(what + "dq", got.dq, flash.dq);
-        parity::expect_identical(what + "dk", got.dk, flash.dk);
-        parity::expect_identical(what + "dv", got.dv, flash.dv);
+        expect_identical_results(what, got, flash);
       }
     }
 }
@@ -434,11 +439,7 @@ TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsUnderTheSwitch) {
     const BdRun run(c, cuda);
     const Result want = run.run(on ? Route::Bulk : Route::Flash, true), got = run.run(Route::Auto, true);
     const std::string what = name_of(c) + " auto vs " + (on ? "bulk " : "flash ");
-    parity::expect_identical(what + "out", got.out, want.out);
-    parity::expect_identical(what + "lse", got.lse, want.lse);
-    parity::expect_identical(what + "dq", got.dq, want.dq);
-    parity::expect_identical(what + "dk", got.dk, want.dk);
-    parity::expect_identical(what + "dv", got.dv, want.dv);
+    expect_identical_results(what, got, want);
   }
 }
 
@@ -460,11 +461,7 @@ TEST(AttentionBlockDiffusionParity, BulkIsWhatAutoRunsFromItsThreshold) {
     const BdRun run(c, cuda, /*reference=*/false);
     const Result by_name = run.run(bulk ? Route::Bulk : Route::Flash, true), got = run.run(Route::Auto, true);
     const std::string what = name_of(c) + " auto vs " + (bulk ? "bulk " : "flash ");
-    parity::expect_identical(what + "out", got.out, by_name.out);
-    parity::expect_identical(what + "lse", got.lse, by_name.lse);
-    parity::expect_identical(what + "dq", got.dq, by_name.dq);
-    parity::expect_identical(what + "dk", got.dk, by_name.dk);
-    parity::expect_identical(what + "dv", got.dv, by_name.dv);
+    expect_identical_results(what, got, by_name);
     const Result b = run.run(Route::Bulk), f = run.run(Route::Flash);
     const Errors d{test::rel_l2(b.out, f.out), test::lse_max_abs_error(b.lse, f.lse), test::rel_l2(b.dq, f.dq),
                    test::rel_l2(b.dk, f.dk), test::rel_l2(b.dv, f.dv)};
