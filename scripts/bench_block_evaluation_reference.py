@@ -351,16 +351,15 @@ def main():
     self_check(m)
     gen = torch.Generator(device=a.device).manual_seed(a.seed)
     rng = random.Random(a.seed)
-    results = []
+    if a.summary_json:
+        open(a.summary_json, "w").close()
     for task in tasks:
         r = run_elbo(m, a, gen) if task == "elbo" else run_multiple_choice(m, a, gen, rng)
         r["model"] = a.name
-        results.append(r)
         print("reference " + " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
                                       for k, v in r.items()), flush=True)
-    if a.summary_json:
-        with open(a.summary_json, "w") as f:
-            for r in results:
+        if a.summary_json:  # one line per task as it finishes (a time-out keeps the finished ones)
+            with open(a.summary_json, "a") as f:
                 f.write(json.dumps(r) + "\n")
 
 

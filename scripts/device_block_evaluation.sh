@@ -131,7 +131,7 @@ for task, key in (("elbo", "elbo"), ("multiple-choice", "mc")):
             mv = f"ELBO/token {num(m.get('elbo_per_token'))}" if m else "-"
             rv = f"ELBO/token {num(r['elbo_per_token'])}" if r else "-"
         else:
-            mv = f"mean log p {num(mean_ll(os.path.join(work, f'mc_{model}.out')), '{:.2f}')}, acc {num(m.get('acc'), '{:.2f}')}" if m else "-"
+            mv = f"mean log p {num(mean_ll(os.path.join(work, f'mc_{model}.out')), '{:.2f}')}, acc {num(m.get('acc'), '{:.2f}')} ({m.get('documents')} docs)" if m else "-"
             rv = f"mean log p {num(r['mean_loglikelihood'], '{:.2f}')}, acc {num(r['acc'], '{:.2f}')} ({r['documents']} docs)" if r else "-"
         rows.append(f"| {task} | {names[model]} | {num(me, '{:.2f}')} | {num(re_, '{:.2f}')} | {ratio} | {mv} | {rv} |")
 head = [f"Evaluation speed on {device}: evaluate_difflm against the same computation through transformers "
