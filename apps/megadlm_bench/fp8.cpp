@@ -143,6 +143,57 @@ OpBench fp8_block_quantize_bench(const std::string& name, int64_t rows, int64_t 
   return b;
 }
 
+/// The per-tensor quantizer (delayed / tensorwise) on a bf16 [rows, cols] tensor with its amax:
+/// row-wise codes only (an activation in the forward) or both orientations in one pass (a
+/// gradient, or x for the weight gradient), checked bit for bit against the host reference.
+OpBench fp8_quantize_bench(const std::string& name, int64_t rows, int64_t cols, bool columnwise) {
+  OpBench b;
+  b.name = "fp8_quant_" + name;
+  b.shape = detail::concat(rows, "x", cols, " bf16 per-tensor ", columnwise ? "both orientations" : "row-wise");
+  b.bytes = static_cast<double>(rows * cols) * (columnwise ? 4.0 : 3.0);  // 2 read, 1 written per orientation
+  b.check = [columnwise](const Stream& s) {
+    const int64_t rows = 192, cols = 320;
+    const std::vector<float> x = bf16_values(rows * cols, -3.0f, 3.0f);
+    const float scale = 37.0f;
+    std::vector<uint8_t> want(x.size());
+    ops::fp8_quantize(x, scale, ops::Fp8Type::E4M3, want);
+    Tensor xd = Tensor::from_floats(x, {rows, cols}, DType::BF16).to(s.device(), s);
+    Tensor scale_d = Tensor::from_floats({scale}, {1}).to(s.device(), s);
+    Tensor amax = Tensor::from_floats({0.0f}, {1}).to(s.device(), s);
+    Tensor codes = Tensor::empty({rows * cols / 4}, DType::I32, s), codes_t = Tensor::empty({rows * cols / 4}, DType::I32, s);
+    ops::cuda::fp8_quantize(xd, static_cast<const float*>(scale_d.data_ptr()), ops::Fp8Type::E4M3,
+                            static_cast<uint8_t*>(codes.data_ptr()),
+                            columnwise ? static_cast<uint8_t*>(codes_t.data_ptr()) : nullptr,
+                            static_cast<float*>(amax.data_ptr()), s);
+    std::vector<uint8_t> got(want.size());
+    const std::vector<int32_t> words = codes.to_ints(s);
+    std::memcpy(got.data(), words.data(), got.size());
+    bool same = got == want;
+    if (columnwise) {
+      const std::vector<int32_t> words_t = codes_t.to_ints(s);
+      const auto* t = reinterpret_cast<const uint8_t*>(words_t.data());
+      for (int64_t r = 0; r < rows && same; ++r)
+        for (int64_t c = 0; c < cols; ++c) same = same && t[c * rows + r] == want[r * cols + c];
+    }
+    Check r;
+    r.add(same ? 0.0 : 1.0, 0.5);  // bit for bit or fail
+    return r;
+  };
+  b.setup = [rows, cols, columnwise](const Stream& s) -> std::function<void()> {
+    Tensor x = random_device({rows, cols}, DType::BF16, s);
+    Tensor scale = Tensor::from_floats({100.0f}, {1}).to(s.device(), s);
+    Tensor amax = Tensor::from_floats({0.0f}, {1}).to(s.device(), s);
+    Tensor codes = Tensor::empty({rows * cols / 4}, DType::I32, s), codes_t = Tensor::empty({rows * cols / 4}, DType::I32, s);
+    return [x, scale, amax, codes, codes_t, columnwise, &s]() {
+      ops::cuda::fp8_quantize(x, static_cast<const float*>(scale.data_ptr()), ops::Fp8Type::E4M3,
+                              static_cast<uint8_t*>(codes.data_ptr()),
+                              columnwise ? static_cast<uint8_t*>(codes_t.data_ptr()) : nullptr,
+                              static_cast<float*>(amax.data_ptr()), s);
+    };
+  };
+  return b;
+}
+
 OpBench fp8_gemm_bench(const Fp8Shape& g) {
   OpBench b;
   b.name = "fp8_gemm_" + g.name;
@@ -215,6 +266,10 @@ std::vector<OpBench> fp8_benches() {
     out.push_back(fp8_block_gemm_bench({n + "_wgrad", l.in, l.out, T, Fp8Type::E5M2, DType::F32, G::Tile1x128, G::Tile1x128}));
   }
   out.push_back(fp8_block_gemm_bench({"square_8192", 8192, 8192, 8192, Fp8Type::E4M3, DType::BF16, G::Block128x128, G::Tile1x128}));
+  // The per-tensor quantizers of one layer's largest operands: x of fc1 (row-wise, forward) and
+  // dy of fc1 (both orientations, backward).
+  out.push_back(fp8_quantize_bench("x_" + std::to_string(T) + "x" + std::to_string(H), T, H, false));
+  out.push_back(fp8_quantize_bench("t_dy_" + std::to_string(T) + "x" + std::to_string(F1), T, F1, true));
   out.push_back(fp8_block_quantize_bench("x_" + std::to_string(T) + "x" + std::to_string(H), T, H, G::Tile1x128));
   out.push_back(fp8_block_quantize_bench("fc1_w", F1, H, G::Block128x128));
 #endif

@@ -123,6 +123,24 @@ TEST(Fp8Parity, QuantizerMatchesCpuBitForBit) {
 #endif
 }
 
+// The kernels convert with the device's cvt instruction; the host reference with fp8_math::encode.
+// Every one of the 2^32 float bit patterns (NaNs, infinities, subnormals, ties) must give the
+// same code in both formats, or the quantizer tests above could pass by the luck of their values.
+TEST(Fp8Parity, DeviceConversionEqualsTheReferenceRuleOnEveryFloat) {
+  MDLM_REQUIRE_GPU();
+#if MEGADLM_WITH_CUDA
+  Stream gpu = gpu_stream();
+  for (ops::Fp8Type type : {ops::Fp8Type::E4M3, ops::Fp8Type::E5M2}) {
+    uint32_t first = 0;
+    const int64_t bad = ops::cuda::fp8_encode_mismatches(type, &first, gpu);
+    float v;
+    std::memcpy(&v, &first, sizeof v);
+    EXPECT_EQ(bad, 0) << (type == ops::Fp8Type::E4M3 ? "e4m3" : "e5m2") << ": first differing float bits 0x"
+                      << std::hex << first << " (" << v << ")";
+  }
+#endif
+}
+
 TEST(Fp8Parity, CublasLtGemmMatchesCpuEmulation) {
   MDLM_REQUIRE_GPU();
 #if MEGADLM_WITH_CUDA

@@ -2,11 +2,13 @@
 // and the cuBLASLt FP8 GEMM (src/ops/cuda/fp8_cuda.h). Entry → launcher → kernel, as elsewhere.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <algorithm>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/cuda/internal.h"
@@ -14,6 +16,26 @@
 
 namespace megadlm::ops::cuda {
 namespace {
+
+// The device's FP8 conversion: on sm_89 and later one cvt.rn.satfinite instruction (round to
+// nearest even, saturating to the largest finite value, NaN to 0x7F): the same rule as
+// fp8_math::encode, whose float arithmetic (a division and an ldexp per element) made the
+// quantizers compute-bound. fp8_encode_mismatches checks the two on every float bit pattern.
+__device__ __forceinline__ uint8_t device_encode(float v, fp8_math::Format f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, f.exponent_bits == 4 ? __NV_E4M3 : __NV_E5M2));
+#else
+  return fp8_math::encode(v, f);
+#endif
+}
+/// Two codes, a in the low byte.
+__device__ __forceinline__ uint32_t device_encode2(float a, float b, fp8_math::Format f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, f.exponent_bits == 4 ? __NV_E4M3 : __NV_E5M2);
+#else
+  return fp8_math::encode(a, f) | (static_cast<uint32_t>(fp8_math::encode(b, f)) << 8);
+#endif
+}
 
 constexpr int kTile = 32;      // transpose tile: 32 x 32 elements
 constexpr int kTileRows = 8;   // threads per tile column: each thread handles 4 rows
@@ -53,7 +75,7 @@ __global__ void fp8_quantize_kernel(const T* __restrict__ x, int64_t n, const fl
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = load_f32(x, i);
     local = fmaxf(local, fabsf(v));
-    codes[i] = fp8_math::encode(__fmul_rn(v, s), f);
+    codes[i] = device_encode(__fmul_rn(v, s), f);
   }
   const float m = block_max(local);
   if (threadIdx.x == 0 && threadIdx.y == 0) atomic_max_nonneg(amax, m);
@@ -75,7 +97,7 @@ __global__ void fp8_quantize_transpose_kernel(const T* __restrict__ x, int64_t r
     if (r < rows && c < cols) {
       const float v = load_f32(x, r * cols + c);
       local = fmaxf(local, fabsf(v));
-      const uint8_t q = fp8_math::encode(__fmul_rn(v, s), f);
+      const uint8_t q = device_encode(__fmul_rn(v, s), f);
       if (codes != nullptr) codes[r * cols + c] = q;
       tile[dy][threadIdx.x] = q;
     }
@@ -112,9 +134,9 @@ __device__ __forceinline__ void load8(const float* p, float (&v)[8]) {
 __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s, fp8_math::Format f, float& local) {
   uint32_t w[2] = {0u, 0u};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    local = fmaxf(local, fabsf(v[j]));
-    w[j / 4] |= static_cast<uint32_t>(fp8_math::encode(__fmul_rn(v[j], s), f)) << (8 * (j % 4));
+  for (int j = 0; j < 8; j += 2) {
+    local = fmaxf(local, fmaxf(fabsf(v[j]), fabsf(v[j + 1])));
+    w[j / 4] |= device_encode2(__fmul_rn(v[j], s), __fmul_rn(v[j + 1], s), f) << (8 * (j % 4));
   }
   return make_uint2(w[0], w[1]);
 }
@@ -173,6 +195,25 @@ __global__ void fp8_quantize_transpose_vec_kernel(const T* __restrict__ x, int64
   if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
 }
 
+// Every float bit pattern through the device conversion and fp8_math::encode (both computed on
+// the device): the count of differing codes and the smallest bit pattern that differs.
+__global__ void fp8_encode_mismatch_kernel(fp8_math::Format f, unsigned long long* count, unsigned int* first) {
+  unsigned long long local = 0;
+  unsigned int first_local = 0xFFFFFFFFu;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < (1ull << 32); i += stride) {
+    const float v = fp8_math::bits_float(static_cast<uint32_t>(i));
+    if (device_encode(v, f) != fp8_math::encode(v, f)) {
+      ++local;
+      first_local = min(first_local, static_cast<unsigned int>(i));
+    }
+  }
+  if (local != 0) {
+    atomicAdd(count, local);
+    atomicMin(first, first_local);
+  }
+}
+
 bool aligned_to(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 fp8_math::Format format_of(Fp8Type t) { return t == Fp8Type::E4M3 ? fp8_math::e4m3() : fp8_math::e5m2(); }
@@ -223,6 +264,21 @@ void fp8_quantize(const Tensor& x, const float* scale, Fp8Type type, uint8_t* co
   else
     launch_quantize(static_cast<const __nv_bfloat16*>(x.data_ptr()), rows, cols, scale,
                     format_of(type), codes, codes_t, amax, s);
+}
+
+int64_t fp8_encode_mismatches(Fp8Type type, uint32_t* first_bad_bits, const Stream& stream) {
+  const cudaStream_t s = megadlm::detail::native_stream(stream);
+  Tensor out = Tensor::zeros({4}, DType::I32, stream);  // [count lo, count hi, first, pad]
+  auto* words = static_cast<unsigned int*>(out.data_ptr());
+  const unsigned int all_ones = 0xFFFFFFFFu;
+  MDLM_CUDA_CHECK(cudaMemcpyAsync(words + 2, &all_ones, sizeof all_ones, cudaMemcpyHostToDevice, s));
+  fp8_encode_mismatch_kernel<<<132 * 16, 256, 0, s>>>(format_of(type), reinterpret_cast<unsigned long long*>(words),
+                                                         words + 2);
+  MDLM_CUDA_CHECK_LAUNCH();
+  const std::vector<int32_t> host = out.to_ints(stream);
+  uint64_t count = static_cast<uint32_t>(host[0]) | (static_cast<uint64_t>(static_cast<uint32_t>(host[1])) << 32);
+  if (first_bad_bits != nullptr) *first_bad_bits = static_cast<uint32_t>(host[2]);
+  return static_cast<int64_t>(count);
 }
 
 namespace {
@@ -598,7 +654,7 @@ __global__ void block_quantize_rows_kernel(const T* __restrict__ x, int64_t rows
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t c = c0 + lane + 32 * j;
-      if (c < cols) codes[r * cols + c] = fp8_math::encode(__fmul_rn(v[j], s), f);
+      if (c < cols) codes[r * cols + c] = device_encode(__fmul_rn(v[j], s), f);
     }
     if (lane == 0) grid[kb * pad4(rows) + r] = fp8_math::reciprocal(s);
   }
@@ -630,7 +686,7 @@ __global__ void block_quantize_cols_kernel(const T* __restrict__ x, int64_t rows
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int64_t r = r0 + lane + 32 * i;
-      if (r < rows) codes_t[c * rows + r] = fp8_math::encode(__fmul_rn(tile[lane + 32 * i][j], s), f);
+      if (r < rows) codes_t[c * rows + r] = device_encode(__fmul_rn(tile[lane + 32 * i][j], s), f);
     }
     if (lane == 0) grid_t[blockIdx.y * pad4(cols) + c] = fp8_math::reciprocal(s);
   }
@@ -659,7 +715,7 @@ __global__ void block_quantize_2d_kernel(const T* __restrict__ x, int64_t rows, 
     const int rr = i / kBlk, cc = i % kBlk;
     const int64_t r = r0 + rr, c = c0 + cc;
     if (r < rows && c < cols) {
-      const uint8_t q = fp8_math::encode(__fmul_rn(load_f32(x, r * cols + c), s), f);
+      const uint8_t q = device_encode(__fmul_rn(load_f32(x, r * cols + c), s), f);
       if (codes != nullptr) codes[r * cols + c] = q;
       tile[rr * kPitch + cc] = q;
     }

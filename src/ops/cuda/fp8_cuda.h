@@ -19,6 +19,11 @@ namespace megadlm::ops::cuda {
 void fp8_quantize(const Tensor& x, const float* scale, Fp8Type type, uint8_t* codes,
                   uint8_t* codes_t, float* amax, const Stream& stream);
 
+/// How many of the 2^32 float bit patterns the kernels' conversion (the device's cvt
+/// instruction on sm_89+) encodes differently from fp8_math::encode, the host reference's rule;
+/// *first_bad_bits gets the smallest such pattern (0xFFFFFFFF when none). A test entry point.
+int64_t fp8_encode_mismatches(Fp8Type type, uint32_t* first_bad_bits, const Stream& stream);
+
 /// cuBLASLt FP8 GEMM in the TN layout with fp32 accumulation:
 ///   d[n, m] = alpha · (*scale_inv_a) · (*scale_inv_b) · Σ_k a[m, k] · b[n, k]
 /// a: [m, k] codes, b: [n, k] codes (device; k contiguous), scale_inv_*: device floats (the
