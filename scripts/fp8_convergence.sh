@@ -9,7 +9,7 @@
 #
 #   scripts/fp8_convergence.sh OUT_DIR [N]          N: iterations (default 2000)
 # Environment: MEGADLM_BIN (default build/bin), DEVICE (default cuda), RECIPES (default
-# "bf16 delayed tensorwise"), MEGADLM_FLAGS (extra flags for every run).
+# "bf16 delayed tensorwise"; blockwise too), MEGADLM_FLAGS (extra flags for every run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/fp8_convergence.sh OUT_DIR [ITERATIONS]}
@@ -54,6 +54,7 @@ for r in $recipes; do
     bf16) flags=() ;;
     delayed) flags=(--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 16 --fp8-amax-compute-algo max) ;;
     tensorwise) flags=(--fp8-format hybrid --fp8-recipe tensorwise) ;;
+    blockwise) flags=(--fp8-format hybrid --fp8-recipe blockwise) ;;
     *) echo "fp8_convergence.sh: unknown recipe $r"; exit 2 ;;
   esac
   rm -f "$out/$r.jsonl"
