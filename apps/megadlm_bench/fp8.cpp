@@ -146,6 +146,16 @@ OpBench fp8_block_quantize_bench(const std::string& name, int64_t rows, int64_t 
 /// The per-tensor quantizer (delayed / tensorwise) on a bf16 [rows, cols] tensor with its amax:
 /// row-wise codes only (an activation in the forward) or both orientations in one pass (a
 /// gradient, or x for the weight gradient), checked bit for bit against the host reference.
+/// ops::cuda::fp8_quantize on tensors holding the scale, the amax and the codes (bytes in i32
+/// tensors); codes_t null: row-wise codes only.
+void quantize_into(const Tensor& x, const Tensor& scale, const Tensor& amax, const Tensor& codes,
+                   const Tensor* codes_t, const Stream& s) {
+  ops::cuda::fp8_quantize(x, static_cast<const float*>(scale.data_ptr()), ops::Fp8Type::E4M3,
+                          static_cast<uint8_t*>(codes.data_ptr()),
+                          codes_t != nullptr ? static_cast<uint8_t*>(codes_t->data_ptr()) : nullptr,
+                          static_cast<float*>(amax.data_ptr()), s);
+}
+
 OpBench fp8_quantize_bench(const std::string& name, int64_t rows, int64_t cols, bool columnwise) {
   OpBench b;
   b.name = "fp8_quant_" + name;
@@ -161,10 +171,7 @@ OpBench fp8_quantize_bench(const std::string& name, int64_t rows, int64_t cols, 
     Tensor scale_d = Tensor::from_floats({scale}, {1}).to(s.device(), s);
     Tensor amax = Tensor::from_floats({0.0f}, {1}).to(s.device(), s);
     Tensor codes = Tensor::empty({rows * cols / 4}, DType::I32, s), codes_t = Tensor::empty({rows * cols / 4}, DType::I32, s);
-    ops::cuda::fp8_quantize(xd, static_cast<const float*>(scale_d.data_ptr()), ops::Fp8Type::E4M3,
-                            static_cast<uint8_t*>(codes.data_ptr()),
-                            columnwise ? static_cast<uint8_t*>(codes_t.data_ptr()) : nullptr,
-                            static_cast<float*>(amax.data_ptr()), s);
+    quantize_into(xd, scale_d, amax, codes, columnwise ? &codes_t : nullptr, s);
     std::vector<uint8_t> got(want.size());
     const std::vector<int32_t> words = codes.to_ints(s);
     std::memcpy(got.data(), words.data(), got.size());
@@ -185,10 +192,7 @@ OpBench fp8_quantize_bench(const std::string& name, int64_t rows, int64_t cols, 
     Tensor amax = Tensor::from_floats({0.0f}, {1}).to(s.device(), s);
     Tensor codes = Tensor::empty({rows * cols / 4}, DType::I32, s), codes_t = Tensor::empty({rows * cols / 4}, DType::I32, s);
     return [x, scale, amax, codes, codes_t, columnwise, &s]() {
-      ops::cuda::fp8_quantize(x, static_cast<const float*>(scale.data_ptr()), ops::Fp8Type::E4M3,
-                              static_cast<uint8_t*>(codes.data_ptr()),
-                              columnwise ? static_cast<uint8_t*>(codes_t.data_ptr()) : nullptr,
-                              static_cast<float*>(amax.data_ptr()), s);
+      quantize_into(x, scale, amax, codes, columnwise ? &codes_t : nullptr, s);
     };
   };
   return b;
