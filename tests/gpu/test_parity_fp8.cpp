@@ -123,7 +123,8 @@ TEST(Fp8Parity, QuantizerMatchesCpuBitForBit) {
 #endif
 }
 
-// The kernels convert with the device's cvt instruction; the host reference with fp8_math::encode.
+// The device's cvt instruction (src/ops/cuda/fp8.cu hardware_encode, which the kernels take when
+// kHardwareConversion is set) against the host reference's fp8_math::encode.
 // Every one of the 2^32 float bit patterns (NaNs, infinities, subnormals, ties) must give the
 // same code in both formats, or the quantizer tests above could pass by the luck of their values.
 TEST(Fp8Parity, DeviceConversionEqualsTheReferenceRuleOnEveryFloat) {
