@@ -138,7 +138,7 @@ Tensor SelfAttention::context(const Tensor& x, const MicroBatch& mb, Saved& save
   const Stream& s = rt.stream;
   const int64_t t = mb.tokens();
   const int64_t hd = cfg_->kv_channels;
-  Tensor qkv = qkv_.gather_and_forward(x, t, saved.x_full, s);
+  Tensor qkv = qkv_.gather_and_forward(x, t, rt.forward_only ? nullptr : &saved.x_full, s);
   if (fused_qk(rt)) {
     if (!rt.forward_only) saved.qkv = qkv;
     if (cfg_->qk_layernorm)

@@ -32,7 +32,7 @@ Mlp::Mlp(const TransformerConfig& config, const std::string& block_prefix, int64
 
 Tensor Mlp::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
-  saved.fc1_out = fc1_.gather_and_forward(x, mb.tokens(), saved.x_full, s);
+  saved.fc1_out = fc1_.gather_and_forward(x, mb.tokens(), rt.forward_only ? nullptr : &saved.x_full, s);
   // The activation output is fc2's input; fc2's weight gradient needs it again in backward, which
   // recomputes it from fc1_out (one cheap pass) rather than keeping [rows, ffn] per layer.
   return fc2_.forward(activate(saved.fc1_out, s), s);
@@ -41,7 +41,7 @@ Tensor Mlp::forward(const Tensor& x, const MicroBatch& mb, Saved& saved, const M
 void Mlp::forward_add(const Tensor& x, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt,
                       const Tensor& residual, Tensor& out) const {
   const Stream& s = rt.stream;
-  saved.fc1_out = fc1_.gather_and_forward(x, mb.tokens(), saved.x_full, s);
+  saved.fc1_out = fc1_.gather_and_forward(x, mb.tokens(), rt.forward_only ? nullptr : &saved.x_full, s);
   fc2_.forward_add(activate(saved.fc1_out, s), residual, out, s);
 }
 

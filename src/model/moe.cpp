@@ -131,7 +131,10 @@ MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefi
       g.grad_output = fp8_->add(prefix + part + ".grad_output", Fp8State::Role::GradOutput);
       for (int e = 0; e < config.moe.num_experts; ++e) {
         const int slot = fp8_->add(expert_name(prefix, e, part.c_str()) + ".weight", Fp8State::Role::Weight);
-        if (e >= first_expert && e < first_expert + local_) g.weight.push_back(slot);
+        if (e >= first_expert && e < first_expert + local_) {
+          g.weight.push_back(slot);
+          fp8_->add_cast_weight((part == "linear_fc2" ? 1 : swiglu ? 2 : 1) * ffn_ * h);
+        }
       }
     };
     add_gemm(fc1_, swiglu ? "linear_fc1_gate" : "linear_fc1");

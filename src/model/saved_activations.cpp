@@ -12,6 +12,13 @@ class Counter {
   explicit Counter(DType activation) : activation_(activation) {}
   void activation(const Tensor& t) { add(t, dtype_size(activation_)); }
   void statistic(const Tensor& t) { add(t, 4); }
+  /// A linear's kept input: the rows, or FP8 codes (one byte an element on CUDA, decoded f32 on
+  /// the CPU) with their scales.
+  void linear_input(const tp::LinearInput& in) {
+    activation(in.x);
+    for (const Tensor* t : {&in.codes.data, &in.codes.data_t, &in.codes.scale_inv, &in.codes.scale_inv_t})
+      if (t->defined()) add(*t, dtype_size(t->dtype()));
+  }
   void norm(const NormRecord& r) {
     activation(r.x);
     statistic(r.mean);
@@ -42,7 +49,7 @@ SavedActivationBytes saved_activation_bytes(const ModelRecord& rec, DType activa
     c.activation(l.x_in);
     c.norm(l.norm1);
     const SelfAttention::Saved& a = l.attention;
-    c.activation(a.x_full);
+    c.linear_input(a.x_full);
     c.norm(a.q_norm);
     c.norm(a.k_norm);
     for (const Tensor* t : {&a.q, &a.k, &a.v, &a.qkv, &a.out, &a.cp.q, &a.cp.k, &a.cp.v})
@@ -52,7 +59,7 @@ SavedActivationBytes saved_activation_bytes(const ModelRecord& rec, DType activa
     c.statistic(a.cp.lse);
     c.activation(l.x_mid);
     c.norm(l.norm2);
-    c.activation(l.mlp.x_full);
+    c.linear_input(l.mlp.x_full);
     c.activation(l.mlp.fc1_out);
     c.activation(l.mlp.act_out);
   }

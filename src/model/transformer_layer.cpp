@@ -117,8 +117,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const MicroBatch& mb, LayerRec
     // gradients need) are recomputed in backward from the saved norm inputs (x_in, x_mid)
     // instead of kept. (Under sequence parallelism they are gathered over TP, which a
     // recomputation would repeat.) An MoE layer keeps its input in rec.moe (router and experts
-    // read it).
-    rec.attention.x_full = rec.mlp.x_full = Tensor();
+    // read it). In FP8 this drops the inputs' column-wise codes, made in the forward's quantize
+    // pass: backward quantizes the recomputed outputs again.
+    rec.attention.x_full = rec.mlp.x_full = {};
   }
   if (mlp.defined()) out = residual_add(mlp, rec.x_mid, mb, rt, p, 2 * layer_ + 2, row_offset);
   if (rt.hooks) rt.hooks->params_done(handles_);
@@ -210,7 +211,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   Tensor dbranch = branch_grad(dy, mb, rt, p, 2 * layer_ + 2, row_offset);
   Tensor dnorm2;
   if (const Mlp* dense = std::get_if<Mlp>(&ffn_)) {
-    if (!rec.mlp.x_full.defined()) rec.mlp.x_full = norm2_.forward(rec.x_mid, rec.norm2, s);
+    if (!rec.mlp.x_full.defined()) rec.mlp.x_full.x = norm2_.forward(rec.x_mid, rec.norm2, s);
     dnorm2 = dense->backward(dbranch, mb, rec.mlp, rt);
   } else {
     dnorm2 = std::get<MoeLayer>(ffn_).backward(dbranch, mb, rec.moe, rt);
@@ -220,7 +221,7 @@ Tensor TransformerLayer::backward(const Tensor& dy, const MicroBatch& mb, LayerR
   dnorm2 = Tensor();
 
   // Attention block: x_mid = x + dropout(attention(norm1(x))).
-  if (!rec.attention.x_full.defined()) rec.attention.x_full = norm1_.forward(rec.x_in, rec.norm1, s);
+  if (!rec.attention.x_full.defined()) rec.attention.x_full.x = norm1_.forward(rec.x_in, rec.norm1, s);
   Tensor dnorm1 = attention_.backward(branch_grad(dx_mid, mb, rt, p, 2 * layer_ + 1, row_offset), mb,
                                       rec.attention, rt);
   Tensor dx = norm1_.backward_add(dnorm1, dx_mid, rec.norm1, s);

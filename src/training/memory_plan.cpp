@@ -45,8 +45,18 @@ bool fused_qk(const TransformerConfig& m, PlanDevice device) {
   return device == PlanDevice::Cpu || (m.kv_channels % 32 == 0 && m.kv_channels <= 256);
 }
 
+/// A layer whose linears run in FP8 with FP8 weight gradients: on CUDA the QKV and fc1 inputs
+/// are kept as their column-wise codes (tp::LinearInput), one byte an element (blockwise: token
+/// rows padded to 128 and one f32 scale per 128 tokens of a feature), and fc1's quantized output
+/// gradient (both orientations) lives through its backward. On the CPU the codes are decoded f32,
+/// the size of the activations they replace.
+struct LayerFp8 {
+  bool codes = false;
+  bool blockwise = false;
+};
+
 LayerBytes layer_bytes(const TransformerConfig& m, int tp, bool sp, int64_t tokens, const Bytes& b,
-                       PlanDevice device) {
+                       PlanDevice device, LayerFp8 fp8 = {}) {
   const int64_t T = tokens;                  // all rows of the micro-batch (per CP rank)
   const int64_t rows = sp ? T / tp : T;      // this rank's rows between TP regions
   const int64_t H = m.hidden_size;
@@ -67,7 +77,14 @@ LayerBytes layer_bytes(const TransformerConfig& m, int tp, bool sp, int64_t toke
   // The norm outputs (QKV and fc1 inputs; under SP the all-rows gathers) are kept, except with
   // --recompute-modules layernorm (without SP), which recomputes them from x_in / x_mid.
   const bool recomputed_norms = m.recompute_norms && !sp;
-  if (!recomputed_norms) l.saved += b.act * 2 * T * H;
+  const bool fp8_codes = fp8.codes && device == PlanDevice::Cuda;
+  if (recomputed_norms) {
+  } else if (fp8_codes) {
+    const int64_t padded = fp8.blockwise ? (T + 127) / 128 * 128 : T;
+    l.saved += 2 * (padded * H + (fp8.blockwise ? b.stat * H * (padded / 128) : 0));
+  } else {
+    l.saved += b.act * 2 * T * H;
+  }
   if (m.qk_layernorm) {
     if (fused) l.saved += b.stat * T * (nh + ng);  // q/k norm statistics
     else l.saved += b.act * (T * hq + T * hkv) + norm_stats * (T * nh + T * ng);  // pre-norm q, k
@@ -76,7 +93,8 @@ LayerBytes layer_bytes(const TransformerConfig& m, int tp, bool sp, int64_t toke
   l.forward_temporaries = b.act * T * (hq + 2 * hkv);
   // Backward, MLP: the recomputed norm output (if), the gradient of the full rows, the recomputed
   // activation and its gradient, then fc1's output gradient.
-  const int64_t mlp = b.act * ((recomputed_norms ? T * H : 0) + T * H + 2 * T * F + T * fc1);
+  const int64_t mlp = b.act * ((recomputed_norms ? T * H : 0) + T * H + 2 * T * F + T * fc1) +
+                      (fp8_codes ? 2 * T * fc1 : 0);
   // Backward, attention: the recomputed norm output (if), d(out), the recomputed rows, d(qkv), the
   // flash kernel's fp32 row sums and dq accumulator (CUDA).
   int64_t attn = b.act * ((recomputed_norms ? T * H : 0) + T * hq + 2 * T * (hq + 2 * hkv));
@@ -93,10 +111,15 @@ struct ChunkBytes {
   int64_t temporaries = 0;
 };
 
+/// `fp8`: the FP8 linears' state (null without FP8): which layers run in FP8.
 ChunkBytes chunk_bytes(const TransformerConfig& m, const pp::LayerRange& range, bool head, int tp,
-                       bool sp, int64_t tokens, const Bytes& b, PlanDevice device) {
+                       bool sp, int64_t tokens, const Bytes& b, PlanDevice device, const Fp8State* fp8 = nullptr) {
   ChunkBytes c;
-  const LayerBytes l = layer_bytes(m, tp, sp, tokens, b, device);
+  const LayerBytes high = layer_bytes(m, tp, sp, tokens, b, device);
+  const LayerBytes low = fp8 == nullptr ? high
+                                        : layer_bytes(m, tp, sp, tokens, b, device,
+                                                      {.codes = fp8->settings().wgrad, .blockwise = fp8->blockwise()});
+  auto layer = [&](int global) -> const LayerBytes& { return fp8 != nullptr && fp8->fp8_layer(global) ? low : high; };
   const int64_t rows = sp ? tokens / tp : tokens;
   const bool full = m.recompute_granularity == RecomputeGranularity::Full;
   const bool uniform = m.recompute_method == RecomputeMethod::Uniform;
@@ -105,14 +128,19 @@ ChunkBytes chunk_bytes(const TransformerConfig& m, const pp::LayerRange& range, 
   for (int i = 0; i < range.count; i += unit, ++index) {
     const int n = std::min(unit, range.count - i);
     const bool recomputed = full && (uniform || index < m.recompute_num_layers);
+    int64_t saved = 0;
+    for (int k = i; k < i + n; ++k) {
+      const LayerBytes& l = layer(range.first + k);
+      saved += l.saved;
+      c.temporaries = std::max({c.temporaries, l.forward_temporaries, l.backward_temporaries});
+    }
     if (recomputed) {
       c.records += b.act * rows * m.hidden_size;  // the unit's input only
-      c.rebuilt = std::max(c.rebuilt, n * l.saved);
+      c.rebuilt = std::max(c.rebuilt, saved);
     } else {
-      c.records += n * l.saved;
+      c.records += saved;
     }
   }
-  c.temporaries = std::max(l.forward_temporaries, l.backward_temporaries);
   if (head) {
     const int64_t H = m.hidden_size;
     const int64_t norm_stats = (m.normalization == NormType::LayerNorm ? 2 : 1) * b.stat;
@@ -166,11 +194,17 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
   mp.ep = ParallelGroup{nullptr, 0, std::max(1, pc.expert_model_parallel_size)};
   mp.expert_tp = ParallelGroup{nullptr, 0, std::max(1, pc.expert_tensor_parallel_size)};
   const int ed = std::max(1, pc.expert_data_parallel_size);  // expert buckets' group
-  // --fp8-param-gather: the FP8 linears register the weights whose codes the gather moves.
+  // FP8: the linears register the weights they cast each step (and, with --fp8-param-gather,
+  // those whose codes the gather moves).
   const Fp8Config& f8 = cfg.fp8;
-  if (f8.enabled() && f8.param_gather && pc.use_distributed_optimizer && !pc.use_custom_fsdp &&
-      (f8.recipe == Fp8Recipe::Delayed || f8.recipe == Fp8Recipe::Tensorwise))
-    mp.fp8 = std::make_shared<Fp8State>(fp8_settings(cfg));
+  const bool fp8_param_gather = f8.enabled() && f8.param_gather && pc.use_distributed_optimizer &&
+                                !pc.use_custom_fsdp &&
+                                (f8.recipe == Fp8Recipe::Delayed || f8.recipe == Fp8Recipe::Tensorwise);
+  if (f8.enabled()) {
+    Fp8Settings settings = fp8_settings(cfg);
+    settings.param_gather = fp8_param_gather;
+    mp.fp8 = std::make_shared<Fp8State>(settings);
+  }
   const auto ranges = pp::stage_layers(m.num_layers, pp, vpp, pp_rank, pc.decoder_first_pipeline_num_layers,
                                        pc.decoder_last_pipeline_num_layers);
   std::vector<std::unique_ptr<GptModel>> chunks;
@@ -229,18 +263,24 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     st.grads = 4 * S + (dpo.distributed_optimizer ? 4 * opt : 0);  // + the reduced shard
     st.masters = 4 * opt;
     st.moments = 8 * opt;
-    if (mp.fp8 && shard > 1) {
-      // The codes of every FP8 weight (kept between steps) and one bucket's staging buffer (the
-      // owned parameters and codes as they travel, in the parameter dtype).
-      int64_t codes = 0, staging = 0;
+    if (fp8_param_gather && shard > 1) {
+      // One bucket's staging buffer (the owned parameters and codes as they travel, in the
+      // parameter dtype); the gathered codes take the place of the casts counted below.
+      int64_t staging = 0;
       for (const Fp8State::GatheredWeight& g : mp.fp8->gathered_weights()) {
-        for (int h = g.first; h <= g.last; ++h) codes += store.desc(h).numel();
         const GradBucket& bk = store.buckets()[static_cast<size_t>(store.bucket_of(g.first))];
         staging = std::max(staging, bk.end - bk.begin);
       }
-      st.fp8_codes = 4 * codes;
       st.comm_buffers += b.weight * staging;
     }
+  }
+  if (mp.fp8) {
+    // The FP8 weight codes kept through a step: each linear's (and local expert's) cast at its
+    // first use, or the gathered codes in its place. CUDA keeps both orientations, a byte each
+    // an element (blockwise's 128x128 scale grids are 1/4096 of that: left out); the CPU keeps
+    // decoded f32, one orientation per-tensor, both blockwise.
+    const int64_t per_element = device == PlanDevice::Cuda ? 2 : mp.fp8->blockwise() ? 8 : 4;
+    st.fp8_codes = per_element * mp.fp8->cast_weight_elements();
   }
 
   // Activations: the schedule's worst point, replayed from this stage's action list.
@@ -250,7 +290,8 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
   const int64_t tokens = static_cast<int64_t>(cfg.training.micro_batch_size) * m.seq_length * doubled / cp;
   std::vector<ChunkBytes> cb;
   for (size_t c = 0; c < ranges.size(); ++c)
-    cb.push_back(chunk_bytes(m, ranges[c], pp_rank == pp - 1 && c + 1 == ranges.size(), tp, sp, tokens, b, device));
+    cb.push_back(chunk_bytes(m, ranges[c], pp_rank == pp - 1 && c + 1 == ranges.size(), tp, sp, tokens, b, device,
+                             mp.fp8.get()));
   const int dp = std::max(1, pc.data_parallel_size);
   const int M = std::max(1, cfg.training.num_micro_batches(dp));
   pp::ScheduleConfig sc;
@@ -378,7 +419,7 @@ std::string format_memory_plan(const MemoryPlan& plan, const RunConfig& config) 
   row("Adam moments (fp32 m, v)", [](const StageMemory& s) { return s.moments; });
   bool fp8_codes = false;
   for (const StageMemory& s : plan.stages) fp8_codes |= s.fp8_codes > 0;
-  if (fp8_codes) row("FP8 weight codes (--fp8-param-gather)", [](const StageMemory& s) { return s.fp8_codes; });
+  if (fp8_codes) row("FP8 weight codes (one step's casts)", [](const StageMemory& s) { return s.fp8_codes; });
   row("activations per micro-batch", [](const StageMemory& s) { return s.activations_per_micro_batch; });
   os << "  x micro-batches in flight (pipeline schedule)" << std::string(1, ' ');
   for (const StageMemory& s : plan.stages) {

@@ -83,10 +83,21 @@ void linear_parity(Fp8Scaling scaling, int64_t tokens = 256) {
     for (int step = 0; step < (scaling == Fp8Scaling::Delayed ? 2 : 1); ++step) {
       state->begin_step(s);
       Tensor y = Tensor::empty({tokens, out}, act, s);
-      lin.forward(x, w, y, {}, s);
+      tp::LinearInput kept;  // the column-wise codes of x, made by the forward's quantize pass
+      lin.forward(x, w, y, {}, s, &kept);
       Tensor dw = Tensor::zeros({out, in}, DType::F32, s);
-      const Tensor dx = lin.backward(dy, x, w, dw, s);
+      const Tensor dx = lin.backward(dy, kept, w, dw, s);
+      // From x quantized again instead: the same codes, so the same weight gradient bit for bit;
+      // on CUDA only the transposed codes are kept (one byte an element).
+      Tensor dw_from_x = Tensor::zeros({out, in}, DType::F32, s);
+      lin.backward(dy, tp::LinearInput::rows(x), w, dw_from_x, s);
       s.synchronize();
+      EXPECT_EQ(test::to_doubles(dw_from_x, s), test::to_doubles(dw, s)) << (side == 0 ? "cpu" : "cuda");
+      if (side == 1) {
+        EXPECT_FALSE(kept.codes.data.defined());
+        ASSERT_TRUE(kept.codes.data_t.defined());
+        EXPECT_EQ(kept.codes.data_t.numel() * 4, tokens * in);  // bytes, held in an I32 tensor
+      }
       res[side] = {test::to_doubles(y, s), test::to_doubles(dx, s), test::to_doubles(dw, s)};
       state->finish_step(nullptr, nullptr, s);
     }

@@ -39,7 +39,7 @@ class SelfAttention {
  public:
   /// What backward needs from forward (one per in-flight micro-batch).
   struct Saved {
-    Tensor x_full;  ///< the QKV input, all rows (gathered under SP)
+    tp::LinearInput x_full;  ///< what the QKV weight gradient needs of its input (all rows; tp::LinearInput)
     NormRecord q_norm, k_norm;
     Tensor q, k, v;       ///< after norm and RoPE: [rows, heads·d], [rows, groups·d] (no CP)
     Tensor qkv, qk_rstd;  ///< fused path: the raw QKV rows and the q/k norm statistics

@@ -24,7 +24,7 @@ class Mlp {
  public:
   /// What backward needs from forward (one per in-flight micro-batch).
   struct Saved {
-    Tensor x_full;   ///< fc1's input, all rows (gathered under SP)
+    tp::LinearInput x_full;  ///< what fc1's weight gradient needs of its input (all rows; tp::LinearInput)
     Tensor fc1_out;  ///< pre-activation [rows, (2·)ffn/tp]
     Tensor act_out;  ///< fc2's input [rows, ffn/tp]: not kept; the backward recomputes it
   };

@@ -68,6 +68,10 @@ class Fp8State {
   /// Registers a scaled tensor under a global name ("<linear weight name>.input" ...); returns
   /// its index. All registrations come before the first amax()/scale() call.
   int add(const std::string& name, Role role);
+  /// The elements of a weight this rank casts at its first use in every step and keeps for the
+  /// step (a linear's, or a local expert's): what the memory plan counts as FP8 weight codes.
+  void add_cast_weight(int64_t elements) { cast_weight_elements_ += elements; }
+  int64_t cast_weight_elements() const { return cast_weight_elements_; }
   int size() const { return static_cast<int>(names_.size()); }
   const std::string& name(int i) const { return names_[static_cast<size_t>(i)]; }
   ops::Fp8Type type(int i) const;
@@ -128,6 +132,7 @@ class Fp8State {
   Tensor amax_;   ///< [n, 1] f32 on the device
   Tensor scale_;  ///< [n, 1] f32 on the device
   uint64_t generation_ = 0;
+  int64_t cast_weight_elements_ = 0;
   std::vector<GatheredWeight> gathered_;
   bool have_gathered_ = false;
   Tensor gathered_amax_;  ///< [n_gathered] f32: delayed, the shard casts' amaxes (see gathered())

@@ -42,8 +42,10 @@ struct StageMemory {
   int64_t grads = 0;             ///< fp32 main gradients (+ the distributed optimizer's reduced shard)
   int64_t masters = 0;           ///< fp32 master weights (0 where they are the fp32 weights)
   int64_t moments = 0;           ///< Adam m and v
-  /// --fp8-param-gather: the gathered codes of the FP8 linears' weights (the CPU backend keeps
-  /// them decoded, 4 bytes an element; the staging buffer of the gather is in comm_buffers)
+  /// FP8: the codes of the FP8 linears' and local experts' weights kept through a step (each
+  /// one's cast at its first use, or the --fp8-param-gather codes in its place): CUDA 2 bytes an
+  /// element (both orientations), the CPU decoded f32 (4; 8 blockwise). The gather's staging
+  /// buffer is in comm_buffers.
   int64_t fp8_codes = 0;
   int64_t activations_per_micro_batch = 0;  ///< saved records of one micro-batch, all chunks
   int64_t activations = 0;       ///< saved records at the schedule's worst point

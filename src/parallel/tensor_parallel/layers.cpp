@@ -63,11 +63,13 @@ const Stream* side_stream(const ModelParallel& mp, const Stream& s) {
 
 // ------------------------------------------------------------------------------ FP8 linears
 
-Fp8Linear::Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, const ModelParallel& mp)
+Fp8Linear::Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, const ModelParallel& mp,
+                     int64_t weight_elements)
     : state_(std::move(state)), tp_(mp.tp.get()), cp_(mp.cp.get()) {
   if (!state_) return;
   x_ = state_->add(name + ".input", Fp8State::Role::Input);
   w_ = state_->add(name + ".weight", Fp8State::Role::Weight);
+  state_->add_cast_weight(weight_elements);
   dy_ = state_->add(name + ".grad_output", Fp8State::Role::GradOutput);
 }
 
@@ -115,9 +117,15 @@ const ops::Fp8Tensor& Fp8Linear::weight(const Tensor& w, const Stream& s) const 
 }
 
 void Fp8Linear::forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::GemmArgs& args,
-                        const Stream& s) const {
+                        const Stream& s, LinearInput* keep) const {
+  if (keep != nullptr && !state_->settings().wgrad) {  // --no-fp8-wgrad: the weight gradient reads x
+    forward(x, w, y, args, s);
+    *keep = LinearInput::rows(x);
+    return;
+  }
   if (state_->blockwise() && x.rows() % ops::kFp8BlockSize != 0) {
-    // Token rows padded to a multiple of 128 (pad_token_rows), the real rows copied back.
+    // Token rows padded to a multiple of 128 (pad_token_rows), the real rows copied back; the
+    // kept codes are the padded rows' (the weight gradient reads them padded).
     const Tensor xp = pad_token_rows(x, s);
     Tensor yp = args.beta != 0.0f && args.addend == nullptr ? pad_token_rows(y, s)
                                                             : Tensor::empty({xp.rows(), y.cols()}, y.dtype(), s);
@@ -127,16 +135,21 @@ void Fp8Linear::forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::
       addend = pad_token_rows(*args.addend, s);
       a.addend = &addend;
     }
-    forward(xp, w, yp, a, s);
+    forward(xp, w, yp, a, s, keep);
     Tensor head = yp.narrow(0, x.rows());
     copy_tensor(head, y, s);
     return;
   }
   const ops::Fp8Tensor& wq = weight(w, s);
-  const ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/false, s);
+  ops::Fp8Tensor xq = cast(x_, x, /*activation=*/true, /*columnwise=*/keep != nullptr, s);
   ops::GemmArgs a = args;
   a.trans_b = true;
   ops::fp8_gemm(xq, wq, y, a, s);
+  if (keep == nullptr) return;
+  // The weight gradient reads the column-wise codes alone; the row-wise ones go (the CPU's
+  // per-tensor codes have one orientation, read either way: kept).
+  if (xq.data_t.defined()) xq.data = Tensor();
+  *keep = LinearInput::fp8(std::move(xq));
 }
 
 ops::Fp8Tensor Fp8Linear::quantize_grad(const Tensor& dy, const Stream& s) const {
@@ -153,25 +166,28 @@ Tensor Fp8Linear::backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, con
   return dx;
 }
 
-void Fp8Linear::backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const Tensor& x, Tensor& dw,
+void Fp8Linear::backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const LinearInput& input, Tensor& dw,
                                 const Stream& s) const {
   if (!state_->settings().wgrad) {  // --no-fp8-wgrad
-    ops::gemm(dy, x, dw, {.trans_a = true, .beta = 1.0f}, s);
+    ops::gemm(dy, input.x, dw, {.trans_a = true, .beta = 1.0f}, s);
     return;
   }
-  // x again, with the forward's scale (the same codes), column-wise only: the GEMM reads the
-  // transposed codes alone (blockwise: tiles of 128 tokens of one feature, along K = tokens).
-  const bool blockwise = state_->blockwise();
-  const ops::Fp8Tensor xq = cast(x_, blockwise ? pad_token_rows(x, s) : x, /*activation=*/true,
-                                 /*columnwise=*/true, s, /*rowwise=*/false);
+  // The codes the forward kept, or x quantized again with the forward's scale (the same codes),
+  // column-wise only: the GEMM reads the transposed codes alone (blockwise: tiles of 128 tokens
+  // of one feature, along K = tokens).
+  ops::Fp8Tensor cast_now;
+  if (!input.codes.defined())
+    cast_now = cast(x_, state_->blockwise() ? pad_token_rows(input.x, s) : input.x, /*activation=*/true,
+                    /*columnwise=*/true, s, /*rowwise=*/false);
+  const ops::Fp8Tensor& xq = input.codes.defined() ? input.codes : cast_now;
   ops::fp8_gemm(dy_q, xq, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
 }
 
-Tensor Fp8Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw,
+Tensor Fp8Linear::backward(const Tensor& dy, const LinearInput& input, const Tensor& w, Tensor& dw,
                            const Stream& s) const {
   const ops::Fp8Tensor dy_q = quantize_grad(dy, s);
   Tensor dx = backward_data(dy_q, w, s, dy.rows());
-  backward_weight(dy_q, dy, x, dw, s);
+  backward_weight(dy_q, dy, input, dw, s);
   return dx;
 }
 
@@ -192,7 +208,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, const std::vec
     w_last_ = h;
     local_out_ += parts[i].out_features / mp.tp.size;
   }
-  fp8_ = Fp8Linear(mp.fp8, parts[0].name, mp);
+  fp8_ = Fp8Linear(mp.fp8, parts[0].name, mp, local_out_ * in_features);
   fp8_.gather_weight(w_first_, w_last_);
   if (bias) {
     const ParamInit zero{InitKind::Zeros, 0.0f};
@@ -210,39 +226,38 @@ Tensor ColumnParallelLinear::gather_input(const Tensor& x, int64_t rows, const S
   return mp_.sequence_parallel ? gather_rows(x, rows, mp_.tp.get(), s) : x;
 }
 
-Tensor ColumnParallelLinear::gather_and_forward(const Tensor& x, int64_t rows, Tensor& x_full,
+Tensor ColumnParallelLinear::gather_and_forward(const Tensor& x, int64_t rows, LinearInput* keep,
                                                 const Stream& s) const {
-  if (!overlapped(mp_)) {
-    x_full = gather_input(x, rows, s);
-    return forward(x_full, s);
-  }
+  if (!overlapped(mp_)) return forward(gather_input(x, rows, s), s, keep);
   Tensor b;
   if (b_first_ >= 0) b = store_->param_span(b_first_, b_last_);
   const Tensor w = store_->param_span(w_first_, w_last_);
   Tensor y = Tensor::empty({rows, w.rows()}, x.dtype(), s);
   // Each gathered shard's rows of y as soon as the shard is here (row-wise: the same numbers).
-  x_full = gather_rows_overlapped(x, rows, *mp_.tp.comm, s, side_stream(mp_, s),
-                                  [&](int64_t first, const Tensor& x_rows) {
-                                    Tensor y_rows = y.narrow(first, x_rows.rows());
-                                    ops::gemm(x_rows, w, y_rows,
-                                              {.trans_b = true, .bias = b_first_ >= 0 ? &b : nullptr}, s);
-                                  });
+  Tensor x_full = gather_rows_overlapped(x, rows, *mp_.tp.comm, s, side_stream(mp_, s),
+                                         [&](int64_t first, const Tensor& x_rows) {
+                                           Tensor y_rows = y.narrow(first, x_rows.rows());
+                                           ops::gemm(x_rows, w, y_rows,
+                                                     {.trans_b = true, .bias = b_first_ >= 0 ? &b : nullptr}, s);
+                                         });
+  if (keep != nullptr) *keep = LinearInput::rows(x_full);
   return y;
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x_full, const Stream& s) const {
+Tensor ColumnParallelLinear::forward(const Tensor& x_full, const Stream& s, LinearInput* keep) const {
   Tensor b;
   if (b_first_ >= 0) b = store_->param_span(b_first_, b_last_);
   if (fp8_.active()) {
     const Tensor w = store_->param_span(w_first_, w_last_);
     Tensor y = Tensor::empty({x_full.rows(), w.rows()}, x_full.dtype(), s);
-    fp8_.forward(x_full, w, y, {.bias = b_first_ >= 0 ? &b : nullptr}, s);
+    fp8_.forward(x_full, w, y, {.bias = b_first_ >= 0 ? &b : nullptr}, s, keep);
     return y;
   }
+  if (keep != nullptr) *keep = LinearInput::rows(x_full);
   return linear(x_full, store_->param_span(w_first_, w_last_), b_first_ >= 0 ? &b : nullptr, s);
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x_full, const Stream& s) const {
+Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearInput& input, const Stream& s) const {
   Tensor db;
   if (b_first_ >= 0) db = store_->grad_span(b_first_, b_last_);
   if (overlapped(mp_)) {
@@ -254,17 +269,17 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const Tensor& x_full, co
         dy.rows(), w.cols(), dy.dtype(), *mp_.tp.comm, s, side_stream(mp_, s),
         [&](int64_t first, Tensor& dx_rows) { ops::gemm(dy.narrow(first, dx_rows.rows()), w, dx_rows, {}, s); },
         [&] {
-          ops::gemm(dy, x_full, dw, {.trans_a = true, .beta = 1.0f}, s);
+          ops::gemm(dy, input.x, dw, {.trans_a = true, .beta = 1.0f}, s);
           if (db.defined()) ops::sum_rows(dy, db, s);
         });
   }
   if (fp8_.active()) {
     Tensor dw = store_->grad_span(w_first_, w_last_);
-    Tensor dx = fp8_.backward(dy, x_full, store_->param_span(w_first_, w_last_), dw, s);
+    Tensor dx = fp8_.backward(dy, input, store_->param_span(w_first_, w_last_), dw, s);
     if (db.defined()) ops::sum_rows(dy, db, s);
     return reduce_to_local_rows(dx, mp_, s);
   }
-  Tensor dx = linear_backward(dy, x_full, store_->param_span(w_first_, w_last_),
+  Tensor dx = linear_backward(dy, input.x, store_->param_span(w_first_, w_last_),
                               store_->grad_span(w_first_, w_last_), db, s);
   return reduce_to_local_rows(dx, mp_, s);
 }
@@ -282,7 +297,7 @@ RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& n
                       {.init = {InitKind::Zeros, 0.0f},
                        .weight_decay = false,
                        .tp = {.split = TpSplit::Replicated, .rank = mp.tp.rank, .size = mp.tp.size}});
-  fp8_ = Fp8Linear(mp.fp8, name, mp);
+  fp8_ = Fp8Linear(mp.fp8, name, mp, out_features * (in_features / mp.tp.size));
   fp8_.gather_weight(weight_, weight_);
 }
 
@@ -337,9 +352,8 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<Tensor(
     dy_full = mp_.sequence_parallel ? gather_rows(dy, rows, mp_.tp.get(), s) : dy;
     const ops::Fp8Tensor dy_q = fp8_.quantize_grad(dy_full, s);
     dx = fp8_.backward_data(dy_q, w, s, dy_full.rows());
-    const Tensor x = input(dx);
     Tensor dw = store_->grad(weight_);
-    fp8_.backward_weight(dy_q, dy_full, x, dw, s);
+    fp8_.backward_weight(dy_q, dy_full, LinearInput::rows(input(dx)), dw, s);
     if (bias_ >= 0) {
       Tensor db = store_->grad(bias_);
       ops::sum_rows(dy_full, db, s);

@@ -106,11 +106,11 @@ void run_linear_case(const Fp8LinearCase& c) {
   lin.forward(x, w, y, {}, s);
   expect_close(y, c.y, "y");
   Tensor dw = Tensor::zeros({kOut, kIn}, DType::F32, s);
-  const Tensor dx = lin.backward(dy, x, w, dw, s);
+  const Tensor dx = lin.backward(dy, tp::LinearInput::rows(x), w, dw, s);
   expect_close(dx, c.dx, "dx");
   expect_close(dw, c.dw, "dw");
   // dW accumulates (the fp32 main-grad contract): a second backward doubles it.
-  lin.backward(dy, x, w, dw, s);
+  lin.backward(dy, tp::LinearInput::rows(x), w, dw, s);
   const std::vector<float> twice = dw.to_floats(s);
   for (size_t i = 0; i < twice.size(); ++i)
     EXPECT_NEAR(twice[i], 2 * f(c.dw[i]), std::fabs(f(c.dw[i])) * 1e-6f + 1e-30f) << "dw twice [" << i << "]";
@@ -326,7 +326,7 @@ void blockwise_linear(int64_t tokens) {
     lin.forward(x, w, y, {}, s);
     expect_rel_close(y, y_ref, "y");
     Tensor dw = Tensor::zeros({out, in}, DType::F32, s);
-    const Tensor dx = lin.backward(dy, x, w, dw, s);
+    const Tensor dx = lin.backward(dy, tp::LinearInput::rows(x), w, dw, s);
     ASSERT_EQ(dx.rows(), tokens);
     expect_rel_close(dx, dx_ref, "dx");
     expect_rel_close(dw, dw_ref, "dw");
@@ -346,3 +346,43 @@ void blockwise_linear(int64_t tokens) {
 TEST(Fp8Linear, BlockwiseMatchesTheBlockScaledEmulation) { blockwise_linear(256); }
 
 TEST(Fp8Linear, BlockwisePadsTruncatedTokenRows) { blockwise_linear(200); }
+
+TEST(Fp8Linear, KeptInputCodesGiveTheGradientsOfTheInput) {
+  // The forward keeps the column-wise codes of x for the weight gradient (tp::LinearInput)
+  // instead of x: the gradients must be those of the backward that quantizes x again, bit for
+  // bit, under every recipe (blockwise with token rows that need padding), and with
+  // --no-fp8-wgrad x itself is kept.
+  const Stream& s = Stream::cpu();
+  const int64_t tokens = 200, in = 256, out = 128;
+  const Tensor x = Tensor::from_floats(lcg_values(static_cast<size_t>(tokens * in), 11, 2.0f), {tokens, in});
+  const Tensor w = Tensor::from_floats(lcg_values(static_cast<size_t>(out * in), 12, 0.05f), {out, in});
+  const Tensor dy = Tensor::from_floats(lcg_values(static_cast<size_t>(tokens * out), 13, 1e-3f), {tokens, out});
+  for (const Fp8Scaling scaling : {Fp8Scaling::Delayed, Fp8Scaling::Tensorwise, Fp8Scaling::Blockwise})
+    for (const bool wgrad : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "scaling " << static_cast<int>(scaling) << " wgrad " << wgrad);
+      Fp8Settings st;
+      st.scaling = scaling;
+      st.wgrad = wgrad;
+      auto state = std::make_shared<Fp8State>(st);
+      tp::Fp8Linear lin(state, "layer.linear", ModelParallel::single());
+      for (int step = 0; step < 2; ++step) {  // step 1: delayed scaling's scales from step 0's amaxes
+        state->begin_step(s);
+        Tensor y = Tensor::empty({tokens, out}, DType::F32, s), y_kept = Tensor::empty({tokens, out}, DType::F32, s);
+        lin.forward(x, w, y, {}, s);
+        tp::LinearInput kept;
+        lin.forward(x, w, y_kept, {}, s, &kept);
+        EXPECT_EQ(y.to_floats(s), y_kept.to_floats(s));
+        EXPECT_EQ(kept.x.defined(), !wgrad);
+        EXPECT_EQ(kept.codes.defined(), wgrad);
+        Tensor dw = Tensor::zeros({out, in}, DType::F32, s), dw_kept = Tensor::zeros({out, in}, DType::F32, s);
+        const Tensor dx = lin.backward(dy, tp::LinearInput::rows(x), w, dw, s);
+        const Tensor dx_kept = lin.backward(dy, kept, w, dw_kept, s);
+        EXPECT_EQ(dx.to_floats(s), dx_kept.to_floats(s));
+        const std::vector<float> a = dw.to_floats(s), b = dw_kept.to_floats(s);
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(bits_of(a[i]), bits_of(b[i])) << "dw[" << i << "]";
+        EXPECT_GT(*std::max_element(a.begin(), a.end()), 0.0f);  // a real gradient, not zeros
+        state->finish_step(nullptr, nullptr, s);
+      }
+    }
+}

@@ -275,22 +275,67 @@ TEST(MemoryPlan, CountsWhatTheModelsForwardKeeps) {
   }
 }
 
+// The FP8 linears' weight elements per layer of the 1.7B model: QKV 3·2048², proj 2048², fc1
+// (SwiGLU) 2·6144·2048, fc2 2048·6144.
+constexpr int64_t kFp8WeightsPerLayer1p7b = 4LL * 2048 * 2048 + 3LL * 6144 * 2048;
+
 TEST(MemoryPlan, CountsTheFp8ParamGatherCodesAndStagingBuffer) {
-  // --fp8-param-gather (CPU backend, distributed optimizer over 4 ranks, one bucket): the codes
-  // of the FP8 linears' weights, 4 bytes an element (the CPU keeps codes decoded), and a staging
-  // buffer of the one bucket (the whole flat buffer in the parameter dtype: the weights' bytes).
-  // Per layer of the 1.7B model: QKV 3·2048², proj 2048², fc1 (SwiGLU) 2·6144·2048, fc2 2048·6144.
+  // --fp8-param-gather (CPU backend, distributed optimizer over 4 ranks, one bucket): the
+  // gathered codes take the place of the step's weight casts (4 bytes an element either way:
+  // the CPU keeps codes decoded), and a staging buffer of the one bucket (the whole flat buffer
+  // in the parameter dtype: the weights' bytes) is added.
   RunConfig cfg = config_1p7b(4, 16, {"--use-distributed-optimizer", "--fp8-format", "hybrid"});
   const StageMemory without = plan_memory(cfg, PlanDevice::Cpu).stages.at(0);
-  EXPECT_EQ(without.fp8_codes, 0);
+  EXPECT_EQ(without.fp8_codes, 4 * 28 * kFp8WeightsPerLayer1p7b);
   cfg.fp8.param_gather = true;
   const StageMemory with = plan_memory(cfg, PlanDevice::Cpu).stages.at(0);
-  const int64_t per_layer = 4LL * 2048 * 2048 + 3LL * 6144 * 2048;
-  EXPECT_EQ(with.fp8_codes, 4 * 28 * per_layer);
+  EXPECT_EQ(with.fp8_codes, without.fp8_codes);
   EXPECT_EQ(with.comm_buffers - without.comm_buffers, with.weights);
-  EXPECT_EQ(with.persistent() - without.persistent(), with.fp8_codes);
-  // Without the distributed optimizer nothing is gathered.
+  EXPECT_EQ(with.persistent(), without.persistent());
+  // Without the distributed optimizer nothing is gathered: no staging buffer.
   RunConfig ddp = config_1p7b(4, 16, {"--fp8-format", "hybrid"});
+  const int64_t ddp_comm = plan_memory(ddp, PlanDevice::Cpu).stages.at(0).comm_buffers;
   ddp.fp8.param_gather = true;
-  EXPECT_EQ(plan_memory(ddp, PlanDevice::Cpu).stages.at(0).fp8_codes, 0);
+  EXPECT_EQ(plan_memory(ddp, PlanDevice::Cpu).stages.at(0).comm_buffers, ddp_comm);
+}
+
+TEST(MemoryPlan, CountsTheFp8WeightCastsAndTheKeptInputCodes) {
+  // One H200, the 1.7B at seq 2048, micro-batch 4. FP8 adds each FP8 linear's weight cast of the
+  // step (both orientations, a byte each an element) and keeps the QKV and fc1 inputs of its
+  // layers as codes (a byte an element instead of bf16's two): 2 · T · H bytes fewer a layer.
+  const int64_t T = 4 * 2048, H = 2048;
+  const StageMemory bf16 = plan_memory(config_1p7b(1, 32), PlanDevice::Cuda).stages.at(0);
+  EXPECT_EQ(bf16.fp8_codes, 0);
+  for (const char* recipe : {"delayed", "tensorwise"}) {
+    SCOPED_TRACE(recipe);
+    const StageMemory f8 =
+        plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--fp8-recipe", recipe}), PlanDevice::Cuda).stages.at(0);
+    EXPECT_EQ(f8.fp8_codes, 2 * 28 * kFp8WeightsPerLayer1p7b);
+    EXPECT_EQ(bf16.activations_per_micro_batch - f8.activations_per_micro_batch, 28 * 2 * T * H);
+    EXPECT_EQ(f8.persistent() - bf16.persistent(), f8.fp8_codes);
+  }
+  // Blockwise: the kept codes carry one f32 scale per 128 tokens of a feature.
+  const StageMemory blk =
+      plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"}), PlanDevice::Cuda)
+          .stages.at(0);
+  EXPECT_EQ(bf16.activations_per_micro_batch - blk.activations_per_micro_batch, 28 * 2 * (T * H - 4 * H * (T / 128)));
+  // The bf16 first and last layers cast nothing and keep their inputs in bf16.
+  const StageMemory edges = plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
+                                                             "--num-layers-at-start-in-bf16", "2",
+                                                             "--num-layers-at-end-in-bf16", "1"}),
+                                        PlanDevice::Cuda)
+                                .stages.at(0);
+  EXPECT_EQ(edges.fp8_codes, 2 * 25 * kFp8WeightsPerLayer1p7b);
+  EXPECT_EQ(bf16.activations_per_micro_batch - edges.activations_per_micro_batch, 25 * 2 * T * H);
+  // --no-fp8-wgrad: the weight gradients read the bf16 inputs, which are kept.
+  const StageMemory bf16_wgrad =
+      plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--no-fp8-wgrad"}), PlanDevice::Cuda).stages.at(0);
+  EXPECT_EQ(bf16_wgrad.activations_per_micro_batch, bf16.activations_per_micro_batch);
+  // The CPU backend keeps decoded f32 codes: 4 bytes an element, 8 blockwise (both orientations).
+  EXPECT_EQ(plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid"}), PlanDevice::Cpu).stages.at(0).fp8_codes,
+            4 * 28 * kFp8WeightsPerLayer1p7b);
+  EXPECT_EQ(plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"}), PlanDevice::Cpu)
+                .stages.at(0)
+                .fp8_codes,
+            8 * 28 * kFp8WeightsPerLayer1p7b);
 }

@@ -28,32 +28,54 @@
 
 namespace megadlm::tp {
 
-/// One parameter of a (possibly fused) column-parallel weight: `name` + ".weight"/".bias",
-/// `out_features` global output rows. Each part is split over TP on its own; the local parts sit
-/// adjacent in the store so the whole layer is one GEMM (q, k, v -> QKV; gate, up -> fc1).
+/// What a column-parallel linear keeps of its input for backward, where the weight gradient is
+/// the input's only use: the input rows themselves, or, when that gradient's GEMM runs in FP8,
+/// only the column-wise codes it reads. The forward's quantize pass writes them next to the
+/// row-wise codes its own GEMM reads, with the same scale, so they are the codes backward would
+/// make from x: the gradients do not change, one byte an element is kept instead of two (CUDA),
+/// and backward skips a quantize pass over x.
+struct LinearInput {
+  Tensor x;
+  ops::Fp8Tensor codes;
+  static LinearInput rows(Tensor x) {
+    LinearInput in;
+    in.x = std::move(x);
+    return in;
+  }
+  static LinearInput fp8(ops::Fp8Tensor codes) {
+    LinearInput in;
+    in.codes = std::move(codes);
+    return in;
+  }
+  bool defined() const { return x.defined() || codes.defined(); }
+};
+
 /// The FP8 side of one linear (docs/fp8.md, "Training"): its three scaled tensors in the rank's
 /// Fp8State and the weight cast of the current generation (one per optimizer step, reused by
 /// every micro-batch). Inactive (the high-precision GEMMs run) when built without a state.
-/// `tokens_sharded_over_cp`: activations and gradients of one micro-batch are split over CP,
-/// so their amaxes are reduced over CP as well as TP.
+/// A micro-batch's tokens are split over CP, so tensorwise activation amaxes are reduced over CP
+/// as well as TP.
 class Fp8Linear {
  public:
   Fp8Linear() = default;
-  Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, const ModelParallel& mp);
+  /// `weight_elements`: this rank's part of the weight (the memory plan's count of casts).
+  Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, const ModelParallel& mp,
+            int64_t weight_elements = 0);
   bool active() const { return state_ != nullptr; }
   /// --fp8-param-gather: the weight (store handles first..last) is gathered as FP8 codes by the
   /// distributed optimizer; once a gather has run, the GEMMs use those codes (no cast here).
   void gather_weight(int first, int last) const;
 
   /// y = x W^T (+ bias): x and W quantized (e4m3), fp32 accumulation, y in x's dtype; or, with
-  /// beta/addend, the GemmArgs epilogue (residual add).
-  void forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::GemmArgs& args,
-               const Stream& s) const;
+  /// beta/addend, the GemmArgs epilogue (residual add). With `keep`, what backward needs of x
+  /// (LinearInput: its column-wise codes when the weight gradient runs in FP8, else x).
+  void forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::GemmArgs& args, const Stream& s,
+               LinearInput* keep = nullptr) const;
   /// dx = dy W (dy quantized to the gradient type), written; dW += dy^T x into the fp32 main grad
   /// (FP8 unless --no-fp8-wgrad). Returns dx [rows, in].
-  Tensor backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dw, const Stream& s) const;
+  Tensor backward(const Tensor& dy, const LinearInput& x, const Tensor& w, Tensor& dw, const Stream& s) const;
   /// The weight-gradient half alone (for layers that need dx before x exists).
-  void backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const Tensor& x, Tensor& dw,
+  void backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const LinearInput& x, Tensor& dw,
                        const Stream& s) const;
   ops::Fp8Tensor quantize_grad(const Tensor& dy, const Stream& s) const;
   /// dx = dy W; `rows` >= 0: dx's first `rows` rows (blockwise pads dy's token rows to 128).
@@ -73,6 +95,9 @@ class Fp8Linear {
   mutable uint64_t w_generation_ = ~uint64_t{0};
 };
 
+/// One parameter of a (possibly fused) column-parallel weight: `name` + ".weight"/".bias",
+/// `out_features` global output rows. Each part is split over TP on its own; the local parts sit
+/// adjacent in the store so the whole layer is one GEMM (q, k, v -> QKV; gate, up -> fc1).
 struct LinearPart {
   std::string name;
   int64_t out_features = 0;
@@ -89,15 +114,16 @@ class ColumnParallelLinear {
   int64_t local_out_features() const { return local_out_; }
   /// The rows the GEMMs read: x [local rows, in] gathered to [rows, in] under SP (else x).
   Tensor gather_input(const Tensor& x, int64_t rows, const Stream& stream) const;
-  /// y [rows, out/tp] = x_full W^T + b.
-  Tensor forward(const Tensor& x_full, const Stream& stream) const;
-  /// gather_input then forward: y [rows, out/tp] from this rank's x [local rows, in], with
-  /// `x_full` (for backward) set to the gathered rows. Under --tp-comm-overlap the gather is
-  /// a ring whose shards feed the GEMM as they arrive (comm_overlap.h); else the two calls.
-  Tensor gather_and_forward(const Tensor& x, int64_t rows, Tensor& x_full, const Stream& stream) const;
+  /// y [rows, out/tp] = x_full W^T + b; with `keep`, what backward needs of x_full (LinearInput).
+  Tensor forward(const Tensor& x_full, const Stream& stream, LinearInput* keep = nullptr) const;
+  /// gather_input then forward: y [rows, out/tp] from this rank's x [local rows, in]; `keep`
+  /// (null: forward only) gets what backward needs of the gathered rows. Under
+  /// --tp-comm-overlap the gather is a ring whose shards feed the GEMM as they arrive
+  /// (comm_overlap.h); else the two calls.
+  Tensor gather_and_forward(const Tensor& x, int64_t rows, LinearInput* keep, const Stream& stream) const;
   /// dy [rows, out/tp] -> dx [local rows, in] summed over TP (all-reduce, or reduce-scatter to
-  /// this rank's rows under SP). Adds dW and db. `x_full`: forward's input (all rows).
-  Tensor backward(const Tensor& dy, const Tensor& x_full, const Stream& stream) const;
+  /// this rank's rows under SP). Adds dW and db. `input`: what forward kept.
+  Tensor backward(const Tensor& dy, const LinearInput& input, const Stream& stream) const;
 
  private:
   ParameterStore* store_ = nullptr;
