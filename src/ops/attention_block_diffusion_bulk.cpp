@@ -107,14 +107,14 @@ BlockDiffusionAttention block_diffusion_attention() {
     const char* v = std::getenv("MEGADLM_BD_ATTENTION");
     const std::string s = v == nullptr ? "" : v;
     MDLM_CHECK(s.empty() || s == "auto" || s == "flash" || s == "bulk", "MEGADLM_BD_ATTENTION=", s,
-               ": expected flash (the default: the whole mask on the flash kernels), auto (bulk from half "
-               "length ", kBlockDiffusionBulkMinHalf, " for one-document rows) or bulk (cuDNN causal "
-               "bulks + flash strips wherever they run)");
-    // Flash stays the default until the copy-free composed path has passed its GPU parity tests
-    // and the crossover is measured (docs/kernels/attention.md, "Which path runs").
-    return s == "bulk"   ? BlockDiffusionAttention::Bulk
-           : s == "auto" ? BlockDiffusionAttention::Auto
-                         : BlockDiffusionAttention::Flash;
+               ": expected auto (the default: bulk from half length ", kBlockDiffusionBulkMinHalf,
+               " for one-document rows, else flash), flash (the whole mask on the flash kernels) or bulk "
+               "(cuDNN causal bulks + flash strips wherever they run)");
+    // Auto since the composed path passed its GPU parity tests and beat flash from L 2048 on an
+    // H100 (docs/kernels/attention.md, "Which path runs").
+    return s == "bulk"    ? BlockDiffusionAttention::Bulk
+           : s == "flash" ? BlockDiffusionAttention::Flash
+                          : BlockDiffusionAttention::Auto;
   }();
   return policy;
 }

@@ -58,8 +58,8 @@ void block_diffusion_bulk_backward(const Tensor& dout, const Tensor& q, const Te
                                    Tensor& dk, Tensor& dv, const AttentionArgs& args,
                                    const Stream& stream);
 
-/// MEGADLM_BD_ATTENTION (read once): unset / "" / "flash" Flash (the default), "auto" Auto (the
-/// composed path from ops/attention_support.h's kBlockDiffusionBulkMinHalf), "bulk" Bulk;
+/// MEGADLM_BD_ATTENTION (read once): unset / "" / "auto" Auto (the default: the composed path
+/// from ops/attention_support.h's kBlockDiffusionBulkMinHalf), "flash" Flash, "bulk" Bulk;
 /// anything else an error naming the value.
 BlockDiffusionAttention block_diffusion_attention();
 

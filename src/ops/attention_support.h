@@ -77,12 +77,11 @@ enum class BlockDiffusionAttention : uint8_t {
 };
 
 /// Auto's threshold on the half length L = seq / 2: the composed path from here on. Measured on
-/// an H100 (H16, D128, blocks of 32, bf16) with the first version of the composition (its pieces'
-/// rows copied into scratch): L 8192 (batch 1) bulk won 1.41x forward / 1.30x backward, L 2048
-/// (batch 4) it lost (0.60x / 0.60x). The copies are gone since (cuDNN reads row windows in place,
-/// fused merge and add), which should move the crossover down: re-measure with
-/// `megadlm_bench ops --op attention_fwd_bd` / `attention_bwd_bd` (L 2048, 4096, 8192) and adjust.
-inline constexpr int64_t kBlockDiffusionBulkMinHalf = 4096;
+/// an H100 (H16, D128, blocks of 32, bf16; `megadlm_bench ops --op attention_fwd_bd` /
+/// `attention_bwd_bd`, 2026-12-07) with the copy-free composition, bulk against flash: L 2048
+/// (batch 4) 1.22x forward / 1.17x backward, L 4096 (batch 2) 1.61x / 1.56x, L 8192 (batch 1)
+/// 1.97x / 1.84x. 2048 is the shortest length measured; below it flash runs.
+inline constexpr int64_t kBlockDiffusionBulkMinHalf = 2048;
 
 /// What choose_attention needs to know about the device of the call.
 struct AttentionDeviceFacts {

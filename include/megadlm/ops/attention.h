@@ -149,7 +149,7 @@ struct AttentionArgs {
   /// document (doc_start 0 and doc_end L at every position) cut into diffusion blocks of at most
   /// this many positions; 0: no promise. It lets CUDA run the composed path (two causal bulks on
   /// cuDNN, the strips on the flash kernels, merged by lse; ops/attention_block_diffusion_bulk.h)
-  /// where MEGADLM_BD_ATTENTION allows it (auto: from half length 4096; bulk: always; the default flash: never).
+  /// where MEGADLM_BD_ATTENTION allows it (the default auto: from half length 2048; bulk: always; flash: never).
   /// The function computed is the same either way; a false promise gives a wrong mask on that path.
   int64_t block_diffusion_max_block = 0;
   /// Block diffusion masks only, the composed path's third piece: only the visible pairs that

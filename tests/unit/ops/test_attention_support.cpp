@@ -402,7 +402,7 @@ TEST(AttentionSupport, BlockDiffusionOfOneDocumentRowsRunsBulkUnderTheSwitch) {
 }
 
 TEST(AttentionSupport, BlockDiffusionAutoRunsBulkFromItsHalfLengthThreshold) {
-  // MEGADLM_BD_ATTENTION=auto (the facts' default here; the process default is flash): the composed path for one-document
+  // MEGADLM_BD_ATTENTION=auto (the default, and the facts' default here): the composed path for one-document
   // rows from L = kBlockDiffusionBulkMinHalf, the whole mask on the flash kernels below it;
   // flash forces the flash kernels, bulk the composed path, at every length.
   EXPECT_EQ(AttentionDeviceFacts{}.block_diffusion, ops::BlockDiffusionAttention::Auto);
