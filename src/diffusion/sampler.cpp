@@ -133,6 +133,39 @@ std::vector<int64_t> transfer_schedule(int64_t masked, int64_t steps) {
   return c;
 }
 
+CanvasBatch pad_block_canvas(const CanvasBatch& c, int64_t multiple, std::vector<int32_t>& rows) {
+  MDLM_CHECK(!c.block_ranges.empty() && c.seq % 2 == 0 && multiple >= 1,
+             "pad_block_canvas: a block-diffusion canvas (block ranges, even seq) and a multiple >= 1");
+  const int64_t L = c.seq / 2, Lp = (L + multiple - 1) / multiple * multiple;
+  if (Lp == L) return c;
+  CanvasBatch p;
+  p.batch = c.batch;
+  p.seq = 2 * Lp;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t half = 0; half < 2; ++half) {
+      const auto first = static_cast<ptrdiff_t>(b * c.seq + half * L);
+      p.tokens.insert(p.tokens.end(), c.tokens.begin() + first, c.tokens.begin() + first + L);
+      p.positions.insert(p.positions.end(), c.positions.begin() + first, c.positions.begin() + first + L);
+      for (int64_t i = L; i < Lp; ++i) {
+        p.tokens.push_back(0);
+        p.positions.push_back(static_cast<int32_t>(i - L));
+      }
+    }
+    // [4, L] per row: doc start, doc end, block start, block end of each half position.
+    for (int64_t k = 0; k < 4; ++k) {
+      const auto first = static_cast<ptrdiff_t>(b * 4 * L + k * L);
+      p.block_ranges.insert(p.block_ranges.end(), c.block_ranges.begin() + first, c.block_ranges.begin() + first + L);
+      const int32_t pad_range = static_cast<int32_t>(k % 2 == 0 ? L : Lp);  // [L, Lp): document and block
+      p.block_ranges.insert(p.block_ranges.end(), static_cast<size_t>(Lp - L), pad_range);
+    }
+  }
+  for (int32_t& r : rows) {
+    const int64_t b = r / c.seq, i = r % c.seq;
+    r = static_cast<int32_t>(b * p.seq + (i < L ? i : Lp + (i - L)));
+  }
+  return p;
+}
+
 CanvasBatch build_canvas(const std::vector<std::vector<int32_t>>& prompts, int64_t gen_length,
                          int32_t mask_token, int32_t pad_token, std::vector<int64_t>& prompt_start) {
   size_t longest = 0;

@@ -140,6 +140,16 @@ Tensor device_ints(const std::vector<int32_t>& v, const Stream& stream) {
 }  // namespace
 
 Tensor InferenceModel::logits(const CanvasBatch& canvas, const std::vector<int32_t>& rows) {
+  // Block diffusion on CUDA: a half length that is not a multiple of 128 would put the whole
+  // mask on the simple kernels (an evaluation's context + answer rows: minutes instead of
+  // seconds); padded with a document of its own it runs on the flash kernels, same logits.
+  const int64_t head_dim = cfg_.model.kv_channels;
+  if (!canvas.block_ranges.empty() && rt_.stream.device().is_cuda() && (head_dim == 64 || head_dim == 128) &&
+      (canvas.seq / 2) % 128 != 0) {
+    std::vector<int32_t> padded_rows = rows;
+    const CanvasBatch padded = pad_block_canvas(canvas, 128, padded_rows);
+    return logits(padded, padded_rows);
+  }
   // Left-padded rows run dense with the live tokens first: cuDNN's padding mask instead of its
   // ragged batch of documents (batch-16 canvas on the H200: ~47 vs 68 us a layer).
   const std::optional<CompactCanvas> compact =

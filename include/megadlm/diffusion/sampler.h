@@ -188,6 +188,14 @@ std::vector<int64_t> transfer_schedule(int64_t masked, int64_t steps);
 CanvasBatch build_canvas(const std::vector<std::vector<int32_t>>& prompts, int64_t gen_length,
                          int32_t mask_token, int32_t pad_token, std::vector<int64_t>& prompt_start);
 
+/// A block-diffusion canvas (doubled rows [x_t | x_0] with block_ranges) whose half length L is
+/// made a multiple of `multiple`: each half gets columns [L, Lp) appended, a document of its own
+/// (tokens 0, positions 0..Lp-L-1, one block) that no real token sees, so the real rows' logits
+/// are those of `c`. `rows` (flat indices into `c`) are renumbered into the result. The CUDA
+/// flash kernels take whole 128-row query tiles in one half; other lengths would fall to the
+/// simple kernels (InferenceModel pads for them). Returns `c` when L already is a multiple.
+CanvasBatch pad_block_canvas(const CanvasBatch& c, int64_t multiple, std::vector<int32_t>& rows);
+
 /// A canvas whose rows each hold one live document first, then padding (see compact_rows).
 struct CompactCanvas {
   CanvasBatch canvas;            ///< the same tokens, each row's live document moved to its front

@@ -134,3 +134,55 @@ TEST(BlockLikelihoodRanges, BlocksAtAbsoluteMultiplesOfTheBlockSizeAndARaggedLas
     EXPECT_EQ(r[static_cast<size_t>(30 + j)], std::min(j / 4 * 4 + 4, 10));
   }
 }
+
+TEST(BlockCanvasPadding, PaddedHalvesGiveTheSameLogitsAtTheRenumberedRows) {
+  // pad_block_canvas (what InferenceModel does on CUDA for half lengths that are not multiples
+  // of 128, here multiples of 8): each half gets a document of its own appended, which no real
+  // token sees, so every real row's logits stay those of the unpadded canvas. Both clean-half
+  // variants; every row of both halves of two doubled rows of 6 tokens in blocks of 4.
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal clean half" : "block-causal clean half");
+    const TransformerConfig cfg = tiny_bd_model(causal);
+    ParameterStore store;
+    GptModel model(cfg, store);
+    ModelRuntime rt;
+    rt.stream = Stream::cpu();
+    rt.training = false;
+    store.materialize(DType::F32, 11, rt.stream);
+    GptLogits logits(model, rt, 30);
+    const int64_t n = 6;
+    const std::vector<int32_t> ranges = block_likelihood_ranges(n, 4);
+    CanvasBatch c;
+    c.seq = 2 * n;
+    for (int b = 0; b < 2; ++b) {
+      for (int half = 0; half < 2; ++half)
+        for (int64_t i = 0; i < n; ++i) {
+          const bool masked = half == 0 && (i + b) % 3 == 1;
+          c.tokens.push_back(masked ? 29 : static_cast<int32_t>(1 + (b * 11 + i * 5) % 28));
+          c.positions.push_back(static_cast<int32_t>(i));
+        }
+      c.block_ranges.insert(c.block_ranges.end(), ranges.begin(), ranges.end());
+      ++c.batch;
+    }
+    std::vector<int32_t> rows(static_cast<size_t>(c.batch * c.seq));
+    for (size_t r = 0; r < rows.size(); ++r) rows[r] = static_cast<int32_t>(r);
+    std::vector<int32_t> padded_rows = rows;
+    const CanvasBatch p = pad_block_canvas(c, 8, padded_rows);
+    ASSERT_EQ(p.seq, 16);
+    ASSERT_EQ(p.batch, 2);
+    EXPECT_EQ(padded_rows[7], 8 + 1);        // row 0, clean half, position 1
+    EXPECT_EQ(padded_rows[12 + 2], 16 + 2);  // row 1, noisy half, position 2
+    EXPECT_EQ(p.tokens[static_cast<size_t>(16 + 8 + 1)], c.tokens[12 + 6 + 1]);
+    const std::vector<float> want = logits.logits(c, rows).to_floats(rt.stream);
+    const std::vector<float> got = logits.logits(p, padded_rows).to_floats(rt.stream);
+    ASSERT_EQ(got.size(), want.size());
+    double worst = 0;
+    for (size_t k = 0; k < want.size(); ++k) worst = std::max(worst, std::abs(static_cast<double>(got[k]) - want[k]));
+    EXPECT_LT(worst, 1e-5);
+    // A length that already is a multiple is left alone.
+    std::vector<int32_t> same_rows = rows;
+    const CanvasBatch same = pad_block_canvas(c, 3, same_rows);
+    EXPECT_EQ(same.seq, c.seq);
+    EXPECT_EQ(same_rows, rows);
+  }
+}
