@@ -38,6 +38,14 @@ inline TransformerConfig tiny_logits_config() {
   return c;
 }
 
+/// A forward-only runtime on the CPU stream (what the estimator and sampler tests run the model with).
+inline ModelRuntime cpu_eval_runtime() {
+  ModelRuntime rt;
+  rt.stream = Stream::cpu();
+  rt.training = false;
+  return rt;
+}
+
 /// The micro-batch a canvas is for the model: its tokens as inputs (and labels, with no loss
 /// weight), positions, document ids and block ranges.
 inline HostMicroBatch canvas_micro_batch(const CanvasBatch& c) {

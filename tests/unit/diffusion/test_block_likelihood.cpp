@@ -40,9 +40,7 @@ TEST(BlockLikelihoodElbo, OneDrawIsTrainingsDiffusionLossOfTheDoubledRows) {
     const TransformerConfig cfg = tiny_bd_model(causal);
     ParameterStore store;
     GptModel model(cfg, store);
-    ModelRuntime rt;
-    rt.stream = Stream::cpu();
-    rt.training = false;
+    const ModelRuntime rt = test::cpu_eval_runtime();
     store.materialize(DType::F32, 3, rt.stream);
     const auto samples = samples_of(cfg.seq_length);
     DiffusionConfig dc;
@@ -95,9 +93,7 @@ TEST(BlockLikelihoodLoglik, OneBlockHoldingTheAnswerIsTheFullSequenceEstimatorOf
   full.attention_mask = AttentionMaskType::NoMask;
   ParameterStore s1, s2;
   GptModel m1(bd, s1), m2(full, s2);
-  ModelRuntime rt;
-  rt.stream = Stream::cpu();
-  rt.training = false;
+  const ModelRuntime rt = test::cpu_eval_runtime();
   s1.materialize(DType::F32, 7, rt.stream);
   s2.materialize(DType::F32, 7, rt.stream);
   GptLogits l1(m1, rt, 30), l2(m2, rt, 30);
@@ -145,9 +141,7 @@ TEST(BlockCanvasPadding, PaddedHalvesGiveTheSameLogitsAtTheRenumberedRows) {
     const TransformerConfig cfg = tiny_bd_model(causal);
     ParameterStore store;
     GptModel model(cfg, store);
-    ModelRuntime rt;
-    rt.stream = Stream::cpu();
-    rt.training = false;
+    const ModelRuntime rt = test::cpu_eval_runtime();
     store.materialize(DType::F32, 11, rt.stream);
     GptLogits logits(model, rt, 30);
     const int64_t n = 6;

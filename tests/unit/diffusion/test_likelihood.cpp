@@ -149,9 +149,7 @@ TEST(MonteCarloElbo, OneDrawIsTheModelsEvaluationLossOfTheSameSamples) {
   const TransformerConfig cfg = test::tiny_logits_config();
   ParameterStore store;
   GptModel model(cfg, store);
-  ModelRuntime rt;
-  rt.stream = Stream::cpu();
-  rt.training = false;
+  const ModelRuntime rt = test::cpu_eval_runtime();
   store.materialize(DType::F32, 3, rt.stream);
   std::vector<std::vector<int32_t>> samples;
   for (int b = 0; b < 3; ++b) {
@@ -184,9 +182,7 @@ TEST(GptModelLogitsAt, EqualsTheEvaluationForwardsLogitsAndIgnoresOtherDocuments
   const TransformerConfig cfg = test::tiny_logits_config();
   ParameterStore store;
   GptModel model(cfg, store);
-  ModelRuntime rt;
-  rt.stream = Stream::cpu();
-  rt.training = false;
+  const ModelRuntime rt = test::cpu_eval_runtime();
   store.materialize(DType::F32, 4, rt.stream);
   HostMicroBatch h;
   h.batch = 1;
@@ -221,9 +217,7 @@ TEST(GptModelLogitsAt, CompactedRowsGiveThePaddedCanvasLogits) {
   const TransformerConfig cfg = test::tiny_logits_config();
   ParameterStore store;
   GptModel model(cfg, store);
-  ModelRuntime rt;
-  rt.stream = Stream::cpu();
-  rt.training = false;
+  const ModelRuntime rt = test::cpu_eval_runtime();
   store.materialize(DType::F32, 5, rt.stream);
   GptLogits logits(model, rt, cfg.padded_vocab_size);
   std::vector<int64_t> start;
