@@ -146,10 +146,10 @@ CanvasBatch pad_block_canvas(const CanvasBatch& c, int64_t multiple, std::vector
       const auto first = static_cast<ptrdiff_t>(b * c.seq + half * L);
       p.tokens.insert(p.tokens.end(), c.tokens.begin() + first, c.tokens.begin() + first + L);
       p.positions.insert(p.positions.end(), c.positions.begin() + first, c.positions.begin() + first + L);
-      for (int64_t i = L; i < Lp; ++i) {
-        p.tokens.push_back(0);
-        p.positions.push_back(static_cast<int32_t>(i - L));
-      }
+      // Token 0 at position 0: valid for every model (learned position tables end at
+      // max_positions, which L + padding could pass).
+      p.tokens.insert(p.tokens.end(), static_cast<size_t>(Lp - L), 0);
+      p.positions.insert(p.positions.end(), static_cast<size_t>(Lp - L), 0);
     }
     // [4, L] per row: doc start, doc end, block start, block end of each half position.
     for (int64_t k = 0; k < 4; ++k) {

@@ -190,7 +190,7 @@ CanvasBatch build_canvas(const std::vector<std::vector<int32_t>>& prompts, int64
 
 /// A block-diffusion canvas (doubled rows [x_t | x_0] with block_ranges) whose half length L is
 /// made a multiple of `multiple`: each half gets columns [L, Lp) appended, a document of its own
-/// (tokens 0, positions 0..Lp-L-1, one block) that no real token sees, so the real rows' logits
+/// (tokens 0 at position 0, one block) that no real token sees, so the real rows' logits
 /// are those of `c`. `rows` (flat indices into `c`) are renumbered into the result. The CUDA
 /// flash kernels take whole 128-row query tiles in one half; other lengths would fall to the
 /// simple kernels (InferenceModel pads for them). Returns `c` when L already is a multiple.
