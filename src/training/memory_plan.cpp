@@ -78,13 +78,10 @@ LayerBytes layer_bytes(const TransformerConfig& m, int tp, bool sp, int64_t toke
   // --recompute-modules layernorm (without SP), which recomputes them from x_in / x_mid.
   const bool recomputed_norms = m.recompute_norms && !sp;
   const bool fp8_codes = fp8.codes && device == PlanDevice::Cuda;
-  if (recomputed_norms) {
-  } else if (fp8_codes) {
-    const int64_t padded = fp8.blockwise ? (T + 127) / 128 * 128 : T;
-    l.saved += 2 * (padded * H + (fp8.blockwise ? b.stat * H * (padded / 128) : 0));
-  } else {
-    l.saved += b.act * 2 * T * H;
-  }
+  const int64_t padded = fp8.blockwise ? (T + 127) / 128 * 128 : T;  // blockwise: token rows to 128
+  const int64_t one_input = fp8_codes ? padded * H + (fp8.blockwise ? b.stat * H * (padded / 128) : 0)
+                                      : b.act * T * H;
+  if (!recomputed_norms) l.saved += 2 * one_input;
   if (m.qk_layernorm) {
     if (fused) l.saved += b.stat * T * (nh + ng);  // q/k norm statistics
     else l.saved += b.act * (T * hq + T * hkv) + norm_stats * (T * nh + T * ng);  // pre-norm q, k

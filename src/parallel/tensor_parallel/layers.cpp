@@ -175,11 +175,10 @@ void Fp8Linear::backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, co
   // The codes the forward kept, or x quantized again with the forward's scale (the same codes),
   // column-wise only: the GEMM reads the transposed codes alone (blockwise: tiles of 128 tokens
   // of one feature, along K = tokens).
-  ops::Fp8Tensor cast_now;
-  if (!input.codes.defined())
-    cast_now = cast(x_, state_->blockwise() ? pad_token_rows(input.x, s) : input.x, /*activation=*/true,
-                    /*columnwise=*/true, s, /*rowwise=*/false);
-  const ops::Fp8Tensor& xq = input.codes.defined() ? input.codes : cast_now;
+  const ops::Fp8Tensor xq =
+      input.codes.defined() ? input.codes
+                            : cast(x_, state_->blockwise() ? pad_token_rows(input.x, s) : input.x,
+                                   /*activation=*/true, /*columnwise=*/true, s, /*rowwise=*/false);
   ops::fp8_gemm(dy_q, xq, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
 }
 
