@@ -133,7 +133,8 @@ MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefi
         const int slot = fp8_->add(expert_name(prefix, e, part.c_str()) + ".weight", Fp8State::Role::Weight);
         if (e >= first_expert && e < first_expert + local_) {
           g.weight.push_back(slot);
-          fp8_->add_cast_weight((part == "linear_fc2" ? 1 : swiglu ? 2 : 1) * ffn_ * h);
+          const int64_t elements = (part == "linear_fc2" ? 1 : swiglu ? 2 : 1) * ffn_ * h;
+          fp8_->add_cast_weight(elements, local_ * elements);
         }
       }
     };
@@ -232,7 +233,10 @@ void MoeExperts::bias_grad(const Tensor& dy, Tensor& db, const std::vector<int64
 const std::vector<ops::Fp8Tensor>& MoeExperts::fp8_weights(const Fp8Gemm& g, const Tensor& w,
                                                            const Stream& s) const {
   if (g.generation == fp8_->generation() && g.cache.size() == static_cast<size_t>(local_)) return g.cache;
+  // Row-wise codes only, kept through the step; fp8_backward transposes them for its data-gradient
+  // GEMMs while they run (a byte a weight element kept, not two). The last step's go first.
   const int64_t out = w.rows() / local_;
+  g.cache.clear();
   g.cache.assign(static_cast<size_t>(local_), ops::Fp8Tensor{});
   for (int e = 0; e < local_; ++e) {
     const int slot = g.weight[static_cast<size_t>(e)];
@@ -241,7 +245,7 @@ const std::vector<ops::Fp8Tensor>& MoeExperts::fp8_weights(const Fp8Gemm& g, con
     ops::Fp8Tensor& q = g.cache[static_cast<size_t>(e)];
     if (fp8_->delayed()) {
       Tensor amax = fp8_->amax(slot, s);
-      q = ops::fp8_quantize(we, fp8_->scale(slot, s), type, /*columnwise=*/true, &amax, s);
+      q = ops::fp8_quantize(we, fp8_->scale(slot, s), type, /*columnwise=*/false, &amax, s);
       continue;
     }
     // Tensorwise: the expert's whole weight, all its expert-TP pieces.
@@ -250,7 +254,7 @@ const std::vector<ops::Fp8Tensor>& MoeExperts::fp8_weights(const Fp8Gemm& g, con
     if (etp_ != nullptr) etp_->all_reduce(amax, comm::ReduceOp::Max, s);
     Tensor scale = Tensor::empty({1}, DType::F32, s);
     ops::fp8_scale_from_amax(amax, scale, type, s);
-    q = ops::fp8_quantize(we, scale, type, /*columnwise=*/true, nullptr, s);
+    q = ops::fp8_quantize(we, scale, type, /*columnwise=*/false, nullptr, s);
   }
   g.generation = fp8_->generation();
   return g.cache;
@@ -341,11 +345,13 @@ void MoeExperts::fp8_backward(const Fp8Gemm& g, const Tensor& dy, const Tensor& 
   const Tensor dy_scales = fp8_scales(g.grad_output, dy, source_rows, s);
   const bool wgrad = fp8_->settings().wgrad;
   const int64_t out = w.rows() / local_;
+  std::vector<ops::Fp8Tensor> wt(static_cast<size_t>(local_));  // each expert's transposed codes, this call only
   int64_t r = 0;
   for (size_t i = 0; i < source_rows.size(); ++i) {
     const int64_t n = source_rows[i];
     if (n == 0) continue;
     const size_t e = i / static_cast<size_t>(sources_);
+    if (!wt[e].defined()) wt[e] = ops::fp8_columnwise(wq[e], s);
     const Tensor dyc = dy.narrow(r, n), xc = x.narrow(r, n);
     const Tensor dy_scale = scale_of(dy_scales, i, sources_);
     // On CUDA the weight-gradient GEMM's K is the chunk's rows: a multiple of 16, else its
@@ -354,7 +360,7 @@ void MoeExperts::fp8_backward(const Fp8Gemm& g, const Tensor& dy, const Tensor& 
     const ops::Fp8Tensor dq = fp8_cast(g.grad_output, dyc, dy_scale, /*columnwise=*/wgrad && aligned,
                                        /*pad=*/false, /*record_amax=*/true, s);
     Tensor dxc = dx.narrow(r, n);
-    ops::fp8_gemm(dq, wq[e], dxc, {}, s);
+    ops::fp8_gemm(dq, wt[e], dxc, {}, s);
     Tensor dwe = dw.slice_flat(static_cast<int64_t>(e) * out * w.cols(), {out, w.cols()});
     if (!wgrad) {  // --no-fp8-wgrad
       ops::gemm(dyc, xc, dwe, {.trans_a = true, .beta = 1.0f}, s);

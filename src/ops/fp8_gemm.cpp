@@ -148,6 +148,34 @@ Fp8Tensor fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity g
   return q;
 }
 
+Fp8Tensor fp8_columnwise(const Fp8Tensor& q, const Stream& stream) {
+  detail::check_device("fp8_columnwise", stream, {&q.data, &q.scale_inv});
+  if (stream.is_cuda()) {
+    Fp8Tensor t;
+    MDLM_CUDA_BACKEND(t = cuda::fp8_columnwise_tensor(q, stream));
+    return t;
+  }
+  MDLM_CHECK(q.data.defined(), "fp8_columnwise: the row-wise codes are missing");
+  if (!q.blockwise() || q.data_t.defined()) return q;
+  MDLM_CHECK(q.granularity == Fp8Granularity::Block128x128,
+             "fp8_columnwise: 1x128 tiles run along one orientation; quantize the other from x");
+  Fp8Tensor t = q;
+  t.data_t = Tensor::empty({q.cols, q.rows}, DType::F32, stream);
+  const float* d = q.data.data<float>();
+  float* dt = t.data_t.data<float>();
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t c = 0; c < q.cols; ++c) dt[c * q.rows + r] = d[r * q.cols + c];
+  // Block (rb, cb) of [rows, cols] is block (cb, rb) of [cols, rows]; the padding stays zero.
+  const Fp8Granularity g = q.granularity;
+  t.scale_inv_t = Tensor::zeros({fp8_block_grid_size(g, q.cols, q.rows)}, DType::F32, stream);
+  const float* grid = q.scale_inv.data<float>();
+  float* grid_t = t.scale_inv_t.data<float>();
+  for (int64_t r = 0; r < q.rows; r += kFp8BlockSize)
+    for (int64_t c = 0; c < q.cols; c += kFp8BlockSize)
+      grid_t[fp8_block_grid_index(g, q.cols, q.rows, c, r)] = grid[fp8_block_grid_index(g, q.rows, q.cols, r, c)];
+  return t;
+}
+
 void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
               const Stream& stream) {
   MDLM_CHECK(a.defined() && b.defined(), "fp8_gemm: undefined operand");

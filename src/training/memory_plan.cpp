@@ -272,12 +272,11 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     }
   }
   if (mp.fp8) {
-    // The FP8 weight codes kept through a step: each linear's (and local expert's) cast at its
-    // first use, or the gathered codes in its place. CUDA keeps both orientations, a byte each
-    // an element (blockwise's 128x128 scale grids are 1/4096 of that: left out); the CPU keeps
-    // decoded f32, one orientation per-tensor, both blockwise.
-    const int64_t per_element = device == PlanDevice::Cuda ? 2 : mp.fp8->blockwise() ? 8 : 4;
-    st.fp8_codes = per_element * mp.fp8->cast_weight_elements();
+    // The FP8 weight codes kept through a step: each linear's (and local expert's) row-wise
+    // cast at its first use, or the gathered codes in its place: a byte an element on CUDA
+    // (blockwise's 128x128 scale grids are 1/4096 of that: left out), decoded f32 on the CPU.
+    // The transposed codes live while a data-gradient GEMM runs: a temporary (below).
+    st.fp8_codes = (device == PlanDevice::Cuda ? 1 : 4) * mp.fp8->cast_weight_elements();
   }
 
   // Activations: the schedule's worst point, replayed from this stage's action list.
@@ -331,6 +330,10 @@ StageMemory plan_stage(const RunConfig& cfg, PlanDevice device, int pp_rank) {
     rebuilt = std::max(rebuilt, c.rebuilt);
   }
   st.workspaces = temporaries + rebuilt;
+  // FP8: a data-gradient GEMM's transposed weight codes (CUDA bytes; the CPU's blockwise decoded
+  // f32; its per-tensor values serve both orientations).
+  if (mp.fp8 && (device == PlanDevice::Cuda || mp.fp8->blockwise()))
+    st.workspaces += (device == PlanDevice::Cuda ? 1 : 4) * mp.fp8->largest_transposed_weight();
   if (device == PlanDevice::Cuda) {
     int streams = 1;
     if (d > 1 && fsdp) streams += 2;

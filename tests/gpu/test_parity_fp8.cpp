@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include "megadlm/ops/fp8.h"
+#include "megadlm/ops/fp8_gemm.h"
 #include "parity.h"
 #if MEGADLM_WITH_CUDA
 #include "ops/cuda/fp8_cuda.h"
@@ -270,6 +271,45 @@ TEST(Fp8Parity, BlockwiseQuantizerMatchesCpuBitForBit) {
           check_block_quantizer(200, 300, dtype, type, g, pow2);  // partial last tiles / blocks
           check_block_quantizer(3, 1000, dtype, type, g, pow2);   // rows not a multiple of 4: grid padding
         }
+#endif
+}
+
+// A weight's transposed codes made from its row-wise cast (ops::fp8_columnwise, what the FP8
+// linears' data-gradient GEMMs read) are the codes and grid of the quantizer's own column-wise
+// pass, byte for byte: per-tensor (bf16 and f32 weights) and 128x128 blocks, with shapes whose
+// last 64x64 transpose tiles and 128x128 blocks are partial.
+TEST(Fp8Parity, TransposedWeightCodesEqualTheColumnwiseCast) {
+  MDLM_REQUIRE_GPU();
+#if MEGADLM_WITH_CUDA
+  Stream gpu = gpu_stream();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 384}, {200, 336}, {48, 1000}, {1040, 80}};
+  for (const auto& [rows, cols] : shapes)
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      const Tensor w = to_device(fp8_test_values(rows * cols, static_cast<uint64_t>(rows + 7 * cols), false),
+                                 {rows, cols}, dtype, gpu);
+      const std::string what = detail::concat(rows, "x", cols, " ", dtype_name(dtype));
+      const Tensor scale = to_device({0.75f}, {1}, DType::F32, gpu);
+      const ops::Fp8Tensor both = ops::fp8_quantize(w, scale, ops::Fp8Type::E4M3, /*columnwise=*/true, nullptr, gpu);
+      const ops::Fp8Tensor row = ops::fp8_quantize(w, scale, ops::Fp8Type::E4M3, /*columnwise=*/false, nullptr, gpu);
+      ASSERT_FALSE(row.data_t.defined()) << what;
+      const ops::Fp8Tensor t = ops::fp8_columnwise(row, gpu);
+      EXPECT_EQ(download_bytes(t.data_t, rows * cols, gpu), download_bytes(both.data_t, rows * cols, gpu))
+          << what << ": per-tensor transposed codes";
+      EXPECT_EQ(t.scale_inv.to_floats(gpu), both.scale_inv.to_floats(gpu)) << what;
+      const auto blk = [&](bool columnwise) {
+        return ops::fp8_quantize_blockwise(w, ops::Fp8Type::E4M3, ops::Fp8Granularity::Block128x128, true,
+                                           columnwise, true, gpu);
+      };
+      const ops::Fp8Tensor bboth = blk(true);
+      const ops::Fp8Tensor bt = ops::fp8_columnwise(blk(false), gpu);
+      EXPECT_EQ(download_bytes(bt.data_t, rows * cols, gpu), download_bytes(bboth.data_t, rows * cols, gpu))
+          << what << ": 128x128 transposed codes";
+      EXPECT_EQ(bt.scale_inv_t.to_floats(gpu), bboth.scale_inv_t.to_floats(gpu)) << what << ": transposed grid";
+    }
+  // 1x128 tiles run along one orientation: refused.
+  const Tensor x = to_device(fp8_test_values(128 * 128, 5, false), {128, 128}, DType::F32, gpu);
+  EXPECT_ANY_THROW(ops::fp8_columnwise(
+      ops::fp8_quantize_blockwise(x, ops::Fp8Type::E4M3, ops::Fp8Granularity::Tile1x128, true, false, true, gpu), gpu));
 #endif
 }
 

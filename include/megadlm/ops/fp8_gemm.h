@@ -67,6 +67,14 @@ Fp8Tensor fp8_quantize(const Tensor& x, const Tensor& scale, Fp8Type type, bool 
 Fp8Tensor fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity granularity,
                                  bool rowwise, bool columnwise, bool power_of_2, const Stream& stream);
 
+/// q with its column-wise orientation made from its row-wise codes by transposing them: the
+/// codes the quantizer's column-wise pass writes, without a second pass over x. Per-tensor
+/// scaling (CUDA: the transposed bytes; the CPU's decoded values serve both orientations and come
+/// back as they are) and 128x128 blocks (the transposed codes and scale grid); 1x128 tiles run
+/// along one orientation and are refused. `data` and `scale_inv` are shared with q. A weight's
+/// cast keeps its row-wise codes through a step and makes the transposed ones only while its
+/// data-gradient GEMM runs (parallel/tensor_parallel/layers.cpp).
+Fp8Tensor fp8_columnwise(const Fp8Tensor& q, const Stream& stream);
 /// C = alpha · op(A) · op(B) (+ beta · C or beta · addend) (+ bias) with A and B dequantized:
 /// the GemmArgs contract of ops::gemm (gemm.h), FP8 operands, fp32 accumulation, C f32 or the
 /// activation dtype. CUDA needs the layout it can run TN: op(A) from `data` (trans_a false) or

@@ -23,6 +23,7 @@
 //    `generation()` changes at every begin_step, and a linear re-casts when it changed.
 // Shared by every linear of a rank (all its pipeline chunks) through ModelParallel::fp8.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -70,8 +71,14 @@ class Fp8State {
   int add(const std::string& name, Role role);
   /// The elements of a weight this rank casts at its first use in every step and keeps for the
   /// step (a linear's, or a local expert's): what the memory plan counts as FP8 weight codes.
-  void add_cast_weight(int64_t elements) { cast_weight_elements_ += elements; }
+  /// `transposed_together`: the elements whose transposed codes one backward holds at once (a
+  /// linear's weight; a layer's local experts of one GEMM), a temporary in the plan.
+  void add_cast_weight(int64_t elements, int64_t transposed_together) {
+    cast_weight_elements_ += elements;
+    largest_transposed_ = std::max(largest_transposed_, transposed_together);
+  }
   int64_t cast_weight_elements() const { return cast_weight_elements_; }
+  int64_t largest_transposed_weight() const { return largest_transposed_; }
   int size() const { return static_cast<int>(names_.size()); }
   const std::string& name(int i) const { return names_[static_cast<size_t>(i)]; }
   ops::Fp8Type type(int i) const;
@@ -133,6 +140,7 @@ class Fp8State {
   Tensor scale_;  ///< [n, 1] f32 on the device
   uint64_t generation_ = 0;
   int64_t cast_weight_elements_ = 0;
+  int64_t largest_transposed_ = 0;
   std::vector<GatheredWeight> gathered_;
   bool have_gathered_ = false;
   Tensor gathered_amax_;  ///< [n_gathered] f32: delayed, the shard casts' amaxes (see gathered())

@@ -770,6 +770,36 @@ void launch_block_quantize(const T* x, int64_t rows, int64_t cols, Fp8Granularit
   }
 }
 
+// The transpose of a [rows, cols] byte matrix (FP8 codes) through 64x64 tiles in shared memory:
+// coalesced reads along cols, coalesced writes along rows. A row pitch of 68 bytes (17 words) puts
+// a warp's column reads on 32 different banks.
+constexpr int kByteTile = 64;
+__global__ void transpose_codes_kernel(const uint8_t* __restrict__ in, int64_t rows, int64_t cols,
+                                       uint8_t* __restrict__ out) {
+  __shared__ uint8_t tile[kByteTile][kByteTile + 4];
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kByteTile, c0 = static_cast<int64_t>(blockIdx.x) * kByteTile;
+  const int lane = threadIdx.x % kByteTile, step = blockDim.x / kByteTile;
+  for (int i = threadIdx.x / kByteTile; i < kByteTile; i += step) {
+    const int64_t r = r0 + i, c = c0 + lane;
+    if (r < rows && c < cols) tile[i][lane] = in[r * cols + c];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x / kByteTile; i < kByteTile; i += step) {
+    const int64_t c = c0 + i, r = r0 + lane;
+    if (r < rows && c < cols) out[c * rows + r] = tile[lane][i];
+  }
+}
+
+// The BLK128x128 grid of the transposed operand: block (rb, cb) of [rows, cols] is block (cb, rb)
+// of [cols, rows] (the padding entries stay as allocated, zero).
+__global__ void transpose_block_grid_kernel(const float* __restrict__ grid, int64_t row_blocks, int64_t col_blocks,
+                                            float* __restrict__ grid_t) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= row_blocks * col_blocks) return;
+  const int64_t rb = i / col_blocks, cb = i % col_blocks;
+  grid_t[cb * pad4(row_blocks) + rb] = grid[rb * pad4(col_blocks) + cb];
+}
+
 int64_t grid_floats(Fp8Granularity g, int64_t rows, int64_t k) {
   return g == Fp8Granularity::Tile1x128 ? blocks_of(k) * pad4(rows) : blocks_of(rows) * pad4(blocks_of(k));
 }
@@ -817,6 +847,34 @@ Fp8Tensor fp8_quantize_blockwise_tensor(const Tensor& x, Fp8Type type, Fp8Granul
                          columnwise ? static_cast<uint8_t*>(q.data_t.data_ptr()) : nullptr,
                          columnwise ? q.scale_inv_t.data<float>() : nullptr, stream);
   return q;
+}
+
+Fp8Tensor fp8_columnwise_tensor(const Fp8Tensor& q, const Stream& stream) {
+  MDLM_CHECK(q.data.defined(), "fp8_columnwise (CUDA): the row-wise codes are missing");
+  MDLM_CHECK(q.granularity != Fp8Granularity::Tile1x128,
+             "fp8_columnwise (CUDA): 1x128 tiles run along one orientation; quantize the other from x");
+  Fp8Tensor t = q;
+  if (q.data_t.defined()) return t;
+  const cudaStream_t s = megadlm::detail::native_stream(stream);
+  t.data_t = byte_tensor(q.rows * q.cols, stream);
+  if (q.rows > 0 && q.cols > 0) {
+    const int64_t row_tiles = (q.rows + kByteTile - 1) / kByteTile;
+    MDLM_CHECK(row_tiles < 65536, "fp8_columnwise (CUDA): ", q.rows, " rows exceed the launch grid");
+    const dim3 blocks(static_cast<unsigned>((q.cols + kByteTile - 1) / kByteTile), static_cast<unsigned>(row_tiles));
+    transpose_codes_kernel<<<blocks, 256, 0, s>>>(codes_of(q.data), q.rows, q.cols,
+                                                  static_cast<uint8_t*>(t.data_t.data_ptr()));
+    MDLM_CUDA_CHECK_LAUNCH();
+  }
+  if (q.granularity == Fp8Granularity::Block128x128) {
+    const int64_t rb = blocks_of(q.rows), cb = blocks_of(q.cols);
+    t.scale_inv_t = Tensor::zeros({grid_floats(q.granularity, q.cols, q.rows)}, DType::F32, stream);
+    if (rb * cb > 0) {
+      transpose_block_grid_kernel<<<static_cast<unsigned>((rb * cb + 255) / 256), 256, 0, s>>>(
+          q.scale_inv.data<float>(), rb, cb, t.scale_inv_t.data<float>());
+      MDLM_CUDA_CHECK_LAUNCH();
+    }
+  }
+  return t;
 }
 
 }  // namespace megadlm::ops::cuda

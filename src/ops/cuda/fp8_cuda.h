@@ -55,6 +55,7 @@ void fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity granul
                             uint8_t* codes, float* grid, uint8_t* codes_t, float* grid_t,
                             const Stream& stream);
 /// The Tensor-level entry (fp8_gemm.h ops::fp8_quantize_blockwise): allocates codes and zeroed grids.
+Fp8Tensor fp8_columnwise_tensor(const Fp8Tensor& q, const Stream& stream);
 Fp8Tensor fp8_quantize_blockwise_tensor(const Tensor& x, Fp8Type type, Fp8Granularity granularity,
                                         bool rowwise, bool columnwise, bool power_of_2,
                                         const Stream& stream);

@@ -69,7 +69,7 @@ Fp8Linear::Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, c
   if (!state_) return;
   x_ = state_->add(name + ".input", Fp8State::Role::Input);
   w_ = state_->add(name + ".weight", Fp8State::Role::Weight);
-  state_->add_cast_weight(weight_elements);
+  state_->add_cast_weight(weight_elements, weight_elements);
   dy_ = state_->add(name + ".grad_output", Fp8State::Role::GradOutput);
 }
 
@@ -109,8 +109,10 @@ const ops::Fp8Tensor& Fp8Linear::weight(const Tensor& w, const Stream& s) const 
     return *g;
   }
   if (w_generation_ != state_->generation() || !w_cache_.defined()) {
-    // Both orientations in one pass: row-wise for the forward GEMM, column-wise for dgrad.
-    w_cache_ = cast(w_, w, /*activation=*/false, /*columnwise=*/true, s);
+    // The row-wise codes (the forward GEMM's), kept through the step; the data-gradient GEMM
+    // transposes them while it runs (backward_data): a byte a weight element kept, not two.
+    w_cache_ = {};  // the last step's codes go before this step's are cast
+    w_cache_ = cast(w_, w, /*activation=*/false, /*columnwise=*/false, s);
     w_generation_ = state_->generation();
   }
   return w_cache_;
@@ -161,7 +163,7 @@ ops::Fp8Tensor Fp8Linear::quantize_grad(const Tensor& dy, const Stream& s) const
 
 Tensor Fp8Linear::backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s, int64_t rows) const {
   Tensor dx = Tensor::empty({dy_q.rows, w.cols()}, w.dtype(), s);
-  ops::fp8_gemm(dy_q, weight(w, s), dx, {}, s);
+  ops::fp8_gemm(dy_q, ops::fp8_columnwise(weight(w, s), s), dx, {}, s);  // the transposed codes live for this GEMM
   if (rows >= 0 && rows != dy_q.rows) return dx.narrow(0, rows);  // blockwise token padding
   return dx;
 }

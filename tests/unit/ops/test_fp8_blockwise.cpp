@@ -263,3 +263,29 @@ TEST(Fp8Blockwise, TensorOpsMatchTheHostReferenceForTheThreeGemms) {
   Tensor oo = Tensor::zeros({64, 64}, DType::F32, s);
   EXPECT_THROW(fp8_gemm(odd, odd, oo, {.trans_b = true}, s), std::exception);
 }
+
+// ops::fp8_columnwise on the CPU: a 128x128-block weight cast row-wise only, transposed, gives the
+// decoded values and scale grid of the quantizer's own column-wise pass (partial blocks included:
+// 200 x 300 is 2 x 3 blocks, the transposed grid's rows padded to 4); per-tensor values serve both
+// orientations and come back unchanged; 1x128 tiles, which run along one orientation, are refused.
+TEST(Fp8Blockwise, ColumnwiseFromTheRowwiseCodesEqualsTheColumnwiseCast) {
+  const Stream& s = Stream::cpu();
+  const int64_t rows = 200, cols = 300;
+  const Tensor w = Tensor::from_floats(pseudo_random(static_cast<size_t>(rows * cols), 9, 0.05f), {rows, cols});
+  const Fp8Tensor both = fp8_quantize_blockwise(w, Fp8Type::E4M3, kBlock, true, true, true, s);
+  const Fp8Tensor row = fp8_quantize_blockwise(w, Fp8Type::E4M3, kBlock, true, false, true, s);
+  ASSERT_FALSE(row.data_t.defined());
+  const Fp8Tensor t = fp8_columnwise(row, s);
+  EXPECT_EQ(t.data_t.to_floats(s), both.data_t.to_floats(s));
+  EXPECT_EQ(t.scale_inv_t.to_floats(s), both.scale_inv_t.to_floats(s));
+  EXPECT_EQ(t.data.data_ptr(), row.data.data_ptr());  // the row-wise codes are shared, not copied
+
+  const Tensor scale = Tensor::from_floats({2.0f}, {1});
+  const Fp8Tensor pt = fp8_quantize(w, scale, Fp8Type::E4M3, false, nullptr, s);
+  const Fp8Tensor ptt = fp8_columnwise(pt, s);
+  EXPECT_EQ(ptt.data.data_ptr(), pt.data.data_ptr());
+  EXPECT_FALSE(ptt.data_t.defined());
+
+  const Fp8Tensor tiles = fp8_quantize_blockwise(w, Fp8Type::E4M3, kTile, true, false, true, s);
+  EXPECT_THROW(fp8_columnwise(tiles, s), Error);
+}

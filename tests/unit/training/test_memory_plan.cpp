@@ -301,8 +301,9 @@ TEST(MemoryPlan, CountsTheFp8ParamGatherCodesAndStagingBuffer) {
 
 TEST(MemoryPlan, CountsTheFp8WeightCastsAndTheKeptInputCodes) {
   // One H200, the 1.7B at seq 2048, micro-batch 4. FP8 adds each FP8 linear's weight cast of the
-  // step (both orientations, a byte each an element) and keeps the QKV and fc1 inputs of its
-  // layers as codes (a byte an element instead of bf16's two): 2 · T · H bytes fewer a layer.
+  // step (the row-wise codes, a byte an element; the transposed ones only while a data-gradient
+  // GEMM runs) and keeps the QKV and fc1 inputs of its layers as codes (a byte an element instead
+  // of bf16's two): 2 · T · H bytes fewer a layer.
   const int64_t T = 4 * 2048, H = 2048;
   const StageMemory bf16 = plan_memory(config_1p7b(1, 32), PlanDevice::Cuda).stages.at(0);
   EXPECT_EQ(bf16.fp8_codes, 0);
@@ -310,7 +311,7 @@ TEST(MemoryPlan, CountsTheFp8WeightCastsAndTheKeptInputCodes) {
     SCOPED_TRACE(recipe);
     const StageMemory f8 =
         plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--fp8-recipe", recipe}), PlanDevice::Cuda).stages.at(0);
-    EXPECT_EQ(f8.fp8_codes, 2 * 28 * kFp8WeightsPerLayer1p7b);
+    EXPECT_EQ(f8.fp8_codes, 28 * kFp8WeightsPerLayer1p7b);
     EXPECT_EQ(bf16.activations_per_micro_batch - f8.activations_per_micro_batch, 28 * 2 * T * H);
     EXPECT_EQ(f8.persistent() - bf16.persistent(), f8.fp8_codes);
   }
@@ -325,17 +326,20 @@ TEST(MemoryPlan, CountsTheFp8WeightCastsAndTheKeptInputCodes) {
                                                              "--num-layers-at-end-in-bf16", "1"}),
                                         PlanDevice::Cuda)
                                 .stages.at(0);
-  EXPECT_EQ(edges.fp8_codes, 2 * 25 * kFp8WeightsPerLayer1p7b);
+  EXPECT_EQ(edges.fp8_codes, 25 * kFp8WeightsPerLayer1p7b);
   EXPECT_EQ(bf16.activations_per_micro_batch - edges.activations_per_micro_batch, 25 * 2 * T * H);
   // --no-fp8-wgrad: the weight gradients read the bf16 inputs, which are kept.
   const StageMemory bf16_wgrad =
       plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--no-fp8-wgrad"}), PlanDevice::Cuda).stages.at(0);
   EXPECT_EQ(bf16_wgrad.activations_per_micro_batch, bf16.activations_per_micro_batch);
-  // The CPU backend keeps decoded f32 codes: 4 bytes an element, 8 blockwise (both orientations).
-  EXPECT_EQ(plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid"}), PlanDevice::Cpu).stages.at(0).fp8_codes,
-            4 * 28 * kFp8WeightsPerLayer1p7b);
-  EXPECT_EQ(plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"}), PlanDevice::Cpu)
-                .stages.at(0)
-                .fp8_codes,
-            8 * 28 * kFp8WeightsPerLayer1p7b);
+  // The CPU backend keeps decoded f32 codes: 4 bytes an element. Its per-tensor values serve both
+  // orientations; blockwise transposes a weight's codes for its data-gradient GEMM, a temporary
+  // of the largest weight (fc1: 2 · 6144 · 2048).
+  const StageMemory cpu = plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid"}), PlanDevice::Cpu).stages.at(0);
+  const StageMemory cpu_blk =
+      plan_memory(config_1p7b(1, 32, {"--fp8-format", "hybrid", "--fp8-recipe", "blockwise"}), PlanDevice::Cpu)
+          .stages.at(0);
+  EXPECT_EQ(cpu.fp8_codes, 4 * 28 * kFp8WeightsPerLayer1p7b);
+  EXPECT_EQ(cpu_blk.fp8_codes, 4 * 28 * kFp8WeightsPerLayer1p7b);
+  EXPECT_EQ(cpu_blk.workspaces - cpu.workspaces, 4 * 2 * 6144 * 2048);
 }
