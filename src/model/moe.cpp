@@ -133,8 +133,7 @@ MoeExperts::MoeExperts(const TransformerConfig& config, const std::string& prefi
         const int slot = fp8_->add(expert_name(prefix, e, part.c_str()) + ".weight", Fp8State::Role::Weight);
         if (e >= first_expert && e < first_expert + local_) {
           g.weight.push_back(slot);
-          const int64_t elements = (part == "linear_fc2" ? 1 : swiglu ? 2 : 1) * ffn_ * h;
-          fp8_->add_cast_weight(elements, local_ * elements);
+          fp8_->add_cast_weight((part == "linear_fc2" ? 1 : swiglu ? 2 : 1) * ffn_ * h);
         }
       }
     };
@@ -345,13 +344,20 @@ void MoeExperts::fp8_backward(const Fp8Gemm& g, const Tensor& dy, const Tensor& 
   const Tensor dy_scales = fp8_scales(g.grad_output, dy, source_rows, s);
   const bool wgrad = fp8_->settings().wgrad;
   const int64_t out = w.rows() / local_;
-  std::vector<ops::Fp8Tensor> wt(static_cast<size_t>(local_));  // each expert's transposed codes, this call only
+  // The transposed codes of the expert whose chunks are running (an expert's chunks are
+  // consecutive): one expert's at a time.
+  ops::Fp8Tensor wt;
+  size_t wt_expert = static_cast<size_t>(local_);
   int64_t r = 0;
   for (size_t i = 0; i < source_rows.size(); ++i) {
     const int64_t n = source_rows[i];
     if (n == 0) continue;
     const size_t e = i / static_cast<size_t>(sources_);
-    if (!wt[e].defined()) wt[e] = ops::fp8_columnwise(wq[e], s);
+    if (wt_expert != e) {
+      wt = {};  // the last expert's go first
+      wt = ops::fp8_columnwise(wq[e], s);
+      wt_expert = e;
+    }
     const Tensor dyc = dy.narrow(r, n), xc = x.narrow(r, n);
     const Tensor dy_scale = scale_of(dy_scales, i, sources_);
     // On CUDA the weight-gradient GEMM's K is the chunk's rows: a multiple of 16, else its
@@ -360,7 +366,7 @@ void MoeExperts::fp8_backward(const Fp8Gemm& g, const Tensor& dy, const Tensor& 
     const ops::Fp8Tensor dq = fp8_cast(g.grad_output, dyc, dy_scale, /*columnwise=*/wgrad && aligned,
                                        /*pad=*/false, /*record_amax=*/true, s);
     Tensor dxc = dx.narrow(r, n);
-    ops::fp8_gemm(dq, wt[e], dxc, {}, s);
+    ops::fp8_gemm(dq, wt, dxc, {}, s);
     Tensor dwe = dw.slice_flat(static_cast<int64_t>(e) * out * w.cols(), {out, w.cols()});
     if (!wgrad) {  // --no-fp8-wgrad
       ops::gemm(dyc, xc, dwe, {.trans_a = true, .beta = 1.0f}, s);

@@ -68,6 +68,7 @@ TEST(MoeParity, RouterTopkMatchesCpuForEveryScoreFunction) {
 }
 
 TEST(MoeParity, RandomLogitsMatchCpu) {
+  MDLM_REQUIRE_GPU();
   // Same coordinates (an SP row offset, a CP chunk map) on both sides: the same normal values,
   // up to the device's double-precision log/cos against the host's, then the f32 rounding.
   Stream gpu = gpu_stream();

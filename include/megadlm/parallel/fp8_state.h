@@ -71,11 +71,11 @@ class Fp8State {
   int add(const std::string& name, Role role);
   /// The elements of a weight this rank casts at its first use in every step and keeps for the
   /// step (a linear's, or a local expert's): what the memory plan counts as FP8 weight codes.
-  /// `transposed_together`: the elements whose transposed codes one backward holds at once (a
-  /// linear's weight; a layer's local experts of one GEMM), a temporary in the plan.
-  void add_cast_weight(int64_t elements, int64_t transposed_together) {
+  /// A data-gradient GEMM holds one such weight's transposed codes while it runs: the largest is
+  /// a temporary in the plan.
+  void add_cast_weight(int64_t elements) {
     cast_weight_elements_ += elements;
-    largest_transposed_ = std::max(largest_transposed_, transposed_together);
+    largest_transposed_ = std::max(largest_transposed_, elements);
   }
   int64_t cast_weight_elements() const { return cast_weight_elements_; }
   int64_t largest_transposed_weight() const { return largest_transposed_; }

@@ -69,7 +69,7 @@ Fp8Linear::Fp8Linear(std::shared_ptr<Fp8State> state, const std::string& name, c
   if (!state_) return;
   x_ = state_->add(name + ".input", Fp8State::Role::Input);
   w_ = state_->add(name + ".weight", Fp8State::Role::Weight);
-  state_->add_cast_weight(weight_elements, weight_elements);
+  state_->add_cast_weight(weight_elements);
   dy_ = state_->add(name + ".grad_output", Fp8State::Role::GradOutput);
 }
 
