@@ -47,6 +47,12 @@ void quantize_blockwise_host(const float* x, int64_t rows, int64_t cols, Fp8Gran
   for (size_t i = 0; i < n; ++i) d[i] = fp8_math::decode(codes[i], f);
 }
 
+// out [cols, rows] = the transpose of x [rows, cols] (CPU, contiguous).
+void transpose_host(const float* x, int64_t rows, int64_t cols, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * cols + c];
+}
+
 float host_scalar(const Tensor& t, const char* op, const char* what) {
   MDLM_CHECK(t.defined() && t.numel() >= 1 && t.dtype() == DType::F32, op, ": ", what,
              " must be an f32 scalar tensor, got ", t.defined() ? t.str() : std::string("undefined"));
@@ -139,9 +145,7 @@ Fp8Tensor fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity g
                             stream);
   if (columnwise) {
     std::vector<float> xt(static_cast<size_t>(q.rows * q.cols));
-    const float* px = xc.data<float>();
-    for (int64_t r = 0; r < q.rows; ++r)
-      for (int64_t c = 0; c < q.cols; ++c) xt[static_cast<size_t>(c * q.rows + r)] = px[r * q.cols + c];
+    transpose_host(xc.data<float>(), q.rows, q.cols, xt.data());
     quantize_blockwise_host(xt.data(), q.cols, q.rows, granularity, type, power_of_2, q.data_t, q.scale_inv_t,
                             stream);
   }
@@ -150,21 +154,19 @@ Fp8Tensor fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity g
 
 Fp8Tensor fp8_columnwise(const Fp8Tensor& q, const Stream& stream) {
   detail::check_device("fp8_columnwise", stream, {&q.data, &q.scale_inv});
+  MDLM_CHECK(q.data.defined(), "fp8_columnwise: the row-wise codes are missing");
+  MDLM_CHECK(q.granularity != Fp8Granularity::Tile1x128,
+             "fp8_columnwise: 1x128 tiles run along one orientation; quantize the other from x");
+  if (q.data_t.defined()) return q;
   if (stream.is_cuda()) {
     Fp8Tensor t;
     MDLM_CUDA_BACKEND(t = cuda::fp8_columnwise_tensor(q, stream));
     return t;
   }
-  MDLM_CHECK(q.data.defined(), "fp8_columnwise: the row-wise codes are missing");
-  if (!q.blockwise() || q.data_t.defined()) return q;
-  MDLM_CHECK(q.granularity == Fp8Granularity::Block128x128,
-             "fp8_columnwise: 1x128 tiles run along one orientation; quantize the other from x");
+  if (!q.blockwise()) return q;  // the CPU's per-tensor values serve both orientations
   Fp8Tensor t = q;
   t.data_t = Tensor::empty({q.cols, q.rows}, DType::F32, stream);
-  const float* d = q.data.data<float>();
-  float* dt = t.data_t.data<float>();
-  for (int64_t r = 0; r < q.rows; ++r)
-    for (int64_t c = 0; c < q.cols; ++c) dt[c * q.rows + r] = d[r * q.cols + c];
+  transpose_host(q.data.data<float>(), q.rows, q.cols, t.data_t.data<float>());
   // Block (rb, cb) of [rows, cols] is block (cb, rb) of [cols, rows]; the padding stays zero.
   const Fp8Granularity g = q.granularity;
   t.scale_inv_t = Tensor::zeros({fp8_block_grid_size(g, q.cols, q.rows)}, DType::F32, stream);

@@ -850,11 +850,7 @@ Fp8Tensor fp8_quantize_blockwise_tensor(const Tensor& x, Fp8Type type, Fp8Granul
 }
 
 Fp8Tensor fp8_columnwise_tensor(const Fp8Tensor& q, const Stream& stream) {
-  MDLM_CHECK(q.data.defined(), "fp8_columnwise (CUDA): the row-wise codes are missing");
-  MDLM_CHECK(q.granularity != Fp8Granularity::Tile1x128,
-             "fp8_columnwise (CUDA): 1x128 tiles run along one orientation; quantize the other from x");
-  Fp8Tensor t = q;
-  if (q.data_t.defined()) return t;
+  Fp8Tensor t = q;  // ops::fp8_columnwise checked q: row-wise codes only, per-tensor or 128x128
   const cudaStream_t s = megadlm::detail::native_stream(stream);
   t.data_t = byte_tensor(q.rows * q.cols, stream);
   if (q.rows > 0 && q.cols > 0) {

@@ -58,7 +58,7 @@ void fp8_quantize_blockwise(const Tensor& x, Fp8Type type, Fp8Granularity granul
 Fp8Tensor fp8_quantize_blockwise_tensor(const Tensor& x, Fp8Type type, Fp8Granularity granularity,
                                         bool rowwise, bool columnwise, bool power_of_2,
                                         const Stream& stream);
-/// ops::fp8_columnwise: the transposed codes (and 128x128 grid) of row-wise codes.
+/// ops::fp8_columnwise after its checks: the transposed codes (and 128x128 grid) of row-wise codes.
 Fp8Tensor fp8_columnwise_tensor(const Fp8Tensor& q, const Stream& stream);
 
 // The Tensor-level entry points of include/megadlm/ops/fp8_gemm.h (the dispatch in
