@@ -26,9 +26,4 @@ namespace megadlm::ops::cpu {
 /// The BLAS that runs f32 GEMMs ("OpenBLAS (<its build config>)"), or "" where this build has
 /// none and the naive loop runs them (src/ops/cpu/gemm.cpp).
 const char* blas_library();
-
-/// gemm for f32 as one BLAS call over all rows of C: much faster where B is large and C has
-/// many rows (no repacking of B per pair of rows), but a row of C is no longer bitwise the value
-/// it gets alone (gemm.cpp). For products whose rows feed a sum anyway (gradients).
-void gemm_f32_one_call(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args);
 }  // namespace megadlm::ops::cpu

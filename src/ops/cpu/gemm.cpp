@@ -113,10 +113,9 @@ void set_blas_threads_once() {
 // Cost at [512 x 256] x [256 x 768]: ~4x one whole call, still >10x the naive loop.
 constexpr int64_t kBlasRowsPerCall = 2;
 
-/// The f32 product through cblas_sgemm, `rows_per_call` rows of C at a time; the bias added
+/// The f32 product through cblas_sgemm, kBlasRowsPerCall rows of C at a time; the bias added
 /// after it (C rounded twice where it has a bias: the sgemm's fp32 sum, then + bias).
-void gemm_f32_blas(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args,
-                   int64_t rows_per_call = kBlasRowsPerCall) {
+void gemm_f32_blas(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
   const int64_t m = c.rows(), n = c.cols();
   const int64_t k = args.trans_a ? a.rows() : a.cols();
   if (m == 0 || n == 0) return;
@@ -134,8 +133,8 @@ void gemm_f32_blas(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& 
   const int64_t lda = std::max<int64_t>(1, args.trans_a ? m : k);
   const int64_t ldb = std::max<int64_t>(1, args.trans_b ? k : n);
   const float* pa = a.data<float>();
-  for (int64_t i = 0; i < m; i += rows_per_call) {
-    const int64_t rows = std::min(rows_per_call, m - i);
+  for (int64_t i = 0; i < m; i += kBlasRowsPerCall) {
+    const int64_t rows = std::min(kBlasRowsPerCall, m - i);
     // beta == 0: OpenBLAS zero-fills C before accumulating (C is never read, NaN cannot leak).
     cblas_sgemm(CblasRowMajor, args.trans_a ? CblasTrans : CblasNoTrans,
                 args.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(rows),
@@ -179,16 +178,6 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
     gemm_typed<float, float>(a, b, c, args);
 #endif
   }
-}
-
-void gemm_f32_one_call(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args) {
-  MDLM_CHECK(a.dtype() == DType::F32 && b.dtype() == DType::F32 && c.dtype() == DType::F32,
-             "gemm_f32_one_call: A, B and C must be f32, got A ", a.str(), ", C ", c.str());
-#if MEGADLM_WITH_OPENBLAS
-  gemm_f32_blas(a, b, c, args, std::max<int64_t>(c.rows(), 1));
-#else
-  gemm_typed<float, float>(a, b, c, args);
-#endif
 }
 
 }  // namespace megadlm::ops::cpu

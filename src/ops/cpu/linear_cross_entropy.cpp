@@ -1,13 +1,8 @@
 // CPU reference of the fused output layer + cross-entropy (linear_cross_entropy.h): for each
-// selected row the logits, the max-subtracted softmax and the loss, then the gradient rows.
-// f64 (gradient checks) runs direct loops. f32 runs the three products through the CPU GEMM
-// (OpenBLAS where built with it) on a fixed number of selected rows at a time: the naive loops
-// made the output layer ~80% of a tiny model's step at GPT-2's 50k vocabulary. Each product is
-// one BLAS call per chunk (gemm_f32_one_call; the GEMM's pairs of rows would repack the whole
-// weight for every pair), so a row's loss may differ in the last bits with the rows selected
-// beside it: the op serves training only (evaluation and generation take the logits GEMM, whose
-// rows are independent). args.chunk_rows does not change the arithmetic here; it exists for the
-// CUDA path.
+// selected row the logits, the max-subtracted softmax and the loss, then the gradient rows, as
+// direct loops in the activation type (f32, or f64 for gradient checks); f32 runs the same
+// arithmetic in a cache-blocked order (run_f32_blocked). chunk_rows does not change the
+// arithmetic here; it exists for the CUDA path.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -86,81 +81,89 @@ void run(const Tensor& x, const Tensor& weight, const Tensor* rows, const Tensor
   }
 }
 
-/// f32 through the GEMM: kRowsPerChunk selected rows are gathered into xc; z = xc W^T; each row
-/// turned into its loss and, for training, its logit gradient g (in place of z); dx rows = g W,
-/// dweight += g^T xc (accumulated in f32 by the GEMM).
-void run_f32_gemm(const Tensor& x, const Tensor& weight, const std::vector<int32_t>& selected,
-                  const Tensor& targets, const Tensor& loss_weights, Tensor& losses, Tensor& dx,
-                  Tensor& dweight, const LinearCrossEntropyArgs& args, const Stream& stream) {
+/// f32: the loops of run<float> above, reordered for the cache and the vector unit, with every
+/// element computed by the same operations in the same order (so the results are the same bits):
+/// a logit sums its h products in order of k; a row's softmax and loss are the same expressions;
+/// an element of dx sums over the vocabulary in order, an element of dweight over the selected
+/// rows in order (each product added in f64 and rounded into the f32 main grad, as
+/// FloatAccess::add does). Work goes in chunks of kRows selected rows; the logits run over W^T
+/// (copied once) a block of kCols vocabulary entries at a time for kRowBlock rows, and the
+/// gradients a block of kCols vocabulary rows of W and dweight at a time for all rows of the
+/// chunk. The reference loops took ~80% of a tiny model's step at GPT-2's 50k vocabulary.
+void run_f32_blocked(const Tensor& x, const Tensor& weight, const std::vector<int32_t>& selected,
+                     const Tensor& targets, const Tensor& loss_weights, Tensor& losses, Tensor& dx,
+                     Tensor& dweight, const LinearCrossEntropyArgs& args) {
   const char* op = "linear_cross_entropy";
-  constexpr int64_t kRowsPerChunk = 64;
+  constexpr int64_t kRows = 64, kRowBlock = 4, kCols = 256;
   const int64_t h = x.cols(), v = weight.rows();
   const float* X = x.data<float>();
+  const float* W = weight.data<float>();
   const int32_t* tg = targets.data<int32_t>();
   const detail::FloatAccess lw(op, loss_weights, "loss_weights"), loss(op, losses, "losses");
   const bool grad = args.grad_scale > 0.0f;
   float* dX = grad ? dx.data<float>() : nullptr;
+  float* DW = grad ? dweight.data<float>() : nullptr;
   if (grad) std::fill(dX, dX + dx.numel(), 0.0f);
+  std::vector<float> wt(static_cast<size_t>(h * v));  // W^T [h, v]
+  for (int64_t j = 0; j < v; ++j)
+    for (int64_t k = 0; k < h; ++k) wt[static_cast<size_t>(k * v + j)] = W[j * h + k];
   const auto n = static_cast<int64_t>(selected.size());
-  const int64_t cap = std::min(kRowsPerChunk, std::max<int64_t>(n, 1));
-  Tensor xc_all = Tensor::empty({cap, h}, DType::F32, stream);
-  Tensor z_all = Tensor::empty({cap, v}, DType::F32, stream);
-  Tensor dxc_all = grad ? Tensor::empty({cap, h}, DType::F32, stream) : Tensor();
-  Tensor gt_all = grad ? Tensor::empty({v, cap}, DType::F32, stream) : Tensor();
-  for (int64_t begin = 0; begin < n; begin += kRowsPerChunk) {
-    const int64_t c = std::min(kRowsPerChunk, n - begin);
-    Tensor xc = xc_all.slice_flat(0, {c, h});
-    Tensor z = z_all.slice_flat(0, {c, v});
-    float* XC = xc.data<float>();
+  std::vector<float> z(static_cast<size_t>(std::min(kRows, n) * v));
+  for (int64_t begin = 0; begin < n; begin += kRows) {
+    const int64_t c = std::min(kRows, n - begin);
+    const int32_t* rows = selected.data() + begin;
     for (int64_t i = 0; i < c; ++i) {
-      const int32_t r = selected[static_cast<size_t>(begin + i)];
-      const int32_t target = tg[r];
-      MDLM_CHECK(target >= 0 && target < v, op, ": target ", target, " of row ", r, " outside [0, ", v, ")");
-      std::copy(X + r * h, X + (r + 1) * h, XC + i * h);
+      const int32_t target = tg[rows[i]];
+      MDLM_CHECK(target >= 0 && target < v, op, ": target ", target, " of row ", rows[i], " outside [0, ", v, ")");
     }
-    gemm_f32_one_call(xc, weight, z, {.trans_b = true});
-    float* Z = z.data<float>();
-    for (int64_t i = 0; i < c; ++i) {
-      const int32_t r = selected[static_cast<size_t>(begin + i)];
-      const int32_t target = tg[r];
-      float* zr = Z + i * v;
-      float zmax = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < v; ++j) zmax = std::max(zmax, zr[j]);
-      const float z_target = zr[target];
-      float sum = 0;
-      if (grad) {
-        for (int64_t j = 0; j < v; ++j) sum += (zr[j] = std::exp(zr[j] - zmax));
-      } else {
-        for (int64_t j = 0; j < v; ++j) sum += std::exp(zr[j] - zmax);
+    // z[i][j] = sum over k in order of W[j][k] x[i][k].
+    for (int64_t i0 = 0; i0 < c; i0 += kRowBlock) {
+      const int64_t i1 = std::min(c, i0 + kRowBlock);
+      for (int64_t j0 = 0; j0 < v; j0 += kCols) {
+        const int64_t nj = std::min(v, j0 + kCols) - j0;
+        for (int64_t i = i0; i < i1; ++i) std::fill_n(z.data() + i * v + j0, nj, 0.0f);
+        for (int64_t k = 0; k < h; ++k) {
+          const float* wk = wt.data() + k * v + j0;
+          for (int64_t i = i0; i < i1; ++i) {
+            const float xk = X[rows[i] * h + k];
+            float* zi = z.data() + i * v + j0;
+            for (int64_t j = 0; j < nj; ++j) zi[j] += wk[j] * xk;
+          }
+        }
       }
-      loss.set(r, static_cast<double>(zmax + std::log(sum) - z_target));
+    }
+    // Loss, and the logit gradient g in place of z.
+    for (int64_t i = 0; i < c; ++i) {
+      const int32_t r = rows[i], target = tg[r];
+      float* zi = z.data() + i * v;
+      float zmax = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < v; ++j) zmax = std::max(zmax, zi[j]);
+      float sum = 0;
+      for (int64_t j = 0; j < v; ++j) sum += std::exp(zi[j] - zmax);
+      const float lse = zmax + std::log(sum);
+      loss.set(r, static_cast<double>(lse - zi[target]));
       if (!grad) continue;
-      // g = scale (softmax - one-hot), the softmax as exp(z - zmax) / sum.
-      const float scale = args.grad_scale * static_cast<float>(lw.get(r));
-      const float p_scale = scale / sum;
-      for (int64_t j = 0; j < v; ++j) zr[j] *= p_scale;
-      zr[target] -= scale;
+      const float scale = static_cast<float>(args.grad_scale) * static_cast<float>(lw.get(r));
+      for (int64_t j = 0; j < v; ++j) zi[j] = scale * (std::exp(zi[j] - lse) - (j == target ? 1.0f : 0.0f));
     }
     if (!grad) continue;
-    Tensor dxc = dxc_all.slice_flat(0, {c, h});
-    gemm_f32_one_call(z, weight, dxc, {});
-    const float* DXC = dxc.data<float>();
-    for (int64_t i = 0; i < c; ++i) {
-      const int32_t r = selected[static_cast<size_t>(begin + i)];
-      std::copy(DXC + i * h, DXC + (i + 1) * h, dX + r * h);
-    }
-    // dweight += g^T xc with g transposed first: BLAS packing a transposed [c, v] operand reads
-    // it down its columns, a page per element at a 50k vocabulary (measured 5x slower).
-    Tensor gt = gt_all.slice_flat(0, {v, c});
-    float* GT = gt.data<float>();
-    constexpr int64_t kBlock = 256;
-    for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
-      const int64_t j1 = std::min(v, j0 + kBlock);
+    // dx[i] += g[i][j] W[j], dweight[j] += g[i][j] x[i] (f64 add, f32 store), vocabulary rows in order.
+    for (int64_t j0 = 0; j0 < v; j0 += kCols) {
+      const int64_t j1 = std::min(v, j0 + kCols);
       for (int64_t i = 0; i < c; ++i) {
-        for (int64_t j = j0; j < j1; ++j) GT[j * c + i] = Z[i * v + j];
+        const float* xi = X + rows[i] * h;
+        float* dxi = dX + rows[i] * h;
+        const float* gi = z.data() + i * v;
+        for (int64_t j = j0; j < j1; ++j) {
+          const float g = gi[j];
+          if (g == 0.0f) continue;
+          const float* wj = W + j * h;
+          float* dwj = DW + j * h;
+          for (int64_t k = 0; k < h; ++k) dxi[k] += g * wj[k];
+          for (int64_t k = 0; k < h; ++k) dwj[k] = static_cast<float>(static_cast<double>(dwj[k]) + static_cast<double>(g * xi[k]));
+        }
       }
     }
-    gemm_f32_one_call(gt, xc, dweight, {.beta = 1.0f});
   }
 }
 
@@ -174,8 +177,7 @@ void linear_cross_entropy(const Tensor& x, const Tensor& weight, const Tensor* r
   if (x.dtype() == DType::F32 && weight.dtype() == DType::F32 &&
       (!grad || (dx.dtype() == DType::F32 && dweight.dtype() == DType::F32))) {
     const detail::FloatAccess loss("linear_cross_entropy", losses, "losses");
-    run_f32_gemm(x, weight, selected_rows(rows, x.rows(), loss), targets, loss_weights, losses, dx, dweight, args,
-                 stream);
+    run_f32_blocked(x, weight, selected_rows(rows, x.rows(), loss), targets, loss_weights, losses, dx, dweight, args);
     return;
   }
   detail::with_float_type("linear_cross_entropy", x, [&](auto tag) {
