@@ -1,6 +1,7 @@
 #include "megadlm/model/mlp.h"
 #include <cmath>
 #include "megadlm/ops/activation.h"
+#include "megadlm/ops/fp8_gemm.h"
 
 namespace megadlm {
 
@@ -54,17 +55,33 @@ Tensor Mlp::activate(const Tensor& fc1_out, const Stream& s) const {
 
 Tensor Mlp::backward(const Tensor& dy, const MicroBatch& mb, Saved& saved, const ModelRuntime& rt) const {
   const Stream& s = rt.stream;
+  if (activation_ == MlpActivation::SwiGLU && fc1_.takes_grad_codes() && fc2_.fp8().takes_codes_from_producers()) {
+    // FP8 with delayed scaling: the activation's backward pass writes fc1's output gradient and
+    // fc2's recomputed input as the codes their GEMMs read (ops::fp8_swiglu_backward), with the
+    // scales known before the values; neither is written in bf16.
+    ops::Fp8Tensor dfc1_q;
+    fc2_.backward(dy, [&](const Tensor& dact) {
+      ops::Fp8Tensor act_q;
+      ops::fp8_swiglu_backward(dact, saved.fc1_out, fc1_.fp8().grad_target(s), fc2_.fp8().input_target(s), dfc1_q,
+                               act_q, s);
+      return tp::LinearInput::fp8(std::move(act_q));
+    }, mb.tokens(), s);
+    saved.fc1_out = Tensor();
+    Tensor dx = fc1_.backward(dfc1_q, saved.x_full, s);
+    saved = Saved{};
+    return dx;
+  }
   Tensor dfc1 = Tensor::empty(saved.fc1_out.shape(), dy.dtype(), s);
   // fc2's data gradient first; then one pass over fc1_out gives both the activation's backward
   // and (SwiGLU) the recomputed activation output that fc2's weight gradient reads.
   fc2_.backward(dy, [&](const Tensor& dact) {
     if (activation_ != MlpActivation::SwiGLU) {
       ops::gelu_backward(dact, saved.fc1_out, dfc1, s);
-      return activate(saved.fc1_out, s);
+      return tp::LinearInput::rows(activate(saved.fc1_out, s));
     }
     Tensor act = Tensor::empty({saved.fc1_out.rows(), ffn_}, saved.fc1_out.dtype(), s);
     ops::swiglu_backward_recompute(dact, saved.fc1_out, dfc1, act, s);
-    return act;
+    return tp::LinearInput::rows(std::move(act));
   }, mb.tokens(), s);
   saved.fc1_out = Tensor();
   Tensor dx = fc1_.backward(dfc1, saved.x_full, s);

@@ -5,6 +5,7 @@
 #include "megadlm/ops/fp8_gemm.h"
 #include <cmath>
 #include <vector>
+#include "megadlm/ops/activation.h"
 #include "megadlm/ops/fp8.h"
 #include "ops/dispatch.h"
 #include "ops/fp8_math.h"
@@ -219,6 +220,30 @@ void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs&
   scaled.alpha = args.alpha * host_scalar(a.scale_inv, "fp8_gemm", "scale_inv of A") *
                  host_scalar(b.scale_inv, "fp8_gemm", "scale_inv of B");
   gemm(a.data, b.data, c, scaled, stream);
+}
+
+void fp8_swiglu_backward(const Tensor& dact, const Tensor& fc1_out, const Fp8CastTarget& dfc1_target,
+                         const Fp8CastTarget& act_target, Fp8Tensor& dfc1, Fp8Tensor& act, const Stream& stream) {
+  const char* op = "fp8_swiglu_backward";
+  detail::check_device(op, stream, {&dact, &fc1_out, &dfc1_target.scale, &dfc1_target.amax, &act_target.scale,
+                                    &act_target.amax});
+  MDLM_CHECK(dact.dim() == 2 && fc1_out.dim() == 2 && fc1_out.rows() == dact.rows() &&
+                 fc1_out.cols() == 2 * dact.cols() && fc1_out.dtype() == dact.dtype(),
+             op, ": fc1_out ", fc1_out.str(), " must be [rows, 2 f] of dact ", dact.str(), "'s dtype");
+  for (const Tensor* t : {&dfc1_target.scale, &dfc1_target.amax, &act_target.scale, &act_target.amax})
+    detail::check_dtype(op, *t, DType::F32, "scale / amax");
+#if MEGADLM_WITH_CUDA
+  if (stream.is_cuda() && cuda::fp8_swiglu_backward_fused(dact, fc1_out, dfc1_target, act_target, dfc1, act, stream))
+    return;
+#endif
+  // The definition: the bf16 (or f32) outputs, then their casts.
+  Tensor dx = Tensor::empty(fc1_out.shape(), dact.dtype(), stream);
+  Tensor y = Tensor::empty(dact.shape(), dact.dtype(), stream);
+  swiglu_backward_recompute(dact, fc1_out, dx, y, stream);
+  Tensor dfc1_amax = dfc1_target.amax, act_amax = act_target.amax;
+  dfc1 = fp8_quantize(dx, dfc1_target.scale, dfc1_target.type, /*columnwise=*/true, &dfc1_amax, stream);
+  act = fp8_quantize(y, act_target.scale, act_target.type, /*columnwise=*/true, &act_amax, stream,
+                     /*rowwise=*/false);
 }
 
 }  // namespace megadlm::ops

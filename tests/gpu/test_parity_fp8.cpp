@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include "megadlm/ops/activation.h"
 #include "megadlm/ops/fp8.h"
 #include "megadlm/ops/fp8_gemm.h"
 #include "parity.h"
@@ -310,6 +311,56 @@ TEST(Fp8Parity, TransposedWeightCodesEqualTheColumnwiseCast) {
   const Tensor x = to_device(fp8_test_values(128 * 128, 5, false), {128, 128}, DType::F32, gpu);
   EXPECT_ANY_THROW(ops::fp8_columnwise(
       ops::fp8_quantize_blockwise(x, ops::Fp8Type::E4M3, ops::Fp8Granularity::Tile1x128, true, false, true, gpu), gpu));
+#endif
+}
+
+TEST(Fp8Parity, FusedSwigluBackwardCodesEqualTheUnfusedCasts) {
+  // ops::fp8_swiglu_backward (MLP backward under delayed scaling) against its definition on the
+  // same GPU: swiglu_backward_recompute in bf16, then fp8_quantize of dfc1 (both orientations)
+  // and of act (column-wise): every code, both amaxes and the scale_inv bit for bit. The first
+  // shapes take the fused kernel (multiples of 64), the last the composition.
+  MDLM_REQUIRE_GPU();
+#if MEGADLM_WITH_CUDA
+  Stream gpu = gpu_stream();
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{128, 192}, {256, 64}, {64, 512}, {100, 96}};
+  for (const auto& [rows, f] : shapes) {
+    const std::string what = detail::concat(rows, "x", f);
+    // Gate and up around +-4 (the sigmoid's bends), dact small like a gradient.
+    std::vector<float> x = fp8_test_values(rows * 2 * f, static_cast<uint64_t>(rows + 3 * f), false);
+    for (float& v : x) v = std::fmod(v, 6.0f);
+    std::vector<float> d = fp8_test_values(rows * f, static_cast<uint64_t>(rows * 5 + f), false);
+    for (float& v : d) v = std::fmod(v, 1.0f) * 1e-3f;
+    const Tensor fc1_out = to_device(x, {rows, 2 * f}, DType::BF16, gpu);
+    const Tensor dact = to_device(d, {rows, f}, DType::BF16, gpu);
+    const auto target = [&](float scale, float amax0, ops::Fp8Type type) {
+      return ops::Fp8CastTarget{.scale = to_device({scale}, {1}, DType::F32, gpu),
+                                .amax = to_device({amax0}, {1}, DType::F32, gpu),
+                                .type = type};
+    };
+    // amax0 below (dfc1) and above (act) the values' own maxima: both max rules show.
+    const ops::Fp8CastTarget td = target(2048.0f, 1e-6f, ops::Fp8Type::E5M2), ta = target(24.0f, 100.0f, ops::Fp8Type::E4M3);
+    const ops::Fp8CastTarget rd = target(2048.0f, 1e-6f, ops::Fp8Type::E5M2), ra = target(24.0f, 100.0f, ops::Fp8Type::E4M3);
+    ops::Fp8Tensor dfc1, act;
+    ops::fp8_swiglu_backward(dact, fc1_out, td, ta, dfc1, act, gpu);
+    Tensor dx = Tensor::empty({rows, 2 * f}, DType::BF16, gpu), y = Tensor::empty({rows, f}, DType::BF16, gpu);
+    ops::swiglu_backward_recompute(dact, fc1_out, dx, y, gpu);
+    Tensor rd_amax = rd.amax, ra_amax = ra.amax;
+    const ops::Fp8Tensor want_d = ops::fp8_quantize(dx, rd.scale, rd.type, true, &rd_amax, gpu);
+    const ops::Fp8Tensor want_a = ops::fp8_quantize(y, ra.scale, ra.type, true, &ra_amax, gpu, false);
+    const int64_t n = rows * 2 * f;
+    ASSERT_TRUE(dfc1.data.defined() && dfc1.data_t.defined() && act.data_t.defined()) << what;
+    EXPECT_EQ(dfc1.rows, rows);
+    EXPECT_EQ(dfc1.cols, 2 * f);
+    EXPECT_EQ(act.cols, f);
+    EXPECT_EQ(download_bytes(dfc1.data, n, gpu), download_bytes(want_d.data, n, gpu)) << what << ": dfc1 row-wise";
+    EXPECT_EQ(download_bytes(dfc1.data_t, n, gpu), download_bytes(want_d.data_t, n, gpu)) << what << ": dfc1 column-wise";
+    EXPECT_EQ(download_bytes(act.data_t, n / 2, gpu), download_bytes(want_a.data_t, n / 2, gpu)) << what << ": act";
+    EXPECT_EQ(td.amax.to_floats(gpu), rd_amax.to_floats(gpu)) << what << ": dfc1 amax";
+    EXPECT_EQ(ta.amax.to_floats(gpu), ra_amax.to_floats(gpu)) << what << ": act amax";
+    EXPECT_GT(td.amax.to_floats(gpu)[0], 1e-6f) << what << ": the dfc1 amax was not raised";
+    EXPECT_EQ(dfc1.scale_inv.to_floats(gpu), want_d.scale_inv.to_floats(gpu)) << what;
+    EXPECT_EQ(act.scale_inv.to_floats(gpu), want_a.scale_inv.to_floats(gpu)) << what;
+  }
 #endif
 }
 

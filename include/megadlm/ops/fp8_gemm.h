@@ -88,4 +88,24 @@ Fp8Tensor fp8_columnwise(const Fp8Tensor& q, const Stream& stream);
 void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,
               const Stream& stream);
 
+/// Where a quantized tensor goes under delayed scaling (the scale known before the values): the
+/// state slot's scale and running amax (f32 [1] each, raised by the cast) and the FP8 type.
+struct Fp8CastTarget {
+  Tensor scale;
+  Tensor amax;
+  Fp8Type type = Fp8Type::E4M3;
+};
+
+/// The SwiGLU MLP's backward with both outputs quantized, per-tensor scaling: from
+/// dact [rows, f] and fc1_out [rows, 2f] ([gate | up]), the codes of
+///   dfc1 (swiglu_backward of dact; its fc1's output gradient) in both orientations, to `dfc1`,
+///   and of act = swiglu(fc1_out) (the forward's output, recomputed: fc2's weight-gradient
+///   input) column-wise, to `act`,
+/// bit for bit what swiglu_backward_recompute (outputs in dact's dtype) followed by fp8_quantize
+/// of each gives, with their amaxes raised the same way: on CUDA (bf16, rows and f multiples of
+/// 64) one pass that never writes the bf16 dfc1 and act, else that composition. (The CPU's codes
+/// are f32 values, one orientation read either way.)
+void fp8_swiglu_backward(const Tensor& dact, const Tensor& fc1_out, const Fp8CastTarget& dfc1_target,
+                         const Fp8CastTarget& act_target, Fp8Tensor& dfc1, Fp8Tensor& act, const Stream& stream);
+
 }  // namespace megadlm::ops

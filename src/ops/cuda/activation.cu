@@ -2,11 +2,11 @@
 // bf16 (or f32) storage with fp32 math. Entry -> launch_* -> *_kernel.
 // SwiGLU uses a 2-D grid (x: 16-byte column packs of one half, y: rows, grid-stride) so no
 // thread divides a flat index by the row length; GELU is a flat map (flat_kernel).
-// sigmoid uses __expf and __fdividef: ~2 ulp in fp32, far below the bf16 rounding of the output
-// (for gate -> -inf, __fdividef(g, inf) is -0, the right limit of silu).
+// SwiGLU's arithmetic is swiglu_math.cuh's (shared with the FP8 fused backward in fp8.cu).
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/internal.h"
+#include "ops/cuda/swiglu_math.cuh"
 
 namespace megadlm::ops::cuda {
 namespace {
@@ -14,8 +14,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr float kInvSqrt2 = 0.70710678118654752f;
 constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-
-__device__ __forceinline__ float sigmoid(float g) { return __fdividef(1.0f, 1.0f + __expf(-g)); }
 
 dim3 swiglu_grid(int64_t rows, int64_t f, int vec) {
   return dim3(static_cast<unsigned>(ceil_div(f / vec, kThreads)),
@@ -34,7 +32,7 @@ swiglu_forward_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t rows, 
     load_vec<kVec>(xr + j, g);
     load_vec<kVec>(xr + f + j, u);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = g[i] * sigmoid(g[i]) * u[i];
+    for (int i = 0; i < kVec; ++i) out[i] = swiglu_math::value(g[i], u[i]);
     store_vec<kVec>(y + r * f + j, out);
   }
 }
@@ -54,18 +52,14 @@ swiglu_backward_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __r
     load_vec<kVec>(xr + f + j, u);
     load_vec<kVec>(dy + r * f + j, d);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const float s = sigmoid(g[i]);
-      du[i] = d[i] * g[i] * s;
-      dg[i] = d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-    }
+    for (int i = 0; i < kVec; ++i) swiglu_math::grad(g[i], u[i], d[i], dg[i], du[i]);
     T* dxr = dx + r * 2 * f;
     store_vec<kVec>(dxr + j, dg);
     store_vec<kVec>(dxr + f + j, du);
     if (y != nullptr) {
       float out[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = g[i] * sigmoid(g[i]) * u[i];
+      for (int i = 0; i < kVec; ++i) out[i] = swiglu_math::value(g[i], u[i]);
       store_vec<kVec>(y + r * f + j, out);
     }
   }

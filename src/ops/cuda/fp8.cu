@@ -12,6 +12,7 @@
 #include "core/cuda/cuda_utils.h"
 #include "ops/cuda/fp8_cuda.h"
 #include "ops/cuda/internal.h"
+#include "ops/cuda/swiglu_math.cuh"
 #include "ops/fp8_math.h"
 
 namespace megadlm::ops::cuda {
@@ -205,6 +206,74 @@ __global__ void fp8_quantize_transpose_vec_kernel(const T* __restrict__ x, int64
   }
   const float m = block_max(local);
   if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
+}
+
+// The SwiGLU MLP's backward with its outputs quantized (ops::fp8_swiglu_backward), one 64 x 64 tile
+// of the [rows, f] index space a block, 8 consecutive elements a thread. Each element goes through
+// swiglu_math as activation.cu's backward does, is rounded to bf16 as that kernel's store rounds
+// it, then scaled and encoded as the quantizer encodes the loaded bf16 value: the codes and
+// amaxes are the unfused path's bit for bit, without the bf16 dfc1 and act written and read
+// back. dfc1's row-wise codes are stored directly; the transposed dfc1 (gate and up halves) and
+// act codes go through shared memory as in fp8_quantize_transpose_vec_kernel.
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+__global__ void __launch_bounds__(kVecThreads)
+fp8_swiglu_backward_kernel(const __nv_bfloat16* __restrict__ dact, const __nv_bfloat16* __restrict__ fc1,
+                           int64_t rows, int64_t f, const float* __restrict__ dfc1_scale, fp8_math::Format dfc1_f,
+                           uint8_t* __restrict__ dfc1_codes, uint8_t* __restrict__ dfc1_codes_t,
+                           float* __restrict__ dfc1_amax, const float* __restrict__ act_scale,
+                           fp8_math::Format act_f, uint8_t* __restrict__ act_codes_t, float* __restrict__ act_amax) {
+  constexpr int kWords = kVecTile * kVecTilePitch / 4;
+  __shared__ uint32_t tile_words[3][kWords];  // the codes of dgate, dup and act, [row][column]
+  const float sd = *dfc1_scale, sa = *act_scale;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kVecTile, r0 = static_cast<int64_t>(blockIdx.y) * kVecTile;
+  const int group = threadIdx.x % 8;
+  float local_d = 0.0f, local_a = 0.0f;
+  for (int rr = threadIdx.x / 8; rr < kVecTile; rr += kVecThreads / 8) {
+    const int64_t r = r0 + rr, c = c0 + group * 8;
+    float g[8], u[8], d[8], dg[8], du[8], a[8];
+    load8(fc1 + r * 2 * f + c, g);
+    load8(fc1 + r * 2 * f + f + c, u);
+    load8(dact + r * f + c, d);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      swiglu_math::grad(g[j], u[j], d[j], dg[j], du[j]);
+      a[j] = round_bf16(swiglu_math::value(g[j], u[j]));
+      dg[j] = round_bf16(dg[j]);
+      du[j] = round_bf16(du[j]);
+    }
+    const uint2 qg = encode8(dg, sd, dfc1_f, local_d);
+    const uint2 qu = encode8(du, sd, dfc1_f, local_d);
+    const uint2 qa = encode8(a, sa, act_f, local_a);
+    *reinterpret_cast<uint2*>(dfc1_codes + r * 2 * f + c) = qg;
+    *reinterpret_cast<uint2*>(dfc1_codes + r * 2 * f + f + c) = qu;
+    const int at = (rr * kVecTilePitch + group * 8) / 4;
+    tile_words[0][at] = qg.x;
+    tile_words[0][at + 1] = qg.y;
+    tile_words[1][at] = qu.x;
+    tile_words[1][at + 1] = qu.y;
+    tile_words[2][at] = qa.x;
+    tile_words[2][at + 1] = qa.y;
+  }
+  __syncthreads();
+  for (int cc = threadIdx.x / 8; cc < kVecTile; cc += kVecThreads / 8) {
+    uint8_t* const dst[3] = {dfc1_codes_t + (c0 + cc) * rows, dfc1_codes_t + (f + c0 + cc) * rows,
+                             act_codes_t + (c0 + cc) * rows};
+#pragma unroll
+    for (int t = 0; t < 3; ++t) {
+      const uint8_t* tile = reinterpret_cast<const uint8_t*>(tile_words[t]);
+      uint32_t w[2] = {0u, 0u};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        w[j / 4] |= static_cast<uint32_t>(tile[(group * 8 + j) * kVecTilePitch + cc]) << (8 * (j % 4));
+      *reinterpret_cast<uint2*>(dst[t] + r0 + group * 8) = make_uint2(w[0], w[1]);
+    }
+  }
+  const float md = block_max(local_d);
+  if (threadIdx.x == 0) atomic_max_nonneg(dfc1_amax, md);
+  __syncthreads();  // block_max's shared slots are reused
+  const float ma = block_max(local_a);
+  if (threadIdx.x == 0) atomic_max_nonneg(act_amax, ma);
 }
 
 // Every float bit pattern through the device conversion and fp8_math::encode (both computed on
@@ -576,6 +645,41 @@ Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type
                                                                          q.scale_inv.data<float>());
   MDLM_CUDA_CHECK_LAUNCH();
   return q;
+}
+
+bool fp8_swiglu_backward_fused(const Tensor& dact, const Tensor& fc1_out, const Fp8CastTarget& dfc1_target,
+                               const Fp8CastTarget& act_target, Fp8Tensor& dfc1, Fp8Tensor& act, const Stream& stream) {
+  const int64_t rows = dact.rows(), f = dact.cols();
+  if (dact.dtype() != DType::BF16 || rows % kVecTile != 0 || f % kVecTile != 0 || rows == 0 || f == 0 ||
+      !aligned_to(dact.data_ptr(), 16) || !aligned_to(fc1_out.data_ptr(), 16))
+    return false;
+  NvtxRange range("fp8_swiglu_backward");
+  const cudaStream_t s = megadlm::detail::native_stream(stream);
+  dfc1 = Fp8Tensor{};
+  dfc1.type = dfc1_target.type;
+  dfc1.rows = rows;
+  dfc1.cols = 2 * f;
+  dfc1.data = byte_tensor(rows * 2 * f, stream);
+  dfc1.data_t = byte_tensor(rows * 2 * f, stream);
+  act = Fp8Tensor{};
+  act.type = act_target.type;
+  act.rows = rows;
+  act.cols = f;
+  act.data_t = byte_tensor(rows * f, stream);
+  const dim3 grid(static_cast<unsigned>(f / kVecTile), static_cast<unsigned>(rows / kVecTile));
+  fp8_swiglu_backward_kernel<<<grid, kVecThreads, 0, s>>>(
+      static_cast<const __nv_bfloat16*>(dact.data_ptr()), static_cast<const __nv_bfloat16*>(fc1_out.data_ptr()),
+      rows, f, dfc1_target.scale.data<float>(), format_of(dfc1_target.type),
+      static_cast<uint8_t*>(dfc1.data.data_ptr()), static_cast<uint8_t*>(dfc1.data_t.data_ptr()),
+      dfc1_target.amax.data<float>(), act_target.scale.data<float>(), format_of(act_target.type),
+      static_cast<uint8_t*>(act.data_t.data_ptr()), act_target.amax.data<float>());
+  MDLM_CUDA_CHECK_LAUNCH();
+  dfc1.scale_inv = Tensor::empty({1}, DType::F32, stream);
+  act.scale_inv = Tensor::empty({1}, DType::F32, stream);
+  reciprocal_kernel<<<1, 32, 0, s>>>(dfc1_target.scale.data<float>(), dfc1.scale_inv.data<float>());
+  reciprocal_kernel<<<1, 32, 0, s>>>(act_target.scale.data<float>(), act.scale_inv.data<float>());
+  MDLM_CUDA_CHECK_LAUNCH();
+  return true;
 }
 
 void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,

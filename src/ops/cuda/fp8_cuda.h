@@ -74,6 +74,11 @@ void fp8_scale_from_amax(const float* amax, float* scale, int64_t n, float fp8_m
 /// `rowwise` false (with `columnwise`): the transposed codes alone, `data` left undefined.
 Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type, bool columnwise,
                               Tensor* amax, const Stream& stream, bool rowwise = true);
+/// ops::fp8_swiglu_backward in one pass where it runs fused (bf16, rows and f multiples of 64,
+/// aligned buffers): dfc1's codes in both orientations and act's column-wise codes; false (and
+/// nothing done) elsewhere, for the dispatcher's composition.
+bool fp8_swiglu_backward_fused(const Tensor& dact, const Tensor& fc1_out, const Fp8CastTarget& dfc1_target,
+                               const Fp8CastTarget& act_target, Fp8Tensor& dfc1, Fp8Tensor& act, const Stream& stream);
 /// ops::fp8_gemm on the device: cuBLASLt's TN FP8 GEMM, accumulating into C itself for beta;
 /// only a bias or an addend other than C takes one elementwise pass from an fp32 product.
 void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs& args,

@@ -154,6 +154,11 @@ void Fp8Linear::forward(const Tensor& x, const Tensor& w, Tensor& y, const ops::
   *keep = LinearInput::fp8(std::move(xq));
 }
 
+ops::Fp8CastTarget Fp8Linear::target(int slot, const Stream& s) const {
+  MDLM_CHECK(takes_codes_from_producers(), "Fp8Linear: a producer's cast needs delayed scaling and the FP8 weight gradient");
+  return {.scale = state_->scale(slot, s), .amax = state_->amax(slot, s), .type = state_->type(slot)};
+}
+
 ops::Fp8Tensor Fp8Linear::quantize_grad(const Tensor& dy, const Stream& s) const {
   // Blockwise: row-wise tiles for dgrad, column-wise (along tokens) for wgrad; token rows padded
   // to a multiple of 128 (backward_data returns the real rows only).
@@ -285,6 +290,19 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearInput& input
   return reduce_to_local_rows(dx, mp_, s);
 }
 
+bool ColumnParallelLinear::takes_grad_codes() const {
+  return fp8_.takes_codes_from_producers() && b_first_ < 0 && !overlapped(mp_);
+}
+
+Tensor ColumnParallelLinear::backward(const ops::Fp8Tensor& dy_q, const LinearInput& input, const Stream& s) const {
+  MDLM_CHECK(takes_grad_codes(), "ColumnParallelLinear::backward from FP8 codes: delayed scaling, no bias, no TP overlap");
+  Tensor dw = store_->grad_span(w_first_, w_last_);
+  const Tensor w = store_->param_span(w_first_, w_last_);
+  Tensor dx = fp8_.backward_data(dy_q, w, s);
+  fp8_.backward_weight(dy_q, Tensor(), input, dw, s);
+  return reduce_to_local_rows(dx, mp_, s);
+}
+
 RowParallelLinear::RowParallelLinear(ParameterStore& store, const std::string& name,
                                      int64_t out_features, int64_t in_features, bool bias,
                                      ParamInit init, const ModelParallel& mp)
@@ -342,10 +360,10 @@ void RowParallelLinear::forward_add(const Tensor& x, const Tensor& residual, Ten
 
 Tensor RowParallelLinear::backward(const Tensor& dy, const Tensor& x, int64_t rows,
                                    const Stream& s) const {
-  return backward(dy, [&x](const Tensor&) { return x; }, rows, s);
+  return backward(dy, [&x](const Tensor&) { return LinearInput::rows(x); }, rows, s);
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<Tensor(const Tensor& dx)>& input,
+Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<LinearInput(const Tensor& dx)>& input,
                                    int64_t rows, const Stream& s) const {
   const Tensor w = store_->param(weight_);
   Tensor dx, dy_full;  // dy_full: the gradient of the full rows (SP's reduce-scatter -> all-gather)
@@ -354,7 +372,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<Tensor(
     const ops::Fp8Tensor dy_q = fp8_.quantize_grad(dy_full, s);
     dx = fp8_.backward_data(dy_q, w, s, dy_full.rows());
     Tensor dw = store_->grad(weight_);
-    fp8_.backward_weight(dy_q, dy_full, LinearInput::rows(input(dx)), dw, s);
+    fp8_.backward_weight(dy_q, dy_full, input(dx), dw, s);
     if (bias_ >= 0) {
       Tensor db = store_->grad(bias_);
       ops::sum_rows(dy_full, db, s);
@@ -374,9 +392,10 @@ Tensor RowParallelLinear::backward(const Tensor& dy, const std::function<Tensor(
     dx = Tensor::empty({dy_full.rows(), w.cols()}, dy.dtype(), s);
     ops::gemm(dy_full, w, dx, {}, s);
   }
-  const Tensor x = input(dx);
+  const LinearInput x = input(dx);
+  MDLM_CHECK(x.x.defined(), "RowParallelLinear::backward: the input of a bf16 weight gradient came as FP8 codes");
   Tensor dw = store_->grad(weight_);
-  ops::gemm(dy_full, x, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
+  ops::gemm(dy_full, x.x, dw, {.trans_a = true, .beta = 1.0f}, s);  // fp32 main grad, accumulated
   if (bias_ >= 0) {
     Tensor db = store_->grad(bias_);
     ops::sum_rows(dy_full, db, s);

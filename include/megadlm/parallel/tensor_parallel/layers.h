@@ -78,11 +78,20 @@ class Fp8Linear {
   void backward_weight(const ops::Fp8Tensor& dy_q, const Tensor& dy, const LinearInput& x, Tensor& dw,
                        const Stream& s) const;
   ops::Fp8Tensor quantize_grad(const Tensor& dy, const Stream& s) const;
+  /// Delayed scaling with an FP8 weight gradient: the scale of a cast is known before the values,
+  /// so the kernel that makes a tensor can write its codes (ops::fp8_swiglu_backward): then
+  /// input_target() / grad_target() say where the input's / output gradient's cast goes.
+  bool takes_codes_from_producers() const {
+    return active() && state_->delayed() && state_->settings().wgrad;
+  }
+  ops::Fp8CastTarget input_target(const Stream& s) const { return target(x_, s); }
+  ops::Fp8CastTarget grad_target(const Stream& s) const { return target(dy_, s); }
   /// dx = dy W; `rows` >= 0: dx's first `rows` rows (blockwise pads dy's token rows to 128).
   Tensor backward_data(const ops::Fp8Tensor& dy_q, const Tensor& w, const Stream& s, int64_t rows = -1) const;
 
  private:
   const ops::Fp8Tensor& weight(const Tensor& w, const Stream& s) const;
+  ops::Fp8CastTarget target(int slot, const Stream& s) const;
   /// `rowwise` false: the column-wise codes alone (the weight gradient's x; the CPU keeps both).
   ops::Fp8Tensor cast(int slot, const Tensor& x, bool activation, bool columnwise, const Stream& s,
                       bool rowwise = true) const;
@@ -124,6 +133,12 @@ class ColumnParallelLinear {
   /// dy [rows, out/tp] -> dx [local rows, in] summed over TP (all-reduce, or reduce-scatter to
   /// this rank's rows under SP). Adds dW and db. `input`: what forward kept.
   Tensor backward(const Tensor& dy, const LinearInput& input, const Stream& stream) const;
+  /// Whether backward can start from dy's FP8 codes made by the kernel that produced dy
+  /// (Fp8Linear::takes_codes_from_producers, no bias: its gradient reads dy itself, no TP
+  /// overlap ring), where they go (fp8().grad_target), and that backward.
+  bool takes_grad_codes() const;
+  const Fp8Linear& fp8() const { return fp8_; }
+  Tensor backward(const ops::Fp8Tensor& dy_q, const LinearInput& input, const Stream& stream) const;
 
  private:
   ParameterStore* store_ = nullptr;
@@ -151,10 +166,12 @@ class RowParallelLinear {
   /// `rows`: the region's full row count (for the SP gather).
   Tensor backward(const Tensor& dy, const Tensor& x, int64_t rows, const Stream& stream) const;
   /// The same, for an input formed after the data gradient: `input(dx)` runs once dx is there
-  /// and returns x for the weight gradient (the MLP recomputes its activation output in the
-  /// pass of the activation's own backward, which reads dx).
-  Tensor backward(const Tensor& dy, const std::function<Tensor(const Tensor& dx)>& input, int64_t rows,
+  /// and returns what the weight gradient reads of x (the MLP recomputes its activation output
+  /// in the pass of the activation's own backward, which reads dx; in FP8 that pass may write
+  /// the column-wise codes instead, LinearInput::fp8).
+  Tensor backward(const Tensor& dy, const std::function<LinearInput(const Tensor& dx)>& input, int64_t rows,
                   const Stream& stream) const;
+  const Fp8Linear& fp8() const { return fp8_; }
 
  private:
   ParameterStore* store_ = nullptr;
