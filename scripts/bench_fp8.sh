@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # FP8 training speed on one GPU (docs/fp8.md): the MegaDLMs 1.7B architecture
-# (configs/megadlms_1.7b.args, mock data), seq 2048, micro-batch 4, global batch 32, ITERS
+# (configs/megadlms_1.7b.args, mock data), seq 2048, micro-batch 4, global batch 32 (or SEQ below), ITERS
 # iterations (default 8; the first 2 are warm-up and left out of the medians), in bf16, FP8
 # hybrid delayed and FP8 hybrid tensorwise (RECIPES may add blockwise: hidden 2048, ffn 6144 and
 # seq 2048 meet its 128-multiple rule), one after another in the same call. Writes
@@ -11,7 +11,9 @@
 # Environment: MEGADLM_BIN (default build/bin), ITERS (default 8), RECIPES (default
 # "bf16 delayed tensorwise"), MEGADLM_FLAGS (extra flags for every run), PEER (the PyTorch peer
 # peer_torch_dlm.py; when set it runs the same shape with --params amp after megadlm's runs and
-# every row gets its ratio to the peer: the peer has no FP8, so FP8 rows compare against its bf16).
+# every row gets its ratio to the peer: the peer has no FP8, so FP8 rows compare against its bf16),
+# SEQ (2048, or 8192: micro-batch 1 and global batch 8, the same 8 micro-batches an iteration, as
+# scripts/bench_vs_peer.sh's s8192; the FP8 goal there is 1.2x bf16).
 # About 3 x (start-up + 8 iterations) of device time: well under 5 minutes on an H100/H200.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,12 @@ out=${1:?usage: scripts/bench_fp8.sh OUT_DIR}
 bin=${MEGADLM_BIN:-build/bin}
 iters=${ITERS:-8}
 recipes=${RECIPES:-bf16 delayed tensorwise}
+seq=${SEQ:-2048}
+case $seq in
+  2048) shape=(--micro-batch-size 4 --global-batch-size 32); mbs=4 ;;
+  8192) shape=(--seq-length 8192 --max-position-embeddings 8192 --micro-batch-size 1 --global-batch-size 8); mbs=1 ;;
+  *) echo "bench_fp8.sh: SEQ must be 2048 or 8192, got $seq"; exit 2 ;;
+esac
 read -r -a extra <<< "${MEGADLM_FLAGS:-}"
 mkdir -p "$out"
 [ -x "$bin/pretrain_difflm" ] || { echo "bench_fp8.sh: $bin/pretrain_difflm not found (set MEGADLM_BIN)"; exit 2; }
@@ -30,20 +38,20 @@ for r in $recipes; do
   esac
   rm -f "$out/$r.jsonl"
   "$bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda \
-    --micro-batch-size 4 --global-batch-size 32 --train-iters "$iters" --log-interval 1 --eval-iters 0 \
+    "${shape[@]}" --train-iters "$iters" --log-interval 1 --eval-iters 0 \
     --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000 \
     --metrics-jsonl "$out/$r.jsonl" "${flags[@]}" "${extra[@]}" > "$out/$r.log" 2>&1
   echo "$r: exit $? ($SECONDS s)"
 done
 if [ -n "${PEER:-}" ]; then
   rm -f "$out/peer_amp.json"
-  python3 "$PEER" --layers 28 --hidden 2048 --heads 16 --ffn 6144 --vocab 50304 --seq 2048 --mbs 4 \
+  python3 "$PEER" --layers 28 --hidden 2048 --heads 16 --ffn 6144 --vocab 50304 --seq "$seq" --mbs "$mbs" \
     --steps 10 --warmup 3 --compile 1 --sdpa cudnn --params amp --json "$out/peer_amp.json" > "$out/peer_amp.log" 2>&1
   echo "peer amp: exit $? ($SECONDS s)"
 fi
-python3 - "$out" "$recipes" <<'PY'
+python3 - "$out" "$recipes" "$seq" "$mbs" <<'PY'
 import json, os, statistics, sys
-out, recipes = sys.argv[1], sys.argv[2].split()
+out, recipes, seq, mbs = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4]
 peer = None
 if os.path.exists(os.path.join(out, "peer_amp.json")):
     peer = json.loads(open(os.path.join(out, "peer_amp.json")).read().strip().splitlines()[-1])
@@ -70,7 +78,7 @@ if peer:
     res["peer_amp"] = {"tokens_per_s": peer["tokens_per_s"], "step_ms": peer["step_ms"],
                        "peak_reserved_gib": peer["max_reserved_gb"], "loss": peer["loss"]}
 json.dump(res, open(os.path.join(out, "bench_fp8.json"), "w"), indent=1)
-lines = ["# FP8 vs bf16, MegaDLMs 1.7B, seq 2048, micro-batch 4, global batch 32, one GPU", "",
+lines = [f"# FP8 vs bf16, MegaDLMs 1.7B, seq {seq}, micro-batch {mbs}, global batch {8 * int(mbs)}, one GPU", "",
          "| recipe | tokens/s | ms/iteration | ratio to bf16 | ratio to peer amp | peak reserved (GiB) | last loss |",
          "|---|---:|---:|---:|---:|---:|---:|"]
 for r in recipes:
@@ -87,8 +95,8 @@ if peer:
     lines.append(f"| peer, --params amp (bf16 autocast, no FP8) | {peer['tokens_per_s']:.0f} | {peer['step_ms'] * 8:.1f} | | 1.000 | "
                  f"{peer['max_reserved_gb']:.1f} | {peer['loss']:.4f} |")
 lines += ["", "Medians over the iterations after the first two (warm-up); memory is the pool's reserved high-water mark.",
-          "Both sides: the same architecture, seq 2048, micro-batch 4, mock tokens; the peer's ms column is its step time x 8",
-          "micro-batches (megadlm's iteration is 8 micro-batches of global batch 32)."]
+          f"Both sides: the same architecture, seq {seq}, micro-batch {mbs}, mock tokens; the peer's ms column is its step time x 8",
+          f"micro-batches (megadlm's iteration is 8 micro-batches of global batch {8 * int(mbs)})."]
 open(os.path.join(out, "bench_fp8.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
