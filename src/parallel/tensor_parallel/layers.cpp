@@ -291,11 +291,12 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy, const LinearInput& input
 }
 
 bool ColumnParallelLinear::takes_grad_codes() const {
-  return fp8_.takes_codes_from_producers() && b_first_ < 0 && !overlapped(mp_);
+  // FP8 linears never run the TP overlap rings (overlapped() is false with FP8).
+  return fp8_.takes_codes_from_producers() && b_first_ < 0;
 }
 
 Tensor ColumnParallelLinear::backward(const ops::Fp8Tensor& dy_q, const LinearInput& input, const Stream& s) const {
-  MDLM_CHECK(takes_grad_codes(), "ColumnParallelLinear::backward from FP8 codes: delayed scaling, no bias, no TP overlap");
+  MDLM_CHECK(takes_grad_codes(), "ColumnParallelLinear::backward from FP8 codes: delayed scaling, no bias");
   Tensor dw = store_->grad_span(w_first_, w_last_);
   const Tensor w = store_->param_span(w_first_, w_last_);
   Tensor dx = fp8_.backward_data(dy_q, w, s);

@@ -134,8 +134,8 @@ class ColumnParallelLinear {
   /// this rank's rows under SP). Adds dW and db. `input`: what forward kept.
   Tensor backward(const Tensor& dy, const LinearInput& input, const Stream& stream) const;
   /// Whether backward can start from dy's FP8 codes made by the kernel that produced dy
-  /// (Fp8Linear::takes_codes_from_producers, no bias: its gradient reads dy itself, no TP
-  /// overlap ring), where they go (fp8().grad_target), and that backward.
+  /// (Fp8Linear::takes_codes_from_producers, no bias: its gradient reads dy itself), where they
+  /// go (fp8().grad_target), and that backward.
   bool takes_grad_codes() const;
   const Fp8Linear& fp8() const { return fp8_; }
   Tensor backward(const ops::Fp8Tensor& dy_q, const LinearInput& input, const Stream& stream) const;
