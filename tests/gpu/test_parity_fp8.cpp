@@ -283,7 +283,8 @@ TEST(Fp8Parity, TransposedWeightCodesEqualTheColumnwiseCast) {
   MDLM_REQUIRE_GPU();
 #if MEGADLM_WITH_CUDA
   Stream gpu = gpu_stream();
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 384}, {200, 336}, {48, 1000}, {1040, 80}};
+  // Whole 64 x 64 tiles take the 8-bytes-a-thread transpose, the others the byte-a-thread one.
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 384}, {192, 640}, {200, 336}, {48, 1000}, {1040, 80}};
   for (const auto& [rows, cols] : shapes)
     for (DType dtype : {DType::F32, DType::BF16}) {
       const Tensor w = to_device(fp8_test_values(rows * cols, static_cast<uint64_t>(rows + 7 * cols), false),
@@ -422,6 +423,77 @@ TEST(Fp8Parity, BlockwiseLinearGemmsMatchCpu) {
   expect_close("blockwise linear dgrad (f32)", res[1][1], res[0][1], test::kFp8GemmF32RelL2);
   expect_close("blockwise linear wgrad (f32, beta 1)", res[1][2], res[0][2], test::kFp8GemmF32RelL2);
   expect_close("blockwise linear fprop (bf16)", res[1][3], res[0][3], test::kBf16ParityRelL2);
+#endif
+}
+
+// The residual stream's GEMM, y = x W^T + r in bf16 with r a separate addend (the attention
+// and MLP output projections): cuBLASLt reads r as its C, per-tensor and blockwise, against the
+// CPU emulation within bf16 rounding; r unchanged; and the same numbers as r copied into y first
+// and accumulated in place (beta = 1), which is the other form of the same epilogue.
+TEST(Fp8Parity, ResidualAddendInTheGemmMatchesCpu) {
+  MDLM_REQUIRE_GPU();
+#if MEGADLM_WITH_CUDA
+  Stream gpu = gpu_stream();
+  const int64_t t = 256, in = 512, out = 384;
+  const Input x = make_input({t, in}, DType::F32, gpu, -3.0f, 3.0f), w = make_input({out, in}, DType::F32, gpu, -0.05f, 0.05f);
+  const Input r = make_input({t, out}, DType::BF16, gpu, -2.0f, 2.0f);
+  for (bool blockwise : {false, true}) {
+    const std::string what = blockwise ? "blockwise" : "per-tensor";
+    std::vector<double> want;
+    {
+      const Stream& cpu = Stream::cpu();
+      const Tensor scale = Tensor::from_floats({4.0f}, {1});
+      const ops::Fp8Tensor xq = blockwise ? ops::fp8_quantize_blockwise(x.host, ops::Fp8Type::E4M3,
+                                                                        ops::Fp8Granularity::Tile1x128, true, false, true, cpu)
+                                          : ops::fp8_quantize(x.host, scale, ops::Fp8Type::E4M3, false, nullptr, cpu);
+      const ops::Fp8Tensor wq = blockwise ? ops::fp8_quantize_blockwise(w.host, ops::Fp8Type::E4M3,
+                                                                        ops::Fp8Granularity::Block128x128, true, false, true, cpu)
+                                          : ops::fp8_quantize(w.host, scale, ops::Fp8Type::E4M3, false, nullptr, cpu);
+      Tensor y = Tensor::zeros({t, out}, DType::F32, cpu);
+      ops::fp8_gemm(xq, wq, y, {.trans_b = true, .beta = 1.0f, .addend = &r.host}, cpu);
+      want = test::to_doubles(y, cpu);
+    }
+    const Tensor scale = to_device({4.0f}, {1}, DType::F32, gpu);
+    const ops::Fp8Tensor xq = blockwise ? ops::fp8_quantize_blockwise(x.device, ops::Fp8Type::E4M3,
+                                                                      ops::Fp8Granularity::Tile1x128, true, false, true, gpu)
+                                        : ops::fp8_quantize(x.device, scale, ops::Fp8Type::E4M3, false, nullptr, gpu);
+    const ops::Fp8Tensor wq = blockwise ? ops::fp8_quantize_blockwise(w.device, ops::Fp8Type::E4M3,
+                                                                      ops::Fp8Granularity::Block128x128, true, false, true, gpu)
+                                        : ops::fp8_quantize(w.device, scale, ops::Fp8Type::E4M3, false, nullptr, gpu);
+    Tensor y = poisoned({t, out}, DType::BF16, gpu);
+    ops::fp8_gemm(xq, wq, y, {.trans_b = true, .beta = 1.0f, .addend = &r.device}, gpu);
+    Tensor in_place = r.device.to(gpu.device(), gpu);
+    ops::fp8_gemm(xq, wq, in_place, {.trans_b = true, .beta = 1.0f, .addend = &in_place}, gpu);
+    const std::vector<double> got = download(y, gpu);
+    expect_close(what + " y = x W^T + r (bf16)", got, want, test::kBf16ParityRelL2);
+    expect_identical(what + " r unchanged", download(r.device, gpu), as_doubles(r.values));
+    expect_close(what + " separate addend vs in place", got, download(in_place, gpu), test::kBf16ParityRelL2);
+  }
+#endif
+}
+
+// A weight gradient over a token count that is no multiple of 16 (a varilen-truncated
+// micro-batch: 8 rows of 331 tokens), which cuBLASLt's FP8 GEMMs cannot take as K: the codes are
+// padded along K with zeros on the device; against the CPU emulation, accumulating into f32.
+TEST(Fp8Parity, WeightGradientOverAnyTokenCountMatchesCpu) {
+  MDLM_REQUIRE_GPU();
+#if MEGADLM_WITH_CUDA
+  Stream gpu = gpu_stream();
+  for (int64_t t : {int64_t{2648}, int64_t{40}, int64_t{7}}) {
+    const int64_t in = 256, out = 384;
+    const Input x = make_input({t, in}, DType::BF16, gpu, -3.0f, 3.0f), dy = make_input({t, out}, DType::BF16, gpu, -1e-3f, 1e-3f);
+    const Input dw0 = make_input({out, in}, DType::F32, gpu);
+    const auto wgrad = [&](const Tensor& xs, const Tensor& dys, Tensor dw, const Stream& s) {
+      const Tensor sx = Tensor::from_floats({8.0f}, {1}).to(s.device(), s), sd = Tensor::from_floats({65536.0f}, {1}).to(s.device(), s);
+      const ops::Fp8Tensor xq = ops::fp8_quantize(xs, sx, ops::Fp8Type::E4M3, true, nullptr, s, false);
+      const ops::Fp8Tensor dyq = ops::fp8_quantize(dys, sd, ops::Fp8Type::E5M2, true, nullptr, s);
+      ops::fp8_gemm(dyq, xq, dw, {.trans_a = true, .beta = 1.0f}, s);
+      return test::to_doubles(dw, s);
+    };
+    const std::vector<double> want = wgrad(x.host, dy.host, dw0.host, Stream::cpu());
+    const std::vector<double> got = wgrad(x.device, dy.device, dw0.device, gpu);
+    expect_close(detail::concat("wgrad over ", t, " tokens"), got, want, test::kFp8GemmF32RelL2);
+  }
 #endif
 }
 

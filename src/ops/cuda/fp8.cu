@@ -175,13 +175,24 @@ constexpr int kVecTilePitch = 68;   // bytes: 17 words, so that the column reads
                                     // store spread over the banks (2-way at most)
 constexpr int kVecThreads = 256;
 
+/// Column cc of a 64 x 64 byte tile in shared memory (rows kVecTilePitch bytes apart), rows
+/// group * 8 .. group * 8 + 7, as the 8 consecutive bytes of the transposed matrix they become:
+/// the transposed stores of the kernels below, 8 bytes a thread.
+__device__ __forceinline__ uint2 tile_column8(const uint32_t* tile_words, int cc, int group) {
+  const uint8_t* tile = reinterpret_cast<const uint8_t*>(tile_words);
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    w[j / 4] |= static_cast<uint32_t>(tile[(group * 8 + j) * kVecTilePitch + cc]) << (8 * (j % 4));
+  return make_uint2(w[0], w[1]);
+}
+
 template <typename T>
 __global__ void fp8_quantize_transpose_vec_kernel(const T* __restrict__ x, int64_t rows, int64_t cols,
                                                   const float* __restrict__ scale, fp8_math::Format f,
                                                   uint8_t* __restrict__ codes, uint8_t* __restrict__ codes_t,
                                                   float* __restrict__ amax) {
   __shared__ uint32_t tile_words[kVecTile * kVecTilePitch / 4];
-  uint8_t* tile = reinterpret_cast<uint8_t*>(tile_words);
   const float s = *scale;
   const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kVecTile, r0 = static_cast<int64_t>(blockIdx.y) * kVecTile;
   const int group = threadIdx.x % 8;  // which 8 columns (load) or which 8 rows (transposed store)
@@ -197,13 +208,8 @@ __global__ void fp8_quantize_transpose_vec_kernel(const T* __restrict__ x, int64
     row[1] = q.y;
   }
   __syncthreads();
-  for (int cc = threadIdx.x / 8; cc < kVecTile; cc += kVecThreads / 8) {
-    uint32_t w[2] = {0u, 0u};
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      w[j / 4] |= static_cast<uint32_t>(tile[(group * 8 + j) * kVecTilePitch + cc]) << (8 * (j % 4));
-    *reinterpret_cast<uint2*>(codes_t + (c0 + cc) * rows + r0 + group * 8) = make_uint2(w[0], w[1]);
-  }
+  for (int cc = threadIdx.x / 8; cc < kVecTile; cc += kVecThreads / 8)
+    *reinterpret_cast<uint2*>(codes_t + (c0 + cc) * rows + r0 + group * 8) = tile_column8(tile_words, cc, group);
   const float m = block_max(local);
   if (threadIdx.x == 0) atomic_max_nonneg(amax, m);
 }
@@ -260,14 +266,8 @@ fp8_swiglu_backward_kernel(const __nv_bfloat16* __restrict__ dact, const __nv_bf
     uint8_t* const dst[3] = {dfc1_codes_t + (c0 + cc) * rows, dfc1_codes_t + (f + c0 + cc) * rows,
                              act_codes_t + (c0 + cc) * rows};
 #pragma unroll
-    for (int t = 0; t < 3; ++t) {
-      const uint8_t* tile = reinterpret_cast<const uint8_t*>(tile_words[t]);
-      uint32_t w[2] = {0u, 0u};
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        w[j / 4] |= static_cast<uint32_t>(tile[(group * 8 + j) * kVecTilePitch + cc]) << (8 * (j % 4));
-      *reinterpret_cast<uint2*>(dst[t] + r0 + group * 8) = make_uint2(w[0], w[1]);
-    }
+    for (int t = 0; t < 3; ++t)
+      *reinterpret_cast<uint2*>(dst[t] + r0 + group * 8) = tile_column8(tile_words[t], cc, group);
   }
   const float md = block_max(local_d);
   if (threadIdx.x == 0) atomic_max_nonneg(dfc1_amax, md);
@@ -396,12 +396,12 @@ struct Fp8AlgoKey {
   int type_a, type_b, out;
   int64_t m, n, k;
   bool accumulate;
-  uint32_t align_a, align_b, align_d;
+  uint32_t align_a, align_b, align_c, align_d;
   int mode_a, mode_b;  // cuBLASLt scale modes (0 scalar, 4 VEC128, 5 BLK128x128)
   bool operator==(const Fp8AlgoKey& o) const {
     return device == o.device && type_a == o.type_a && type_b == o.type_b && out == o.out &&
            m == o.m && n == o.n && k == o.k && accumulate == o.accumulate && align_a == o.align_a &&
-           align_b == o.align_b && align_d == o.align_d && mode_a == o.mode_a && mode_b == o.mode_b;
+           align_b == o.align_b && align_c == o.align_c && align_d == o.align_d && mode_a == o.mode_a && mode_b == o.mode_b;
   }
 };
 struct Fp8AlgoKeyHash {
@@ -415,6 +415,7 @@ struct Fp8AlgoKeyHash {
     mix(static_cast<uint64_t>(key.n));
     mix(static_cast<uint64_t>(key.k));
     mix(static_cast<uint64_t>(key.align_a) << 32 | key.align_b);
+    mix(static_cast<uint64_t>(key.align_c));
     mix(static_cast<uint64_t>(key.align_d) << 16 | static_cast<uint64_t>(key.mode_a) << 8 |
         static_cast<uint64_t>(key.mode_b));
     return hash.h;
@@ -440,7 +441,8 @@ const char* granularity_name(Fp8Granularity g) {
 bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const uint8_t* b,
               Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
               float alpha, Tensor& d, const Stream& stream, float beta, Fp8Granularity granularity_a,
-              Fp8Granularity granularity_b, bool may_refuse) {
+              Fp8Granularity granularity_b, bool may_refuse, const void* c_in) {
+  if (c_in == nullptr) c_in = d.data_ptr();
   const std::string what = std::string("fp8_gemm (CUDA) ") + type_name(type_a) + granularity_name(granularity_a) +
                            " x " + type_name(type_b) + granularity_name(granularity_b) + " -> " +
                            dtype_name(d.dtype()) + ", m=" + std::to_string(m) + " n=" + std::to_string(n) +
@@ -467,8 +469,8 @@ bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
   const cudaDataType_t out_type = d.dtype() == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
 
   // TN: cuBLASLt's A is our a read transposed (column-major K x M, ld K), its B our b (K x N,
-  // ld K); D is column-major M x N with ld M, i.e. our row-major [n, m]. With beta != 0, C = D
-  // (same type and layout) accumulates in place.
+  // ld K); D is column-major M x N with ld M, i.e. our row-major [n, m]. With beta != 0, C (D's
+  // type and layout: D itself, accumulating in place, or c_in) is added in cuBLASLt's epilogue.
   LtDesc op;
   op.set(CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   op.set(CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
@@ -485,7 +487,8 @@ bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
   MDLM_CUDA_CHECK(cudaGetDevice(&device));
   const Fp8AlgoKey key{device, static_cast<int>(type_a), static_cast<int>(type_b),
                        static_cast<int>(out_type), m, n, k, beta != 0.0f, pointer_alignment(a),
-                       pointer_alignment(b), pointer_alignment(d.data_ptr()), mode_a, mode_b};
+                       pointer_alignment(b), pointer_alignment(c_in), pointer_alignment(d.data_ptr()), mode_a,
+                       mode_b};
   cublasLtMatmulAlgo_t algo{};
   bool cached = false;
   {
@@ -507,7 +510,7 @@ bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
-        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
     for (const auto& [attr, value] : aligns)
       MDLM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, attr, &value, sizeof(value)));
@@ -528,7 +531,7 @@ bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
     g_fp8_algos.emplace(key, algo);
   }
   MDLM_CUBLAS_CHECK(cublasLtMatmul(res->cublaslt, op.desc, &alpha, a, la.layout, b, lb.layout, &beta,
-                                   d.data_ptr(), lc.layout, d.data_ptr(), ld.layout, &algo,
+                                   c_in, lc.layout, d.data_ptr(), ld.layout, &algo,
                                    res->workspace, res->workspace_bytes,
                                    megadlm::detail::native_stream(stream)));
   return true;
@@ -594,6 +597,16 @@ Tensor byte_tensor(int64_t bytes, const Stream& stream) {
 }
 
 const uint8_t* codes_of(const Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
+
+/// [rows, k] codes (k contiguous) as [rows, kp] with zero codes (+0) in the added columns.
+Tensor codes_padded_along_k(const Tensor& codes, int64_t rows, int64_t k, int64_t kp, const Stream& stream) {
+  Tensor p = byte_tensor(rows * kp, stream);
+  const cudaStream_t s = megadlm::detail::native_stream(stream);
+  MDLM_CUDA_CHECK(cudaMemsetAsync(p.data_ptr(), 0, static_cast<size_t>(rows * kp), s));
+  MDLM_CUDA_CHECK(cudaMemcpy2DAsync(p.data_ptr(), static_cast<size_t>(kp), codes.data_ptr(), static_cast<size_t>(k),
+                                    static_cast<size_t>(k), static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, s));
+  return p;
+}
 
 }  // namespace
 
@@ -695,20 +708,40 @@ void fp8_gemm_tensor(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const Ge
   const int64_t m = c.rows(), n = c.cols(), k = args.trans_a ? a.rows : a.cols;
   MDLM_CHECK(c.dtype() == DType::F32 || c.dtype() == DType::BF16, "fp8_gemm (CUDA): C ", c.str(),
              " must be f32 or bf16");
-  // Without a bias or a separate addend, cuBLASLt accumulates into C itself (C = D, beta): the
-  // wgrad into the fp32 main grad needs no fp32 product and no second pass.
-  const bool direct = args.bias == nullptr && (args.addend == nullptr || args.addend->data_ptr() == c.data_ptr());
+  // cuBLASLt's FP8 GEMMs need K % 16 == 0. K is the token count in a weight gradient, and a
+  // varilen-truncated micro-batch (--difflm-varilen-prob) has any count: per-tensor codes padded
+  // along K with zero codes, which add nothing (blockwise linears pad their token rows to 128).
+  if (!a.blockwise() && k % 16 != 0) {
+    const int64_t kp = (k + 15) / 16 * 16;
+    Fp8Tensor pa = a, pb = b;
+    Tensor& pa_codes = args.trans_a ? pa.data_t : pa.data;
+    Tensor& pb_codes = args.trans_b ? pb.data : pb.data_t;
+    pa_codes = codes_padded_along_k(op_a, m, k, kp, stream);
+    pb_codes = codes_padded_along_k(op_b, n, k, kp, stream);
+    (args.trans_a ? pa.rows : pa.cols) = kp;
+    (args.trans_b ? pb.cols : pb.rows) = kp;
+    fp8_gemm_tensor(pa, pb, c, args, stream);
+    return;
+  }
+  // Without a bias, cuBLASLt adds beta · C in its own epilogue: C = D accumulates in place (the
+  // wgrad into the fp32 main grad), a separate addend is read as C (the residual stream: no fp32
+  // product written, read back and summed in a second pass).
+  const bool separate_addend = args.addend != nullptr && args.addend->data_ptr() != c.data_ptr();
+  const bool direct = args.bias == nullptr;
   // Blockwise: each operand's grid for the orientation read (per-tensor: the one scalar).
   MDLM_CHECK(a.blockwise() == b.blockwise(), "fp8_gemm (CUDA): both operands per-tensor scaled, or both blockwise");
   const Tensor& sa = a.blockwise() && args.trans_a ? a.scale_inv_t : a.scale_inv;
   const Tensor& sb = b.blockwise() && !args.trans_b ? b.scale_inv_t : b.scale_inv;
   MDLM_CHECK(sa.defined() && sb.defined(), "fp8_gemm (CUDA): an operand lacks the scale grid of the orientation read");
   if (direct) {
-    // Block-scaled GEMMs accumulating into C (beta) were never measured on the device's
-    // cuBLAS: when cuBLASLt offers no algorithm, the product goes through f32.
+    // Block-scaled GEMMs accumulating into C (beta), and any GEMM reading a separate C, were
+    // not all measured on the device's cuBLAS: where cuBLASLt offers no algorithm, the product
+    // goes through f32 below.
+    const bool reads_other_c = separate_addend && args.beta != 0.0f;
     if (fp8_gemm(codes_of(op_b), b.type, sb.data<float>(), codes_of(op_a), a.type, sa.data<float>(), n, m, k,
                  args.alpha, c, stream, args.beta, b.granularity, a.granularity,
-                 /*may_refuse=*/a.blockwise() && args.beta != 0.0f))
+                 /*may_refuse=*/(a.blockwise() && args.beta != 0.0f) || reads_other_c,
+                 reads_other_c ? args.addend->data_ptr() : nullptr))
       return;
   }
   Tensor prod = Tensor::empty({m, n}, DType::F32, stream);
@@ -878,6 +911,7 @@ void launch_block_quantize(const T* x, int64_t rows, int64_t cols, Fp8Granularit
 // coalesced reads along cols, coalesced writes along rows. A row pitch of 68 bytes (17 words) puts
 // a warp's column reads on 32 different banks.
 constexpr int kByteTile = 64;
+static_assert(kByteTile == kVecTile, "fp8_columnwise_tensor's launch grid serves both transpose kernels");
 __global__ void transpose_codes_kernel(const uint8_t* __restrict__ in, int64_t rows, int64_t cols,
                                        uint8_t* __restrict__ out) {
   __shared__ uint8_t tile[kByteTile][kByteTile + 4];
@@ -892,6 +926,25 @@ __global__ void transpose_codes_kernel(const uint8_t* __restrict__ in, int64_t r
     const int64_t c = c0 + i, r = r0 + lane;
     if (r < rows && c < cols) out[c * rows + r] = tile[lane][i];
   }
+}
+
+// transpose_codes_kernel for matrices of whole 64 x 64 tiles (every weight of the models we
+// train): 8 bytes a thread each way, loads along the rows, stores through tile_column8 (the
+// byte-a-thread kernel above ran at ~0.7 TB/s on the 1.7B's weights).
+__global__ void __launch_bounds__(kVecThreads)
+transpose_codes_vec_kernel(const uint8_t* __restrict__ in, int64_t rows, int64_t cols, uint8_t* __restrict__ out) {
+  __shared__ uint32_t tile_words[kVecTile * kVecTilePitch / 4];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kVecTile, r0 = static_cast<int64_t>(blockIdx.y) * kVecTile;
+  const int group = threadIdx.x % 8;
+  for (int rr = threadIdx.x / 8; rr < kVecTile; rr += kVecThreads / 8) {
+    const uint2 q = *reinterpret_cast<const uint2*>(in + (r0 + rr) * cols + c0 + group * 8);
+    uint32_t* row = tile_words + (rr * kVecTilePitch + group * 8) / 4;
+    row[0] = q.x;
+    row[1] = q.y;
+  }
+  __syncthreads();
+  for (int cc = threadIdx.x / 8; cc < kVecTile; cc += kVecThreads / 8)
+    *reinterpret_cast<uint2*>(out + (c0 + cc) * rows + r0 + group * 8) = tile_column8(tile_words, cc, group);
 }
 
 // The BLK128x128 grid of the transposed operand: block (rb, cb) of [rows, cols] is block (cb, rb)
@@ -961,8 +1014,11 @@ Fp8Tensor fp8_columnwise_tensor(const Fp8Tensor& q, const Stream& stream) {
     const int64_t row_tiles = (q.rows + kByteTile - 1) / kByteTile;
     MDLM_CHECK(row_tiles < 65536, "fp8_columnwise (CUDA): ", q.rows, " rows exceed the launch grid");
     const dim3 blocks(static_cast<unsigned>((q.cols + kByteTile - 1) / kByteTile), static_cast<unsigned>(row_tiles));
-    transpose_codes_kernel<<<blocks, 256, 0, s>>>(codes_of(q.data), q.rows, q.cols,
-                                                  static_cast<uint8_t*>(t.data_t.data_ptr()));
+    uint8_t* out = static_cast<uint8_t*>(t.data_t.data_ptr());
+    if (q.rows % kVecTile == 0 && q.cols % kVecTile == 0 && aligned_to(codes_of(q.data), 8) && aligned_to(out, 8))
+      transpose_codes_vec_kernel<<<blocks, kVecThreads, 0, s>>>(codes_of(q.data), q.rows, q.cols, out);
+    else
+      transpose_codes_kernel<<<blocks, 256, 0, s>>>(codes_of(q.data), q.rows, q.cols, out);
     MDLM_CUDA_CHECK_LAUNCH();
   }
   if (q.granularity == Fp8Granularity::Block128x128) {

@@ -28,7 +28,8 @@ int64_t fp8_encode_mismatches(Fp8Type type, uint32_t* first_bad_bits, const Stre
 ///   d[n, m] = alpha · (*scale_inv_a) · (*scale_inv_b) · Σ_k a[m, k] · b[n, k]
 /// a: [m, k] codes, b: [n, k] codes (device; k contiguous), scale_inv_*: device floats (the
 /// dequantization factors), d: [n, m] f32 or bf16 tensor: written, or with beta != 0
-/// d = (the product) + beta · d. e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3; m and k multiples of
+/// d = (the product) + beta · c_in, c_in = d itself unless given (then a device buffer of d's
+/// type and layout, read only; cuBLASLt's C). e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3; m and k multiples of
 /// 16 (FP8 tensor cores). Throws naming the combination when cuBLASLt has no algorithm for it.
 /// The algorithm is chosen once per shape, types and pointer alignments, then reused.
 ///
@@ -40,7 +41,8 @@ bool fp8_gemm(const uint8_t* a, Fp8Type type_a, const float* scale_inv_a, const 
               Fp8Type type_b, const float* scale_inv_b, int64_t m, int64_t n, int64_t k,
               float alpha, Tensor& d, const Stream& stream, float beta = 0.0f,
               Fp8Granularity granularity_a = Fp8Granularity::Tensor,
-              Fp8Granularity granularity_b = Fp8Granularity::Tensor, bool may_refuse = false);
+              Fp8Granularity granularity_b = Fp8Granularity::Tensor, bool may_refuse = false,
+              const void* c_in = nullptr);
 
 /// Blockwise quantization of x ([rows, cols], f32 or bf16) into raw buffers, bit for bit the host
 /// rule (ops/fp8.h fp8_quantize_blockwise):
