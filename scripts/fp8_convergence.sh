@@ -89,14 +89,17 @@ for r in recipes:
     if not tr:
         continue
     last = [x["lm_loss"] for x in tr if x["iteration"] > n - max(1, n // 10)]
+    val = [x["validation_lm_loss"] for x in rows if x.get("kind") == "validation" and "validation_lm_loss" in x]
     res[r] = {"tail_mean_loss": sum(last) / len(last), "finite": all(x["lm_loss"] == x["lm_loss"] for x in tr),
-              "iterations": tr[-1]["iteration"]}
+              "iterations": tr[-1]["iteration"], "validation": val[-1] if val else float("nan")}
 base = res.get("bf16")
 lines = [f"# FP8 convergence, ~125M diffusion LM on the license corpus, {n} iterations", "",
-         "| run | iterations | mean loss, last 10 % | relative to bf16 | all finite |", "|---|---:|---:|---:|---|"]
+         "| run | iterations | mean loss, last 10 % | relative to bf16 | last validation loss | relative to bf16 | all finite |",
+         "|---|---:|---:|---:|---:|---:|---|"]
 for r, m in res.items():
     rel = (m["tail_mean_loss"] - base["tail_mean_loss"]) / base["tail_mean_loss"] if base else float("nan")
-    lines.append(f"| {r} | {m['iterations']} | {m['tail_mean_loss']:.4f} | {rel:+.4f} | {m['finite']} |")
+    vrel = (m["validation"] - base["validation"]) / base["validation"] if base else float("nan")
+    lines.append(f"| {r} | {m['iterations']} | {m['tail_mean_loss']:.4f} | {rel:+.4f} | {m['validation']:.4f} | {vrel:+.4f} | {m['finite']} |")
 open(os.path.join(out, "fp8_convergence.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

@@ -439,27 +439,20 @@ TEST(Fp8Parity, ResidualAddendInTheGemmMatchesCpu) {
   const Input r = make_input({t, out}, DType::BF16, gpu, -2.0f, 2.0f);
   for (bool blockwise : {false, true}) {
     const std::string what = blockwise ? "blockwise" : "per-tensor";
-    std::vector<double> want;
-    {
-      const Stream& cpu = Stream::cpu();
-      const Tensor scale = Tensor::from_floats({4.0f}, {1});
-      const ops::Fp8Tensor xq = blockwise ? ops::fp8_quantize_blockwise(x.host, ops::Fp8Type::E4M3,
-                                                                        ops::Fp8Granularity::Tile1x128, true, false, true, cpu)
-                                          : ops::fp8_quantize(x.host, scale, ops::Fp8Type::E4M3, false, nullptr, cpu);
-      const ops::Fp8Tensor wq = blockwise ? ops::fp8_quantize_blockwise(w.host, ops::Fp8Type::E4M3,
-                                                                        ops::Fp8Granularity::Block128x128, true, false, true, cpu)
-                                          : ops::fp8_quantize(w.host, scale, ops::Fp8Type::E4M3, false, nullptr, cpu);
-      Tensor y = Tensor::zeros({t, out}, DType::F32, cpu);
-      ops::fp8_gemm(xq, wq, y, {.trans_b = true, .beta = 1.0f, .addend = &r.host}, cpu);
-      want = test::to_doubles(y, cpu);
-    }
-    const Tensor scale = to_device({4.0f}, {1}, DType::F32, gpu);
-    const ops::Fp8Tensor xq = blockwise ? ops::fp8_quantize_blockwise(x.device, ops::Fp8Type::E4M3,
-                                                                      ops::Fp8Granularity::Tile1x128, true, false, true, gpu)
-                                        : ops::fp8_quantize(x.device, scale, ops::Fp8Type::E4M3, false, nullptr, gpu);
-    const ops::Fp8Tensor wq = blockwise ? ops::fp8_quantize_blockwise(w.device, ops::Fp8Type::E4M3,
-                                                                      ops::Fp8Granularity::Block128x128, true, false, true, gpu)
-                                        : ops::fp8_quantize(w.device, scale, ops::Fp8Type::E4M3, false, nullptr, gpu);
+    // x in 1x128 tiles and w in 128x128 blocks, or both per tensor with the scale 4.
+    const auto quantize = [&](const Tensor& v, ops::Fp8Granularity g, const Stream& s) {
+      return blockwise ? ops::fp8_quantize_blockwise(v, ops::Fp8Type::E4M3, g, true, false, true, s)
+                       : ops::fp8_quantize(v, Tensor::from_floats({4.0f}, {1}).to(s.device(), s), ops::Fp8Type::E4M3,
+                                           false, nullptr, s);
+    };
+    const Stream& cpu = Stream::cpu();
+    Tensor y_cpu = Tensor::zeros({t, out}, DType::F32, cpu);
+    ops::fp8_gemm(quantize(x.host, ops::Fp8Granularity::Tile1x128, cpu),
+                  quantize(w.host, ops::Fp8Granularity::Block128x128, cpu), y_cpu,
+                  {.trans_b = true, .beta = 1.0f, .addend = &r.host}, cpu);
+    const std::vector<double> want = test::to_doubles(y_cpu, cpu);
+    const ops::Fp8Tensor xq = quantize(x.device, ops::Fp8Granularity::Tile1x128, gpu);
+    const ops::Fp8Tensor wq = quantize(w.device, ops::Fp8Granularity::Block128x128, gpu);
     Tensor y = poisoned({t, out}, DType::BF16, gpu);
     ops::fp8_gemm(xq, wq, y, {.trans_b = true, .beta = 1.0f, .addend = &r.device}, gpu);
     Tensor in_place = r.device.to(gpu.device(), gpu);
