@@ -325,6 +325,14 @@ TEST(Fp8TrainingParity, LinearDelayedCudaMatchesCpu) {
   linear_parity(Fp8Scaling::Delayed);
 }
 
+// A micro-batch truncated by --difflm-varilen-prob: 331 tokens, no multiple of 16, the K of the
+// weight gradient's cuBLASLt GEMM (its codes padded along K with zeros on CUDA).
+TEST(Fp8TrainingParity, LinearOverATruncatedMicroBatchCudaMatchesCpu) {
+  MDLM_REQUIRE_GPU();
+  linear_parity(Fp8Scaling::Delayed, 331);
+  linear_parity(Fp8Scaling::Tensorwise, 331);
+}
+
 TEST(Fp8TrainingParity, TensorwiseStepCudaMatchesCpu) {
   MDLM_REQUIRE_GPU();
   step_parity(Fp8Recipe::Tensorwise);
