@@ -571,6 +571,15 @@ __global__ void reciprocal_kernel(const float* __restrict__ x, float* __restrict
   if (threadIdx.x == 0 && blockIdx.x == 0) *y = __fdiv_rn(1.0f, *x);
 }
 
+/// A per-tensor cast's scale_inv (cuBLASLt's dequantization factor): 1 / scale[0] on the device,
+/// rounded as the host's 1.0f / scale.
+Tensor scale_inverse(const Tensor& scale, const Stream& stream) {
+  Tensor inv = Tensor::empty({1}, DType::F32, stream);
+  reciprocal_kernel<<<1, 32, 0, megadlm::detail::native_stream(stream)>>>(scale.data<float>(), inv.data<float>());
+  MDLM_CUDA_CHECK_LAUNCH();
+  return inv;
+}
+
 __device__ __forceinline__ void store_out(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void store_out(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
 
@@ -653,10 +662,7 @@ Fp8Tensor fp8_quantize_tensor(const Tensor& x, const Tensor& scale, Fp8Type type
   }
   fp8_quantize(x, scale.data<float>(), type, rowwise ? static_cast<uint8_t*>(q.data.data_ptr()) : nullptr,
                columnwise ? static_cast<uint8_t*>(q.data_t.data_ptr()) : nullptr, amax_ptr, stream);
-  q.scale_inv = Tensor::empty({1}, DType::F32, stream);
-  reciprocal_kernel<<<1, 32, 0, megadlm::detail::native_stream(stream)>>>(scale.data<float>(),
-                                                                         q.scale_inv.data<float>());
-  MDLM_CUDA_CHECK_LAUNCH();
+  q.scale_inv = scale_inverse(scale, stream);
   return q;
 }
 
@@ -687,11 +693,8 @@ bool fp8_swiglu_backward_fused(const Tensor& dact, const Tensor& fc1_out, const 
       dfc1_target.amax.data<float>(), act_target.scale.data<float>(), format_of(act_target.type),
       static_cast<uint8_t*>(act.data_t.data_ptr()), act_target.amax.data<float>());
   MDLM_CUDA_CHECK_LAUNCH();
-  dfc1.scale_inv = Tensor::empty({1}, DType::F32, stream);
-  act.scale_inv = Tensor::empty({1}, DType::F32, stream);
-  reciprocal_kernel<<<1, 32, 0, s>>>(dfc1_target.scale.data<float>(), dfc1.scale_inv.data<float>());
-  reciprocal_kernel<<<1, 32, 0, s>>>(act_target.scale.data<float>(), act.scale_inv.data<float>());
-  MDLM_CUDA_CHECK_LAUNCH();
+  dfc1.scale_inv = scale_inverse(dfc1_target.scale, stream);
+  act.scale_inv = scale_inverse(act_target.scale, stream);
   return true;
 }
 
