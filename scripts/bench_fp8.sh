@@ -6,6 +6,8 @@
 # seq 2048 meet its 128-multiple rule), one after another in the same call. Writes
 # OUT_DIR/bench_fp8.md and .json: tokens/s, ms per iteration, the ratio to bf16, the peak
 # memory the stream-ordered pool reserved (GiB), and the last loss; the run logs beside them.
+# Every run has --difflm-varilen-prob 0 (no micro-batch truncated: the counted tokens are the
+# tokens computed, as on the peer's side).
 #
 #   scripts/bench_fp8.sh OUT_DIR
 # Environment: MEGADLM_BIN (default build/bin), ITERS (default 8), RECIPES (default
@@ -37,7 +39,7 @@ for r in $recipes; do
     *) echo "bench_fp8.sh: unknown recipe $r (bf16, delayed, tensorwise, blockwise)"; exit 2 ;;
   esac
   rm -f "$out/$r.jsonl"
-  "$bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda \
+  "$bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda --difflm-varilen-prob 0 \
     "${shape[@]}" --train-iters "$iters" --log-interval 1 --eval-iters 0 \
     --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000 \
     --metrics-jsonl "$out/$r.jsonl" "${flags[@]}" "${extra[@]}" > "$out/$r.log" 2>&1

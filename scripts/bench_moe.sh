@@ -15,7 +15,8 @@
 # --moe-router-force-load-balancing and the peer's --force-balance 1, so both run the same
 # expert load, about T·k/E rows an expert; 0: learned routing, which collapses at initialisation).
 # The two token sources differ (megadlm's mock dataset, the peer's uniform random ids); under
-# forced balance the routing does not depend on them.
+# forced balance the routing does not depend on them. megadlm runs with --difflm-varilen-prob 0:
+# no micro-batch truncated, as on the peer's side.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mbs=${MBS:-4}
@@ -25,7 +26,7 @@ bin=${MEGADLM_BIN:-build/bin}
 force=${FORCE_BALANCE:-1}
 balance_flags=(); [ "$force" = 1 ] && balance_flags=(--moe-router-force-load-balancing)
 rm -f "$out/moe_metrics.jsonl" "$out/peer.json"
-timeout 150 "$bin/pretrain_difflm" @configs/fine_grained_moe.args --mock-data --device cuda \
+timeout 150 "$bin/pretrain_difflm" @configs/fine_grained_moe.args --mock-data --device cuda --difflm-varilen-prob 0 \
   --micro-batch-size "$mbs" --global-batch-size "$gbs" --train-iters "$iters" --log-interval 1 --eval-iters 0 \
   --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000 \
   --metrics-jsonl "$out/moe_metrics.jsonl" "${balance_flags[@]}" "$@" > "$out/moe_train_log.txt" 2>&1

@@ -12,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-bench_tp_out}; iters=${2:-6}
 mkdir -p "$out"
-common=(@configs/megadlms_1.7b.args --mock-data --device cuda --log-interval 1
+common=(@configs/megadlms_1.7b.args --mock-data --device cuda --difflm-varilen-prob 0 --log-interval 1
         --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000
         --distributed-timeout-minutes 1 --global-batch-size 16 --train-iters "$iters")
 source "$(dirname "$0")/lib/bench_run.sh"

@@ -16,7 +16,7 @@ mkdir -p "$out"
 bin=${MEGADLM_BIN:-build/bin}
 metrics="$out/train_metrics.jsonl"
 rm -f "$metrics"
-"$bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda \
+"$bin/pretrain_difflm" @configs/megadlms_1.7b.args --mock-data --device cuda --difflm-varilen-prob 0 \
   --global-batch-size "$gbs" --train-iters "$iters" --log-interval 1 --eval-iters 0 \
   --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000 \
   --metrics-jsonl "$metrics" "$@" 2>&1 | tee "$out/train_log.txt"

@@ -18,7 +18,7 @@ mkdir -p "$out"
 export LD_LIBRARY_PATH="$lib:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64:/usr/local/cuda/extras/CUPTI/lib64"
 CUDA_INJECTION64_PATH="$lib/libmegadlm_cupti_trace.so" MEGADLM_TRACE_RANGE=1 \
   MEGADLM_TRACE_FILE="$out/$name.trace.jsonl" \
-  timeout 200 "$bin/pretrain_difflm" "$@" --mock-data --device cuda --log-interval 1 --eval-iters 0 \
+  timeout 200 "$bin/pretrain_difflm" "$@" --mock-data --device cuda --difflm-varilen-prob 0 --log-interval 1 --eval-iters 0 \
   --lr-warmup-iters 1 --lr-decay-style cosine --lr-decay-iters 1000 --train-iters "$iteration" --profile --profile-step-start $((iteration - 1)) --profile-step-end "$iteration" \
   > "$out/$name.trace.log" 2>&1
 echo "$name trace: exit $? ($SECONDS s)"
