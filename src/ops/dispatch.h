@@ -39,6 +39,12 @@ inline void check_dtype(const char* op, const Tensor& t, DType d, const char* wh
   MDLM_CHECK(t.dtype() == d, op, ": ", what, " must be ", dtype_name(d), ", got ", t.str());
 }
 
+/// A GEMM's separate addend (C = alpha AB + beta * addend): C's [m, n] shape and dtype.
+inline void check_addend(const char* op, const Tensor& addend, const Tensor& c, int64_t m, int64_t n) {
+  MDLM_CHECK(addend.rows() == m && addend.cols() == n && addend.dtype() == c.dtype(), op, ": addend ",
+             addend.str(), " must have C's shape and dtype ", c.str());
+}
+
 /// Auxiliary floats next to an activation (norm statistics, losses, loss weights): f32, and on
 /// CPU also the activation's own dtype, so that f64 gradient checks stay f64 end to end.
 inline void check_aux_float(const char* op, const Tensor& t, const Tensor& activation,

@@ -190,9 +190,7 @@ void fp8_gemm(const Fp8Tensor& a, const Fp8Tensor& b, Tensor& c, const GemmArgs&
              ", ", n, "]");
   MDLM_CHECK(c.rows() == m && c.cols() == n, "fp8_gemm: C ", c.str(), " must be [", m, ", ", n, "]");
   detail::check_device("fp8_gemm", stream, {&c, args.bias, args.addend});
-  MDLM_CHECK(args.addend == nullptr ||
-                 (args.addend->rows() == m && args.addend->cols() == n && args.addend->dtype() == c.dtype()),
-             "fp8_gemm: addend ", args.addend ? args.addend->str() : "", " must have C's shape and dtype ", c.str());
+  if (args.addend != nullptr) detail::check_addend("fp8_gemm", *args.addend, c, m, n);
   if (stream.is_cuda()) {
     MDLM_CUDA_BACKEND(cuda::fp8_gemm_tensor(a, b, c, args, stream));
     return;

@@ -35,8 +35,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmArgs& args, con
   if (args.addend) {
     detail::check_device("gemm", stream, {args.addend});
     MDLM_CHECK(args.beta != 0.0f, "gemm: an addend needs beta != 0 (beta 0 writes C = alpha AB)");
-    MDLM_CHECK(args.addend->rows() == m && args.addend->cols() == n && args.addend->dtype() == c.dtype(),
-               "gemm: addend ", args.addend->str(), " must have C's shape and dtype ", c.str());
+    detail::check_addend("gemm", *args.addend, c, m, n);
   }
   if (stream.is_cuda()) {
     MDLM_CUDA_BACKEND(cuda::gemm(a, b, c, args, stream));
