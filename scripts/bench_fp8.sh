@@ -5,7 +5,8 @@
 # hybrid delayed and FP8 hybrid tensorwise (RECIPES may add blockwise: hidden 2048, ffn 6144 and
 # seq 2048 meet its 128-multiple rule), one after another in the same call. Writes
 # OUT_DIR/bench_fp8.md and .json: tokens/s, ms per iteration, the ratio to bf16, the peak
-# memory the stream-ordered pool reserved (GiB), and the last loss; the run logs beside them.
+# memory the stream-ordered pool reserved (GiB), the peak in use against the memory plan's
+# prediction, and the last loss; the run logs beside them.
 # Every run has --difflm-varilen-prob 0 (no micro-batch truncated: the counted tokens are the
 # tokens computed, as on the peer's side).
 #
@@ -71,6 +72,10 @@ for r in recipes:
     res[r] = {"tokens_per_s": statistics.median(x["tokens_per_s"] for x in timed),
               "ms_per_iteration": statistics.median(x["elapsed_ms"] for x in timed),
               "peak_reserved_gib": max(x.get("peak_reserved_gb", 0) for x in train) * 1e9 / GIB,
+              # In use at the high-water mark and the memory plan's prediction: reserved minus used
+              # is the pool's fragmentation, used minus predicted what the plan does not count.
+              "peak_used_gib": max(x.get("peak_mem_gb", 0) for x in train) * 1e9 / GIB,
+              "predicted_gib": max(x.get("predicted_peak_gb", 0) for x in train) * 1e9 / GIB,
               "last_loss": train[-1]["lm_loss"], "iterations_timed": len(timed)}
 base = res.get("bf16")
 for r, m in res.items():
@@ -81,21 +86,21 @@ if peer:
                        "peak_reserved_gib": peer["max_reserved_gb"], "loss": peer["loss"]}
 json.dump(res, open(os.path.join(out, "bench_fp8.json"), "w"), indent=1)
 lines = [f"# FP8 vs bf16, MegaDLMs 1.7B, seq {seq}, micro-batch {mbs}, global batch {8 * int(mbs)}, one GPU", "",
-         "| recipe | tokens/s | ms/iteration | ratio to bf16 | ratio to peer amp | peak reserved (GiB) | last loss |",
-         "|---|---:|---:|---:|---:|---:|---:|"]
+         "| recipe | tokens/s | ms/iteration | ratio to bf16 | ratio to peer amp | peak reserved (GiB) | peak in use / planned (GiB) | last loss |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
 for r in recipes:
     m = res.get(r)
     if not m:
-        lines.append(f"| {r} | (failed: see {r}.log) | | | | | |")
+        lines.append(f"| {r} | (failed: see {r}.log) | | | | | | |")
         continue
     ratio = "%.3f" % m["ratio_to_bf16"] if m["ratio_to_bf16"] else "-"
     vs_peer = "%.3f" % m["ratio_to_peer_amp"] if m["ratio_to_peer_amp"] else "-"
     name = r if r == "bf16" else f"FP8 hybrid {r}"
     lines.append(f"| {name} | {m['tokens_per_s']:.0f} | {m['ms_per_iteration']:.1f} | {ratio} | {vs_peer} | "
-                 f"{m['peak_reserved_gib']:.1f} | {m['last_loss']:.4f} |")
+                 f"{m['peak_reserved_gib']:.1f} | {m['peak_used_gib']:.1f} / {m['predicted_gib']:.1f} | {m['last_loss']:.4f} |")
 if peer:
     lines.append(f"| peer, --params amp (bf16 autocast, no FP8) | {peer['tokens_per_s']:.0f} | {peer['step_ms'] * 8:.1f} | | 1.000 | "
-                 f"{peer['max_reserved_gb']:.1f} | {peer['loss']:.4f} |")
+                 f"{peer['max_reserved_gb']:.1f} | | {peer['loss']:.4f} |")
 lines += ["", "Medians over the iterations after the first two (warm-up); memory is the pool's reserved high-water mark.",
           f"Both sides: the same architecture, seq {seq}, micro-batch {mbs}, mock tokens; the peer's ms column is its step time x 8",
           f"micro-batches (megadlm's iteration is 8 micro-batches of global batch {8 * int(mbs)})."]
