@@ -3,10 +3,18 @@
 # suite gpu_nccl with 2, 4 and 8 ranks sharing the GPU (scripts/shared_gpu_rank.sh), and
 # megadlm against the PyTorch peer at seq 2048 (scripts/bench_vs_peer.sh s2048). Nothing is
 # built: BUILD is a carried build folder (bin/ and lib/). Each stage runs under its own limit;
-# OUT/summary.txt has one line per stage, OUT/checks.tgz every log.
+# OUT/summary.txt has one line per stage, OUT/checks.tgz every log (one archive: the device
+# returns a limited number of files per call).
 #
 #   scripts/device_checks.sh BUILD OUT [STAGE ...]     STAGE: parity nccl2 nccl4 nccl8 bench
-# Environment: PEER (the PyTorch peer script, for the bench stage), PEER_PARAMS (default "amp bf16").
+#                                                      fp8 fp8trunc conv:R1+R2 fp8s8192
+# FP8 stages (docs/fp8.md): fp8 the FP8, MoE and SwiGLU parity tests; fp8trunc
+# scripts/fp8_truncation_check.sh (every micro-batch cut, then the convergence run's cuts with
+# blockwise); conv:R1+R2 scripts/fp8_convergence.sh with those recipes side by side (CONV_N
+# iterations, default 2000; CONV_CORPUS a JSONL corpus, default the docs corpus of this machine;
+# CONV_MODEL 125m or 1.7b; needs the GPT-2 encoder of scripts/install_deps.sh); fp8s8192
+# scripts/bench_fp8.sh at seq 8192 (bf16, delayed, tensorwise; with PEER the peer too).
+# Environment: PEER (the PyTorch peer script, for the bench stages), PEER_PARAMS (default "amp bf16").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:?usage: scripts/device_checks.sh BUILD OUT [STAGE ...]}" && pwd)
@@ -42,7 +50,36 @@ for stage in $stages; do
       rc=$?
       result=$(grep -E "^\| seq" "$work/bench/bench_vs_peer.md" 2>/dev/null | tr '\n' ' ')
       ;;
-    *) rc=2; result="unknown stage (parity, nccl2, nccl4, nccl8, bench)" ;;
+    fp8)
+      timeout 150 "$build/bin/gpu_parity" --gtest_filter='Fp8Parity.*:Fp8TrainingParity.*:MoeParity.*:SwigluParity.*' \
+        > "$work/gpu_parity_fp8.log" 2>&1
+      rc=$?
+      result=$(grep -E "^\[  PASSED  \]|^\[  FAILED  \]" "$work/gpu_parity_fp8.log" | tr '\n' ' ')
+      ;;
+    fp8trunc)
+      (cd "$root" && MEGADLM_BIN="$build/bin" timeout 150 bash scripts/fp8_truncation_check.sh "$work/fp8trunc" &&
+        MEGADLM_BIN="$build/bin" RECIPES=blockwise VARILEN=0.01 ITERS=120 timeout 120 \
+          bash scripts/fp8_truncation_check.sh "$work/fp8trunc_convergence_cuts") > "$work/fp8trunc.log" 2>&1
+      rc=$?
+      result=$(grep -E "exit [0-9]+, " "$work/fp8trunc.log" | tr '\n' ' ')
+      ;;
+    conv:*)
+      recipes=${stage#conv:}
+      recipes=${recipes//+/ }
+      (cd "$root" && MEGADLM_BIN="$build/bin" PARALLEL=1 RECIPES="$recipes" CORPUS="${CONV_CORPUS:-docs}" \
+        MODEL="${CONV_MODEL:-125m}" timeout "${CONV_LIMIT:-480}" \
+        bash scripts/fp8_convergence.sh "$work/conv" "${CONV_N:-2000}") > "$work/conv_${recipes// /_}.log" 2>&1
+      rc=$?
+      rm -rf "$work/conv/cache" "$work/conv/corpus"*
+      result=$(grep -E "^\| (bf16|delayed|tensorwise|blockwise) \|" "$work/conv/fp8_convergence.md" 2>/dev/null | tr '\n' ' ')
+      ;;
+    fp8s8192)
+      (cd "$root" && MEGADLM_BIN="$build/bin" SEQ=8192 ITERS=5 RECIPES="bf16 delayed tensorwise" \
+        timeout 330 bash scripts/bench_fp8.sh "$work/fp8s8192") > "$work/fp8s8192.log" 2>&1
+      rc=$?
+      result=$(grep -E "^\| (bf16|FP8|peer)" "$work/fp8s8192/bench_fp8.md" 2>/dev/null | tr '\n' ' ')
+      ;;
+    *) rc=2; result="unknown stage (parity, nccl2, nccl4, nccl8, bench, fp8, fp8trunc, conv:R1+R2, fp8s8192)" ;;
   esac
   echo "$stage: rc=$rc $((SECONDS - start)) s: $result" | tee -a "$work/summary.txt"
   tar czf "$final/checks.tgz" -C "$work" . 2>/dev/null
