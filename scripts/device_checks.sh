@@ -7,13 +7,16 @@
 # returns a limited number of files per call).
 #
 #   scripts/device_checks.sh BUILD OUT [STAGE ...]     STAGE: parity nccl2 nccl4 nccl8 bench
-#                                                      fp8 fp8trunc conv:R1+R2 fp8s8192
+#                                                      fp8 fp8trunc conv:R1+R2 fp8s8192 bdtrace
 # FP8 stages (docs/fp8.md): fp8 the FP8, MoE and SwiGLU parity tests; fp8trunc
 # scripts/fp8_truncation_check.sh (every micro-batch cut, then the convergence run's cuts with
 # blockwise); conv:R1+R2 scripts/fp8_convergence.sh with those recipes side by side (CONV_N
 # iterations, default 2000; CONV_CORPUS a JSONL corpus, default the docs corpus of this machine;
 # CONV_MODEL 125m or 1.7b; needs the GPT-2 encoder of scripts/install_deps.sh); fp8s8192
 # scripts/bench_fp8.sh at seq 8192 (bf16, delayed, tensorwise; with PEER the peer too).
+# bdtrace: one traced iteration each of the 1.7B's full-sequence and block-diffusion (block 32)
+# steps at seq 2048, micro-batch 4 (scripts/trace_iteration.sh; the kernel tables say where block
+# diffusion's step loses efficiency against the full-sequence one; docs/training_objectives.md).
 # Environment: PEER (the PyTorch peer script, for the bench stages), PEER_PARAMS (default "amp bf16").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -79,7 +82,20 @@ for stage in $stages; do
       rc=$?
       result=$(grep -E "^\| (bf16|FP8|peer)" "$work/fp8s8192/bench_fp8.md" 2>/dev/null | tr '\n' ' ')
       ;;
-    *) rc=2; result="unknown stage (parity, nccl2, nccl4, nccl8, bench, fp8, fp8trunc, conv:R1+R2, fp8s8192)" ;;
+    bdtrace)
+      rc=0
+      for objective in full bd; do
+        extra=()
+        [ $objective = bd ] && extra=(--attention-mask-type block_causal --dlm-loss-weight inv_t_eps --dlm-block-size 32)
+        (cd "$root" && MEGADLM_BIN="$build/bin" timeout 150 bash scripts/trace_iteration.sh "$work/bdtrace" "$objective" 3 \
+          @configs/megadlms_1.7b.args --micro-batch-size 4 --global-batch-size 16 "${extra[@]}") \
+          > "$work/bdtrace_$objective.log" 2>&1
+        grep -q "GPU operations over" "$work/bdtrace/$objective.gaps.md" 2>/dev/null || rc=1
+        rm -f "$work/bdtrace/$objective.trace.jsonl"  # hundreds of MB; the gaps table keeps what matters
+      done
+      result=$(grep -h -E "GPU operations over" "$work/bdtrace/"*.gaps.md 2>/dev/null | tr '\n' ' ')
+      ;;
+    *) rc=2; result="unknown stage (parity, nccl2, nccl4, nccl8, bench, fp8, fp8trunc, conv:R1+R2, fp8s8192, bdtrace)" ;;
   esac
   echo "$stage: rc=$rc $((SECONDS - start)) s: $result" | tee -a "$work/summary.txt"
   tar czf "$final/checks.tgz" -C "$work" . 2>/dev/null
